@@ -1,0 +1,91 @@
+// The Backend: every layer's forward and backward routine, behind one interface.
+//
+// The model code calls these and never knows which backend it has (CPU now, CUDA later).
+// Argument order is fixed, as in llm.c: outputs, saved values, inputs, weights, sizes.
+// Gradient rules (Note [Gradient accumulation]):
+//   - weight gradients ACCUMULATE (+=): dw, db, dwte, dwpe — so micro-batches add up and the
+//     tied embedding can collect its two contributions;
+//   - activation gradients ASSIGN (=): dinp is overwritten.
+// All tensors are contiguous, row-major fp32. N = B*T rows. Linear weights are stored
+// [out_features, in_features] (llm.c / PyTorch order), so out = inp · wᵀ + bias.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace trident {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual int threads() const = 0;
+
+  // Token + position embedding: out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:].
+  virtual void encoder_forward(float* out, const int32_t* tokens, const float* wte,
+                               const float* wpe, int B, int T, int C) = 0;
+  // dwte[tok,:] += dout[b,t,:]; dwpe[t,:] += sum_b dout[b,t,:]. Either pointer may be null.
+  virtual void encoder_backward(float* dwte, float* dwpe, const float* dout,
+                                const int32_t* tokens, int B, int T, int C) = 0;
+
+  // LayerNorm over the last dim (eps 1e-5); mean and rstd [N] are saved for backward.
+  virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                                 const float* w, const float* b, int N, int C) = 0;
+  // dinp = ...; dw += ...; db += ...
+  virtual void layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
+                                  const float* inp, const float* w, const float* mean,
+                                  const float* rstd, int N, int C) = 0;
+
+  // out[N,OC] = inp[N,C] · w[OC,C]ᵀ + bias[OC] (bias may be null).
+  virtual void matmul_forward(float* out, const float* inp, const float* w, const float* bias,
+                              int N, int C, int OC) = 0;
+  // dinp[N,C] = dout · w (skipped if dinp is null); dw[OC,C] += doutᵀ · inp;
+  // dbias[OC] += column sums of dout (skipped if null).
+  virtual void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
+                               const float* inp, const float* w, int N, int C, int OC) = 0;
+
+  // Causal multi-head self-attention. qkv [B,T,3C] holds q|k|v, each [NH, C/NH] per token.
+  // att [B,NH,T,T] saves the softmax probabilities (scale 1/sqrt(C/NH)); out is [B,T,C].
+  virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
+                                 int NH) = 0;
+  // dqkv = ... (assign). scratch must hold B*NH*T*T floats.
+  virtual void attention_backward(float* dqkv, float* scratch, const float* dout,
+                                  const float* qkv, const float* att, int B, int T, int C,
+                                  int NH) = 0;
+
+  // tanh-approximation GELU, elementwise over n values.
+  virtual void gelu_forward(float* out, const float* inp, size_t n) = 0;
+  virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) = 0;
+
+  // out = a + b (out may alias a or b).
+  virtual void add(float* out, const float* a, const float* b, size_t n) = 0;
+
+  // Softmax cross-entropy over the first V of Vp columns (the padded columns never touch the
+  // loss). logits [N,Vp] is overwritten with the probabilities (padded columns set to 0);
+  // losses[n] = -log p[n, targets[n]].
+  virtual void crossentropy_forward(float* losses, float* logits_to_probs,
+                                    const int32_t* targets, int N, int V, int Vp) = 0;
+  // In place: probs [N,Vp] becomes dlogits = dloss * (probs - onehot(target)); padded columns 0.
+  virtual void crossentropy_backward(float* probs_to_dlogits, const int32_t* targets,
+                                     float dloss, int N, int V, int Vp) = 0;
+
+  // Σ x² in double (for the global gradient norm).
+  virtual double sum_squares(const float* x, size_t n) = 0;
+  // x *= s
+  virtual void scale(float* x, float s, size_t n) = 0;
+  // AdamW step t (1-based) with decoupled weight decay on params[n].
+  virtual void adamw_update(float* params, float* m, float* v, const float* grads, size_t n,
+                            float lr, float beta1, float beta2, float eps, float weight_decay,
+                            int t) = 0;
+
+  // Measured peak of this backend's GEMM (FLOP/s) at its thread count: the MFU denominator.
+  virtual double measure_gemm_peak_flops() = 0;
+};
+
+// CPU backend: Eigen (OpenBLAS beneath) for GEMMs, OpenMP loops for the rest.
+// `threads` sets both OpenMP's and OpenBLAS's thread count.
+std::unique_ptr<Backend> make_cpu_backend(int threads);
+
+}  // namespace trident

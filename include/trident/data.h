@@ -1,0 +1,59 @@
+// Token datasets and the sample order.
+//
+// Two on-disk formats, detected by their first bytes (docs/data-format.md describes both):
+//   - trident tokens: 64-byte header "TRIDTOK\0", u32 version=1, u32 bytes_per_token (2|4),
+//     u64 n_tokens, u32 vocab_size, u32 tokenizer (0 byte-level, 1 GPT-2 BPE, 2 other),
+//     zeros to byte 64; then n_tokens little-endian unsigned tokens;
+//   - llm.c shards: int32[256] header (magic 20240520, version 1, n_tokens), then uint16 tokens.
+// Opening checks the magic, the version, the exact file size and that every token < vocab, and
+// throws trident::Error(kBadInput) naming the file and what is wrong.
+//
+// Sample j is the window of T+1 tokens starting at token j*T (inputs = first T, targets = last T).
+// Samples are addressed by a global position g (the g-th sample the run consumes): without
+// shuffling g maps to sample g mod S (file order, llm.c's order); with shuffling each epoch
+// (g / S) uses its own seeded permutation. A step's set of samples therefore depends only on the
+// step and the global batch, never on how many ranks read it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace trident {
+
+class TokenDataset {
+ public:
+  // `what` names the dataset in messages (e.g. "data.train"); `vocab` is the model's real vocab.
+  static std::unique_ptr<TokenDataset> open(const std::string& path, int vocab,
+                                            const std::string& what);
+  virtual ~TokenDataset() = default;
+  virtual size_t n_tokens() const = 0;
+  virtual int32_t token(size_t i) const = 0;
+  virtual const std::string& path() const = 0;
+};
+
+class SampleOrder {
+ public:
+  SampleOrder(const TokenDataset& data, int seq_len, bool shuffle, uint64_t seed);
+  size_t num_samples() const { return num_samples_; }
+  // The sample index (0..S-1) at global position g.
+  size_t sample_at(uint64_t g) const;
+  // Fills inputs/targets [B*T] with the samples at global positions g0 .. g0+B-1.
+  void fill(uint64_t g0, int B, int32_t* inputs, int32_t* targets) const;
+
+ private:
+  const TokenDataset& data_;
+  int seq_len_;
+  bool shuffle_;
+  uint64_t seed_;
+  size_t num_samples_;
+  mutable uint64_t cached_epoch_ = UINT64_MAX;
+  mutable std::vector<uint64_t> perm_;
+};
+
+// Writes a trident token file (used by tools and tests).
+void write_token_file(const std::string& path, const std::vector<int32_t>& tokens,
+                      int vocab_size, int tokenizer);
+
+}  // namespace trident
