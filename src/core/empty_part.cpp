@@ -1,0 +1,1 @@
+// Placeholder translation unit for a part that has no sources yet.

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs trident's build and test dependencies from Debian's packages.
+# Idempotent: prints nothing and installs nothing when everything is present.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config
+  libopenmpi-dev openmpi-bin libhdf5-openmpi-dev
+  libeigen3-dev libopenblas-dev libyaml-cpp-dev
+  libgtest-dev libbenchmark-dev libcli11-dev libfmt-dev nlohmann-json3-dev
+  python3-h5py python3-matplotlib python3-numpy
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "tools/setup.sh: installing ${missing[*]}"
+sudo_cmd=()
+[ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "tools/setup.sh: done"
