@@ -1,9 +1,27 @@
 // The input deck: a YAML file that describes a run completely, plus `--set a.b=v` overrides.
 //
-// Every key has a type, a default and an allowed range (the schema lives in src/io/deck.cpp).
-// Unknown keys, wrong types and out-of-range values throw trident::Error with ExitCode::kBadInput
-// naming the key and what is allowed. Relative paths written in the deck file are resolved
-// against the deck's directory; relative paths given with --set against the working directory.
+//   model:                     # the file form: one map per section
+//     layers: 8
+//   train: {steps: 500, lr: 3e-4}
+//
+//   trident run deck.yaml --set train.lr=1e-3 --set data.shuffle=true   # the override form
+//
+// Every key has a type, a default and an allowed range; the schema table in
+// src/io/deck_schema.cpp is the single source of truth (deck_reference() prints it). An override
+// value is read as a YAML scalar, then typed by the schema; overrides apply in order after the
+// file, so the last one wins. Unknown keys (with a "did you mean" hint), wrong types,
+// out-of-range values, malformed YAML and a missing file throw trident::Error with
+// ExitCode::kBadInput; the message starts with the deck path (and line:column where known) or
+// with `--set`, and names the key and what is allowed.
+//
+// Paths. Relative paths (data.train, data.valid, model.init_from, run.out_dir, log.trace) are
+// resolved when the deck is read: those written in the deck file against the deck file's
+// directory, those given with --set against the working directory. Resolved paths are absolute
+// and normalised, so the resolved deck that is saved with the run reads back (from anywhere) to
+// the same files. log.jsonl is the exception: it stays as written and is relative to
+// run.out_dir. An empty run.out_dir becomes "runs/<deck file stem>" under the working directory
+// ("runs/deck" for parse_deck, which has no file). An empty data.valid / log.trace /
+// model.init_from means "none" and stays empty.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +37,8 @@ struct ModelConfig {
   int vocab = 256;        // real vocabulary; the model pads it to a multiple of 128
   int seq_len = 64;
   std::string init_from;  // llm.c GPT-2 checkpoint; its shape replaces the deck's
+
+  bool operator==(const ModelConfig&) const = default;
 };
 
 struct TrainConfig {
@@ -37,29 +57,39 @@ struct TrainConfig {
   uint64_t seed = 1337;
   int val_every = 50;                  // 0: no validation
   int val_batches = 4;                 // micro-batches per validation
+
+  bool operator==(const TrainConfig&) const = default;
 };
 
 struct DataConfig {
   std::string train;
   std::string valid;                   // empty: no validation
   bool shuffle = false;
+
+  bool operator==(const DataConfig&) const = default;
 };
 
 struct LogConfig {
   int every = 1;                       // print every N steps (metrics file gets every step)
   std::string jsonl = "metrics.jsonl"; // relative to run.out_dir
   std::string trace;                   // Chrome-trace JSON per rank; empty: none
+
+  bool operator==(const LogConfig&) const = default;
 };
 
 struct RunConfig {
   int threads = 2;
   std::string out_dir;                 // default: runs/<deck file stem>
+
+  bool operator==(const RunConfig&) const = default;
 };
 
 struct ParallelConfig {
   int dp = 0;                          // 0: derived from the world size
   int tp = 1;
   int pp = 1;
+
+  bool operator==(const ParallelConfig&) const = default;
 };
 
 struct CommConfig {
@@ -69,6 +99,8 @@ struct CommConfig {
   double emulate_gbps = 0.0;           // 0: no emulation
   double emulate_latency_us = 0.0;
   double timeout_s = 300.0;
+
+  bool operator==(const CommConfig&) const = default;
 };
 
 struct Deck {
@@ -79,10 +111,12 @@ struct Deck {
   RunConfig run;
   ParallelConfig parallel;
   CommConfig comm;
-  std::string source;                  // the deck file's path
+  std::string source;                  // the deck file's absolute path; empty from parse_deck
 
   // The resolved deck (every key, defaults filled in) as YAML: printed and saved with the run.
   std::string to_yaml() const;
+
+  bool operator==(const Deck&) const = default;
 };
 
 // Reads `path`, applies each "a.b=value" override in order, validates. Throws on bad input.
@@ -90,5 +124,8 @@ Deck load_deck(const std::string& path, const std::vector<std::string>& override
 // The same from YAML text (tests; `source_dir` resolves relative paths).
 Deck parse_deck(const std::string& yaml_text, const std::string& source_dir,
                 const std::vector<std::string>& overrides = {});
+
+// Every key with its type, allowed range, default and a one-line description (for --help).
+std::string deck_reference();
 
 }  // namespace trident

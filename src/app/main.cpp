@@ -1,2 +1,104 @@
-// Placeholder until the app lands.
-int main() { return 0; }
+// trident: one binary, several subcommands (train, bench, grid). Thin: parse, dispatch, and turn
+// errors into one message and an exit status (2 for bad input, 1 otherwise) on every rank.
+#include <mpi.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "app/commands.h"
+#include "trident/check.h"
+
+namespace {
+
+int world_rank_or_zero() {
+  int init = 0, fin = 0, rank = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  if (init && !fin) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+int world_size_or_one() {
+  int init = 0, fin = 0, size = 1;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  if (init && !fin) MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size;
+}
+
+// A failing rank cannot know whether the others fail too, so with more than one rank it ends
+// the whole job (MPI_Abort makes mpirun stop every rank with this status): no rank is left
+// waiting in a collective.
+[[noreturn]] void fail(const std::string& msg, int code) {
+  const int size = world_size_or_one();
+  if (size > 1)
+    std::fprintf(stderr, "trident: error (rank %d): %s\n", world_rank_or_zero(), msg.c_str());
+  else
+    std::fprintf(stderr, "trident: error: %s\n", msg.c_str());
+  std::fflush(stderr);
+  if (size > 1) MPI_Abort(MPI_COMM_WORLD, code);
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  if (init && !fin) MPI_Finalize();
+  std::exit(code);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace trident;
+  CLI::App app{"trident: a framework-free GPT trainer for clusters"};
+  app.require_subcommand(1);
+
+  DeckArgs train_args;
+  auto* train = app.add_subcommand("train", "train a model described by an input deck");
+  train->add_option("deck", train_args.deck, "YAML input deck")->required();
+  train->add_option("--set", train_args.overrides, "override one deck key: a.b=value")
+      ->take_all()->allow_extra_args(false);
+
+  BenchArgs bench_args;
+  auto* bench = app.add_subcommand("bench", "time whole training steps; ends with a bench: line");
+  bench->add_option("deck", bench_args.deck.deck, "YAML input deck")->required();
+  bench->add_option("--set", bench_args.deck.overrides, "override one deck key: a.b=value")
+      ->take_all()->allow_extra_args(false);
+  bench->add_option("--warmup", bench_args.warmup_steps, "untimed steps first")
+      ->check(CLI::NonNegativeNumber);
+  bench->add_option("--steps", bench_args.steps, "timed steps (the median is reported)")
+      ->check(CLI::PositiveNumber);
+
+  int world = 1, dp = 0, tp = 1, pp = 1;
+  auto* grid = app.add_subcommand("grid", "print each rank's (dp, tp, pp) place; no MPI needed");
+  grid->add_option("--world", world, "number of ranks")->required()->check(CLI::PositiveNumber);
+  grid->add_option("--dp", dp, "data-parallel size (0: world / (tp*pp))");
+  grid->add_option("--tp", tp, "tensor-parallel size")->check(CLI::PositiveNumber);
+  grid->add_option("--pp", pp, "pipeline-parallel size")->check(CLI::PositiveNumber);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : int(ExitCode::kBadInput);
+  }
+
+  try {
+    if (*grid) return run_grid(world, dp, tp, pp);
+    // Training commands are MPI programs; MPI_THREAD_MULTIPLE because the communication thread
+    // and the compute thread both call MPI (on different communicators).
+    int provided = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    if (provided < MPI_THREAD_MULTIPLE)
+      fail(fmt::format("MPI_Init_thread: this MPI provides thread level {} but trident needs "
+                       "MPI_THREAD_MULTIPLE ({})", provided, MPI_THREAD_MULTIPLE),
+           int(ExitCode::kInternal));
+    int rc = 0;
+    if (*train) rc = run_train(train_args);
+    if (*bench) rc = run_bench(bench_args);
+    MPI_Finalize();
+    return rc;
+  } catch (const Error& e) {
+    fail(e.what(), int(e.code()));
+  } catch (const std::exception& e) {
+    fail(e.what(), int(ExitCode::kInternal));
+  }
+}

@@ -1,0 +1,219 @@
+// Communicators: collectives and point-to-point transfers that return a Work to wait on.
+//
+// `Communicator` is the interface the model, the trainer and the GradReducer call; `MpiComm`
+// implements it for host buffers over an MPI communicator (an NcclComm for device buffers
+// implements the same interface). Every operation is started at once and completes later:
+//
+//     Work w = comm.all_reduce(grads, n);   // sum, in place
+//     ...                                   // other work
+//     w.wait();                             // or poll w.test()
+//
+// A communicator is used by one thread at a time (Note [One thread per communicator] in
+// grad_reducer.cpp); different communicators may be used by different threads at once.
+// A Work must not outlive its communicator, and its buffers must stay alive until it completed.
+#pragma once
+
+#include <mpi.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace trident {
+
+using CommClock = std::chrono::steady_clock;
+
+enum class ElemType { kFloat32, kFloat64, kInt32, kInt64, kUint8 };
+size_t elem_bytes(ElemType type);
+const char* elem_type_name(ElemType type);
+
+template <typename T>
+constexpr ElemType elem_type_of() {
+  if constexpr (std::is_same_v<T, float>) return ElemType::kFloat32;
+  else if constexpr (std::is_same_v<T, double>) return ElemType::kFloat64;
+  else if constexpr (std::is_same_v<T, int32_t>) return ElemType::kInt32;
+  else if constexpr (std::is_same_v<T, int64_t>) return ElemType::kInt64;
+  else if constexpr (std::is_same_v<T, uint8_t> || std::is_same_v<T, char>) return ElemType::kUint8;
+  else static_assert(sizeof(T) == 0, "no ElemType for this element type");
+}
+
+// One completed (or running) operation, for comm_ms accounting and traces.
+struct OpRecord {
+  const char* op = "";  // "all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv"
+  size_t bytes = 0;     // this rank's buffer (all_reduce, broadcast, send, recv); the full
+                        // gathered buffer (reduce_scatter input, all_gather output)
+  CommClock::time_point start{}, end{};  // end is set once the operation completed
+  double ms() const { return std::chrono::duration<double, std::milli>(end - start).count(); }
+};
+
+// A handle on one started operation. An empty (default-constructed) Work is complete.
+class Work {
+ public:
+  class Impl {
+   public:
+    virtual ~Impl() = default;
+    // Drives progress once; true when complete. Throws on failure or timeout.
+    virtual bool test() = 0;
+    // Blocks (sleeping, not spinning) until complete. Throws on failure or timeout.
+    virtual void wait() = 0;
+    virtual const OpRecord& record() const = 0;
+    // The operation needs no more progress calls before this time (it is only waiting for an
+    // emulated link); time_point::min() while it still needs them. Lets a poller sleep longer.
+    virtual CommClock::time_point idle_until() const { return CommClock::time_point::min(); }
+  };
+
+  Work() = default;
+  explicit Work(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+  Work(Work&&) noexcept = default;
+  Work& operator=(Work&&) noexcept = default;
+  ~Work() = default;  // an incomplete Work is abandoned, not waited for (see MpiComm)
+
+  bool test() { return !impl_ || impl_->test(); }
+  void wait() {
+    if (impl_) impl_->wait();
+  }
+  // Valid for a non-empty Work; end is meaningful once test() returned true or wait() returned.
+  const OpRecord& record() const;
+  CommClock::time_point idle_until() const {
+    return impl_ ? impl_->idle_until() : CommClock::time_point::min();
+  }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const std::string& name() const = 0;
+
+  // Sum over all ranks, in place.
+  template <typename T>
+  Work all_reduce(T* data, size_t count) {
+    return start_all_reduce(data, count, elem_type_of<T>());
+  }
+  // send holds size()·recv_count elements; rank r receives the sum of block r.
+  template <typename T>
+  Work reduce_scatter(const T* send, T* recv, size_t recv_count) {
+    return start_reduce_scatter(send, recv, recv_count, elem_type_of<T>());
+  }
+  // recv gets size()·send_count elements: rank r's send block at r·send_count.
+  template <typename T>
+  Work all_gather(const T* send, T* recv, size_t send_count) {
+    return start_all_gather(send, recv, send_count, elem_type_of<T>());
+  }
+  template <typename T>
+  Work broadcast(T* data, size_t count, int root) {
+    return start_broadcast(data, count, elem_type_of<T>(), root);
+  }
+  // dest/src are ranks of this communicator.
+  template <typename T>
+  Work send(const T* data, size_t count, int dest, int tag = 0) {
+    return start_send(data, count, elem_type_of<T>(), dest, tag);
+  }
+  template <typename T>
+  Work recv(T* data, size_t count, int src, int tag = 0) {
+    return start_recv(data, count, elem_type_of<T>(), src, tag);
+  }
+
+ protected:
+  virtual Work start_all_reduce(void* data, size_t count, ElemType type) = 0;
+  virtual Work start_reduce_scatter(const void* send, void* recv, size_t recv_count,
+                                    ElemType type) = 0;
+  virtual Work start_all_gather(const void* send, void* recv, size_t send_count,
+                                ElemType type) = 0;
+  virtual Work start_broadcast(void* data, size_t count, ElemType type, int root) = 0;
+  virtual Work start_send(const void* data, size_t count, ElemType type, int dest, int tag) = 0;
+  virtual Work start_recv(void* data, size_t count, ElemType type, int src, int tag) = 0;
+};
+
+// Link emulation: the time a ring algorithm needs on a link of `gbps` gigabits per second
+// (10⁹ bit/s) and `latency_us` per hop, for n ranks and `bytes` as in OpRecord::bytes:
+//   all_reduce       2(n−1)/n · bytes / bw + 2(n−1) · latency
+//   reduce_scatter    (n−1)/n · bytes / bw +  (n−1) · latency   (bytes = the full input)
+//   all_gather        (n−1)/n · bytes / bw +  (n−1) · latency   (bytes = the full output)
+//   broadcast                   bytes / bw +  (n−1) · latency   (pipelined chain)
+//   send, recv                  bytes / bw +          latency   (one hop)
+// Collectives on one rank take 0.
+enum class LinkOp { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kSendRecv };
+double emulated_link_seconds(LinkOp op, size_t bytes, int n, double gbps, double latency_us);
+
+// How long a thread that drives MPI progress pauses after `idle_polls` polls in a row that
+// completed nothing: a few yields first (a short operation ends within microseconds), then
+// sleeps growing to 200 µs, so waiting leaves the cores to compute.
+std::chrono::microseconds progress_backoff(int idle_polls);
+
+constexpr double kDefaultCommTimeoutSeconds = 300.0;
+
+// Host buffers over an MPI communicator, with nonblocking MPI calls (MPI_Iallreduce, ...).
+// Open MPI has no asynchronous progress thread: a started operation advances only while some
+// thread is inside MPI, so Work::wait() drives it with MPI_Test and short sleeps, and a poller
+// must call test() often (the GradReducer's thread does).
+class MpiComm : public Communicator {
+ public:
+  // Takes ownership of `comm` (freed on destruction) unless it is MPI_COMM_WORLD/SELF.
+  // Sets MPI_ERRORS_RETURN on an owned one, so a failing call becomes an Error naming file, line, rank.
+  MpiComm(MPI_Comm comm, std::string name);
+  static std::unique_ptr<MpiComm> duplicate(MPI_Comm parent, std::string name);
+  MpiComm(const MpiComm&) = delete;
+  MpiComm& operator=(const MpiComm&) = delete;
+  ~MpiComm() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+  MPI_Comm raw() const { return comm_; }
+
+  // An operation not complete this many seconds after it started throws an Error naming the
+  // operation, the communicator and the rank. The operation is then abandoned: its MPI request
+  // stays pending (MPI cannot cancel a collective), so the communicator is unusable and the
+  // program must end (the app calls MPI_Abort on any error).
+  void set_timeout(double seconds);
+  double timeout() const { return timeout_s_; }
+
+  // Emulate a slower link: every operation completes no earlier than `start + model time`
+  // (emulated_link_seconds), where start is when it was started or, if an earlier operation
+  // of this communicator still holds the emulated link, when that one's time ends (the link
+  // carries one operation at a time). The waiting thread sleeps; the cores stay free.
+  // gbps <= 0 turns emulation off.
+  void set_emulated_link(double gbps, double latency_us);
+  bool link_emulated() const { return link_gbps_ > 0; }
+
+  // When on, every completed operation's OpRecord is kept until taken (for comm_ms accounting
+  // of a communicator that is not driven by a GradReducer, e.g. tp()).
+  void set_recording(bool on) { recording_ = on; }
+  std::vector<OpRecord> take_records();
+
+  // Used by this communicator's Work objects.
+  void note_completed(const OpRecord& record);
+
+ protected:
+  Work start_all_reduce(void* data, size_t count, ElemType type) override;
+  Work start_reduce_scatter(const void* send, void* recv, size_t recv_count,
+                            ElemType type) override;
+  Work start_all_gather(const void* send, void* recv, size_t send_count, ElemType type) override;
+  Work start_broadcast(void* data, size_t count, ElemType type, int root) override;
+  Work start_send(const void* data, size_t count, ElemType type, int dest, int tag) override;
+  Work start_recv(void* data, size_t count, ElemType type, int src, int tag) override;
+
+ private:
+  Work make_work(const char* op, LinkOp link_op, size_t bytes, MPI_Request request,
+                 CommClock::time_point start);
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  std::string name_;
+  int rank_ = 0, size_ = 1;
+  double timeout_s_ = kDefaultCommTimeoutSeconds;
+  double link_gbps_ = 0, link_latency_us_ = 0;
+  CommClock::time_point link_free_at_{};
+  bool recording_ = false;
+  std::vector<OpRecord> records_;
+};
+
+}  // namespace trident

@@ -1,0 +1,107 @@
+// GradReducer: averages the gradients over the data-parallel group, in buckets, on its own
+// communication thread, while backward is still running.
+//
+//     GradReducer reducer(grid.dp(), grads, params_in_ready_order, options);
+//     for each step:
+//       for each micro-batch m:
+//         reducer.begin_step(/*reduce=*/m == last);   // only the last micro-batch reduces
+//         backward ...  reducer.grad_ready(i);        // as each parameter's gradient is final
+//         reducer.add_extra(rows, n, "wte rows");     // optional, after the last grad_ready
+//       reducer.finish();                             // wait; grads now hold the dp average
+//
+// The thread's contract (who calls MPI, in what order, how errors travel) is the comment at the
+// top of src/comm/grad_reducer.cpp.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trident/buckets.h"
+#include "trident/comm.h"
+
+namespace trident {
+
+// One parameter's gradient: a slice of the flat gradient buffer. The list given to the
+// reducer is in ready (backward) order and contiguous in the buffer: each slice starts where
+// the previous one ends (ascending) or ends where the previous one starts (descending, e.g.
+// a buffer in forward order walked backwards). Either way a bucket is one slice.
+struct GradParam {
+  std::string name;
+  size_t offset = 0;  // elements into the flat gradient buffer
+  size_t count = 0;
+};
+
+struct GradReducerOptions {
+  size_t first_bucket_bytes = kDefaultFirstBucketBytes;
+  size_t bucket_bytes = kDefaultBucketBytes;
+  // true: a bucket is reduced as soon as it (and every earlier bucket) is ready, during
+  // backward; false: all buckets are reduced after finish() is called. Same buckets, same
+  // calls, so both give bitwise equal gradients.
+  bool overlap = true;
+  // Times in ReduceStats are milliseconds since this point (pass the run's trace origin).
+  CommClock::time_point trace_origin = CommClock::now();
+};
+
+// One all-reduce of a step: a bucket or an extra buffer.
+struct BucketRecord {
+  std::string name;     // "bucket 2 (h.11.mlp.proj.w .. h.10.ln2.b)" or the extra's name
+  int bucket = -1;      // bucket index; -1 for an extra buffer
+  size_t bytes = 0;
+  double ready_ms = 0;  // its last parameter became ready (extra: it was added)
+  double start_ms = 0;  // the all-reduce was started
+  double end_ms = 0;    // it completed and the slice was averaged
+};
+
+struct ReduceStats {
+  bool reduced = false;  // false after a begin_step(false) step
+  // Wall time during which at least one of this step's all-reduces was in flight: the union
+  // of the [start, end] intervals (not their sum, which would count overlapping buckets twice).
+  double comm_ms = 0;
+  // From the moment finish() was called (the end of backward) until every all-reduce of the
+  // step completed: the communication backward did not hide. 0 if all were done already.
+  double exposed_comm_ms = 0;
+  double finish_called_ms = 0;  // since the trace origin
+  size_t bytes = 0;             // reduced by this rank in this step
+  std::vector<BucketRecord> records;  // in launch order
+};
+
+class GradReducer {
+ public:
+  // `dp` is used only by the reducer's thread between begin_step(true) and finish(); `grads`
+  // must stay valid for the reducer's lifetime.
+  GradReducer(Communicator& dp, float* grads, std::vector<GradParam> params_in_ready_order,
+              GradReducerOptions options = {});
+  GradReducer(const GradReducer&) = delete;
+  GradReducer& operator=(const GradReducer&) = delete;
+  // Stops the thread. Reductions still in flight (only after an error) are abandoned.
+  ~GradReducer();
+
+  // Starts a step. reduce = false (an accumulation micro-batch): grad_ready, add_extra and
+  // finish do nothing until the next begin_step.
+  void begin_step(bool reduce);
+  // Called by the compute thread once parameter `param_index` (ready order) has its final
+  // gradient for this step. Cheap: a queue push. Rethrows an error the thread already hit.
+  void grad_ready(int param_index);
+  // An extra buffer outside the flat buffer, all-reduced and averaged after every bucket has
+  // been launched (e.g. the tied embedding's sparse rows). Every rank must add the same extras
+  // in the same order; `data` must stay valid until finish() returns.
+  void add_extra(float* data, size_t count, std::string name);
+  // Waits until every bucket and extra is reduced and averaged (divided by dp size). Throws
+  // the thread's error, or an Error naming a parameter that never became ready.
+  void finish();
+
+  const ReduceStats& stats() const;  // of the last finish()ed step
+  // Bucket offsets here are into the flat gradient buffer.
+  const std::vector<Bucket>& buckets() const;
+  const std::vector<GradParam>& params() const;
+  const std::string& bucket_name(size_t bucket) const;
+
+
+ private:
+  struct State;  // shared with the communication thread; defined in grad_reducer.cpp
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace trident

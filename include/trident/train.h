@@ -1,0 +1,83 @@
+// The training step loop: micro-batches, gradient accumulation, clipping, AdamW, LR schedule,
+// validation, metrics.
+#pragma once
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trident/backend.h"
+#include "trident/data.h"
+#include "trident/deck.h"
+#include "trident/model.h"
+
+namespace trident {
+
+// Linear warmup over warmup_steps (step 0 gets lr/warmup), then cosine decay to
+// lr·min_lr_ratio at the last step, or constant. `step` is 0-based.
+double lr_at(const TrainConfig& t, int step);
+
+// AdamW with decoupled weight decay; decay only where ParamInfo::decay (matrices).
+class AdamW {
+ public:
+  explicit AdamW(size_t num_params) : m_(num_params, 0.0f), v_(num_params, 0.0f) {}
+  // One update of all parameters at (1-based) step t.
+  void update(Backend& be, GPT& model, const TrainConfig& cfg, float lr, int t);
+  std::vector<float>& m() { return m_; }
+  std::vector<float>& v() { return v_; }
+
+ private:
+  std::vector<float> m_, v_;
+};
+
+struct StepStats {
+  int step = 0;                 // 1-based count of completed steps
+  double loss = 0.0;            // mean over the step's global batch
+  double lr = 0.0;
+  double grad_norm = 0.0;       // before clipping
+  double ms_per_step = 0.0;
+  double tokens_per_s = 0.0;
+  double mfu = 0.0;             // fraction of the measured GEMM peak
+  double forward_ms = 0.0, backward_ms = 0.0, optimizer_ms = 0.0;
+  double val_loss = NAN;        // NaN when not validated this step
+};
+
+// What a run needs besides the deck: the backend and the measured peak used for MFU.
+struct TrainContext {
+  Backend* backend = nullptr;
+  double peak_flops = 0.0;      // FLOP/s; MFU is reported against it
+};
+
+class Trainer {
+ public:
+  // Builds the model (from the deck or model.init_from) and opens the datasets. Throws on bad
+  // input before anything is written.
+  Trainer(const Deck& deck, TrainContext ctx);
+  ~Trainer();
+
+  const GPTConfig& model_config() const { return model_->config(); }
+  GPT& model() { return *model_; }
+  AdamW& optimizer() { return *opt_; }
+  // Runs one optimizer step (0-based index `step`): accum micro-batches, clip, AdamW.
+  StepStats train_step(int step);
+  // Mean loss over train.val_batches micro-batches of data.valid (NaN without data.valid).
+  double validate();
+  // Tokens a step consumes across all ranks.
+  long tokens_per_step() const;
+
+ private:
+  Deck deck_;
+  TrainContext ctx_;
+  std::unique_ptr<GPT> model_;
+  std::unique_ptr<AdamW> opt_;
+  std::unique_ptr<TokenDataset> train_data_, valid_data_;
+  std::unique_ptr<SampleOrder> train_order_, valid_order_;
+  std::vector<int32_t> inputs_, targets_;
+};
+
+// The model shape a deck asks for: the deck's model keys, or model.init_from's header (which
+// replaces them; `note` then says so).
+GPTConfig model_config_from_deck(const Deck& deck, std::string* note);
+
+}  // namespace trident

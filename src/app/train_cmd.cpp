@@ -1,0 +1,109 @@
+// `trident train DECK [--set k=v]...`: the step loop with progress, metrics and validation.
+#include <mpi.h>
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "app/commands.h"
+#include "trident/check.h"
+#include "trident/metrics.h"
+#include "trident/train.h"
+
+namespace trident {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string format_eta(double seconds) {
+  if (seconds < 120) return fmt::format("{:.0f} s", seconds);
+  if (seconds < 7200) return fmt::format("{:.1f} min", seconds / 60);
+  return fmt::format("{:.1f} h", seconds / 3600);
+}
+
+nlohmann::json to_json(const StepStats& s) {
+  nlohmann::json j = {{"step", s.step},
+                      {"loss", s.loss},
+                      {"lr", s.lr},
+                      {"grad_norm", s.grad_norm},
+                      {"tokens_per_s", s.tokens_per_s},
+                      {"ms_per_step", s.ms_per_step},
+                      {"mfu", s.mfu},
+                      {"forward_ms", s.forward_ms},
+                      {"backward_ms", s.backward_ms},
+                      {"optimizer_ms", s.optimizer_ms}};
+  if (!std::isnan(s.val_loss)) j["val_loss"] = s.val_loss;
+  return j;
+}
+
+}  // namespace
+
+int run_train(const DeckArgs& args) {
+  const Deck deck = load_deck(args.deck, args.overrides);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const bool lead = rank == 0;
+
+  std::string note;
+  const GPTConfig shape = model_config_from_deck(deck, &note);
+  if (lead) {
+    fmt::print("# resolved deck ({})\n{}\n", deck.source, deck.to_yaml());
+    if (!note.empty()) fmt::print("{}\n", note);
+  }
+
+  auto backend = make_cpu_backend(deck.run.threads);
+  TrainContext ctx{backend.get(), backend->measure_gemm_peak_flops()};
+  Trainer trainer(deck, ctx);  // validates datasets and init_from before anything is written
+
+  const fs::path out_dir = deck.run.out_dir;
+  const fs::path metrics_path = out_dir / deck.log.jsonl;
+  std::unique_ptr<JsonlWriter> metrics;
+  if (lead) {
+    fs::create_directories(metrics_path.parent_path());
+    std::ofstream(out_dir / "deck.yaml") << deck.to_yaml();
+    metrics = std::make_unique<JsonlWriter>(metrics_path.string());
+    fmt::print(
+        "model: {} layers, d_model {}, {} heads, vocab {} (padded {}), {:.2f} M parameters\n"
+        "batch: {} tokens/step ({} micro-batch x {} seq x {} accum), {} steps, backend {} with "
+        "{} threads, GEMM peak {:.1f} GFLOP/s\n",
+        shape.layers, shape.channels, shape.heads, shape.vocab, shape.padded_vocab,
+        trainer.model().num_params() / 1e6, trainer.tokens_per_step(), deck.train.micro_batch,
+        deck.model.seq_len, deck.train.accum, deck.train.steps, backend->name(),
+        backend->threads(), ctx.peak_flops / 1e9);
+  }
+
+  const auto t_start = std::chrono::steady_clock::now();
+  StepStats last;
+  for (int step = 0; step < deck.train.steps; ++step) {
+    StepStats s = trainer.train_step(step);
+    const bool last_step = step + 1 == deck.train.steps;
+    if (deck.train.val_every > 0 && (s.step % deck.train.val_every == 0 || last_step))
+      s.val_loss = trainer.validate();
+    if (lead) {
+      metrics->write(to_json(s));
+      if (s.step % deck.log.every == 0 || last_step || step == 0) {
+        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                             t_start).count();
+        const double eta = elapsed / s.step * (deck.train.steps - s.step);
+        std::string val = std::isnan(s.val_loss) ? "" : fmt::format(" | val {:.4f}", s.val_loss);
+        fmt::print("step {:>5}/{} | loss {:.4f}{} | lr {:.2e} | norm {:.3f} | {:.1f} ms | "
+                   "{:.0f} tok/s | mfu {:.1f}% | eta {}\n",
+                   s.step, deck.train.steps, s.loss, val, s.lr, s.grad_norm, s.ms_per_step,
+                   s.tokens_per_s, 100 * s.mfu, format_eta(eta));
+        std::fflush(stdout);
+      }
+    }
+    last = s;
+  }
+  if (lead)
+    fmt::print("done: {} steps, final loss {:.4f}{}; metrics in {}, resolved deck in {}\n",
+               deck.train.steps, last.loss,
+               std::isnan(last.val_loss) ? "" : fmt::format(", val loss {:.4f}", last.val_loss),
+               metrics_path.string(), (out_dir / "deck.yaml").string());
+  return 0;
+}
+
+}  // namespace trident

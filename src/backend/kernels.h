@@ -1,0 +1,74 @@
+// The CPU backend's kernels, templated on the scalar type.
+//
+// CpuBackend runs them in float; the tests run the same code in double as the reference for
+// finite-difference gradient checks. Semantics are those of include/trident/backend.h: argument
+// order outputs, saved values, inputs, weights, sizes; weight gradients accumulate (+=),
+// activation gradients assign (=). The last argument is the OpenMP thread count.
+// Definitions live in one .cpp per layer, instantiated for float and double there, so both are
+// compiled with the backend's flags (-O3 -march=native) whoever calls them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace trident::cpu {
+
+// ---- encoder.cpp
+template <typename Real>
+void encoder_forward(Real* out, const int32_t* tokens, const Real* wte, const Real* wpe, int B,
+                     int T, int C, int threads);
+template <typename Real>
+void encoder_backward(Real* dwte, Real* dwpe, const Real* dout, const int32_t* tokens, int B,
+                      int T, int C, int threads);
+
+// ---- layernorm.cpp (eps = 1e-5)
+template <typename Real>
+void layernorm_forward(Real* out, Real* mean, Real* rstd, const Real* inp, const Real* w,
+                       const Real* b, int N, int C, int threads);
+template <typename Real>
+void layernorm_backward(Real* dinp, Real* dw, Real* db, const Real* dout, const Real* inp,
+                        const Real* w, const Real* mean, const Real* rstd, int N, int C,
+                        int threads);
+
+// ---- matmul.cpp: out[N,OC] = inp[N,C] · w[OC,C]ᵀ + bias (bias, dinp, dbias may be null)
+template <typename Real>
+void matmul_forward(Real* out, const Real* inp, const Real* w, const Real* bias, int N, int C,
+                    int OC, int threads);
+template <typename Real>
+void matmul_backward(Real* dinp, Real* dw, Real* dbias, const Real* dout, const Real* inp,
+                     const Real* w, int N, int C, int OC, int threads);
+
+// ---- attention.cpp: causal multi-head attention, qkv [B,T,3C], att [B,NH,T,T]
+template <typename Real>
+void attention_forward(Real* out, Real* att, const Real* qkv, int B, int T, int C, int NH,
+                       int threads);
+template <typename Real>
+void attention_backward(Real* dqkv, Real* scratch, const Real* dout, const Real* qkv,
+                        const Real* att, int B, int T, int C, int NH, int threads);
+
+// ---- elementwise.cpp: tanh-GELU and add
+template <typename Real>
+void gelu_forward(Real* out, const Real* inp, size_t n, int threads);
+template <typename Real>
+void gelu_backward(Real* dinp, const Real* inp, const Real* dout, size_t n, int threads);
+template <typename Real>
+void add(Real* out, const Real* a, const Real* b, size_t n, int threads);
+
+// ---- crossentropy.cpp: softmax over the first V of Vp columns, in place
+template <typename Real>
+void crossentropy_forward(Real* losses, Real* logits_to_probs, const int32_t* targets, int N,
+                          int V, int Vp, int threads);
+template <typename Real>
+void crossentropy_backward(Real* probs_to_dlogits, const int32_t* targets, Real dloss, int N,
+                           int V, int Vp, int threads);
+
+// ---- optimizer.cpp
+template <typename Real>
+double sum_squares(const Real* x, size_t n, int threads);
+template <typename Real>
+void scale(Real* x, Real s, size_t n, int threads);
+template <typename Real>
+void adamw_update(Real* params, Real* m, Real* v, const Real* grads, size_t n, Real lr,
+                  Real beta1, Real beta2, Real eps, Real weight_decay, int t, int threads);
+
+}  // namespace trident::cpu

@@ -1,0 +1,502 @@
+// GradReducer: bucketed data-parallel gradient averaging on a communication thread.
+//
+// The communication thread's contract
+//
+// Who calls MPI. Between begin_step(true) and the end of finish() only the reducer's thread
+//   touches the dp communicator (Note [One thread per communicator]): it starts each bucket's
+//   all-reduce, polls it, and averages the slice when it completes. The compute thread never
+//   calls MPI on dp: grad_ready, add_extra and finish only push events (begin, "parameter i is
+//   ready", extra buffer, finish) into a queue under a mutex, and finish() then sleeps on a
+//   condition variable. Tensor-parallel collectives run on the compute thread at the same
+//   time, on other communicators — hence MPI_THREAD_MULTIPLE.
+// In what order. Note [Same buckets, same order]: MPI pairs the collectives of a communicator
+//   by the order in which they are started, so every rank must start the same all-reduces in
+//   the same order, or they pair up wrongly (wrong sums or a hang). The buckets are a pure
+//   function of the parameter sizes and byte limits, identical on every rank; the thread keeps
+//   a pending count per bucket and starts bucket b once its count is zero and buckets 0..b-1
+//   were started, whatever order the events came in. Extra buffers follow the last bucket, in
+//   the order they were added. Several all-reduces may be in flight at once.
+// Why a thread. So the reduction of late layers overlaps the backward of early ones
+//   (overlap = true). With overlap = false the thread does the same, but starts nothing until
+//   finish() is called: the same calls on the same slices, so the results are bitwise equal.
+// How progress is driven. Open MPI has no asynchronous progress thread: a nonblocking
+//   collective advances only while some thread is inside MPI. So while anything is in flight
+//   the thread loops: MPI_Test on every in-flight request (Work::test), then a short pause on
+//   its condition variable (yields, then 10–200 µs sleeps — progress_backoff; when only an
+//   emulated link is left, until its end), woken early by a new event. With nothing in flight
+//   it sleeps until an event arrives, so it takes no core from compute.
+// How errors travel. Anything thrown on the thread (an MPI error; a timeout after
+//   comm.timeout_s, naming the communicator, the rank and the bucket; a parameter that never
+//   became ready) is stored as an exception_ptr and ends the step: work still in flight is
+//   abandoned, the next grad_ready/add_extra rethrows it, and finish() rethrows it. A
+//   parameter missing on every rank is found at finish(), after the buckets before it
+//   completed, so every rank throws the same error naming it and nothing hangs. Missing on one
+//   rank only, that rank throws the same; the others' bucket cannot complete and they end at
+//   the timeout, naming the bucket.
+//
+// Note [One thread per communicator]: MPI_THREAD_MULTIPLE allows concurrent calls, but two
+// threads starting collectives on one communicator would start them in a racy order, breaking
+// Note [Same buckets, same order]. So each communicator has one user at a time.
+#include "trident/grad_reducer.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "trident/check.h"
+
+namespace trident {
+
+namespace {
+
+enum class EventKind { kBegin, kReady, kExtra, kFinish };
+
+struct Event {
+  explicit Event(EventKind k) : kind(k), time(CommClock::now()) {}
+  EventKind kind;
+  CommClock::time_point time;  // when the compute thread posted it
+  size_t param = 0;            // kReady
+  float* data = nullptr;       // kExtra
+  size_t count = 0;
+  std::string name;
+};
+
+struct ExtraBuffer {
+  float* data;
+  size_t count;
+  std::string name;
+  double added_ms;
+};
+
+// Union of [start, end] intervals, in ms.
+double union_ms(std::vector<std::pair<double, double>> intervals) {
+  std::sort(intervals.begin(), intervals.end());
+  double total = 0, open_start = 0, open_end = 0;
+  bool open = false;
+  for (auto [s, e] : intervals) {
+    if (open && s <= open_end) {
+      open_end = std::max(open_end, e);
+      continue;
+    }
+    if (open) total += open_end - open_start;
+    open = true;
+    open_start = s;
+    open_end = e;
+  }
+  if (open) total += open_end - open_start;
+  return total;
+}
+
+}  // namespace
+
+struct GradReducer::State {
+  // Fixed at construction; read by both threads.
+  Communicator& dp;
+  float* grads;
+  std::vector<GradParam> params;
+  std::vector<Bucket> buckets;  // offsets into grads
+  std::vector<std::string> bucket_names;
+  std::vector<size_t> bucket_of_param;
+  bool overlap;
+  CommClock::time_point origin;
+
+  // Compute thread only.
+  bool step_open = false;
+  bool step_reduces = false;
+  std::vector<char> marked;
+  ReduceStats finished_stats;
+
+  // Shared, under `mutex`.
+  std::mutex mutex;
+  std::condition_variable wake_thread;
+  std::condition_variable step_done_cv;
+  std::deque<Event> events;
+  bool shutdown = false;
+  bool step_done = false;
+  std::exception_ptr error;
+  ReduceStats published_stats;
+  std::atomic<bool> failed{false};  // error != nullptr, readable without the lock
+
+  // Communication thread only.
+  struct InFlight {
+    Work work;
+    float* data;
+    size_t count;
+    size_t record;           // index into building.records
+  };
+  bool active = false;     // a reducing step is running and has not ended
+  bool finishing = false;  // finish() was called
+  CommClock::time_point finish_time;
+  std::vector<size_t> pending;
+  std::vector<char> seen;
+  std::vector<double> ready_ms;
+  size_t next_bucket = 0;
+  std::vector<ExtraBuffer> extras;
+  size_t next_extra = 0;
+  std::vector<InFlight> in_flight;
+  ReduceStats building;
+
+  std::thread thread;
+
+  State(Communicator& dp_, float* grads_, std::vector<GradParam> params_, bool overlap_,
+        CommClock::time_point origin_)
+      : dp(dp_), grads(grads_), params(std::move(params_)), overlap(overlap_), origin(origin_) {}
+
+  double ms(CommClock::time_point t) const {
+    return std::chrono::duration<double, std::milli>(t - origin).count();
+  }
+
+  void post(Event event) {
+    {
+      std::lock_guard lock(mutex);
+      events.push_back(std::move(event));
+    }
+    wake_thread.notify_one();
+  }
+
+  [[noreturn]] void rethrow_error() {
+    std::exception_ptr e;
+    {
+      std::lock_guard lock(mutex);
+      e = error;
+    }
+    std::rethrow_exception(e);
+  }
+
+  // ---- the communication thread ----
+
+  void run() {
+    std::vector<Event> batch;
+    int idle_polls = 0;
+    for (;;) {
+      CommClock::time_point poll_at = CommClock::time_point::max();
+      if (!in_flight.empty()) {
+        poll_at = next_poll(idle_polls);
+        if (poll_at == CommClock::time_point::min()) std::this_thread::yield();
+      }
+      {
+        std::unique_lock lock(mutex);
+        auto news = [&] { return shutdown || !events.empty(); };
+        if (in_flight.empty()) wake_thread.wait(lock, news);
+        else if (poll_at != CommClock::time_point::min()) wake_thread.wait_until(lock, poll_at, news);
+        if (shutdown) return;  // anything in flight is abandoned (see ~GradReducer)
+        batch.assign(std::make_move_iterator(events.begin()), std::make_move_iterator(events.end()));
+        events.clear();
+      }
+      try {
+        for (Event& e : batch) handle(e);
+        batch.clear();
+        if (active) {
+          launch_ready();
+          idle_polls = poll_in_flight() ? 0 : idle_polls + 1;
+          end_step_if_done();
+        }
+      } catch (...) {
+        batch.clear();
+        fail_step(std::current_exception());
+      }
+    }
+  }
+
+  // When to test the in-flight work again: min() = right away (after a yield).
+  CommClock::time_point next_poll(int idle_polls) const {
+    const auto now = CommClock::now();
+    auto idle_until = CommClock::time_point::max();
+    for (const InFlight& f : in_flight) idle_until = std::min(idle_until, f.work.idle_until());
+    if (idle_until > now) return idle_until;  // only emulated links left: sleep to the first end
+    const auto pause = progress_backoff(idle_polls);
+    return pause.count() == 0 ? CommClock::time_point::min() : now + pause;
+  }
+
+  void handle(Event& e) {
+    if (e.kind == EventKind::kBegin) {
+      active = true;
+      finishing = false;
+      pending.assign(buckets.size(), 0);
+      for (size_t b = 0; b < buckets.size(); ++b) pending[b] = buckets[b].num_params;
+      seen.assign(params.size(), 0);
+      ready_ms.assign(buckets.size(), 0);
+      next_bucket = 0;
+      extras.clear();
+      next_extra = 0;
+      in_flight.clear();
+      building = ReduceStats{};
+      building.reduced = true;
+      return;
+    }
+    if (!active) return;  // leftovers of a step that already failed
+    switch (e.kind) {
+      case EventKind::kReady: {
+        seen[e.param] = 1;
+        const size_t b = bucket_of_param[e.param];
+        TRIDENT_CHECK(pending[b] > 0, "bucket {} counted more ready parameters than it has", b);
+        if (--pending[b] == 0) ready_ms[b] = ms(e.time);
+        break;
+      }
+      case EventKind::kExtra:
+        extras.push_back({e.data, e.count, std::move(e.name), ms(e.time)});
+        break;
+      case EventKind::kFinish:
+        finishing = true;
+        finish_time = e.time;
+        break;
+      case EventKind::kBegin: break;
+    }
+  }
+
+  void start(float* data, size_t count, std::string name, int bucket, double ready) {
+    BucketRecord r;
+    r.name = std::move(name);
+    r.bucket = bucket;
+    r.bytes = count * sizeof(float);
+    r.ready_ms = ready;
+    r.start_ms = ms(CommClock::now());
+    Work work = dp.all_reduce(data, count);
+    in_flight.push_back({std::move(work), data, count, building.records.size()});
+    building.records.push_back(std::move(r));
+  }
+
+  void launch_ready() {
+    if (!overlap && !finishing) return;
+    while (next_bucket < buckets.size() && pending[next_bucket] == 0) {
+      const Bucket& b = buckets[next_bucket];
+      start(grads + b.offset, b.count, bucket_names[next_bucket], static_cast<int>(next_bucket),
+            ready_ms[next_bucket]);
+      ++next_bucket;
+    }
+    if (next_bucket < buckets.size()) return;
+    for (; next_extra < extras.size(); ++next_extra) {
+      ExtraBuffer& x = extras[next_extra];
+      start(x.data, x.count, x.name, -1, x.added_ms);
+    }
+  }
+
+  // Tests every in-flight all-reduce; averages those that completed. True if any did.
+  bool poll_in_flight() {
+    bool any = false;
+    for (size_t i = 0; i < in_flight.size();) {
+      InFlight& f = in_flight[i];
+      bool done = false;
+      try {
+        done = f.work.test();
+      } catch (const Error& e) {
+        const BucketRecord& r = building.records[f.record];
+        throw Error(fmt::format("GradReducer: {} ({} bytes) on dp rank {} of {}: {}", r.name,
+                                r.bytes, dp.rank(), dp.size(), e.what()),
+                    e.code());
+      }
+      if (!done) {
+        ++i;
+        continue;
+      }
+      if (dp.size() > 1) {
+        const float n = static_cast<float>(dp.size());
+        float* x = f.data;
+        for (size_t k = 0; k < f.count; ++k) x[k] /= n;
+      }
+      building.records[f.record].end_ms = ms(CommClock::now());
+      in_flight.erase(in_flight.begin() + static_cast<std::ptrdiff_t>(i));
+      any = true;
+    }
+    return any;
+  }
+
+  void end_step_if_done() {
+    if (!finishing) return;
+    if (next_bucket < buckets.size()) {
+      // Every event up to finish() was handled, so this bucket can no longer become ready.
+      // Wait for the buckets already started (every rank started the same ones), then fail.
+      if (in_flight.empty()) throw_never_ready();
+      return;
+    }
+    if (next_extra < extras.size() || !in_flight.empty()) return;
+
+    std::vector<std::pair<double, double>> busy;
+    double last_end = ms(finish_time);
+    for (const BucketRecord& r : building.records) {
+      busy.emplace_back(r.start_ms, r.end_ms);
+      building.bytes += r.bytes;
+      last_end = std::max(last_end, r.end_ms);
+    }
+    building.comm_ms = union_ms(std::move(busy));
+    building.finish_called_ms = ms(finish_time);
+    building.exposed_comm_ms = last_end - building.finish_called_ms;
+    active = false;
+    {
+      std::lock_guard lock(mutex);
+      published_stats = std::move(building);
+      step_done = true;
+    }
+    step_done_cv.notify_all();
+  }
+
+  [[noreturn]] void throw_never_ready() {
+    std::vector<std::string> missing;
+    size_t first = params.size();
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (seen[i]) continue;
+      if (first == params.size()) first = i;
+      if (missing.size() < 8) missing.push_back(fmt::format("'{}'", params[i].name));
+    }
+    const size_t num_missing =
+        static_cast<size_t>(std::count(seen.begin(), seen.end(), char{0}));
+    TRIDENT_CHECK(first < params.size(), "bucket {} pending but every parameter was ready",
+                  next_bucket);
+    internal_error(
+        __FILE__, __LINE__,
+        fmt::format("GradReducer: parameter '{}' (ready index {}, in {} of {}) never became ready "
+                    "in this step (dp rank {} of {}); {} parameter(s) missing: {}{}",
+                    params[first].name, first, bucket_names[bucket_of_param[first]],
+                    buckets.size(), dp.rank(), dp.size(), num_missing,
+                    fmt::join(missing, ", "), num_missing > missing.size() ? ", ..." : ""));
+  }
+
+  void fail_step(std::exception_ptr e) {
+    active = false;
+    in_flight.clear();  // abandoned: an MPI collective cannot be cancelled
+    {
+      std::lock_guard lock(mutex);
+      if (!error) error = e;
+      failed.store(true, std::memory_order_release);
+      step_done = true;
+    }
+    step_done_cv.notify_all();
+  }
+};
+
+// ---- the compute thread's side ----
+
+GradReducer::GradReducer(Communicator& dp, float* grads,
+                         std::vector<GradParam> params_in_ready_order,
+                         GradReducerOptions options)
+    : state_(std::make_unique<State>(dp, grads, std::move(params_in_ready_order),
+                                     options.overlap, options.trace_origin)) {
+  State& s = *state_;
+  const auto& p = s.params;
+  bool ascending = true, descending = true;
+  size_t total = 0;
+  for (size_t i = 0; i + 1 < p.size(); ++i) {
+    ascending = ascending && p[i + 1].offset == p[i].offset + p[i].count;
+    descending = descending && p[i + 1].offset + p[i + 1].count == p[i].offset;
+  }
+  for (const GradParam& q : p) total += q.count;
+  if (p.size() > 1 && !ascending && !descending) {
+    size_t i = 0;
+    while (i + 2 < p.size() && p[i + 1].offset == p[i].offset + p[i].count) ++i;
+    internal_error(__FILE__, __LINE__,
+                   fmt::format("GradReducer: parameters must be contiguous in the gradient "
+                               "buffer in ready order; '{}' [{}, +{}) is followed by '{}' [{}, +{})",
+                               p[i].name, p[i].offset, p[i].count, p[i + 1].name,
+                               p[i + 1].offset, p[i + 1].count));
+  }
+  TRIDENT_CHECK(grads != nullptr || total == 0, "GradReducer: null gradient buffer");
+
+  std::vector<size_t> counts;
+  for (const GradParam& q : p) counts.push_back(q.count);
+  s.buckets = assign_buckets(counts, sizeof(float), options.first_bucket_bytes,
+                             options.bucket_bytes);
+  s.bucket_of_param.resize(p.size());
+  for (size_t b = 0; b < s.buckets.size(); ++b) {
+    Bucket& bucket = s.buckets[b];
+    const size_t first = bucket.first_param, last = first + bucket.num_params - 1;
+    bucket.offset = descending && !ascending ? p[last].offset : p[first].offset;
+    for (size_t i = first; i <= last; ++i) s.bucket_of_param[i] = b;
+    s.bucket_names.push_back(first == last ? fmt::format("bucket {} ({})", b, p[first].name)
+                                           : fmt::format("bucket {} ({} .. {})", b,
+                                                         p[first].name, p[last].name));
+  }
+  s.marked.assign(p.size(), 0);
+  s.thread = std::thread([&s] { s.run(); });
+}
+
+GradReducer::~GradReducer() {
+  {
+    std::lock_guard lock(state_->mutex);
+    state_->shutdown = true;
+  }
+  state_->wake_thread.notify_one();
+  state_->thread.join();
+}
+
+void GradReducer::begin_step(bool reduce) {
+  State& s = *state_;
+  TRIDENT_CHECK(!(s.step_open && s.step_reduces) || s.failed.load(std::memory_order_acquire),
+                "GradReducer::begin_step({}) while a reducing step is open: call finish() first",
+                reduce);
+  s.step_open = true;
+  s.step_reduces = reduce;
+  if (!reduce) return;
+  std::fill(s.marked.begin(), s.marked.end(), 0);
+  {
+    std::lock_guard lock(s.mutex);
+    s.error = nullptr;
+    s.failed.store(false, std::memory_order_release);
+    s.step_done = false;
+    s.events.push_back(Event(EventKind::kBegin));
+  }
+  s.wake_thread.notify_one();
+}
+
+void GradReducer::grad_ready(int param_index) {
+  State& s = *state_;
+  TRIDENT_CHECK(s.step_open, "GradReducer::grad_ready({}) outside a step (begin_step first)",
+                param_index);
+  if (!s.step_reduces) return;
+  if (s.failed.load(std::memory_order_acquire)) s.rethrow_error();
+  TRIDENT_CHECK(param_index >= 0 && static_cast<size_t>(param_index) < s.params.size(),
+                "GradReducer::grad_ready({}): there are {} parameters", param_index,
+                s.params.size());
+  const auto i = static_cast<size_t>(param_index);
+  TRIDENT_CHECK(!s.marked[i], "GradReducer: parameter '{}' (ready index {}) marked ready twice "
+                "in one step", s.params[i].name, i);
+  s.marked[i] = 1;
+  Event e(EventKind::kReady);
+  e.param = i;
+  s.post(std::move(e));
+}
+
+void GradReducer::add_extra(float* data, size_t count, std::string name) {
+  State& s = *state_;
+  TRIDENT_CHECK(s.step_open, "GradReducer::add_extra('{}') outside a step", name);
+  if (!s.step_reduces) return;
+  if (s.failed.load(std::memory_order_acquire)) s.rethrow_error();
+  TRIDENT_CHECK(data != nullptr || count == 0, "GradReducer::add_extra('{}'): null data", name);
+  Event e(EventKind::kExtra);
+  e.data = data;
+  e.count = count;
+  e.name = std::move(name);
+  s.post(std::move(e));
+}
+
+void GradReducer::finish() {
+  State& s = *state_;
+  TRIDENT_CHECK(s.step_open, "GradReducer::finish() without begin_step");
+  s.step_open = false;
+  if (!s.step_reduces) {
+    s.finished_stats = ReduceStats{};
+    return;
+  }
+  s.post(Event(EventKind::kFinish));
+  std::unique_lock lock(s.mutex);
+  s.step_done_cv.wait(lock, [&] { return s.step_done; });
+  if (s.error) std::rethrow_exception(s.error);
+  s.finished_stats = s.published_stats;
+}
+
+const ReduceStats& GradReducer::stats() const { return state_->finished_stats; }
+const std::vector<Bucket>& GradReducer::buckets() const { return state_->buckets; }
+const std::vector<GradParam>& GradReducer::params() const { return state_->params; }
+const std::string& GradReducer::bucket_name(size_t bucket) const {
+  TRIDENT_CHECK(bucket < state_->bucket_names.size(), "bucket {} of {}", bucket,
+                state_->bucket_names.size());
+  return state_->bucket_names[bucket];
+}
+
+}  // namespace trident

@@ -1,0 +1,263 @@
+// MpiComm: the Communicator for host buffers, over nonblocking MPI calls.
+//
+// Every operation is an MPI_I* call whose request an MpiWork polls with MPI_Test. Open MPI has
+// no asynchronous progress thread, so nothing moves unless some thread is inside MPI; wait()
+// therefore loops on MPI_Test with yields and short sleeps (progress_backoff) instead of
+// calling MPI_Wait, which keeps the timeout enforceable and, with
+// OMPI_MCA_mpi_yield_when_idle, leaves the cores to compute threads.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <climits>
+#include <thread>
+
+#include "trident/check.h"
+#include "trident/comm.h"
+
+namespace trident {
+
+size_t elem_bytes(ElemType type) {
+  switch (type) {
+    case ElemType::kFloat32: return 4;
+    case ElemType::kFloat64: return 8;
+    case ElemType::kInt32: return 4;
+    case ElemType::kInt64: return 8;
+    case ElemType::kUint8: return 1;
+  }
+  return 0;
+}
+
+const char* elem_type_name(ElemType type) {
+  switch (type) {
+    case ElemType::kFloat32: return "float32";
+    case ElemType::kFloat64: return "float64";
+    case ElemType::kInt32: return "int32";
+    case ElemType::kInt64: return "int64";
+    case ElemType::kUint8: return "uint8";
+  }
+  return "?";
+}
+
+const OpRecord& Work::record() const {
+  TRIDENT_CHECK(impl_ != nullptr, "record() of an empty Work");
+  return impl_->record();
+}
+
+double emulated_link_seconds(LinkOp op, size_t bytes, int n, double gbps, double latency_us) {
+  if (gbps <= 0) return 0;
+  const double bytes_per_s = gbps * 1e9 / 8;
+  const double latency_s = latency_us * 1e-6;
+  const double b = static_cast<double>(bytes);
+  if (op == LinkOp::kSendRecv) return b / bytes_per_s + latency_s;
+  if (n <= 1) return 0;
+  const double steps = n - 1;
+  switch (op) {
+    case LinkOp::kAllReduce: return 2 * steps / n * b / bytes_per_s + 2 * steps * latency_s;
+    case LinkOp::kReduceScatter:
+    case LinkOp::kAllGather: return steps / n * b / bytes_per_s + steps * latency_s;
+    case LinkOp::kBroadcast: return b / bytes_per_s + steps * latency_s;
+    case LinkOp::kSendRecv: break;
+  }
+  return 0;
+}
+
+std::chrono::microseconds progress_backoff(int idle_polls) {
+  using std::chrono::microseconds;
+  if (idle_polls < 8) return microseconds(0);  // 0 = yield
+  if (idle_polls < 16) return microseconds(10);
+  if (idle_polls < 24) return microseconds(50);
+  return microseconds(200);
+}
+
+namespace {
+
+MPI_Datatype mpi_type(ElemType type) {
+  switch (type) {
+    case ElemType::kFloat32: return MPI_FLOAT;
+    case ElemType::kFloat64: return MPI_DOUBLE;
+    case ElemType::kInt32: return MPI_INT32_T;
+    case ElemType::kInt64: return MPI_INT64_T;
+    case ElemType::kUint8: return MPI_UINT8_T;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+int mpi_count(size_t count, const char* op) {
+  TRIDENT_CHECK(count <= static_cast<size_t>(INT_MAX), "{} of {} elements: MPI counts are int",
+                op, count);
+  return static_cast<int>(count);
+}
+
+void pause_for(int idle_polls) {
+  const auto pause = progress_backoff(idle_polls);
+  if (pause.count() == 0) std::this_thread::yield();
+  else std::this_thread::sleep_for(pause);
+}
+
+class MpiWork final : public Work::Impl {
+ public:
+  MpiWork(MpiComm* comm, const char* op, size_t bytes, MPI_Request request,
+          CommClock::time_point start, CommClock::time_point link_done)
+      : comm_(comm), request_(request), link_done_(link_done) {
+    record_.op = op;
+    record_.bytes = bytes;
+    record_.start = start;
+  }
+
+  bool test() override {
+    if (complete_) return true;
+    if (!transport_done_) {
+      int flag = 0;
+      TRIDENT_MPI(MPI_Test(&request_, &flag, MPI_STATUS_IGNORE));
+      transport_done_ = flag != 0;
+    }
+    const auto now = CommClock::now();
+    if (transport_done_) {
+      if (now < link_done_) return false;
+      complete_ = true;
+      record_.end = now;
+      comm_->note_completed(record_);
+      return true;
+    }
+    const double elapsed = std::chrono::duration<double>(now - record_.start).count();
+    if (elapsed > comm_->timeout())
+      internal_error(__FILE__, __LINE__,
+                     fmt::format("{} of {} bytes on communicator '{}' (rank {} of {}) did not "
+                                 "complete within the timeout of {} s (comm.timeout_s)",
+                                 record_.op, record_.bytes, comm_->name(), comm_->rank(),
+                                 comm_->size(), comm_->timeout()));
+    return false;
+  }
+
+  void wait() override {
+    for (int idle = 0; !test(); ++idle) {
+      if (transport_done_) std::this_thread::sleep_until(link_done_);
+      else pause_for(idle);
+    }
+  }
+
+  const OpRecord& record() const override { return record_; }
+
+  CommClock::time_point idle_until() const override {
+    return transport_done_ && !complete_ ? link_done_ : CommClock::time_point::min();
+  }
+
+ private:
+  MpiComm* comm_;
+  MPI_Request request_;
+  CommClock::time_point link_done_;
+  OpRecord record_;
+  bool transport_done_ = false;
+  bool complete_ = false;
+};
+
+}  // namespace
+
+MpiComm::MpiComm(MPI_Comm comm, std::string name) : comm_(comm), name_(std::move(name)) {
+  TRIDENT_CHECK(comm != MPI_COMM_NULL, "MpiComm '{}' from MPI_COMM_NULL", name_);
+  TRIDENT_MPI(MPI_Comm_rank(comm_, &rank_));
+  TRIDENT_MPI(MPI_Comm_size(comm_, &size_));
+  // Only on communicators we own: MPI_COMM_WORLD's handler belongs to the application.
+  if (comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_SELF)
+    TRIDENT_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+}
+
+std::unique_ptr<MpiComm> MpiComm::duplicate(MPI_Comm parent, std::string name) {
+  MPI_Comm comm = MPI_COMM_NULL;
+  TRIDENT_MPI(MPI_Comm_dup(parent, &comm));
+  return std::make_unique<MpiComm>(comm, std::move(name));
+}
+
+MpiComm::~MpiComm() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_SELF) MPI_Comm_free(&comm_);
+}
+
+void MpiComm::set_timeout(double seconds) {
+  TRIDENT_CHECK(seconds > 0, "comm timeout must be positive, got {}", seconds);
+  timeout_s_ = seconds;
+}
+
+void MpiComm::set_emulated_link(double gbps, double latency_us) {
+  link_gbps_ = gbps > 0 ? gbps : 0;
+  link_latency_us_ = std::max(0.0, latency_us);
+}
+
+std::vector<OpRecord> MpiComm::take_records() { return std::exchange(records_, {}); }
+
+void MpiComm::note_completed(const OpRecord& record) {
+  if (recording_) records_.push_back(record);
+}
+
+Work MpiComm::make_work(const char* op, LinkOp link_op, size_t bytes, MPI_Request request,
+                        CommClock::time_point start) {
+  CommClock::time_point link_done = start;
+  if (link_gbps_ > 0) {
+    // The emulated link carries one operation at a time: this one starts when it is free.
+    const double s = emulated_link_seconds(link_op, bytes, size_, link_gbps_, link_latency_us_);
+    link_done = std::max(start, link_free_at_) +
+                std::chrono::duration_cast<CommClock::duration>(std::chrono::duration<double>(s));
+    link_free_at_ = link_done;
+  }
+  return Work(std::make_unique<MpiWork>(this, op, bytes, request, start, link_done));
+}
+
+Work MpiComm::start_all_reduce(void* data, size_t count, ElemType type) {
+  const auto start = CommClock::now();
+  MPI_Request req;
+  TRIDENT_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, mpi_count(count, "all_reduce"), mpi_type(type),
+                             MPI_SUM, comm_, &req));
+  return make_work("all_reduce", LinkOp::kAllReduce, count * elem_bytes(type), req, start);
+}
+
+Work MpiComm::start_reduce_scatter(const void* send, void* recv, size_t recv_count,
+                                   ElemType type) {
+  const auto start = CommClock::now();
+  MPI_Request req;
+  TRIDENT_MPI(MPI_Ireduce_scatter_block(send, recv, mpi_count(recv_count, "reduce_scatter"),
+                                        mpi_type(type), MPI_SUM, comm_, &req));
+  return make_work("reduce_scatter", LinkOp::kReduceScatter,
+                   recv_count * size_ * elem_bytes(type), req, start);
+}
+
+Work MpiComm::start_all_gather(const void* send, void* recv, size_t send_count, ElemType type) {
+  const auto start = CommClock::now();
+  const int n = mpi_count(send_count, "all_gather");
+  // send == this rank's block of recv means in place.
+  const bool in_place = send == static_cast<const char*>(recv) + rank_ * send_count * elem_bytes(type);
+  MPI_Request req;
+  TRIDENT_MPI(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, n, mpi_type(type), recv, n,
+                             mpi_type(type), comm_, &req));
+  return make_work("all_gather", LinkOp::kAllGather, send_count * size_ * elem_bytes(type), req,
+                   start);
+}
+
+Work MpiComm::start_broadcast(void* data, size_t count, ElemType type, int root) {
+  TRIDENT_CHECK(root >= 0 && root < size_, "broadcast root {} on '{}' of size {}", root, name_,
+                size_);
+  const auto start = CommClock::now();
+  MPI_Request req;
+  TRIDENT_MPI(MPI_Ibcast(data, mpi_count(count, "broadcast"), mpi_type(type), root, comm_, &req));
+  return make_work("broadcast", LinkOp::kBroadcast, count * elem_bytes(type), req, start);
+}
+
+Work MpiComm::start_send(const void* data, size_t count, ElemType type, int dest, int tag) {
+  TRIDENT_CHECK(dest >= 0 && dest < size_, "send to rank {} on '{}' of size {}", dest, name_,
+                size_);
+  const auto start = CommClock::now();
+  MPI_Request req;
+  TRIDENT_MPI(MPI_Isend(data, mpi_count(count, "send"), mpi_type(type), dest, tag, comm_, &req));
+  return make_work("send", LinkOp::kSendRecv, count * elem_bytes(type), req, start);
+}
+
+Work MpiComm::start_recv(void* data, size_t count, ElemType type, int src, int tag) {
+  TRIDENT_CHECK(src >= 0 && src < size_, "recv from rank {} on '{}' of size {}", src, name_,
+                size_);
+  const auto start = CommClock::now();
+  MPI_Request req;
+  TRIDENT_MPI(MPI_Irecv(data, mpi_count(count, "recv"), mpi_type(type), src, tag, comm_, &req));
+  return make_work("recv", LinkOp::kSendRecv, count * elem_bytes(type), req, start);
+}
+
+}  // namespace trident

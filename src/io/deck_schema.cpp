@@ -1,0 +1,359 @@
+#include "io/deck_schema.h"
+
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <type_traits>
+
+#include "trident/check.h"
+
+namespace trident::deck_schema {
+namespace {
+
+// A Field for `deck.*Section.*Member`; the unary + turns the captureless lambda into a pointer.
+template <auto Section, auto Member>
+Field at() {
+  return +[](Deck& d) -> auto& { return (d.*Section).*Member; };
+}
+
+constexpr Bound ge(double v) { return {v, false}; }
+constexpr Bound gt(double v) { return {v, true}; }
+constexpr Bound le(double v) { return {v, false}; }
+constexpr Bound lt(double v) { return {v, true}; }
+
+// The schema. Defaults are not repeated here: they are the initializers in trident/deck.h, read
+// through `field` from a default-constructed Deck.
+const std::vector<Key>& table() {
+  static const std::vector<Key> rows = {
+      {.name = "model.layers", .field = at<&Deck::model, &ModelConfig::layers>(), .min = ge(1),
+       .help = "transformer blocks"},
+      {.name = "model.d_model", .field = at<&Deck::model, &ModelConfig::d_model>(), .min = ge(1),
+       .help = "embedding width; a multiple of model.heads"},
+      {.name = "model.heads", .field = at<&Deck::model, &ModelConfig::heads>(), .min = ge(1),
+       .help = "attention heads per block"},
+      {.name = "model.vocab", .field = at<&Deck::model, &ModelConfig::vocab>(), .min = ge(2),
+       .help = "real vocabulary size; the model pads it to a multiple of 128"},
+      {.name = "model.seq_len", .field = at<&Deck::model, &ModelConfig::seq_len>(), .min = ge(1),
+       .help = "context length in tokens"},
+      {.name = "model.init_from", .field = at<&Deck::model, &ModelConfig::init_from>(),
+       .text = Text::kPath,
+       .help = "llm.c GPT-2 checkpoint to start from (its shape replaces model.*); empty: random"},
+
+      {.name = "train.micro_batch", .field = at<&Deck::train, &TrainConfig::micro_batch>(),
+       .min = ge(1), .help = "sequences per micro-batch on each data-parallel rank"},
+      {.name = "train.accum", .field = at<&Deck::train, &TrainConfig::accum>(), .min = ge(1),
+       .help = "micro-batches accumulated per optimizer step"},
+      {.name = "train.steps", .field = at<&Deck::train, &TrainConfig::steps>(), .min = ge(1),
+       .help = "optimizer steps"},
+      {.name = "train.lr", .field = at<&Deck::train, &TrainConfig::lr>(), .min = gt(0),
+       .help = "peak learning rate"},
+      {.name = "train.lr_schedule", .field = at<&Deck::train, &TrainConfig::lr_schedule>(),
+       .text = Text::kEnum, .choices = {"cosine", "constant"},
+       .help = "learning-rate schedule after warm-up"},
+      {.name = "train.warmup_steps", .field = at<&Deck::train, &TrainConfig::warmup_steps>(),
+       .min = ge(0), .help = "steps of linear warm-up from 0 to train.lr"},
+      {.name = "train.min_lr_ratio", .field = at<&Deck::train, &TrainConfig::min_lr_ratio>(),
+       .min = ge(0), .max = le(1), .help = "cosine decays to train.lr * min_lr_ratio"},
+      {.name = "train.weight_decay", .field = at<&Deck::train, &TrainConfig::weight_decay>(),
+       .min = ge(0), .help = "AdamW decoupled weight decay"},
+      {.name = "train.grad_clip", .field = at<&Deck::train, &TrainConfig::grad_clip>(),
+       .min = ge(0), .help = "clip the global gradient norm to this; 0 turns clipping off"},
+      {.name = "train.beta1", .field = at<&Deck::train, &TrainConfig::beta1>(), .min = ge(0),
+       .max = lt(1), .help = "AdamW first-moment decay"},
+      {.name = "train.beta2", .field = at<&Deck::train, &TrainConfig::beta2>(), .min = ge(0),
+       .max = lt(1), .help = "AdamW second-moment decay"},
+      {.name = "train.eps", .field = at<&Deck::train, &TrainConfig::eps>(), .min = gt(0),
+       .help = "AdamW denominator epsilon"},
+      {.name = "train.seed", .field = at<&Deck::train, &TrainConfig::seed>(),
+       .help = "seed for initialisation and data order"},
+      {.name = "train.val_every", .field = at<&Deck::train, &TrainConfig::val_every>(),
+       .min = ge(0), .help = "validate every N steps; 0: never"},
+      {.name = "train.val_batches", .field = at<&Deck::train, &TrainConfig::val_batches>(),
+       .min = ge(1), .help = "micro-batches per validation"},
+
+      {.name = "data.train", .field = at<&Deck::data, &DataConfig::train>(), .text = Text::kPath,
+       .help = "training token file (required)"},
+      {.name = "data.valid", .field = at<&Deck::data, &DataConfig::valid>(), .text = Text::kPath,
+       .help = "validation token file; empty: no validation"},
+      {.name = "data.shuffle", .field = at<&Deck::data, &DataConfig::shuffle>(),
+       .help = "shuffle the order of training sequences"},
+
+      {.name = "log.every", .field = at<&Deck::log, &LogConfig::every>(), .min = ge(1),
+       .help = "print every N steps (the metrics file gets every step)"},
+      {.name = "log.jsonl", .field = at<&Deck::log, &LogConfig::jsonl>(),
+       .help = "metrics file, relative to run.out_dir"},
+      {.name = "log.trace", .field = at<&Deck::log, &LogConfig::trace>(), .text = Text::kPath,
+       .help = "Chrome-trace JSON per rank; empty: none"},
+
+      {.name = "run.threads", .field = at<&Deck::run, &RunConfig::threads>(), .min = ge(1),
+       .help = "CPU threads per rank"},
+      {.name = "run.out_dir", .field = at<&Deck::run, &RunConfig::out_dir>(), .text = Text::kPath,
+       .help = "output directory; empty: runs/<deck file stem>"},
+
+      {.name = "parallel.dp", .field = at<&Deck::parallel, &ParallelConfig::dp>(), .min = ge(0),
+       .help = "data-parallel ranks; 0: world size / (tp * pp)"},
+      {.name = "parallel.tp", .field = at<&Deck::parallel, &ParallelConfig::tp>(), .min = ge(1),
+       .help = "tensor-parallel ranks; must divide model.heads"},
+      {.name = "parallel.pp", .field = at<&Deck::parallel, &ParallelConfig::pp>(), .min = ge(1),
+       .help = "pipeline stages; at most model.layers"},
+
+      {.name = "comm.overlap", .field = at<&Deck::comm, &CommConfig::overlap>(),
+       .help = "overlap the gradient all-reduce with the backward pass"},
+      {.name = "comm.bucket_mb", .field = at<&Deck::comm, &CommConfig::bucket_mb>(),
+       .min = gt(0), .help = "gradient bucket size in MiB"},
+      {.name = "comm.first_bucket_mb", .field = at<&Deck::comm, &CommConfig::first_bucket_mb>(),
+       .min = gt(0), .help = "first bucket's size in MiB (small, so communication starts early)"},
+      {.name = "comm.emulate_gbps", .field = at<&Deck::comm, &CommConfig::emulate_gbps>(),
+       .min = ge(0), .help = "emulated link bandwidth in Gbit/s; 0: no emulation"},
+      {.name = "comm.emulate_latency_us",
+       .field = at<&Deck::comm, &CommConfig::emulate_latency_us>(), .min = ge(0),
+       .help = "emulated per-message latency in microseconds"},
+      {.name = "comm.timeout_s", .field = at<&Deck::comm, &CommConfig::timeout_s>(),
+       .min = gt(0), .help = "seconds a collective may wait before the run aborts"},
+  };
+  return rows;
+}
+
+template <class... Fs>
+struct overloaded : Fs... {
+  using Fs::operator()...;
+};
+
+// The value a key holds in `deck`, as a double (numbers only; ranges are checked on it).
+double as_double(const Key& key, const Deck& deck) {
+  Deck& d = const_cast<Deck&>(deck);  // Field is a read-write accessor; this only reads
+  return std::visit(overloaded{[&](int& (*get)(Deck&)) { return double(get(d)); },
+                               [&](double& (*get)(Deck&)) { return get(d); },
+                               [&](auto) { return 0.0; }},
+                    key.field);
+}
+
+// from_chars over the whole text, after an optional '+' (YAML allows one; from_chars does not).
+template <class T>
+std::errc parse_number(std::string_view text, T& out) {
+  if (text.size() > 1 && text[0] == '+' && text[1] != '-') text.remove_prefix(1);
+  if (text.empty()) return std::errc::invalid_argument;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
+  if (ec == std::errc() && end != text.data() + text.size()) return std::errc::invalid_argument;
+  return ec;
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::string got(const Scalar& v) {
+  return v.non_scalar.empty() ? quote(v.text) : std::string(v.non_scalar);
+}
+
+std::string number(double v) { return fmt::format("{}", v); }
+
+}  // namespace
+
+const std::vector<Key>& keys() { return table(); }
+
+const std::vector<std::string_view>& sections() {
+  static const std::vector<std::string_view> names = [] {
+    std::vector<std::string_view> out;
+    for (const Key& k : table())
+      if (std::find(out.begin(), out.end(), k.section()) == out.end()) out.push_back(k.section());
+    return out;
+  }();
+  return names;
+}
+
+const Key* find(std::string_view name) {
+  for (const Key& k : table())
+    if (k.name == name) return &k;
+  return nullptr;
+}
+
+int index_of(const Key& key) { return int(&key - table().data()); }
+
+std::string subject(std::string_view where, std::string_view key) {
+  if (where.starts_with("--set")) return fmt::format("{} {}", where, key);
+  return fmt::format("{}: {}", where, key);
+}
+
+void assign(const Key& key, Deck& deck, const Scalar& value, std::string_view where,
+            const std::string& base_dir) {
+  auto wrong_type = [&] {
+    input_error("{}: expected {}, got {}", subject(where, key.name), type_text(key), got(value));
+  };
+  if (!value.non_scalar.empty() && !(value.non_scalar == "nothing" && key.text != Text::kEnum &&
+                                     std::holds_alternative<std::string& (*)(Deck&)>(key.field)))
+    wrong_type();  // only plain strings and paths may be left empty
+  const std::string& text = value.text;
+
+  std::visit(
+      overloaded{
+          [&](int& (*get)(Deck&)) {
+            int64_t v = 0;
+            std::errc ec = parse_number(text, v);
+            if (ec == std::errc::invalid_argument) wrong_type();
+            if (ec != std::errc() || v < std::numeric_limits<int>::min() ||
+                v > std::numeric_limits<int>::max())
+              input_error("{}: {} does not fit in a 32-bit integer", subject(where, key.name),
+                          text);
+            get(deck) = int(v);
+          },
+          [&](uint64_t& (*get)(Deck&)) {
+            uint64_t v = 0;
+            std::errc ec = parse_number(text, v);
+            if (ec == std::errc::invalid_argument) wrong_type();
+            if (ec != std::errc())
+              input_error("{}: {} does not fit in a 64-bit unsigned integer",
+                          subject(where, key.name), text);
+            get(deck) = v;
+          },
+          [&](double& (*get)(Deck&)) {
+            double v = 0;
+            std::errc ec = parse_number(text, v);
+            if (ec != std::errc() || !std::isfinite(v)) wrong_type();
+            get(deck) = v;
+          },
+          [&](bool& (*get)(Deck&)) {
+            std::string t = lower(text);  // YAML 1.1 spellings, as yaml-cpp accepts them
+            if (t == "true" || t == "yes" || t == "on") {
+              get(deck) = true;
+            } else if (t == "false" || t == "no" || t == "off") {
+              get(deck) = false;
+            } else {
+              wrong_type();
+            }
+          },
+          [&](std::string& (*get)(Deck&)) {
+            if (key.text == Text::kEnum &&
+                std::find(key.choices.begin(), key.choices.end(), text) == key.choices.end())
+              input_error("{}: must be {}, got {}", subject(where, key.name), type_text(key),
+                          quote(text));
+            std::string v = text;
+            if (key.text == Text::kPath && !v.empty())
+              v = (std::filesystem::path(base_dir) / v).lexically_normal().string();
+            get(deck) = v;
+          },
+      },
+      key.field);
+}
+
+void check_range(const Key& key, const Deck& deck, std::string_view where) {
+  if (!key.min && !key.max) return;
+  double v = as_double(key, deck);
+  bool below = key.min && (key.min->strict ? v <= key.min->value : v < key.min->value);
+  bool above = key.max && (key.max->strict ? v >= key.max->value : v > key.max->value);
+  if (below || above)
+    input_error("{}: must be {}, got {}", subject(where, key.name), range_text(key),
+                format_value(key, deck));
+}
+
+std::string format_value(const Key& key, const Deck& deck) {
+  Deck& d = const_cast<Deck&>(deck);  // read only
+  return std::visit(
+      overloaded{
+          [&](int& (*get)(Deck&)) { return fmt::format("{}", get(d)); },
+          [&](uint64_t& (*get)(Deck&)) { return fmt::format("{}", get(d)); },
+          // fmt's "{}" is the shortest text that reads back to the same double.
+          [&](double& (*get)(Deck&)) { return fmt::format("{}", get(d)); },
+          [&](bool& (*get)(Deck&)) { return std::string(get(d) ? "true" : "false"); },
+          [&](std::string& (*get)(Deck&)) { return quote(get(d)); },
+      },
+      key.field);
+}
+
+std::string type_text(const Key& key) {
+  if (key.text == Text::kEnum) return fmt::format("one of {}", fmt::join(key.choices, "|"));
+  return std::visit(overloaded{[](int& (*)(Deck&)) { return "an integer"; },
+                               [](uint64_t& (*)(Deck&)) { return "a non-negative integer"; },
+                               [](double& (*)(Deck&)) { return "a number"; },
+                               [](bool& (*)(Deck&)) { return "true or false"; },
+                               [&](std::string& (*)(Deck&)) {
+                                 return key.text == Text::kPath ? "a path" : "a string";
+                               }},
+                    key.field);
+}
+
+std::string range_text(const Key& key) {
+  if (key.min && key.max)
+    return fmt::format("in {}{}, {}{}", key.min->strict ? '(' : '[', number(key.min->value),
+                       number(key.max->value), key.max->strict ? ')' : ']');
+  if (key.min) return fmt::format("{} {}", key.min->strict ? ">" : ">=", number(key.min->value));
+  if (key.max) return fmt::format("{} {}", key.max->strict ? "<" : "<=", number(key.max->value));
+  return "";
+}
+
+std::string quote(std::string_view s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          out += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+int edit_distance(std::string_view a, std::string_view b) {
+  const size_t n = a.size(), m = b.size();
+  std::vector<std::vector<int>> d(n + 1, std::vector<int>(m + 1));
+  for (size_t i = 0; i <= n; ++i) d[i][0] = int(i);
+  for (size_t j = 0; j <= m; ++j) d[0][j] = int(j);
+  for (size_t i = 1; i <= n; ++i) {
+    for (size_t j = 1; j <= m; ++j) {
+      int cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  }
+  return d[n][m];
+}
+
+}  // namespace trident::deck_schema
+
+namespace trident {
+
+std::string deck_reference() {
+  using namespace deck_schema;
+  struct Line {
+    std::string key, type, range, value, help;
+  };
+  const Deck defaults;
+  std::vector<Line> lines = {{"key", "type", "range", "default", "description"}};
+  for (const Key& k : keys()) {
+    std::string type = type_text(k);
+    if (type.starts_with("an ")) type.erase(0, 3);
+    if (type.starts_with("a ")) type.erase(0, 2);
+    lines.push_back({std::string(k.name), type, range_text(k), format_value(k, defaults),
+                     std::string(k.help)});
+  }
+  size_t w[4] = {0, 0, 0, 0};
+  for (const Line& l : lines) {
+    w[0] = std::max(w[0], l.key.size());
+    w[1] = std::max(w[1], l.type.size());
+    w[2] = std::max(w[2], l.range.size());
+    w[3] = std::max(w[3], l.value.size());
+  }
+  std::string out;
+  for (const Line& l : lines)
+    out += fmt::format("{:<{}}  {:<{}}  {:<{}}  {:<{}}  {}\n", l.key, w[0], l.type, w[1], l.range,
+                       w[2], l.value, w[3], l.help);
+  return out;
+}
+
+}  // namespace trident

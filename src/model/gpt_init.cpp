@@ -1,0 +1,73 @@
+// GPT-2 initialisation with a counter-based generator.
+//
+// Every element's value is a pure function of (seed, parameter name, element index), so the
+// weights do not depend on the thread count, and a later tensor-parallel shard can take its
+// slice of the same global weights by global index.
+#include <cmath>
+#include <numbers>
+
+#include "trident/model.h"
+
+namespace trident {
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
+  return h;
+}
+
+// Uniform in (0, 1]: never 0, so log() below is finite.
+double uniform_open(uint64_t bits) { return (double((bits >> 11) + 1)) * 0x1.0p-53; }
+
+// Standard normal number `index` of the stream `key` (Box–Muller over pairs of counters).
+double normal_at(uint64_t key, uint64_t index) {
+  uint64_t pair = index / 2;
+  double u1 = uniform_open(splitmix64(key ^ splitmix64(2 * pair)));
+  double u2 = uniform_open(splitmix64(key ^ splitmix64(2 * pair + 1)));
+  double r = std::sqrt(-2.0 * std::log(u1));
+  double angle = 2.0 * std::numbers::pi * u2;
+  return (index % 2 == 0) ? r * std::cos(angle) : r * std::sin(angle);
+}
+
+bool ends_with(const std::string& s, const char* suffix) {
+  std::string t(suffix);
+  return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
+}
+
+}  // namespace
+
+void GPT::init_weights(uint64_t seed) {
+  const double std_base = 0.02;
+  const double std_residual = 0.02 / std::sqrt(2.0 * cfg_.layers);
+  for (const ParamInfo& p : infos_) {
+    float* w = params_.data() + p.offset;
+    const bool is_ln_weight = ends_with(p.name, "ln1w") || ends_with(p.name, "ln2w") ||
+                              p.name == "lnfw";
+    if (is_ln_weight) {
+      std::fill(w, w + p.count, 1.0f);
+      continue;
+    }
+    if (!p.decay) {  // biases and LayerNorm biases
+      std::fill(w, w + p.count, 0.0f);
+      continue;
+    }
+    const double stddev =
+        (ends_with(p.name, "attprojw") || ends_with(p.name, "fcprojw")) ? std_residual : std_base;
+    const uint64_t key = splitmix64(seed ^ fnv1a(p.name));
+    // Padded vocabulary rows of wte stay zero (see Note [Parameter layout]).
+    const size_t live = p.name == "wte" ? size_t(cfg_.vocab) * cfg_.channels : p.count;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < p.count; ++i)
+      w[i] = i < live ? float(stddev * normal_at(key, i)) : 0.0f;
+  }
+}
+
+}  // namespace trident

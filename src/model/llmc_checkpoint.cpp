@@ -1,0 +1,113 @@
+// llm.c's GPT-2 checkpoint format (version 3): int32[256] header
+//   [0] magic 20240326, [1] version 3, [2] maxT, [3] V, [4] L, [5] NH, [6] C, [7] Vp,
+// then fp32 tensors, each covering all layers, in this order:
+//   wte[Vp,C] wpe[maxT,C] ln1w[L,C] ln1b[L,C] qkvw[L,3C,C] qkvb[L,3C] attprojw[L,C,C]
+//   attprojb[L,C] ln2w[L,C] ln2b[L,C] fcw[L,4C,C] fcb[L,4C] fcprojw[L,C,4C] fcprojb[L,C]
+//   lnfw[C] lnfb[C]
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "trident/check.h"
+#include "trident/model.h"
+
+namespace trident {
+namespace {
+
+constexpr int kMagic = 20240326;
+constexpr int kVersion = 3;
+
+// One entry per llm.c tensor: the per-layer name (or global name) and whether it repeats per layer.
+struct LlmcTensor {
+  const char* name;
+  bool per_layer;
+};
+constexpr LlmcTensor kOrder[] = {
+    {"wte", false},     {"wpe", false},      {"ln1w", true},    {"ln1b", true},
+    {"qkvw", true},     {"qkvb", true},      {"attprojw", true}, {"attprojb", true},
+    {"ln2w", true},     {"ln2b", true},      {"fcw", true},     {"fcb", true},
+    {"fcprojw", true},  {"fcprojb", true},   {"lnfw", false},   {"lnfb", false}};
+
+std::string pname(const LlmcTensor& t, int l) {
+  return t.per_layer ? fmt::format("h{}.{}", l, t.name) : std::string(t.name);
+}
+
+}  // namespace
+
+GPTConfig read_llmc_config(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) input_error("model.init_from: cannot open {}", path);
+  int32_t h[256] = {};
+  f.read(reinterpret_cast<char*>(h), sizeof(h));
+  if (f.gcount() != sizeof(h))
+    input_error("model.init_from: {}: file is {} bytes, shorter than the 1024-byte header", path,
+                f.gcount());
+  if (h[0] != kMagic)
+    input_error("model.init_from: {}: bad magic {} (an llm.c GPT-2 checkpoint has {})", path,
+                h[0], kMagic);
+  if (h[1] != kVersion)
+    input_error("model.init_from: {}: version {} not supported (need {}, fp32 with padded vocab)",
+                path, h[1], kVersion);
+  GPTConfig cfg;
+  cfg.max_seq_len = h[2];
+  cfg.vocab = h[3];
+  cfg.layers = h[4];
+  cfg.heads = h[5];
+  cfg.channels = h[6];
+  cfg.padded_vocab = h[7];
+  if (cfg.max_seq_len < 1 || cfg.vocab < 2 || cfg.layers < 1 || cfg.heads < 1 ||
+      cfg.channels < 1 || cfg.channels % cfg.heads != 0 || cfg.padded_vocab < cfg.vocab)
+    input_error("model.init_from: {}: inconsistent header maxT={} V={} L={} NH={} C={} Vp={}",
+                path, h[2], h[3], h[4], h[5], h[6], h[7]);
+  size_t expected = 1024;
+  for (const ParamInfo& p : gpt_param_layout(cfg)) expected += p.count * sizeof(float);
+  const auto actual = std::filesystem::file_size(path);
+  if (actual != expected)
+    input_error("model.init_from: {}: file is {} bytes, the header's shape needs {}", path,
+                actual, expected);
+  return cfg;
+}
+
+void load_llmc_weights(GPT& model, const std::string& path) {
+  const GPTConfig file_cfg = read_llmc_config(path);
+  const GPTConfig& cfg = model.config();
+  TRIDENT_CHECK(file_cfg.layers == cfg.layers && file_cfg.channels == cfg.channels &&
+                    file_cfg.padded_vocab == cfg.padded_vocab &&
+                    file_cfg.max_seq_len == cfg.max_seq_len,
+                "model shape differs from {}", path);
+  std::ifstream f(path, std::ios::binary);
+  f.seekg(1024);
+  for (const LlmcTensor& t : kOrder) {
+    for (int l = 0; l < (t.per_layer ? cfg.layers : 1); ++l) {
+      const ParamInfo& p = model.param(pname(t, l));
+      f.read(reinterpret_cast<char*>(model.params() + p.offset), std::streamsize(p.count * 4));
+      if (!f) input_error("model.init_from: {}: read failed at tensor {}", path, p.name);
+    }
+  }
+}
+
+void save_llmc_weights(GPT& model, const std::string& path) {
+  const GPTConfig& cfg = model.config();
+  int32_t h[256] = {};
+  h[0] = kMagic;
+  h[1] = kVersion;
+  h[2] = cfg.max_seq_len;
+  h[3] = cfg.vocab;
+  h[4] = cfg.layers;
+  h[5] = cfg.heads;
+  h[6] = cfg.channels;
+  h[7] = cfg.padded_vocab;
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  TRIDENT_CHECK(bool(f), "cannot write {}", path);
+  f.write(reinterpret_cast<const char*>(h), sizeof(h));
+  for (const LlmcTensor& t : kOrder)
+    for (int l = 0; l < (t.per_layer ? cfg.layers : 1); ++l) {
+      const ParamInfo& p = model.param(pname(t, l));
+      f.write(reinterpret_cast<const char*>(model.params() + p.offset),
+              std::streamsize(p.count * 4));
+    }
+  TRIDENT_CHECK(bool(f), "write failed: {}", path);
+}
+
+}  // namespace trident

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Bad input to the trident binary: each case must exit with status 2, print one message naming
+# the thing that is wrong, and leave what an earlier run saved untouched.
+# usage: test_bad_input.sh TRIDENT_BINARY SOURCE_DIR SCRATCH_DIR
+set -uo pipefail
+bin=$1 src=$2 scratch=$3
+rm -rf "$scratch" && mkdir -p "$scratch"
+cd "$scratch"
+failures=0
+
+# A finished earlier run whose files must survive every bad invocation below.
+mkdir -p runs/keep
+echo "earlier metrics" > runs/keep/metrics.jsonl
+echo "earlier deck" > runs/keep/deck.yaml
+
+cp "$src/inputs/gpt-tiny.yaml" deck.yaml
+sed -i "s|data/tiny-train.bin|$src/inputs/data/tiny-train.bin|; s|data/tiny-valid.bin|$src/inputs/data/tiny-valid.bin|" deck.yaml
+common=(--set run.out_dir=runs/keep --set train.steps=2 --set run.threads=1)
+
+# expect NAME PATTERN -- COMMAND...: exit status 2 and PATTERN (grep -E) on stderr.
+expect() {
+  local name=$1 pattern=$2
+  shift 3
+  local err rc
+  err=$("$@" 2>&1 >/dev/null); rc=$?
+  if [ $rc -ne 2 ]; then
+    echo "FAIL $name: exit status $rc, expected 2; stderr: $err"; failures=$((failures + 1)); return
+  fi
+  if ! grep -qE "$pattern" <<<"$err"; then
+    echo "FAIL $name: message does not match /$pattern/: $err"; failures=$((failures + 1)); return
+  fi
+  if [ "$(grep -c 'error' <<<"$err")" -ne 1 ]; then
+    echo "FAIL $name: expected exactly one error line: $err"; failures=$((failures + 1)); return
+  fi
+  echo "ok   $name: $err"
+}
+
+# Datasets
+expect missing-dataset "data.train.*nope.bin" -- "$bin" train deck.yaml "${common[@]}" --set data.train=nope.bin
+head -c 1000 "$src/inputs/data/tiny-train.bin" > truncated.bin
+expect truncated-dataset "data.train.*truncated.bin.*bytes" -- "$bin" train deck.yaml "${common[@]}" --set data.train=truncated.bin
+{ printf 'NOTTOKEN'; head -c 5000 /dev/zero; } > badmagic.bin
+expect wrong-magic "data.train.*badmagic.bin.*magic" -- "$bin" train deck.yaml "${common[@]}" --set data.train=badmagic.bin
+expect token-out-of-range "data.train.*token.*>= .*vocab" -- "$bin" train deck.yaml "${common[@]}" --set model.vocab=100
+expect missing-valid "data.valid.*nope-valid.bin" -- "$bin" train deck.yaml "${common[@]}" --set data.valid=nope-valid.bin
+
+# Decks and overrides
+expect missing-deck "no-such-deck.yaml" -- "$bin" train no-such-deck.yaml
+printf 'model:\n  layers: [1, 2\n' > malformed.yaml
+expect malformed-yaml "malformed.yaml" -- "$bin" train malformed.yaml
+expect unknown-key "model.layerz" -- "$bin" train deck.yaml "${common[@]}" --set model.layerz=3
+expect wrong-type "train.steps.*integer" -- "$bin" train deck.yaml "${common[@]}" --set train.steps=ten
+expect out-of-range "train.lr" -- "$bin" train deck.yaml "${common[@]}" --set train.lr=-1
+expect bad-set-syntax "--set|expected key=value" -- "$bin" train deck.yaml --set model.layers
+expect bad-enum "train.lr_schedule" -- "$bin" train deck.yaml "${common[@]}" --set train.lr_schedule=linear
+expect heads-not-dividing "heads" -- "$bin" train deck.yaml "${common[@]}" --set model.heads=3
+
+# A bad llm.c checkpoint
+head -c 3000 /dev/urandom > badckpt.bin
+expect bad-init-from "model.init_from.*badckpt.bin" -- "$bin" train deck.yaml "${common[@]}" --set model.init_from=badckpt.bin
+
+# Nothing saved earlier was touched.
+[ "$(cat runs/keep/metrics.jsonl)" = "earlier metrics" ] || { echo "FAIL: metrics.jsonl overwritten"; failures=$((failures + 1)); }
+[ "$(cat runs/keep/deck.yaml)" = "earlier deck" ] || { echo "FAIL: deck.yaml overwritten"; failures=$((failures + 1)); }
+
+echo "$failures failure(s)"
+[ $failures -eq 0 ]

@@ -1,0 +1,193 @@
+// Whole-model tests: layout, initialisation, gradient against finite differences, ready events,
+// llm.c checkpoint round trip.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <filesystem>
+#include <random>
+
+#include "trident/check.h"
+#include "trident/model.h"
+
+namespace trident {
+namespace {
+
+GPTConfig tiny_config() {
+  GPTConfig c;
+  c.layers = 2;
+  c.channels = 16;
+  c.heads = 2;
+  c.vocab = 50;  // not a multiple of 128: exercises the padded columns
+  c.padded_vocab = GPTConfig::pad_vocab(c.vocab);
+  c.max_seq_len = 8;
+  return c;
+}
+
+std::vector<int32_t> random_tokens(int n, int vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = int32_t(rng() % vocab);
+  return t;
+}
+
+TEST(GptLayout, ContiguousInReadyOrder) {
+  GPTConfig c = tiny_config();
+  auto infos = gpt_param_layout(c);
+  size_t offset = 0;
+  for (const auto& p : infos) {
+    EXPECT_EQ(p.offset, offset) << p.name;
+    offset += p.count;
+  }
+  EXPECT_EQ(infos.front().name, "wte");
+  EXPECT_EQ(infos[1].name, "lnfw");
+  EXPECT_EQ(infos[3].name, "h1.fcprojw");  // last block first
+  EXPECT_EQ(infos.back().name, "wpe");
+  // 12·L·C² + 13·L·C from blocks, plus embeddings and final LayerNorm.
+  const size_t C = c.channels, L = c.layers;
+  EXPECT_EQ(offset, 12 * L * C * C + 13 * L * C + size_t(c.padded_vocab) * C +
+                        size_t(c.max_seq_len) * C + 2 * C);
+}
+
+TEST(GptInit, SeededAndThreadCountIndependent) {
+  GPTConfig c = tiny_config();
+  auto be1 = make_cpu_backend(1);
+  auto be2 = make_cpu_backend(2);
+  GPT a(c, *be1, 2, 8), b(c, *be2, 2, 8), d(c, *be2, 2, 8);
+  a.init_weights(7);
+  b.init_weights(7);
+  d.init_weights(8);
+  ASSERT_EQ(0, std::memcmp(a.params(), b.params(), a.num_params() * 4));
+  EXPECT_NE(0, std::memcmp(a.params(), d.params(), a.num_params() * 4));
+  // Statistics: wte ~ N(0, 0.02) over its live rows, padded rows 0; fcproj scaled by 1/sqrt(2L).
+  const ParamInfo& wte = a.param("wte");
+  double sum2 = 0;
+  const size_t live = size_t(c.vocab) * c.channels;
+  for (size_t i = 0; i < live; ++i) sum2 += double(a.params()[wte.offset + i]) * a.params()[wte.offset + i];
+  EXPECT_NEAR(std::sqrt(sum2 / live), 0.02, 0.002);  // 800 samples: ~2.5% standard error
+  for (size_t i = live; i < wte.count; ++i) ASSERT_EQ(a.params()[wte.offset + i], 0.0f);
+  const ParamInfo& fp = a.param("h0.fcprojw");
+  sum2 = 0;
+  for (size_t i = 0; i < fp.count; ++i) sum2 += double(a.params()[fp.offset + i]) * a.params()[fp.offset + i];
+  EXPECT_NEAR(std::sqrt(sum2 / fp.count), 0.02 / 2.0, 0.001);  // 1024 samples
+  EXPECT_EQ(a.params()[a.param("h1.ln1w").offset], 1.0f);
+  EXPECT_EQ(a.params()[a.param("h1.qkvb").offset], 0.0f);
+}
+
+// The model is fp32, so finite differences use a large step and a loose bound:
+// h = 1e-2 keeps the float rounding noise of the loss (~1e-7 relative on a loss ~4) at about
+// 2e-5 absolute in the quotient, while the O(h²) truncation error stays near 1e-5 for these
+// smooth functions. Every element of every tensor is checked against |fd−g| ≤ 2e-2·|g| + 1e-4.
+TEST(GptGradient, MatchesFiniteDifferences) {
+  GPTConfig c = tiny_config();
+  auto be = make_cpu_backend(1);
+  const int B = 2, T = 8;
+  GPT m(c, *be, B, T);
+  m.init_weights(3);
+  // Larger weights than GPT-2's 0.02 so every path has a visible gradient.
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 0.3f);
+  for (const auto& p : m.params_info()) {
+    if (p.name == "wte") {
+      for (size_t i = 0; i < size_t(c.vocab) * c.channels; ++i) m.params()[p.offset + i] = nd(rng);
+      continue;
+    }
+    for (size_t i = 0; i < p.count; ++i) m.params()[p.offset + i] += nd(rng);
+  }
+  auto in = random_tokens(B * T, c.vocab, 1), tg = random_tokens(B * T, c.vocab, 2);
+  m.zero_grads();
+  m.forward(in.data(), tg.data(), B, T);
+  m.backward(1.0f);
+  std::vector<float> g(m.grads(), m.grads() + m.num_params());
+
+  const float h = 1e-2f;
+  int checked = 0, bad = 0;
+  for (const auto& p : m.params_info()) {
+    // wte: only live rows (padded rows never get a gradient; asserted below).
+    const size_t n = p.name == "wte" ? size_t(c.vocab) * c.channels : p.count;
+    for (size_t i = 0; i < n; i += (p.count > 600 ? 7 : 1)) {
+      float* w = m.params() + p.offset + i;
+      const float saved = *w;
+      *w = saved + h;
+      const double lp = m.forward(in.data(), tg.data(), B, T);
+      *w = saved - h;
+      const double lm = m.forward(in.data(), tg.data(), B, T);
+      *w = saved;
+      const double fd = (lp - lm) / (2.0 * h);
+      const double an = g[p.offset + i];
+      ++checked;
+      if (std::abs(fd - an) > 2e-2 * std::abs(an) + 1e-4) {
+        if (++bad < 10) ADD_FAILURE() << p.name << "[" << i << "] fd " << fd << " analytic " << an;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0) << "of " << checked;
+  EXPECT_GT(checked, 1000);
+  const ParamInfo& wte = m.param("wte");
+  for (size_t i = size_t(c.vocab) * c.channels; i < wte.count; ++i)
+    ASSERT_EQ(g[wte.offset + i], 0.0f) << "padded vocabulary row got a gradient";
+}
+
+TEST(GptBackward, ReadyEventsCoverEveryParameterOnceAfterItsGradient) {
+  GPTConfig c = tiny_config();
+  auto be = make_cpu_backend(1);
+  GPT m(c, *be, 2, 8);
+  m.init_weights(5);
+  auto in = random_tokens(16, c.vocab, 3), tg = random_tokens(16, c.vocab, 4);
+  m.zero_grads();
+  m.forward(in.data(), tg.data(), 2, 8);
+  std::vector<int> order;
+  std::vector<std::vector<float>> snapshot;
+  m.backward(1.0f, [&](int i) {
+    order.push_back(i);
+    const ParamInfo& p = m.params_info()[i];
+    snapshot.emplace_back(m.grads() + p.offset, m.grads() + p.offset + p.count);
+  });
+  ASSERT_EQ(order.size(), m.params_info().size());
+  std::vector<int> seen(order.size(), 0);
+  for (int i : order) ++seen[i];
+  for (size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i], 1) << m.params_info()[i].name;
+  // A gradient reported ready must not change afterwards.
+  for (size_t k = 0; k < order.size(); ++k) {
+    const ParamInfo& p = m.params_info()[order[k]];
+    ASSERT_EQ(0, std::memcmp(snapshot[k].data(), m.grads() + p.offset, p.count * 4)) << p.name;
+  }
+}
+
+TEST(GptCheckpoint, LlmcRoundTripAndBadHeader) {
+  GPTConfig c = tiny_config();
+  auto be = make_cpu_backend(1);
+  GPT a(c, *be, 1, 8), b(c, *be, 1, 8);
+  a.init_weights(9);
+  const auto dir = std::filesystem::temp_directory_path() / "trident_test_gpt";
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "model.bin").string();
+  save_llmc_weights(a, path);
+  GPTConfig r = read_llmc_config(path);
+  EXPECT_EQ(r.layers, c.layers);
+  EXPECT_EQ(r.channels, c.channels);
+  EXPECT_EQ(r.vocab, c.vocab);
+  EXPECT_EQ(r.padded_vocab, c.padded_vocab);
+  load_llmc_weights(b, path);
+  EXPECT_EQ(0, std::memcmp(a.params(), b.params(), a.num_params() * 4));
+
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) - 4);
+  try {
+    read_llmc_config(path);
+    FAIL() << "truncated checkpoint accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kBadInput);
+    EXPECT_NE(std::string(e.what()).find("bytes"), std::string::npos) << e.what();
+  }
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << std::string(2048, 'x');
+  try {
+    read_llmc_config(path);
+    FAIL() << "bad magic accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("magic"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace trident
