@@ -37,7 +37,7 @@ void crossentropy_forward(Real* losses, Real* logits_to_probs, const int32_t* ta
     const Real inv_sum = Real(1.0 / sum);
     for (int v = 0; v < V; ++v) row[v] *= inv_sum;
     for (int v = V; v < Vp; ++v) row[v] = Real(0);
-    // -log p_target from the logits rather than log(p_target): exact even when p underflows.
+    // -log p_target from the logits rather than from p_target: finite even when p_target underflows.
     losses[n] = Real(std::log(sum) - double(target_logit - max));
   }
 }

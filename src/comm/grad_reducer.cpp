@@ -351,8 +351,9 @@ struct GradReducer::State {
                   next_bucket);
     internal_error(
         __FILE__, __LINE__,
-        fmt::format("GradReducer: parameter '{}' (ready index {}, in {} of {}) never became ready "
-                    "in this step (dp rank {} of {}); {} parameter(s) missing: {}{}",
+        fmt::format("GradReducer: parameter '{}' (ready index {}) never became ready in this "
+                    "step, so {} of {} could not be reduced (dp rank {} of {}); {} parameter(s) "
+                    "missing: {}{}",
                     params[first].name, first, bucket_names[bucket_of_param[first]],
                     buckets.size(), dp.rank(), dp.size(), num_missing,
                     fmt::join(missing, ", "), num_missing > missing.size() ? ", ..." : ""));

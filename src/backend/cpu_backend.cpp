@@ -1,0 +1,110 @@
+// CpuBackend: the Backend interface over the float instantiations of the CPU kernels.
+//
+// Threads: every kernel opens its own OpenMP team of `threads`, and GEMMs are split across that
+// team with OpenBLAS itself single-threaded (Note [GEMM threading] in gemm.cpp), so `threads`
+// cores run everything and no second thread pool competes for them.
+#include <cblas.h>
+#include <omp.h>
+
+#include "backend/gemm.h"
+#include "backend/kernels.h"
+#include "trident/backend.h"
+#include "trident/check.h"
+
+namespace trident {
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int threads) : threads_(threads) {
+    TRIDENT_CHECK(threads >= 1, "the CPU backend needs at least 1 thread, got {}", threads);
+    omp_set_num_threads(threads);  // for any OpenMP code outside the kernels
+    openblas_set_num_threads(1);   // see Note [GEMM threading]
+  }
+
+  std::string name() const override { return "cpu"; }
+  int threads() const override { return threads_; }
+
+  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                       int B, int T, int C) override {
+    cpu::encoder_forward(out, tokens, wte, wpe, B, T, C, threads_);
+  }
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                        int B, int T, int C) override {
+    cpu::encoder_backward(dwte, dwpe, dout, tokens, B, T, C, threads_);
+  }
+
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                         const float* b, int N, int C) override {
+    cpu::layernorm_forward(out, mean, rstd, inp, w, b, N, C, threads_);
+  }
+  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                          const float* w, const float* mean, const float* rstd, int N,
+                          int C) override {
+    cpu::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, threads_);
+  }
+
+  void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N,
+                      int C, int OC) override {
+    cpu::matmul_forward(out, inp, w, bias, N, C, OC, threads_);
+  }
+  void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
+                       const float* w, int N, int C, int OC) override {
+    cpu::matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC, threads_);
+  }
+
+  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
+                         int NH) override {
+    TRIDENT_CHECK(NH > 0 && C % NH == 0, "C = {} is not a multiple of NH = {}", C, NH);
+    cpu::attention_forward(out, att, qkv, B, T, C, NH, threads_);
+  }
+  void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                          const float* att, int B, int T, int C, int NH) override {
+    TRIDENT_CHECK(NH > 0 && C % NH == 0, "C = {} is not a multiple of NH = {}", C, NH);
+    cpu::attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH, threads_);
+  }
+
+  void gelu_forward(float* out, const float* inp, size_t n) override {
+    cpu::gelu_forward(out, inp, n, threads_);
+  }
+  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) override {
+    cpu::gelu_backward(dinp, inp, dout, n, threads_);
+  }
+  void add(float* out, const float* a, const float* b, size_t n) override {
+    cpu::add(out, a, b, n, threads_);
+  }
+
+  void crossentropy_forward(float* losses, float* logits_to_probs, const int32_t* targets, int N,
+                            int V, int Vp) override {
+    TRIDENT_CHECK(0 < V && V <= Vp, "need 0 < V <= Vp, got V = {}, Vp = {}", V, Vp);
+    cpu::crossentropy_forward(losses, logits_to_probs, targets, N, V, Vp, threads_);
+  }
+  void crossentropy_backward(float* probs_to_dlogits, const int32_t* targets, float dloss, int N,
+                             int V, int Vp) override {
+    TRIDENT_CHECK(0 < V && V <= Vp, "need 0 < V <= Vp, got V = {}, Vp = {}", V, Vp);
+    cpu::crossentropy_backward(probs_to_dlogits, targets, dloss, N, V, Vp, threads_);
+  }
+
+  double sum_squares(const float* x, size_t n) override {
+    return cpu::sum_squares(x, n, threads_);
+  }
+  void scale(float* x, float s, size_t n) override { cpu::scale(x, s, n, threads_); }
+  void adamw_update(float* params, float* m, float* v, const float* grads, size_t n, float lr,
+                    float beta1, float beta2, float eps, float weight_decay, int t) override {
+    TRIDENT_CHECK(t >= 1, "AdamW step t is 1-based, got {}", t);
+    cpu::adamw_update(params, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, t, threads_);
+  }
+
+  double measure_gemm_peak_flops() override { return cpu::measure_sgemm_flops(threads_); }
+
+ private:
+  int threads_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int threads) {
+  return std::make_unique<CpuBackend>(threads);
+}
+
+}  // namespace trident
