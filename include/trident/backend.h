@@ -84,8 +84,10 @@ class Backend {
   virtual double measure_gemm_peak_flops() = 0;
 };
 
-// CPU backend: Eigen (OpenBLAS beneath) for GEMMs, OpenMP loops for the rest.
-// `threads` sets both OpenMP's and OpenBLAS's thread count.
+// CPU backend: OpenBLAS for the GEMMs, vectorised OpenMP loops for the rest (src/backend/).
+// `threads` (>= 1) is the OpenMP team size of every op; each GEMM is split across that team with
+// OpenBLAS itself single-threaded (Note [GEMM threading] in src/backend/gemm.cpp). Results are
+// bitwise reproducible for a fixed thread count.
 std::unique_ptr<Backend> make_cpu_backend(int threads);
 
 }  // namespace trident

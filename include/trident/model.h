@@ -11,6 +11,7 @@
 // logits are excluded from the softmax, so they never receive a gradient and stay zero.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -52,6 +53,23 @@ std::vector<ParamInfo> gpt_param_layout(const GPTConfig& cfg);
 // Called by backward() with a parameter's index once its gradient is final.
 using GradReadyFn = std::function<void(int param_index)>;
 
+// Note [Tied embedding gradient]: wte gets two gradient contributions — a dense one from the
+// LM head at the very start of backward and a sparse one (only the rows of the batch's tokens)
+// at the very end. With an EmbeddingRowSink the sparse part goes into a compact [R, C] buffer
+// instead (rows[k] is the gradient of token row_ids[k]; row_of_input[i] is the k of input i), so
+// wte's dense gradient is final — and reported ready — right after the LM head, and a
+// data-parallel reducer can all-reduce the 150 MB dense part while backward runs and the small
+// compact buffer at the end. The caller adds the rows into wte's gradient afterwards.
+struct EmbeddingRowSink {
+  const int32_t* row_of_input = nullptr;  // [B*T]
+  float* rows = nullptr;                  // [R, C], accumulated (+=)
+};
+
+// Receives the model's compute phases for a timeline: "forward block 3", "backward head", ...
+using PhaseFn = std::function<void(const std::string& phase,
+                                   std::chrono::steady_clock::time_point begin,
+                                   std::chrono::steady_clock::time_point end)>;
+
 class GPT {
  public:
   // B, T: the largest micro-batch this instance will run (activations are sized for it).
@@ -74,7 +92,11 @@ class GPT {
   float forward(const int32_t* inputs, const int32_t* targets, int B, int T);
   // Backward of (dloss_scale × mean loss) of the last forward with targets. Gradients are
   // ACCUMULATED into grads() (so micro-batches add up); on_ready may be empty.
-  void backward(float dloss_scale, const GradReadyFn& on_ready = {});
+  // With `sink`, see Note [Tied embedding gradient].
+  void backward(float dloss_scale, const GradReadyFn& on_ready = {},
+                const EmbeddingRowSink* sink = nullptr);
+  // Optional timeline of forward/backward phases (empty: none).
+  void set_phase_recorder(PhaseFn fn) { phases_ = std::move(fn); }
   void zero_grads();
 
   // Logits [B,T,Vp] of the last forward without targets.
@@ -103,6 +125,7 @@ class GPT {
   // last forward's shape and tokens
   int B_ = 0, T_ = 0;
   std::vector<int32_t> inputs_, targets_;
+  PhaseFn phases_;
 };
 
 // llm.c's GPT-2 checkpoint (int32[256] header: magic 20240326, version 3, maxT, V, L, NH, C, Vp;

@@ -19,6 +19,7 @@ class TraceWriter {
   void span(const std::string& track, const std::string& name, Clock::time_point begin,
             Clock::time_point end, const std::string& category = "");
   double ms_since_origin(Clock::time_point t) const;
+  Clock::time_point origin() const { return origin_; }
   // Writes the file (atomically: a temporary name, then rename). Called again, it rewrites it.
   void write() const;
   const std::string& path() const { return path_; }

@@ -11,8 +11,12 @@
 #include "trident/data.h"
 #include "trident/deck.h"
 #include "trident/model.h"
+#include "trident/trace.h"
 
 namespace trident {
+
+class ProcessGrid;
+class GradReducer;
 
 // Linear warmup over warmup_steps (step 0 gets lr/warmup), then cosine decay to
 // lr·min_lr_ratio at the last step, or constant. `step` is 0-based.
@@ -40,13 +44,18 @@ struct StepStats {
   double tokens_per_s = 0.0;
   double mfu = 0.0;             // fraction of the measured GEMM peak
   double forward_ms = 0.0, backward_ms = 0.0, optimizer_ms = 0.0;
+  // Data parallel (0 with dp = 1): time with an all-reduce in flight, the part of it after
+  // the end of backward, and overlap = 1 − exposed/comm.
+  double comm_ms = 0.0, exposed_comm_ms = 0.0, overlap = 0.0;
   double val_loss = NAN;        // NaN when not validated this step
 };
 
 // What a run needs besides the deck: the backend and the measured peak used for MFU.
 struct TrainContext {
   Backend* backend = nullptr;
-  double peak_flops = 0.0;      // FLOP/s; MFU is reported against it
+  double peak_flops = 0.0;      // FLOP/s; MFU is reported against it (per rank)
+  ProcessGrid* grid = nullptr;  // null: one rank, no communication
+  TraceWriter* trace = nullptr; // null: no timeline
 };
 
 class Trainer {
@@ -65,8 +74,16 @@ class Trainer {
   double validate();
   // Tokens a step consumes across all ranks.
   long tokens_per_step() const;
+  int dp_size() const { return dp_size_; }
+  const GradReducer* reducer() const { return reducer_.get(); }
 
  private:
+  // Note [Tied embedding gradient]: the sorted token ids of the whole step (all micro-batches,
+  // all dp ranks), known before the step, so every rank has the same compact row set.
+  void collect_step_rows(int step);
+  void record(const std::string& track, const std::string& name,
+              std::chrono::steady_clock::time_point b, std::chrono::steady_clock::time_point e);
+
   Deck deck_;
   TrainContext ctx_;
   std::unique_ptr<GPT> model_;
@@ -74,6 +91,10 @@ class Trainer {
   std::unique_ptr<TokenDataset> train_data_, valid_data_;
   std::unique_ptr<SampleOrder> train_order_, valid_order_;
   std::vector<int32_t> inputs_, targets_;
+  int dp_size_ = 1, dp_rank_ = 0;
+  std::unique_ptr<GradReducer> reducer_;
+  std::vector<int32_t> step_rows_, row_of_input_;
+  std::vector<float> row_grads_;
 };
 
 // The model shape a deck asks for: the deck's model keys, or model.init_from's header (which

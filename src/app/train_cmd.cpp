@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "app/commands.h"
+#include "app/run_setup.h"
 #include "trident/check.h"
 #include "trident/metrics.h"
 #include "trident/train.h"
@@ -34,7 +35,10 @@ nlohmann::json to_json(const StepStats& s) {
                       {"mfu", s.mfu},
                       {"forward_ms", s.forward_ms},
                       {"backward_ms", s.backward_ms},
-                      {"optimizer_ms", s.optimizer_ms}};
+                      {"optimizer_ms", s.optimizer_ms},
+                      {"comm_ms", s.comm_ms},
+                      {"exposed_comm_ms", s.exposed_comm_ms},
+                      {"overlap", s.overlap}};
   if (!std::isnan(s.val_loss)) j["val_loss"] = s.val_loss;
   return j;
 }
@@ -43,9 +47,8 @@ nlohmann::json to_json(const StepStats& s) {
 
 int run_train(const DeckArgs& args) {
   const Deck deck = load_deck(args.deck, args.overrides);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  const bool lead = rank == 0;
+  auto grid = make_grid(deck);
+  const bool lead = grid->world_rank() == 0;
 
   std::string note;
   const GPTConfig shape = model_config_from_deck(deck, &note);
@@ -55,7 +58,8 @@ int run_train(const DeckArgs& args) {
   }
 
   auto backend = make_cpu_backend(deck.run.threads);
-  TrainContext ctx{backend.get(), backend->measure_gemm_peak_flops()};
+  auto trace = make_trace(deck, *grid);
+  TrainContext ctx{backend.get(), backend->measure_gemm_peak_flops(), grid.get(), trace.get()};
   Trainer trainer(deck, ctx);  // validates datasets and init_from before anything is written
 
   const fs::path out_dir = deck.run.out_dir;
@@ -67,12 +71,14 @@ int run_train(const DeckArgs& args) {
     metrics = std::make_unique<JsonlWriter>(metrics_path.string());
     fmt::print(
         "model: {} layers, d_model {}, {} heads, vocab {} (padded {}), {:.2f} M parameters\n"
-        "batch: {} tokens/step ({} micro-batch x {} seq x {} accum), {} steps, backend {} with "
-        "{} threads, GEMM peak {:.1f} GFLOP/s\n",
+        "batch: {} tokens/step ({} micro-batch x {} seq x {} accum x {} dp), {} steps\n"
+        "ranks: {} (dp {} x tp {} x pp {}), backend {} with {} threads per rank, GEMM peak "
+        "{:.1f} GFLOP/s per rank\n",
         shape.layers, shape.channels, shape.heads, shape.vocab, shape.padded_vocab,
         trainer.model().num_params() / 1e6, trainer.tokens_per_step(), deck.train.micro_batch,
-        deck.model.seq_len, deck.train.accum, deck.train.steps, backend->name(),
-        backend->threads(), ctx.peak_flops / 1e9);
+        deck.model.seq_len, deck.train.accum, trainer.dp_size(), deck.train.steps,
+        grid->world_size(), grid->layout().dp, grid->layout().tp, grid->layout().pp,
+        backend->name(), backend->threads(), ctx.peak_flops / 1e9);
   }
 
   const auto t_start = std::chrono::steady_clock::now();
@@ -89,14 +95,22 @@ int run_train(const DeckArgs& args) {
                                                              t_start).count();
         const double eta = elapsed / s.step * (deck.train.steps - s.step);
         std::string val = std::isnan(s.val_loss) ? "" : fmt::format(" | val {:.4f}", s.val_loss);
+        std::string comm = trainer.dp_size() > 1
+                               ? fmt::format(" | comm {:.1f} ms, exposed {:.1f} ms",
+                                             s.comm_ms, s.exposed_comm_ms)
+                               : "";
         fmt::print("step {:>5}/{} | loss {:.4f}{} | lr {:.2e} | norm {:.3f} | {:.1f} ms | "
-                   "{:.0f} tok/s | mfu {:.1f}% | eta {}\n",
+                   "{:.0f} tok/s | mfu {:.1f}%{} | eta {}\n",
                    s.step, deck.train.steps, s.loss, val, s.lr, s.grad_norm, s.ms_per_step,
-                   s.tokens_per_s, 100 * s.mfu, format_eta(eta));
+                   s.tokens_per_s, 100 * s.mfu, comm, format_eta(eta));
         std::fflush(stdout);
       }
     }
     last = s;
+  }
+  if (trace) {
+    trace->write();
+    if (lead) fmt::print("trace: {} (one file per rank; open in Perfetto)\n", trace->path());
   }
   if (lead)
     fmt::print("done: {} steps, final loss {:.4f}{}; metrics in {}, resolved deck in {}\n",

@@ -6,6 +6,29 @@
 #include "trident/model.h"
 
 namespace trident {
+namespace {
+
+// Reports one phase to the recorder (if any) when it goes out of scope.
+class Phase {
+ public:
+  Phase(const PhaseFn& fn, std::string name) : fn_(fn), name_(std::move(name)) {
+    if (fn_) begin_ = std::chrono::steady_clock::now();
+  }
+  ~Phase() {
+    if (fn_) fn_(name_, begin_, std::chrono::steady_clock::now());
+  }
+
+ private:
+  const PhaseFn& fn_;
+  std::string name_;
+  std::chrono::steady_clock::time_point begin_;
+};
+
+std::string phase_name(const PhaseFn& fn, const char* what, int layer) {
+  return fn ? fmt::format("{} {}", what, layer) : std::string();
+}
+
+}  // namespace
 
 GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T)
     : cfg_(cfg), be_(backend), maxB_(B), maxT_(T), infos_(gpt_param_layout(cfg)) {
@@ -73,9 +96,13 @@ float GPT::forward(const int32_t* inputs, const int32_t* targets, int B, int T) 
   Activations& a = acts_;
   float* P = params_.data();
 
-  be_.encoder_forward(a.encoded.data(), inputs, at(P, "wte"), at(P, "wpe"), B, T, C);
+  {
+    Phase ph(phases_, "forward embedding");
+    be_.encoder_forward(a.encoded.data(), inputs, at(P, "wte"), at(P, "wpe"), B, T, C);
+  }
   const float* residual = a.encoded.data();
   for (int l = 0; l < L; ++l) {
+    Phase ph(phases_, phase_name(phases_, "forward block", l));
     BlockWeights w = block(P, l);
     const size_t nc = size_t(l) * N * C;
     float* ln1 = a.ln1.data() + nc;
@@ -103,6 +130,7 @@ float GPT::forward(const int32_t* inputs, const int32_t* targets, int B, int T) 
     be_.add(residual3, residual2, proj, size_t(N) * C);
     residual = residual3;
   }
+  Phase ph(phases_, "forward head+loss");
   be_.layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), residual,
                         at(P, "lnfw"), at(P, "lnfb"), N, C);
   be_.matmul_forward(a.logits.data(), a.lnf.data(), at(P, "wte"), nullptr, N, C, Vp);
@@ -117,7 +145,7 @@ float GPT::forward(const int32_t* inputs, const int32_t* targets, int B, int T) 
   return float(sum / N);
 }
 
-void GPT::backward(float dloss_scale, const GradReadyFn& on_ready) {
+void GPT::backward(float dloss_scale, const GradReadyFn& on_ready, const EmbeddingRowSink* sink) {
   TRIDENT_CHECK(!targets_.empty(), "backward() needs a forward() with targets first");
   const int B = B_, T = T_, N = B * T;
   const int C = cfg_.channels, NH = cfg_.heads, L = cfg_.layers;
@@ -130,7 +158,7 @@ void GPT::backward(float dloss_scale, const GradReadyFn& on_ready) {
   auto ready_through = [&](const std::string& name) {
     if (!on_ready) return;
     for (; next_ready < int(infos_.size()); ++next_ready) {
-      if (infos_[next_ready].name == "wte") continue;  // reported at the end, see below
+      if (infos_[next_ready].name == "wte") continue;  // reported on its own, see below
       on_ready(next_ready);
       if (infos_[next_ready].name == name) {
         ++next_ready;
@@ -139,18 +167,24 @@ void GPT::backward(float dloss_scale, const GradReadyFn& on_ready) {
     }
   };
 
-  // Mean over the N tokens of this micro-batch, times the caller's scale (1/accum).
-  be_.crossentropy_backward(a.logits.data(), targets_.data(), dloss_scale / float(N), N, V, Vp);
-  be_.matmul_backward(a.dbuf_c.data(), at(G, "wte"), nullptr, a.logits.data(), a.lnf.data(),
-                      at(P, "wte"), N, C, Vp);
-  const float* final_residual = L > 0 ? a.residual3.data() + size_t(L - 1) * N * C
-                                      : a.encoded.data();
-  be_.layernorm_backward(a.dresidual.data(), at(G, "lnfw"), at(G, "lnfb"), a.dbuf_c.data(),
-                         final_residual, at(P, "lnfw"), a.lnf_mean.data(), a.lnf_rstd.data(), N,
-                         C);
-  ready_through("lnfb");
+  {
+    Phase ph(phases_, "backward head+loss");
+    // Mean over the N tokens of this micro-batch, times the caller's scale (1/accum).
+    be_.crossentropy_backward(a.logits.data(), targets_.data(), dloss_scale / float(N), N, V,
+                              Vp);
+    be_.matmul_backward(a.dbuf_c.data(), at(G, "wte"), nullptr, a.logits.data(), a.lnf.data(),
+                        at(P, "wte"), N, C, Vp);
+    if (sink && on_ready) on_ready(0);  // wte's dense part is all it gets in this buffer
+    const float* final_residual = L > 0 ? a.residual3.data() + size_t(L - 1) * N * C
+                                        : a.encoded.data();
+    be_.layernorm_backward(a.dresidual.data(), at(G, "lnfw"), at(G, "lnfb"), a.dbuf_c.data(),
+                           final_residual, at(P, "lnfw"), a.lnf_mean.data(), a.lnf_rstd.data(),
+                           N, C);
+    ready_through("lnfb");
+  }
 
   for (int l = L - 1; l >= 0; --l) {
+    Phase ph(phases_, phase_name(phases_, "backward block", l));
     BlockWeights w = block(P, l);
     BlockWeights dw = block(G, l);
     const size_t nc = size_t(l) * N * C;
@@ -185,10 +219,17 @@ void GPT::backward(float dloss_scale, const GradReadyFn& on_ready) {
     ready_through(fmt::format("h{}.ln1b", l));
     be_.add(dres, dres, a.dbuf_c2.data(), size_t(N) * C);  // now w.r.t. the block's input
   }
-  // The token embedding's second (sparse) contribution comes last: wte is final only now.
-  be_.encoder_backward(at(G, "wte"), at(G, "wpe"), a.dresidual.data(), inputs_.data(), B, T, C);
+  // The token embedding's second (sparse) contribution comes last (Note [Tied embedding
+  // gradient]): into the sink's compact rows, or into wte's gradient, which is final only now.
+  Phase ph(phases_, "backward embedding");
+  if (sink)
+    be_.encoder_backward(sink->rows, at(G, "wpe"), a.dresidual.data(), sink->row_of_input, B, T,
+                         C);
+  else
+    be_.encoder_backward(at(G, "wte"), at(G, "wpe"), a.dresidual.data(), inputs_.data(), B, T,
+                         C);
   ready_through("wpe");
-  if (on_ready) on_ready(0);  // wte
+  if (!sink && on_ready) on_ready(0);  // wte
 }
 
 }  // namespace trident

@@ -1,0 +1,42 @@
+#include "app/run_setup.h"
+
+#include <mpi.h>
+
+#include <filesystem>
+#include <functional>
+
+#include "trident/check.h"
+
+namespace trident {
+
+std::unique_ptr<ProcessGrid> make_grid(const Deck& deck) {
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  // Compare a hash of the resolved deck: min == max on every rank or the decks differ.
+  const unsigned long long h = std::hash<std::string>{}(deck.to_yaml());
+  unsigned long long lo = 0, hi = 0;
+  TRIDENT_MPI(MPI_Allreduce(&h, &lo, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD));
+  TRIDENT_MPI(MPI_Allreduce(&h, &hi, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD));
+  if (lo != hi)
+    input_error("the resolved deck differs between ranks (this is rank {}): every rank must be "
+                "started with the same deck and --set options", rank);
+  const GridLayout layout =
+      make_layout(world, deck.parallel.dp, deck.parallel.tp, deck.parallel.pp);
+  auto grid = std::make_unique<ProcessGrid>(layout);
+  grid->set_timeout(deck.comm.timeout_s);
+  return grid;
+}
+
+std::unique_ptr<TraceWriter> make_trace(const Deck& deck, const ProcessGrid& grid) {
+  if (deck.log.trace.empty()) return nullptr;
+  std::filesystem::path p = deck.log.trace;
+  if (grid.world_size() > 1)
+    p.replace_filename(p.stem().string() + ".rank" + std::to_string(grid.world_rank()) +
+                       p.extension().string());
+  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+  return std::make_unique<TraceWriter>(p.string(), grid.world_rank(),
+                                       TraceWriter::Clock::now());
+}
+
+}  // namespace trident

@@ -1,0 +1,23 @@
+// What train and bench share: the grid from the deck's layout, a check that every rank read the
+// same deck, and the per-rank trace file.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "trident/deck.h"
+#include "trident/grid.h"
+#include "trident/trace.h"
+
+namespace trident {
+
+// Builds the process grid over MPI_COMM_WORLD from parallel.{dp,tp,pp} (dp 0: derived).
+// Refuses, identically on every rank, a layout that does not fit or a deck that differs
+// between ranks (the ranks would otherwise issue different collectives and hang).
+std::unique_ptr<ProcessGrid> make_grid(const Deck& deck);
+
+// log.trace with ".rank<r>" before the extension when there is more than one rank; null when
+// log.trace is empty.
+std::unique_ptr<TraceWriter> make_trace(const Deck& deck, const ProcessGrid& grid);
+
+}  // namespace trident

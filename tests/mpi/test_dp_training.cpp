@@ -1,0 +1,129 @@
+// Data-parallel training equals the single-rank run with the same global batch.
+// Runs under mpirun with 2 and 4 ranks (dp = world size).
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "trident/grad_reducer.h"
+#include "trident/grid.h"
+#include "trident/train.h"
+
+namespace trident {
+namespace {
+
+int world_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+Deck deck(std::vector<std::string> overrides) {
+  const std::string yaml = R"(
+model: {layers: 2, d_model: 32, heads: 4, vocab: 256, seq_len: 16}
+train: {micro_batch: 2, accum: 1, steps: 20, lr: 3.0e-3, warmup_steps: 3, seed: 7,
+        val_every: 0}
+data: {train: inputs/data/tiny-train.bin, shuffle: true}
+run: {threads: 1}
+)";
+  return parse_deck(yaml, TRIDENT_SOURCE_DIR, overrides);
+}
+
+struct Result {
+  std::vector<double> losses, norms;
+  std::vector<float> params;
+};
+
+Result train(const Deck& d, ProcessGrid* grid, int steps) {
+  auto be = make_cpu_backend(1);
+  Trainer t(d, TrainContext{be.get(), 1e9, grid, nullptr});
+  Result r;
+  for (int s = 0; s < steps; ++s) {
+    StepStats st = t.train_step(s);
+    r.losses.push_back(st.loss);
+    r.norms.push_back(st.grad_norm);
+  }
+  r.params.assign(t.model().params(), t.model().params() + t.model().num_params());
+  return r;
+}
+
+Result train_dp(std::vector<std::string> overrides, int steps = 20) {
+  ProcessGrid grid(make_layout(world_size(), 0, 1, 1));
+  return train(deck(overrides), &grid, steps);
+}
+
+// The single-rank reference with the same global batch: dp micro-batches become accumulation.
+Result train_reference(int micro_batch, int accum, int steps = 20) {
+  const int dp = world_size();
+  return train(deck({fmt::format("train.micro_batch={}", micro_batch),
+                     fmt::format("train.accum={}", accum * dp)}),
+               nullptr, steps);
+}
+
+// fp32 sums in another order (across ranks instead of within one) and the all-reduce's own
+// order differ from the single-rank run by rounding only; over 20 AdamW steps that stays well
+// under 1e-6 relative on the loss here, so 1e-5 is the stated bound (the issue's).
+void expect_close(const Result& a, const Result& ref) {
+  ASSERT_EQ(a.losses.size(), ref.losses.size());
+  for (size_t i = 0; i < a.losses.size(); ++i) {
+    EXPECT_NEAR(a.losses[i], ref.losses[i], 1e-5 * std::abs(ref.losses[i])) << "step " << i + 1;
+    EXPECT_NEAR(a.norms[i], ref.norms[i], 1e-4 * std::abs(ref.norms[i])) << "step " << i + 1;
+  }
+}
+
+void expect_bitwise(const Result& a, const Result& b) {
+  ASSERT_EQ(a.losses, b.losses);
+  ASSERT_EQ(a.norms, b.norms);
+  ASSERT_EQ(0, std::memcmp(a.params.data(), b.params.data(), a.params.size() * 4));
+}
+
+TEST(DataParallel, EqualsSingleRankAccumulation1) {
+  expect_close(train_dp({"train.accum=1"}), train_reference(2, 1));
+}
+
+TEST(DataParallel, EqualsSingleRankAccumulation4) {
+  expect_close(train_dp({"train.accum=4"}, 10), train_reference(2, 4, 10));
+}
+
+TEST(DataParallel, OverlapOnAndOffAreBitwiseIdenticalForEveryBucketing) {
+  const Result ref = train_reference(2, 1, 8);
+  const std::vector<std::vector<std::string>> bucketings = {
+      {"comm.bucket_mb=1e6", "comm.first_bucket_mb=1e6"},    // one bucket
+      {"comm.bucket_mb=1e-9", "comm.first_bucket_mb=1e-9"},  // one bucket per parameter
+      {},                                                    // the default (1 MiB, then 25)
+      {"comm.bucket_mb=0.01", "comm.first_bucket_mb=0.002"}, // several mixed buckets
+  };
+  for (const auto& b : bucketings) {
+    auto on = b, off = b;
+    on.push_back("comm.overlap=true");
+    off.push_back("comm.overlap=false");
+    const Result r_on = train_dp(on, 8), r_off = train_dp(off, 8);
+    expect_bitwise(r_on, r_off);
+    expect_close(r_on, ref);
+  }
+}
+
+TEST(DataParallel, BucketCountsFollowTheLimits) {
+  ProcessGrid grid(make_layout(world_size(), 0, 1, 1));
+  auto be = make_cpu_backend(1);
+  Trainer one(deck({"comm.bucket_mb=1e6", "comm.first_bucket_mb=1e6"}),
+              TrainContext{be.get(), 1e9, &grid, nullptr});
+  EXPECT_EQ(one.reducer()->buckets().size(), 1u);
+  Trainer each(deck({"comm.bucket_mb=1e-9", "comm.first_bucket_mb=1e-9"}),
+               TrainContext{be.get(), 1e9, &grid, nullptr});
+  EXPECT_EQ(each.reducer()->buckets().size(), each.model().params_info().size());
+}
+
+TEST(DataParallel, LossesDoNotDependOnDpForTheSameGlobalBatch) {
+  // Global batch 8 per step: dp ranks × micro_batch (8/dp) × accum 1 vs one rank × 8 × 1.
+  const int dp = world_size();
+  const Result a = train_dp({fmt::format("train.micro_batch={}", 8 / dp)}, 6);
+  const Result ref = train(deck({"train.micro_batch=8"}), nullptr, 6);
+  expect_close(a, ref);
+}
+
+}  // namespace
+}  // namespace trident
