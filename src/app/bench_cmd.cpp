@@ -1,11 +1,14 @@
 // `trident bench DECK`: times whole training steps (forward, backward, optimizer) after warm-up
-// and ends with one machine-readable line: `bench: key=value ...` (medians over the timed steps).
+// and ends with one machine-readable line: `bench: key=value ...` (medians over the timed steps,
+// as seen by rank 0; with data parallelism every rank runs the same steps).
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <vector>
 
 #include "app/commands.h"
+#include "app/run_setup.h"
 #include "trident/train.h"
 
 namespace trident {
@@ -22,38 +25,53 @@ double median(std::vector<double> v) {
 int run_bench(const BenchArgs& args) {
   Deck deck = load_deck(args.deck.deck, args.deck.overrides);
   deck.train.steps = std::max(deck.train.steps, args.warmup_steps + args.steps);
+  auto grid = make_grid(deck);
+  const bool lead = grid->world_rank() == 0;
   auto backend = make_cpu_backend(deck.run.threads);
   const double peak = backend->measure_gemm_peak_flops();
-  fmt::print("bench: measured sgemm peak {:.1f} GFLOP/s with {} threads\n", peak / 1e9,
-             backend->threads());
-  Trainer trainer(deck, TrainContext{backend.get(), peak});
+  if (lead)
+    fmt::print("bench: measured sgemm peak {:.1f} GFLOP/s with {} threads (per rank)\n",
+               peak / 1e9, backend->threads());
+  auto trace = make_trace(deck, *grid);
+  Trainer trainer(deck, TrainContext{backend.get(), peak, grid.get(), trace.get()});
   const GPTConfig& cfg = trainer.model_config();
 
-  std::vector<double> ms, fwd, bwd, opt;
+  std::vector<double> ms, fwd, bwd, opt, comm, exposed, overlap;
   for (int i = 0; i < args.warmup_steps + args.steps; ++i) {
     StepStats s = trainer.train_step(i);
     const bool timed = i >= args.warmup_steps;
-    fmt::print("bench: step {} {}: {:.1f} ms (forward {:.1f}, backward {:.1f}, optimizer {:.1f}) "
-               "loss {:.4f}\n",
-               i + 1, timed ? "timed" : "warm-up", s.ms_per_step, s.forward_ms, s.backward_ms,
-               s.optimizer_ms, s.loss);
-    std::fflush(stdout);
+    if (lead) {
+      fmt::print("bench: step {} {}: {:.1f} ms (forward {:.1f}, backward {:.1f}, optimizer "
+                 "{:.1f}, comm {:.1f}, exposed comm {:.1f}) loss {:.4f}\n",
+                 i + 1, timed ? "timed" : "warm-up", s.ms_per_step, s.forward_ms, s.backward_ms,
+                 s.optimizer_ms, s.comm_ms, s.exposed_comm_ms, s.loss);
+      std::fflush(stdout);
+    }
     if (!timed) continue;
     ms.push_back(s.ms_per_step);
     fwd.push_back(s.forward_ms);
     bwd.push_back(s.backward_ms);
     opt.push_back(s.optimizer_ms);
+    comm.push_back(s.comm_ms);
+    exposed.push_back(s.exposed_comm_ms);
+    overlap.push_back(s.overlap);
   }
   const double step_ms = median(ms);
   const double tokens_per_s = trainer.tokens_per_step() / (step_ms / 1e3);
   const double flops_per_token = cfg.train_flops_per_token(deck.model.seq_len);
-  const double mfu = flops_per_token * tokens_per_s / peak;
-  fmt::print("bench: tokens_per_s={:.1f} ms_per_step={:.2f} mfu={:.4f} peak_gflops={:.1f} "
-             "achieved_gflops={:.1f} forward_ms={:.2f} backward_ms={:.2f} optimizer_ms={:.2f} "
-             "params_m={:.2f} tokens_per_step={} threads={} backend={}\n",
-             tokens_per_s, step_ms, mfu, peak / 1e9, flops_per_token * tokens_per_s / 1e9,
-             median(fwd), median(bwd), median(opt), trainer.model().num_params() / 1e6,
-             trainer.tokens_per_step(), backend->threads(), backend->name());
+  const int ranks = grid->world_size();
+  const double mfu = flops_per_token * tokens_per_s / (peak * ranks);
+  if (trace) trace->write();
+  if (lead)
+    fmt::print("bench: tokens_per_s={:.1f} ms_per_step={:.2f} mfu={:.4f} peak_gflops={:.1f} "
+               "achieved_gflops={:.1f} forward_ms={:.2f} backward_ms={:.2f} optimizer_ms={:.2f} "
+               "comm_ms={:.2f} exposed_comm_ms={:.2f} overlap={:.3f} params_m={:.2f} "
+               "tokens_per_step={} ranks={} threads={} backend={}\n",
+               tokens_per_s, step_ms, mfu, peak * ranks / 1e9,
+               flops_per_token * tokens_per_s / 1e9, median(fwd), median(bwd), median(opt),
+               median(comm), median(exposed), median(overlap),
+               trainer.model().num_params() / 1e6, trainer.tokens_per_step(), ranks,
+               backend->threads(), backend->name());
   return 0;
 }
 

@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 
 #include "app/commands.h"
 #include "trident/check.h"
@@ -85,6 +86,10 @@ int main(int argc, char** argv) {
     if (*grid) return run_grid(world, dp, tp, pp);
     // Training commands are MPI programs; MPI_THREAD_MULTIPLE because the communication thread
     // and the compute thread both call MPI (on different communicators).
+    // Open MPI's nonblocking all-reduce (what the communication thread uses) defaults to a
+    // binomial tree for in-place buffers; the ring algorithm is 2-4x faster for gradient-sized
+    // buffers (docs/perf.md). A user's own setting wins.
+    setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", /*overwrite=*/0);
     int provided = 0;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
     if (provided < MPI_THREAD_MULTIPLE)

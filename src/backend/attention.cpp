@@ -92,10 +92,10 @@ void attention_backward(Real* dqkv, Real* scratch, const Real* dout, const Real*
   }
 }
 
-#define TRIDENT_INSTANTIATE(Real)                                                            \
-  template void attention_forward<Real>(Real*, Real*, const Real*, int, int, int, int, int); \
-  template void attention_backward<Real>(Real*, Real*, const Real*, const Real*, const Real*, \
-                                         int, int, int, int, int);
+#define TRIDENT_INSTANTIATE(Real)                                                                  \
+  template void attention_forward<Real>(Real*, Real*, const Real*, int, int, int, int, int);       \
+  template void attention_backward<Real>(Real*, Real*, const Real*, const Real*, const Real*, int, \
+                                         int, int, int, int);
 TRIDENT_INSTANTIATE(float)
 TRIDENT_INSTANTIATE(double)
 #undef TRIDENT_INSTANTIATE

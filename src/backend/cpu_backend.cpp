@@ -25,12 +25,12 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
   int threads() const override { return threads_; }
 
-  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                       int B, int T, int C) override {
+  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
+                       int T, int C) override {
     cpu::encoder_forward(out, tokens, wte, wpe, B, T, C, threads_);
   }
-  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                        int B, int T, int C) override {
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
+                        int T, int C) override {
     cpu::encoder_backward(dwte, dwpe, dout, tokens, B, T, C, threads_);
   }
 
@@ -44,8 +44,8 @@ class CpuBackend final : public Backend {
     cpu::layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C, threads_);
   }
 
-  void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N,
-                      int C, int OC) override {
+  void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int C,
+                      int OC) override {
     cpu::matmul_forward(out, inp, w, bias, N, C, OC, threads_);
   }
   void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
@@ -85,9 +85,7 @@ class CpuBackend final : public Backend {
     cpu::crossentropy_backward(probs_to_dlogits, targets, dloss, N, V, Vp, threads_);
   }
 
-  double sum_squares(const float* x, size_t n) override {
-    return cpu::sum_squares(x, n, threads_);
-  }
+  double sum_squares(const float* x, size_t n) override { return cpu::sum_squares(x, n, threads_); }
   void scale(float* x, float s, size_t n) override { cpu::scale(x, s, n, threads_); }
   void adamw_update(float* params, float* m, float* v, const float* grads, size_t n, float lr,
                     float beta1, float beta2, float eps, float weight_decay, int t) override {

@@ -23,8 +23,8 @@ void check_targets(const int32_t* targets, int N, int V) {
 }  // namespace
 
 template <typename Real>
-void crossentropy_forward(Real* losses, Real* logits_to_probs, const int32_t* targets, int N,
-                          int V, int Vp, int threads) {
+void crossentropy_forward(Real* losses, Real* logits_to_probs, const int32_t* targets, int N, int V,
+                          int Vp, int threads) {
   check_targets(targets, N, V);
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int n = 0; n < N; ++n) {
@@ -37,14 +37,15 @@ void crossentropy_forward(Real* losses, Real* logits_to_probs, const int32_t* ta
     const Real inv_sum = Real(1.0 / sum);
     for (int v = 0; v < V; ++v) row[v] *= inv_sum;
     for (int v = V; v < Vp; ++v) row[v] = Real(0);
-    // -log p_target from the logits rather than from p_target: finite even when p_target underflows.
+    // -log p_target from the logits rather than from p_target: finite even when p_target
+    // underflows.
     losses[n] = Real(std::log(sum) - double(target_logit - max));
   }
 }
 
 template <typename Real>
-void crossentropy_backward(Real* probs_to_dlogits, const int32_t* targets, Real dloss, int N,
-                           int V, int Vp, int threads) {
+void crossentropy_backward(Real* probs_to_dlogits, const int32_t* targets, Real dloss, int N, int V,
+                           int Vp, int threads) {
   check_targets(targets, N, V);
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int n = 0; n < N; ++n) {
@@ -56,7 +57,7 @@ void crossentropy_backward(Real* probs_to_dlogits, const int32_t* targets, Real 
   }
 }
 
-#define TRIDENT_INSTANTIATE(Real)                                                          \
+#define TRIDENT_INSTANTIATE(Real)                                                             \
   template void crossentropy_forward<Real>(Real*, Real*, const int32_t*, int, int, int, int); \
   template void crossentropy_backward<Real>(Real*, const int32_t*, Real, int, int, int, int);
 TRIDENT_INSTANTIATE(float)

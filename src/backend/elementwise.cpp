@@ -55,9 +55,9 @@ void add(Real* out, const Real* a, const Real* b, size_t n, int threads) {
   });
 }
 
-#define TRIDENT_INSTANTIATE(Real)                                                        \
-  template void gelu_forward<Real>(Real*, const Real*, size_t, int);                     \
-  template void gelu_backward<Real>(Real*, const Real*, const Real*, size_t, int);       \
+#define TRIDENT_INSTANTIATE(Real)                                                  \
+  template void gelu_forward<Real>(Real*, const Real*, size_t, int);               \
+  template void gelu_backward<Real>(Real*, const Real*, const Real*, size_t, int); \
   template void add<Real>(Real*, const Real*, const Real*, size_t, int);
 TRIDENT_INSTANTIATE(float)
 TRIDENT_INSTANTIATE(double)

@@ -22,8 +22,8 @@ void encoder_forward(Real* out, const int32_t* tokens, const Real* wte, const Re
 // slices instead and walk all (b,t) in order: no races, and each element's sum has the same order
 // whatever the thread count.
 template <typename Real>
-void encoder_backward(Real* dwte, Real* dwpe, const Real* dout, const int32_t* tokens, int B,
-                      int T, int C, int threads) {
+void encoder_backward(Real* dwte, Real* dwpe, const Real* dout, const int32_t* tokens, int B, int T,
+                      int C, int threads) {
 #pragma omp parallel num_threads(threads)
   {
     const Range cols = static_chunk(C, omp_get_thread_num(), omp_get_num_threads(), 16);
@@ -41,9 +41,9 @@ void encoder_backward(Real* dwte, Real* dwpe, const Real* dout, const int32_t* t
   }
 }
 
-#define TRIDENT_INSTANTIATE(Real)                                                            \
+#define TRIDENT_INSTANTIATE(Real)                                                                \
   template void encoder_forward<Real>(Real*, const int32_t*, const Real*, const Real*, int, int, \
-                                      int, int);                                             \
+                                      int, int);                                                 \
   template void encoder_backward<Real>(Real*, Real*, const Real*, const int32_t*, int, int, int, \
                                        int);
 TRIDENT_INSTANTIATE(float)

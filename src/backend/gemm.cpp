@@ -53,14 +53,14 @@ void gemm_block(Trans ta, Trans tb, int M, int N, int K, const float* A, int lda
               C, ldc);
 }
 
-void gemm_block(Trans ta, Trans tb, int M, int N, int K, const double* A, int lda,
-                const double* B, int ldb, double beta, double* C, int ldc) {
+void gemm_block(Trans ta, Trans tb, int M, int N, int K, const double* A, int lda, const double* B,
+                int ldb, double beta, double* C, int ldc) {
   using RowMajor = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   using Stride = Eigen::OuterStride<>;
-  Eigen::Map<const RowMajor, 0, Stride> a(A, ta == Trans::kYes ? K : M,
-                                          ta == Trans::kYes ? M : K, Stride(lda));
-  Eigen::Map<const RowMajor, 0, Stride> b(B, tb == Trans::kYes ? N : K,
-                                          tb == Trans::kYes ? K : N, Stride(ldb));
+  Eigen::Map<const RowMajor, 0, Stride> a(A, ta == Trans::kYes ? K : M, ta == Trans::kYes ? M : K,
+                                          Stride(lda));
+  Eigen::Map<const RowMajor, 0, Stride> b(B, tb == Trans::kYes ? N : K, tb == Trans::kYes ? K : N,
+                                          Stride(ldb));
   Eigen::Map<RowMajor, 0, Stride> c(C, M, N, Stride(ldc));
   if (beta == 0.0) c.setZero();
   if (ta == Trans::kNo && tb == Trans::kNo) c.noalias() += a * b;
@@ -94,8 +94,8 @@ void gemm_split(Trans ta, Trans tb, int M, int N, int K, const Real* A, int lda,
 
 }  // namespace
 
-void gemm(Trans ta, Trans tb, int M, int N, int K, const float* A, int lda, const float* B,
-          int ldb, float beta, float* C, int ldc, int threads) {
+void gemm(Trans ta, Trans tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
+          float beta, float* C, int ldc, int threads) {
   ensure_openblas_single_threaded();
   gemm_split(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, threads);
 }
@@ -114,15 +114,16 @@ double measure_sgemm_flops(int threads, int size, int repeats) {
   }
   // out = inp · wᵀ: the shape of matmul_forward, the model's most common product.
   auto run = [&] {
-    gemm(Trans::kNo, Trans::kYes, size, size, size, a.data(), size, b.data(), size, 0.0f,
-         c.data(), size, threads);
+    gemm(Trans::kNo, Trans::kYes, size, size, size, a.data(), size, b.data(), size, 0.0f, c.data(),
+         size, threads);
   };
   run();  // warm-up: page faults, OpenBLAS buffers, thread start
   double best = 1e30;
   for (int r = 0; r < repeats; ++r) {
     auto t0 = std::chrono::steady_clock::now();
     run();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return 2.0 * size * double(size) * size / best;
 }

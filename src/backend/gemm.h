@@ -8,8 +8,8 @@ enum class Trans { kNo, kYes };
 // C[M,N] = op(A) · op(B) + beta · C, all row-major; op(A) is [M,K], op(B) is [K,N]; lda, ldb,
 // ldc are the row strides of A, B, C as stored. beta is 0 (C is overwritten, whatever it held)
 // or 1 (accumulate). float runs OpenBLAS, double runs Eigen (test reference only).
-void gemm(Trans ta, Trans tb, int M, int N, int K, const float* A, int lda, const float* B,
-          int ldb, float beta, float* C, int ldc, int threads);
+void gemm(Trans ta, Trans tb, int M, int N, int K, const float* A, int lda, const float* B, int ldb,
+          float beta, float* C, int ldc, int threads);
 void gemm(Trans ta, Trans tb, int M, int N, int K, const double* A, int lda, const double* B,
           int ldb, double beta, double* C, int ldc, int threads);
 

@@ -18,8 +18,8 @@ template <typename Real>
 void encoder_forward(Real* out, const int32_t* tokens, const Real* wte, const Real* wpe, int B,
                      int T, int C, int threads);
 template <typename Real>
-void encoder_backward(Real* dwte, Real* dwpe, const Real* dout, const int32_t* tokens, int B,
-                      int T, int C, int threads);
+void encoder_backward(Real* dwte, Real* dwpe, const Real* dout, const int32_t* tokens, int B, int T,
+                      int C, int threads);
 
 // ---- layernorm.cpp (eps = 1e-5)
 template <typename Real>
@@ -56,11 +56,11 @@ void add(Real* out, const Real* a, const Real* b, size_t n, int threads);
 
 // ---- crossentropy.cpp: softmax over the first V of Vp columns, in place
 template <typename Real>
-void crossentropy_forward(Real* losses, Real* logits_to_probs, const int32_t* targets, int N,
-                          int V, int Vp, int threads);
+void crossentropy_forward(Real* losses, Real* logits_to_probs, const int32_t* targets, int N, int V,
+                          int Vp, int threads);
 template <typename Real>
-void crossentropy_backward(Real* probs_to_dlogits, const int32_t* targets, Real dloss, int N,
-                           int V, int Vp, int threads);
+void crossentropy_backward(Real* probs_to_dlogits, const int32_t* targets, Real dloss, int N, int V,
+                           int Vp, int threads);
 
 // ---- optimizer.cpp
 template <typename Real>
@@ -68,7 +68,7 @@ double sum_squares(const Real* x, size_t n, int threads);
 template <typename Real>
 void scale(Real* x, Real s, size_t n, int threads);
 template <typename Real>
-void adamw_update(Real* params, Real* m, Real* v, const Real* grads, size_t n, Real lr,
-                  Real beta1, Real beta2, Real eps, Real weight_decay, int t, int threads);
+void adamw_update(Real* params, Real* m, Real* v, const Real* grads, size_t n, Real lr, Real beta1,
+                  Real beta2, Real eps, Real weight_decay, int t, int threads);
 
 }  // namespace trident::cpu

@@ -18,7 +18,8 @@ void layernorm_forward(Real* out, Real* mean, Real* rstd, const Real* inp, const
     const Real* x = inp + size_t(n) * C;
     // Two passes (mean, then squared deviations): no cancellation when |mean| >> std.
     const Real mu = sum_of<Real>(x, C) / C;
-    const Real var = sum_lanes<Real>(C, [x, mu](size_t i) { return (x[i] - mu) * (x[i] - mu); }) / C;
+    const Real var =
+        sum_lanes<Real>(C, [x, mu](size_t i) { return (x[i] - mu) * (x[i] - mu); }) / C;
     const Real rs = Real(1) / std::sqrt(var + kEps);
     Real* o = out + size_t(n) * C;
     for (int c = 0; c < C; ++c) o[c] = (x[c] - mu) * rs * w[c] + b[c];
@@ -43,9 +44,8 @@ void layernorm_backward(Real* dinp, Real* dw, Real* db, const Real* dout, const 
       const Real* d = dout + size_t(n) * C;
       const Real mu = mean[n], rs = rstd[n];
       const Real g_mean = sum_lanes<Real>(C, [d, w](size_t i) { return d[i] * w[i]; }) / C;
-      const Real gx_mean = sum_lanes<Real>(C, [=](size_t i) {
-                             return d[i] * w[i] * ((x[i] - mu) * rs);
-                           }) / C;
+      const Real gx_mean =
+          sum_lanes<Real>(C, [=](size_t i) { return d[i] * w[i] * ((x[i] - mu) * rs); }) / C;
       Real* di = dinp + size_t(n) * C;
       for (int c = 0; c < C; ++c) {
         const Real xhat = (x[c] - mu) * rs;
@@ -74,10 +74,10 @@ void layernorm_backward(Real* dinp, Real* dw, Real* db, const Real* dout, const 
   }
 }
 
-#define TRIDENT_INSTANTIATE(Real)                                                             \
-  template void layernorm_forward<Real>(Real*, Real*, Real*, const Real*, const Real*,        \
-                                        const Real*, int, int, int);                          \
-  template void layernorm_backward<Real>(Real*, Real*, Real*, const Real*, const Real*,       \
+#define TRIDENT_INSTANTIATE(Real)                                                       \
+  template void layernorm_forward<Real>(Real*, Real*, Real*, const Real*, const Real*,  \
+                                        const Real*, int, int, int);                    \
+  template void layernorm_backward<Real>(Real*, Real*, Real*, const Real*, const Real*, \
                                          const Real*, const Real*, const Real*, int, int, int);
 TRIDENT_INSTANTIATE(float)
 TRIDENT_INSTANTIATE(double)

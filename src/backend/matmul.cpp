@@ -27,7 +27,7 @@ void matmul_backward(Real* dinp, Real* dw, Real* dbias, const Real* dout, const 
   if (dinp) gemm(Trans::kNo, Trans::kNo, N, C, OC, dout, OC, w, C, Real(0), dinp, C, threads);
   gemm(Trans::kYes, Trans::kNo, OC, C, N, dout, OC, inp, C, Real(1), dw, C, threads);
   if (!dbias) return;
-  // Column sums: threads own column slices, rows are added in order (see encoder_backward).
+    // Column sums: threads own column slices, rows are added in order (see encoder_backward).
 #pragma omp parallel num_threads(threads)
   {
     constexpr int kTile = 256;
@@ -44,11 +44,11 @@ void matmul_backward(Real* dinp, Real* dw, Real* dbias, const Real* dout, const 
   }
 }
 
-#define TRIDENT_INSTANTIATE(Real)                                                             \
-  template void matmul_forward<Real>(Real*, const Real*, const Real*, const Real*, int, int,  \
-                                     int, int);                                               \
-  template void matmul_backward<Real>(Real*, Real*, Real*, const Real*, const Real*,          \
-                                      const Real*, int, int, int, int);
+#define TRIDENT_INSTANTIATE(Real)                                                                 \
+  template void matmul_forward<Real>(Real*, const Real*, const Real*, const Real*, int, int, int, \
+                                     int);                                                        \
+  template void matmul_backward<Real>(Real*, Real*, Real*, const Real*, const Real*, const Real*, \
+                                      int, int, int, int);
 TRIDENT_INSTANTIATE(float)
 TRIDENT_INSTANTIATE(double)
 #undef TRIDENT_INSTANTIATE

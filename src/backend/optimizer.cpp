@@ -62,8 +62,8 @@ void adamw_block(Real* p, Real* m, Real* v, const Real* g, const AdamWCoefficien
 // m = β1 m + (1-β1) g;  v = β2 v + (1-β2) g²;  p -= lr (m̂ / (sqrt(v̂) + eps) + wd p),
 // m̂ = m / (1-β1^t), v̂ = v / (1-β2^t). One pass over p, m, v, g.
 template <typename Real>
-void adamw_update(Real* params, Real* m, Real* v, const Real* grads, size_t n, Real lr,
-                  Real beta1, Real beta2, Real eps, Real weight_decay, int t, int threads) {
+void adamw_update(Real* params, Real* m, Real* v, const Real* grads, size_t n, Real lr, Real beta1,
+                  Real beta2, Real eps, Real weight_decay, int t, int threads) {
   const AdamWCoefficients<Real> c{lr,
                                   beta1,
                                   beta2,
@@ -90,11 +90,11 @@ void adamw_update(Real* params, Real* m, Real* v, const Real* grads, size_t n, R
   });
 }
 
-#define TRIDENT_INSTANTIATE(Real)                                                        \
-  template double sum_squares<Real>(const Real*, size_t, int);                           \
-  template void scale<Real>(Real*, Real, size_t, int);                                   \
-  template void adamw_update<Real>(Real*, Real*, Real*, const Real*, size_t, Real, Real, \
-                                   Real, Real, Real, int, int);
+#define TRIDENT_INSTANTIATE(Real)                                                              \
+  template double sum_squares<Real>(const Real*, size_t, int);                                 \
+  template void scale<Real>(Real*, Real, size_t, int);                                         \
+  template void adamw_update<Real>(Real*, Real*, Real*, const Real*, size_t, Real, Real, Real, \
+                                   Real, Real, int, int);
 TRIDENT_INSTANTIATE(float)
 TRIDENT_INSTANTIATE(double)
 #undef TRIDENT_INSTANTIATE

@@ -1,12 +1,13 @@
 // Work splitting and reductions shared by the CPU kernels.
 //
-// Note [Deterministic reductions]: every float sum in the CPU backend goes through sum_lanes, never
+// Note [Deterministic reductions]: a sum along a vector goes through sum_lanes, never
 // `#pragma omp simd reduction` or atomics. An OpenMP simd reduction lets the compiler choose the
 // order (and peel iterations to align the pointer), so a result could change with a buffer's
 // address; sum_lanes fixes the order in the source (kLanes interleaved partial sums, combined as a
-// tree), GCC still vectorises it, and with no -ffast-math the compiler must keep that order. Work
-// is split with static_chunk / schedule(static), so a fixed thread count gives bitwise-identical
-// results run to run; partial results of threads are combined in thread order.
+// tree), GCC still vectorises it, and with no -ffast-math the compiler must keep that order. Sums
+// over rows (weight gradients) give each thread its own columns and add the rows in order. Work is
+// split with static_chunk / schedule(static), so a fixed thread count gives bitwise-identical
+// results run to run, whatever the buffers' addresses; per-thread partials combine in thread order.
 #pragma once
 
 #include <omp.h>

@@ -194,8 +194,10 @@ struct GradReducer::State {
         for (Event& e : batch) handle(e);
         batch.clear();
         if (active) {
-          launch_ready();
-          idle_polls = poll_in_flight() ? 0 : idle_polls + 1;
+          // A newly started all-reduce needs prompt tests for its first rounds: reset the backoff.
+          const bool launched = launch_ready();
+          const bool completed = poll_in_flight();
+          idle_polls = launched || completed ? 0 : idle_polls + 1;
           end_step_if_done();
         }
       } catch (...) {
@@ -263,19 +265,22 @@ struct GradReducer::State {
     building.records.push_back(std::move(r));
   }
 
-  void launch_ready() {
-    if (!overlap && !finishing) return;
+  // Starts every bucket (then extra) whose turn has come. True if it started any.
+  bool launch_ready() {
+    if (!overlap && !finishing) return false;
+    const size_t launched_before = next_bucket + next_extra;
     while (next_bucket < buckets.size() && pending[next_bucket] == 0) {
       const Bucket& b = buckets[next_bucket];
       start(grads + b.offset, b.count, bucket_names[next_bucket], static_cast<int>(next_bucket),
             ready_ms[next_bucket]);
       ++next_bucket;
     }
-    if (next_bucket < buckets.size()) return;
-    for (; next_extra < extras.size(); ++next_extra) {
-      ExtraBuffer& x = extras[next_extra];
-      start(x.data, x.count, x.name, -1, x.added_ms);
-    }
+    if (next_bucket == buckets.size())
+      for (; next_extra < extras.size(); ++next_extra) {
+        ExtraBuffer& x = extras[next_extra];
+        start(x.data, x.count, x.name, -1, x.added_ms);
+      }
+    return next_bucket + next_extra > launched_before;
   }
 
   // Tests every in-flight all-reduce; averages those that completed. True if any did.

@@ -40,7 +40,8 @@ double best_time(const std::function<void()>& run, int repeats = 5) {
   for (int r = 0; r < repeats; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     run();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return best;
 }
@@ -54,20 +55,24 @@ struct Shape {
 // The products of one training step: out = inp·wᵀ, dinp = dout·w, dw += doutᵀ·inp per linear.
 std::vector<Shape> model_shapes() {
   std::vector<Shape> shapes;
-  const std::pair<const char*, std::pair<int, int>> linears[] = {
-      {"qkv", {C, 3 * C}}, {"attproj", {C, C}}, {"fc", {C, 4 * C}}, {"fcproj", {4 * C, C}},
-      {"lm-head", {C, Vp}}};
+  const std::pair<const char*, std::pair<int, int>> linears[] = {{"qkv", {C, 3 * C}},
+                                                                 {"attproj", {C, C}},
+                                                                 {"fc", {C, 4 * C}},
+                                                                 {"fcproj", {4 * C, C}},
+                                                                 {"lm-head", {C, Vp}}};
   for (const auto& [name, io] : linears) {
     const auto [in, out] = io;
-    shapes.push_back({name, Trans::kNo, Trans::kYes, N, out, in});   // forward
-    shapes.push_back({name, Trans::kNo, Trans::kNo, N, in, out});    // dinp
-    shapes.push_back({name, Trans::kYes, Trans::kNo, out, in, N});   // dw
+    shapes.push_back({name, Trans::kNo, Trans::kYes, N, out, in});  // forward
+    shapes.push_back({name, Trans::kNo, Trans::kNo, N, in, out});   // dinp
+    shapes.push_back({name, Trans::kYes, Trans::kNo, out, in, N});  // dw
   }
   return shapes;
 }
 
 const char* role(const Shape& s) {
-  return s.ta == Trans::kYes ? "dw   += doutT.inp" : s.tb == Trans::kYes ? "out   = inp.wT   " : "dinp  = dout.w   ";
+  return s.ta == Trans::kYes   ? "dw   += doutT.inp"
+         : s.tb == Trans::kYes ? "out   = inp.wT   "
+                               : "dinp  = dout.w   ";
 }
 
 TEST(DISABLED_Benchmark, GemmShapes) {
@@ -108,9 +113,10 @@ TEST(DISABLED_Benchmark, GemmShapes) {
     std::printf("%-8s %-18s %6d %6d %6d %9.3f %9.1f %6.1f%% %d\n", s.name, role(s), s.M, s.N, s.K,
                 sec * 1e3, flop / sec / 1e9, 100 * flop / sec / peak, wrong);
   }
-  std::printf("all linear-layer GEMMs of one step (12 layers + lm-head): %.0f ms, %.1f GFLOP/s, "
-              "%.1f%% of peak\n", total_s * 1e3, total_flop / total_s / 1e9,
-              100 * total_flop / total_s / peak);
+  std::printf(
+      "all linear-layer GEMMs of one step (12 layers + lm-head): %.0f ms, %.1f GFLOP/s, "
+      "%.1f%% of peak\n",
+      total_s * 1e3, total_flop / total_s / 1e9, 100 * total_flop / total_s / peak);
 }
 
 // Note [GEMM threading] in gemm.cpp: OpenBLAS's own threads vs the OpenMP split, on a loop that
@@ -118,7 +124,8 @@ TEST(DISABLED_Benchmark, GemmShapes) {
 TEST(DISABLED_Benchmark, GemmThreadingSchemes) {
   const int threads = bench_threads();
   std::mt19937 rng(2);
-  const auto x = to_float(uniform(size_t(N) * C, rng)), w1 = to_float(uniform(size_t(4) * C * C, rng, -0.05, 0.05));
+  const auto x = to_float(uniform(size_t(N) * C, rng)),
+             w1 = to_float(uniform(size_t(4) * C * C, rng, -0.05, 0.05));
   const auto w2 = to_float(uniform(size_t(4) * C * C, rng, -0.05, 0.05));
   std::vector<float> h(size_t(N) * 4 * C), g(h.size()), y(size_t(N) * C), y2(y.size());
   auto mlp = [&](bool openblas_threads) {
@@ -148,16 +155,18 @@ TEST(DISABLED_Benchmark, GemmThreadingSchemes) {
   mlp(false);
   EXPECT_LT(rel_err(y2, to_double(reference)), 1e-5);  // both schemes compute the same thing
   const double t_split = best_time([&] { mlp(false); }, 3);
-  std::printf("12 x [fc GEMM, GELU, fcproj GEMM, add], %d threads (GEMM GFLOP/s over total time):\n"
-              "  OpenBLAS threads: %.1f ms %.1f GFLOP/s\n  OpenMP split:     %.1f ms %.1f GFLOP/s\n",
-              threads, t_openblas * 1e3, flop / t_openblas / 1e9, t_split * 1e3, flop / t_split / 1e9);
+  std::printf(
+      "12 x [fc GEMM, GELU, fcproj GEMM, add], %d threads (GEMM GFLOP/s over total time):\n"
+      "  OpenBLAS threads: %.1f ms %.1f GFLOP/s\n  OpenMP split:     %.1f ms %.1f GFLOP/s\n",
+      threads, t_openblas * 1e3, flop / t_openblas / 1e9, t_split * 1e3, flop / t_split / 1e9);
 }
 
 TEST(DISABLED_Benchmark, NonGemmOps) {
   auto be = make_cpu_backend(bench_threads());
   std::mt19937 rng(3);
   const auto tok = tokens(N, V, rng), targets = tokens(N, V, rng);
-  const auto wte = to_float(uniform(size_t(Vp) * C, rng)), wpe = to_float(uniform(size_t(T) * C, rng));
+  const auto wte = to_float(uniform(size_t(Vp) * C, rng)),
+             wpe = to_float(uniform(size_t(T) * C, rng));
   const auto x = to_float(uniform(size_t(N) * C, rng)), w = to_float(uniform(C, rng));
   const auto qkv = to_float(uniform(size_t(N) * 3 * C, rng, -2, 2));
   const auto h = to_float(uniform(size_t(N) * 4 * C, rng, -4, 4));
@@ -166,21 +175,39 @@ TEST(DISABLED_Benchmark, NonGemmOps) {
   std::vector<float> att(size_t(B) * NH * T * T), scratch(att.size()), dqkv(qkv.size());
   std::vector<float> probs(logits.size()), losses(N), dwte(wte.size()), dwpe(wpe.size());
 
-  struct Row { const char* op; double ms; double bytes; int per_step; };
+  struct Row {
+    const char* op;
+    double ms;
+    double bytes;
+    int per_step;
+  };
   std::vector<Row> rows;
   auto time = [&](const char* op, double bytes, int per_step, const std::function<void()>& f) {
     rows.push_back({op, best_time(f) * 1e3, bytes, per_step});
   };
   const double act = 4.0 * N * C;  // bytes of one [N,C] float tensor
-  time("encoder_forward", 3 * act, 1, [&] { be->encoder_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C); });
-  time("encoder_backward", 4 * act, 1, [&] { be->encoder_backward(dwte.data(), dwpe.data(), x.data(), tok.data(), B, T, C); });
-  time("layernorm_forward", 2 * act, 2 * L + 1, [&] { be->layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), w.data(), N, C); });
-  time("layernorm_backward", 3 * act, 2 * L + 1, [&] { be->layernorm_backward(out2.data(), dw.data(), db.data(), x.data(), x.data(), w.data(), mean.data(), rstd.data(), N, C); });
-  time("attention_forward", 4 * act + 4.0 * att.size(), L, [&] { be->attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH); });
-  time("attention_backward", 7 * act + 8.0 * att.size(), L, [&] { be->attention_backward(dqkv.data(), scratch.data(), x.data(), qkv.data(), att.data(), B, T, C, NH); });
+  time("encoder_forward", 3 * act, 1,
+       [&] { be->encoder_forward(out.data(), tok.data(), wte.data(), wpe.data(), B, T, C); });
+  time("encoder_backward", 4 * act, 1,
+       [&] { be->encoder_backward(dwte.data(), dwpe.data(), x.data(), tok.data(), B, T, C); });
+  time("layernorm_forward", 2 * act, 2 * L + 1, [&] {
+    be->layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), w.data(), N, C);
+  });
+  time("layernorm_backward", 3 * act, 2 * L + 1, [&] {
+    be->layernorm_backward(out2.data(), dw.data(), db.data(), x.data(), x.data(), w.data(),
+                           mean.data(), rstd.data(), N, C);
+  });
+  time("attention_forward", 4 * act + 4.0 * att.size(), L,
+       [&] { be->attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH); });
+  time("attention_backward", 7 * act + 8.0 * att.size(), L, [&] {
+    be->attention_backward(dqkv.data(), scratch.data(), x.data(), qkv.data(), att.data(), B, T, C,
+                           NH);
+  });
   time("gelu_forward", 8 * act, L, [&] { be->gelu_forward(out.data(), h.data(), h.size()); });
-  time("gelu_backward", 12 * act, L, [&] { be->gelu_backward(out2.data(), h.data(), h.data(), h.size()); });
-  time("add (residual)", 3 * act, 2 * L, [&] { be->add(out.data(), x.data(), x.data(), x.size()); });
+  time("gelu_backward", 12 * act, L,
+       [&] { be->gelu_backward(out2.data(), h.data(), h.data(), h.size()); });
+  time("add (residual)", 3 * act, 2 * L,
+       [&] { be->add(out.data(), x.data(), x.data(), x.size()); });
   // crossentropy is in place: each timed run starts from a fresh copy (copy time not included).
   double ce_f = 1e30, ce_b = 1e30;
   for (int r = 0; r < 4; ++r) {
@@ -203,7 +230,8 @@ TEST(DISABLED_Benchmark, NonGemmOps) {
     time("scale (124M)", 8.0 * kParams, 1, [&] { be->scale(g.data(), 1.0f, kParams); });
     int t = 0;
     time("adamw_update (124M)", 28.0 * kParams, 1, [&] {
-      be->adamw_update(p.data(), m.data(), v.data(), g.data(), kParams, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, ++t);
+      be->adamw_update(p.data(), m.data(), v.data(), g.data(), kParams, 1e-4f, 0.9f, 0.95f, 1e-8f,
+                       0.1f, ++t);
     });
     EXPECT_TRUE(std::isfinite(p[0]) && p[0] < 0.01f);
   }

@@ -84,8 +84,8 @@ Results run_chain(Backend& be, const Inputs& in, int shift) {
   be.gelu_backward(dg.data(), att_out.data(), dres.data(), N * C);
   be.attention_backward(dqkv.data(), scratch.data(), dg.data(), qkv.data(), att.data(), B, T, C,
                         NH);
-  be.matmul_backward(dln.data(), dw_qkv.data(), db_qkv.data(), dqkv.data(), ln.data(),
-                     w_qkv.data(), N, C, 3 * C);
+  be.matmul_backward(dln.data(), dw_qkv.data(), db_qkv.data(), dqkv.data(), ln.data(), w_qkv.data(),
+                     N, C, 3 * C);
   be.layernorm_backward(dx.data(), dln_w.data(), dln_b.data(), dln.data(), x.data(), ln_w.data(),
                         mean.data(), rstd.data(), N, C);
   be.encoder_backward(dwte.data(), dwpe.data(), dx.data(), in.tok.data(), B, T, C);
@@ -94,8 +94,8 @@ Results run_chain(Backend& be, const Inputs& in, int shift) {
   be.scale(dw_qkv.data(), 1.0f / std::sqrt(norm2), 3 * C * C);
   Shifted m(3 * C * C, shift), v(3 * C * C, shift);
   for (int t = 1; t <= 2; ++t)
-    be.adamw_update(w_qkv.data(), m.data(), v.data(), dw_qkv.data(), 3 * C * C, 1e-3f, 0.9f,
-                    0.95f, 1e-8f, 0.1f, t);
+    be.adamw_update(w_qkv.data(), m.data(), v.data(), dw_qkv.data(), 3 * C * C, 1e-3f, 0.9f, 0.95f,
+                    1e-8f, 0.1f, t);
 
   r["x"] = x.values(), r["ln"] = ln.values(), r["mean"] = mean.values(), r["rstd"] = rstd.values();
   r["qkv"] = qkv.values(), r["att_out"] = att_out.values(), r["att"] = att.values();

@@ -155,8 +155,8 @@ TEST_F(CpuVsReference, Attention) {
   const auto dout = to_double(to_float(uniform(out.size(), rng)));
   std::vector<double> dqkv(qkv.size()), scratch(att.size());
   std::vector<float> dqkv_f = nans(dqkv.size()), scratch_f = nans(scratch.size());
-  cpu::attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), B, T,
-                          C, NH, 1);
+  cpu::attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), B, T, C,
+                          NH, 1);
   backend->attention_backward(dqkv_f.data(), scratch_f.data(), to_float(dout).data(),
                               to_float(qkv).data(), att_f.data(), B, T, C, NH);
   EXPECT_LT(rel_err(dqkv_f, dqkv), kTolerance);
@@ -233,7 +233,7 @@ TEST_F(CpuVsReference, CrossEntropy) {
   for (int n = 0; n < N; ++n)
     for (int v = V; v < Vp; ++v) {
       ASSERT_EQ(zero_padded[size_t(n) * Vp + v], 0.0f);  // probabilities of padding
-      ASSERT_EQ(probs_f[size_t(n) * Vp + v], 0.0f);       // gradients of padding
+      ASSERT_EQ(probs_f[size_t(n) * Vp + v], 0.0f);      // gradients of padding
     }
 }
 

@@ -26,7 +26,7 @@ expect() {
   if [ $rc -ne 2 ]; then
     echo "FAIL $name: exit status $rc, expected 2; stderr: $err"; failures=$((failures + 1)); return
   fi
-  if ! grep -qE "$pattern" <<<"$err"; then
+  if ! grep -qE -e "$pattern" <<<"$err"; then
     echo "FAIL $name: message does not match /$pattern/: $err"; failures=$((failures + 1)); return
   fi
   if [ "$(grep -c 'error' <<<"$err")" -ne 1 ]; then
@@ -51,7 +51,7 @@ expect malformed-yaml "malformed.yaml" -- "$bin" train malformed.yaml
 expect unknown-key "model.layerz" -- "$bin" train deck.yaml "${common[@]}" --set model.layerz=3
 expect wrong-type "train.steps.*integer" -- "$bin" train deck.yaml "${common[@]}" --set train.steps=ten
 expect out-of-range "train.lr" -- "$bin" train deck.yaml "${common[@]}" --set train.lr=-1
-expect bad-set-syntax "--set|expected key=value" -- "$bin" train deck.yaml --set model.layers
+expect bad-set-syntax "expected key=value" -- "$bin" train deck.yaml --set model.layers
 expect bad-enum "train.lr_schedule" -- "$bin" train deck.yaml "${common[@]}" --set train.lr_schedule=linear
 expect heads-not-dividing "heads" -- "$bin" train deck.yaml "${common[@]}" --set model.heads=3
 
