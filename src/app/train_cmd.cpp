@@ -53,7 +53,7 @@ int run_train(const DeckArgs& args) {
   std::string note;
   const GPTConfig shape = model_config_from_deck(deck, &note);
   if (lead) {
-    fmt::print("# resolved deck ({})\n{}\n", deck.source, deck.to_yaml());
+    fmt::print("{}\n", deck.to_yaml());
     if (!note.empty()) fmt::print("{}\n", note);
   }
 

@@ -1,25 +1,31 @@
 // GEMM for the CPU backend: OpenBLAS single-threaded, each product split across OpenMP threads.
 //
-// Note [GEMM threading]: the backend's other ops are OpenMP loops. With OpenBLAS's own pthreads
-// doing the GEMMs, after each OpenMP loop libgomp's workers keep spinning while OpenBLAS's threads
-// want the same two cores (and vice versa). Measured on the 2-core AVX2 dev machine (OpenBLAS
-// 0.3.21 pthread, 2 threads), a loop of 12 × [fc GEMM 256×3072×768, GELU, fcproj GEMM
-// 256×768×3072, elementwise]:
-//   OpenBLAS 2 threads + OpenMP (default wait policy):   75 GFLOP/s
-//   OpenBLAS 2 threads + OMP_WAIT_POLICY=passive:       125 GFLOP/s
-//   OpenBLAS 1 thread, GEMM split by OpenMP (chosen):   147 GFLOP/s (151 with passive waiting)
-// In isolation both schemes reach ~175-190 GFLOP/s on the model's shapes (sgemm 2048³: 188 vs
-// 185 GFLOP/s), so the split loses nothing there and removes the contention; it also keeps one
-// thread pool in the process. Eigen's own sgemm reached only ~125 GFLOP/s, hence OpenBLAS.
-// Model shapes through this path, 2 threads (N=256 rows, C=768), GFLOP/s:
-//   forward  out=inp·wᵀ:  qkv 182, attproj 181, fc 181, fcproj 180, lm-head 175
-//   backward dinp=dout·w: qkv 177, attproj 180, fc 156-175, fcproj 183, lm-head 168
-//   backward dw+=doutᵀ·inp: qkv 187, attproj 182, fc 189, fcproj 187, lm-head 186
-// (tests/backend/test_benchmark.cpp re-measures these: see its DISABLED_ tests.)
+// Note [GEMM threading]: the backend's other ops are OpenMP loops. If OpenBLAS ran its own
+// pthreads, libgomp's workers would keep spinning after each OpenMP loop while OpenBLAS's threads
+// want the same cores (and vice versa). Measured on the 2-core AVX2/FMA dev machine (OpenBLAS
+// 0.3.21 pthread build), 2 threads, 12 × [fc GEMM 256×3072×768, GELU, fcproj GEMM 256×768×3072,
+// add] (test_benchmark.cpp, GemmThreadingSchemes; GEMM FLOP over total time, best of 4 runs):
+//   OpenBLAS 2 threads next to OpenMP loops:          89 GFLOP/s
+//   OpenBLAS 1 thread, GEMM split by OpenMP (chosen): 166 GFLOP/s
+// (a scratch run with OMP_WAIT_POLICY=passive lifted the first to 125; the split does not need
+// it.) In isolation both schemes reach the same speed (sgemm 2048³: 188 vs 185 GFLOP/s), so the
+// split loses nothing and removes the contention, and the process keeps a single thread pool.
+// Eigen's own sgemm reached only ~125 GFLOP/s, hence OpenBLAS for float.
+//
+// The model's products through this path, N = B·T = 256 rows, 2 threads, best of 5 runs, against
+// the 184 GFLOP/s measured by measure_sgemm_flops (test_benchmark.cpp, GemmShapes):
+//                    out = inp·wᵀ     dinp = dout·w    dw += doutᵀ·inp
+//   qkv     (768→2304)   177 (96%)       180 (98%)       190 (103%)
+//   attproj (768→768)    180 (98%)       181 (99%)       191 (104%)
+//   fc      (768→3072)   176 (96%)       179 (97%)       189 (103%)
+//   fcproj  (3072→768)   179 (97%)       180 (98%)       188 (102%)
+//   lm-head (768→50304)  173 (94%)       178 (96%)       189 (103%)
+// All linear layers of one step: 1048 ms, 181 GFLOP/s, 98% of the measured peak.
 //
 // The split: the larger of the output's two dimensions is cut into `threads` contiguous blocks of
 // whole 64-wide tiles, one OpenBLAS call per thread. Each output element is computed by exactly one
-// call, so results are deterministic for a fixed thread count.
+// call, so results are deterministic for a fixed thread count (1 and 2 threads differ by rounding:
+// OpenBLAS blocks a narrower product differently).
 #include "backend/gemm.h"
 
 #include <cblas.h>
@@ -105,7 +111,7 @@ void gemm(Trans ta, Trans tb, int M, int N, int K, const double* A, int lda, con
   gemm_split(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, threads);
 }
 
-double measure_sgemm_flops(int threads, int size, int repeats) {
+double measure_sgemm_flops(int threads, int size, double budget_s) {
   const size_t n = size_t(size) * size;
   std::vector<float> a(n), b(n), c(n);
   for (size_t i = 0; i < n; ++i) {  // small, varied values: no denormals, no overflow
@@ -118,12 +124,15 @@ double measure_sgemm_flops(int threads, int size, int repeats) {
          size, threads);
   };
   run();  // warm-up: page faults, OpenBLAS buffers, thread start
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
   double best = 1e30;
-  for (int r = 0; r < repeats; ++r) {
-    auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < 10; ++r) {
+    const auto t0 = Clock::now();
     run();
-    best = std::min(best,
-                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    const auto t1 = Clock::now();
+    best = std::min(best, std::chrono::duration<double>(t1 - t0).count());
+    if (r >= 2 && std::chrono::duration<double>(t1 - start).count() > budget_s) break;
   }
   return 2.0 * size * double(size) * size / best;
 }

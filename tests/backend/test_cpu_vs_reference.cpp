@@ -60,6 +60,20 @@ TEST_F(CpuVsReference, Encoder) {
   EXPECT_LT(rel_err(dwpe_f, plus(dwpe0, dwpe)), kTolerance);
 }
 
+// Either gradient of encoder_backward may be null; the other is still accumulated.
+TEST_F(CpuVsReference, EncoderBackwardSkipsNullGradient) {
+  const int B = 2, T = 3, C = 20, vocab = 4;
+  const auto tok = tokens(B * T, vocab, rng);
+  const auto dout = to_float(uniform(B * T * C, rng));
+  std::vector<float> both_wte(vocab * C, 0.0f), both_wpe(T * C, 0.0f);
+  backend->encoder_backward(both_wte.data(), both_wpe.data(), dout.data(), tok.data(), B, T, C);
+  std::vector<float> only_wte(vocab * C, 0.0f), only_wpe(T * C, 0.0f);
+  backend->encoder_backward(only_wte.data(), nullptr, dout.data(), tok.data(), B, T, C);
+  backend->encoder_backward(nullptr, only_wpe.data(), dout.data(), tok.data(), B, T, C);
+  EXPECT_EQ(only_wte, both_wte);
+  EXPECT_EQ(only_wpe, both_wpe);
+}
+
 TEST_F(CpuVsReference, LayerNorm) {
   const int N = 37, C = 100;
   const auto inp = to_double(to_float(uniform(N * C, rng, -3.0, 5.0)));
