@@ -41,8 +41,9 @@ class Backend {
   // out[N,OC] = inp[N,C] · w[OC,C]ᵀ + bias[OC] (bias may be null).
   virtual void matmul_forward(float* out, const float* inp, const float* w, const float* bias,
                               int N, int C, int OC) = 0;
-  // dinp[N,C] = dout · w (skipped if dinp is null); dw[OC,C] += doutᵀ · inp;
-  // dbias[OC] += column sums of dout (skipped if null).
+  // dinp[N,C] = dout · w; dw[OC,C] += doutᵀ · inp; dbias[OC] += column sums of dout.
+  // Each is skipped if its pointer is null (the LM head computes dw first on its own, so the
+  // tied embedding's gradient can be reduced while dinp is computed).
   virtual void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
                                const float* inp, const float* w, int N, int C, int OC) = 0;
 

@@ -25,7 +25,7 @@ template <typename Real>
 void matmul_backward(Real* dinp, Real* dw, Real* dbias, const Real* dout, const Real* inp,
                      const Real* w, int N, int C, int OC, int threads) {
   if (dinp) gemm(Trans::kNo, Trans::kNo, N, C, OC, dout, OC, w, C, Real(0), dinp, C, threads);
-  gemm(Trans::kYes, Trans::kNo, OC, C, N, dout, OC, inp, C, Real(1), dw, C, threads);
+  if (dw) gemm(Trans::kYes, Trans::kNo, OC, C, N, dout, OC, inp, C, Real(1), dw, C, threads);
   if (!dbias) return;
     // Column sums: threads own column slices, rows are added in order (see encoder_backward).
 #pragma omp parallel num_threads(threads)

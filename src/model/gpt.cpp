@@ -172,9 +172,13 @@ void GPT::backward(float dloss_scale, const GradReadyFn& on_ready, const Embeddi
     // Mean over the N tokens of this micro-batch, times the caller's scale (1/accum).
     be_.crossentropy_backward(a.logits.data(), targets_.data(), dloss_scale / float(N), N, V,
                               Vp);
-    be_.matmul_backward(a.dbuf_c.data(), at(G, "wte"), nullptr, a.logits.data(), a.lnf.data(),
+    // dwte first: with a sink that is all wte gets in this buffer, so it can be reduced while
+    // the head's input gradient (the rest of backward's critical path) is computed.
+    be_.matmul_backward(nullptr, at(G, "wte"), nullptr, a.logits.data(), a.lnf.data(),
                         at(P, "wte"), N, C, Vp);
-    if (sink && on_ready) on_ready(0);  // wte's dense part is all it gets in this buffer
+    if (sink && on_ready) on_ready(0);
+    be_.matmul_backward(a.dbuf_c.data(), nullptr, nullptr, a.logits.data(), a.lnf.data(),
+                        at(P, "wte"), N, C, Vp);
     const float* final_residual = L > 0 ? a.residual3.data() + size_t(L - 1) * N * C
                                         : a.encoded.data();
     be_.layernorm_backward(a.dresidual.data(), at(G, "lnfw"), at(G, "lnfb"), a.dbuf_c.data(),

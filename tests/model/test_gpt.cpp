@@ -2,6 +2,7 @@
 // llm.c checkpoint round trip.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -153,6 +154,44 @@ TEST(GptBackward, ReadyEventsCoverEveryParameterOnceAfterItsGradient) {
     const ParamInfo& p = m.params_info()[order[k]];
     ASSERT_EQ(0, std::memcmp(snapshot[k].data(), m.grads() + p.offset, p.count * 4)) << p.name;
   }
+}
+
+// Note [Tied embedding gradient]: with a sink, wte's buffer holds the dense LM-head part (ready
+// first) and the sink the batch's rows; adding the rows back gives the plain gradient. The sums
+// are the same fp32 additions in another order, so the bound is float rounding (1e-6 relative
+// to the tensor's largest entry).
+TEST(GptBackward, EmbeddingRowSinkSplitsTheTiedGradient) {
+  GPTConfig c = tiny_config();
+  auto be = make_cpu_backend(1);
+  GPT m(c, *be, 2, 8);
+  m.init_weights(5);
+  auto in = random_tokens(16, c.vocab, 3), tg = random_tokens(16, c.vocab, 4);
+  m.zero_grads();
+  m.forward(in.data(), tg.data(), 2, 8);
+  m.backward(1.0f);
+  std::vector<float> plain(m.grads(), m.grads() + m.num_params());
+
+  std::vector<int32_t> rows(in.begin(), in.end());
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  std::vector<int32_t> row_of_input(in.size());
+  for (size_t i = 0; i < in.size(); ++i)
+    row_of_input[i] = int32_t(std::lower_bound(rows.begin(), rows.end(), in[i]) - rows.begin());
+  std::vector<float> row_grads(rows.size() * c.channels, 0.0f);
+  EmbeddingRowSink sink{row_of_input.data(), row_grads.data()};
+  m.zero_grads();
+  m.forward(in.data(), tg.data(), 2, 8);
+  std::vector<int> order;
+  m.backward(1.0f, [&](int i) { order.push_back(i); }, &sink);
+  ASSERT_EQ(order.front(), 0) << "wte must be ready first with a sink";
+  ASSERT_EQ(order.size(), m.params_info().size());
+  float* dwte = m.grads() + m.param("wte").offset;
+  for (size_t k = 0; k < rows.size(); ++k)
+    for (int j = 0; j < c.channels; ++j) dwte[size_t(rows[k]) * c.channels + j] += row_grads[k * c.channels + j];
+  float maxabs = 0;
+  for (float g : plain) maxabs = std::max(maxabs, std::abs(g));
+  for (size_t i = 0; i < plain.size(); ++i)
+    ASSERT_NEAR(m.grads()[i], plain[i], 1e-6f * maxabs) << i;
 }
 
 TEST(GptCheckpoint, LlmcRoundTripAndBadHeader) {
