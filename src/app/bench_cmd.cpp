@@ -23,20 +23,32 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int run_bench(const BenchArgs& args) {
-  Deck deck = load_deck(args.deck.deck, args.deck.overrides);
-  deck.train.steps = std::max(deck.train.steps, args.warmup_steps + args.steps);
-  auto grid = make_grid(deck);
+  Deck deck;
+  setup_step([&] {
+    deck = load_deck(args.deck.deck, args.deck.overrides);
+    deck.train.steps = std::max(deck.train.steps, args.warmup_steps + args.steps);
+  });
+  std::unique_ptr<ProcessGrid> grid;
+  setup_step([&] { grid = make_grid(deck); });
   const bool lead = grid->world_rank() == 0;
-  auto backend = make_cpu_backend(deck.run.threads);
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<TraceWriter> trace;
+  std::unique_ptr<Trainer> trainer_ptr;
   // Measured before and after the steps; the larger is kept, so a noisy moment cannot shrink
   // the denominator and inflate MFU.
-  double peak = backend->measure_gemm_peak_flops();
+  double peak = 0;
+  setup_step([&] {
+    backend = make_cpu_backend(deck.run.threads);
+    peak = backend->measure_gemm_peak_flops();
+    trace = make_trace(deck, *grid);
+    trainer_ptr =
+        std::make_unique<Trainer>(deck, TrainContext{backend.get(), peak, grid.get(), trace.get()});
+  });
+  Trainer& trainer = *trainer_ptr;
   if (lead)
     fmt::print("bench: measured sgemm peak {:.1f} GFLOP/s with {} threads (per rank; measured "
                "again after the steps, the larger is used)\n",
                peak / 1e9, backend->threads());
-  auto trace = make_trace(deck, *grid);
-  Trainer trainer(deck, TrainContext{backend.get(), peak, grid.get(), trace.get()});
   const GPTConfig& cfg = trainer.model_config();
 
   std::vector<double> ms, fwd, bwd, opt, comm, exposed, overlap;

@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "app/commands.h"
+#include "app/run_setup.h"
 #include "trident/check.h"
 
 namespace {
@@ -101,6 +102,11 @@ int main(int argc, char** argv) {
     if (*bench) rc = run_bench(bench_args);
     MPI_Finalize();
     return rc;
+  } catch (const AgreedFailure& f) {
+    // Every rank knows; each exits on its own with the agreed status.
+    if (f.print) std::fprintf(stderr, "%s\n", f.message.c_str());
+    MPI_Finalize();
+    return f.code;
   } catch (const Error& e) {
     fail(e.what(), int(e.code()));
   } catch (const std::exception& e) {

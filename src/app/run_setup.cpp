@@ -2,12 +2,41 @@
 
 #include <mpi.h>
 
+#include <climits>
 #include <filesystem>
 #include <functional>
 
 #include "trident/check.h"
 
 namespace trident {
+
+void setup_step(const std::function<void()>& step) {
+  int code = 0;
+  std::string message;
+  try {
+    step();
+  } catch (const Error& e) {
+    code = int(e.code());
+    message = e.what();
+  } catch (const std::exception& e) {
+    code = int(ExitCode::kInternal);
+    message = e.what();
+  }
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  int worst = 0, first_failing = INT_MAX;
+  const int mine = code != 0 ? rank : INT_MAX;
+  TRIDENT_MPI(MPI_Allreduce(&code, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+  TRIDENT_MPI(MPI_Allreduce(&mine, &first_failing, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+  if (worst == 0) return;
+  AgreedFailure f;
+  f.code = worst;
+  f.print = rank == first_failing;
+  f.message = world > 1 ? fmt::format("trident: error (rank {}): {}", rank, message)
+                         : fmt::format("trident: error: {}", message);
+  throw f;
+}
 
 std::unique_ptr<ProcessGrid> make_grid(const Deck& deck) {
   int world = 1, rank = 0;

@@ -2,6 +2,7 @@
 // same deck, and the per-rank trace file.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -10,6 +11,20 @@
 #include "trident/trace.h"
 
 namespace trident {
+
+// A setup step that failed on at least one rank, agreed on by all of them: every rank exits
+// with `code`; only the lowest failing rank prints `message` (the whole line).
+struct AgreedFailure {
+  int code = 1;
+  bool print = false;
+  std::string message;
+};
+
+// Runs one setup step (reading the deck, building the grid, opening data) on every rank and
+// agrees on the outcome with one all-reduce, so bad input ends every rank with one message and
+// the same exit status — no abort, no hang. `step` may call collectives only if every rank
+// reaches it (i.e. all earlier steps succeeded everywhere). Throws AgreedFailure.
+void setup_step(const std::function<void()>& step);
 
 // Builds the process grid over MPI_COMM_WORLD from parallel.{dp,tp,pp} (dp 0: derived).
 // Refuses, identically on every rank, a layout that does not fit or a deck that differs

@@ -46,21 +46,33 @@ nlohmann::json to_json(const StepStats& s) {
 }  // namespace
 
 int run_train(const DeckArgs& args) {
-  const Deck deck = load_deck(args.deck, args.overrides);
-  auto grid = make_grid(deck);
+  // Setup in agreed steps (see setup_step): bad input stops every rank with one message.
+  Deck deck;
+  setup_step([&] { deck = load_deck(args.deck, args.overrides); });
+  std::unique_ptr<ProcessGrid> grid;
+  setup_step([&] { grid = make_grid(deck); });
   const bool lead = grid->world_rank() == 0;
 
   std::string note;
-  const GPTConfig shape = model_config_from_deck(deck, &note);
+  GPTConfig shape;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<TraceWriter> trace;
+  TrainContext ctx;
+  std::unique_ptr<Trainer> trainer_ptr;
+  setup_step([&] {
+    shape = model_config_from_deck(deck, &note);
+    backend = make_cpu_backend(deck.run.threads);
+    trace = make_trace(deck, *grid);
+    ctx = TrainContext{backend.get(), backend->measure_gemm_peak_flops(), grid.get(),
+                       trace.get()};
+    // Validates datasets and init_from before anything is written.
+    trainer_ptr = std::make_unique<Trainer>(deck, ctx);
+  });
+  Trainer& trainer = *trainer_ptr;
   if (lead) {
     fmt::print("{}\n", deck.to_yaml());
     if (!note.empty()) fmt::print("{}\n", note);
   }
-
-  auto backend = make_cpu_backend(deck.run.threads);
-  auto trace = make_trace(deck, *grid);
-  TrainContext ctx{backend.get(), backend->measure_gemm_peak_flops(), grid.get(), trace.get()};
-  Trainer trainer(deck, ctx);  // validates datasets and init_from before anything is written
 
   const fs::path out_dir = deck.run.out_dir;
   const fs::path metrics_path = out_dir / deck.log.jsonl;

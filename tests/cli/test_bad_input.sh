@@ -7,6 +7,7 @@ bin=$1 src=$2 scratch=$3
 rm -rf "$scratch" && mkdir -p "$scratch"
 cd "$scratch"
 failures=0
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 
 # A finished earlier run whose files must survive every bad invocation below.
 mkdir -p runs/keep
@@ -29,10 +30,10 @@ expect() {
   if ! grep -qE -e "$pattern" <<<"$err"; then
     echo "FAIL $name: message does not match /$pattern/: $err"; failures=$((failures + 1)); return
   fi
-  if [ "$(grep -c 'error' <<<"$err")" -ne 1 ]; then
+  if [ "$(grep -c 'trident: error' <<<"$err")" -ne 1 ]; then
     echo "FAIL $name: expected exactly one error line: $err"; failures=$((failures + 1)); return
   fi
-  echo "ok   $name: $err"
+  echo "ok   $name: $(grep 'trident: error' <<<"$err")"
 }
 
 # Datasets
@@ -54,6 +55,15 @@ expect out-of-range "train.lr" -- "$bin" train deck.yaml "${common[@]}" --set tr
 expect bad-set-syntax "expected key=value" -- "$bin" train deck.yaml --set model.layers
 expect bad-enum "train.lr_schedule" -- "$bin" train deck.yaml "${common[@]}" --set train.lr_schedule=linear
 expect heads-not-dividing "heads" -- "$bin" train deck.yaml "${common[@]}" --set model.heads=3
+
+# Layouts
+expect grid-not-dividing "world 6 is not divisible by tp 4" -- "$bin" grid --world 6 --tp 4
+expect dp-not-fitting "dp 3.*world is 1|world 1.*dp 3" -- "$bin" train deck.yaml "${common[@]}" --set parallel.dp=3
+# On two ranks: every rank exits 2, one message (from the lowest failing rank).
+mpi=(mpirun -n 2)
+expect tp-not-built-yet "rank 0.*parallel.tp=2" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set parallel.tp=2
+expect two-ranks-bad-deck "rank 0.*train.lr" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set train.lr=-1
+expect two-ranks-bad-data "rank 0.*data.train.*truncated.bin" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set data.train=truncated.bin
 
 # A bad llm.c checkpoint
 head -c 3000 /dev/urandom > badckpt.bin
