@@ -88,6 +88,7 @@ struct ParallelConfig {
   int dp = 0;                          // 0: derived from the world size
   int tp = 1;
   int pp = 1;
+  bool sequence_parallel = false;      // Megatron's sequence parallelism (needs tp > 1)
 
   bool operator==(const ParallelConfig&) const = default;
 };

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "trident/backend.h"
+#include "trident/comm.h"
 
 namespace trident {
 
@@ -29,7 +30,9 @@ struct GPTConfig {
   int heads = 4;
   int channels = 128;
 
-  static int pad_vocab(int vocab, int multiple = 128) {
+  // Padded to a multiple of 128·tp, so every tp rank holds an equal, 128-aligned vocab slice.
+  static int pad_vocab(int vocab, int tp = 1) {
+    const int multiple = 128 * tp;
     return (vocab + multiple - 1) / multiple * multiple;
   }
   // Parameters taking part in matmuls (12·L·C² + C·V): the FLOP count's N.
@@ -38,17 +41,46 @@ struct GPTConfig {
   double train_flops_per_token(int T) const;
 };
 
+// Note [Tensor-parallel shards] (Megatron-style): how a parameter is split over tp ranks.
+//   kReplicated  every rank holds all of it (LayerNorms, row-parallel biases, wpe)
+//   kRows        rank r holds rows [r·R/tp, (r+1)·R/tp) (fcw, fcb: column-parallel; wte:
+//                vocab-parallel)
+//   kQkvRows     qkvw/qkvb: rank r holds its heads' rows of each of q, k and v, laid out
+//                q|k|v locally, so attention runs on whole local heads
+//   kColumns     row-parallel weights (attprojw, fcprojw): rank r holds columns
+//                [r·K/tp, (r+1)·K/tp) of every row
+enum class Shard { kReplicated, kRows, kQkvRows, kColumns };
+
 struct ParamInfo {
   std::string name;        // llm.c name with block index, e.g. "h3.qkvw", "wte"
-  std::vector<int> shape;
+  std::vector<int> shape;  // this rank's shard
+  std::vector<int> global_shape;
+  Shard shard = Shard::kReplicated;
+  int tp_rank = 0, tp_size = 1;
   size_t offset = 0;       // in floats, into the flat buffer
   size_t count = 0;
   bool decay = false;      // weight decay applies (matrices only; not biases or LayerNorm)
   int layer = -1;          // block index, -1 for embeddings and final LayerNorm
+
+  // Index into the global (unsplit, row-major) tensor of this shard's element `local`.
+  size_t global_index(size_t local) const;
 };
 
-// The parameter list in ready (= buffer) order. Pure function of the config.
-std::vector<ParamInfo> gpt_param_layout(const GPTConfig& cfg);
+// The parameter list in ready (= buffer) order for one tp rank. Pure function of its inputs.
+std::vector<ParamInfo> gpt_param_layout(const GPTConfig& cfg, int tp_size = 1, int tp_rank = 0);
+
+// Tensor parallelism for one model replica: the tp communicator (null for tp = 1) and whether
+// the LayerNorm/residual regions are split along the sequence (Megatron's sequence parallelism).
+struct TensorParallel {
+  Communicator* comm = nullptr;
+  int size = 1;
+  int rank = 0;
+  bool sequence_parallel = false;
+};
+
+// Refuses (input_error, before any allocation) a shape that tp cannot split: heads % tp,
+// d_model % tp, and with sequence parallelism seq_len % tp.
+void check_tensor_parallel(const GPTConfig& cfg, int tp, bool sequence_parallel, int seq_len);
 
 // Called by backward() with a parameter's index once its gradient is final.
 using GradReadyFn = std::function<void(int param_index)>;
@@ -61,7 +93,7 @@ using GradReadyFn = std::function<void(int param_index)>;
 // data-parallel reducer can all-reduce the 150 MB dense part while backward runs and the small
 // compact buffer at the end. The caller adds the rows into wte's gradient afterwards.
 struct EmbeddingRowSink {
-  const int32_t* row_of_input = nullptr;  // [B*T]
+  const int32_t* row_of_input = nullptr;  // [B*T]; -1: not in this tp rank's vocab slice
   float* rows = nullptr;                  // [R, C], accumulated (+=)
 };
 
@@ -73,7 +105,7 @@ using PhaseFn = std::function<void(const std::string& phase,
 class GPT {
  public:
   // B, T: the largest micro-batch this instance will run (activations are sized for it).
-  GPT(const GPTConfig& cfg, Backend& backend, int B, int T);
+  GPT(const GPTConfig& cfg, Backend& backend, int B, int T, TensorParallel tp = {});
 
   const GPTConfig& config() const { return cfg_; }
   const std::vector<ParamInfo>& params_info() const { return infos_; }
@@ -99,15 +131,26 @@ class GPT {
   void set_phase_recorder(PhaseFn fn) { phases_ = std::move(fn); }
   void zero_grads();
 
-  // Logits [B,T,Vp] of the last forward without targets.
+  // Logits [B,T,Vp/tp] (this rank's vocab slice) of the last forward without targets.
   const float* logits() const { return acts_.logits.data(); }
+  const TensorParallel& tensor_parallel() const { return tp_; }
+  // This rank's vocabulary slice [begin, end) of the padded vocabulary.
+  int vocab_begin() const { return tp_.rank * (cfg_.padded_vocab / tp_.size); }
+  int vocab_end() const { return vocab_begin() + cfg_.padded_vocab / tp_.size; }
+  // Milliseconds spent waiting in tp collectives since the last call (then reset).
+  double take_tp_comm_ms();
 
  private:
+  // Row counts: N = B·T tokens; the residual stream holds Nr rows (N/tp with sequence
+  // parallelism). ln1/ln2/lnf hold the LayerNorm outputs gathered to all N rows (the inputs
+  // of the column-parallel linears).
   struct Activations {
     std::vector<float> encoded, ln1, ln1_mean, ln1_rstd, qkv, att, atty, residual2, ln2,
         ln2_mean, ln2_rstd, fch, fch_gelu, residual3, lnf, lnf_mean, lnf_rstd, logits, losses;
-    // backward scratch
-    std::vector<float> dresidual, dbuf_c, dbuf_c2, dbuf_3c, dbuf_4c, dbuf_4c2, datt;
+    // scratch: full-row partial sums, sequence-parallel staging, backward buffers
+    std::vector<float> full_c, stage, ln_out;
+    std::vector<float> dresidual, dfull, dbuf_c, dbuf_c2, dbuf_3c, dbuf_4c, dbuf_4c2, datt,
+        dln_scratch;
   };
   struct BlockWeights {
     float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw,
@@ -115,6 +158,27 @@ class GPT {
   };
   BlockWeights block(float* base, int l) const;
   float* at(float* base, const std::string& name) const;
+
+  // Tensor-parallel plumbing (gpt_tp.cpp). All are no-ops or plain copies when tp = 1.
+  void tp_wait(Work w);
+  // out[Nr,C] = the tp sum of partial[N,C], reduced to this rank's rows (all-reduce, or
+  // reduce-scatter with sequence parallelism); partial is clobbered.
+  void reduce_rows(float* out, float* partial, int B, int T, int C);
+  // full[N,C] = all ranks' rows of local[Nr,C] (a copy without sequence parallelism).
+  void gather_rows(float* full, const float* local, int B, int T, int C);
+  // LayerNorm whose output is needed on all N rows: normalises this rank's rows, gathers.
+  void layernorm_gathered(float* out_full, float* mean, float* rstd, const float* inp,
+                          const float* w, const float* b, int B, int T, int C);
+  // Backward of layernorm_gathered given d(out_full) as a per-rank partial sum: reduces it to
+  // this rank's rows, then dinp = ...; dw, db += (summed over tp with sequence parallelism).
+  void layernorm_gathered_backward(float* dinp, float* dw, float* db, float* dout_full_partial,
+                                   const float* inp, const float* w, const float* mean,
+                                   const float* rstd, int B, int T, int C);
+  // Vocab-parallel embedding and cross-entropy (gpt_vocab_parallel.cpp).
+  void embedding_forward(float* out, const int32_t* tokens, int B, int T);
+  void embedding_backward(const float* dout_full, const EmbeddingRowSink* sink, int B, int T);
+  float crossentropy_forward(const int32_t* targets, int N);
+  void crossentropy_backward(const int32_t* targets, float dloss, int N);
 
   GPTConfig cfg_;
   Backend& be_;
@@ -126,6 +190,9 @@ class GPT {
   int B_ = 0, T_ = 0;
   std::vector<int32_t> inputs_, targets_;
   PhaseFn phases_;
+  TensorParallel tp_;
+  int rows_divisor_ = 1;  // tp with sequence parallelism, else 1
+  double tp_comm_ms_ = 0.0;
 };
 
 // llm.c's GPT-2 checkpoint (int32[256] header: magic 20240326, version 3, maxT, V, L, NH, C, Vp;

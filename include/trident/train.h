@@ -47,6 +47,7 @@ struct StepStats {
   // Data parallel (0 with dp = 1): time with an all-reduce in flight, the part of it after
   // the end of backward, and overlap = 1 − exposed/comm.
   double comm_ms = 0.0, exposed_comm_ms = 0.0, overlap = 0.0;
+  double tp_comm_ms = 0.0;      // waiting in tensor-parallel collectives (compute thread)
   double val_loss = NAN;        // NaN when not validated this step
 };
 
@@ -81,6 +82,8 @@ class Trainer {
   // Note [Tied embedding gradient]: the sorted token ids of the whole step (all micro-batches,
   // all dp ranks), known before the step, so every rank has the same compact row set.
   void collect_step_rows(int step);
+  // Σ g² over the whole model: sharded parameters summed over tp, replicated ones once.
+  double global_grad_sum_squares();
   void record(const std::string& track, const std::string& name,
               std::chrono::steady_clock::time_point b, std::chrono::steady_clock::time_point e);
 

@@ -51,7 +51,7 @@ int run_bench(const BenchArgs& args) {
                peak / 1e9, backend->threads());
   const GPTConfig& cfg = trainer.model_config();
 
-  std::vector<double> ms, fwd, bwd, opt, comm, exposed, overlap;
+  std::vector<double> ms, fwd, bwd, opt, comm, exposed, overlap, tp_comm;
   for (int i = 0; i < args.warmup_steps + args.steps; ++i) {
     StepStats s = trainer.train_step(i);
     const bool timed = i >= args.warmup_steps;
@@ -70,6 +70,7 @@ int run_bench(const BenchArgs& args) {
     comm.push_back(s.comm_ms);
     exposed.push_back(s.exposed_comm_ms);
     overlap.push_back(s.overlap);
+    tp_comm.push_back(s.tp_comm_ms);
   }
   peak = std::max(peak, backend->measure_gemm_peak_flops());
   const double step_ms = median(ms);
@@ -81,12 +82,13 @@ int run_bench(const BenchArgs& args) {
   if (lead)
     fmt::print("bench: tokens_per_s={:.1f} ms_per_step={:.2f} mfu={:.4f} peak_gflops={:.1f} "
                "achieved_gflops={:.1f} forward_ms={:.2f} backward_ms={:.2f} optimizer_ms={:.2f} "
-               "comm_ms={:.2f} exposed_comm_ms={:.2f} overlap={:.3f} params_m={:.2f} "
-               "tokens_per_step={} ranks={} threads={} backend={}\n",
+               "comm_ms={:.2f} exposed_comm_ms={:.2f} overlap={:.3f} tp_comm_ms={:.2f} params_m={:.2f} "
+               "tokens_per_step={} ranks={} dp={} tp={} threads={} backend={}\n",
                tokens_per_s, step_ms, mfu, peak * ranks / 1e9,
                flops_per_token * tokens_per_s / 1e9, median(fwd), median(bwd), median(opt),
-               median(comm), median(exposed), median(overlap),
+               median(comm), median(exposed), median(overlap), median(tp_comm),
                trainer.model().num_params() / 1e6, trainer.tokens_per_step(), ranks,
+               grid->layout().dp, grid->layout().tp,
                backend->threads(), backend->name());
   return 0;
 }

@@ -38,7 +38,8 @@ nlohmann::json to_json(const StepStats& s) {
                       {"optimizer_ms", s.optimizer_ms},
                       {"comm_ms", s.comm_ms},
                       {"exposed_comm_ms", s.exposed_comm_ms},
-                      {"overlap", s.overlap}};
+                      {"overlap", s.overlap},
+                      {"tp_comm_ms", s.tp_comm_ms}};
   if (!std::isnan(s.val_loss)) j["val_loss"] = s.val_loss;
   return j;
 }

@@ -101,6 +101,9 @@ const std::vector<Key>& table() {
        .help = "tensor-parallel ranks; must divide model.heads"},
       {.name = "parallel.pp", .field = at<&Deck::parallel, &ParallelConfig::pp>(), .min = ge(1),
        .help = "pipeline stages; at most model.layers"},
+      {.name = "parallel.sequence_parallel",
+       .field = at<&Deck::parallel, &ParallelConfig::sequence_parallel>(),
+       .help = "split LayerNorm and residual regions along the sequence over tp ranks"},
 
       {.name = "comm.overlap", .field = at<&Deck::comm, &CommConfig::overlap>(),
        .help = "overlap the gradient all-reduce with the backward pass"},

@@ -4,6 +4,7 @@
 // weights do not depend on the thread count, and a later tensor-parallel shard can take its
 // slice of the same global weights by global index.
 #include <cmath>
+#include <cstdint>
 #include <numbers>
 
 #include "trident/model.h"
@@ -62,11 +63,14 @@ void GPT::init_weights(uint64_t seed) {
     const double stddev =
         (ends_with(p.name, "attprojw") || ends_with(p.name, "fcprojw")) ? std_residual : std_base;
     const uint64_t key = splitmix64(seed ^ fnv1a(p.name));
-    // Padded vocabulary rows of wte stay zero (see Note [Parameter layout]).
-    const size_t live = p.name == "wte" ? size_t(cfg_.vocab) * cfg_.channels : p.count;
+    // Values are drawn by global index (Note [Tensor-parallel shards]), so every layout holds
+    // the same global weights. Padded vocabulary rows of wte stay zero.
+    const size_t live = p.name == "wte" ? size_t(cfg_.vocab) * cfg_.channels : SIZE_MAX;
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < p.count; ++i)
-      w[i] = i < live ? float(stddev * normal_at(key, i)) : 0.0f;
+    for (size_t i = 0; i < p.count; ++i) {
+      const size_t g = p.global_index(i);
+      w[i] = g < live ? float(stddev * normal_at(key, g)) : 0.0f;
+    }
   }
 }
 

@@ -1,4 +1,5 @@
-// The parameter layout (Note [Parameter layout] in trident/model.h) and the FLOP count.
+// The parameter layout (Note [Parameter layout] and Note [Tensor-parallel shards] in
+// trident/model.h) and the FLOP count.
 #include <fmt/format.h>
 
 #include "trident/check.h"
@@ -15,37 +16,88 @@ double GPTConfig::train_flops_per_token(int T) const {
   return 6.0 * matmul_params() + 12.0 * layers * double(T) * channels;
 }
 
-std::vector<ParamInfo> gpt_param_layout(const GPTConfig& cfg) {
+void check_tensor_parallel(const GPTConfig& cfg, int tp, bool sequence_parallel, int seq_len) {
+  if (tp == 1) return;
+  if (cfg.heads % tp != 0)
+    input_error("parallel.tp={}: model.heads {} is not divisible by tp (attention heads are "
+                "split whole over tensor-parallel ranks)", tp, cfg.heads);
+  if (cfg.channels % tp != 0)
+    input_error("parallel.tp={}: model.d_model {} is not divisible by tp", tp, cfg.channels);
+  if (sequence_parallel && seq_len % tp != 0)
+    input_error("parallel.sequence_parallel with tp={}: model.seq_len {} is not divisible by tp",
+                tp, seq_len);
+  if (cfg.padded_vocab % (128 * tp) != 0)
+    input_error("parallel.tp={}: the padded vocabulary {} is not a multiple of 128·tp = {}", tp,
+                cfg.padded_vocab, 128 * tp);
+}
+
+size_t ParamInfo::global_index(size_t local) const {
+  if (shard == Shard::kReplicated || tp_size == 1) return local;
+  const size_t rows = size_t(shape[0]);
+  const size_t cols = shape.size() > 1 ? size_t(shape[1]) : 1;
+  const size_t r = local / cols, c = local % cols;
+  switch (shard) {
+    case Shard::kRows:
+      return (size_t(tp_rank) * rows + r) * cols + c;
+    case Shard::kQkvRows: {
+      // Local rows are q|k|v blocks of rows/3 each; globally each block has global_rows/3.
+      const size_t block = rows / 3, global_block = size_t(global_shape[0]) / 3;
+      const size_t part = r / block, within = r % block;
+      return (part * global_block + size_t(tp_rank) * block + within) * cols + c;
+    }
+    case Shard::kColumns:
+      return r * size_t(global_shape[1]) + size_t(tp_rank) * cols + c;
+    case Shard::kReplicated:
+      break;
+  }
+  return local;
+}
+
+std::vector<ParamInfo> gpt_param_layout(const GPTConfig& cfg, int tp, int tp_rank) {
   const int C = cfg.channels, L = cfg.layers;
   std::vector<ParamInfo> out;
   size_t offset = 0;
-  auto add = [&](std::string name, std::vector<int> shape, bool decay, int layer) {
+  auto add = [&](std::string name, std::vector<int> global, Shard shard, bool decay, int layer) {
+    std::vector<int> local = global;
+    if (tp > 1 && (shard == Shard::kRows || shard == Shard::kQkvRows)) local[0] /= tp;
+    if (tp > 1 && shard == Shard::kColumns) local[1] /= tp;
     size_t count = 1;
-    for (int d : shape) count *= size_t(d);
-    out.push_back({std::move(name), std::move(shape), offset, count, decay, layer});
+    for (int d : local) count *= size_t(d);
+    ParamInfo p;
+    p.name = std::move(name);
+    p.shape = local;
+    p.global_shape = global;
+    p.shard = tp > 1 ? shard : Shard::kReplicated;
+    p.tp_rank = tp_rank;
+    p.tp_size = tp;
+    p.offset = offset;
+    p.count = count;
+    p.decay = decay;
+    p.layer = layer;
+    out.push_back(std::move(p));
     offset += count;
   };
   // Ready order: the LM head's dense wte gradient, the final LayerNorm, blocks last to first
   // (each in its own backward order), the position embedding last.
-  add("wte", {cfg.padded_vocab, C}, true, -1);
-  add("lnfw", {C}, false, -1);
-  add("lnfb", {C}, false, -1);
+  add("wte", {cfg.padded_vocab, C}, Shard::kRows, true, -1);
+  add("lnfw", {C}, Shard::kReplicated, false, -1);
+  add("lnfb", {C}, Shard::kReplicated, false, -1);
   for (int l = L - 1; l >= 0; --l) {
     auto n = [l](const char* s) { return fmt::format("h{}.{}", l, s); };
-    add(n("fcprojw"), {C, 4 * C}, true, l);
-    add(n("fcprojb"), {C}, false, l);
-    add(n("fcw"), {4 * C, C}, true, l);
-    add(n("fcb"), {4 * C}, false, l);
-    add(n("ln2w"), {C}, false, l);
-    add(n("ln2b"), {C}, false, l);
-    add(n("attprojw"), {C, C}, true, l);
-    add(n("attprojb"), {C}, false, l);
-    add(n("qkvw"), {3 * C, C}, true, l);
-    add(n("qkvb"), {3 * C}, false, l);
-    add(n("ln1w"), {C}, false, l);
-    add(n("ln1b"), {C}, false, l);
+    add(n("fcprojw"), {C, 4 * C}, Shard::kColumns, true, l);
+    add(n("fcprojb"), {C}, Shard::kReplicated, false, l);
+    add(n("fcw"), {4 * C, C}, Shard::kRows, true, l);
+    add(n("fcb"), {4 * C}, Shard::kRows, false, l);
+    add(n("ln2w"), {C}, Shard::kReplicated, false, l);
+    add(n("ln2b"), {C}, Shard::kReplicated, false, l);
+    add(n("attprojw"), {C, C}, Shard::kColumns, true, l);
+    add(n("attprojb"), {C}, Shard::kReplicated, false, l);
+    add(n("qkvw"), {3 * C, C}, Shard::kQkvRows, true, l);
+    add(n("qkvb"), {3 * C}, Shard::kQkvRows, false, l);
+    add(n("ln1w"), {C}, Shard::kReplicated, false, l);
+    add(n("ln1b"), {C}, Shard::kReplicated, false, l);
   }
-  add("wpe", {cfg.max_seq_len, C}, true, -1);
+  add("wpe", {cfg.max_seq_len, C}, Shard::kReplicated, true, -1);
   return out;
 }
 

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <vector>
 
 #include "trident/check.h"
 #include "trident/model.h"
@@ -73,22 +74,34 @@ void load_llmc_weights(GPT& model, const std::string& path) {
   const GPTConfig file_cfg = read_llmc_config(path);
   const GPTConfig& cfg = model.config();
   TRIDENT_CHECK(file_cfg.layers == cfg.layers && file_cfg.channels == cfg.channels &&
-                    file_cfg.padded_vocab == cfg.padded_vocab &&
-                    file_cfg.max_seq_len == cfg.max_seq_len,
+                    file_cfg.vocab == cfg.vocab && file_cfg.max_seq_len == cfg.max_seq_len,
                 "model shape differs from {}", path);
   std::ifstream f(path, std::ios::binary);
   f.seekg(1024);
+  std::vector<float> global;
   for (const LlmcTensor& t : kOrder) {
     for (int l = 0; l < (t.per_layer ? cfg.layers : 1); ++l) {
       const ParamInfo& p = model.param(pname(t, l));
-      f.read(reinterpret_cast<char*>(model.params() + p.offset), std::streamsize(p.count * 4));
+      // The file holds the global tensor; wte has the file's padded rows (which may differ
+      // from this run's padding, e.g. for tensor parallelism: extra rows are zero).
+      const size_t cols = p.global_shape.size() > 1 ? size_t(p.global_shape[1]) : 1;
+      const size_t file_rows = p.name == "wte" ? size_t(file_cfg.padded_vocab)
+                                               : size_t(p.global_shape[0]);
+      global.assign(file_rows * cols, 0.0f);
+      f.read(reinterpret_cast<char*>(global.data()), std::streamsize(global.size() * 4));
       if (!f) input_error("model.init_from: {}: read failed at tensor {}", path, p.name);
+      float* dst = model.params() + p.offset;
+      for (size_t i = 0; i < p.count; ++i) {
+        const size_t g = p.global_index(i);
+        dst[i] = g / cols < file_rows ? global[g] : 0.0f;
+      }
     }
   }
 }
 
 void save_llmc_weights(GPT& model, const std::string& path) {
   const GPTConfig& cfg = model.config();
+  TRIDENT_CHECK(model.tensor_parallel().size == 1, "save_llmc_weights needs the whole model (tp 1)");
   int32_t h[256] = {};
   h[0] = kMagic;
   h[1] = kVersion;

@@ -28,6 +28,9 @@ GPTConfig model_config_from_deck(const Deck& deck, std::string* note) {
           "vocab={} (padded {}) max_seq_len={}",
           m.init_from, cfg.layers, cfg.channels, cfg.heads, cfg.vocab, cfg.padded_vocab,
           cfg.max_seq_len);
+    // The file's padding may not split evenly over tp: pad again (the loader maps rows).
+    if (cfg.padded_vocab % (128 * deck.parallel.tp) != 0)
+      cfg.padded_vocab = GPTConfig::pad_vocab(cfg.vocab, deck.parallel.tp);
     if (m.seq_len > cfg.max_seq_len)
       input_error("model.seq_len: {} exceeds model.init_from's max sequence length {}", m.seq_len,
                   cfg.max_seq_len);
@@ -37,7 +40,7 @@ GPTConfig model_config_from_deck(const Deck& deck, std::string* note) {
   cfg.channels = m.d_model;
   cfg.heads = m.heads;
   cfg.vocab = m.vocab;
-  cfg.padded_vocab = GPTConfig::pad_vocab(m.vocab);
+  cfg.padded_vocab = GPTConfig::pad_vocab(m.vocab, deck.parallel.tp);
   cfg.max_seq_len = m.seq_len;
   return cfg;
 }
@@ -45,6 +48,19 @@ GPTConfig model_config_from_deck(const Deck& deck, std::string* note) {
 Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
   GPTConfig cfg = model_config_from_deck(deck_, nullptr);
   const int B = deck_.train.micro_batch, T = deck_.model.seq_len;
+  TensorParallel tp;
+  if (ctx_.grid) {
+    const GridLayout& g = ctx_.grid->layout();
+    if (g.pp != 1)
+      input_error("parallel.pp={}: pipeline parallelism is not built yet (its own issue); use "
+                  "pp=1", g.pp);
+    dp_size_ = g.dp;
+    dp_rank_ = ctx_.grid->coord().dp;
+    if (g.tp > 1) tp = {&ctx_.grid->tp(), g.tp, ctx_.grid->coord().tp,
+                        deck_.parallel.sequence_parallel};
+  }
+  // Refused before anything is allocated, with the numbers (identically on every rank).
+  check_tensor_parallel(cfg, tp.size, tp.sequence_parallel, T);
   // Open (and validate) the data before allocating the model.
   train_data_ = TokenDataset::open(deck_.data.train, cfg.vocab, "data.train");
   train_order_ = std::make_unique<SampleOrder>(*train_data_, T, deck_.data.shuffle,
@@ -53,7 +69,7 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
     valid_data_ = TokenDataset::open(deck_.data.valid, cfg.vocab, "data.valid");
     valid_order_ = std::make_unique<SampleOrder>(*valid_data_, T, false, 0);
   }
-  model_ = std::make_unique<GPT>(cfg, *ctx_.backend, B, T);
+  model_ = std::make_unique<GPT>(cfg, *ctx_.backend, B, T, tp);
   if (deck_.model.init_from.empty())
     model_->init_weights(deck_.train.seed);
   else
@@ -62,15 +78,6 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
   inputs_.resize(size_t(B) * T);
   targets_.resize(size_t(B) * T);
 
-  if (ctx_.grid) {
-    const GridLayout& g = ctx_.grid->layout();
-    if (g.tp != 1 || g.pp != 1)
-      input_error("parallel.tp={} parallel.pp={}: only data parallelism is built so far "
-                  "(tensor and pipeline parallelism come in later issues); use tp=1 pp=1",
-                  g.tp, g.pp);
-    dp_size_ = g.dp;
-    dp_rank_ = ctx_.grid->coord().dp;
-  }
   if (dp_size_ > 1) {
     std::vector<GradParam> params;
     for (const ParamInfo& p : model_->params_info()) params.push_back({p.name, p.offset, p.count});
@@ -110,8 +117,10 @@ void Trainer::collect_step_rows(int step) {
     train_order_->fill(uint64_t(step) * global_batch + i, 1, in.data(), tg.data());
     for (int32_t t : in) seen[size_t(t)] = 1;
   }
+  // Only this tp rank's vocabulary slice (Note [Tensor-parallel shards]).
   step_rows_.clear();
-  for (size_t v = 0; v < seen.size(); ++v)
+  const size_t v1 = std::min(seen.size(), size_t(model_->vocab_end()));
+  for (size_t v = size_t(model_->vocab_begin()); v < v1; ++v)
     if (seen[v]) step_rows_.push_back(int32_t(v));
   row_grads_.assign(step_rows_.size() * size_t(model_->config().channels), 0.0f);
 }
@@ -153,9 +162,11 @@ StepStats Trainer::train_step(int step) {
       const bool last = micro == accum - 1;
       reducer_->begin_step(last);
       row_of_input_.resize(inputs_.size());
-      for (size_t i = 0; i < inputs_.size(); ++i)
-        row_of_input_[i] = int32_t(std::lower_bound(step_rows_.begin(), step_rows_.end(),
-                                                    inputs_[i]) - step_rows_.begin());
+      for (size_t i = 0; i < inputs_.size(); ++i) {
+        auto it = std::lower_bound(step_rows_.begin(), step_rows_.end(), inputs_[i]);
+        row_of_input_[i] =
+            it != step_rows_.end() && *it == inputs_[i] ? int32_t(it - step_rows_.begin()) : -1;
+      }
       EmbeddingRowSink sink{row_of_input_.data(), row_grads_.data()};
       model_->backward(1.0f / float(accum), [this](int i) { reducer_->grad_ready(i); }, &sink);
       if (last) reducer_->add_extra(row_grads_.data(), row_grads_.size(), "wte rows");
@@ -174,9 +185,11 @@ StepStats Trainer::train_step(int step) {
         ctx_.trace->span("all-reduce", r.name, r.start_ms, r.end_ms, "comm");
     // The averaged sparse rows join wte's (averaged) dense gradient.
     float* dwte = model_->grads() + model_->param("wte").offset;
-    for (size_t k = 0; k < step_rows_.size(); ++k)
-      be.add(dwte + size_t(step_rows_[k]) * C, dwte + size_t(step_rows_[k]) * C,
-             row_grads_.data() + k * C, size_t(C));
+    const size_t v0 = size_t(model_->vocab_begin());
+    for (size_t k = 0; k < step_rows_.size(); ++k) {
+      float* row = dwte + (size_t(step_rows_[k]) - v0) * C;
+      be.add(row, row, row_grads_.data() + k * C, size_t(C));
+    }
     double loss = loss_sum;
     ctx_.grid->dp().all_reduce(&loss, 1).wait();
     s.loss = loss / (accum * dp_size_);
@@ -186,7 +199,7 @@ StepStats Trainer::train_step(int step) {
 
   auto t0 = std::chrono::steady_clock::now();
   const size_t n = model_->num_params();
-  s.grad_norm = std::sqrt(be.sum_squares(model_->grads(), n));
+  s.grad_norm = std::sqrt(global_grad_sum_squares());
   if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm))
     internal_error(__FILE__, __LINE__,
                    fmt::format("step {}: loss {} / grad norm {} is not finite", s.step, s.loss,
@@ -198,14 +211,29 @@ StepStats Trainer::train_step(int step) {
   s.optimizer_ms = ms_since(t0);
   record("compute", "optimizer", t0, std::chrono::steady_clock::now());
 
+  s.tp_comm_ms = model_->take_tp_comm_ms();
   s.ms_per_step = ms_since(t_step);
   const double tokens = double(tokens_per_step());
   s.tokens_per_s = tokens / (s.ms_per_step / 1e3);
-  // MFU per rank: the step's FLOPs are spread over dp ranks, each with its own peak.
+  // MFU: the step's FLOPs are spread over all ranks, each with its own (measured) peak.
+  const int ranks = ctx_.grid ? ctx_.grid->world_size() : 1;
   if (ctx_.peak_flops > 0)
     s.mfu = model_->config().train_flops_per_token(T) * s.tokens_per_s /
-            (ctx_.peak_flops * dp_size_);
+            (ctx_.peak_flops * ranks);
   return s;
+}
+
+double Trainer::global_grad_sum_squares() {
+  // Sharded tensors: each tp rank has a disjoint part, so their squares are summed over tp.
+  // Replicated tensors are identical on every tp rank and counted once.
+  Backend& be = *ctx_.backend;
+  double sharded = 0.0, replicated = 0.0;
+  for (const ParamInfo& p : model_->params_info()) {
+    const double ss = be.sum_squares(model_->grads() + p.offset, p.count);
+    (p.shard == Shard::kReplicated ? replicated : sharded) += ss;
+  }
+  if (model_->tensor_parallel().size > 1) ctx_.grid->tp().all_reduce(&sharded, 1).wait();
+  return sharded + replicated;
 }
 
 double Trainer::validate() {

@@ -1,0 +1,110 @@
+// Tensor-parallel plumbing of the GPT model: the tp collectives and the sequence-parallel
+// row layout.
+//
+// Note [Sequence-parallel rows]: with sequence parallelism tp rank r holds, of every sequence
+// b, the positions [r·T/tp, (r+1)·T/tp) — local row (b, t) is global row (b, r·T/tp + t). The
+// collectives work on contiguous per-rank blocks, so gathering permutes [tp][B][T/tp][C] into
+// [B][T][C] and reduce-scattering permutes the other way, through acts_.stage.
+#include <chrono>
+#include <cstring>
+
+#include "trident/check.h"
+#include "trident/model.h"
+
+namespace trident {
+
+double GPT::take_tp_comm_ms() {
+  const double ms = tp_comm_ms_;
+  tp_comm_ms_ = 0.0;
+  return ms;
+}
+
+void GPT::tp_wait(Work w) {
+  const auto t0 = std::chrono::steady_clock::now();
+  w.wait();
+  tp_comm_ms_ +=
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void GPT::reduce_rows(float* out, float* partial, int B, int T, int C) {
+  const size_t N = size_t(B) * T;
+  if (tp_.size == 1) {
+    std::memcpy(out, partial, N * C * sizeof(float));
+    return;
+  }
+  if (!tp_.sequence_parallel) {
+    tp_wait(tp_.comm->all_reduce(partial, N * C));
+    std::memcpy(out, partial, N * C * sizeof(float));
+    return;
+  }
+  const int tps = tp_.size, Tl = T / tps;
+  const size_t row = size_t(C) * sizeof(float);
+  float* stage = acts_.stage.data();
+  // stage[r][b][t] = partial[b][r·Tl + t]  (Note [Sequence-parallel rows])
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int r = 0; r < tps; ++r)
+    for (int b = 0; b < B; ++b)
+      std::memcpy(stage + ((size_t(r) * B + b) * Tl) * C, partial + (size_t(b) * T + size_t(r) * Tl) * C,
+                  Tl * row);
+  tp_wait(tp_.comm->reduce_scatter(stage, out, size_t(B) * Tl * C));
+}
+
+void GPT::gather_rows(float* full, const float* local, int B, int T, int C) {
+  const size_t N = size_t(B) * T;
+  if (!tp_.sequence_parallel) {
+    if (full != local) std::memcpy(full, local, N * C * sizeof(float));
+    return;
+  }
+  const int tps = tp_.size, Tl = T / tps;
+  const size_t row = size_t(C) * sizeof(float);
+  float* stage = acts_.stage.data();
+  tp_wait(tp_.comm->all_gather(local, stage, size_t(B) * Tl * C));
+  // full[b][r·Tl + t] = stage[r][b][t]
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int r = 0; r < tps; ++r)
+    for (int b = 0; b < B; ++b)
+      std::memcpy(full + (size_t(b) * T + size_t(r) * Tl) * C, stage + ((size_t(r) * B + b) * Tl) * C,
+                  Tl * row);
+}
+
+void GPT::layernorm_gathered(float* out_full, float* mean, float* rstd, const float* inp,
+                             const float* w, const float* b, int B, int T, int C) {
+  const int N = B * T;
+  if (!tp_.sequence_parallel) {
+    be_.layernorm_forward(out_full, mean, rstd, inp, w, b, N, C);
+    return;
+  }
+  const int Nr = N / tp_.size;
+  be_.layernorm_forward(acts_.ln_out.data(), mean, rstd, inp, w, b, Nr, C);
+  gather_rows(out_full, acts_.ln_out.data(), B, T, C);
+}
+
+void GPT::layernorm_gathered_backward(float* dinp, float* dw, float* db, float* dout_full_partial,
+                                      const float* inp, const float* w, const float* mean,
+                                      const float* rstd, int B, int T, int C) {
+  const int N = B * T;
+  if (tp_.size == 1) {
+    be_.layernorm_backward(dinp, dw, db, dout_full_partial, inp, w, mean, rstd, N, C);
+    return;
+  }
+  // The backward of "identity forward": the column-parallel linears each produced a partial
+  // input gradient; sum them over tp (reduce-scatter to this rank's rows with sequence
+  // parallelism).
+  float* dout = acts_.ln_out.data();
+  reduce_rows(dout, dout_full_partial, B, T, C);
+  if (!tp_.sequence_parallel) {
+    // Every rank normalised the same rows: the weight gradients are already identical.
+    be_.layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    return;
+  }
+  // Each rank saw only its rows: sum this micro-batch's LayerNorm gradients over tp (in a
+  // scratch buffer, so gradients accumulated from earlier micro-batches are not summed again).
+  float* scratch = acts_.dln_scratch.data();
+  std::memset(scratch, 0, 2 * size_t(C) * sizeof(float));
+  be_.layernorm_backward(dinp, scratch, scratch + C, dout, inp, w, mean, rstd, N / tp_.size, C);
+  tp_wait(tp_.comm->all_reduce(scratch, 2 * size_t(C)));
+  be_.add(dw, dw, scratch, size_t(C));
+  be_.add(db, db, scratch + C, size_t(C));
+}
+
+}  // namespace trident
