@@ -1,0 +1,79 @@
+// Pipeline parallelism: the schedules (GPipe and 1F1B), stage-boundary messages of several
+// named tensors, and a runner that drives one stage through a schedule.
+//
+// A model (trident's GPT, or your own) implements PipelineStage; run_pipeline() calls it in
+// the schedule's order and moves the boundary tensors between neighbouring stages over the
+// pp communicator (whose rank is the stage index: ProcessGrid::pp()).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "trident/comm.h"
+
+namespace trident {
+
+enum class PipeSchedule { kGPipe, kOneFOneB };
+// "gpipe" | "1f1b"; input_error naming `key` otherwise.
+PipeSchedule parse_pipe_schedule(const std::string& text, const std::string& key);
+const char* pipe_schedule_name(PipeSchedule s);
+
+struct PipeAction {
+  enum class Kind { kForward, kBackward };
+  Kind kind;
+  int micro;  // micro-batch index, 0-based
+  bool operator==(const PipeAction&) const = default;
+};
+
+// What stage `stage` (0-based) of `stages` does, in order, for `micro_batches` micro-batches.
+// GPipe: every forward, then every backward. 1F1B (PipeDream-flush): a warm-up of
+// min(stages − stage − 1, micro_batches) forwards, then alternating one forward / one
+// backward, then the remaining backwards. Backwards run in micro-batch order in both.
+std::vector<PipeAction> pipeline_actions(PipeSchedule schedule, int stages, int stage,
+                                         int micro_batches);
+// The most micro-batches whose activations are alive at once on this stage (forwarded, not
+// yet backwarded): micro_batches for GPipe, min(stages − stage, micro_batches) for 1F1B.
+int max_in_flight(PipeSchedule schedule, int stages, int stage, int micro_batches);
+
+// One tensor crossing a stage boundary: fp32, contiguous.
+struct StageTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  float* data = nullptr;
+  size_t count() const;
+};
+
+// A model's part on one stage. The tensor lists describe buffers the stage owns; they must
+// stay valid until the runner moves on to the next action of that micro-batch.
+class PipelineStage {
+ public:
+  virtual ~PipelineStage() = default;
+  // Buffers to receive micro-batch `micro`'s inputs from the previous stage (empty on the
+  // first stage, which reads its own data).
+  virtual std::vector<StageTensor> forward_inputs(int micro) = 0;
+  virtual void forward(int micro) = 0;
+  // Sent to the next stage after forward(micro) (empty on the last stage).
+  virtual std::vector<StageTensor> forward_outputs(int micro) = 0;
+  // Buffers to receive the gradients of forward_outputs(micro) from the next stage (empty on
+  // the last stage, whose backward starts from the loss).
+  virtual std::vector<StageTensor> backward_inputs(int micro) = 0;
+  virtual void backward(int micro) = 0;
+  // Gradients of forward_inputs(micro), sent to the previous stage (empty on the first).
+  virtual std::vector<StageTensor> backward_outputs(int micro) = 0;
+};
+
+struct PipelineStats {
+  double total_ms = 0;    // the whole schedule on this stage
+  double compute_ms = 0;  // inside forward()/backward()
+  double wait_ms = 0;     // waiting for a neighbour's message (the bubble, plus skew)
+};
+
+// Runs `stage`'s actions of the schedule. Every stage of the pp communicator must call it with
+// the same schedule and micro_batches. Messages carry a small header (tensor count, names,
+// shapes) that the receiver checks against the buffers it expects: a mismatch throws
+// trident::Error naming both shapes. Sends are nonblocking and all complete before it returns.
+PipelineStats run_pipeline(PipeSchedule schedule, Communicator& pp, int stages, int stage,
+                           int micro_batches, PipelineStage& model);
+
+}  // namespace trident
