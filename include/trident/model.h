@@ -66,8 +66,29 @@ struct ParamInfo {
   size_t global_index(size_t local) const;
 };
 
-// The parameter list in ready (= buffer) order for one tp rank. Pure function of its inputs.
-std::vector<ParamInfo> gpt_param_layout(const GPTConfig& cfg, int tp_size = 1, int tp_rank = 0);
+// Note [Pipeline stages]: a pipeline stage holds a contiguous range of blocks; the first stage
+// also the embeddings (wte, wpe), the last the final LayerNorm and the LM head, whose weight is
+// the tied wte — so with pp > 1 the first and the last stage each hold a copy of wte, and
+// their gradients are summed over the embedding group (DESIGN.md's grid) before the update.
+struct StageSpec {
+  int first_layer = 0;
+  int num_layers = -1;        // -1: all layers from first_layer
+  bool has_embedding = true;  // first stage
+  bool has_head = true;       // last stage
+};
+// Stage `stage` of `stages`: `stage_layers` gives each stage's block count (empty: balanced,
+// the first stages taking one more when layers % stages != 0). input_error if they do not add
+// up to `layers` or a stage would have none.
+StageSpec pipeline_stage(int layers, int stages, int stage, const std::vector<int>& stage_layers);
+
+// The parameter list in ready (= buffer) order for one tp rank and pipeline stage.
+std::vector<ParamInfo> gpt_param_layout(const GPTConfig& cfg, int tp_size = 1, int tp_rank = 0,
+                                        StageSpec stage = {});
+
+// Activation recomputation: keep everything (none), recompute the MLP's hidden activations
+// in backward (mlp), or keep only each block's input and recompute the whole block (full).
+enum class Recompute { kNone, kMlp, kFull };
+Recompute parse_recompute(const std::string& text);  // "none" | "mlp" | "full"
 
 // Tensor parallelism for one model replica: the tp communicator (null for tp = 1) and whether
 // the LayerNorm/residual regions are split along the sequence (Megatron's sequence parallelism).
@@ -102,10 +123,17 @@ using PhaseFn = std::function<void(const std::string& phase,
                                    std::chrono::steady_clock::time_point begin,
                                    std::chrono::steady_clock::time_point end)>;
 
+struct GPTOptions {
+  TensorParallel tp;
+  StageSpec stage;
+  int slots = 1;  // micro-batches whose activations are alive at once (pipeline in-flight)
+  Recompute recompute = Recompute::kNone;
+};
+
 class GPT {
  public:
   // B, T: the largest micro-batch this instance will run (activations are sized for it).
-  GPT(const GPTConfig& cfg, Backend& backend, int B, int T, TensorParallel tp = {});
+  GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions options = {});
 
   const GPTConfig& config() const { return cfg_; }
   const std::vector<ParamInfo>& params_info() const { return infos_; }
@@ -119,20 +147,38 @@ class GPT {
   // (seed, parameter name, element index) makes it independent of thread count and layout.
   void init_weights(uint64_t seed);
 
-  // Forward over inputs [B,T]; with targets it returns the mean cross-entropy loss over B·T
-  // tokens (and keeps what backward needs), without it returns 0 and leaves logits.
-  float forward(const int32_t* inputs, const int32_t* targets, int B, int T);
-  // Backward of (dloss_scale × mean loss) of the last forward with targets. Gradients are
-  // ACCUMULATED into grads() (so micro-batches add up); on_ready may be empty.
-  // With `sink`, see Note [Tied embedding gradient].
+  // Forward of micro-batch `slot` over inputs [B,T] (used by the first stage; later stages
+  // read stage_input(slot)). On the last stage with targets it returns the mean cross-entropy
+  // loss over B·T tokens; without targets it returns 0 and leaves logits. Keeps what backward
+  // needs in the slot.
+  float forward(int slot, const int32_t* inputs, const int32_t* targets, int B, int T);
+  float forward(const int32_t* inputs, const int32_t* targets, int B, int T) {
+    return forward(0, inputs, targets, B, T);
+  }
+  // Backward of slot's last forward: of (dloss_scale × mean loss) on the last stage, of
+  // dstage_output [Nr,C] (the next stage's gradient of stage_output) elsewhere. Writes
+  // dstage_input [Nr,C] (=) on stages after the first. Gradients are ACCUMULATED into grads()
+  // (so micro-batches add up); on_ready may be empty. With `sink`: Note [Tied embedding
+  // gradient].
+  void backward(int slot, float dloss_scale, const float* dstage_output, float* dstage_input,
+                const GradReadyFn& on_ready = {}, const EmbeddingRowSink* sink = nullptr);
   void backward(float dloss_scale, const GradReadyFn& on_ready = {},
-                const EmbeddingRowSink* sink = nullptr);
+                const EmbeddingRowSink* sink = nullptr) {
+    backward(0, dloss_scale, nullptr, nullptr, on_ready, sink);
+  }
+  // Stage boundary buffers [Nr,C] (Nr = B·T, or B·T/tp with sequence parallelism).
+  float* stage_input(int slot) { return slots_[slot].encoded.data(); }
+  const float* stage_output(int slot) const;
+  size_t boundary_rows(int B, int T) const { return size_t(B) * T / rows_divisor_; }
+  const StageSpec& stage() const { return stage_; }
+  // Bytes of activation memory this instance allocated (all slots, kept and scratch).
+  size_t activation_bytes() const;
   // Optional timeline of forward/backward phases (empty: none).
   void set_phase_recorder(PhaseFn fn) { phases_ = std::move(fn); }
   void zero_grads();
 
-  // Logits [B,T,Vp/tp] (this rank's vocab slice) of the last forward without targets.
-  const float* logits() const { return acts_.logits.data(); }
+  // Logits [B,T,Vp/tp] (this rank's vocab slice) of slot 0's last forward without targets.
+  const float* logits() const { return slots_[0].logits.data(); }
   const TensorParallel& tensor_parallel() const { return tp_; }
   // This rank's vocabulary slice [begin, end) of the padded vocabulary.
   int vocab_begin() const { return tp_.rank * (cfg_.padded_vocab / tp_.size); }
@@ -144,10 +190,27 @@ class GPT {
   // Row counts: N = B·T tokens; the residual stream holds Nr rows (N/tp with sequence
   // parallelism). ln1/ln2/lnf hold the LayerNorm outputs gathered to all N rows (the inputs
   // of the column-parallel linears).
-  struct Activations {
-    std::vector<float> encoded, ln1, ln1_mean, ln1_rstd, qkv, att, atty, residual2, ln2,
-        ln2_mean, ln2_rstd, fch, fch_gelu, residual3, lnf, lnf_mean, lnf_rstd, logits, losses;
-    // scratch: full-row partial sums, sequence-parallel staging, backward buffers
+  // One block's activations (pointers into a slot's storage or the shared recompute scratch).
+  struct BlockActs {
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *residual2, *ln2, *ln2_mean,
+        *ln2_rstd, *fch, *fch_gelu, *residual3;
+  };
+  // Element counts of one block's buffers, in BlockActs order.
+  std::vector<size_t> block_sizes() const;
+  // Which of them a slot keeps per block under the recompute mode.
+  std::vector<bool> block_kept() const;
+  // One micro-batch's activations. Per-block buffers that the recompute mode drops live once,
+  // in recompute_ (shared by all blocks and slots).
+  struct Slot {
+    int B = 0, T = 0;
+    std::vector<int32_t> inputs, targets;
+    std::vector<float> encoded;              // stage input: embedding output or received [Nr,C]
+    std::vector<std::vector<float>> blocks;  // [kept buffer][layer * size]
+    std::vector<float> lnf, lnf_mean, lnf_rstd, logits, losses;
+  };
+  BlockActs block_acts(int slot, int local_layer);
+  // Shared scratch: full-row partial sums, sequence-parallel staging, backward buffers.
+  struct Scratch {
     std::vector<float> full_c, stage, ln_out;
     std::vector<float> dresidual, dfull, dbuf_c, dbuf_c2, dbuf_3c, dbuf_4c, dbuf_4c2, datt,
         dln_scratch;
@@ -158,6 +221,11 @@ class GPT {
   };
   BlockWeights block(float* base, int l) const;
   float* at(float* base, const std::string& name) const;
+  // One block's forward from residual_in [Nr,C] into `a` (forward, and recomputation).
+  void block_forward(const BlockWeights& w, const BlockActs& a, const float* residual_in, int B,
+                     int T);
+  // Recomputes what the recompute mode dropped for block `local_layer` of `slot`.
+  void recompute_block(int slot, int local_layer, const float* residual_in);
 
   // Tensor-parallel plumbing (gpt_tp.cpp). All are no-ops or plain copies when tp = 1.
   void tp_wait(Work w);
@@ -176,21 +244,23 @@ class GPT {
                                    const float* rstd, int B, int T, int C);
   // Vocab-parallel embedding and cross-entropy (gpt_vocab_parallel.cpp).
   void embedding_forward(float* out, const int32_t* tokens, int B, int T);
-  void embedding_backward(const float* dout_full, const EmbeddingRowSink* sink, int B, int T);
-  float crossentropy_forward(const int32_t* targets, int N);
-  void crossentropy_backward(const int32_t* targets, float dloss, int N);
+  void embedding_backward(const float* dout_full, const int32_t* tokens,
+                          const EmbeddingRowSink* sink, int B, int T);
+  float crossentropy_forward(Slot& s, const int32_t* targets, int N);
+  void crossentropy_backward(Slot& s, const int32_t* targets, float dloss, int N);
 
   GPTConfig cfg_;
   Backend& be_;
   int maxB_, maxT_;
   std::vector<ParamInfo> infos_;
   std::vector<float> params_, grads_;
-  Activations acts_;
-  // last forward's shape and tokens
-  int B_ = 0, T_ = 0;
-  std::vector<int32_t> inputs_, targets_;
+  std::vector<Slot> slots_;
+  std::vector<std::vector<float>> recompute_;  // one block's dropped buffers
+  Scratch scratch_;
   PhaseFn phases_;
   TensorParallel tp_;
+  StageSpec stage_;
+  Recompute recompute_mode_ = Recompute::kNone;
   int rows_divisor_ = 1;  // tp with sequence parallelism, else 1
   double tp_comm_ms_ = 0.0;
 };

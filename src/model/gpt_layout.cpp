@@ -2,6 +2,8 @@
 // trident/model.h) and the FLOP count.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "trident/check.h"
 #include "trident/model.h"
 
@@ -53,8 +55,46 @@ size_t ParamInfo::global_index(size_t local) const {
   return local;
 }
 
-std::vector<ParamInfo> gpt_param_layout(const GPTConfig& cfg, int tp, int tp_rank) {
-  const int C = cfg.channels, L = cfg.layers;
+StageSpec pipeline_stage(int layers, int stages, int stage, const std::vector<int>& stage_layers) {
+  StageSpec s;
+  s.has_embedding = stage == 0;
+  s.has_head = stage == stages - 1;
+  if (stages > layers)
+    input_error("parallel.pp={}: more pipeline stages than model.layers {}", stages, layers);
+  if (stage_layers.empty()) {
+    const int base = layers / stages, extra = layers % stages;
+    s.first_layer = stage * base + std::min(stage, extra);
+    s.num_layers = base + (stage < extra ? 1 : 0);
+    return s;
+  }
+  if (int(stage_layers.size()) != stages)
+    input_error("parallel.stage_layers: {} entries for parallel.pp={} stages",
+                stage_layers.size(), stages);
+  int total = 0;
+  for (int n : stage_layers) {
+    if (n < 1) input_error("parallel.stage_layers: every stage needs at least one layer, got {}", n);
+    total += n;
+  }
+  if (total != layers)
+    input_error("parallel.stage_layers: the stages hold {} layers but model.layers is {}", total,
+                layers);
+  for (int i = 0; i < stage; ++i) s.first_layer += stage_layers[i];
+  s.num_layers = stage_layers[stage];
+  return s;
+}
+
+Recompute parse_recompute(const std::string& text) {
+  if (text == "none") return Recompute::kNone;
+  if (text == "mlp") return Recompute::kMlp;
+  if (text == "full") return Recompute::kFull;
+  input_error("train.recompute: must be one of none|mlp|full, got \"{}\"", text);
+}
+
+std::vector<ParamInfo> gpt_param_layout(const GPTConfig& cfg, int tp, int tp_rank,
+                                        StageSpec stage) {
+  const int C = cfg.channels;
+  const int first = stage.first_layer;
+  const int last = stage.num_layers < 0 ? cfg.layers : first + stage.num_layers;
   std::vector<ParamInfo> out;
   size_t offset = 0;
   auto add = [&](std::string name, std::vector<int> global, Shard shard, bool decay, int layer) {
@@ -78,11 +118,14 @@ std::vector<ParamInfo> gpt_param_layout(const GPTConfig& cfg, int tp, int tp_ran
     offset += count;
   };
   // Ready order: the LM head's dense wte gradient, the final LayerNorm, blocks last to first
-  // (each in its own backward order), the position embedding last.
-  add("wte", {cfg.padded_vocab, C}, Shard::kRows, true, -1);
-  add("lnfw", {C}, Shard::kReplicated, false, -1);
-  add("lnfb", {C}, Shard::kReplicated, false, -1);
-  for (int l = L - 1; l >= 0; --l) {
+  // (each in its own backward order), the position embedding — and wte there instead on a
+  // first stage without the head, where its (sparse) gradient is final only at the very end.
+  if (stage.has_head) {
+    add("wte", {cfg.padded_vocab, C}, Shard::kRows, true, -1);
+    add("lnfw", {C}, Shard::kReplicated, false, -1);
+    add("lnfb", {C}, Shard::kReplicated, false, -1);
+  }
+  for (int l = last - 1; l >= first; --l) {
     auto n = [l](const char* s) { return fmt::format("h{}.{}", l, s); };
     add(n("fcprojw"), {C, 4 * C}, Shard::kColumns, true, l);
     add(n("fcprojb"), {C}, Shard::kReplicated, false, l);
@@ -97,7 +140,10 @@ std::vector<ParamInfo> gpt_param_layout(const GPTConfig& cfg, int tp, int tp_ran
     add(n("ln1w"), {C}, Shard::kReplicated, false, l);
     add(n("ln1b"), {C}, Shard::kReplicated, false, l);
   }
-  add("wpe", {cfg.max_seq_len, C}, Shard::kReplicated, true, -1);
+  if (stage.has_embedding) {
+    add("wpe", {cfg.max_seq_len, C}, Shard::kReplicated, true, -1);
+    if (!stage.has_head) add("wte", {cfg.padded_vocab, C}, Shard::kRows, true, -1);
+  }
   return out;
 }
 

@@ -4,7 +4,7 @@
 // Note [Sequence-parallel rows]: with sequence parallelism tp rank r holds, of every sequence
 // b, the positions [r·T/tp, (r+1)·T/tp) — local row (b, t) is global row (b, r·T/tp + t). The
 // collectives work on contiguous per-rank blocks, so gathering permutes [tp][B][T/tp][C] into
-// [B][T][C] and reduce-scattering permutes the other way, through acts_.stage.
+// [B][T][C] and reduce-scattering permutes the other way, through scratch_.stage.
 #include <chrono>
 #include <cstring>
 
@@ -39,7 +39,7 @@ void GPT::reduce_rows(float* out, float* partial, int B, int T, int C) {
   }
   const int tps = tp_.size, Tl = T / tps;
   const size_t row = size_t(C) * sizeof(float);
-  float* stage = acts_.stage.data();
+  float* stage = scratch_.stage.data();
   // stage[r][b][t] = partial[b][r·Tl + t]  (Note [Sequence-parallel rows])
 #pragma omp parallel for collapse(2) schedule(static)
   for (int r = 0; r < tps; ++r)
@@ -57,7 +57,7 @@ void GPT::gather_rows(float* full, const float* local, int B, int T, int C) {
   }
   const int tps = tp_.size, Tl = T / tps;
   const size_t row = size_t(C) * sizeof(float);
-  float* stage = acts_.stage.data();
+  float* stage = scratch_.stage.data();
   tp_wait(tp_.comm->all_gather(local, stage, size_t(B) * Tl * C));
   // full[b][r·Tl + t] = stage[r][b][t]
 #pragma omp parallel for collapse(2) schedule(static)
@@ -75,8 +75,8 @@ void GPT::layernorm_gathered(float* out_full, float* mean, float* rstd, const fl
     return;
   }
   const int Nr = N / tp_.size;
-  be_.layernorm_forward(acts_.ln_out.data(), mean, rstd, inp, w, b, Nr, C);
-  gather_rows(out_full, acts_.ln_out.data(), B, T, C);
+  be_.layernorm_forward(scratch_.ln_out.data(), mean, rstd, inp, w, b, Nr, C);
+  gather_rows(out_full, scratch_.ln_out.data(), B, T, C);
 }
 
 void GPT::layernorm_gathered_backward(float* dinp, float* dw, float* db, float* dout_full_partial,
@@ -90,7 +90,7 @@ void GPT::layernorm_gathered_backward(float* dinp, float* dw, float* db, float* 
   // The backward of "identity forward": the column-parallel linears each produced a partial
   // input gradient; sum them over tp (reduce-scatter to this rank's rows with sequence
   // parallelism).
-  float* dout = acts_.ln_out.data();
+  float* dout = scratch_.ln_out.data();
   reduce_rows(dout, dout_full_partial, B, T, C);
   if (!tp_.sequence_parallel) {
     // Every rank normalised the same rows: the weight gradients are already identical.
@@ -99,7 +99,7 @@ void GPT::layernorm_gathered_backward(float* dinp, float* dw, float* db, float* 
   }
   // Each rank saw only its rows: sum this micro-batch's LayerNorm gradients over tp (in a
   // scratch buffer, so gradients accumulated from earlier micro-batches are not summed again).
-  float* scratch = acts_.dln_scratch.data();
+  float* scratch = scratch_.dln_scratch.data();
   std::memset(scratch, 0, 2 * size_t(C) * sizeof(float));
   be_.layernorm_backward(dinp, scratch, scratch + C, dout, inp, w, mean, rstd, N / tp_.size, C);
   tp_wait(tp_.comm->all_reduce(scratch, 2 * size_t(C)));

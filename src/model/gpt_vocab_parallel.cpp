@@ -26,7 +26,7 @@ void GPT::embedding_forward(float* out, const int32_t* tokens, int B, int T) {
   // sum over tp (reduced to this rank's rows) is the embedding.
   const int v0 = vocab_begin(), v1 = vocab_end();
   const bool add_positions = tp_.rank == 0;
-  float* partial = acts_.full_c.data();
+  float* partial = scratch_.full_c.data();
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < B * T; ++n) {
     float* o = partial + size_t(n) * C;
@@ -38,7 +38,8 @@ void GPT::embedding_forward(float* out, const int32_t* tokens, int B, int T) {
   reduce_rows(out, partial, B, T, C);
 }
 
-void GPT::embedding_backward(const float* dout, const EmbeddingRowSink* sink, int B, int T) {
+void GPT::embedding_backward(const float* dout, const int32_t* tokens,
+                             const EmbeddingRowSink* sink, int B, int T) {
   const int C = cfg_.channels;
   float* dwte = at(grads_.data(), "wte");
   float* dwpe = at(grads_.data(), "wpe");
@@ -46,13 +47,12 @@ void GPT::embedding_backward(const float* dout, const EmbeddingRowSink* sink, in
     if (sink)
       be_.encoder_backward(sink->rows, dwpe, dout, sink->row_of_input, B, T, C);
     else
-      be_.encoder_backward(dwte, dwpe, dout, inputs_.data(), B, T, C);
+      be_.encoder_backward(dwte, dwpe, dout, tokens, B, T, C);
     return;
   }
   // dout holds all N rows on every rank (identical), so the replicated wpe gets identical
   // gradients. Threads own column slices and walk the tokens in order: deterministic.
   const int v0 = vocab_begin(), v1 = vocab_end();
-  const int32_t* tokens = inputs_.data();
 #pragma omp parallel for schedule(static)
   for (int c = 0; c < C; ++c) {
     for (int n = 0; n < B * T; ++n) {
@@ -70,10 +70,10 @@ void GPT::embedding_backward(const float* dout, const EmbeddingRowSink* sink, in
   }
 }
 
-float GPT::crossentropy_forward(const int32_t* targets, int N) {
+float GPT::crossentropy_forward(Slot& slot, const int32_t* targets, int N) {
   const int V = cfg_.vocab, Vp = cfg_.padded_vocab;
-  float* logits = acts_.logits.data();
-  float* losses = acts_.losses.data();
+  float* logits = slot.logits.data();
+  float* losses = slot.losses.data();
   if (tp_.size == 1) {
     be_.crossentropy_forward(losses, logits, targets, N, V, Vp);
   } else {
@@ -118,9 +118,9 @@ float GPT::crossentropy_forward(const int32_t* targets, int N) {
   return float(sum / N);
 }
 
-void GPT::crossentropy_backward(const int32_t* targets, float dloss, int N) {
+void GPT::crossentropy_backward(Slot& slot, const int32_t* targets, float dloss, int N) {
   const int V = cfg_.vocab, Vp = cfg_.padded_vocab;
-  float* probs = acts_.logits.data();
+  float* probs = slot.logits.data();
   if (tp_.size == 1) {
     be_.crossentropy_backward(probs, targets, dloss, N, V, Vp);
     return;

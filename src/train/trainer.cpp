@@ -69,7 +69,9 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
     valid_data_ = TokenDataset::open(deck_.data.valid, cfg.vocab, "data.valid");
     valid_order_ = std::make_unique<SampleOrder>(*valid_data_, T, false, 0);
   }
-  model_ = std::make_unique<GPT>(cfg, *ctx_.backend, B, T, tp);
+  GPTOptions options;
+  options.tp = tp;
+  model_ = std::make_unique<GPT>(cfg, *ctx_.backend, B, T, options);
   if (deck_.model.init_from.empty())
     model_->init_weights(deck_.train.seed);
   else

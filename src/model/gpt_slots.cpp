@@ -1,0 +1,148 @@
+// The GPT model's memory: parameters, and activations in slots (one per micro-batch in flight
+// on this pipeline stage), with activation recomputation.
+//
+// Per block a slot keeps the buffers of BlockActs that the recompute mode does not drop:
+//   none  every buffer (13 per block);
+//   mlp   all but the MLP's hidden activations fch and fch_gelu (8·N·C/tp floats per block),
+//         recomputed from ln2 in backward;
+//   full  only the block's output (its successor's input); backward re-runs the block.
+// Dropped buffers live once, in recompute_, shared by all blocks and slots: forward writes
+// them and moves on, backward recomputes them right before the block's backward. The
+// recomputation runs the same ops on the same inputs, so results are bitwise those of none.
+#include <cstring>
+
+#include "trident/check.h"
+#include "trident/model.h"
+
+namespace trident {
+
+GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions options)
+    : cfg_(cfg), be_(backend), maxB_(B), maxT_(T),
+      infos_(gpt_param_layout(cfg, options.tp.size, options.tp.rank, options.stage)),
+      tp_(options.tp), stage_(options.stage), recompute_mode_(options.recompute) {
+  TRIDENT_CHECK(T <= cfg.max_seq_len, "T {} > max_seq_len {}", T, cfg.max_seq_len);
+  TRIDENT_CHECK(cfg.channels % cfg.heads == 0, "C {} % NH {}", cfg.channels, cfg.heads);
+  TRIDENT_CHECK(tp_.size == 1 || tp_.comm != nullptr, "tp {} without a communicator", tp_.size);
+  TRIDENT_CHECK(options.slots >= 1, "slots {}", options.slots);
+  check_tensor_parallel(cfg, tp_.size, tp_.sequence_parallel, T);
+  if (stage_.num_layers < 0) stage_.num_layers = cfg.layers - stage_.first_layer;
+  if (tp_.size == 1) tp_.sequence_parallel = false;
+  rows_divisor_ = tp_.sequence_parallel ? tp_.size : 1;
+  const ParamInfo& last = infos_.back();
+  params_.assign(last.offset + last.count, 0.0f);
+  grads_.assign(params_.size(), 0.0f);
+
+  const size_t C = cfg.channels, tps = tp_.size;
+  const size_t NHl = cfg.heads / tps, Cl = C / tps, Vl = cfg.padded_vocab / tps;
+  const size_t N = size_t(B) * T, Nr = N / rows_divisor_;
+  const size_t L = stage_.num_layers;
+  const std::vector<size_t> sizes = block_sizes();
+  const std::vector<bool> kept = block_kept();
+  slots_.resize(options.slots);
+  for (Slot& s : slots_) {
+    s.encoded.resize(Nr * C);
+    s.blocks.resize(sizes.size());
+    for (size_t k = 0; k < sizes.size(); ++k)
+      if (kept[k]) s.blocks[k].resize(L * sizes[k]);
+    if (stage_.has_head) {
+      s.lnf.resize(N * C);
+      s.lnf_mean.resize(Nr);
+      s.lnf_rstd.resize(Nr);
+      s.logits.resize(N * Vl);
+      s.losses.resize(N);
+    }
+  }
+  recompute_.resize(sizes.size());
+  for (size_t k = 0; k < sizes.size(); ++k)
+    if (!kept[k] || recompute_mode_ != Recompute::kNone) recompute_[k].resize(sizes[k]);
+  Scratch& a = scratch_;
+  a.full_c.resize(N * C);
+  a.stage.resize(N * C);
+  a.ln_out.resize(Nr * C);
+  a.dresidual.resize(Nr * C);
+  a.dfull.resize(N * C);
+  a.dbuf_c.resize(N * C);
+  a.dbuf_c2.resize(Nr * C);
+  a.dbuf_3c.resize(N * 3 * Cl);
+  a.dbuf_4c.resize(N * 4 * Cl);
+  a.dbuf_4c2.resize(N * 4 * Cl);
+  a.datt.resize(size_t(B) * NHl * T * T);
+  a.dln_scratch.resize(2 * C);
+}
+
+// In BlockActs order: ln1 ln1_mean ln1_rstd qkv att atty residual2 ln2 ln2_mean ln2_rstd fch
+// fch_gelu residual3.
+std::vector<size_t> GPT::block_sizes() const {
+  const size_t C = cfg_.channels, tps = tp_.size, Cl = C / tps, NHl = cfg_.heads / tps;
+  const size_t N = size_t(maxB_) * maxT_, Nr = N / rows_divisor_;
+  return {N * C,     Nr, Nr, N * 3 * Cl, size_t(maxB_) * NHl * maxT_ * maxT_, N * Cl, Nr * C,
+          N * C,     Nr, Nr, N * 4 * Cl, N * 4 * Cl, Nr * C};
+}
+
+std::vector<bool> GPT::block_kept() const {
+  switch (recompute_mode_) {
+    case Recompute::kNone:
+      return std::vector<bool>(13, true);
+    case Recompute::kMlp: {
+      std::vector<bool> k(13, true);
+      k[10] = k[11] = false;  // fch, fch_gelu
+      return k;
+    }
+    case Recompute::kFull: {
+      std::vector<bool> k(13, false);
+      k[12] = true;  // residual3: the next block's input
+      return k;
+    }
+  }
+  return std::vector<bool>(13, true);
+}
+
+GPT::BlockActs GPT::block_acts(int slot, int local_layer) {
+  const std::vector<size_t> sizes = block_sizes();
+  Slot& s = slots_[slot];
+  float* p[13];
+  for (size_t k = 0; k < 13; ++k)
+    p[k] = s.blocks[k].empty() ? recompute_[k].data()
+                               : s.blocks[k].data() + size_t(local_layer) * sizes[k];
+  return {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11], p[12]};
+}
+
+void GPT::recompute_block(int slot, int local_layer, const float* residual_in) {
+  if (recompute_mode_ == Recompute::kNone) return;
+  const Slot& s = slots_[slot];
+  const int B = s.B, T = s.T, N = B * T;
+  const int Cl = cfg_.channels / tp_.size;
+  const int l = stage_.first_layer + local_layer;
+  const BlockWeights w = block(params_.data(), l);
+  BlockActs a = block_acts(slot, local_layer);
+  if (recompute_mode_ == Recompute::kMlp) {
+    be_.matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, N, cfg_.channels, 4 * Cl);
+    be_.gelu_forward(a.fch_gelu, a.fch, size_t(N) * 4 * Cl);
+    return;
+  }
+  a.residual3 = recompute_[12].data();  // the kept output is already there; do not rewrite it
+  block_forward(w, a, residual_in, B, T);
+}
+
+const float* GPT::stage_output(int slot) const {
+  const Slot& s = slots_[slot];
+  const size_t per_layer = s.blocks[12].size() / std::max(1, stage_.num_layers);
+  return s.blocks[12].data() + size_t(stage_.num_layers - 1) * per_layer;
+}
+
+size_t GPT::activation_bytes() const {
+  size_t floats = 0;
+  for (const Slot& s : slots_) {
+    floats += s.encoded.size() + s.lnf.size() + s.lnf_mean.size() + s.lnf_rstd.size() +
+              s.logits.size() + s.losses.size();
+    for (const auto& b : s.blocks) floats += b.size();
+  }
+  for (const auto& b : recompute_) floats += b.size();
+  const Scratch& a = scratch_;
+  for (const auto* v : {&a.full_c, &a.stage, &a.ln_out, &a.dresidual, &a.dfull, &a.dbuf_c,
+                        &a.dbuf_c2, &a.dbuf_3c, &a.dbuf_4c, &a.dbuf_4c2, &a.datt, &a.dln_scratch})
+    floats += v->size();
+  return floats * sizeof(float);
+}
+
+}  // namespace trident
