@@ -57,6 +57,7 @@ struct TrainConfig {
   uint64_t seed = 1337;
   int val_every = 50;                  // 0: no validation
   int val_batches = 4;                 // micro-batches per validation
+  std::string recompute = "none";      // activation recomputation: none | mlp | full
 
   bool operator==(const TrainConfig&) const = default;
 };
@@ -89,6 +90,8 @@ struct ParallelConfig {
   int tp = 1;
   int pp = 1;
   bool sequence_parallel = false;      // Megatron's sequence parallelism (needs tp > 1)
+  std::string schedule = "1f1b";       // pipeline schedule: gpipe | 1f1b
+  std::string stage_layers;            // blocks per stage, e.g. "3,1"; empty: balanced
 
   bool operator==(const ParallelConfig&) const = default;
 };

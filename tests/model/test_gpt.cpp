@@ -194,6 +194,81 @@ TEST(GptBackward, EmbeddingRowSinkSplitsTheTiedGradient) {
     ASSERT_NEAR(m.grads()[i], plain[i], 1e-6f * maxabs) << i;
 }
 
+// Recomputation re-runs the same ops on the same inputs: gradients must be bitwise those of
+// keeping everything, with two micro-batches in flight (slots) as a pipeline stage has them,
+// and each mode must keep less than the one before.
+TEST(GptRecompute, BitwiseEqualGradientsWithLessMemory) {
+  GPTConfig c = tiny_config();
+  auto be = make_cpu_backend(1);
+  auto in0 = random_tokens(16, c.vocab, 3), tg0 = random_tokens(16, c.vocab, 4);
+  auto in1 = random_tokens(16, c.vocab, 5), tg1 = random_tokens(16, c.vocab, 6);
+  std::vector<std::vector<float>> grads;
+  std::vector<size_t> bytes;
+  for (Recompute mode : {Recompute::kNone, Recompute::kMlp, Recompute::kFull}) {
+    GPTOptions opt;
+    opt.slots = 2;
+    opt.recompute = mode;
+    GPT m(c, *be, 2, 8, opt);
+    m.init_weights(5);
+    m.zero_grads();
+    m.forward(0, in0.data(), tg0.data(), 2, 8);
+    m.forward(1, in1.data(), tg1.data(), 2, 8);
+    m.backward(0, 0.5f, nullptr, nullptr);
+    m.backward(1, 0.5f, nullptr, nullptr);
+    grads.emplace_back(m.grads(), m.grads() + m.num_params());
+    bytes.push_back(m.activation_bytes());
+  }
+  ASSERT_EQ(0, std::memcmp(grads[0].data(), grads[1].data(), grads[0].size() * 4)) << "mlp";
+  ASSERT_EQ(0, std::memcmp(grads[0].data(), grads[2].data(), grads[0].size() * 4)) << "full";
+  EXPECT_GT(bytes[0], bytes[1]);
+  EXPECT_GT(bytes[1], bytes[2]);
+}
+
+// Two stages run one after the other on one rank (the boundary tensor copied by hand) give
+// the one-stage model's loss and gradients bitwise: the same ops in the same order.
+TEST(GptStages, TwoStagesEqualOneStage) {
+  GPTConfig c = tiny_config();
+  auto be = make_cpu_backend(1);
+  auto in = random_tokens(16, c.vocab, 3), tg = random_tokens(16, c.vocab, 4);
+  GPT whole(c, *be, 2, 8);
+  whole.init_weights(5);
+  whole.zero_grads();
+  const float loss = whole.forward(in.data(), tg.data(), 2, 8);
+  whole.backward(1.0f);
+
+  GPTOptions o0, o1;
+  o0.stage = pipeline_stage(c.layers, 2, 0, {});
+  o1.stage = pipeline_stage(c.layers, 2, 1, {});
+  GPT s0(c, *be, 2, 8, o0), s1(c, *be, 2, 8, o1);
+  s0.init_weights(5);
+  s1.init_weights(5);
+  s0.zero_grads();
+  s1.zero_grads();
+  s0.forward(0, in.data(), nullptr, 2, 8);
+  const size_t n = s0.boundary_rows(2, 8) * c.channels;
+  std::copy(s0.stage_output(0), s0.stage_output(0) + n, s1.stage_input(0));
+  const float loss1 = s1.forward(0, nullptr, tg.data(), 2, 8);
+  EXPECT_EQ(loss, loss1);
+  std::vector<float> dboundary(n);
+  s1.backward(0, 1.0f, nullptr, dboundary.data());
+  s0.backward(0, 1.0f, dboundary.data(), nullptr);
+  // wte: the one-stage gradient is the sum of the head's (stage 1) and the embedding's (stage 0).
+  for (const GPT* st : {&s0, &s1})
+    for (const ParamInfo& p : st->params_info()) {
+      if (p.name == "wte") continue;
+      const ParamInfo& q = whole.param(p.name);
+      ASSERT_EQ(p.count, q.count);
+      ASSERT_EQ(0, std::memcmp(const_cast<GPT*>(st)->grads() + p.offset, whole.grads() + q.offset,
+                               p.count * 4)) << p.name;
+    }
+  const ParamInfo& w0 = s0.param("wte");
+  const ParamInfo& w1 = s1.param("wte");
+  const ParamInfo& ww = whole.param("wte");
+  for (size_t i = 0; i < ww.count; ++i)
+    ASSERT_NEAR(s0.grads()[w0.offset + i] + s1.grads()[w1.offset + i], whole.grads()[ww.offset + i],
+                1e-7f) << i;
+}
+
 TEST(GptCheckpoint, LlmcRoundTripAndBadHeader) {
   GPTConfig c = tiny_config();
   auto be = make_cpu_backend(1);
