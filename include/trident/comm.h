@@ -133,6 +133,28 @@ class Communicator {
   virtual Work start_recv(void* data, size_t count, ElemType type, int src, int tag) = 0;
 };
 
+// A communicator of one rank, without MPI: collectives are copies or nothing, and send/recv
+// (which would need a peer) fail. Lets single-process code (tests, a one-stage pipeline) use
+// the same calls as a real grid.
+class SoloComm : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  const std::string& name() const override { return name_; }
+
+ protected:
+  Work start_all_reduce(void* data, size_t count, ElemType type) override;
+  Work start_reduce_scatter(const void* send, void* recv, size_t recv_count,
+                            ElemType type) override;
+  Work start_all_gather(const void* send, void* recv, size_t send_count, ElemType type) override;
+  Work start_broadcast(void* data, size_t count, ElemType type, int root) override;
+  Work start_send(const void* data, size_t count, ElemType type, int dest, int tag) override;
+  Work start_recv(void* data, size_t count, ElemType type, int src, int tag) override;
+
+ private:
+  std::string name_ = "solo";
+};
+
 // Link emulation: the time a ring algorithm needs on a link of `gbps` gigabits per second
 // (10⁹ bit/s) and `latency_us` per hop, for n ranks and `bytes` as in OpRecord::bytes:
 //   all_reduce       2(n−1)/n · bytes / bw + 2(n−1) · latency

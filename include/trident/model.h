@@ -171,6 +171,7 @@ class GPT {
   const float* stage_output(int slot) const;
   size_t boundary_rows(int B, int T) const { return size_t(B) * T / rows_divisor_; }
   const StageSpec& stage() const { return stage_; }
+  int num_slots() const { return int(slots_.size()); }
   // Bytes of activation memory this instance allocated (all slots, kept and scratch).
   size_t activation_bytes() const;
   // Optional timeline of forward/backward phases (empty: none).

@@ -36,7 +36,10 @@ std::vector<PipeAction> pipeline_actions(PipeSchedule schedule, int stages, int 
 // yet backwarded): micro_batches for GPipe, min(stages − stage, micro_batches) for 1F1B.
 int max_in_flight(PipeSchedule schedule, int stages, int stage, int micro_batches);
 
-// One tensor crossing a stage boundary: fp32, contiguous.
+// One tensor crossing a stage boundary: fp32, contiguous. A message holds at most
+// kMaxStageTensors tensors of at most kMaxStageDims dimensions (its header has a fixed size).
+constexpr int kMaxStageTensors = 16;
+constexpr int kMaxStageDims = 6;
 struct StageTensor {
   std::string name;
   std::vector<int64_t> shape;
@@ -67,12 +70,27 @@ struct PipelineStats {
   double total_ms = 0;    // the whole schedule on this stage
   double compute_ms = 0;  // inside forward()/backward()
   double wait_ms = 0;     // waiting for a neighbour's message (the bubble, plus skew)
+  size_t bytes_sent = 0;      // tensor payload, headers not counted
+  size_t bytes_received = 0;
+  int messages_sent = 0;      // boundary messages (one header + its tensors each)
 };
 
 // Runs `stage`'s actions of the schedule. Every stage of the pp communicator must call it with
 // the same schedule and micro_batches. Messages carry a small header (tensor count, names,
 // shapes) that the receiver checks against the buffers it expects: a mismatch throws
 // trident::Error naming both shapes. Sends are nonblocking and all complete before it returns.
+//
+// What the runner asks of the model, per action (Note [Pipeline messages] in
+// pipeline_runner.cpp has the wire format and the tags):
+//   forward(m):  forward_inputs(m) and receive into it (not on the first stage); forward(m);
+//                forward_outputs(m) and start sending it (not on the last stage).
+//   backward(m): wait until forward(m)'s send completed (its buffers may be reused from now);
+//                backward_inputs(m) and receive into it (not on the last stage); backward(m);
+//                backward_outputs(m) and start sending it (not on the first stage).
+// The tensor lists a stage never has (first stage's inputs, last stage's outputs) are not
+// asked for. With stages == 1 nothing is sent and pp is not used. After an Error the pp
+// communicator may hold unmatched messages (a neighbour then ends at the comm timeout): end
+// the program, as the app does on any error.
 PipelineStats run_pipeline(PipeSchedule schedule, Communicator& pp, int stages, int stage,
                            int micro_batches, PipelineStage& model);
 

@@ -11,12 +11,14 @@
 #include "trident/data.h"
 #include "trident/deck.h"
 #include "trident/model.h"
+#include "trident/pipeline.h"
 #include "trident/trace.h"
 
 namespace trident {
 
 class ProcessGrid;
 class GradReducer;
+class GPTStage;
 
 // Linear warmup over warmup_steps (step 0 gets lr/warmup), then cosine decay to
 // lr·min_lr_ratio at the last step, or constant. `step` is 0-based.
@@ -48,6 +50,8 @@ struct StepStats {
   // the end of backward, and overlap = 1 − exposed/comm.
   double comm_ms = 0.0, exposed_comm_ms = 0.0, overlap = 0.0;
   double tp_comm_ms = 0.0;      // waiting in tensor-parallel collectives (compute thread)
+  // Pipeline (this stage): time in the schedule, and the part spent waiting for neighbours.
+  double pipeline_ms = 0.0, pipeline_wait_ms = 0.0;
   double val_loss = NAN;        // NaN when not validated this step
 };
 
@@ -76,12 +80,17 @@ class Trainer {
   // Tokens a step consumes across all ranks.
   long tokens_per_step() const;
   int dp_size() const { return dp_size_; }
+  int pp_size() const { return pp_size_; }
   const GradReducer* reducer() const { return reducer_.get(); }
 
  private:
   // Note [Tied embedding gradient]: the sorted token ids of the whole step (all micro-batches,
   // all dp ranks), known before the step, so every rank has the same compact row set.
   void collect_step_rows(int step);
+  // Sums wte's gradient over the first and last pipeline stage (Note [Pipeline stages]).
+  void reduce_tied_embedding();
+  // Forward of one validation micro-batch through the pipeline; the loss on the last stage.
+  double validation_forward(int micro, int B, int T);
   // Σ g² over the whole model: sharded parameters summed over tp, replicated ones once.
   double global_grad_sum_squares();
   void record(const std::string& track, const std::string& name,
@@ -94,8 +103,13 @@ class Trainer {
   std::unique_ptr<TokenDataset> train_data_, valid_data_;
   std::unique_ptr<SampleOrder> train_order_, valid_order_;
   std::vector<int32_t> inputs_, targets_;
-  int dp_size_ = 1, dp_rank_ = 0;
+  int dp_size_ = 1, dp_rank_ = 0, pp_size_ = 1, pp_rank_ = 0;
+  std::unique_ptr<Communicator> solo_;  // the pp communicator when there is no grid
+  Communicator* pp_comm_ = nullptr;
+  PipeSchedule schedule_ = PipeSchedule::kOneFOneB;
   std::unique_ptr<GradReducer> reducer_;
+  std::unique_ptr<GPTStage> stage_;
+  EmbeddingRowSink sink_;
   std::vector<int32_t> step_rows_, row_of_input_;
   std::vector<float> row_grads_;
 };

@@ -1,8 +1,14 @@
+// The training step: micro-batches through the pipeline schedule (pp = 1 is a one-stage
+// pipeline, the same code), data-parallel gradient averaging overlapped with the last
+// micro-batch's backward, the tied embedding's gradient summed over the first and last stage,
+// the global gradient norm over tp and pp, clipping and AdamW.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <sstream>
 
+#include "train/gpt_stage.h"
 #include "trident/check.h"
 #include "trident/grad_reducer.h"
 #include "trident/grid.h"
@@ -13,6 +19,24 @@ namespace {
 
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::vector<int> parse_stage_layers(const std::string& text) {
+  std::vector<int> out;
+  if (text.empty()) return out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    try {
+      size_t used = 0;
+      out.push_back(std::stoi(item, &used));
+      if (used != item.size()) throw std::invalid_argument(item);
+    } catch (const std::exception&) {
+      input_error("parallel.stage_layers: expected comma-separated integers like \"3,1\", got "
+                  "\"{}\"", text);
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -48,19 +72,29 @@ GPTConfig model_config_from_deck(const Deck& deck, std::string* note) {
 Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
   GPTConfig cfg = model_config_from_deck(deck_, nullptr);
   const int B = deck_.train.micro_batch, T = deck_.model.seq_len;
-  TensorParallel tp;
+  GPTOptions options;
   if (ctx_.grid) {
     const GridLayout& g = ctx_.grid->layout();
-    if (g.pp != 1)
-      input_error("parallel.pp={}: pipeline parallelism is not built yet (its own issue); use "
-                  "pp=1", g.pp);
+    const GridCoord c = ctx_.grid->coord();
     dp_size_ = g.dp;
-    dp_rank_ = ctx_.grid->coord().dp;
-    if (g.tp > 1) tp = {&ctx_.grid->tp(), g.tp, ctx_.grid->coord().tp,
-                        deck_.parallel.sequence_parallel};
+    dp_rank_ = c.dp;
+    pp_size_ = g.pp;
+    pp_rank_ = c.pp;
+    pp_comm_ = &ctx_.grid->pp();
+    if (g.tp > 1)
+      options.tp = {&ctx_.grid->tp(), g.tp, c.tp, deck_.parallel.sequence_parallel};
+  } else {
+    solo_ = std::make_unique<SoloComm>();
+    pp_comm_ = solo_.get();
   }
   // Refused before anything is allocated, with the numbers (identically on every rank).
-  check_tensor_parallel(cfg, tp.size, tp.sequence_parallel, T);
+  check_tensor_parallel(cfg, options.tp.size, options.tp.sequence_parallel, T);
+  options.stage = pipeline_stage(cfg.layers, pp_size_, pp_rank_,
+                                 parse_stage_layers(deck_.parallel.stage_layers));
+  schedule_ = parse_pipe_schedule(deck_.parallel.schedule, "parallel.schedule");
+  options.slots = max_in_flight(schedule_, pp_size_, pp_rank_, deck_.train.accum);
+  options.recompute = parse_recompute(deck_.train.recompute);
+
   // Open (and validate) the data before allocating the model.
   train_data_ = TokenDataset::open(deck_.data.train, cfg.vocab, "data.train");
   train_order_ = std::make_unique<SampleOrder>(*train_data_, T, deck_.data.shuffle,
@@ -69,8 +103,6 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
     valid_data_ = TokenDataset::open(deck_.data.valid, cfg.vocab, "data.valid");
     valid_order_ = std::make_unique<SampleOrder>(*valid_data_, T, false, 0);
   }
-  GPTOptions options;
-  options.tp = tp;
   model_ = std::make_unique<GPT>(cfg, *ctx_.backend, B, T, options);
   if (deck_.model.init_from.empty())
     model_->init_weights(deck_.train.seed);
@@ -80,6 +112,7 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
   inputs_.resize(size_t(B) * T);
   targets_.resize(size_t(B) * T);
 
+  const bool whole_embedding = options.stage.has_embedding && options.stage.has_head;
   if (dp_size_ > 1) {
     std::vector<GradParam> params;
     for (const ParamInfo& p : model_->params_info()) params.push_back({p.name, p.offset, p.count});
@@ -98,16 +131,37 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
       dp.set_emulated_link(deck_.comm.emulate_gbps, deck_.comm.emulate_latency_us);
     reducer_ = std::make_unique<GradReducer>(dp, model_->grads(), std::move(params), opt);
   }
+  // Note [Tied embedding gradient]: the split needs both halves on this stage (pp = 1).
+  const bool use_sink = reducer_ && whole_embedding;
+  stage_ = std::make_unique<GPTStage>(*model_, *train_order_, reducer_.get(),
+                                      use_sink ? &sink_ : nullptr);
+  if (use_sink)
+    stage_->before_backward = [this](int micro) {
+      const std::vector<int32_t>& in = stage_->inputs(micro);
+      std::vector<int32_t>& rows = stage_->row_of_input();
+      rows.resize(in.size());
+      for (size_t i = 0; i < in.size(); ++i) {
+        auto it = std::lower_bound(step_rows_.begin(), step_rows_.end(), in[i]);
+        rows[i] = it != step_rows_.end() && *it == in[i] ? int32_t(it - step_rows_.begin()) : -1;
+      }
+      sink_ = {rows.data(), row_grads_.data()};
+    };
   if (ctx_.trace)
     model_->set_phase_recorder([this](const std::string& phase, auto b, auto e) {
       record("compute", phase, b, e);
     });
 }
 
+Trainer::~Trainer() = default;
+
 void Trainer::record(const std::string& track, const std::string& name,
                      std::chrono::steady_clock::time_point b,
                      std::chrono::steady_clock::time_point e) {
   if (ctx_.trace) ctx_.trace->span(track, name, b, e);
+}
+
+long Trainer::tokens_per_step() const {
+  return long(deck_.train.micro_batch) * deck_.model.seq_len * deck_.train.accum * dp_size_;
 }
 
 void Trainer::collect_step_rows(int step) {
@@ -127,10 +181,10 @@ void Trainer::collect_step_rows(int step) {
   row_grads_.assign(step_rows_.size() * size_t(model_->config().channels), 0.0f);
 }
 
-Trainer::~Trainer() = default;
-
-long Trainer::tokens_per_step() const {
-  return long(deck_.train.micro_batch) * deck_.model.seq_len * deck_.train.accum * dp_size_;
+void Trainer::reduce_tied_embedding() {
+  if (pp_size_ == 1 || !ctx_.grid->in_embedding_group()) return;
+  const ParamInfo& wte = model_->param("wte");
+  ctx_.grid->embedding().all_reduce(model_->grads() + wte.offset, wte.count).wait();
 }
 
 StepStats Trainer::train_step(int step) {
@@ -143,40 +197,17 @@ StepStats Trainer::train_step(int step) {
   s.step = step + 1;
 
   model_->zero_grads();
-  if (reducer_) collect_step_rows(step);
-  double loss_sum = 0.0;
-  const uint64_t global_batch = uint64_t(B) * accum * dp_size_;
-  for (int micro = 0; micro < accum; ++micro) {
-    // Note [Sample order]: the step's samples are global positions [step·GB, (step+1)·GB);
-    // micro-batch m of dp rank r takes B of them at (m·dp + r)·B, so the step's set of samples
-    // is the same whatever dp is.
-    const uint64_t g0 =
-        uint64_t(step) * global_batch + (uint64_t(micro) * dp_size_ + dp_rank_) * B;
-    train_order_->fill(g0, B, inputs_.data(), targets_.data());
-    auto t0 = std::chrono::steady_clock::now();
-    loss_sum += model_->forward(inputs_.data(), targets_.data(), B, T);
-    s.forward_ms += ms_since(t0);
-    t0 = std::chrono::steady_clock::now();
-    if (!reducer_) {
-      model_->backward(1.0f / float(accum));
-    } else {
-      // Only the last micro-batch reduces (gradient accumulation); its backward overlaps.
-      const bool last = micro == accum - 1;
-      reducer_->begin_step(last);
-      row_of_input_.resize(inputs_.size());
-      for (size_t i = 0; i < inputs_.size(); ++i) {
-        auto it = std::lower_bound(step_rows_.begin(), step_rows_.end(), inputs_[i]);
-        row_of_input_[i] =
-            it != step_rows_.end() && *it == inputs_[i] ? int32_t(it - step_rows_.begin()) : -1;
-      }
-      EmbeddingRowSink sink{row_of_input_.data(), row_grads_.data()};
-      model_->backward(1.0f / float(accum), [this](int i) { reducer_->grad_ready(i); }, &sink);
-      if (last) reducer_->add_extra(row_grads_.data(), row_grads_.size(), "wte rows");
-    }
-    s.backward_ms += ms_since(t0);
-  }
+  const bool use_sink = reducer_ && model_->stage().has_embedding && model_->stage().has_head;
+  if (use_sink) collect_step_rows(step);
+  stage_->begin_step({step, B, T, accum, dp_size_, dp_rank_});
+  const PipelineStats ps = run_pipeline(schedule_, *pp_comm_, pp_size_, pp_rank_, accum, *stage_);
+  s.forward_ms = stage_->forward_ms();
+  s.backward_ms = stage_->backward_ms();
+  s.pipeline_ms = ps.total_ms;
+  s.pipeline_wait_ms = ps.wait_ms;
 
   if (reducer_) {
+    if (use_sink) reducer_->add_extra(row_grads_.data(), row_grads_.size(), "wte rows");
     reducer_->finish();  // gradients are now the dp average
     const ReduceStats& rs = reducer_->stats();
     s.comm_ms = rs.comm_ms;
@@ -185,19 +216,23 @@ StepStats Trainer::train_step(int step) {
     if (ctx_.trace)
       for (const BucketRecord& r : rs.records)
         ctx_.trace->span("all-reduce", r.name, r.start_ms, r.end_ms, "comm");
-    // The averaged sparse rows join wte's (averaged) dense gradient.
-    float* dwte = model_->grads() + model_->param("wte").offset;
-    const size_t v0 = size_t(model_->vocab_begin());
-    for (size_t k = 0; k < step_rows_.size(); ++k) {
-      float* row = dwte + (size_t(step_rows_[k]) - v0) * C;
-      be.add(row, row, row_grads_.data() + k * C, size_t(C));
+    if (use_sink) {
+      // The averaged sparse rows join wte's (averaged) dense gradient.
+      float* dwte = model_->grads() + model_->param("wte").offset;
+      const size_t v0 = size_t(model_->vocab_begin());
+      for (size_t k = 0; k < step_rows_.size(); ++k) {
+        float* row = dwte + (size_t(step_rows_[k]) - v0) * C;
+        be.add(row, row, row_grads_.data() + k * C, size_t(C));
+      }
     }
-    double loss = loss_sum;
-    ctx_.grid->dp().all_reduce(&loss, 1).wait();
-    s.loss = loss / (accum * dp_size_);
-  } else {
-    s.loss = loss_sum / accum;
   }
+  reduce_tied_embedding();
+
+  // The loss lives on the last stage: sum over pp (others contribute 0), then over dp.
+  double loss = stage_->loss_sum();
+  if (pp_size_ > 1) pp_comm_->all_reduce(&loss, 1).wait();
+  if (dp_size_ > 1) ctx_.grid->dp().all_reduce(&loss, 1).wait();
+  s.loss = loss / (accum * dp_size_);
 
   auto t0 = std::chrono::steady_clock::now();
   const size_t n = model_->num_params();
@@ -227,15 +262,33 @@ StepStats Trainer::train_step(int step) {
 
 double Trainer::global_grad_sum_squares() {
   // Sharded tensors: each tp rank has a disjoint part, so their squares are summed over tp.
-  // Replicated tensors are identical on every tp rank and counted once.
+  // Replicated tensors are identical on every tp rank and counted once. Over pp every stage
+  // has its own parameters, except the tied wte, held by the first and the last stage with
+  // the same (summed) gradient: counted on the last stage only.
   Backend& be = *ctx_.backend;
+  const bool skip_wte = pp_size_ > 1 && !model_->stage().has_head;
   double sharded = 0.0, replicated = 0.0;
   for (const ParamInfo& p : model_->params_info()) {
+    if (skip_wte && p.name == "wte") continue;
     const double ss = be.sum_squares(model_->grads() + p.offset, p.count);
     (p.shard == Shard::kReplicated ? replicated : sharded) += ss;
   }
   if (model_->tensor_parallel().size > 1) ctx_.grid->tp().all_reduce(&sharded, 1).wait();
-  return sharded + replicated;
+  double total = sharded + replicated;
+  if (pp_size_ > 1) pp_comm_->all_reduce(&total, 1).wait();
+  return total;
+}
+
+double Trainer::validation_forward(int micro, int B, int T) {
+  // Forward only, stage by stage (no schedule needed): receive, forward, send.
+  valid_order_->fill(uint64_t(micro) * B, B, inputs_.data(), targets_.data());
+  const StageSpec& st = model_->stage();
+  const size_t boundary = model_->boundary_rows(B, T) * size_t(model_->config().channels);
+  constexpr int kTag = 1 << 20;  // apart from the pipeline runner's tags
+  if (!st.has_embedding) pp_comm_->recv(model_->stage_input(0), boundary, pp_rank_ - 1, kTag).wait();
+  const double loss = model_->forward(0, inputs_.data(), st.has_head ? targets_.data() : nullptr, B, T);
+  if (!st.has_head) pp_comm_->send(model_->stage_output(0), boundary, pp_rank_ + 1, kTag).wait();
+  return st.has_head ? loss : 0.0;
 }
 
 double Trainer::validate() {
@@ -244,10 +297,10 @@ double Trainer::validate() {
   // Validation micro-batches are dealt round-robin over dp ranks; the mean is over all of them.
   double sum[2] = {0.0, 0.0};  // loss sum, micro-batch count
   for (int i = dp_rank_; i < deck_.train.val_batches; i += dp_size_) {
-    valid_order_->fill(uint64_t(i) * B, B, inputs_.data(), targets_.data());
-    sum[0] += model_->forward(inputs_.data(), targets_.data(), B, T);
+    sum[0] += validation_forward(i, B, T);
     sum[1] += 1.0;
   }
+  if (pp_size_ > 1) pp_comm_->all_reduce(&sum[0], 1).wait();
   if (dp_size_ > 1) ctx_.grid->dp().all_reduce(sum, 2).wait();
   return sum[0] / sum[1];
 }

@@ -1,0 +1,60 @@
+// The GPT model as a pipeline stage (trident::PipelineStage): one step's micro-batches through
+// this rank's part of the model, fed by the sample order, with the data-parallel reducer
+// driven from the last micro-batch's backward.
+#pragma once
+
+#include <vector>
+
+#include "trident/grad_reducer.h"
+#include "trident/model.h"
+#include "trident/pipeline.h"
+
+namespace trident {
+
+class SampleOrder;
+
+class GPTStage : public PipelineStage {
+ public:
+  struct StepInputs {
+    int step = 0;
+    int micro_batch = 0, seq_len = 0, accum = 1;
+    int dp_size = 1, dp_rank = 0;
+  };
+  // `reducer` may be null (dp = 1); `sink` is used on a stage with both embedding and head.
+  GPTStage(GPT& model, const SampleOrder& order, GradReducer* reducer, EmbeddingRowSink* sink);
+
+  // Set before run_pipeline; losses collected over the step (last stage only).
+  void begin_step(const StepInputs& in);
+  double loss_sum() const { return loss_sum_; }
+  double forward_ms() const { return forward_ms_; }
+  double backward_ms() const { return backward_ms_; }
+  // For the sink: this micro-batch's input tokens, and the row map the trainer fills.
+  const std::vector<int32_t>& inputs(int micro) const { return inputs_[micro]; }
+  std::vector<int32_t>& row_of_input() { return row_of_input_; }
+  std::function<void(int micro)> before_backward;  // trainer hook (fills row_of_input)
+
+  std::vector<StageTensor> forward_inputs(int micro) override;
+  void forward(int micro) override;
+  std::vector<StageTensor> forward_outputs(int micro) override;
+  std::vector<StageTensor> backward_inputs(int micro) override;
+  void backward(int micro) override;
+  std::vector<StageTensor> backward_outputs(int micro) override;
+
+ private:
+  int slot(int micro) const { return micro % slots_; }
+  StageTensor boundary(const char* name, float* data) const;
+
+  GPT& model_;
+  const SampleOrder& order_;
+  GradReducer* reducer_;
+  EmbeddingRowSink* sink_;
+  int slots_;
+  StepInputs in_;
+  std::vector<std::vector<int32_t>> inputs_, targets_;  // per micro-batch
+  std::vector<std::vector<float>> doutput_;             // per slot: received gradients
+  std::vector<std::vector<float>> dinput_;              // per micro-batch: sent gradients
+  std::vector<int32_t> row_of_input_;
+  double loss_sum_ = 0, forward_ms_ = 0, backward_ms_ = 0;
+};
+
+}  // namespace trident

@@ -1,0 +1,347 @@
+// run_pipeline: drives one stage through a schedule and moves the boundary tensors.
+//
+// Note [Pipeline messages]: one boundary crossing (micro-batch m's activations going forward,
+// or their gradients going backward) is one header message followed by one message per
+// non-empty tensor, straight from and into the model's buffers (no packing copy). The header
+// is a fixed block of kHeaderWords int64, so its receive is always posted with the right size
+// and can never be truncated:
+//
+//     [0] kHeaderMagic   [1] direction (0 forward, 1 backward)   [2] micro-batch
+//     [3] sending stage  [4] tensor count n ≤ kMaxStageTensors
+//     then per tensor i < n, 10 words at 5 + 10·i:
+//         [0..1] the first 16 bytes of the name (zero-padded)  [2] FNV-1a hash of the full name
+//         [3] ndim ≤ kMaxStageDims (0: a scalar)   [4..9] the dims (unused ones 0)
+//
+// The receiver waits for the header, compares it with the buffers it expects (count, names,
+// shapes) and throws an Error naming both sides on any difference *before* posting the tensor
+// receives — so a shape mismatch is reported as such, never as an MPI truncation error.
+//
+// Tags: tag = ((m mod 512)·2 + direction)·32 + part, part 0 the header and 1 + i tensor i, so
+// the forward and backward messages of one micro-batch never pair with each other or with
+// another micro-batch's; the largest tag, 32752, is below 32767, the smallest MPI_TAG_UB an MPI
+// library may have. Micro-batches 512 apart share tags, which is safe: between one pair of
+// ranks both sides issue one direction's messages in micro-batch order, and MPI does not let
+// messages with the same source, tag and communicator overtake each other.
+//
+// Progress: sends are nonblocking. Open MPI has no progress thread, so a pending send moves
+// only while this rank is inside MPI: the runner polls its pending sends between actions, and
+// every blocking receive (Work::wait, an MPI_Test loop) progresses them too.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <memory>
+
+#include "trident/check.h"
+#include "trident/pipeline.h"
+
+namespace trident {
+
+size_t StageTensor::count() const {
+  size_t n = 1;
+  for (int64_t d : shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+namespace {
+
+constexpr int64_t kHeaderMagic = 0x7472696465ab01;  // "tride", version 1
+constexpr int kHeaderFixed = 5;
+constexpr int kNameBytes = 16;
+constexpr int kWordsPerTensor = 4 + kMaxStageDims;
+constexpr int kHeaderWords = kHeaderFixed + kMaxStageTensors * kWordsPerTensor;
+using Header = std::array<int64_t, kHeaderWords>;
+
+constexpr int kTagParts = 32;
+constexpr int kTagMicroPeriod = 512;
+static_assert(1 + kMaxStageTensors <= kTagParts);
+static_assert((kTagMicroPeriod * 2 - 1) * kTagParts + kTagParts - 1 <= 32767);
+
+enum Direction { kForwardDir = 0, kBackwardDir = 1 };
+
+int message_tag(Direction dir, int micro, int part) {
+  return ((micro % kTagMicroPeriod) * 2 + dir) * kTagParts + part;
+}
+
+double ms_since(CommClock::time_point t) {
+  return std::chrono::duration<double, std::milli>(CommClock::now() - t).count();
+}
+
+int64_t name_hash(const std::string& name) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
+  return static_cast<int64_t>(h);
+}
+
+// What the header says about one tensor (the name only as far as 16 bytes carry it).
+struct TensorDesc {
+  std::string name;
+  bool name_truncated = false;
+  int64_t hash = 0;
+  std::vector<int64_t> shape;
+  bool operator==(const TensorDesc& o) const { return hash == o.hash && shape == o.shape; }
+};
+
+TensorDesc describe(const StageTensor& t) {
+  TensorDesc d;
+  d.name = t.name.substr(0, kNameBytes);
+  d.name_truncated = t.name.size() > static_cast<size_t>(kNameBytes);
+  d.hash = name_hash(t.name);
+  d.shape = t.shape;
+  return d;
+}
+
+std::string format_desc(const TensorDesc& d) {
+  return fmt::format("'{}{}' [{}]", d.name, d.name_truncated ? "..." : "",
+                     fmt::join(d.shape, ", "));
+}
+
+std::string format_list(const std::vector<TensorDesc>& list) {
+  if (list.empty()) return "no tensors";
+  std::vector<std::string> parts;
+  for (const TensorDesc& d : list) parts.push_back(format_desc(d));
+  return fmt::format("{} tensor{} {}", list.size(), list.size() == 1 ? "" : "s",
+                     fmt::join(parts, ", "));
+}
+
+const char* what_moves(Direction dir) {
+  return dir == kForwardDir ? "activations" : "gradients";
+}
+
+void check_tensors(const std::vector<StageTensor>& tensors, int stage, Direction dir, int micro,
+                   const char* role) {
+  TRIDENT_CHECK(tensors.size() <= static_cast<size_t>(kMaxStageTensors),
+                "stage {} {} for micro-batch {}: {} tensors, at most {} per message", stage, role,
+                micro, tensors.size(), kMaxStageTensors);
+  for (const StageTensor& t : tensors) {
+    TRIDENT_CHECK(t.shape.size() <= static_cast<size_t>(kMaxStageDims),
+                  "stage {} {} '{}' for micro-batch {} ({}): {} dimensions, at most {}",
+                  stage, role, t.name, micro, what_moves(dir), t.shape.size(), kMaxStageDims);
+    for (int64_t d : t.shape)
+      TRIDENT_CHECK(d >= 0, "stage {} {} '{}': negative dimension in [{}]", stage, role, t.name,
+                    fmt::join(t.shape, ", "));
+    TRIDENT_CHECK(t.data != nullptr || t.count() == 0, "stage {} {} '{}': null data", stage,
+                  role, t.name);
+  }
+}
+
+Header encode_header(const std::vector<StageTensor>& tensors, Direction dir, int micro,
+                     int stage) {
+  Header h{};
+  h[0] = kHeaderMagic;
+  h[1] = dir;
+  h[2] = micro;
+  h[3] = stage;
+  h[4] = static_cast<int64_t>(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    int64_t* w = &h[kHeaderFixed + i * kWordsPerTensor];
+    char name[kNameBytes] = {};
+    std::memcpy(name, tensors[i].name.data(),
+                std::min(tensors[i].name.size(), static_cast<size_t>(kNameBytes)));
+    std::memcpy(w, name, kNameBytes);
+    w[2] = name_hash(tensors[i].name);
+    w[3] = static_cast<int64_t>(tensors[i].shape.size());
+    for (size_t k = 0; k < tensors[i].shape.size(); ++k) w[4 + k] = tensors[i].shape[k];
+  }
+  return h;
+}
+
+// The tensors a received header describes; an Error if the header itself is not one of ours.
+std::vector<TensorDesc> decode_header(const Header& h, int stage, int src, Direction dir,
+                                      int micro) {
+  auto bad = [&](const std::string& what) {
+    internal_error(__FILE__, __LINE__,
+                   fmt::format("pipeline: stage {} received a malformed header from stage {} "
+                               "for micro-batch {} ({}): {}",
+                               stage, src, micro, what_moves(dir), what));
+  };
+  if (h[0] != kHeaderMagic) bad(fmt::format("magic {:#x}", h[0]));
+  if (h[1] != dir || h[2] != micro || h[3] != src)
+    bad(fmt::format("it says direction {}, micro-batch {}, stage {}", h[1], h[2], h[3]));
+  if (h[4] < 0 || h[4] > kMaxStageTensors) bad(fmt::format("tensor count {}", h[4]));
+  std::vector<TensorDesc> list(static_cast<size_t>(h[4]));
+  for (size_t i = 0; i < list.size(); ++i) {
+    const int64_t* w = &h[kHeaderFixed + i * kWordsPerTensor];
+    char name[kNameBytes + 1] = {};
+    std::memcpy(name, w, kNameBytes);
+    list[i].name = name;
+    list[i].hash = w[2];
+    if (w[3] < 0 || w[3] > kMaxStageDims) bad(fmt::format("tensor {} has {} dimensions", i, w[3]));
+    list[i].shape.assign(w + 4, w + 4 + w[3]);
+    // A 16-byte prefix whose hash is not its own was cut from a longer name.
+    list[i].name_truncated = list[i].name.size() == static_cast<size_t>(kNameBytes) &&
+                             name_hash(list[i].name) != list[i].hash;
+  }
+  return list;
+}
+
+void check_received(const std::vector<TensorDesc>& expected,
+                    const std::vector<TensorDesc>& received, int stage, int src, Direction dir,
+                    int micro) {
+  const std::string where = fmt::format("from stage {} for micro-batch {} ({})", src, micro,
+                                        what_moves(dir));
+  if (expected.size() != received.size())
+    internal_error(__FILE__, __LINE__,
+                   fmt::format("pipeline: stage {} expected {} {} but received {}", stage,
+                               format_list(expected), where, format_list(received)));
+  for (size_t i = 0; i < expected.size(); ++i) {
+    if (expected[i] == received[i]) continue;
+    internal_error(__FILE__, __LINE__,
+                   fmt::format("pipeline: stage {} expected {} {} but received {}{}", stage,
+                               format_desc(expected[i]), where, format_desc(received[i]),
+                               expected.size() > 1
+                                   ? fmt::format(" (tensor {} of {})", i + 1, expected.size())
+                                   : ""));
+  }
+}
+
+// A started boundary message: the header lives here until its send completed.
+struct PendingSend {
+  Direction dir;
+  int micro;
+  std::unique_ptr<Header> header;
+  std::vector<Work> works;
+};
+
+class StageRunner {
+ public:
+  StageRunner(Communicator& pp, int stages, int stage, PipelineStage& model)
+      : pp_(pp), stages_(stages), stage_(stage), model_(model) {}
+
+  void run_action(const PipeAction& a) {
+    poll_sends();
+    if (a.kind == PipeAction::Kind::kForward) {
+      if (stage_ > 0) receive(kForwardDir, a.micro, stage_ - 1, model_.forward_inputs(a.micro));
+      timed_compute([&] { model_.forward(a.micro); });
+      if (stage_ < stages_ - 1)
+        send(kForwardDir, a.micro, stage_ + 1, model_.forward_outputs(a.micro));
+    } else {
+      // The forward outputs' buffers belong to the model again once backward starts.
+      complete_sends(kForwardDir, a.micro);
+      if (stage_ < stages_ - 1)
+        receive(kBackwardDir, a.micro, stage_ + 1, model_.backward_inputs(a.micro));
+      timed_compute([&] { model_.backward(a.micro); });
+      if (stage_ > 0) send(kBackwardDir, a.micro, stage_ - 1, model_.backward_outputs(a.micro));
+    }
+  }
+
+  void complete_all_sends() {
+    const auto t0 = CommClock::now();
+    for (PendingSend& p : pending_) wait_send(p);
+    pending_.clear();
+    stats_.wait_ms += ms_since(t0);
+  }
+
+  PipelineStats& stats() { return stats_; }
+
+ private:
+  template <typename F>
+  void timed_compute(F&& f) {
+    const auto t0 = CommClock::now();
+    f();
+    stats_.compute_ms += ms_since(t0);
+  }
+
+  void send(Direction dir, int micro, int dest, const std::vector<StageTensor>& tensors) {
+    check_tensors(tensors, stage_, dir, micro, dir == kForwardDir ? "forward output"
+                                                                  : "backward output");
+    PendingSend p{dir, micro, std::make_unique<Header>(encode_header(tensors, dir, micro, stage_)),
+                  {}};
+    p.works.push_back(pp_.send(p.header->data(), kHeaderWords, dest, message_tag(dir, micro, 0)));
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const size_t n = tensors[i].count();
+      if (n == 0) continue;
+      p.works.push_back(pp_.send(tensors[i].data, n, dest,
+                                 message_tag(dir, micro, static_cast<int>(i) + 1)));
+      stats_.bytes_sent += n * sizeof(float);
+    }
+    ++stats_.messages_sent;
+    pending_.push_back(std::move(p));
+  }
+
+  void receive(Direction dir, int micro, int src, const std::vector<StageTensor>& tensors) {
+    check_tensors(tensors, stage_, dir, micro, dir == kForwardDir ? "forward input"
+                                                                  : "backward input");
+    const auto t0 = CommClock::now();
+    Header h{};
+    Work header_work = pp_.recv(h.data(), kHeaderWords, src, message_tag(dir, micro, 0));
+    wait_naming(header_work, "receiving", dir, micro, src);
+    std::vector<TensorDesc> expected;
+    for (const StageTensor& t : tensors) expected.push_back(describe(t));
+    check_received(expected, decode_header(h, stage_, src, dir, micro), stage_, src, dir, micro);
+    std::vector<Work> works;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const size_t n = tensors[i].count();
+      if (n == 0) continue;
+      works.push_back(pp_.recv(tensors[i].data, n, src,
+                               message_tag(dir, micro, static_cast<int>(i) + 1)));
+      stats_.bytes_received += n * sizeof(float);
+    }
+    for (Work& w : works) wait_naming(w, "receiving", dir, micro, src);
+    stats_.wait_ms += ms_since(t0);
+  }
+
+  // Work::wait, with a failure (e.g. the comm timeout when a neighbour stopped) saying which
+  // boundary message this stage was waiting for.
+  void wait_naming(Work& w, const char* doing, Direction dir, int micro, int peer) {
+    try {
+      w.wait();
+    } catch (const Error& e) {
+      throw Error(fmt::format("pipeline: stage {} {} the {} of micro-batch {} {} stage {}: {}",
+                              stage_, doing, what_moves(dir), micro,
+                              doing[0] == 'r' ? "from" : "to", peer, e.what()),
+                  e.code());
+    }
+  }
+
+  void wait_send(PendingSend& p) {
+    const int peer = p.dir == kForwardDir ? stage_ + 1 : stage_ - 1;
+    for (Work& w : p.works) wait_naming(w, "sending", p.dir, p.micro, peer);
+  }
+
+  // Drives progress on every pending send and drops the completed ones.
+  void poll_sends() {
+    std::erase_if(pending_, [](PendingSend& p) {
+      bool done = true;
+      for (Work& w : p.works) done = w.test() && done;
+      return done;
+    });
+  }
+
+  void complete_sends(Direction dir, int micro) {
+    const auto t0 = CommClock::now();
+    std::erase_if(pending_, [&](PendingSend& p) {
+      if (p.dir != dir || p.micro != micro) return false;
+      wait_send(p);
+      return true;
+    });
+    stats_.wait_ms += ms_since(t0);
+  }
+
+  Communicator& pp_;
+  const int stages_, stage_;
+  PipelineStage& model_;
+  std::vector<PendingSend> pending_;
+  PipelineStats stats_;
+};
+
+}  // namespace
+
+PipelineStats run_pipeline(PipeSchedule schedule, Communicator& pp, int stages, int stage,
+                           int micro_batches, PipelineStage& model) {
+  TRIDENT_CHECK(pp.size() == stages && pp.rank() == stage,
+                "run_pipeline for stage {} of {} on communicator '{}' where this rank is {} of {}",
+                stage, stages, pp.name(), pp.rank(), pp.size());
+  const auto t0 = CommClock::now();
+  StageRunner runner(pp, stages, stage, model);
+  for (const PipeAction& a : pipeline_actions(schedule, stages, stage, micro_batches))
+    runner.run_action(a);
+  runner.complete_all_sends();
+  PipelineStats stats = runner.stats();
+  stats.total_ms = ms_since(t0);
+  return stats;
+}
+
+}  // namespace trident
