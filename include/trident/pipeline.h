@@ -48,7 +48,10 @@ struct StageTensor {
 };
 
 // A model's part on one stage. The tensor lists describe buffers the stage owns; they must
-// stay valid until the runner moves on to the next action of that micro-batch.
+// stay valid until the runner moves on to the next action of that micro-batch. Backward
+// outputs have no next action: theirs stay in use until the runner starts forward(m + k),
+// k = max_in_flight(...), the first action that may reuse micro-batch m's buffers when a model
+// keeps micro-batch m in slot m mod k (or until run_pipeline returns).
 class PipelineStage {
  public:
   virtual ~PipelineStage() = default;
@@ -82,7 +85,8 @@ struct PipelineStats {
 //
 // What the runner asks of the model, per action (Note [Pipeline messages] in
 // pipeline_runner.cpp has the wire format and the tags):
-//   forward(m):  forward_inputs(m) and receive into it (not on the first stage); forward(m);
+//   forward(m):  wait until backward(m − k)'s send completed (k = max_in_flight; see above);
+//                forward_inputs(m) and receive into it (not on the first stage); forward(m);
 //                forward_outputs(m) and start sending it (not on the last stage).
 //   backward(m): wait until forward(m)'s send completed (its buffers may be reused from now);
 //                backward_inputs(m) and receive into it (not on the last stage); backward(m);

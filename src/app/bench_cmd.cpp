@@ -51,7 +51,7 @@ int run_bench(const BenchArgs& args) {
                peak / 1e9, backend->threads());
   const GPTConfig& cfg = trainer.model_config();
 
-  std::vector<double> ms, fwd, bwd, opt, comm, exposed, overlap, tp_comm;
+  std::vector<double> ms, fwd, bwd, opt, comm, exposed, overlap, tp_comm, bubble;
   for (int i = 0; i < args.warmup_steps + args.steps; ++i) {
     StepStats s = trainer.train_step(i);
     const bool timed = i >= args.warmup_steps;
@@ -71,24 +71,29 @@ int run_bench(const BenchArgs& args) {
     exposed.push_back(s.exposed_comm_ms);
     overlap.push_back(s.overlap);
     tp_comm.push_back(s.tp_comm_ms);
+    bubble.push_back(s.pipeline_ms > 0 ? s.pipeline_wait_ms / s.pipeline_ms : 0.0);
   }
   peak = std::max(peak, backend->measure_gemm_peak_flops());
   const double step_ms = median(ms);
   const double tokens_per_s = trainer.tokens_per_step() / (step_ms / 1e3);
   const double flops_per_token = cfg.train_flops_per_token(deck.model.seq_len);
   const int ranks = grid->world_size();
+  const int pp = grid->layout().pp;
   const double mfu = flops_per_token * tokens_per_s / (peak * ranks);
   if (trace) trace->write();
   if (lead)
     fmt::print("bench: tokens_per_s={:.1f} ms_per_step={:.2f} mfu={:.4f} peak_gflops={:.1f} "
                "achieved_gflops={:.1f} forward_ms={:.2f} backward_ms={:.2f} optimizer_ms={:.2f} "
-               "comm_ms={:.2f} exposed_comm_ms={:.2f} overlap={:.3f} tp_comm_ms={:.2f} params_m={:.2f} "
-               "tokens_per_step={} ranks={} dp={} tp={} threads={} backend={}\n",
+               "comm_ms={:.2f} exposed_comm_ms={:.2f} overlap={:.3f} tp_comm_ms={:.2f} "
+               "bubble={:.3f} bubble_model={:.3f} activation_mb={:.1f} params_m={:.2f} "
+               "tokens_per_step={} ranks={} dp={} tp={} pp={} threads={} backend={}\n",
                tokens_per_s, step_ms, mfu, peak * ranks / 1e9,
                flops_per_token * tokens_per_s / 1e9, median(fwd), median(bwd), median(opt),
-               median(comm), median(exposed), median(overlap), median(tp_comm),
+               median(comm), median(exposed), median(overlap), median(tp_comm), median(bubble),
+               double(pp - 1) / double(deck.train.accum + pp - 1),
+               trainer.model().activation_bytes() / (1024.0 * 1024.0),
                trainer.model().num_params() / 1e6, trainer.tokens_per_step(), ranks,
-               grid->layout().dp, grid->layout().tp,
+               grid->layout().dp, grid->layout().tp, pp,
                backend->threads(), backend->name());
   return 0;
 }

@@ -207,12 +207,17 @@ struct PendingSend {
 
 class StageRunner {
  public:
-  StageRunner(Communicator& pp, int stages, int stage, PipelineStage& model)
-      : pp_(pp), stages_(stages), stage_(stage), model_(model) {}
+  StageRunner(Communicator& pp, int stages, int stage, int in_flight, PipelineStage& model)
+      : pp_(pp), stages_(stages), stage_(stage), in_flight_(in_flight), model_(model) {}
 
   void run_action(const PipeAction& a) {
     poll_sends();
     if (a.kind == PipeAction::Kind::kForward) {
+      // Note [Slot reuse]: micro-batch m − in_flight's backward outputs may share buffers with
+      // micro-batch m (slot m mod in_flight), so their send must end before m's receive starts.
+      // It ends once the previous stage started backward(m − in_flight), which it does without
+      // waiting for this stage's later work, so waiting here cannot deadlock.
+      if (a.micro >= in_flight_) complete_sends(kBackwardDir, a.micro - in_flight_);
       if (stage_ > 0) receive(kForwardDir, a.micro, stage_ - 1, model_.forward_inputs(a.micro));
       timed_compute([&] { model_.forward(a.micro); });
       if (stage_ < stages_ - 1)
@@ -321,7 +326,7 @@ class StageRunner {
   }
 
   Communicator& pp_;
-  const int stages_, stage_;
+  const int stages_, stage_, in_flight_;
   PipelineStage& model_;
   std::vector<PendingSend> pending_;
   PipelineStats stats_;
@@ -335,7 +340,8 @@ PipelineStats run_pipeline(PipeSchedule schedule, Communicator& pp, int stages, 
                 "run_pipeline for stage {} of {} on communicator '{}' where this rank is {} of {}",
                 stage, stages, pp.name(), pp.rank(), pp.size());
   const auto t0 = CommClock::now();
-  StageRunner runner(pp, stages, stage, model);
+  StageRunner runner(pp, stages, stage, max_in_flight(schedule, stages, stage, micro_batches),
+                     model);
   for (const PipeAction& a : pipeline_actions(schedule, stages, stage, micro_batches))
     runner.run_action(a);
   runner.complete_all_sends();

@@ -41,15 +41,19 @@ float target_hidden(size_t i) { return static_cast<float>(i % 5) - 2; }
 // Stage s maps (h, a) to (w·h, a + w). The last stage's loss is Σ target·h + Σ a, so the
 // gradients flowing back are dh = target·Π(later weights), da = 1, and dw_s = Σ dh_out·h_in +
 // Σ da_out, accumulated over micro-batches.
+//
+// Like a real model it keeps micro-batch m in slot m mod max_in_flight and computes the input
+// gradient in place, into the buffer the input was received in — so a runner that reused a
+// slot before its backward send completed would corrupt the previous stage's gradients (with
+// large tensors, which MPI sends only once the receiver is ready).
 class ToyStage : public PipelineStage {
  public:
-  ToyStage(int stages, int stage, int micro_batches, ToyShape shape)
-      : stages_(stages), stage_(stage), shape_(shape), w_(stage_weight(stage)) {
-    auto slots = [&](size_t n) { return std::vector<std::vector<float>>(micro_batches, std::vector<float>(n)); };
-    in_h_ = slots(shape.hidden_count()), in_a_ = slots(shape.aux_count());
-    out_h_ = slots(shape.hidden_count()), out_a_ = slots(shape.aux_count());
-    din_h_ = slots(shape.hidden_count()), din_a_ = slots(shape.aux_count());
-    dout_h_ = slots(shape.hidden_count()), dout_a_ = slots(shape.aux_count());
+  ToyStage(PipeSchedule schedule, int stages, int stage, int micro_batches, ToyShape shape)
+      : stages_(stages), stage_(stage), shape_(shape), w_(stage_weight(stage)),
+        slots_(max_in_flight(schedule, stages, stage, micro_batches)),
+        seen_(micro_batches) {
+    for (auto* v : {&in_h_, &out_h_, &dout_h_}) v->assign(slots_, std::vector<float>(shape.hidden_count()));
+    for (auto* v : {&in_a_, &out_a_, &dout_a_}) v->assign(slots_, std::vector<float>(shape.aux_count()));
   }
 
   // A stage that declares a different shape for one micro-batch's forward input.
@@ -61,52 +65,57 @@ class ToyStage : public PipelineStage {
   void expect_only_hidden() { only_hidden_ = true; }
 
   std::vector<StageTensor> forward_inputs(int m) override {
-    if (m == wrong_micro_) return {{"hidden", wrong_shape_, wrong_buffer_.data()}, aux(in_a_[m])};
-    if (only_hidden_) return {hidden(in_h_[m])};
-    return {hidden(in_h_[m]), aux(in_a_[m])};
+    const int k = m % slots_;
+    if (m == wrong_micro_) return {{"hidden", wrong_shape_, wrong_buffer_.data()}, aux(in_a_[k])};
+    if (only_hidden_) return {hidden(in_h_[k])};
+    return {hidden(in_h_[k]), aux(in_a_[k])};
   }
   void forward(int m) override {
     log_.push_back({PipeAction::Kind::kForward, m});
+    const int k = m % slots_;
     if (stage_ == 0) {
-      for (size_t i = 0; i < in_h_[m].size(); ++i) in_h_[m][i] = input_hidden(m, i);
-      for (size_t i = 0; i < in_a_[m].size(); ++i) in_a_[m][i] = input_aux(m, i);
+      for (size_t i = 0; i < in_h_[k].size(); ++i) in_h_[k][i] = input_hidden(m, i);
+      for (size_t i = 0; i < in_a_[k].size(); ++i) in_a_[k][i] = input_aux(m, i);
     }
-    for (size_t i = 0; i < out_h_[m].size(); ++i) out_h_[m][i] = w_ * in_h_[m][i];
-    for (size_t i = 0; i < out_a_[m].size(); ++i) out_a_[m][i] = in_a_[m][i] + w_;
+    for (size_t i = 0; i < out_h_[k].size(); ++i) out_h_[k][i] = w_ * in_h_[k][i];
+    for (size_t i = 0; i < out_a_[k].size(); ++i) out_a_[k][i] = in_a_[k][i] + w_;
+    seen_[m] = in_h_[k];
+    seen_[m].insert(seen_[m].end(), in_a_[k].begin(), in_a_[k].end());
   }
   std::vector<StageTensor> forward_outputs(int m) override {
-    return {hidden(out_h_[m]), aux(out_a_[m])};
+    return {hidden(out_h_[m % slots_]), aux(out_a_[m % slots_])};
   }
   std::vector<StageTensor> backward_inputs(int m) override {
-    return {hidden(dout_h_[m]), aux(dout_a_[m])};
+    return {hidden(dout_h_[m % slots_]), aux(dout_a_[m % slots_])};
   }
   void backward(int m) override {
     log_.push_back({PipeAction::Kind::kBackward, m});
+    const int k = m % slots_;
     if (stage_ == stages_ - 1) {
-      for (size_t i = 0; i < dout_h_[m].size(); ++i) dout_h_[m][i] = target_hidden(i);
-      std::fill(dout_a_[m].begin(), dout_a_[m].end(), 1.0f);
+      for (size_t i = 0; i < dout_h_[k].size(); ++i) dout_h_[k][i] = target_hidden(i);
+      std::fill(dout_a_[k].begin(), dout_a_[k].end(), 1.0f);
     }
-    for (size_t i = 0; i < dout_h_[m].size(); ++i) {
-      dw_ += dout_h_[m][i] * in_h_[m][i];
-      din_h_[m][i] = w_ * dout_h_[m][i];
+    for (size_t i = 0; i < dout_h_[k].size(); ++i) {
+      dw_ += dout_h_[k][i] * in_h_[k][i];
+      in_h_[k][i] = w_ * dout_h_[k][i];  // the input's gradient, in place
     }
-    for (size_t i = 0; i < dout_a_[m].size(); ++i) {
-      dw_ += dout_a_[m][i];
-      din_a_[m][i] = dout_a_[m][i];
+    for (size_t i = 0; i < dout_a_[k].size(); ++i) {
+      dw_ += dout_a_[k][i];
+      in_a_[k][i] = dout_a_[k][i];
     }
+    seen_[m].insert(seen_[m].end(), in_h_[k].begin(), in_h_[k].end());
+    seen_[m].insert(seen_[m].end(), in_a_[k].begin(), in_a_[k].end());
     // The forward outputs' buffers are the model's again (the runner completed their send).
-    std::fill(out_h_[m].begin(), out_h_[m].end(), -1e30f);
+    std::fill(out_h_[k].begin(), out_h_[k].end(), -1e30f);
   }
   std::vector<StageTensor> backward_outputs(int m) override {
-    return {hidden(din_h_[m]), aux(din_a_[m])};
+    return {hidden(in_h_[m % slots_]), aux(in_a_[m % slots_])};
   }
 
   float dw() const { return dw_; }
   const std::vector<PipeAction>& log() const { return log_; }
-  const std::vector<float>& input_grad_hidden(int m) const { return din_h_[m]; }
-  const std::vector<float>& input_grad_aux(int m) const { return din_a_[m]; }
-  const std::vector<float>& input_hidden_of(int m) const { return in_h_[m]; }
-  const std::vector<float>& input_aux_of(int m) const { return in_a_[m]; }
+  // Per micro-batch: the inputs (hidden, aux) as forward saw them, then their gradients.
+  const std::vector<std::vector<float>>& seen() const { return seen_; }
 
  private:
   StageTensor hidden(std::vector<float>& v) {
@@ -117,8 +126,10 @@ class ToyStage : public PipelineStage {
   int stages_, stage_;
   ToyShape shape_;
   float w_;
+  int slots_;
   float dw_ = 0;
-  std::vector<std::vector<float>> in_h_, in_a_, out_h_, out_a_, din_h_, din_a_, dout_h_, dout_a_;
+  std::vector<std::vector<float>> in_h_, in_a_, out_h_, out_a_, dout_h_, dout_a_;
+  std::vector<std::vector<float>> seen_;
   std::vector<PipeAction> log_;
   int wrong_micro_ = -1;
   std::vector<int64_t> wrong_shape_;
@@ -128,23 +139,18 @@ class ToyStage : public PipelineStage {
 
 struct ToyResult {
   float dw = 0;
-  std::vector<std::vector<float>> values;  // per micro-batch: inputs and input gradients
+  std::vector<std::vector<float>> values;  // ToyStage::seen()
   PipelineStats stats;
 };
 
 ToyResult run_toy(Communicator& pp, PipeSchedule schedule, int micro_batches, ToyShape shape = {}) {
   const int stages = pp.size(), stage = pp.rank();
-  ToyStage model(stages, stage, micro_batches, shape);
+  ToyStage model(schedule, stages, stage, micro_batches, shape);
   ToyResult r;
   r.stats = run_pipeline(schedule, pp, stages, stage, micro_batches, model);
   EXPECT_EQ(model.log(), pipeline_actions(schedule, stages, stage, micro_batches));
   r.dw = model.dw();
-  for (int m = 0; m < micro_batches; ++m) {
-    std::vector<float> v = model.input_hidden_of(m);
-    for (auto* part : {&model.input_aux_of(m), &model.input_grad_hidden(m), &model.input_grad_aux(m)})
-      v.insert(v.end(), part->begin(), part->end());
-    r.values.push_back(std::move(v));
-  }
+  r.values = model.seen();
   return r;
 }
 
@@ -195,16 +201,20 @@ TEST(Pipeline, ToyModelMatchesTheAnalyticResultAndSchedulesAgreeBitwise) {
   }
 }
 
-// Several pipelines side by side (dp 2 × pp world/2, or dp 2 × pp 1 on two ranks) must not
-// hear each other; large tensors go through MPI's rendezvous protocol, which moves only while
-// the sender is inside MPI (no progress thread).
-TEST(Pipeline, SideBySidePipelinesWithLargeTensors) {
-  ProcessGrid grid(make_layout(world_size(), 2, 1, world_size() / 2));
-  MpiComm& pp = grid.pp();
+// Large tensors go through MPI's rendezvous protocol: a send moves only while the sender is
+// inside MPI (no progress thread) and completes only once the receiver posted its receive,
+// which is what Note [Slot reuse] guards. Several pipelines side by side (dp 2 × pp world/2, or
+// dp 2 × pp 1 on two ranks) must not hear each other.
+TEST(Pipeline, LargeTensorsAndSideBySidePipelines) {
   const ToyShape big{2, 128, 512, 3000};  // "hidden" is 512 KiB
-  for (PipeSchedule s : {PipeSchedule::kGPipe, PipeSchedule::kOneFOneB}) {
-    const ToyResult r = run_toy(pp, s, 3, big);
-    expect_analytic(r, pp.size(), pp.rank(), 3, big);
+  for (int dp : {1, 2}) {
+    ProcessGrid grid(make_layout(world_size(), dp, 1, world_size() / dp));
+    MpiComm& pp = grid.pp();
+    for (PipeSchedule s : {PipeSchedule::kGPipe, PipeSchedule::kOneFOneB}) {
+      SCOPED_TRACE(fmt::format("dp {}, {} stages, {}", dp, pp.size(), pipe_schedule_name(s)));
+      const ToyResult r = run_toy(pp, s, 5, big);
+      expect_analytic(r, pp.size(), pp.rank(), 5, big);
+    }
   }
 }
 
@@ -227,7 +237,7 @@ std::string run_expecting_error(PipeSchedule schedule, int micro_batches,
   ProcessGrid grid(make_layout(world_size(), 1, 1, world_size()));
   grid.set_timeout(2.0);
   MpiComm& pp = grid.pp();
-  ToyStage model(pp.size(), pp.rank(), micro_batches, {});
+  ToyStage model(schedule, pp.size(), pp.rank(), micro_batches, {});
   if (pp.rank() == pp.size() - 1) configure(model);
   std::string caught;
   try {

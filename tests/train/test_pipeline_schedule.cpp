@@ -105,22 +105,33 @@ TEST(PipeSchedule, EveryMicroBatchOnceForwardBeforeBackwardAndInFlightMatches) {
   }
 }
 
-// All stages at once, as run_pipeline runs them: a forward waits for the previous stage's
-// forward of that micro-batch, a backward for the next stage's backward; sends never block.
-// Each round every stage runs as many actions as it can; no progress in a round = deadlock.
-bool actions_complete(const std::vector<std::vector<PipeAction>>& actions, int micro) {
+// All stages at once, as run_pipeline runs them: sends never block; a forward waits for the
+// previous stage's forward of that micro-batch and, from micro-batch k = max_in_flight on, for
+// the previous stage to have posted the receive of backward(m − k)'s gradients (Note [Slot
+// reuse] in pipeline_runner.cpp); a backward waits for the next stage's backward. Each round
+// every stage runs as many actions as it can; a round without progress is a deadlock.
+bool actions_complete(PipeSchedule s, const std::vector<std::vector<PipeAction>>& actions,
+                      int micro) {
   const int stages = static_cast<int>(actions.size());
+  auto index_of = [&](int st, PipeAction a) {
+    return static_cast<size_t>(
+        std::find(actions[st].begin(), actions[st].end(), a) - actions[st].begin());
+  };
   std::vector<std::vector<char>> fwd_done(stages, std::vector<char>(micro, 0));
   std::vector<std::vector<char>> bwd_done(stages, std::vector<char>(micro, 0));
   std::vector<size_t> next(stages, 0);
   for (bool progress = true; progress;) {
     progress = false;
     for (int st = 0; st < stages; ++st) {
+      const int k = max_in_flight(s, stages, st, micro);
       while (next[st] < actions[st].size()) {
         const PipeAction& a = actions[st][next[st]];
         const bool forward = a.kind == PipeAction::Kind::kForward;
-        const bool ready = forward ? st == 0 || fwd_done[st - 1][a.micro]
-                                   : st == stages - 1 || bwd_done[st + 1][a.micro];
+        bool ready = forward ? st == 0 || fwd_done[st - 1][a.micro]
+                             : st == stages - 1 || bwd_done[st + 1][a.micro];
+        if (forward && st > 0 && a.micro >= k)
+          ready = ready && next[st - 1] >= index_of(st - 1, {PipeAction::Kind::kBackward,
+                                                             a.micro - k});
         if (!ready) break;
         (forward ? fwd_done : bwd_done)[st][a.micro] = 1;
         ++next[st];
@@ -136,20 +147,20 @@ bool actions_complete(const std::vector<std::vector<PipeAction>>& actions, int m
 bool schedule_completes(PipeSchedule s, int stages, int micro) {
   std::vector<std::vector<PipeAction>> actions;
   for (int st = 0; st < stages; ++st) actions.push_back(pipeline_actions(s, stages, st, micro));
-  return actions_complete(actions, micro);
+  return actions_complete(s, actions, micro);
 }
 
 TEST(PipeSchedule, NoDeadlockForAnyStagesAndMicroBatches) {
   // The simulation does find a deadlock: stage 0 without its warm-up waits for B0 while
   // stage 1 waits for F1.
   const auto one_f_one_b = PipeSchedule::kOneFOneB;
-  EXPECT_FALSE(actions_complete({pipeline_actions(one_f_one_b, 3, 2, 4),
+  EXPECT_FALSE(actions_complete(one_f_one_b, {pipeline_actions(one_f_one_b, 3, 2, 4),
                                  pipeline_actions(one_f_one_b, 3, 1, 4),
                                  pipeline_actions(one_f_one_b, 3, 2, 4)}, 4));
 
   for (PipeSchedule s : {PipeSchedule::kGPipe, PipeSchedule::kOneFOneB})
     for (int stages = 1; stages <= 8; ++stages)
-      for (int micro = 1; micro <= 16; ++micro)
+      for (int micro = 1; micro <= 20; ++micro)
         EXPECT_TRUE(schedule_completes(s, stages, micro))
             << pipe_schedule_name(s) << " stages " << stages << " micro " << micro;
 }
