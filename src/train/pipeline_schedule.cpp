@@ -11,9 +11,10 @@
 // p − s micro-batches' activations, against m for GPipe (all forwards, then all backwards).
 // Both run backwards in micro-batch order, so gradients accumulate in the same order and the
 // two schedules give bitwise equal results. The bubble is the same, (p−1)/(m+p−1); 1F1B only
-// bounds the memory. Neither deadlocks with nonblocking sends: every receive a stage blocks on
-// is for a message its neighbour sends before it blocks on anything that depends on this stage
-// (the test simulates every stages × micro_batches up to a size to check it).
+// bounds the memory. With run_pipeline's nonblocking sends and blocking receives neither
+// deadlocks, for any p ≥ 1 and m ≥ 1 (m < p included): test_pipeline_schedule.cpp simulates all
+// stages together, with the runner's waits (Note [Slot reuse] in pipeline_runner.cpp), up to
+// 8 stages × 20 micro-batches.
 #include <algorithm>
 
 #include "trident/check.h"

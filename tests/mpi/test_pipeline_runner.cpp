@@ -218,6 +218,18 @@ TEST(Pipeline, LargeTensorsAndSideBySidePipelines) {
   }
 }
 
+// Tags repeat every 512 micro-batches (Note [Pipeline messages]); MPI's ordering keeps the
+// pairs right.
+TEST(Pipeline, MoreMicroBatchesThanTheTagPeriod) {
+  ProcessGrid grid(make_layout(world_size(), 1, 1, world_size()));
+  MpiComm& pp = grid.pp();
+  const ToyShape small{1, 1, 2, 1};
+  for (PipeSchedule s : {PipeSchedule::kGPipe, PipeSchedule::kOneFOneB}) {
+    const ToyResult r = run_toy(pp, s, 1100, small);
+    expect_analytic(r, pp.size(), pp.rank(), 1100, small);
+  }
+}
+
 TEST(Pipeline, OneStageSendsNothing) {
   MpiComm self(MPI_COMM_SELF, "self");
   for (PipeSchedule s : {PipeSchedule::kGPipe, PipeSchedule::kOneFOneB}) {
