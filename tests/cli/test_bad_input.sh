@@ -61,7 +61,8 @@ expect grid-not-dividing "world 6 is not divisible by tp 4" -- "$bin" grid --wor
 expect dp-not-fitting "dp 3.*world is 1|world 1.*dp 3" -- "$bin" train deck.yaml "${common[@]}" --set parallel.dp=3
 # On two ranks: every rank exits 2, one message (from the lowest failing rank).
 mpi=(mpirun -n 2)
-expect pp-not-built-yet "rank 0.*parallel.pp=2" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set parallel.pp=2
+expect stages-over-layers "parallel.pp \(2\) must be at most model.layers \(1\)" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set parallel.pp=2 --set model.layers=1
+expect stage-layers-sum "stage_layers.*6 layers but model.layers is 4" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set parallel.pp=2 --set parallel.stage_layers=3,3
 expect tp-not-dividing-heads "parallel.tp.*heads" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set parallel.tp=2 --set model.heads=1 --set model.d_model=128
 expect sp-not-dividing-seq "seq_len 63 is not divisible" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set parallel.tp=2 --set parallel.sequence_parallel=true --set model.seq_len=63
 expect two-ranks-bad-deck "rank 0.*train.lr" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set train.lr=-1
