@@ -9,17 +9,15 @@
 #include <cmath>
 #include <cstring>
 
-#include "trident/grid.h"
-#include "trident/train.h"
+#include "train_harness.h"
 
 namespace trident {
 namespace {
 
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+using testing::expect_bitwise;
+using testing::expect_close;
+using testing::world_size;
+using Result = testing::RunResult;
 
 Deck deck(std::vector<std::string> overrides) {
   const std::string yaml = R"(
@@ -32,22 +30,8 @@ run: {threads: 1}
   return parse_deck(yaml, TRIDENT_SOURCE_DIR, overrides);
 }
 
-struct Result {
-  std::vector<double> losses, norms;
-  std::vector<float> params;  // this rank's
-};
-
 Result train(const Deck& d, ProcessGrid* grid, int steps) {
-  auto be = make_cpu_backend(1);
-  Trainer t(d, TrainContext{be.get(), 1e9, grid, nullptr});
-  Result r;
-  for (int s = 0; s < steps; ++s) {
-    const StepStats st = t.train_step(s);
-    r.losses.push_back(st.loss);
-    r.norms.push_back(st.grad_norm);
-  }
-  r.params.assign(t.model().params(), t.model().params() + t.model().num_params());
-  return r;
+  return testing::run_steps(d, grid, steps);
 }
 
 Result train_layout(int dp, int tp, int pp, std::vector<std::string> extra = {}) {
@@ -60,21 +44,9 @@ Result train_layout(int dp, int tp, int pp, std::vector<std::string> extra = {})
 // Single-rank reference with the same global batch (dp micro-batches become accumulation).
 Result reference(int dp) { return train(deck({fmt::format("train.accum={}", 4 * dp)}), nullptr, 10); }
 
-// Same bound as the dp and tp tests: fp32 sums in another order (the tied embedding's two
-// halves summed across stages, tp partial sums), 1e-5 relative on the loss over 10 steps.
-void expect_close(const Result& a, const Result& ref) {
-  ASSERT_EQ(a.losses.size(), ref.losses.size());
-  for (size_t i = 0; i < a.losses.size(); ++i) {
-    EXPECT_NEAR(a.losses[i], ref.losses[i], 1e-5 * std::abs(ref.losses[i])) << "step " << i + 1;
-    EXPECT_NEAR(a.norms[i], ref.norms[i], 1e-4 * ref.norms[i]) << "step " << i + 1;
-  }
-}
-
-void expect_bitwise(const Result& a, const Result& b) {
-  ASSERT_EQ(a.losses, b.losses);
-  ASSERT_EQ(a.norms, b.norms);
-  ASSERT_EQ(0, std::memcmp(a.params.data(), b.params.data(), a.params.size() * 4));
-}
+// Same bounds as the dp and tp tests (testing::expect_close): fp32 sums in another order (the
+// tied embedding's two halves summed across stages, tp partial sums), 1e-5 relative on the loss
+// over 10 steps.
 
 TEST(Pipeline, AllRanksPpEqualsOneRank) {
   const int world = world_size();

@@ -9,18 +9,13 @@
 #include <cmath>
 #include <map>
 
+#include "train_harness.h"
 #include "trident/check.h"
-#include "trident/grid.h"
-#include "trident/train.h"
 
 namespace trident {
 namespace {
 
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+using testing::world_size;
 
 // heads 4 and d_model 32 split 4 ways; vocab 250 is not a multiple of tp (nor of 128), so
 // the padded vocabulary differs between layouts (256 for tp 1 and 2, 512 for tp 4).
@@ -74,13 +69,11 @@ std::map<std::string, std::vector<float>> gather_grads(GPT& m, ProcessGrid* grid
 }
 
 Result train(const Deck& d, ProcessGrid* grid, int steps) {
-  auto be = make_cpu_backend(1);
-  Trainer t(d, TrainContext{be.get(), 1e9, grid, nullptr});
   Result r;
-  for (int s = 0; s < steps; ++s) {
-    r.losses.push_back(t.train_step(s).loss);
+  const testing::RunResult run = testing::run_steps(d, grid, steps, [&](int s, Trainer& t) {
     if (s == 0) r.step1_grads = gather_grads(t.model(), grid);
-  }
+  });
+  r.losses = run.losses;
   return r;
 }
 

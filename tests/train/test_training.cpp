@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "train_harness.h"
 #include "trident/train.h"
 
 namespace trident {
@@ -21,23 +22,9 @@ run: {threads: 1}
   return parse_deck(yaml, TRIDENT_SOURCE_DIR, overrides);
 }
 
-struct TrainedRun {
-  std::vector<double> losses, norms;
-  std::vector<float> params;
-};
+using TrainedRun = testing::RunResult;
 
-TrainedRun train(const Deck& deck, int steps) {
-  auto be = make_cpu_backend(deck.run.threads);
-  Trainer t(deck, TrainContext{be.get(), 1e9});
-  TrainedRun r;
-  for (int s = 0; s < steps; ++s) {
-    StepStats st = t.train_step(s);
-    r.losses.push_back(st.loss);
-    r.norms.push_back(st.grad_norm);
-  }
-  r.params.assign(t.model().params(), t.model().params() + t.model().num_params());
-  return r;
-}
+TrainedRun train(const Deck& deck, int steps) { return testing::run_steps(deck, nullptr, steps); }
 
 TEST(Schedule, WarmupThenCosineOrConstant) {
   TrainConfig t;

@@ -1,0 +1,63 @@
+// Shared by the training tests: run a few steps of a deck (on a grid or on one rank) and
+// compare the results.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "trident/grid.h"
+#include "trident/train.h"
+
+namespace trident::testing {
+
+inline int world_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+struct RunResult {
+  std::vector<double> losses, norms;
+  std::vector<float> params;  // this rank's, after the last step
+};
+
+// Trains `steps` steps (grid may be null: one rank, no MPI). after_step(s, trainer) runs after
+// each step, e.g. to gather gradients.
+inline RunResult run_steps(const Deck& d, ProcessGrid* grid, int steps,
+                           const std::function<void(int, Trainer&)>& after_step = {}) {
+  auto be = make_cpu_backend(d.run.threads);
+  Trainer t(d, TrainContext{be.get(), 1e9, grid, nullptr});
+  RunResult r;
+  for (int s = 0; s < steps; ++s) {
+    const StepStats st = t.train_step(s);
+    r.losses.push_back(st.loss);
+    r.norms.push_back(st.grad_norm);
+    if (after_step) after_step(s, t);
+  }
+  r.params.assign(t.model().params(), t.model().params() + t.model().num_params());
+  return r;
+}
+
+// Losses within loss_rel and gradient norms within norm_rel, relative, step by step.
+inline void expect_close(const RunResult& a, const RunResult& ref, double loss_rel = 1e-5,
+                         double norm_rel = 1e-4) {
+  ASSERT_EQ(a.losses.size(), ref.losses.size());
+  for (size_t i = 0; i < a.losses.size(); ++i) {
+    EXPECT_NEAR(a.losses[i], ref.losses[i], loss_rel * std::abs(ref.losses[i])) << "step " << i + 1;
+    EXPECT_NEAR(a.norms[i], ref.norms[i], norm_rel * std::abs(ref.norms[i])) << "step " << i + 1;
+  }
+}
+
+inline void expect_bitwise(const RunResult& a, const RunResult& b) {
+  ASSERT_EQ(a.losses, b.losses);
+  ASSERT_EQ(a.norms, b.norms);
+  ASSERT_EQ(a.params.size(), b.params.size());
+  ASSERT_EQ(0, std::memcmp(a.params.data(), b.params.data(), a.params.size() * 4));
+}
+
+}  // namespace trident::testing
