@@ -58,6 +58,7 @@ struct TrainConfig {
   int val_every = 50;                  // 0: no validation
   int val_batches = 4;                 // micro-batches per validation
   std::string recompute = "none";      // activation recomputation: none | mlp | full
+  int stop_at = 0;                     // end after this step with a checkpoint (0: run all steps)
 
   bool operator==(const TrainConfig&) const = default;
 };
@@ -83,6 +84,15 @@ struct RunConfig {
   std::string out_dir;                 // default: runs/<deck file stem>
 
   bool operator==(const RunConfig&) const = default;
+};
+
+struct CheckpointConfig {
+  std::string dir;                     // empty: no checkpoints
+  int every = 0;                       // save every N steps (0: only at the end)
+  int keep = 2;                        // newest complete checkpoints kept
+  std::string resume = "false";        // false | true (refuse if none) | auto
+
+  bool operator==(const CheckpointConfig&) const = default;
 };
 
 struct ParallelConfig {
@@ -115,6 +125,7 @@ struct Deck {
   RunConfig run;
   ParallelConfig parallel;
   CommConfig comm;
+  CheckpointConfig checkpoint;
   std::string source;                  // the deck file's absolute path; empty from parse_deck
 
   // The resolved deck (every key, defaults filled in) as YAML: printed and saved with the run.

@@ -58,6 +58,8 @@ const std::vector<Key>& table() {
       {.name = "train.recompute", .field = at<&Deck::train, &TrainConfig::recompute>(),
        .text = Text::kEnum, .choices = {"none", "mlp", "full"},
        .help = "activation recomputation in backward: none, the MLP's hidden activations, or full blocks"},
+      {.name = "train.stop_at", .field = at<&Deck::train, &TrainConfig::stop_at>(), .min = ge(0),
+       .help = "end after this step with a checkpoint, schedule unchanged (a time limit); 0: no"},
       {.name = "train.warmup_steps", .field = at<&Deck::train, &TrainConfig::warmup_steps>(),
        .min = ge(0), .help = "steps of linear warm-up from 0 to train.lr"},
       {.name = "train.min_lr_ratio", .field = at<&Deck::train, &TrainConfig::min_lr_ratio>(),
@@ -126,6 +128,16 @@ const std::vector<Key>& table() {
        .help = "emulated per-message latency in microseconds"},
       {.name = "comm.timeout_s", .field = at<&Deck::comm, &CommConfig::timeout_s>(),
        .min = gt(0), .help = "seconds a collective may wait before the run aborts"},
+
+      {.name = "checkpoint.dir", .field = at<&Deck::checkpoint, &CheckpointConfig::dir>(),
+       .text = Text::kPath, .help = "checkpoint directory (step_NNNNNNNN/ and latest); empty: none"},
+      {.name = "checkpoint.every", .field = at<&Deck::checkpoint, &CheckpointConfig::every>(),
+       .min = ge(0), .help = "save every N steps; 0: only at the end"},
+      {.name = "checkpoint.keep", .field = at<&Deck::checkpoint, &CheckpointConfig::keep>(),
+       .min = ge(1), .help = "newest complete checkpoints kept"},
+      {.name = "checkpoint.resume", .field = at<&Deck::checkpoint, &CheckpointConfig::resume>(),
+       .text = Text::kEnum, .choices = {"false", "true", "auto"},
+       .help = "continue from checkpoint.dir/latest: true (refuse if none), auto (if any)"},
   };
   return rows;
 }

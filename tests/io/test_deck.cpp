@@ -272,7 +272,7 @@ TEST_F(DeckTest, SectionsMustBeMaps) {
   EXPECT_TRUE(Contains(parse_error(std::string(kMinimal) + "train: [1]\n"),
                        "train: expected a map of keys"));
   EXPECT_TRUE(Contains(parse_error("- model\n- train\n"),
-                       "expected a map of sections (model, train, data, log, run, parallel, comm), "
+                       "expected a map of sections (model, train, data, log, run, parallel, comm, checkpoint), "
                        "got a list"));
   EXPECT_TRUE(Contains(parse_error("just words\n"), "expected a map of sections"));
 }
