@@ -10,7 +10,8 @@ namespace trident {
 
 class JsonlWriter {
  public:
-  explicit JsonlWriter(const std::string& path);
+  // append: continue an existing file (a resumed run) instead of starting it anew.
+  explicit JsonlWriter(const std::string& path, bool append = false);
   void write(const nlohmann::json& record);
   const std::string& path() const { return path_; }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "trident/backend.h"
+#include "trident/checkpoint.h"
 #include "trident/data.h"
 #include "trident/deck.h"
 #include "trident/model.h"
@@ -79,6 +80,15 @@ class Trainer {
   double validate();
   // Tokens a step consumes across all ranks.
   long tokens_per_step() const;
+  // Checkpoints (trainer_checkpoint.cpp): the parameters and AdamW moments as global tensors
+  // (wte without its vocabulary padding, so any layout can load them), with this rank's part
+  // and whether it writes it (dp rank 0; tp rank 0 for replicated tensors; wte on the last
+  // stage).
+  std::vector<ShardTensor> checkpoint_tensors();
+  // Collective over the world: saves after `steps_done` steps; returns the path.
+  std::string save(const std::string& dir, int steps_done, const std::string& run_id, int keep);
+  // Collective: loads a checkpoint saved in any layout; returns its meta (step, run id, ...).
+  CheckpointMeta load(const std::string& path);
   int dp_size() const { return dp_size_; }
   int pp_size() const { return pp_size_; }
   const GradReducer* reducer() const { return reducer_.get(); }

@@ -3,6 +3,7 @@
 // by main.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -19,7 +20,20 @@ struct BenchArgs {
   int steps = 5;
 };
 
+struct GenerateArgs {
+  DeckArgs deck;
+  std::string checkpoint;
+  std::string prompt;
+  int tokens = 200;
+  double temperature = 0.8;  // 0: greedy
+  uint64_t seed = 1;
+};
+
 int run_train(const DeckArgs& args);
+int run_eval(const DeckArgs& args, const std::string& checkpoint);
+int run_generate(const GenerateArgs& args);
+int run_ckpt_verify(const std::string& path);
+int run_ckpt_inspect(const std::string& path);
 int run_bench(const BenchArgs& args);
 int run_grid(int world, int dp, int tp, int pp);
 

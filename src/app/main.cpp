@@ -69,6 +69,35 @@ int main(int argc, char** argv) {
   bench->add_option("--steps", bench_args.steps, "timed steps (the median is reported)")
       ->check(CLI::PositiveNumber);
 
+  DeckArgs eval_args;
+  std::string eval_ckpt;
+  auto* eval = app.add_subcommand("eval", "validation loss of a checkpoint");
+  eval->add_option("deck", eval_args.deck, "YAML input deck (data.valid, layout)")->required();
+  eval->add_option("--ckpt", eval_ckpt, "checkpoint directory (or checkpoint.dir: its latest)")
+      ->required();
+  eval->add_option("--set", eval_args.overrides, "override one deck key: a.b=value")
+      ->take_all()->allow_extra_args(false);
+
+  GenerateArgs gen_args;
+  auto* generate = app.add_subcommand("generate", "sample text from a checkpoint (one rank)");
+  generate->add_option("deck", gen_args.deck.deck, "YAML input deck")->required();
+  generate->add_option("--ckpt", gen_args.checkpoint, "checkpoint directory")->required();
+  generate->add_option("--prompt", gen_args.prompt, "text to continue")->required();
+  generate->add_option("--tokens", gen_args.tokens, "tokens to sample")->check(CLI::PositiveNumber);
+  generate->add_option("--temperature", gen_args.temperature, "0: greedy")
+      ->check(CLI::NonNegativeNumber);
+  generate->add_option("--seed", gen_args.seed, "sampling seed");
+  generate->add_option("--set", gen_args.deck.overrides, "override one deck key: a.b=value")
+      ->take_all()->allow_extra_args(false);
+
+  std::string ckpt_path;
+  auto* ckpt = app.add_subcommand("ckpt", "checkpoint tools");
+  ckpt->require_subcommand(1);
+  auto* verify = ckpt->add_subcommand("verify", "check every shard and checksum; exit 2 if bad");
+  verify->add_option("path", ckpt_path, "checkpoint directory (or checkpoint.dir)")->required();
+  auto* inspect = ckpt->add_subcommand("inspect", "layout, step and tensors of a checkpoint");
+  inspect->add_option("path", ckpt_path, "checkpoint directory (or checkpoint.dir)")->required();
+
   int world = 1, dp = 0, tp = 1, pp = 1;
   auto* grid = app.add_subcommand("grid", "print each rank's (dp, tp, pp) place; no MPI needed");
   grid->add_option("--world", world, "number of ranks")->required()->check(CLI::PositiveNumber);
@@ -100,6 +129,10 @@ int main(int argc, char** argv) {
     int rc = 0;
     if (*train) rc = run_train(train_args);
     if (*bench) rc = run_bench(bench_args);
+    if (*eval) rc = run_eval(eval_args, eval_ckpt);
+    if (*generate) rc = run_generate(gen_args);
+    if (*verify) rc = run_ckpt_verify(ckpt_path);
+    if (*inspect) rc = run_ckpt_inspect(ckpt_path);
     MPI_Finalize();
     return rc;
   } catch (const AgreedFailure& f) {

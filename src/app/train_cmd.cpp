@@ -5,12 +5,15 @@
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <random>
 
 #include "app/commands.h"
 #include "app/run_setup.h"
 #include "trident/check.h"
+#include "trident/checkpoint.h"
 #include "trident/metrics.h"
 #include "trident/train.h"
 
@@ -18,6 +21,32 @@ namespace trident {
 namespace fs = std::filesystem;
 
 namespace {
+
+// Note [Stop signals]: SIGTERM and SIGUSR1 (what Slurm sends before the time limit) only set a
+// flag; at the next step boundary every rank learns whether any rank got one (an all-reduce),
+// and then all of them save a checkpoint and exit 0 together.
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+bool any_rank_signalled() {
+  int mine = g_stop_signal != 0 ? 1 : 0, any = 0;
+  TRIDENT_MPI(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+  return any != 0;
+}
+
+// A fresh run's id: rank 0 draws it, every rank gets the same.
+std::string new_run_id() {
+  char id[17] = {};
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) {
+    std::random_device rd;
+    const unsigned long long v = (static_cast<unsigned long long>(rd()) << 32) ^ rd();
+    std::snprintf(id, sizeof(id), "%016llx", v);
+  }
+  TRIDENT_MPI(MPI_Bcast(id, 17, MPI_CHAR, 0, MPI_COMM_WORLD));
+  return id;
+}
 
 std::string format_eta(double seconds) {
   if (seconds < 120) return fmt::format("{:.0f} s", seconds);
@@ -70,6 +99,45 @@ int run_train(const DeckArgs& args) {
     trainer_ptr = std::make_unique<Trainer>(deck, ctx);
   });
   Trainer& trainer = *trainer_ptr;
+
+  // Checkpoints: one run per checkpoint.dir (a lock held by rank 0), then resume if asked.
+  const CheckpointConfig& ck = deck.checkpoint;
+  std::unique_ptr<CheckpointDirLock> lock;
+  std::string resume_from;
+  setup_step([&] {
+    if (ck.dir.empty()) {
+      if (ck.resume == "true")
+        input_error("checkpoint.resume: true needs checkpoint.dir (it is empty)");
+      return;
+    }
+    if (lead) lock = std::make_unique<CheckpointDirLock>(ck.dir);
+    if (ck.resume != "false") resume_from = latest_checkpoint(ck.dir);
+    if (ck.resume == "true" && resume_from.empty())
+      input_error("checkpoint.resume: true, but checkpoint.dir {} has no checkpoint (no "
+                  "'latest')", ck.dir);
+  });
+  int first_step = 0;
+  std::string run_id;
+  if (!resume_from.empty()) {
+    CheckpointMeta meta;
+    setup_step([&] { meta = trainer.load(resume_from); });
+    first_step = int(meta.step);
+    run_id = meta.run_id;
+    if (lead)
+      fmt::print("resumed from {} (step {}, run {}, saved by dp {} x tp {} x pp {})\n",
+                 resume_from, meta.step, meta.run_id, meta.dp, meta.tp, meta.pp);
+  } else {
+    run_id = new_run_id();
+  }
+  const int end_step = deck.train.stop_at > 0 ? std::min(deck.train.stop_at, deck.train.steps)
+                                              : deck.train.steps;
+  auto save = [&](int steps_done, const char* why) {
+    if (ck.dir.empty()) return;
+    const std::string path = trainer.save(ck.dir, steps_done, run_id, ck.keep);
+    if (lead) fmt::print("checkpoint: {} ({})\n", path, why);
+  };
+  std::signal(SIGTERM, on_stop_signal);
+  std::signal(SIGUSR1, on_stop_signal);
   if (lead) {
     fmt::print("{}\n", deck.to_yaml());
     if (!note.empty()) fmt::print("{}\n", note);
@@ -81,7 +149,8 @@ int run_train(const DeckArgs& args) {
   if (lead) {
     fs::create_directories(metrics_path.parent_path());
     std::ofstream(out_dir / "deck.yaml") << deck.to_yaml();
-    metrics = std::make_unique<JsonlWriter>(metrics_path.string());
+    // A resumed run continues its metrics file.
+    metrics = std::make_unique<JsonlWriter>(metrics_path.string(), /*append=*/first_step > 0);
     fmt::print(
         "model: {} layers, d_model {}, {} heads, vocab {} (padded {}), {:.2f} M parameters\n"
         "batch: {} tokens/step ({} micro-batch x {} seq x {} accum x {} dp), {} steps\n"
@@ -96,17 +165,20 @@ int run_train(const DeckArgs& args) {
 
   const auto t_start = std::chrono::steady_clock::now();
   StepStats last;
-  for (int step = 0; step < deck.train.steps; ++step) {
+  bool stopped_by_signal = false;
+  int steps_done = first_step;
+  for (int step = first_step; step < end_step; ++step) {
     StepStats s = trainer.train_step(step);
+    steps_done = step + 1;
     const bool last_step = step + 1 == deck.train.steps;
     if (deck.train.val_every > 0 && (s.step % deck.train.val_every == 0 || last_step))
       s.val_loss = trainer.validate();
     if (lead) {
       metrics->write(to_json(s));
-      if (s.step % deck.log.every == 0 || last_step || step == 0) {
+      if (s.step % deck.log.every == 0 || last_step || step == first_step || s.step == end_step) {
         const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() -
                                                              t_start).count();
-        const double eta = elapsed / s.step * (deck.train.steps - s.step);
+        const double eta = elapsed / (s.step - first_step) * (end_step - s.step);
         std::string val = std::isnan(s.val_loss) ? "" : fmt::format(" | val {:.4f}", s.val_loss);
         std::string comm = trainer.dp_size() > 1
                                ? fmt::format(" | comm {:.1f} ms, exposed {:.1f} ms",
@@ -120,14 +192,22 @@ int run_train(const DeckArgs& args) {
       }
     }
     last = s;
+    if (any_rank_signalled()) {  // Note [Stop signals]
+      stopped_by_signal = true;
+      save(steps_done, "stop signal");
+      break;
+    }
+    if (ck.every > 0 && steps_done % ck.every == 0 && steps_done != end_step)
+      save(steps_done, "every");
   }
+  if (!stopped_by_signal) save(steps_done, steps_done < deck.train.steps ? "stop_at" : "end");
   if (trace) {
     trace->write();
     if (lead) fmt::print("trace: {} (one file per rank; open in Perfetto)\n", trace->path());
   }
   if (lead)
-    fmt::print("done: {} steps, final loss {:.4f}{}; metrics in {}, resolved deck in {}\n",
-               deck.train.steps, last.loss,
+    fmt::print("{}: {} steps, final loss {:.4f}{}; metrics in {}, resolved deck in {}\n",
+               stopped_by_signal ? "stopped by signal" : "done", steps_done, last.loss,
                std::isnan(last.val_loss) ? "" : fmt::format(", val loss {:.4f}", last.val_loss),
                metrics_path.string(), (out_dir / "deck.yaml").string());
   return 0;

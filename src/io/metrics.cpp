@@ -4,7 +4,8 @@
 
 namespace trident {
 
-JsonlWriter::JsonlWriter(const std::string& path) : path_(path), out_(path, std::ios::trunc) {
+JsonlWriter::JsonlWriter(const std::string& path, bool append)
+    : path_(path), out_(path, append ? std::ios::app : std::ios::trunc) {
   if (!out_) input_error("log.jsonl: cannot open {} for writing", path);
 }
 

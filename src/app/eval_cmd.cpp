@@ -1,0 +1,95 @@
+// `trident eval DECK --ckpt PATH` (validation loss, in the deck's layout) and
+// `trident generate DECK --ckpt PATH --prompt TEXT` (sampling, one rank).
+#include <mpi.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "app/commands.h"
+#include "app/run_setup.h"
+#include "trident/check.h"
+#include "trident/train.h"
+
+namespace trident {
+namespace {
+
+// The deck's model, in the deck's layout, with the checkpoint's weights.
+struct Loaded {
+  Deck deck;
+  std::unique_ptr<ProcessGrid> grid;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Trainer> trainer;
+  CheckpointMeta meta;
+  std::string path;
+};
+
+Loaded load_for_inference(const DeckArgs& args, const std::string& checkpoint) {
+  Loaded l;
+  setup_step([&] { l.deck = load_deck(args.deck, args.overrides); });
+  setup_step([&] { l.grid = make_grid(l.deck); });
+  setup_step([&] {
+    l.path = resolve_checkpoint(checkpoint);
+    l.backend = make_cpu_backend(l.deck.run.threads);
+    l.trainer = std::make_unique<Trainer>(l.deck, TrainContext{l.backend.get(), 0.0, l.grid.get(), nullptr});
+  });
+  setup_step([&] { l.meta = l.trainer->load(l.path); });
+  return l;
+}
+
+}  // namespace
+
+int run_eval(const DeckArgs& args, const std::string& checkpoint) {
+  Loaded l = load_for_inference(args, checkpoint);
+  if (l.deck.data.valid.empty())
+    input_error("eval: data.valid is empty in {}: nothing to evaluate on", l.deck.source);
+  const double loss = l.trainer->validate();
+  if (l.grid->world_rank() == 0)
+    fmt::print("eval: checkpoint {} (step {}): val_loss={:.6f} over {} micro-batches of {}x{} "
+               "tokens from {}\n",
+               l.path, l.meta.step, loss, l.deck.train.val_batches, l.deck.train.micro_batch,
+               l.deck.model.seq_len, l.deck.data.valid);
+  return 0;
+}
+
+int run_generate(const GenerateArgs& args) {
+  Loaded l = load_for_inference(args.deck, args.checkpoint);
+  if (l.grid->world_size() != 1)
+    input_error("generate runs on one rank (it got {}); the checkpoint loads in any layout",
+                l.grid->world_size());
+  GPT& model = l.trainer->model();
+  const GPTConfig& cfg = model.config();
+  if (cfg.vocab > 256)
+    input_error("generate: model.vocab {} is not byte-level; only byte-level (vocab 256) "
+                "models can turn text into tokens here", cfg.vocab);
+  std::vector<int32_t> tokens(args.prompt.begin(), args.prompt.end());
+  for (int32_t& t : tokens) t = int32_t(static_cast<unsigned char>(t));
+  if (tokens.empty()) input_error("generate: --prompt is empty");
+  const int T = l.deck.model.seq_len;
+  std::mt19937_64 rng(args.seed);
+  std::string out;
+  std::vector<float> probs(size_t(cfg.vocab));
+  for (int i = 0; i < args.tokens; ++i) {
+    // The last T tokens as context; the logits of the last position pick the next token.
+    const int n = std::min<int>(int(tokens.size()), T);
+    model.forward(0, tokens.data() + tokens.size() - n, nullptr, 1, n);
+    const float* logits = model.logits() + size_t(n - 1) * cfg.padded_vocab;
+    int next = int(std::max_element(logits, logits + cfg.vocab) - logits);
+    if (args.temperature > 0) {
+      const float top = logits[next];
+      double sum = 0;
+      for (int v = 0; v < cfg.vocab; ++v)
+        sum += probs[v] = float(std::exp((logits[v] - top) / args.temperature));
+      std::discrete_distribution<int> pick(probs.begin(), probs.end());
+      next = pick(rng);
+    }
+    tokens.push_back(next);
+    out.push_back(char(next));
+  }
+  fmt::print("{}{}\n", args.prompt, out);
+  return 0;
+}
+
+}  // namespace trident
