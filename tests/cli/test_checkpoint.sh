@@ -44,6 +44,13 @@ if grep -q "250\|256" <<<"$out" && grep -q "128" <<<"$out"; then ok "h5py: $(hea
 "$bin" eval "$src/inputs/gpt-tiny.yaml" --ckpt ck --set run.threads=1 >eval.log 2>&1 && grep -q "val_loss=" eval.log \
   && ok "eval on one rank of a tp-2 checkpoint: $(grep -o 'val_loss=[0-9.]*' eval.log)" || fail "eval: $(tail -3 eval.log)"
 
+out=$("$bin" generate "$src/inputs/gpt-tiny.yaml" --ckpt ck --prompt "After school" --tokens 40 --set run.threads=1 2>&1)
+if [ $? -eq 0 ] && [ "$(tail -1 <<<"$out" | head -c 12)" = "After school" ] && [ "$(tail -1 <<<"$out" | wc -c)" -ge 50 ]; then
+  ok "generate: $(tail -1 <<<"$out" | tr -d '\n' | head -c 60)..."
+else
+  fail "generate: $out"
+fi
+
 # 3. verify, then corruptions.
 "$bin" ckpt verify ck >verify.log 2>&1 && ok "ckpt verify: $(cat verify.log)" || fail "verify of a good checkpoint: $(cat verify.log)"
 corrupt_case() {  # NAME ACTION PATTERN

@@ -269,6 +269,21 @@ TEST(GptStages, TwoStagesEqualOneStage) {
                 1e-7f) << i;
 }
 
+// Causality and shorter inputs: the logits of a 1×4 prefix equal the first 4 positions of the
+// first sequence of a 2×8 batch (same ops on the same rows; attention only looks back).
+TEST(GptForward, ShorterPrefixGivesTheSameLogits) {
+  GPTConfig c = tiny_config();
+  auto be = make_cpu_backend(1);
+  GPT m(c, *be, 2, 8);
+  m.init_weights(5);
+  auto in = random_tokens(16, c.vocab, 3);
+  m.forward(in.data(), nullptr, 2, 8);
+  std::vector<float> full(m.logits(), m.logits() + 4 * size_t(c.padded_vocab));
+  m.forward(in.data(), nullptr, 1, 4);
+  for (size_t i = 0; i < full.size(); ++i)
+    ASSERT_NEAR(m.logits()[i], full[i], 1e-5f * (1.0f + std::abs(full[i]))) << i;
+}
+
 TEST(GptCheckpoint, LlmcRoundTripAndBadHeader) {
   GPTConfig c = tiny_config();
   auto be = make_cpu_backend(1);
