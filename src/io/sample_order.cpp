@@ -3,17 +3,11 @@
 
 #include "trident/check.h"
 #include "trident/data.h"
+#include "trident/mix.h"
 
 namespace trident {
 
 namespace {
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 // A uniform integer in [0, n]. Written out (rejection sampling on the top bits) instead of
 // std::uniform_int_distribution, whose algorithm differs between standard libraries: the
