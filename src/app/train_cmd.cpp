@@ -133,8 +133,11 @@ int run_train(const DeckArgs& args) {
                                               : deck.train.steps;
   auto save = [&](int steps_done, const char* why) {
     if (ck.dir.empty()) return;
+    const auto t0 = std::chrono::steady_clock::now();
     const std::string path = trainer.save(ck.dir, steps_done, run_id, ck.keep);
-    if (lead) fmt::print("checkpoint: {} ({})\n", path, why);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (lead) fmt::print("checkpoint: {} ({}, {:.2f} s)\n", path, why, seconds);
   };
   std::signal(SIGTERM, on_stop_signal);
   std::signal(SIGUSR1, on_stop_signal);
