@@ -91,5 +91,25 @@ TEST(Pipeline, UnevenStageLayers) {
   expect_close(train_layout(1, 1, 2, {"parallel.stage_layers=3,1"}), reference(1));
 }
 
+TEST(Pipeline, ValidationEqualsOneRank) {
+  // Forward-only through the stages (Trainer::validation_forward), dealt over dp.
+  const int world = world_size();
+  const int pp = 2, dp = world / pp;
+  auto be = make_cpu_backend(1);
+  const std::vector<std::string> valid = {std::string("data.valid=") + TRIDENT_SOURCE_DIR + "/inputs/data/tiny-valid.bin",
+                                          "train.val_batches=4"};
+  auto with = [&](std::vector<std::string> extra) {
+    for (const auto& v : valid) extra.push_back(v);
+    return deck(extra);
+  };
+  Trainer one(with({fmt::format("train.accum={}", 4 * dp)}), TrainContext{be.get(), 1e9, nullptr, nullptr});
+  one.train_step(0);
+  ProcessGrid grid(make_layout(world, dp, 1, pp));
+  Trainer piped(with({"parallel.pp=2"}), TrainContext{be.get(), 1e9, &grid, nullptr});
+  piped.train_step(0);
+  const double ref = one.validate(), got = piped.validate();
+  EXPECT_NEAR(got, ref, 1e-5 * ref);
+}
+
 }  // namespace
 }  // namespace trident
