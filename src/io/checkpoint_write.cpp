@@ -154,6 +154,18 @@ void check_tensor(const ShardTensor& t) {
   TRIDENT_CHECK(t.data != nullptr || t.count() == 0, "checkpoint tensor {}: no data", t.name);
 }
 
+// A new shard or index file with the attributes both carry (format, step, run id).
+H5Id create_checkpoint_file(const std::string& path, const CheckpointMeta& meta) {
+  H5Id fapl = make_fapl();
+  H5Id file{TRIDENT_H5(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), "creating {}",
+                       path),
+            H5Fclose};
+  write_attr(file, kAttrFormatVersion, int64_t{meta.format_version});
+  write_attr(file, kAttrStep, meta.step);
+  write_attr(file, kAttrRunId, meta.run_id);
+  return file;
+}
+
 H5Id intermediate_groups_lcpl() {
   H5Id lcpl{TRIDENT_H5(H5Pcreate(H5P_LINK_CREATE), "link creation properties"), H5Pclose};
   TRIDENT_H5(H5Pset_create_intermediate_group(lcpl, 1), "intermediate groups");
@@ -163,13 +175,7 @@ H5Id intermediate_groups_lcpl() {
 std::vector<SavedTensor> write_shard(const std::string& path, const CheckpointMeta& meta,
                                      const std::vector<ShardTensor>& tensors, int rank,
                                      int size) {
-  H5Id fapl = make_fapl();
-  H5Id file{TRIDENT_H5(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), "creating {}",
-                       path),
-            H5Fclose};
-  write_attr(file, kAttrFormatVersion, int64_t{meta.format_version});
-  write_attr(file, kAttrStep, meta.step);
-  write_attr(file, kAttrRunId, meta.run_id);
+  H5Id file = create_checkpoint_file(path, meta);
   write_attr(file, kAttrRank, int64_t{rank});
   write_attr(file, kAttrWorld, int64_t{size});
   H5Id lcpl = intermediate_groups_lcpl();
@@ -291,13 +297,7 @@ void write_virtual_dataset(hid_t file, hid_t lcpl, const SavedTensor& t) {
 
 void write_index(const std::string& path, const CheckpointMeta& meta, int shards,
                  const std::map<std::string, SavedTensor>& tensors) {
-  H5Id fapl = make_fapl();
-  H5Id file{TRIDENT_H5(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), "creating {}",
-                       path),
-            H5Fclose};
-  write_attr(file, kAttrFormatVersion, int64_t{meta.format_version});
-  write_attr(file, kAttrStep, meta.step);
-  write_attr(file, kAttrRunId, meta.run_id);
+  H5Id file = create_checkpoint_file(path, meta);
   write_attr(file, kAttrDeckYaml, meta.deck_yaml);
   write_attr(file, kAttrWorld, int64_t{meta.world});
   write_attr(file, kAttrDp, int64_t{meta.dp});
