@@ -28,10 +28,12 @@ namespace {
 volatile std::sig_atomic_t g_stop_signal = 0;
 extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
 
-bool any_rank_signalled() {
-  int mine = g_stop_signal != 0 ? 1 : 0, any = 0;
-  TRIDENT_MPI(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
-  return any != 0;
+// Through the grid's world communicator, so a rank that stopped answering ends the job after
+// comm.timeout_s here too instead of hanging.
+bool any_rank_signalled(ProcessGrid& grid) {
+  int signalled = g_stop_signal != 0 ? 1 : 0;
+  grid.world().all_reduce(&signalled, 1).wait();
+  return signalled != 0;
 }
 
 // A fresh run's id: rank 0 draws it, every rank gets the same.
@@ -195,7 +197,7 @@ int run_train(const DeckArgs& args) {
       }
     }
     last = s;
-    if (any_rank_signalled()) {  // Note [Stop signals]
+    if (any_rank_signalled(*grid)) {  // Note [Stop signals]
       stopped_by_signal = true;
       save(steps_done, "stop signal");
       break;
