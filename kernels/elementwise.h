@@ -1,0 +1,25 @@
+// Elementwise ops on the GPU: tanh-GELU, residual add, scale, casts (CPU twins: Backend::
+// gelu_forward/backward, add, scale; the casts round to nearest even like __float2bfloat16).
+#pragma once
+
+#include <cstddef>
+
+#include "cuda_check.h"
+
+namespace trident::cuda {
+
+void gelu_forward_cuda(float* out, const float* inp, size_t n, cudaStream_t stream);
+// dinp = gelu'(inp) * dout (assign).
+void gelu_backward_cuda(float* dinp, const float* inp, const float* dout, size_t n,
+                        cudaStream_t stream);
+// out = a + b; out may alias a or b.
+void add_cuda(float* out, const float* a, const float* b, size_t n, cudaStream_t stream);
+// x *= s
+void scale_cuda(float* x, float s, size_t n, cudaStream_t stream);
+
+void cast_f32_to_bf16_cuda(bf16* out, const float* in, size_t n, cudaStream_t stream);
+// out = scale * float(in)
+void cast_bf16_to_f32_cuda(float* out, const bf16* in, float scale, size_t n,
+                           cudaStream_t stream);
+
+}  // namespace trident::cuda
