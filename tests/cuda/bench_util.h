@@ -1,0 +1,59 @@
+// Shared by the kernel microbenchmarks (tests/cuda/bench_*.cpp → bench_kernels).
+//
+// Rules (STYLE.md rule 8): a benchmark validates its kernel against the CPU twin once before it
+// times anything (state.SkipWithError on a mismatch); times with CUDA events on one stream
+// (manual time); reports bytes or FLOPs per second as counters next to the ceiling they compare
+// with: the measured device-to-device copy bandwidth (read + write bytes per second) for
+// memory-bound kernels, the measured cuBLASLt bf16 GEMM rate for matmuls.
+#pragma once
+
+#include <benchmark/benchmark.h>
+
+#include <functional>
+#include <string>
+
+#include "cuda_check.h"
+#include "trident/cuda_backend.h"
+
+namespace trident::bench {
+
+// Skips the benchmark (with the reason) when there is no device; returns false then.
+inline bool require_gpu(benchmark::State& state) {
+  std::string why;
+  if (cuda_device_available(&why)) return true;
+  state.SkipWithError(("no CUDA device: " + why).c_str());
+  return false;
+}
+
+// Milliseconds per call of `launch` (which enqueues on `stream`), median-free mean over `reps`
+// calls after `warmup` calls, measured with CUDA events.
+inline double time_ms(const std::function<void()>& launch, cudaStream_t stream, int reps = 20,
+                      int warmup = 3) {
+  for (int i = 0; i < warmup; ++i) launch();
+  cudaEvent_t start, stop;
+  TRIDENT_CUDA(cudaEventCreate(&start));
+  TRIDENT_CUDA(cudaEventCreate(&stop));
+  TRIDENT_CUDA(cudaEventRecord(start, stream));
+  for (int i = 0; i < reps; ++i) launch();
+  TRIDENT_CUDA(cudaEventRecord(stop, stream));
+  TRIDENT_CUDA(cudaEventSynchronize(stop));
+  float ms = 0;
+  TRIDENT_CUDA(cudaEventElapsedTime(&ms, start, stop));
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return double(ms) / reps;
+}
+
+// Measured device-to-device copy rate in bytes/s, counting read + write (so it compares
+// directly with a kernel's bytes read + written per second). Measured once, 1 GiB.
+double measured_copy_bytes_per_s();
+
+// Sets the usual counters: GB/s achieved and the fraction of the copy ceiling.
+inline void report_bandwidth(benchmark::State& state, double bytes_moved, double ms) {
+  const double rate = bytes_moved / (ms * 1e-3);
+  state.SetIterationTime(ms * 1e-3);
+  state.counters["GB/s"] = rate / 1e9;
+  state.counters["of_copy_ceiling"] = rate / measured_copy_bytes_per_s();
+}
+
+}  // namespace trident::bench
