@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 namespace trident {
 
@@ -47,14 +48,22 @@ class Backend {
   virtual void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
                                const float* inp, const float* w, int N, int C, int OC) = 0;
 
-  // Causal multi-head self-attention. qkv [B,T,3C] holds q|k|v, each [NH, C/NH] per token.
-  // att [B,NH,T,T] saves the softmax probabilities (scale 1/sqrt(C/NH)); out is [B,T,C].
+  // Causal multi-head self-attention. qkv [B,T,3C] holds q|k|v, each [NH, C/NH] per token;
+  // out is [B,T,C]. `att` saves what backward needs, attention_saved_floats() of it (CPU: the
+  // softmax probabilities [B,NH,T,T], scale 1/sqrt(C/NH); CUDA: per-row softmax statistics).
   virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
                                  int NH) = 0;
-  // dqkv = ... (assign). scratch must hold B*NH*T*T floats.
+  // dqkv = ... (assign). scratch holds attention_scratch_floats(); out is forward's output.
   virtual void attention_backward(float* dqkv, float* scratch, const float* dout,
-                                  const float* qkv, const float* att, int B, int T, int C,
-                                  int NH) = 0;
+                                  const float* qkv, const float* out, const float* att, int B,
+                                  int T, int C, int NH) = 0;
+  virtual size_t attention_saved_floats(int B, int T, int C, int NH) const {
+    (void)C;
+    return size_t(B) * NH * T * T;
+  }
+  virtual size_t attention_scratch_floats(int B, int T, int C, int NH) const {
+    return attention_saved_floats(B, T, C, NH);
+  }
 
   // tanh-approximation GELU, elementwise over n values.
   virtual void gelu_forward(float* out, const float* inp, size_t n) = 0;
@@ -83,6 +92,60 @@ class Backend {
 
   // Measured peak of this backend's GEMM (FLOP/s) at its thread count: the MFU denominator.
   virtual double measure_gemm_peak_flops() = 0;
+  // The vendor's dense peak for the backend's compute type (FLOP/s), 0 if none applies (CPU).
+  virtual double nominal_peak_flops() const { return 0.0; }
+
+  // Note [Backend memory]: every pointer given to the ops above lives in memory the backend
+  // allocated. CPU: host memory. CUDA: device memory that the host may also read and write,
+  // but only after synchronize() (the ops run asynchronously, in order, on one stream).
+  // allocate() returns zeroed, 256-byte-aligned memory; copy() and fill_zero() are ordered with
+  // the ops and may take host pointers on either side.
+  virtual void* allocate(size_t bytes);
+  virtual void release(void* p) noexcept;
+  virtual void copy(void* dst, const void* src, size_t bytes);
+  virtual void fill_zero(void* p, size_t bytes);
+  // Waits until every op issued so far has finished; afterwards the host may touch buffers.
+  virtual void synchronize() {}
+  // True when ops run asynchronously on a device (the host must synchronize() before reading).
+  virtual bool is_device() const { return false; }
+
+  // Profiling: a named range of ops (NVTX on CUDA; nothing on the CPU). Nesting is allowed.
+  virtual void push_range(const char* name) { (void)name; }
+  virtual void pop_range() {}
+};
+
+// A typed array in backend memory (Note [Backend memory]); an empty one owns nothing.
+template <typename T>
+class BackendBuffer {
+ public:
+  BackendBuffer() = default;
+  BackendBuffer(Backend& be, size_t n)
+      : be_(&be), n_(n), p_(n ? static_cast<T*>(be.allocate(n * sizeof(T))) : nullptr) {}
+  BackendBuffer(BackendBuffer&& o) noexcept { swap(o); }
+  BackendBuffer& operator=(BackendBuffer&& o) noexcept {
+    BackendBuffer tmp(std::move(o));
+    swap(tmp);
+    return *this;
+  }
+  BackendBuffer(const BackendBuffer&) = delete;
+  BackendBuffer& operator=(const BackendBuffer&) = delete;
+  ~BackendBuffer() {
+    if (p_) be_->release(p_);
+  }
+  T* data() { return p_; }
+  const T* data() const { return p_; }
+  size_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+
+ private:
+  void swap(BackendBuffer& o) noexcept {
+    std::swap(be_, o.be_);
+    std::swap(n_, o.n_);
+    std::swap(p_, o.p_);
+  }
+  Backend* be_ = nullptr;
+  size_t n_ = 0;
+  T* p_ = nullptr;
 };
 
 // CPU backend: OpenBLAS for the GEMMs, vectorised OpenMP loops for the rest (src/backend/).

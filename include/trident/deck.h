@@ -82,6 +82,8 @@ struct LogConfig {
 struct RunConfig {
   int threads = 2;
   std::string out_dir;                 // default: runs/<deck file stem>
+  std::string backend = "cpu";         // cpu | cuda
+  std::string attention = "auto";      // cuda: auto | cudnn | flash
 
   bool operator==(const RunConfig&) const = default;
 };

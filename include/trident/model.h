@@ -178,8 +178,10 @@ class GPT {
   void set_phase_recorder(PhaseFn fn) { phases_ = std::move(fn); }
   void zero_grads();
 
-  // Logits [B,T,Vp/tp] (this rank's vocab slice) of slot 0's last forward without targets.
+  // Logits [B,T,Vp/tp] (this rank's vocab slice) of slot 0's last forward without targets, in
+  // backend memory (synchronize the backend before reading them on the host).
   const float* logits() const { return slots_[0].logits.data(); }
+  Backend& backend() { return be_; }
   const TensorParallel& tensor_parallel() const { return tp_; }
   // This rank's vocabulary slice [begin, end) of the padded vocabulary.
   int vocab_begin() const { return tp_.rank * (cfg_.padded_vocab / tp_.size); }
@@ -204,16 +206,17 @@ class GPT {
   // in recompute_ (shared by all blocks and slots).
   struct Slot {
     int B = 0, T = 0;
-    std::vector<int32_t> inputs, targets;
-    std::vector<float> encoded;              // stage input: embedding output or received [Nr,C]
-    std::vector<std::vector<float>> blocks;  // [kept buffer][layer * size]
-    std::vector<float> lnf, lnf_mean, lnf_rstd, logits, losses;
+    bool has_targets = false;  // the last forward had targets (backward needs them)
+    BackendBuffer<int32_t> inputs, targets;  // copied into backend memory by forward
+    BackendBuffer<float> encoded;            // stage input: embedding output or received [Nr,C]
+    std::vector<BackendBuffer<float>> blocks;  // [kept buffer][layer * size]
+    BackendBuffer<float> lnf, lnf_mean, lnf_rstd, logits, losses;
   };
   BlockActs block_acts(int slot, int local_layer);
   // Shared scratch: full-row partial sums, sequence-parallel staging, backward buffers.
   struct Scratch {
-    std::vector<float> full_c, stage, ln_out;
-    std::vector<float> dresidual, dfull, dbuf_c, dbuf_c2, dbuf_3c, dbuf_4c, dbuf_4c2, datt,
+    BackendBuffer<float> full_c, stage, ln_out;
+    BackendBuffer<float> dresidual, dfull, dbuf_c, dbuf_c2, dbuf_3c, dbuf_4c, dbuf_4c2, datt,
         dln_scratch;
   };
   struct BlockWeights {
@@ -254,9 +257,9 @@ class GPT {
   Backend& be_;
   int maxB_, maxT_;
   std::vector<ParamInfo> infos_;
-  std::vector<float> params_, grads_;
+  BackendBuffer<float> params_, grads_;  // Note [Backend memory]
   std::vector<Slot> slots_;
-  std::vector<std::vector<float>> recompute_;  // one block's dropped buffers
+  std::vector<BackendBuffer<float>> recompute_;  // one block's dropped buffers
   Scratch scratch_;
   PhaseFn phases_;
   TensorParallel tp_;

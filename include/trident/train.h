@@ -28,14 +28,15 @@ double lr_at(const TrainConfig& t, int step);
 // AdamW with decoupled weight decay; decay only where ParamInfo::decay (matrices).
 class AdamW {
  public:
-  explicit AdamW(size_t num_params) : m_(num_params, 0.0f), v_(num_params, 0.0f) {}
+  // The moments live in the backend's memory, zeroed.
+  AdamW(Backend& be, size_t num_params) : m_(be, num_params), v_(be, num_params) {}
   // One update of all parameters at (1-based) step t.
   void update(Backend& be, GPT& model, const TrainConfig& cfg, float lr, int t);
-  std::vector<float>& m() { return m_; }
-  std::vector<float>& v() { return v_; }
+  float* m() { return m_.data(); }
+  float* v() { return v_.data(); }
 
  private:
-  std::vector<float> m_, v_;
+  BackendBuffer<float> m_, v_;
 };
 
 struct StepStats {
@@ -122,6 +123,7 @@ class Trainer {
   EmbeddingRowSink sink_;
   std::vector<int32_t> step_rows_, row_of_input_;
   std::vector<float> row_grads_;
+  bool use_sink_ = false;  // Note [Tied embedding gradient]
 };
 
 // The model shape a deck asks for: the deck's model keys, or model.init_from's header (which

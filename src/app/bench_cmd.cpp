@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "app/backend_factory.h"
 #include "app/commands.h"
 #include "app/run_setup.h"
 #include "trident/train.h"
@@ -38,7 +39,7 @@ int run_bench(const BenchArgs& args) {
   // the denominator and inflate MFU.
   double peak = 0;
   setup_step([&] {
-    backend = make_cpu_backend(deck.run.threads);
+    backend = make_backend(deck);
     peak = backend->measure_gemm_peak_flops();
     trace = make_trace(deck, *grid);
     trainer_ptr =

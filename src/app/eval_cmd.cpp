@@ -8,6 +8,7 @@
 #include <cmath>
 #include <random>
 
+#include "app/backend_factory.h"
 #include "app/commands.h"
 #include "app/run_setup.h"
 #include "trident/check.h"
@@ -32,7 +33,7 @@ Loaded load_for_inference(const DeckArgs& args, const std::string& checkpoint) {
   setup_step([&] { l.grid = make_grid(l.deck); });
   setup_step([&] {
     l.path = resolve_checkpoint(checkpoint);
-    l.backend = make_cpu_backend(l.deck.run.threads);
+    l.backend = make_backend(l.deck);
     l.trainer = std::make_unique<Trainer>(l.deck, TrainContext{l.backend.get(), 0.0, l.grid.get(), nullptr});
   });
   setup_step([&] { l.meta = l.trainer->load(l.path); });
@@ -75,6 +76,7 @@ int run_generate(const GenerateArgs& args) {
     // The last T tokens as context; the logits of the last position pick the next token.
     const int n = std::min<int>(int(tokens.size()), T);
     model.forward(0, tokens.data() + tokens.size() - n, nullptr, 1, n);
+    model.backend().synchronize();  // the logits are read on the host
     const float* logits = model.logits() + size_t(n - 1) * cfg.padded_vocab;
     int next = int(std::max_element(logits, logits + cfg.vocab) - logits);
     if (args.temperature > 0) {

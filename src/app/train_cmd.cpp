@@ -10,6 +10,7 @@
 #include <fstream>
 #include <random>
 
+#include "app/backend_factory.h"
 #include "app/commands.h"
 #include "app/run_setup.h"
 #include "trident/check.h"
@@ -93,7 +94,7 @@ int run_train(const DeckArgs& args) {
   std::unique_ptr<Trainer> trainer_ptr;
   setup_step([&] {
     shape = model_config_from_deck(deck, &note);
-    backend = make_cpu_backend(deck.run.threads);
+    backend = make_backend(deck);
     trace = make_trace(deck, *grid);
     ctx = TrainContext{backend.get(), backend->measure_gemm_peak_flops(), grid.get(),
                        trace.get()};

@@ -59,7 +59,8 @@ class CpuBackend final : public Backend {
     cpu::attention_forward(out, att, qkv, B, T, C, NH, threads_);
   }
   void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                          const float* att, int B, int T, int C, int NH) override {
+                          const float* /*out*/, const float* att, int B, int T, int C,
+                          int NH) override {
     TRIDENT_CHECK(NH > 0 && C % NH == 0, "C = {} is not a multiple of NH = {}", C, NH);
     cpu::attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH, threads_);
   }

@@ -99,6 +99,12 @@ const std::vector<Key>& table() {
        .help = "CPU threads per rank"},
       {.name = "run.out_dir", .field = at<&Deck::run, &RunConfig::out_dir>(), .text = Text::kPath,
        .help = "output directory; empty: runs/<deck file stem>"},
+      {.name = "run.backend", .field = at<&Deck::run, &RunConfig::backend>(),
+       .text = Text::kEnum, .choices = {"cpu", "cuda"},
+       .help = "where the layers run: cpu (OpenBLAS, OpenMP) or cuda (one GPU per rank)"},
+      {.name = "run.attention", .field = at<&Deck::run, &RunConfig::attention>(),
+       .text = Text::kEnum, .choices = {"auto", "cudnn", "flash"},
+       .help = "cuda attention: cuDNN fused attention where it has a plan (auto), or force one"},
 
       {.name = "parallel.dp", .field = at<&Deck::parallel, &ParallelConfig::dp>(), .min = ge(0),
        .help = "data-parallel ranks; 0: world size / (tp * pp)"},

@@ -57,7 +57,7 @@ GPT::BlockWeights GPT::block(float* base, int l) const {
           p("ln2w"),     p("ln2b"), p("fcw"),  p("fcb"),  p("fcprojw"),  p("fcprojb")};
 }
 
-void GPT::zero_grads() { std::memset(grads_.data(), 0, grads_.size() * sizeof(float)); }
+void GPT::zero_grads() { be_.fill_zero(grads_.data(), grads_.size() * sizeof(float)); }
 
 void GPT::block_forward(const BlockWeights& w, const BlockActs& a, const float* residual_in,
                         int B, int T) {
@@ -94,9 +94,9 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, int 
 
   if (stage_.has_embedding) {
     TRIDENT_CHECK(inputs != nullptr, "the first stage needs the input tokens");
-    s.inputs.assign(inputs, inputs + N);
+    be_.copy(s.inputs.data(), inputs, size_t(N) * sizeof(int32_t));
     Phase ph(phases_, "forward embedding");
-    embedding_forward(s.encoded.data(), inputs, B, T);
+    embedding_forward(s.encoded.data(), s.inputs.data(), B, T);
   }
   const float* residual = s.encoded.data();
   for (int i = 0; i < stage_.num_layers; ++i) {
@@ -111,12 +111,10 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, int 
   layernorm_gathered(s.lnf.data(), s.lnf_mean.data(), s.lnf_rstd.data(), residual,
                      at(P, "lnfw"), at(P, "lnfb"), B, T, C);
   be_.matmul_forward(s.logits.data(), s.lnf.data(), at(P, "wte"), nullptr, N, C, Vl);
-  if (!targets) {
-    s.targets.clear();
-    return 0.0f;
-  }
-  s.targets.assign(targets, targets + N);
-  return crossentropy_forward(s, targets, N);
+  s.has_targets = targets != nullptr;
+  if (!targets) return 0.0f;
+  be_.copy(s.targets.data(), targets, size_t(N) * sizeof(int32_t));
+  return crossentropy_forward(s, s.targets.data(), N);
 }
 
 void GPT::backward(int slot, float dloss_scale, const float* dstage_output, float* dstage_input,
@@ -156,7 +154,7 @@ void GPT::backward(int slot, float dloss_scale, const float* dstage_output, floa
   const float* last_residual =
       L > 0 ? block_acts(slot, L - 1).residual3 : s.encoded.data();
   if (stage_.has_head) {
-    TRIDENT_CHECK(!s.targets.empty(), "backward() needs a forward() with targets first");
+    TRIDENT_CHECK(s.has_targets, "backward() needs a forward() with targets first");
     Phase ph(phases_, "backward head+loss");
     // Mean over the N tokens of this micro-batch, times the caller's scale (1/accum).
     crossentropy_backward(s, s.targets.data(), dloss_scale / float(N), N);
@@ -173,7 +171,7 @@ void GPT::backward(int slot, float dloss_scale, const float* dstage_output, floa
     ready_through("lnfb");
   } else {
     TRIDENT_CHECK(dstage_output != nullptr, "a stage before the last needs its output gradient");
-    std::memcpy(a.dresidual.data(), dstage_output, size_t(Nr) * C * sizeof(float));
+    be_.copy(a.dresidual.data(), dstage_output, size_t(Nr) * C * sizeof(float));
   }
 
   for (int i = L - 1; i >= 0; --i) {
@@ -203,7 +201,8 @@ void GPT::backward(int slot, float dloss_scale, const float* dstage_output, floa
     be_.matmul_backward(a.dbuf_c.data(), dw.attprojw, dw.attprojb, dout, act.atty, w.attprojw, N,
                         Cl, C);
     ready_through(fmt::format("h{}.attprojb", l));
-    be_.attention_backward(a.dbuf_3c.data(), a.datt.data(), a.dbuf_c.data(), act.qkv, act.att, B,
+    be_.attention_backward(a.dbuf_3c.data(), a.datt.data(), a.dbuf_c.data(), act.qkv, act.atty,
+                           act.att, B,
                            T, Cl, NHl);
     be_.matmul_backward(a.dbuf_c.data(), dw.qkvw, dw.qkvb, a.dbuf_3c.data(), act.ln1, w.qkvw, N,
                         C, 3 * Cl);
@@ -215,7 +214,7 @@ void GPT::backward(int slot, float dloss_scale, const float* dstage_output, floa
   }
   if (!stage_.has_embedding) {
     TRIDENT_CHECK(dstage_input != nullptr, "a stage after the first must return its input gradient");
-    std::memcpy(dstage_input, a.dresidual.data(), size_t(Nr) * C * sizeof(float));
+    be_.copy(dstage_input, a.dresidual.data(), size_t(Nr) * C * sizeof(float));
     ready_through("");  // the rest of this stage's list
     return;
   }

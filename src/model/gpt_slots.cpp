@@ -9,6 +9,7 @@
 // Dropped buffers live once, in recompute_, shared by all blocks and slots: forward writes
 // them and moves on, backward recomputes them right before the block's backward. The
 // recomputation runs the same ops on the same inputs, so results are bitwise those of none.
+#include <algorithm>
 #include <cstring>
 
 #include "trident/check.h"
@@ -29,8 +30,9 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   if (tp_.size == 1) tp_.sequence_parallel = false;
   rows_divisor_ = tp_.sequence_parallel ? tp_.size : 1;
   const ParamInfo& last = infos_.back();
-  params_.assign(last.offset + last.count, 0.0f);
-  grads_.assign(params_.size(), 0.0f);
+  auto floats = [&](size_t n) { return BackendBuffer<float>(be_, n); };  // zeroed
+  params_ = floats(last.offset + last.count);
+  grads_ = floats(params_.size());
 
   const size_t C = cfg.channels, tps = tp_.size;
   const size_t NHl = cfg.heads / tps, Cl = C / tps, Vl = cfg.padded_vocab / tps;
@@ -40,34 +42,36 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   const std::vector<bool> kept = block_kept();
   slots_.resize(options.slots);
   for (Slot& s : slots_) {
-    s.encoded.resize(Nr * C);
+    s.encoded = floats(Nr * C);
     s.blocks.resize(sizes.size());
     for (size_t k = 0; k < sizes.size(); ++k)
-      if (kept[k]) s.blocks[k].resize(L * sizes[k]);
+      if (kept[k]) s.blocks[k] = floats(L * sizes[k]);
+    s.inputs = BackendBuffer<int32_t>(be_, N);
+    s.targets = BackendBuffer<int32_t>(be_, N);
     if (stage_.has_head) {
-      s.lnf.resize(N * C);
-      s.lnf_mean.resize(Nr);
-      s.lnf_rstd.resize(Nr);
-      s.logits.resize(N * Vl);
-      s.losses.resize(N);
+      s.lnf = floats(N * C);
+      s.lnf_mean = floats(Nr);
+      s.lnf_rstd = floats(Nr);
+      s.logits = floats(N * Vl);
+      s.losses = floats(N);
     }
   }
   recompute_.resize(sizes.size());
   for (size_t k = 0; k < sizes.size(); ++k)
-    if (!kept[k] || recompute_mode_ != Recompute::kNone) recompute_[k].resize(sizes[k]);
+    if (!kept[k] || recompute_mode_ != Recompute::kNone) recompute_[k] = floats(sizes[k]);
   Scratch& a = scratch_;
-  a.full_c.resize(N * C);
-  a.stage.resize(N * C);
-  a.ln_out.resize(Nr * C);
-  a.dresidual.resize(Nr * C);
-  a.dfull.resize(N * C);
-  a.dbuf_c.resize(N * C);
-  a.dbuf_c2.resize(Nr * C);
-  a.dbuf_3c.resize(N * 3 * Cl);
-  a.dbuf_4c.resize(N * 4 * Cl);
-  a.dbuf_4c2.resize(N * 4 * Cl);
-  a.datt.resize(size_t(B) * NHl * T * T);
-  a.dln_scratch.resize(2 * C);
+  a.full_c = floats(N * C);
+  a.stage = floats(N * C);
+  a.ln_out = floats(Nr * C);
+  a.dresidual = floats(Nr * C);
+  a.dfull = floats(N * C);
+  a.dbuf_c = floats(N * C);
+  a.dbuf_c2 = floats(Nr * C);
+  a.dbuf_3c = floats(N * 3 * Cl);
+  a.dbuf_4c = floats(N * 4 * Cl);
+  a.dbuf_4c2 = floats(N * 4 * Cl);
+  a.datt = floats(be_.attention_scratch_floats(B, T, int(Cl), int(NHl)));
+  a.dln_scratch = floats(2 * C);
 }
 
 // In BlockActs order: ln1 ln1_mean ln1_rstd qkv att atty residual2 ln2 ln2_mean ln2_rstd fch
@@ -75,7 +79,8 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
 std::vector<size_t> GPT::block_sizes() const {
   const size_t C = cfg_.channels, tps = tp_.size, Cl = C / tps, NHl = cfg_.heads / tps;
   const size_t N = size_t(maxB_) * maxT_, Nr = N / rows_divisor_;
-  return {N * C,     Nr, Nr, N * 3 * Cl, size_t(maxB_) * NHl * maxT_ * maxT_, N * Cl, Nr * C,
+  const size_t att = be_.attention_saved_floats(maxB_, maxT_, int(Cl), int(NHl));
+  return {N * C,     Nr, Nr, N * 3 * Cl, att, N * Cl, Nr * C,
           N * C,     Nr, Nr, N * 4 * Cl, N * 4 * Cl, Nr * C};
 }
 
@@ -134,7 +139,7 @@ size_t GPT::activation_bytes() const {
   size_t floats = 0;
   for (const Slot& s : slots_) {
     floats += s.encoded.size() + s.lnf.size() + s.lnf_mean.size() + s.lnf_rstd.size() +
-              s.logits.size() + s.losses.size();
+              s.logits.size() + s.losses.size() + s.inputs.size() + s.targets.size();
     for (const auto& b : s.blocks) floats += b.size();
   }
   for (const auto& b : recompute_) floats += b.size();

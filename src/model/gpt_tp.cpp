@@ -29,12 +29,13 @@ void GPT::tp_wait(Work w) {
 void GPT::reduce_rows(float* out, float* partial, int B, int T, int C) {
   const size_t N = size_t(B) * T;
   if (tp_.size == 1) {
-    std::memcpy(out, partial, N * C * sizeof(float));
+    be_.copy(out, partial, N * C * sizeof(float));
     return;
   }
   if (!tp_.sequence_parallel) {
+    be_.synchronize();  // Note [Backend memory]: the host-side communicator reads partial
     tp_wait(tp_.comm->all_reduce(partial, N * C));
-    std::memcpy(out, partial, N * C * sizeof(float));
+    be_.copy(out, partial, N * C * sizeof(float));
     return;
   }
   const int tps = tp_.size, Tl = T / tps;
@@ -52,7 +53,7 @@ void GPT::reduce_rows(float* out, float* partial, int B, int T, int C) {
 void GPT::gather_rows(float* full, const float* local, int B, int T, int C) {
   const size_t N = size_t(B) * T;
   if (!tp_.sequence_parallel) {
-    if (full != local) std::memcpy(full, local, N * C * sizeof(float));
+    if (full != local) be_.copy(full, local, N * C * sizeof(float));
     return;
   }
   const int tps = tp_.size, Tl = T / tps;
@@ -100,7 +101,7 @@ void GPT::layernorm_gathered_backward(float* dinp, float* dw, float* db, float* 
   // Each rank saw only its rows: sum this micro-batch's LayerNorm gradients over tp (in a
   // scratch buffer, so gradients accumulated from earlier micro-batches are not summed again).
   float* scratch = scratch_.dln_scratch.data();
-  std::memset(scratch, 0, 2 * size_t(C) * sizeof(float));
+  be_.fill_zero(scratch, 2 * size_t(C) * sizeof(float));
   be_.layernorm_backward(dinp, scratch, scratch + C, dout, inp, w, mean, rstd, N / tp_.size, C);
   tp_wait(tp_.comm->all_reduce(scratch, 2 * size_t(C)));
   be_.add(dw, dw, scratch, size_t(C));

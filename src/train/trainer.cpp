@@ -88,6 +88,11 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
     pp_comm_ = solo_.get();
   }
   // Refused before anything is allocated, with the numbers (identically on every rank).
+  if (ctx_.backend->is_device() && (options.tp.size > 1 || pp_size_ > 1))
+    input_error("parallel.tp = {} and parallel.pp = {} with the {} backend: the device backend "
+                "runs data parallelism only so far (the vocab-parallel embedding and loss and the "
+                "pipeline transfers are host code); set parallel.tp = parallel.pp = 1",
+                options.tp.size, pp_size_, ctx_.backend->name());
   check_tensor_parallel(cfg, options.tp.size, options.tp.sequence_parallel, T);
   options.stage = pipeline_stage(cfg.layers, pp_size_, pp_rank_,
                                  parse_stage_layers(deck_.parallel.stage_layers));
@@ -108,7 +113,7 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
     model_->init_weights(deck_.train.seed);
   else
     load_llmc_weights(*model_, deck_.model.init_from);
-  opt_ = std::make_unique<AdamW>(model_->num_params());
+  opt_ = std::make_unique<AdamW>(*ctx_.backend, model_->num_params());
   inputs_.resize(size_t(B) * T);
   targets_.resize(size_t(B) * T);
 
@@ -131,8 +136,10 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
       dp.set_emulated_link(deck_.comm.emulate_gbps, deck_.comm.emulate_latency_us);
     reducer_ = std::make_unique<GradReducer>(dp, model_->grads(), std::move(params), opt);
   }
-  // Note [Tied embedding gradient]: the split needs both halves on this stage (pp = 1).
-  const bool use_sink = reducer_ && whole_embedding;
+  // Note [Tied embedding gradient]: the split needs both halves on this stage (pp = 1). The
+  // row collection is host code, so a device backend reduces wte whole, after the embedding.
+  use_sink_ = reducer_ && whole_embedding && !ctx_.backend->is_device();
+  const bool use_sink = use_sink_;
   stage_ = std::make_unique<GPTStage>(*model_, *train_order_, reducer_.get(),
                                       use_sink ? &sink_ : nullptr);
   if (use_sink)
@@ -197,7 +204,7 @@ StepStats Trainer::train_step(int step) {
   s.step = step + 1;
 
   model_->zero_grads();
-  const bool use_sink = reducer_ && model_->stage().has_embedding && model_->stage().has_head;
+  const bool use_sink = use_sink_;
   if (use_sink) collect_step_rows(step);
   stage_->begin_step({step, B, T, accum, dp_size_, dp_rank_});
   const PipelineStats ps = run_pipeline(schedule_, *pp_comm_, pp_size_, pp_rank_, accum, *stage_);
@@ -245,6 +252,7 @@ StepStats Trainer::train_step(int step) {
     be.scale(model_->grads(), float(tc.grad_clip / s.grad_norm), n);
   s.lr = lr_at(tc, step);
   opt_->update(be, *model_, tc, float(s.lr), step + 1);
+  be.synchronize();  // a device step ends when its last op has run, not when it was issued
   s.optimizer_ms = ms_since(t0);
   record("compute", "optimizer", t0, std::chrono::steady_clock::now());
 

@@ -64,8 +64,8 @@ std::vector<ShardTensor> Trainer::checkpoint_tensors() {
     float* base;
   };
   const Source sources[] = {{"params/", model_->params()},
-                            {"adam_m/", opt_->m().data()},
-                            {"adam_v/", opt_->v().data()}};
+                            {"adam_m/", opt_->m()},
+                            {"adam_v/", opt_->v()}};
   for (const Source& src : sources)
     for (const ParamInfo& p : model_->params_info()) {
       ShardTensor t;
@@ -93,11 +93,13 @@ std::string Trainer::save(const std::string& dir, int steps_done, const std::str
     meta.tp = g.tp;
     meta.pp = g.pp;
   }
+  ctx_.backend->synchronize();  // HDF5 reads the tensors on the host (Note [Backend memory])
   return save_checkpoint(dir, meta, checkpoint_tensors(), keep, MPI_COMM_WORLD);
 }
 
 CheckpointMeta Trainer::load(const std::string& path) {
   const CheckpointMeta meta = read_checkpoint_meta(path);
+  ctx_.backend->synchronize();
   load_checkpoint(path, checkpoint_tensors(), MPI_COMM_WORLD);
   return meta;
 }

@@ -200,7 +200,7 @@ TEST(DISABLED_Benchmark, NonGemmOps) {
   time("attention_forward", 4 * act + 4.0 * att.size(), L,
        [&] { be->attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH); });
   time("attention_backward", 7 * act + 8.0 * att.size(), L, [&] {
-    be->attention_backward(dqkv.data(), scratch.data(), x.data(), qkv.data(), att.data(), B, T, C,
+    be->attention_backward(dqkv.data(), scratch.data(), x.data(), qkv.data(), out.data(), att.data(), B, T, C,
                            NH);
   });
   time("gelu_forward", 8 * act, L, [&] { be->gelu_forward(out.data(), h.data(), h.size()); });

@@ -82,7 +82,8 @@ Results run_chain(Backend& be, const Inputs& in, int shift) {
   be.matmul_backward(dres.data(), dw_lm.data(), nullptr, logits.data(), res.data(), w_lm.data(), N,
                      C, Vp);
   be.gelu_backward(dg.data(), att_out.data(), dres.data(), N * C);
-  be.attention_backward(dqkv.data(), scratch.data(), dg.data(), qkv.data(), att.data(), B, T, C,
+  be.attention_backward(dqkv.data(), scratch.data(), dg.data(), qkv.data(), att_out.data(),
+                        att.data(), B, T, C,
                         NH);
   be.matmul_backward(dln.data(), dw_qkv.data(), db_qkv.data(), dqkv.data(), ln.data(), w_qkv.data(),
                      N, C, 3 * C);

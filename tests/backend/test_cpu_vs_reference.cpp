@@ -172,7 +172,7 @@ TEST_F(CpuVsReference, Attention) {
   cpu::attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(), B, T, C,
                           NH, 1);
   backend->attention_backward(dqkv_f.data(), scratch_f.data(), to_float(dout).data(),
-                              to_float(qkv).data(), att_f.data(), B, T, C, NH);
+                              to_float(qkv).data(), out_f.data(), att_f.data(), B, T, C, NH);
   EXPECT_LT(rel_err(dqkv_f, dqkv), kTolerance);
 }
 

@@ -1,0 +1,56 @@
+#include "app/backend_factory.h"
+
+#include <fmt/format.h>
+#include <mpi.h>
+
+#include "trident/check.h"
+#ifdef TRIDENT_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "trident/cuda_backend.h"
+#endif
+
+namespace trident {
+namespace {
+
+#ifdef TRIDENT_HAVE_CUDA
+// The rank's index among the ranks on its node: with one rank per GPU (the Slurm job's
+// --gpus-per-task=1 or --ntasks-per-node = GPUs), rank k of a node takes GPU k.
+int node_local_rank() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) return 0;
+  MPI_Comm node;
+  TRIDENT_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  int rank = 0;
+  MPI_Comm_rank(node, &rank);
+  MPI_Comm_free(&node);
+  return rank;
+}
+#endif
+
+}  // namespace
+
+std::unique_ptr<Backend> make_backend(const Deck& deck) {
+  if (deck.run.backend == "cpu") return make_cpu_backend(deck.run.threads);
+#ifdef TRIDENT_HAVE_CUDA
+  std::string why;
+  if (!cuda_device_available(&why))
+    input_error("run.backend is cuda, but there is no usable GPU here ({})", why);
+  int devices = 0;
+  cudaGetDeviceCount(&devices);
+  CudaBackendOptions options;
+  options.device = node_local_rank() % devices;
+  options.attention = deck.run.attention;
+  return make_cuda_backend(options);
+#else
+  input_error("run.backend is cuda, but this trident was built without CUDA (no nvcc at "
+              "configure time, or -DTRIDENT_CUDA=OFF)");
+#endif
+}
+
+std::string describe_backend(const Backend& backend) {
+  return fmt::format("{} ({} threads)", backend.name(), backend.threads());
+}
+
+}  // namespace trident
