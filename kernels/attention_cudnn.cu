@@ -1,0 +1,495 @@
+// cuDNN fused flash attention through the backend graph API (host code; a .cu file only because
+// kernels/*.cu is what the build globs).
+//
+// Note [cuDNN SDPA graph]: cuDNN has no single "attention" call in the C API we rely on; its
+// fused flash-attention engine recognises a pattern of matmul / pointwise / reduction nodes and
+// fuses all of it into one kernel. The graphs below spell out that pattern, node by node, the way
+// cuDNN's documentation describes fused attention (dims always [B, NH, rows, cols]):
+//   forward:  S = Q·Kᵀ → ·scale → causal select(row ≥ col ? S : -huge) → softmax as
+//             max, sub, exp, sum, log+max (= Stats, fp32 lse) and div (P, bf16) → O = P·V
+//   backward: Dsum = Σ_d dO⊙O (·1); P = exp(mask(scale·Q·Kᵀ) − Stats); dV = Pᵀ·dO;
+//             dS = scale · P ⊙ (dO·Vᵀ (·1) − Dsum); dK = dSᵀ·Q; dQ = dS·K (through an fp32
+//             accumulator in the workspace, zeroed before each run, then cast).
+// The "·1" multiplies are where dropout would go; the engine's pattern expects them. Kᵀ, Vᵀ,
+// Pᵀ and dSᵀ are strided views (a transpose is a stride swap, or a reshape node for virtual
+// tensors), so the packed [B,T,3,NH,HS] qkv buffer is used in place.
+//
+// Whether an engine accepts the graph depends on the GPU, the cuDNN version and the shape; plans
+// are built once per shape and any failure becomes the reason supported() reports.
+// fmt turns constexpr off under nvcc but keeps its consteval format-string check, which then
+// fails to compile (every TRIDENT_CUDA message); with constexpr on, both compile. Must precede
+// the first include of fmt (via cuda_check.h). Belongs in the build flags for CUDA sources.
+#define FMT_USE_CONSTEXPR 1
+#include <array>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include "attention_cudnn.h"
+
+namespace trident::cuda {
+namespace {
+
+using Dims = std::array<int64_t, 4>;
+
+std::string last_cudnn_error() {
+  char message[1024] = {0};
+  cudnnGetLastErrorString(message, sizeof(message));
+  return message;
+}
+
+// Owns every backend descriptor of one graph and its plan (descriptors reference each other, so
+// they live and die together).
+class Descriptors {
+ public:
+  Descriptors() = default;
+  Descriptors(const Descriptors&) = delete;
+  Descriptors& operator=(const Descriptors&) = delete;
+  ~Descriptors() {
+    for (auto it = all_.rbegin(); it != all_.rend(); ++it) cudnnBackendDestroyDescriptor(*it);
+  }
+  cudnnBackendDescriptor_t make(cudnnBackendDescriptorType_t type) {
+    cudnnBackendDescriptor_t d = nullptr;
+    TRIDENT_CUDNN(cudnnBackendCreateDescriptor(type, &d));
+    all_.push_back(d);
+    return d;
+  }
+
+ private:
+  std::vector<cudnnBackendDescriptor_t> all_;
+};
+
+void set(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name,
+         cudnnBackendAttributeType_t type, int64_t count, const void* value) {
+  TRIDENT_CUDNN(cudnnBackendSetAttribute(d, name, type, count, value));
+}
+void set_desc(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name,
+              cudnnBackendDescriptor_t value) {
+  set(d, name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &value);
+}
+
+Dims packed_strides(const Dims& dims) {
+  return {dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1};
+}
+
+// Builds one operation graph; tensors with a uid below kFirstVirtualUid are bound at execution.
+class GraphBuilder {
+ public:
+  explicit GraphBuilder(Descriptors& descs) : descs_(descs) {}
+
+  cudnnBackendDescriptor_t tensor(int64_t uid, cudnnDataType_t type, const Dims& dims,
+                                  const Dims& strides, bool is_virtual = false,
+                                  bool by_value = false,
+                                  cudnnBackendTensorReordering_t reorder =
+                                      CUDNN_TENSOR_REORDERING_NONE) {
+    cudnnBackendDescriptor_t t = descs_.make(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+    const int64_t alignment = 16;
+    set(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type);
+    set(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims.data());
+    set(t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides.data());
+    set(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
+    set(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment);
+    set(t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual);
+    if (by_value) set(t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value);
+    if (reorder != CUDNN_TENSOR_REORDERING_NONE)
+      set(t, CUDNN_ATTR_TENSOR_REORDERING_MODE, CUDNN_TYPE_TENSOR_REORDERING_MODE, 1, &reorder);
+    TRIDENT_CUDNN(cudnnBackendFinalize(t));
+    return t;
+  }
+  // An intermediate the engine keeps on chip; packed strides unless given.
+  cudnnBackendDescriptor_t virt(cudnnDataType_t type, const Dims& dims) {
+    return virt(type, dims, packed_strides(dims));
+  }
+  cudnnBackendDescriptor_t virt(cudnnDataType_t type, const Dims& dims, const Dims& strides) {
+    return tensor(next_virtual_uid_++, type, dims, strides, true);
+  }
+  // A float scalar passed by value at execution.
+  cudnnBackendDescriptor_t scalar(int64_t uid) {
+    return tensor(uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true);
+  }
+
+  // y = mode(x[, b[, t]]); `axis` only for GEN_INDEX.
+  void pointwise(cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t x,
+                 cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t t,
+                 cudnnBackendDescriptor_t y, cudnnDataType_t math = CUDNN_DATA_FLOAT,
+                 int64_t axis = -1) {
+    cudnnBackendDescriptor_t pw = descs_.make(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+    set(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
+    set(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &math);
+    if (axis >= 0) set(pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis);
+    TRIDENT_CUDNN(cudnnBackendFinalize(pw));
+    cudnnBackendDescriptor_t op = descs_.make(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+    set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw);
+    set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x);
+    if (b) set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b);
+    if (t) set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, t);
+    set_desc(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y);
+    add(op);
+  }
+  // Convenience: a new virtual output of type `type` and dims `dims`.
+  cudnnBackendDescriptor_t pointwise_new(cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t x,
+                                         cudnnBackendDescriptor_t b, cudnnDataType_t type,
+                                         const Dims& dims) {
+    cudnnBackendDescriptor_t y = virt(type, dims);
+    pointwise(mode, x, b, nullptr, y);
+    return y;
+  }
+
+  void matmul(cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b,
+              cudnnBackendDescriptor_t c) {
+    cudnnBackendDescriptor_t mm = descs_.make(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
+    const cudnnDataType_t compute = CUDNN_DATA_FLOAT;
+    set(mm, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute);
+    TRIDENT_CUDNN(cudnnBackendFinalize(mm));
+    cudnnBackendDescriptor_t op = descs_.make(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
+    set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, a);
+    set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, b);
+    set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, c);
+    set_desc(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, mm);
+    add(op);
+  }
+
+  void reduction(cudnnReduceTensorOp_t reduce, cudnnBackendDescriptor_t x,
+                 cudnnBackendDescriptor_t y) {
+    cudnnBackendDescriptor_t red = descs_.make(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
+    const cudnnDataType_t compute = CUDNN_DATA_FLOAT;
+    set(red, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &reduce);
+    set(red, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute);
+    TRIDENT_CUDNN(cudnnBackendFinalize(red));
+    cudnnBackendDescriptor_t op = descs_.make(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
+    set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x);
+    set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y);
+    set_desc(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, red);
+    add(op);
+  }
+
+  // y is x seen with other dims/strides (a transpose of a virtual tensor).
+  void reshape(cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
+    cudnnBackendDescriptor_t op = descs_.make(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
+    set_desc(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x);
+    set_desc(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y);
+    add(op);
+  }
+
+  // Finalizes the graph; returns it.
+  cudnnBackendDescriptor_t finish(cudnnHandle_t handle) {
+    cudnnBackendDescriptor_t graph = descs_.make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+    set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, int64_t(ops_.size()),
+        ops_.data());
+    set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+    TRIDENT_CUDNN(cudnnBackendFinalize(graph));
+    return graph;
+  }
+
+ private:
+  void add(cudnnBackendDescriptor_t op) {
+    TRIDENT_CUDNN(cudnnBackendFinalize(op));
+    ops_.push_back(op);
+  }
+
+  Descriptors& descs_;
+  std::vector<cudnnBackendDescriptor_t> ops_;
+  int64_t next_virtual_uid_ = 1000;
+};
+
+// Tensor uids bound at execution.
+enum Uid : int64_t {
+  kQ = 1, kK, kV, kO, kStats, kScale, kMaskValue, kOne, kdO, kdQ, kdK, kdV, kdQAccum
+};
+
+// An execution plan and the workspace it needs.
+struct Plan {
+  Descriptors descs;
+  cudnnBackendDescriptor_t plan = nullptr;
+  int64_t workspace = 0;      // cuDNN's own
+  int64_t dq_accum_bytes = 0;  // backward: the fp32 dQ accumulator placed after it
+};
+
+// Tries the heuristics' engine configs in order; the first that finalizes becomes the plan.
+void choose_plan(Plan& p, cudnnHandle_t handle, cudnnBackendDescriptor_t graph) {
+  std::string reasons;
+  for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    cudnnBackendDescriptor_t heur = p.descs.make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+    set_desc(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
+    set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+    if (cudnnBackendFinalize(heur) != CUDNN_STATUS_SUCCESS) {
+      reasons += " heuristics: " + last_cudnn_error() + ";";
+      continue;
+    }
+    constexpr int kMaxConfigs = 8;
+    std::array<cudnnBackendDescriptor_t, kMaxConfigs> configs{};
+    for (auto& c : configs) c = p.descs.make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+    int64_t count = 0;
+    TRIDENT_CUDNN(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                           CUDNN_TYPE_BACKEND_DESCRIPTOR, kMaxConfigs, &count,
+                                           configs.data()));
+    for (int64_t i = 0; i < count; ++i) {
+      cudnnBackendDescriptor_t plan = p.descs.make(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+      set(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+      set_desc(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, configs[i]);
+      const cudnnStatus_t status = cudnnBackendFinalize(plan);  // "no" is an answer here
+      if (status != CUDNN_STATUS_SUCCESS) {
+        reasons += fmt::format(" config {}: {} {};", i, cudnnGetErrorString(status),
+                               last_cudnn_error());
+        continue;
+      }
+      TRIDENT_CUDNN(cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                             CUDNN_TYPE_INT64, 1, nullptr, &p.workspace));
+      p.plan = plan;
+      return;
+    }
+    if (count == 0) reasons += " heuristics returned no engine config;";
+  }
+  throw Error("no cuDNN execution plan:" + reasons, ExitCode::kInternal);
+}
+
+struct Shape {
+  int64_t B, T, C, NH, HS;
+  Dims qkv_dims() const { return {B, NH, T, HS}; }
+  Dims qkv_strides() const { return {T * 3 * C, HS, 3 * C, 1}; }     // q, k, v and dq, dk, dv
+  Dims qkv_t_strides() const { return {T * 3 * C, HS, 1, 3 * C}; }   // kᵀ, vᵀ: [B,NH,HS,T]
+  Dims out_strides() const { return {T * C, HS, C, 1}; }             // o, do
+  Dims scores() const { return {B, NH, T, T}; }
+  Dims rows() const { return {B, NH, T, 1}; }
+};
+
+// scale·Q·Kᵀ with the causal mask applied (masked entries hold the lowest float, as cuDNN's
+// own attention graphs do, so that exp gives 0 without inf arithmetic).
+cudnnBackendDescriptor_t masked_scores(GraphBuilder& g, const Shape& s,
+                                       cudnnBackendDescriptor_t q, cudnnBackendDescriptor_t kt,
+                                       cudnnBackendDescriptor_t scale,
+                                       cudnnBackendDescriptor_t mask_value) {
+  cudnnBackendDescriptor_t raw = g.virt(CUDNN_DATA_FLOAT, s.scores());
+  g.matmul(q, kt, raw);
+  cudnnBackendDescriptor_t scaled =
+      g.pointwise_new(CUDNN_POINTWISE_MUL, raw, scale, CUDNN_DATA_FLOAT, s.scores());
+  cudnnBackendDescriptor_t row = g.virt(CUDNN_DATA_INT32, s.scores());
+  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, scaled, nullptr, nullptr, row, CUDNN_DATA_INT32, 2);
+  cudnnBackendDescriptor_t col = g.virt(CUDNN_DATA_INT32, s.scores());
+  g.pointwise(CUDNN_POINTWISE_GEN_INDEX, scaled, nullptr, nullptr, col, CUDNN_DATA_INT32, 3);
+  cudnnBackendDescriptor_t keep = g.virt(CUDNN_DATA_BOOLEAN, s.scores());
+  g.pointwise(CUDNN_POINTWISE_CMP_GE, row, col, nullptr, keep, CUDNN_DATA_BOOLEAN);
+  cudnnBackendDescriptor_t masked = g.virt(CUDNN_DATA_FLOAT, s.scores());
+  g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, scaled, mask_value, keep, masked);
+  return masked;
+}
+
+void build_forward(Plan& p, cudnnHandle_t handle, const Shape& s) {
+  GraphBuilder g(p.descs);
+  auto q = g.tensor(kQ, CUDNN_DATA_BFLOAT16, s.qkv_dims(), s.qkv_strides());
+  auto kt = g.tensor(kK, CUDNN_DATA_BFLOAT16, {s.B, s.NH, s.HS, s.T}, s.qkv_t_strides());
+  auto v = g.tensor(kV, CUDNN_DATA_BFLOAT16, s.qkv_dims(), s.qkv_strides());
+  auto o = g.tensor(kO, CUDNN_DATA_BFLOAT16, s.qkv_dims(), s.out_strides());
+  auto stats = g.tensor(kStats, CUDNN_DATA_FLOAT, s.rows(), packed_strides(s.rows()));
+  auto scale = g.scalar(kScale);
+  auto mask_value = g.scalar(kMaskValue);
+
+  auto masked = masked_scores(g, s, q, kt, scale, mask_value);
+  auto max = g.virt(CUDNN_DATA_FLOAT, s.rows());
+  g.reduction(CUDNN_REDUCE_TENSOR_MAX, masked, max);
+  auto shifted = g.pointwise_new(CUDNN_POINTWISE_SUB, masked, max, CUDNN_DATA_FLOAT, s.scores());
+  auto e = g.pointwise_new(CUDNN_POINTWISE_EXP, shifted, nullptr, CUDNN_DATA_FLOAT, s.scores());
+  auto sum = g.virt(CUDNN_DATA_FLOAT, s.rows());
+  g.reduction(CUDNN_REDUCE_TENSOR_ADD, e, sum);
+  auto log_sum = g.pointwise_new(CUDNN_POINTWISE_LOG, sum, nullptr, CUDNN_DATA_FLOAT, s.rows());
+  g.pointwise(CUDNN_POINTWISE_ADD, max, log_sum, nullptr, stats);
+  auto probs = g.virt(CUDNN_DATA_BFLOAT16, s.scores());  // the second matmul's input type
+  g.pointwise(CUDNN_POINTWISE_DIV, e, sum, nullptr, probs);
+  g.matmul(probs, v, o);
+  choose_plan(p, handle, g.finish(handle));
+}
+
+// with_accumulator: dQ = dS·K into an fp32 accumulator (F16x16 reordered, in the workspace) then
+// cast — the layout cuDNN 9's default (non-deterministic) dQ path expects; without it dQ is
+// written directly, which selects the engine's other variant.
+void build_backward(Plan& p, cudnnHandle_t handle, const Shape& s, bool with_accumulator) {
+  GraphBuilder g(p.descs);
+  auto q = g.tensor(kQ, CUDNN_DATA_BFLOAT16, s.qkv_dims(), s.qkv_strides());
+  auto kt = g.tensor(kK, CUDNN_DATA_BFLOAT16, {s.B, s.NH, s.HS, s.T}, s.qkv_t_strides());
+  auto vt = g.tensor(kV, CUDNN_DATA_BFLOAT16, {s.B, s.NH, s.HS, s.T}, s.qkv_t_strides());
+  auto o = g.tensor(kO, CUDNN_DATA_BFLOAT16, s.qkv_dims(), s.out_strides());
+  auto dout = g.tensor(kdO, CUDNN_DATA_BFLOAT16, s.qkv_dims(), s.out_strides());
+  auto stats = g.tensor(kStats, CUDNN_DATA_FLOAT, s.rows(), packed_strides(s.rows()));
+  auto dq = g.tensor(kdQ, CUDNN_DATA_BFLOAT16, s.qkv_dims(), s.qkv_strides());
+  auto dk = g.tensor(kdK, CUDNN_DATA_BFLOAT16, s.qkv_dims(), s.qkv_strides());
+  auto dv = g.tensor(kdV, CUDNN_DATA_BFLOAT16, s.qkv_dims(), s.qkv_strides());
+  auto scale = g.scalar(kScale);
+  auto mask_value = g.scalar(kMaskValue);
+  auto one = g.scalar(kOne);
+  const Dims transposed_scores_strides = {s.NH * s.T * s.T, s.T * s.T, 1, s.T};
+
+  // Dsum = rowsum(dO ⊙ O)
+  auto do_o = g.virt(CUDNN_DATA_FLOAT, s.qkv_dims(),
+                     {s.NH * s.T * s.HS, s.T * s.HS, s.NH * s.HS, 1});
+  g.pointwise(CUDNN_POINTWISE_MUL, dout, o, nullptr, do_o);
+  auto row_dot = g.virt(CUDNN_DATA_FLOAT, s.rows());
+  g.reduction(CUDNN_REDUCE_TENSOR_ADD, do_o, row_dot);
+  auto dsum = g.pointwise_new(CUDNN_POINTWISE_MUL, row_dot, one, CUDNN_DATA_FLOAT, s.rows());
+
+  // P = exp(masked scores − Stats); dV = Pᵀ·dO
+  auto masked = masked_scores(g, s, q, kt, scale, mask_value);
+  auto shifted = g.pointwise_new(CUDNN_POINTWISE_SUB, masked, stats, CUDNN_DATA_FLOAT,
+                                 s.scores());
+  auto probs = g.pointwise_new(CUDNN_POINTWISE_EXP, shifted, nullptr, CUDNN_DATA_FLOAT,
+                               s.scores());
+  auto probs_t = g.virt(CUDNN_DATA_BFLOAT16, s.scores(), transposed_scores_strides);
+  g.reshape(probs, probs_t);
+  g.matmul(probs_t, dout, dv);
+
+  // dS = scale · P ⊙ (dO·Vᵀ − Dsum); dK = dSᵀ·Q
+  auto dp = g.virt(CUDNN_DATA_FLOAT, s.scores());
+  g.matmul(dout, vt, dp);
+  auto dp1 = g.pointwise_new(CUDNN_POINTWISE_MUL, dp, one, CUDNN_DATA_FLOAT, s.scores());
+  auto dp2 = g.pointwise_new(CUDNN_POINTWISE_SUB, dp1, dsum, CUDNN_DATA_FLOAT, s.scores());
+  auto ds0 = g.pointwise_new(CUDNN_POINTWISE_MUL, dp2, probs, CUDNN_DATA_FLOAT, s.scores());
+  auto ds = g.pointwise_new(CUDNN_POINTWISE_MUL, ds0, scale, CUDNN_DATA_FLOAT, s.scores());
+  auto ds_t = g.virt(CUDNN_DATA_BFLOAT16, s.scores(), transposed_scores_strides);
+  g.reshape(ds, ds_t);
+  g.matmul(ds_t, q, dk);
+
+  // dQ = dS·K, K being Kᵀ seen back through a reshape
+  auto k = g.virt(CUDNN_DATA_BFLOAT16, s.qkv_dims(), s.qkv_strides());
+  g.reshape(kt, k);
+  if (with_accumulator) {
+    auto accum = g.tensor(kdQAccum, CUDNN_DATA_FLOAT, s.qkv_dims(), packed_strides(s.qkv_dims()),
+                          false, false, CUDNN_TENSOR_REORDERING_F16x16);
+    g.matmul(ds, k, accum);
+    g.pointwise(CUDNN_POINTWISE_IDENTITY, accum, nullptr, nullptr, dq);
+    p.dq_accum_bytes = s.B * s.NH * s.T * s.HS * int64_t(sizeof(float));
+  } else {
+    g.matmul(ds, k, dq);
+  }
+  choose_plan(p, handle, g.finish(handle));
+}
+
+int64_t align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
+
+}  // namespace
+
+struct CudnnAttention::Impl {
+  cudnnHandle_t handle;
+  struct Entry {
+    bool ok = false;
+    std::string why;
+    std::unique_ptr<Plan> forward, backward;
+  };
+  std::map<std::tuple<int, int, int, int>, Entry> plans;  // (B, T, C, NH)
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+
+  Entry& entry(int B, int T, int C, int NH) {
+    auto [it, inserted] = plans.try_emplace({B, T, C, NH});
+    Entry& e = it->second;
+    if (!inserted) return e;
+    if (B <= 0 || T <= 0 || NH <= 0 || C % NH != 0 || (C / NH) % 8 != 0) {
+      e.why = fmt::format("cuDNN SDPA graph not built: shape B={} T={} C={} "
+                                       "NH={} needs a head size that is a multiple of 8",
+                          B, T, C, NH);
+      return e;
+    }
+    const Shape s{B, T, C, NH, C / NH};
+    std::string step = "forward";
+    try {
+      e.forward = std::make_unique<Plan>();
+      build_forward(*e.forward, handle, s);
+      step = "backward";
+      try {
+        e.backward = std::make_unique<Plan>();
+        build_backward(*e.backward, handle, s, true);
+      } catch (const Error& with_accumulator) {
+        step = fmt::format("backward (with the dQ accumulator: {}; without)",
+                           with_accumulator.what());
+        e.backward = std::make_unique<Plan>();
+        build_backward(*e.backward, handle, s, false);
+      }
+      e.ok = true;
+    } catch (const Error& err) {
+      e.why = fmt::format("cuDNN SDPA graph not built ({}): {}", step, err.what());
+      e.forward.reset();
+      e.backward.reset();
+    }
+    return e;
+  }
+
+  Entry& require(int B, int T, int C, int NH) {
+    Entry& e = entry(B, T, C, NH);
+    TRIDENT_CHECK(e.ok, "{}", e.why);
+    return e;
+  }
+
+  // Workspace for a plan: cuDNN's part, then (backward) the dQ accumulator.
+  void* workspace_for(const Plan& p) {
+    const size_t need = size_t(align_up(p.workspace, 256) + p.dq_accum_bytes);
+    if (need > workspace_bytes) {
+      if (workspace) TRIDENT_CUDA(cudaFree(workspace));
+      workspace = nullptr;
+      TRIDENT_CUDA(cudaMalloc(&workspace, need));
+      workspace_bytes = need;
+    }
+    return workspace;
+  }
+
+  void execute(const Plan& p, std::vector<int64_t> uids, std::vector<void*> ptrs,
+               cudaStream_t stream) {
+    TRIDENT_CUDNN(cudnnSetStream(handle, stream));
+    void* ws = workspace_for(p);
+    if (p.dq_accum_bytes > 0) {
+      void* accum = static_cast<char*>(ws) + align_up(p.workspace, 256);
+      TRIDENT_CUDA(cudaMemsetAsync(accum, 0, size_t(p.dq_accum_bytes), stream));
+      uids.push_back(kdQAccum);
+      ptrs.push_back(accum);
+    }
+    Descriptors descs;
+    cudnnBackendDescriptor_t pack = descs.make(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+    set(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, int64_t(uids.size()),
+        uids.data());
+    set(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, int64_t(ptrs.size()),
+        ptrs.data());
+    set(pack, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
+    TRIDENT_CUDNN(cudnnBackendFinalize(pack));
+    TRIDENT_CUDNN(cudnnBackendExecute(handle, p.plan, pack));
+  }
+};
+
+CudnnAttention::CudnnAttention(cudnnHandle_t handle) : impl_(std::make_unique<Impl>()) {
+  impl_->handle = handle;
+}
+
+CudnnAttention::~CudnnAttention() {
+  if (impl_->workspace) cudaFree(impl_->workspace);
+}
+
+bool CudnnAttention::supported(int B, int T, int C, int NH, std::string* why) {
+  const Impl::Entry& e = impl_->entry(B, T, C, NH);
+  if (!e.ok && why) *why = e.why;
+  return e.ok;
+}
+
+void CudnnAttention::forward(bf16* out, float* stats, const bf16* qkv, int B, int T, int C,
+                             int NH, cudaStream_t stream) {
+  const Impl::Entry& e = impl_->require(B, T, C, NH);
+  // By-value scalars are read from host memory when the call is enqueued.
+  float scale = 1.0f / std::sqrt(float(C / NH)), mask_value = std::numeric_limits<float>::lowest();
+  bf16* q = const_cast<bf16*>(qkv);
+  impl_->execute(*e.forward, {kQ, kK, kV, kO, kStats, kScale, kMaskValue},
+                 {q, q + C, q + 2 * size_t(C), out, stats, &scale, &mask_value}, stream);
+}
+
+void CudnnAttention::backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
+                              const float* stats, int B, int T, int C, int NH,
+                              cudaStream_t stream) {
+  const Impl::Entry& e = impl_->require(B, T, C, NH);
+  float scale = 1.0f / std::sqrt(float(C / NH)), mask_value = std::numeric_limits<float>::lowest(),
+        one = 1.0f;
+  bf16* q = const_cast<bf16*>(qkv);
+  impl_->execute(*e.backward,
+                 {kQ, kK, kV, kO, kdO, kStats, kdQ, kdK, kdV, kScale, kMaskValue, kOne},
+                 {q, q + C, q + 2 * size_t(C), const_cast<bf16*>(out), const_cast<bf16*>(dout),
+                  const_cast<float*>(stats), dqkv, dqkv + C, dqkv + 2 * size_t(C), &scale,
+                  &mask_value, &one},
+                 stream);
+}
+
+}  // namespace trident::cuda
