@@ -16,10 +16,6 @@
 //
 // Whether an engine accepts the graph depends on the GPU, the cuDNN version and the shape; plans
 // are built once per shape and any failure becomes the reason supported() reports.
-// fmt turns constexpr off under nvcc but keeps its consteval format-string check, which then
-// fails to compile (every TRIDENT_CUDA message); with constexpr on, both compile. Must precede
-// the first include of fmt (via cuda_check.h). Belongs in the build flags for CUDA sources.
-#define FMT_USE_CONSTEXPR 1
 #include <array>
 #include <cmath>
 #include <limits>

@@ -16,10 +16,6 @@
 //   per query tile: dQ_i = s·Σ_j dS_ij K_j,               looping over key tiles
 // with P_ij = exp(s·q_i·k_j − lse_i), dS_ij = P_ij (dO_i·v_j − D_i). Both passes recompute P
 // and dS; that costs FLOPs but keeps each output written by exactly one thread.
-// fmt turns constexpr off under nvcc but keeps its consteval format-string check, which then
-// fails to compile (every TRIDENT_CUDA message); with constexpr on, both compile. Must precede
-// the first include of fmt (via cuda_check.h). Belongs in the build flags for CUDA sources.
-#define FMT_USE_CONSTEXPR 1
 #include <cmath>
 
 #include "attention_flash.h"

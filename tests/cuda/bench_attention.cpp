@@ -68,7 +68,8 @@ CpuResult cpu_attention(bool bf16_inputs) {
   r.out.resize(size_t(vB) * vT * vC);
   r.dqkv.resize(r.qkv.size());
   cpu->attention_forward(r.out.data(), att.data(), r.qkv.data(), vB, vT, vC, vNH);
-  cpu->attention_backward(r.dqkv.data(), scratch.data(), r.dout.data(), r.qkv.data(), att.data(),
+  cpu->attention_backward(r.dqkv.data(), scratch.data(), r.dout.data(), r.qkv.data(),
+                          r.out.data(), att.data(),
                           vB, vT, vC, vNH);
   return r;
 }

@@ -101,7 +101,8 @@ Reference make_reference(const AttnShape& s, bool bf16_inputs, uint32_t seed = 1
   r.out.resize(size_t(s.B) * s.T * s.C);
   r.dqkv.resize(r.qkv.size());
   cpu->attention_forward(r.out.data(), att.data(), r.qkv.data(), s.B, s.T, s.C, s.NH);
-  cpu->attention_backward(r.dqkv.data(), scratch.data(), r.dout.data(), r.qkv.data(), att.data(),
+  cpu->attention_backward(r.dqkv.data(), scratch.data(), r.dout.data(), r.qkv.data(),
+                          r.out.data(), att.data(),
                           s.B, s.T, s.C, s.NH);
   r.lse = reference_lse(r.qkv, s);
   return r;
