@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace trident {
 
@@ -112,6 +113,12 @@ class Backend {
   // Profiling: a named range of ops (NVTX on CUDA; nothing on the CPU). Nesting is allowed.
   virtual void push_range(const char* name) { (void)name; }
   virtual void pop_range() {}
+  // With op timing on, a device backend measures every op's device time (CUDA events around
+  // it) and sums it per op kind ("matmul fwd", "attention bwd", ...); take_op_times_ms()
+  // waits for the device and returns the sums since the last call, largest first. Host
+  // backends measure nothing and return an empty list.
+  virtual void set_op_timing(bool on) { (void)on; }
+  virtual std::vector<std::pair<std::string, double>> take_op_times_ms() { return {}; }
 };
 
 // A typed array in backend memory (Note [Backend memory]); an empty one owns nothing.

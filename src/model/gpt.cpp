@@ -21,25 +21,28 @@
 namespace trident {
 namespace {
 
-// Reports one phase to the recorder (if any) when it goes out of scope.
+// One phase of forward or backward ("forward block 3"): a profiling range on the backend (NVTX
+// on CUDA), and a report to the recorder (if any) when it goes out of scope.
 class Phase {
  public:
-  Phase(const PhaseFn& fn, std::string name) : fn_(fn), name_(std::move(name)) {
+  Phase(Backend& be, const PhaseFn& fn, std::string name)
+      : be_(be), fn_(fn), name_(std::move(name)) {
+    be_.push_range(name_.c_str());
     if (fn_) begin_ = std::chrono::steady_clock::now();
   }
   ~Phase() {
     if (fn_) fn_(name_, begin_, std::chrono::steady_clock::now());
+    be_.pop_range();
   }
 
  private:
+  Backend& be_;
   const PhaseFn& fn_;
   std::string name_;
   std::chrono::steady_clock::time_point begin_;
 };
 
-std::string phase_name(const PhaseFn& fn, const char* what, int layer) {
-  return fn ? fmt::format("{} {}", what, layer) : std::string();
-}
+std::string phase_name(const char* what, int layer) { return fmt::format("{} {}", what, layer); }
 
 }  // namespace
 
@@ -95,19 +98,19 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, int 
   if (stage_.has_embedding) {
     TRIDENT_CHECK(inputs != nullptr, "the first stage needs the input tokens");
     be_.copy(s.inputs.data(), inputs, size_t(N) * sizeof(int32_t));
-    Phase ph(phases_, "forward embedding");
+    Phase ph(be_, phases_, "forward embedding");
     embedding_forward(s.encoded.data(), s.inputs.data(), B, T);
   }
   const float* residual = s.encoded.data();
   for (int i = 0; i < stage_.num_layers; ++i) {
     const int l = stage_.first_layer + i;
-    Phase ph(phases_, phase_name(phases_, "forward block", l));
+    Phase ph(be_, phases_, phase_name("forward block", l));
     const BlockActs a = block_acts(slot, i);
     block_forward(block(P, l), a, residual, B, T);
     residual = a.residual3;
   }
   if (!stage_.has_head) return 0.0f;
-  Phase ph(phases_, "forward head+loss");
+  Phase ph(be_, phases_, "forward head+loss");
   layernorm_gathered(s.lnf.data(), s.lnf_mean.data(), s.lnf_rstd.data(), residual,
                      at(P, "lnfw"), at(P, "lnfb"), B, T, C);
   be_.matmul_forward(s.logits.data(), s.lnf.data(), at(P, "wte"), nullptr, N, C, Vl);
@@ -155,7 +158,7 @@ void GPT::backward(int slot, float dloss_scale, const float* dstage_output, floa
       L > 0 ? block_acts(slot, L - 1).residual3 : s.encoded.data();
   if (stage_.has_head) {
     TRIDENT_CHECK(s.has_targets, "backward() needs a forward() with targets first");
-    Phase ph(phases_, "backward head+loss");
+    Phase ph(be_, phases_, "backward head+loss");
     // Mean over the N tokens of this micro-batch, times the caller's scale (1/accum).
     crossentropy_backward(s, s.targets.data(), dloss_scale / float(N), N);
     // dwte first, so that when it is final it can be reduced while the head's input gradient
@@ -176,7 +179,7 @@ void GPT::backward(int slot, float dloss_scale, const float* dstage_output, floa
 
   for (int i = L - 1; i >= 0; --i) {
     const int l = stage_.first_layer + i;
-    Phase ph(phases_, phase_name(phases_, "backward block", l));
+    Phase ph(be_, phases_, phase_name("backward block", l));
     const float* residual_in = i == 0 ? s.encoded.data() : block_acts(slot, i - 1).residual3;
     recompute_block(slot, i, residual_in);
     const BlockActs act = block_acts(slot, i);
@@ -220,7 +223,7 @@ void GPT::backward(int slot, float dloss_scale, const float* dstage_output, floa
   }
   // The token embedding's second (sparse) contribution comes last (Note [Tied embedding
   // gradient]): into the sink's compact rows, or into wte's gradient, which is final only now.
-  Phase ph(phases_, "backward embedding");
+  Phase ph(be_, phases_, "backward embedding");
   embedding_backward(dresidual_all_rows(), s.inputs.data(), sink, B, T);
   ready_through("wpe");
   if (!wte_after_head && on_ready) on_ready(wte_index);

@@ -1,0 +1,384 @@
+// CudaBackend: the Backend interface on one GPU. Every op is enqueued on one stream (in order,
+// asynchronous to the host); the host waits only in synchronize(), sum_squares() and the
+// copies that return data to it.
+//
+// Note [Mixed precision]: activations, gradients, master weights and AdamW moments are fp32 in
+// memory — the Backend interface is fp32, and that keeps the model code identical for both
+// backends. The tensor-core work runs in bf16: each GEMM casts its inputs (activations and
+// weights) to bf16 staging buffers and accumulates in fp32 into an fp32 output (cuBLASLt), and
+// cuDNN's fused attention takes bf16 q, k, v. The casts cost memory traffic (about 6 bytes per
+// element cast, ~5–10% of a GPT-2 step by the memory-bound count); bf16 activation storage is
+// the next step (docs/decisions.md).
+#include <nvtx3/nvToolsExt.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <vector>
+#include <memory>
+#include <string>
+
+#include "attention_cudnn.h"
+#include "attention_flash.h"
+#include "backend/cuda/lt_gemm.h"
+#include "bias_grad.h"
+#include "crossentropy.h"
+#include "cuda_check.h"
+#include "elementwise.h"
+#include "encoder.h"
+#include "layernorm.h"
+#include "optimizer.h"
+#include "trident/cuda_backend.h"
+
+namespace trident {
+namespace {
+
+using cuda::bf16;
+
+// Grow-only device scratch. Growing frees the old buffer; cudaFree waits for the device, so
+// kernels still queued on it finish first.
+class Scratch {
+ public:
+  ~Scratch() { cudaFree(p_); }
+  void* get(size_t bytes) {
+    if (bytes > bytes_) {
+      TRIDENT_CUDA(cudaFree(p_));
+      p_ = nullptr;
+      TRIDENT_CUDA(cudaMalloc(&p_, bytes));
+      bytes_ = bytes;
+    }
+    return p_;
+  }
+  template <typename T>
+  T* of(size_t n) {
+    return static_cast<T*>(get(std::max<size_t>(n, 1) * sizeof(T)));
+  }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Times ops with CUDA events when asked (Backend::set_op_timing) and marks each with an NVTX
+// range either way. Events come from a pool and are read back in take(), after a sync.
+class OpTimer {
+ public:
+  ~OpTimer() {
+    for (auto& r : records_) free_.push_back(r.start), free_.push_back(r.stop);
+    for (cudaEvent_t e : free_) cudaEventDestroy(e);
+  }
+  bool on = false;
+  void begin(const char* name, cudaStream_t stream) {
+    nvtxRangePushA(name);
+    if (!on) return;
+    records_.push_back({name, event(), event()});
+    TRIDENT_CUDA(cudaEventRecord(records_.back().start, stream));
+  }
+  void end(cudaStream_t stream) {
+    if (on) TRIDENT_CUDA(cudaEventRecord(records_.back().stop, stream));
+    nvtxRangePop();
+  }
+  std::vector<std::pair<std::string, double>> take(cudaStream_t stream) {
+    TRIDENT_CUDA(cudaStreamSynchronize(stream));
+    std::map<std::string, double> sums;
+    for (const Record& r : records_) {
+      float ms = 0;
+      TRIDENT_CUDA(cudaEventElapsedTime(&ms, r.start, r.stop));
+      sums[r.name] += ms;
+      free_.push_back(r.start);
+      free_.push_back(r.stop);
+    }
+    records_.clear();
+    std::vector<std::pair<std::string, double>> out(sums.begin(), sums.end());
+    std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.second > b.second; });
+    return out;
+  }
+
+ private:
+  struct Record {
+    const char* name;
+    cudaEvent_t start, stop;
+  };
+  cudaEvent_t event() {
+    if (free_.empty()) {
+      cudaEvent_t e;
+      TRIDENT_CUDA(cudaEventCreate(&e));
+      return e;
+    }
+    cudaEvent_t e = free_.back();
+    free_.pop_back();
+    return e;
+  }
+  std::vector<Record> records_;
+  std::vector<cudaEvent_t> free_;
+};
+
+class CudaBackend final : public Backend {
+  // One op: an NVTX range, and its device time when op timing is on.
+  struct Op {
+    Op(CudaBackend& be, const char* name) : be_(be) { be_.timer_.begin(name, be_.stream_); }
+    ~Op() { be_.timer_.end(be_.stream_); }
+    CudaBackend& be_;
+  };
+
+ public:
+  explicit CudaBackend(const CudaBackendOptions& options)
+      : device_(options.device), attention_mode_(options.attention) {
+    TRIDENT_CUDA(cudaSetDevice(device_));
+    TRIDENT_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    cudaDeviceProp prop{};
+    TRIDENT_CUDA(cudaGetDeviceProperties(&prop, device_));
+    device_name_ = prop.name;
+    sm_ = prop.major * 10 + prop.minor;
+    gemm_ = std::make_unique<cuda::LtGemm>();
+    TRIDENT_CUDNN(cudnnCreate(&cudnn_));
+    TRIDENT_CUDNN(cudnnSetStream(cudnn_, stream_));
+    cudnn_attention_ = std::make_unique<cuda::CudnnAttention>(cudnn_);
+    TRIDENT_CUDA(cudaMallocHost(&host_double_, sizeof(double)));
+  }
+  ~CudaBackend() override {
+    cudaStreamSynchronize(stream_);
+    cudnn_attention_.reset();
+    gemm_.reset();
+    if (cudnn_) cudnnDestroy(cudnn_);
+    cudaFreeHost(host_double_);
+    cudaStreamDestroy(stream_);
+  }
+
+  std::string name() const override { return "cuda"; }
+  int threads() const override { return 1; }
+  bool is_device() const override { return true; }
+  cudaStream_t stream() const { return stream_; }
+
+  // --- memory (Note [Backend memory]) ---------------------------------------------------
+  // Managed memory that prefers the GPU: kernels see device-speed memory as long as the host
+  // does not touch it, and host code that must (checkpoints, the loss, tp > 1 loops in the
+  // future) still can after synchronize().
+  void* allocate(size_t bytes) override {
+    void* p = nullptr;
+    const size_t n = std::max<size_t>(bytes, 256);
+    TRIDENT_CUDA(cudaMallocManaged(&p, n));
+    cudaMemLocation where{};
+    where.type = cudaMemLocationTypeDevice;
+    where.id = device_;
+    TRIDENT_CUDA(cudaMemAdvise(p, n, cudaMemAdviseSetPreferredLocation, where));
+    TRIDENT_CUDA(cudaMemsetAsync(p, 0, n, stream_));  // zeroed on the GPU: pages start there
+    TRIDENT_CUDA(cudaStreamSynchronize(stream_));
+    return p;
+  }
+  void release(void* p) noexcept override { cudaFree(p); }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes > 0 && dst != src)
+      TRIDENT_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
+  }
+  void fill_zero(void* p, size_t bytes) override {
+    if (bytes > 0) TRIDENT_CUDA(cudaMemsetAsync(p, 0, bytes, stream_));
+  }
+  void synchronize() override { TRIDENT_CUDA(cudaStreamSynchronize(stream_)); }
+  void push_range(const char* name) override { nvtxRangePushA(name); }
+  void pop_range() override { nvtxRangePop(); }
+  void set_op_timing(bool on) override { timer_.on = on; }
+  std::vector<std::pair<std::string, double>> take_op_times_ms() override {
+    return timer_.take(stream_);
+  }
+
+  // --- layers ---------------------------------------------------------------------------
+  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                       int B, int T, int C) override {
+    Op op(*this, "encoder fwd");
+    cuda::encoder_forward_cuda(out, tokens, wte, wpe, B, T, C, stream_);
+  }
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                        int B, int T, int C) override {
+    Op op(*this, "encoder bwd");
+    cuda::encoder_backward_cuda(dwte, dwpe, dout, tokens, B, T, C, stream_);
+  }
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                         const float* b, int N, int C) override {
+    Op op(*this, "layernorm fwd");
+    cuda::layernorm_forward_cuda(out, mean, rstd, inp, w, b, N, C, stream_);
+  }
+  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                          const float* w, const float* mean, const float* rstd, int N,
+                          int C) override {
+    Op op(*this, "layernorm bwd");
+    float* scratch = reduce_scratch_.of<float>(cuda::layernorm_backward_scratch_floats(N, C));
+    cuda::layernorm_backward_cuda(dinp, dw, db, scratch, dout, inp, w, mean, rstd, N, C, stream_);
+  }
+
+  void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N,
+                      int C, int OC) override {
+    Op op(*this, "matmul fwd");
+    bf16* inp16 = to_bf16(stage_a_, inp, size_t(N) * C);
+    bf16* w16 = to_bf16(stage_w_, w, size_t(OC) * C);
+    // out[N,OC] = inp[N,C] · w[OC,C]ᵀ + bias
+    gemm_->matmul(out, inp16, w16, bias, N, OC, C, false, true, 0.0f, stream_);
+  }
+  void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
+                       const float* w, int N, int C, int OC) override {
+    Op op(*this, "matmul bwd");
+    bf16* dout16 = to_bf16(stage_b_, dout, size_t(N) * OC);
+    if (dinp) {  // dinp[N,C] = dout[N,OC] · w[OC,C]
+      bf16* w16 = to_bf16(stage_w_, w, size_t(OC) * C);
+      gemm_->matmul(dinp, dout16, w16, nullptr, N, C, OC, false, false, 0.0f, stream_);
+    }
+    if (dw) {  // dw[OC,C] += dout[N,OC]ᵀ · inp[N,C]
+      bf16* inp16 = to_bf16(stage_a_, inp, size_t(N) * C);
+      gemm_->matmul(dw, dout16, inp16, nullptr, OC, C, N, true, false, 1.0f, stream_);
+    }
+    if (dbias) {
+      float* scratch = reduce_scratch_.of<float>(cuda::bias_backward_scratch_floats(N, OC));
+      cuda::bias_backward_cuda(dbias, scratch, dout, N, OC, stream_);
+    }
+  }
+
+  // Attention state (Note [Backend memory]): both paths save only the per-row log-sum-exp
+  // [B,NH,T]; backward takes the forward output from the model.
+  size_t attention_saved_floats(int B, int T, int C, int NH) const override {
+    (void)C;
+    return size_t(B) * NH * T;
+  }
+  size_t attention_scratch_floats(int B, int T, int C, int NH) const override {
+    return std::max<size_t>(cuda::flash_attention_backward_scratch_floats(B, T, C, NH), 1);
+  }
+  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
+                         int NH) override {
+    Op op(*this, "attention fwd");
+    if (use_cudnn(B, T, C, NH)) {
+      bf16* qkv16 = to_bf16(stage_a_, qkv, size_t(B) * T * 3 * C);
+      bf16* out16 = stage_b_.of<bf16>(size_t(B) * T * C);
+      cudnn_attention_->forward(out16, att, qkv16, B, T, C, NH, stream_);
+      cuda::cast_bf16_to_f32_cuda(out, out16, 1.0f, size_t(B) * T * C, stream_);
+      return;
+    }
+    cuda::flash_attention_forward_cuda(out, att, qkv, B, T, C, NH, stream_);
+  }
+  void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                          const float* out, const float* att, int B, int T, int C,
+                          int NH) override {
+    Op op(*this, "attention bwd");
+    if (use_cudnn(B, T, C, NH)) {
+      const size_t n3 = size_t(B) * T * 3 * C, n1 = size_t(B) * T * C;
+      bf16* qkv16 = to_bf16(stage_a_, qkv, n3);
+      bf16* out16 = to_bf16(stage_b_, out, n1);
+      bf16* dout16 = to_bf16(stage_c_, dout, n1);
+      bf16* dqkv16 = stage_d_.of<bf16>(n3);
+      cudnn_attention_->backward(dqkv16, dout16, qkv16, out16, att, B, T, C, NH, stream_);
+      cuda::cast_bf16_to_f32_cuda(dqkv, dqkv16, 1.0f, n3, stream_);
+      return;
+    }
+    cuda::flash_attention_backward_cuda(dqkv, scratch, dout, qkv, out, att, B, T, C, NH,
+                                        stream_);
+  }
+
+  void gelu_forward(float* out, const float* inp, size_t n) override {
+    Op op(*this, "gelu fwd");
+    cuda::gelu_forward_cuda(out, inp, n, stream_);
+  }
+  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) override {
+    Op op(*this, "gelu bwd");
+    cuda::gelu_backward_cuda(dinp, inp, dout, n, stream_);
+  }
+  void add(float* out, const float* a, const float* b, size_t n) override {
+    Op op(*this, "residual add");
+    cuda::add_cuda(out, a, b, n, stream_);
+  }
+  void crossentropy_forward(float* losses, float* logits_to_probs, const int32_t* targets, int N,
+                            int V, int Vp) override {
+    Op op(*this, "crossentropy fwd");
+    cuda::crossentropy_forward_cuda(losses, logits_to_probs, targets, N, V, Vp, stream_);
+  }
+  void crossentropy_backward(float* probs_to_dlogits, const int32_t* targets, float dloss, int N,
+                             int V, int Vp) override {
+    Op op(*this, "crossentropy bwd");
+    cuda::crossentropy_backward_cuda(probs_to_dlogits, targets, dloss, N, V, Vp, stream_);
+  }
+
+  // --- optimizer side -------------------------------------------------------------------
+  double sum_squares(const float* x, size_t n) override {
+    Op op(*this, "grad norm");
+    double* result = norm_scratch_.of<double>(1 + cuda::sum_squares_scratch_doubles());
+    cuda::sum_squares_cuda(result, result + 1, x, n, stream_);
+    TRIDENT_CUDA(cudaMemcpyAsync(host_double_, result, sizeof(double), cudaMemcpyDeviceToHost,
+                                 stream_));
+    synchronize();
+    return *host_double_;
+  }
+  void scale(float* x, float s, size_t n) override {
+    Op op(*this, "grad clip");
+    cuda::scale_cuda(x, s, n, stream_);
+  }
+  void adamw_update(float* params, float* m, float* v, const float* grads, size_t n, float lr,
+                    float beta1, float beta2, float eps, float weight_decay, int t) override {
+    Op op(*this, "adamw");
+    cuda::adamw_update_cuda(params, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, t,
+                            nullptr, stream_);
+  }
+
+  // bf16 inputs, fp32 accumulation and output: the configuration every GEMM of the model uses.
+  double measure_gemm_peak_flops() override {
+    const int n = 8192;
+    bf16* a = stage_a_.of<bf16>(size_t(n) * n);
+    bf16* b = stage_w_.of<bf16>(size_t(n) * n);
+    float* d = reduce_scratch_.of<float>(size_t(n) * n);
+    TRIDENT_CUDA(cudaMemsetAsync(a, 0, size_t(n) * n * sizeof(bf16), stream_));
+    TRIDENT_CUDA(cudaMemsetAsync(b, 0, size_t(n) * n * sizeof(bf16), stream_));
+    auto run = [&] { gemm_->matmul(d, a, b, nullptr, n, n, n, false, true, 0.0f, stream_); };
+    for (int i = 0; i < 3; ++i) run();
+    cudaEvent_t start, stop;
+    TRIDENT_CUDA(cudaEventCreate(&start));
+    TRIDENT_CUDA(cudaEventCreate(&stop));
+    const int reps = 20;
+    TRIDENT_CUDA(cudaEventRecord(start, stream_));
+    for (int i = 0; i < reps; ++i) run();
+    TRIDENT_CUDA(cudaEventRecord(stop, stream_));
+    TRIDENT_CUDA(cudaEventSynchronize(stop));
+    float ms = 0;
+    TRIDENT_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    return 2.0 * double(n) * n * n * reps / (double(ms) * 1e-3);
+  }
+  // H100/H200 (sm_90) SXM: 989 TFLOP/s dense bf16.
+  double nominal_peak_flops() const override { return sm_ == 90 ? 989e12 : 0.0; }
+  const std::string& device_name() const { return device_name_; }
+
+ private:
+  bf16* to_bf16(Scratch& stage, const float* x, size_t n) {
+    bf16* out = stage.of<bf16>(n);
+    cuda::cast_f32_to_bf16_cuda(out, x, n, stream_);
+    return out;
+  }
+  bool use_cudnn(int B, int T, int C, int NH) {
+    if (attention_mode_ == "flash") return false;
+    std::string why;
+    const bool ok = cudnn_attention_->supported(B, T, C, NH, &why);
+    if (attention_mode_ == "cudnn" && !ok)
+      input_error("run.attention is cudnn, but cuDNN has no fused-attention plan for B={} T={} "
+                  "C={} NH={}: {}", B, T, C, NH, why);
+    if (!ok && !cuda::flash_attention_supported(C / NH))
+      input_error("attention with head size {} has neither a cuDNN plan ({}) nor a flash "
+                  "kernel (head sizes 32, 64, 128)", C / NH, why);
+    return ok;
+  }
+
+  int device_ = 0;
+  int sm_ = 0;
+  std::string device_name_;
+  std::string attention_mode_;
+  cudaStream_t stream_ = nullptr;
+  cudnnHandle_t cudnn_ = nullptr;
+  std::unique_ptr<cuda::LtGemm> gemm_;
+  std::unique_ptr<cuda::CudnnAttention> cudnn_attention_;
+  Scratch stage_a_, stage_b_, stage_c_, stage_d_, stage_w_, reduce_scratch_, norm_scratch_;
+  double* host_double_ = nullptr;
+  OpTimer timer_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options) {
+  return std::make_unique<CudaBackend>(options);
+}
+
+}  // namespace trident
