@@ -58,7 +58,7 @@ void bias_backward_cuda(float* dbias, float* scratch, const float* dout, int N, 
   bias_bwd_partial_kernel<<<grid, kBlock, 0, stream>>>(scratch, dout, N, OC, rows_per_chunk);
   TRIDENT_CUDA_LAUNCHED();
   bias_bwd_finish_kernel<<<ceil_div(size_t(OC), kBlock), kBlock, 0, stream>>>(dbias, scratch,
-                                                                            chunks, OC);
+                                                                              chunks, OC);
   TRIDENT_CUDA_LAUNCHED();
 }
 

@@ -55,14 +55,17 @@ __global__ void crossentropy_fwd_kernel(float* __restrict__ losses, float* __res
   const float inv_sum = float(1.0 / sum);
   if (threadIdx.x == 0) {
     // -log p_target from the logits, as in the CPU twin: finite even when p_target underflows.
-    losses[n] = valid ? float(log(sum) - double(target_logit - row_max)) : __int_as_float(0x7fc00000);
+    losses[n] =
+        valid ? float(log(sum) - double(target_logit - row_max)) : __int_as_float(0x7fc00000);
   }
 
-  for (v = threadIdx.x; v < Vp; v += step) row[v] = v < V ? __expf(row[v] - row_max) * inv_sum : 0.0f;
+  for (v = threadIdx.x; v < Vp; v += step)
+    row[v] = v < V ? __expf(row[v] - row_max) * inv_sum : 0.0f;
 }
 
-__global__ void crossentropy_bwd_kernel(float* __restrict__ probs, const int32_t* __restrict__ targets,
-                                        float dloss, int V, int Vp) {
+__global__ void crossentropy_bwd_kernel(float* __restrict__ probs,
+                                        const int32_t* __restrict__ targets, float dloss, int V,
+                                        int Vp) {
   const int n = blockIdx.x;
   float* row = probs + size_t(n) * Vp;
   const int target = targets[n];
@@ -80,19 +83,18 @@ __global__ void crossentropy_bwd_kernel(float* __restrict__ probs, const int32_t
 
 }  // namespace
 
-void crossentropy_forward_cuda(float* losses, float* logits_to_probs, const int32_t* targets,
-                               int N, int V, int Vp, cudaStream_t stream) {
-  TRIDENT_CHECK(N >= 0 && V > 0 && V <= Vp, "crossentropy_forward_cuda: N={} V={} Vp={}", N, V,
-                Vp);
+void crossentropy_forward_cuda(float* losses, float* logits_to_probs, const int32_t* targets, int N,
+                               int V, int Vp, cudaStream_t stream) {
+  TRIDENT_CHECK(N >= 0 && V > 0 && V <= Vp, "crossentropy_forward_cuda: N={} V={} Vp={}", N, V, Vp);
   if (N == 0) return;
   TRIDENT_CHECK(losses && logits_to_probs && targets, "{}: null pointer", __func__);
-  crossentropy_fwd_kernel<<<unsigned(N), kBlock, 0, stream>>>(losses, logits_to_probs, targets,
-                                                              V, Vp);
+  crossentropy_fwd_kernel<<<unsigned(N), kBlock, 0, stream>>>(losses, logits_to_probs, targets, V,
+                                                              Vp);
   TRIDENT_CUDA_LAUNCHED();
 }
 
-void crossentropy_backward_cuda(float* probs_to_dlogits, const int32_t* targets, float dloss,
-                                int N, int V, int Vp, cudaStream_t stream) {
+void crossentropy_backward_cuda(float* probs_to_dlogits, const int32_t* targets, float dloss, int N,
+                                int V, int Vp, cudaStream_t stream) {
   TRIDENT_CHECK(N >= 0 && V > 0 && V <= Vp, "crossentropy_backward_cuda: N={} V={} Vp={}", N, V,
                 Vp);
   if (N == 0) return;

@@ -159,8 +159,7 @@ void cast_f32_to_bf16_cuda(bf16* out, const float* in, size_t n, cudaStream_t st
   TRIDENT_CUDA_LAUNCHED();
 }
 
-void cast_bf16_to_f32_cuda(float* out, const bf16* in, float scale, size_t n,
-                           cudaStream_t stream) {
+void cast_bf16_to_f32_cuda(float* out, const bf16* in, float scale, size_t n, cudaStream_t stream) {
   if (n == 0) return;
   TRIDENT_CHECK(out && in, "{}: null pointer", __func__);
   const bool vec = aligned16(out) && aligned8(in);

@@ -56,8 +56,8 @@ __global__ void encoder_bwd_wpe_kernel(float* __restrict__ dwpe, const float* __
 }
 
 constexpr int kWteBlock = 256;
-constexpr int kWtePerThread = 4;                         // channels per thread
-constexpr int kWteChunk = kWteBlock * kWtePerThread;     // channels per block (blockIdx.y)
+constexpr int kWtePerThread = 4;                      // channels per thread
+constexpr int kWteChunk = kWteBlock * kWtePerThread;  // channels per block (blockIdx.y)
 constexpr int kWteWarps = kWteBlock / kWarp;
 
 // See Note [Deterministic dwte]. Grid: (N rows, channel chunks of kWteChunk).
@@ -121,8 +121,8 @@ void encoder_forward_cuda(float* out, const int32_t* tokens, const float* wte, c
   TRIDENT_CHECK(out && tokens && wte && wpe, "{}: null pointer", __func__);
   const bool vec = C % 4 == 0 && aligned16(out) && aligned16(wte) && aligned16(wpe);
   const size_t work = vec ? size_t(N) * (C / 4) : size_t(N) * C;
-  encoder_fwd_kernel<<<grid_for(work, kFwdBlock), kFwdBlock, 0, stream>>>(out, tokens, wte, wpe,
-                                                                         N, T, C, vec);
+  encoder_fwd_kernel<<<grid_for(work, kFwdBlock), kFwdBlock, 0, stream>>>(out, tokens, wte, wpe, N,
+                                                                          T, C, vec);
   TRIDENT_CUDA_LAUNCHED();
 }
 

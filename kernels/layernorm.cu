@@ -83,13 +83,10 @@ __global__ void layernorm_bwd_dinp_kernel(float* __restrict__ dinp, const float*
 }
 
 // Partial column sums over one chunk of rows (blockIdx.y): one thread per column, rows in order.
-__global__ void layernorm_bwd_partial_kernel(float* __restrict__ partial_dw,
-                                             float* __restrict__ partial_db,
-                                             const float* __restrict__ dout,
-                                             const float* __restrict__ inp,
-                                             const float* __restrict__ mean,
-                                             const float* __restrict__ rstd, int N, int C,
-                                             int rows_per_chunk) {
+__global__ void layernorm_bwd_partial_kernel(
+    float* __restrict__ partial_dw, float* __restrict__ partial_db, const float* __restrict__ dout,
+    const float* __restrict__ inp, const float* __restrict__ mean, const float* __restrict__ rstd,
+    int N, int C, int rows_per_chunk) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   const int chunk = blockIdx.y;
@@ -126,21 +123,21 @@ template <typename Kernel>
 void allow_smem(Kernel kernel, size_t bytes, int C) {
   TRIDENT_CHECK(bytes <= kMaxSmem, "layernorm: C={} needs {} bytes of shared memory", C, bytes);
   if (bytes > kDefaultSmem)
-    TRIDENT_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      int(bytes)));
+    TRIDENT_CUDA(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
 }  // namespace
 
-void layernorm_forward_cuda(float* out, float* mean, float* rstd, const float* inp,
-                            const float* w, const float* b, int N, int C, cudaStream_t stream) {
+void layernorm_forward_cuda(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                            const float* b, int N, int C, cudaStream_t stream) {
   TRIDENT_CHECK(N >= 0 && C > 0, "layernorm_forward_cuda: N={} C={}", N, C);
   if (N == 0) return;
   TRIDENT_CHECK(out && mean && rstd && inp && w && b, "{}: null pointer", __func__);
   const size_t smem = size_t(kRowsPerBlock) * C * sizeof(float);
   allow_smem(layernorm_fwd_kernel, smem, C);
-  layernorm_fwd_kernel<<<ceil_div(size_t(N), kRowsPerBlock), kRowsPerBlock * kWarp, smem,
-                         stream>>>(out, mean, rstd, inp, w, b, N, C);
+  layernorm_fwd_kernel<<<ceil_div(size_t(N), kRowsPerBlock), kRowsPerBlock * kWarp, smem, stream>>>(
+      out, mean, rstd, inp, w, b, N, C);
   TRIDENT_CUDA_LAUNCHED();
 }
 
@@ -148,10 +145,9 @@ size_t layernorm_backward_scratch_floats(int N, int C) {
   return 2 * size_t(column_sum_row_chunks(N)) * size_t(C > 0 ? C : 0);
 }
 
-void layernorm_backward_cuda(float* dinp, float* dw, float* db, float* scratch,
-                             const float* dout, const float* inp, const float* w,
-                             const float* mean, const float* rstd, int N, int C,
-                             cudaStream_t stream) {
+void layernorm_backward_cuda(float* dinp, float* dw, float* db, float* scratch, const float* dout,
+                             const float* inp, const float* w, const float* mean, const float* rstd,
+                             int N, int C, cudaStream_t stream) {
   TRIDENT_CHECK(N >= 0 && C > 0, "layernorm_backward_cuda: N={} C={}", N, C);
   if (N == 0) return;
   TRIDENT_CHECK(dout && inp && mean && rstd, "{}: null input", __func__);
@@ -171,8 +167,8 @@ void layernorm_backward_cuda(float* dinp, float* dw, float* db, float* scratch,
   float* partial_db = scratch + size_t(chunks) * C;
   constexpr int kBlock = 256;
   const dim3 grid(ceil_div(size_t(C), kBlock), unsigned(chunks));
-  layernorm_bwd_partial_kernel<<<grid, kBlock, 0, stream>>>(partial_dw, partial_db, dout, inp,
-                                                            mean, rstd, N, C, rows_per_chunk);
+  layernorm_bwd_partial_kernel<<<grid, kBlock, 0, stream>>>(partial_dw, partial_db, dout, inp, mean,
+                                                            rstd, N, C, rows_per_chunk);
   TRIDENT_CUDA_LAUNCHED();
   layernorm_bwd_finish_kernel<<<ceil_div(size_t(C), kBlock), kBlock, 0, stream>>>(
       dw, db, partial_dw, partial_db, chunks, C);

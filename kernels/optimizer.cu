@@ -26,8 +26,8 @@ __device__ __forceinline__ void adamw_step(float& p, float& m, float& v, float g
 
 __global__ void adamw_update_kernel(float* __restrict__ params, float* __restrict__ m,
                                     float* __restrict__ v, const float* __restrict__ grads,
-                                    bf16* __restrict__ params_bf16, size_t n,
-                                    AdamWCoefficients c, bool vec) {
+                                    bf16* __restrict__ params_bf16, size_t n, AdamWCoefficients c,
+                                    bool vec) {
   const size_t stride = size_t(gridDim.x) * blockDim.x;
   const size_t start = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const size_t n4 = vec ? n / 4 : 0;
@@ -61,8 +61,8 @@ __global__ void adamw_update_kernel(float* __restrict__ params, float* __restric
 
 // The grid size is a function of n (and alignment) only, so the partials, and their sum, are
 // the same on every run. Squares of a float4 are added in float (4 terms), then in double.
-__global__ void sum_squares_partial_kernel(double* __restrict__ partial, const float* __restrict__ x,
-                                           size_t n, bool vec) {
+__global__ void sum_squares_partial_kernel(double* __restrict__ partial,
+                                           const float* __restrict__ x, size_t n, bool vec) {
   const size_t stride = size_t(gridDim.x) * blockDim.x;
   const size_t start = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const size_t n4 = vec ? n / 4 : 0;
@@ -104,8 +104,8 @@ void adamw_update_cuda(float* params, float* m, float* v, const float* grads, si
                             weight_decay,
                             float(1.0 / (1.0 - std::pow(double(beta1), t))),
                             float(1.0 / (1.0 - std::pow(double(beta2), t)))};
-  const bool vec = aligned(params, 16) && aligned(m, 16) && aligned(v, 16) &&
-                   aligned(grads, 16) && (!params_bf16 || aligned(params_bf16, 8));
+  const bool vec = aligned(params, 16) && aligned(m, 16) && aligned(v, 16) && aligned(grads, 16) &&
+                   (!params_bf16 || aligned(params_bf16, 8));
   const unsigned grid = grid_for(vec ? (n + 3) / 4 : n, kBlock);
   adamw_update_kernel<<<grid, kBlock, 0, stream>>>(params, m, v, grads, params_bf16, n, c, vec);
   TRIDENT_CUDA_LAUNCHED();
