@@ -6,8 +6,8 @@
 // exits, and otherwise it owns that token's dwte row: it walks rows r..N-1 in order and adds
 // every matching dout row, starting from the old dwte value. That is the CPU twin's order, so
 // the result is deterministic (and matches the CPU's additions). Cost: every block scans up to
-// N token ids (cheap, L2-resident); a token occurring k times costs its owner k dependent row
-// loads, so a very frequent token makes one slow block.
+// N token ids (cheap, L2-resident); a token occurring k times costs its owner k row loads,
+// overlapped kWteBatch at a time, so a very frequent token still makes one long block.
 #include <cstdint>
 
 #include "encoder.h"
@@ -59,11 +59,13 @@ constexpr int kWteBlock = 256;
 constexpr int kWtePerThread = 4;                      // channels per thread
 constexpr int kWteChunk = kWteBlock * kWtePerThread;  // channels per block (blockIdx.y)
 constexpr int kWteWarps = kWteBlock / kWarp;
+constexpr int kWteBatch = 4;  // matching rows whose loads are in flight together
 
 // See Note [Deterministic dwte]. Grid: (N rows, channel chunks of kWteChunk).
 __global__ void encoder_bwd_wte_kernel(float* __restrict__ dwte, const float* __restrict__ dout,
                                        const int32_t* __restrict__ tokens, int N, int C) {
-  __shared__ unsigned match_bits[kWteWarps];
+  __shared__ int match_rows[kWteBlock];  // this chunk's matching rows, increasing
+  __shared__ int warp_matches[kWteWarps];
   const int row = blockIdx.x;
   const int tok = tokens[row];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
@@ -82,25 +84,43 @@ __global__ void encoder_bwd_wte_kernel(float* __restrict__ dwte, const float* __
     const int c = c0 + k * kWteBlock;
     acc[k] = c < C ? w[c] : 0.0f;
   }
-  // Rows j >= row in chunks of kWteBlock: find the matches with ballots, then all threads add
-  // the matching dout rows in increasing j.
+  // Rows j >= row in chunks of kWteBlock: list the matches in increasing j (ballot, then each
+  // match's rank among the block's matches), then add their dout rows in that order. The
+  // batches only let several rows' loads overlap; the additions stay in row order.
   for (int j0 = row; j0 < N; j0 += kWteBlock) {
     const int j = j0 + threadIdx.x;
-    const unsigned bits = __ballot_sync(0xffffffffu, j < N && tokens[j] == tok);
-    if (lane == 0) match_bits[warp] = bits;
+    const bool same = j < N && tokens[j] == tok;
+    const unsigned bits = __ballot_sync(0xffffffffu, same);
+    if (lane == 0) warp_matches[warp] = __popc(bits);
     __syncthreads();
+    int before = 0, total = 0;
     for (int wi = 0; wi < kWteWarps; ++wi) {
-      for (unsigned b = match_bits[wi]; b != 0; b &= b - 1) {
-        const int jj = j0 + wi * kWarp + (__ffs(b) - 1);
-        const float* d = dout + size_t(jj) * C;
+      before += wi < warp ? warp_matches[wi] : 0;
+      total += warp_matches[wi];
+    }
+    if (same) match_rows[before + __popc(bits & ((1u << lane) - 1u))] = j;
+    __syncthreads();
+    for (int i = 0; i < total; i += kWteBatch) {
+      float x[kWteBatch][kWtePerThread];
+#pragma unroll
+      for (int r = 0; r < kWteBatch; ++r) {
+        const bool have = i + r < total;
+        const float* d = dout + size_t(have ? match_rows[i + r] : 0) * C;
 #pragma unroll
         for (int k = 0; k < kWtePerThread; ++k) {
           const int c = c0 + k * kWteBlock;
-          if (c < C) acc[k] += d[c];
+          x[r][k] = have && c < C ? d[c] : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kWteBatch; ++r) {
+        if (i + r < total) {
+#pragma unroll
+          for (int k = 0; k < kWtePerThread; ++k) acc[k] += x[r][k];
         }
       }
     }
-    __syncthreads();  // match_bits is overwritten in the next chunk
+    __syncthreads();  // match_rows and warp_matches are overwritten in the next chunk
   }
 #pragma unroll
   for (int k = 0; k < kWtePerThread; ++k) {
