@@ -15,7 +15,10 @@
 //   kBf16Tol = 1e-2: a bf16 result has 8 significand bits, half an ulp is 2^-9 ≈ 2e-3.
 #pragma once
 
+#include <algorithm>
 #include <bit>
+#include <cmath>
+#include <limits>
 #include <cstdint>
 #include <memory>
 #include <random>
@@ -55,6 +58,19 @@ inline std::vector<float> random_floats(size_t n, std::mt19937& rng, double lo =
 }
 inline double err_vs(const std::vector<float>& got, const std::vector<float>& want) {
   return rel_err(got, to_double(want));
+}
+// The same with the scale floored at `min_scale`: a vector of one or three values can be near 0
+// by cancellation, and then its own size is not the right yardstick for rounding differences.
+inline double err_vs(const std::vector<float>& got, const std::vector<float>& want,
+                     double min_scale) {
+  double diff = 0.0, scale = min_scale;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double d = std::abs(double(got[i]) - double(want[i]));
+    if (std::isnan(d)) return std::numeric_limits<double>::infinity();
+    diff = std::max(diff, d);
+    scale = std::max(scale, std::abs(double(want[i])));
+  }
+  return diff / scale;
 }
 
 // A device copy of `host` placed `offset` elements into a poisoned buffer, so that an offset of
