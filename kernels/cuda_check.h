@@ -4,6 +4,15 @@
 // Host-only header: included by .cu and .cpp files alike.
 #pragma once
 
+// fmt 9 turns its constexpr off under nvcc (FMT_USE_CONSTEXPR 0), yet still declares some
+// functions constexpr and checks format strings in a consteval constructor; both then call
+// non-constexpr functions and fail to compile ("call to consteval function ... did not produce
+// a valid constant expression"). nvcc 12+ handles fmt's relaxed constexpr, so turn it back on.
+// Must precede the first fmt include of a .cu file.
+#if defined(__CUDACC__) && !defined(FMT_USE_CONSTEXPR)
+#define FMT_USE_CONSTEXPR 1
+#endif
+
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

@@ -1,0 +1,93 @@
+// Row-wise kernels (encoder, layernorm, bias gradient, cross-entropy) against their CPU twins on
+// odd and GPT-2-like shapes; plus determinism of the reductions. Checks: kernel_checks_rows.h.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <initializer_list>
+#include <tuple>
+
+#include "kernel_checks_rows.h"
+
+namespace trident::testing {
+namespace {
+
+using Shapes2 = std::initializer_list<std::tuple<int, int>>;
+using Shapes3 = std::initializer_list<std::tuple<int, int, int>>;
+using Shapes4 = std::initializer_list<std::tuple<int, int, int, int>>;
+
+void expect_within(const Errors& errors, const std::string& shape) {
+  for (const OutputError& e : errors) EXPECT_LE(e.err, e.tol) << e.name << " at " << shape;
+}
+
+TEST(KernelEncoder, ForwardMatchesCpu) {
+  TRIDENT_REQUIRE_GPU();
+  // C = 96 and 768 take the float4 path, 37 and 1601 the scalar one.
+  for (auto [B, T, C] : Shapes3{{2, 5, 37}, {3, 37, 96}, {2, 64, 768}, {1, 7, 1601}})
+    expect_within(check_encoder_forward(B, T, C, 50, 11), fmt::format("B={} T={} C={}", B, T, C));
+}
+
+TEST(KernelEncoder, BackwardMatchesCpu) {
+  TRIDENT_REQUIRE_GPU();
+  // vocab 7: every token repeats many times. C = 1600 needs two channel chunks of dwte.
+  for (auto [B, T, C, vocab] :
+       Shapes4{{3, 37, 96, 7}, {2, 300, 1600, 7}, {4, 64, 768, 1000}, {1, 1, 5, 3}})
+    expect_within(check_encoder_backward(B, T, C, vocab, true, true, 12),
+                  fmt::format("B={} T={} C={} vocab={}", B, T, C, vocab));
+}
+
+TEST(KernelEncoder, BackwardWithOneGradientNull) {
+  TRIDENT_REQUIRE_GPU();
+  expect_within(check_encoder_backward(2, 37, 96, 5, true, false, 13), "dwpe null");
+  expect_within(check_encoder_backward(2, 37, 96, 5, false, true, 14), "dwte null");
+}
+
+TEST(KernelLayernorm, ForwardMatchesCpu) {
+  TRIDENT_REQUIRE_GPU();
+  for (auto [N, C] : Shapes2{{37, 1600}, {64, 96}, {5, 37}, {1000, 768}, {3, 1}})
+    expect_within(check_layernorm_forward(N, C, 21), fmt::format("N={} C={}", N, C));
+}
+
+TEST(KernelLayernorm, BackwardMatchesCpu) {
+  TRIDENT_REQUIRE_GPU();
+  // N = 1000 > 128 row chunks, with a last chunk shorter than the others.
+  for (auto [N, C] : Shapes2{{37, 1600}, {64, 96}, {5, 37}, {1000, 768}, {300, 1024}})
+    expect_within(check_layernorm_backward(N, C, 22), fmt::format("N={} C={}", N, C));
+}
+
+// Same inputs, two runs: bitwise the same dinp, dw and db (no atomics in the reductions).
+TEST(KernelLayernorm, BackwardIsDeterministic) {
+  TRIDENT_REQUIRE_GPU();
+  const int N = 1000, C = 1600;
+  const LayernormBackwardInputs in(N, C, 23);
+  const LayernormBackwardOutputs first = run_layernorm_backward_cuda(in, N, C);
+  const LayernormBackwardOutputs second = run_layernorm_backward_cuda(in, N, C);
+  auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  EXPECT_TRUE(same_bits(first.dinp, second.dinp));
+  EXPECT_TRUE(same_bits(first.dw, second.dw));
+  EXPECT_TRUE(same_bits(first.db, second.db));
+}
+
+TEST(KernelBiasGrad, MatchesCpu) {
+  TRIDENT_REQUIRE_GPU();
+  for (auto [N, OC] : Shapes2{{37, 1600}, {64, 96}, {1000, 2304}, {5, 3}, {1, 7}})
+    expect_within(check_bias_backward(N, OC, 31), fmt::format("N={} OC={}", N, OC));
+}
+
+TEST(KernelCrossentropy, ForwardMatchesCpu) {
+  TRIDENT_REQUIRE_GPU();
+  for (auto [N, V, Vp] : Shapes3{{37, 250, 384}, {4, 50257, 50304}, {3, 5, 5}, {2, 1000, 1001}})
+    expect_within(check_crossentropy_forward(N, V, Vp, 41),
+                  fmt::format("N={} V={} Vp={}", N, V, Vp));
+}
+
+TEST(KernelCrossentropy, BackwardMatchesCpu) {
+  TRIDENT_REQUIRE_GPU();
+  for (auto [N, V, Vp] : Shapes3{{37, 250, 384}, {4, 50257, 50304}, {3, 5, 5}, {2, 1000, 1001}})
+    expect_within(check_crossentropy_backward(N, V, Vp, 42),
+                  fmt::format("N={} V={} Vp={}", N, V, Vp));
+}
+
+}  // namespace
+}  // namespace trident::testing
