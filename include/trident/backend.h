@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -97,10 +98,11 @@ class Backend {
   virtual double nominal_peak_flops() const { return 0.0; }
 
   // Note [Backend memory]: every pointer given to the ops above lives in memory the backend
-  // allocated. CPU: host memory. CUDA: device memory that the host may also read and write,
-  // but only after synchronize() (the ops run asynchronously, in order, on one stream).
+  // allocated. CPU: host memory. CUDA: device memory (cudaMalloc), which the host reaches only
+  // through copy() (or a HostView, below); the ops run asynchronously, in order, on one stream.
   // allocate() returns zeroed, 256-byte-aligned memory; copy() and fill_zero() are ordered with
-  // the ops and may take host pointers on either side.
+  // the ops, and copy() takes host or backend pointers on either side. A copy to host memory
+  // has completed when copy() returns.
   virtual void* allocate(size_t bytes);
   virtual void release(void* p) noexcept;
   virtual void copy(void* dst, const void* src, size_t bytes);
@@ -153,6 +155,35 @@ class BackendBuffer {
   Backend* be_ = nullptr;
   size_t n_ = 0;
   T* p_ = nullptr;
+};
+
+// Host access to n values of backend memory (Note [Backend memory]): the memory itself on a host
+// backend; on a device backend a zeroed host copy, filled from the device first when `load`,
+// and written back by commit().
+template <typename T>
+class HostView {
+ public:
+  HostView(Backend& be, T* p, size_t n, bool load) : be_(be), p_(p), n_(n) {
+    if (!be.is_device()) return;
+    copy_.assign(n, T{});
+    if (load) {
+      be.copy(copy_.data(), p, n * sizeof(T));
+      be.synchronize();
+    }
+  }
+  T* data() { return be_.is_device() ? copy_.data() : p_; }
+  size_t size() const { return n_; }
+  void commit() {
+    if (!be_.is_device()) return;
+    be_.copy(p_, copy_.data(), n_ * sizeof(T));
+    be_.synchronize();
+  }
+
+ private:
+  Backend& be_;
+  T* p_;
+  size_t n_;
+  std::vector<std::remove_const_t<T>> copy_;
 };
 
 // CPU backend: OpenBLAS for the GEMMs, vectorised OpenMP loops for the rest (src/backend/).

@@ -85,7 +85,9 @@ class Trainer {
   // (wte without its vocabulary padding, so any layout can load them), with this rank's part
   // and whether it writes it (dp rank 0; tp rank 0 for replicated tensors; wte on the last
   // stage).
-  std::vector<ShardTensor> checkpoint_tensors();
+  // The checkpoint's tensors, pointing into host copies of params, m and v (Note [Backend
+  // memory]: the model's own buffers on a host backend).
+  std::vector<ShardTensor> checkpoint_tensors(float* params, float* m, float* v);
   // Collective over the world: saves after `steps_done` steps; returns the path.
   std::string save(const std::string& dir, int steps_done, const std::string& run_id, int keep);
   // Collective: loads a checkpoint saved in any layout; returns its meta (step, run id, ...).

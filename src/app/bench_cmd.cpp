@@ -1,5 +1,6 @@
-// `trident bench DECK`: times whole training steps (forward, backward, optimizer) after warm-up
-// and ends with one machine-readable line: `bench: key=value ...` (medians over the timed steps,
+// `trident bench DECK`: times whole training steps (forward, backward, optimizer) after warm-up,
+// on a device backend also one step's per-op device times (CUDA events), and ends with one
+// machine-readable line: `bench: key=value ...` (medians over the timed steps,
 // as seen by rank 0; with data parallelism every rank runs the same steps).
 #include <fmt/format.h>
 
@@ -46,15 +47,41 @@ int run_bench(const BenchArgs& args) {
         std::make_unique<Trainer>(deck, TrainContext{backend.get(), peak, grid.get(), trace.get()});
   });
   Trainer& trainer = *trainer_ptr;
-  if (lead)
-    fmt::print("bench: measured sgemm peak {:.1f} GFLOP/s with {} threads (per rank; measured "
-               "again after the steps, the larger is used)\n",
-               peak / 1e9, backend->threads());
+  const double nominal = backend->nominal_peak_flops();
+  if (lead) {
+    if (backend->is_device())
+      fmt::print("bench: measured cuBLASLt bf16 GEMM peak {:.1f} TFLOP/s (8192³, fp32 "
+                 "accumulate; per rank; measured again after the steps, the larger is used); "
+                 "nominal dense bf16 peak {:.0f} TFLOP/s\n",
+                 peak / 1e12, nominal / 1e12);
+    else
+      fmt::print("bench: measured sgemm peak {:.1f} GFLOP/s with {} threads (per rank; measured "
+                 "again after the steps, the larger is used)\n",
+                 peak / 1e9, backend->threads());
+  }
   const GPTConfig& cfg = trainer.model_config();
 
   std::vector<double> ms, fwd, bwd, opt, comm, exposed, overlap, tp_comm, bubble;
-  for (int i = 0; i < args.warmup_steps + args.steps; ++i) {
+  // Per-op device time (device backends): measured on one extra step after the timed ones, so
+  // the events around every op do not slow the timed steps.
+  const int total_steps = args.warmup_steps + args.steps;
+  for (int i = 0; i < total_steps + (backend->is_device() ? 1 : 0); ++i) {
+    const bool op_step = i == total_steps;
+    backend->set_op_timing(op_step);
     StepStats s = trainer.train_step(i);
+    if (op_step) {
+      const auto ops = backend->take_op_times_ms();
+      backend->set_op_timing(false);
+      double total = 0;
+      for (const auto& [name, t] : ops) total += t;
+      if (lead) {
+        fmt::print("bench: per-op device time of one step (CUDA events; step {:.2f} ms wall, "
+                   "ops {:.2f} ms):\n", s.ms_per_step, total);
+        for (const auto& [name, t] : ops)
+          fmt::print("bench:   {:<18} {:9.3f} ms {:5.1f}%\n", name, t, 100.0 * t / total);
+      }
+      continue;
+    }
     const bool timed = i >= args.warmup_steps;
     if (lead) {
       fmt::print("bench: step {} {}: {:.1f} ms (forward {:.1f}, backward {:.1f}, optimizer "
@@ -81,14 +108,16 @@ int run_bench(const BenchArgs& args) {
   const int ranks = grid->world_size();
   const int pp = grid->layout().pp;
   const double mfu = flops_per_token * tokens_per_s / (peak * ranks);
+  const double mfu_nominal = nominal > 0 ? flops_per_token * tokens_per_s / (nominal * ranks) : 0;
   if (trace) trace->write();
   if (lead)
-    fmt::print("bench: tokens_per_s={:.1f} ms_per_step={:.2f} mfu={:.4f} peak_gflops={:.1f} "
+    fmt::print("bench: tokens_per_s={:.1f} ms_per_step={:.2f} mfu={:.4f} mfu_nominal={:.4f} "
+               "peak_gflops={:.1f} nominal_peak_gflops={:.1f} "
                "achieved_gflops={:.1f} forward_ms={:.2f} backward_ms={:.2f} optimizer_ms={:.2f} "
                "comm_ms={:.2f} exposed_comm_ms={:.2f} overlap={:.3f} tp_comm_ms={:.2f} "
                "bubble={:.3f} bubble_model={:.3f} activation_mb={:.1f} params_m={:.2f} "
                "tokens_per_step={} ranks={} dp={} tp={} pp={} threads={} backend={}\n",
-               tokens_per_s, step_ms, mfu, peak * ranks / 1e9,
+               tokens_per_s, step_ms, mfu, mfu_nominal, peak * ranks / 1e9, nominal * ranks / 1e9,
                flops_per_token * tokens_per_s / 1e9, median(fwd), median(bwd), median(opt),
                median(comm), median(exposed), median(overlap), median(tp_comm), median(bubble),
                double(pp - 1) / double(deck.train.accum + pp - 1),

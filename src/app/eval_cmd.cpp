@@ -76,8 +76,10 @@ int run_generate(const GenerateArgs& args) {
     // The last T tokens as context; the logits of the last position pick the next token.
     const int n = std::min<int>(int(tokens.size()), T);
     model.forward(0, tokens.data() + tokens.size() - n, nullptr, 1, n);
-    model.backend().synchronize();  // the logits are read on the host
-    const float* logits = model.logits() + size_t(n - 1) * cfg.padded_vocab;
+    // The last position's logits, read on the host (Note [Backend memory]).
+    HostView<const float> row(model.backend(), model.logits() + size_t(n - 1) * cfg.padded_vocab,
+                              size_t(cfg.vocab), /*load=*/true);
+    const float* logits = row.data();
     int next = int(std::max_element(logits, logits + cfg.vocab) - logits);
     if (args.temperature > 0) {
       const float top = logits[next];

@@ -42,8 +42,9 @@ bool ends_with(const std::string& s, const char* suffix) {
 void GPT::init_weights(uint64_t seed) {
   const double std_base = 0.02;
   const double std_residual = 0.02 / std::sqrt(2.0 * cfg_.layers);
+  HostView<float> host(be_, params_.data(), params_.size(), /*load=*/false);
   for (const ParamInfo& p : infos_) {
-    float* w = params_.data() + p.offset;
+    float* w = host.data() + p.offset;
     const bool is_ln_weight = ends_with(p.name, "ln1w") || ends_with(p.name, "ln2w") ||
                               p.name == "lnfw";
     if (is_ln_weight) {
@@ -66,6 +67,7 @@ void GPT::init_weights(uint64_t seed) {
       w[i] = g < live ? float(stddev * normal_at(key, g)) : 0.0f;
     }
   }
+  host.commit();
 }
 
 }  // namespace trident

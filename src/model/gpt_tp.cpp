@@ -33,7 +33,6 @@ void GPT::reduce_rows(float* out, float* partial, int B, int T, int C) {
     return;
   }
   if (!tp_.sequence_parallel) {
-    be_.synchronize();  // Note [Backend memory]: the host-side communicator reads partial
     tp_wait(tp_.comm->all_reduce(partial, N * C));
     be_.copy(out, partial, N * C * sizeof(float));
     return;

@@ -113,9 +113,9 @@ float GPT::crossentropy_forward(Slot& slot, const int32_t* targets, int N) {
       for (int j = live; j < Vl; ++j) x[j] = 0.0f;
     }
   }
-  be_.synchronize();  // the losses are read on the host (Note [Backend memory])
+  HostView<float> host(be_, losses, size_t(N), /*load=*/true);  // Note [Backend memory]
   double sum = 0.0;
-  for (int i = 0; i < N; ++i) sum += losses[i];
+  for (int i = 0; i < N; ++i) sum += host.data()[i];
   return float(sum / N);
 }
 

@@ -79,6 +79,7 @@ void load_llmc_weights(GPT& model, const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   f.seekg(1024);
   std::vector<float> global;
+  HostView<float> host(model.backend(), model.params(), model.num_params(), /*load=*/false);
   for (const LlmcTensor& t : kOrder) {
     for (int l = 0; l < (t.per_layer ? cfg.layers : 1); ++l) {
       const ParamInfo& p = model.param(pname(t, l));
@@ -90,13 +91,14 @@ void load_llmc_weights(GPT& model, const std::string& path) {
       global.assign(file_rows * cols, 0.0f);
       f.read(reinterpret_cast<char*>(global.data()), std::streamsize(global.size() * 4));
       if (!f) input_error("model.init_from: {}: read failed at tensor {}", path, p.name);
-      float* dst = model.params() + p.offset;
+      float* dst = host.data() + p.offset;
       for (size_t i = 0; i < p.count; ++i) {
         const size_t g = p.global_index(i);
         dst[i] = g / cols < file_rows ? global[g] : 0.0f;
       }
     }
   }
+  host.commit();
 }
 
 void save_llmc_weights(GPT& model, const std::string& path) {
@@ -114,10 +116,11 @@ void save_llmc_weights(GPT& model, const std::string& path) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   TRIDENT_CHECK(bool(f), "cannot write {}", path);
   f.write(reinterpret_cast<const char*>(h), sizeof(h));
+  HostView<float> host(model.backend(), model.params(), model.num_params(), /*load=*/true);
   for (const LlmcTensor& t : kOrder)
     for (int l = 0; l < (t.per_layer ? cfg.layers : 1); ++l) {
       const ParamInfo& p = model.param(pname(t, l));
-      f.write(reinterpret_cast<const char*>(model.params() + p.offset),
+      f.write(reinterpret_cast<const char*>(host.data() + p.offset),
               std::streamsize(p.count * 4));
     }
   TRIDENT_CHECK(bool(f), "write failed: {}", path);

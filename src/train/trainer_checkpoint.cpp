@@ -55,7 +55,7 @@ std::vector<ShardBlock> blocks_of(const ParamInfo& p, int vocab, std::vector<int
 
 }  // namespace
 
-std::vector<ShardTensor> Trainer::checkpoint_tensors() {
+std::vector<ShardTensor> Trainer::checkpoint_tensors(float* params, float* m, float* v) {
   const int tp_rank = model_->tensor_parallel().rank;
   const StageSpec& stage = model_->stage();
   std::vector<ShardTensor> out;
@@ -63,9 +63,7 @@ std::vector<ShardTensor> Trainer::checkpoint_tensors() {
     const char* prefix;
     float* base;
   };
-  const Source sources[] = {{"params/", model_->params()},
-                            {"adam_m/", opt_->m()},
-                            {"adam_v/", opt_->v()}};
+  const Source sources[] = {{"params/", params}, {"adam_m/", m}, {"adam_v/", v}};
   for (const Source& src : sources)
     for (const ParamInfo& p : model_->params_info()) {
       ShardTensor t;
@@ -93,14 +91,25 @@ std::string Trainer::save(const std::string& dir, int steps_done, const std::str
     meta.tp = g.tp;
     meta.pp = g.pp;
   }
-  ctx_.backend->synchronize();  // HDF5 reads the tensors on the host (Note [Backend memory])
-  return save_checkpoint(dir, meta, checkpoint_tensors(), keep, MPI_COMM_WORLD);
+  // HDF5 reads the tensors on the host (Note [Backend memory]).
+  Backend& be = *ctx_.backend;
+  const size_t n = model_->num_params();
+  HostView<float> p(be, model_->params(), n, true), m(be, opt_->m(), n, true),
+      v(be, opt_->v(), n, true);
+  return save_checkpoint(dir, meta, checkpoint_tensors(p.data(), m.data(), v.data()), keep,
+                         MPI_COMM_WORLD);
 }
 
 CheckpointMeta Trainer::load(const std::string& path) {
   const CheckpointMeta meta = read_checkpoint_meta(path);
-  ctx_.backend->synchronize();
-  load_checkpoint(path, checkpoint_tensors(), MPI_COMM_WORLD);
+  Backend& be = *ctx_.backend;
+  const size_t n = model_->num_params();
+  HostView<float> p(be, model_->params(), n, true), m(be, opt_->m(), n, true),
+      v(be, opt_->v(), n, true);
+  load_checkpoint(path, checkpoint_tensors(p.data(), m.data(), v.data()), MPI_COMM_WORLD);
+  p.commit();
+  m.commit();
+  v.commit();
   return meta;
 }
 

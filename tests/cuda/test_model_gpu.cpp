@@ -41,9 +41,9 @@ GpuRun train(const Deck& d, Backend& be, int steps) {
   for (int s = 0; s < steps; ++s) {
     r.losses.push_back(t.train_step(s).loss);
     if (s == 0) {
-      be.synchronize();
       // The gradients after step 1's clipping: the same operation on both backends.
-      r.first_grads.assign(t.model().grads(), t.model().grads() + t.model().num_params());
+      HostView<float> g(be, t.model().grads(), t.model().num_params(), /*load=*/true);
+      r.first_grads.assign(g.data(), g.data() + g.size());
     }
   }
   return r;

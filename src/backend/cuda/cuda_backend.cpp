@@ -151,19 +151,23 @@ class CudaBackend final : public Backend {
   cudaStream_t stream() const { return stream_; }
 
   // --- memory (Note [Backend memory]) ---------------------------------------------------
-  // Managed memory that prefers the GPU: kernels see device-speed memory as long as the host
-  // does not touch it, and host code that must (checkpoints, the loss, tp > 1 loops in the
-  // future) still can after synchronize().
+  // Plain device memory, not managed memory: a model too large for the GPU fails here with a
+  // message instead of oversubscribing (which pages to the host and can stall the GPU).
   void* allocate(size_t bytes) override {
     void* p = nullptr;
     const size_t n = std::max<size_t>(bytes, 256);
-    TRIDENT_CUDA(cudaMallocManaged(&p, n));
-    cudaMemLocation where{};
-    where.type = cudaMemLocationTypeDevice;
-    where.id = device_;
-    TRIDENT_CUDA(cudaMemAdvise(p, n, cudaMemAdviseSetPreferredLocation, where));
-    TRIDENT_CUDA(cudaMemsetAsync(p, 0, n, stream_));  // zeroed on the GPU: pages start there
-    TRIDENT_CUDA(cudaStreamSynchronize(stream_));
+    const cudaError_t rc = cudaMalloc(&p, n);
+    if (rc == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      size_t free_bytes = 0, total = 0;
+      cudaMemGetInfo(&free_bytes, &total);
+      input_error("out of GPU memory: {:.2f} GiB more asked for, {:.2f} GiB free of {:.2f} GiB on "
+                  "{} (lower train.micro_batch, or set train.recompute)",
+                  double(n) / (1u << 30), double(free_bytes) / (1u << 30),
+                  double(total) / (1u << 30), device_name_);
+    }
+    TRIDENT_CUDA(rc);
+    TRIDENT_CUDA(cudaMemsetAsync(p, 0, n, stream_));
     return p;
   }
   void release(void* p) noexcept override { cudaFree(p); }
