@@ -1,15 +1,16 @@
 // Communicators: collectives and point-to-point transfers that return a Work to wait on.
 //
 // `Communicator` is the interface the model, the trainer and the GradReducer call; `MpiComm`
-// implements it for host buffers over an MPI communicator (an NcclComm for device buffers
-// implements the same interface). Every operation is started at once and completes later:
+// implements it for host buffers over an MPI communicator; NcclComm (trident/nccl_comm.h,
+// CUDA builds) implements it for device buffers. Every operation is started at once and completes later:
 //
 //     Work w = comm.all_reduce(grads, n);   // sum, in place
 //     ...                                   // other work
 //     w.wait();                             // or poll w.test()
 //
 // A communicator is used by one thread at a time (Note [One thread per communicator] in
-// grad_reducer.cpp); different communicators may be used by different threads at once.
+// grad_reducer.cpp; the one exception is mark_compute_ready, Note [Gradient-ready events]);
+// different communicators may be used by different threads at once.
 // A Work must not outlive its communicator, and its buffers must stay alive until it completed.
 #pragma once
 
@@ -20,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -86,6 +88,31 @@ class Work {
   std::unique_ptr<Impl> impl_;
 };
 
+// kAvg is the sum divided by the number of ranks (what data-parallel gradients need).
+enum class ReduceOp { kSum, kAvg };
+
+// Note [Gradient-ready events]
+// On the GPU, "layer L's weight gradients are final" is a point in the compute stream, not a
+// moment on the host: when the compute thread calls grad_ready, the kernels that write the
+// gradients may not have run yet. A device communicator therefore has three ordering hooks:
+//  - mark_compute_ready(), on the compute thread right after the gradients' kernels were
+//    enqueued: records an event on the compute stream (a ComputeMark). It is the one call a
+//    thread other than the communicator's user may make, because it touches only the compute
+//    stream and a new event, never the communication library or its stream.
+//  - order_after(mark), on the user (communication) thread before starting the operation that
+//    reads those gradients: the communication stream waits for the event on the device; the
+//    host does not block.
+//  - compute_waits_for_comm(), after the operations completed (GradReducer::finish): the
+//    compute stream waits for the communication stream, so the optimizer sees the reduced
+//    gradients without a host synchronisation.
+// The compute stream never waits on communication before finish(), so backward keeps running
+// while buckets are reduced. Host communicators (MpiComm, SoloComm) return a null mark and do
+// nothing: host data is final when grad_ready is called.
+class ComputeMark {
+ public:
+  virtual ~ComputeMark() = default;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -93,10 +120,12 @@ class Communicator {
   virtual int size() const = 0;
   virtual const std::string& name() const = 0;
 
-  // Sum over all ranks, in place.
+  // Sum (or average) over all ranks, in place. `label` names the operation in profiler
+  // ranges (e.g. the bucket); it does not change what is computed.
   template <typename T>
-  Work all_reduce(T* data, size_t count) {
-    return start_all_reduce(data, count, elem_type_of<T>());
+  Work all_reduce(T* data, size_t count, ReduceOp op = ReduceOp::kSum,
+                  std::string_view label = {}) {
+    return start_all_reduce_op(data, count, elem_type_of<T>(), op, label);
   }
   // send holds size()·recv_count elements; rank r receives the sum of block r.
   template <typename T>
@@ -122,8 +151,21 @@ class Communicator {
     return start_recv(data, count, elem_type_of<T>(), src, tag);
   }
 
+  // Ordering with a compute stream: Note [Gradient-ready events]. The defaults are those of a
+  // host communicator: no mark, nothing to wait for.
+  virtual std::shared_ptr<const ComputeMark> mark_compute_ready() { return nullptr; }
+  virtual void order_after(const ComputeMark* mark) { (void)mark; }
+  virtual void compute_waits_for_comm() {}
+
  protected:
+  // The sum.
   virtual Work start_all_reduce(void* data, size_t count, ElemType type) = 0;
+  // The default serves host buffers: kSum is start_all_reduce; kAvg is the sum, then each
+  // element divided by size() on the host when the Work completes (float32 and float64 only),
+  // exactly what the GradReducer did itself before (bitwise the same). The label is unused.
+  // A device communicator overrides it to average on the device.
+  virtual Work start_all_reduce_op(void* data, size_t count, ElemType type, ReduceOp op,
+                                   std::string_view label);
   virtual Work start_reduce_scatter(const void* send, void* recv, size_t recv_count,
                                     ElemType type) = 0;
   virtual Work start_all_gather(const void* send, void* recv, size_t send_count,

@@ -115,6 +115,7 @@ struct CommConfig {
   double emulate_gbps = 0.0;           // 0: no emulation
   double emulate_latency_us = 0.0;
   double timeout_s = 300.0;
+  std::string grad_dtype = "fp32";     // gradient all-reduce on the GPU: fp32 | bf16
 
   bool operator==(const CommConfig&) const = default;
 };

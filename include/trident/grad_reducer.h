@@ -9,6 +9,11 @@
 //         reducer.add_extra(rows, n, "wte rows");     // optional, after the last grad_ready
 //       reducer.finish();                             // wait; grads now hold the dp average
 //
+// On the GPU the same calls work with a device communicator (NcclComm) and a device gradient
+// buffer: call grad_ready right after enqueueing the kernels that finish a parameter's gradient
+// on the communicator's compute stream (Note [Gradient-ready events] in trident/comm.h); after
+// finish() returns, work enqueued on that stream sees the averaged gradients.
+//
 // The thread's contract (who calls MPI, in what order, how errors travel) is the comment at the
 // top of src/comm/grad_reducer.cpp.
 #pragma once
@@ -69,8 +74,10 @@ struct ReduceStats {
 
 class GradReducer {
  public:
-  // `dp` is used only by the reducer's thread between begin_step(true) and finish(); `grads`
-  // must stay valid for the reducer's lifetime.
+  // `dp` is used only by the reducer's thread between begin_step(true) and finish() (apart
+  // from dp.mark_compute_ready, called by grad_ready and add_extra); `grads` (host memory for a
+  // host communicator, device memory for a device one) must stay valid for the reducer's
+  // lifetime.
   GradReducer(Communicator& dp, float* grads, std::vector<GradParam> params_in_ready_order,
               GradReducerOptions options = {});
   GradReducer(const GradReducer&) = delete;
@@ -82,14 +89,18 @@ class GradReducer {
   // finish do nothing until the next begin_step.
   void begin_step(bool reduce);
   // Called by the compute thread once parameter `param_index` (ready order) has its final
-  // gradient for this step. Cheap: a queue push. Rethrows an error the thread already hit.
+  // gradient for this step (on the GPU: its kernels were enqueued). Cheap: a queue push, plus
+  // one event recorded on the compute stream with a device communicator. Rethrows an error the
+  // thread already hit.
   void grad_ready(int param_index);
   // An extra buffer outside the flat buffer, all-reduced and averaged after every bucket has
   // been launched (e.g. the tied embedding's sparse rows). Every rank must add the same extras
   // in the same order; `data` must stay valid until finish() returns.
   void add_extra(float* data, size_t count, std::string name);
-  // Waits until every bucket and extra is reduced and averaged (divided by dp size). Throws
-  // the thread's error, or an Error naming a parameter that never became ready.
+  // Waits until every bucket and extra is reduced and averaged (divided by dp size), then
+  // makes the compute stream wait for the communication (dp.compute_waits_for_comm; nothing on
+  // the host). Throws the thread's error, or an Error naming a parameter that never became
+  // ready.
   void finish();
 
   const ReduceStats& stats() const;  // of the last finish()ed step

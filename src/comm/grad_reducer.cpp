@@ -2,13 +2,15 @@
 //
 // The communication thread's contract
 //
-// Who calls MPI. Between begin_step(true) and the end of finish() only the reducer's thread
-//   touches the dp communicator (Note [One thread per communicator]): it starts each bucket's
-//   all-reduce, polls it, and averages the slice when it completes. The compute thread never
+// Who calls MPI (or NCCL). Between begin_step(true) and the end of finish() only the reducer's
+//   thread touches the dp communicator (Note [One thread per communicator]): it starts each
+//   bucket's all-reduce as an average (ReduceOp::kAvg) and polls it. The compute thread never
 //   calls MPI on dp: grad_ready, add_extra and finish only push events (begin, "parameter i is
 //   ready", extra buffer, finish) into a queue under a mutex, and finish() then sleeps on a
-//   condition variable. Tensor-parallel collectives run on the compute thread at the same
-//   time, on other communicators — hence MPI_THREAD_MULTIPLE.
+//   condition variable. The one dp call the compute thread makes is mark_compute_ready (Note
+//   [Gradient-ready events] in trident/comm.h), which only records an event on the compute
+//   stream and returns null on a host communicator. Tensor-parallel collectives run on the
+//   compute thread at the same time, on other communicators — hence MPI_THREAD_MULTIPLE.
 // In what order. Note [Same buckets, same order]: MPI pairs the collectives of a communicator
 //   by the order in which they are started, so every rank must start the same all-reduces in
 //   the same order, or they pair up wrongly (wrong sums or a hang). The buckets are a pure
@@ -19,6 +21,17 @@
 // Why a thread. So the reduction of late layers overlaps the backward of early ones
 //   (overlap = true). With overlap = false the thread does the same, but starts nothing until
 //   finish() is called: the same calls on the same slices, so the results are bitwise equal.
+// Where the average is taken. A host communicator (MpiComm) sums, then divides the slice on
+//   this thread when the sum completes (Communicator::start_all_reduce_op): the same division
+//   as always, so CPU results are bitwise unchanged. A device communicator (NcclComm) averages
+//   on the device (ncclAvg, or the bf16 cast back), so this thread never touches device memory.
+// On the GPU path it only enqueues. Each ready event carries the compute-stream mark taken in
+//   grad_ready; before starting a bucket the thread calls order_after(mark of the bucket's last
+//   ready parameter) — the compute stream is in order, so that mark covers the whole bucket —
+//   and the communication stream waits for it on the device, then NCCL runs the bucket. Polling
+//   (below) is then a cudaEventQuery per bucket; the host never blocks on the GPU before
+//   finish(), and finish() makes the compute stream wait for the communication stream
+//   (compute_waits_for_comm) so the optimizer, enqueued next, reads reduced gradients.
 // How progress is driven. Open MPI has no asynchronous progress thread: a nonblocking
 //   collective advances only while some thread is inside MPI. So while anything is in flight
 //   the thread loops: MPI_Test on every in-flight request (Work::test), then a short pause on
@@ -66,6 +79,8 @@ struct Event {
   float* data = nullptr;       // kExtra
   size_t count = 0;
   std::string name;
+  // kReady, kExtra: where the compute stream was (null on host communicators).
+  std::shared_ptr<const ComputeMark> mark;
 };
 
 struct ExtraBuffer {
@@ -73,6 +88,7 @@ struct ExtraBuffer {
   size_t count;
   std::string name;
   double added_ms;
+  std::shared_ptr<const ComputeMark> mark;
 };
 
 // Union of [start, end] intervals, in ms.
@@ -127,9 +143,7 @@ struct GradReducer::State {
   // Communication thread only.
   struct InFlight {
     Work work;
-    float* data;
-    size_t count;
-    size_t record;           // index into building.records
+    size_t record;  // index into building.records
   };
   bool active = false;     // a reducing step is running and has not ended
   bool finishing = false;  // finish() was called
@@ -137,6 +151,7 @@ struct GradReducer::State {
   std::vector<size_t> pending;
   std::vector<char> seen;
   std::vector<double> ready_ms;
+  std::vector<std::shared_ptr<const ComputeMark>> ready_mark;  // of the bucket's last ready param
   size_t next_bucket = 0;
   std::vector<ExtraBuffer> extras;
   size_t next_extra = 0;
@@ -225,6 +240,7 @@ struct GradReducer::State {
       for (size_t b = 0; b < buckets.size(); ++b) pending[b] = buckets[b].num_params;
       seen.assign(params.size(), 0);
       ready_ms.assign(buckets.size(), 0);
+      ready_mark.assign(buckets.size(), nullptr);
       next_bucket = 0;
       extras.clear();
       next_extra = 0;
@@ -239,11 +255,16 @@ struct GradReducer::State {
         seen[e.param] = 1;
         const size_t b = bucket_of_param[e.param];
         TRIDENT_CHECK(pending[b] > 0, "bucket {} counted more ready parameters than it has", b);
-        if (--pending[b] == 0) ready_ms[b] = ms(e.time);
+        if (--pending[b] == 0) {
+          // Events arrive in the order grad_ready was called, which is the compute stream's
+          // order, so this last mark covers every earlier parameter of the bucket.
+          ready_ms[b] = ms(e.time);
+          ready_mark[b] = std::move(e.mark);
+        }
         break;
       }
       case EventKind::kExtra:
-        extras.push_back({e.data, e.count, std::move(e.name), ms(e.time)});
+        extras.push_back({e.data, e.count, std::move(e.name), ms(e.time), std::move(e.mark)});
         break;
       case EventKind::kFinish:
         finishing = true;
@@ -253,15 +274,17 @@ struct GradReducer::State {
     }
   }
 
-  void start(float* data, size_t count, std::string name, int bucket, double ready) {
+  void start(float* data, size_t count, std::string name, int bucket, double ready,
+             const ComputeMark* mark) {
     BucketRecord r;
     r.name = std::move(name);
     r.bucket = bucket;
     r.bytes = count * sizeof(float);
     r.ready_ms = ready;
     r.start_ms = ms(CommClock::now());
-    Work work = dp.all_reduce(data, count);
-    in_flight.push_back({std::move(work), data, count, building.records.size()});
+    dp.order_after(mark);  // Note [Gradient-ready events]; nothing on a host communicator
+    Work work = dp.all_reduce(data, count, ReduceOp::kAvg, r.name);
+    in_flight.push_back({std::move(work), building.records.size()});
     building.records.push_back(std::move(r));
   }
 
@@ -272,18 +295,20 @@ struct GradReducer::State {
     while (next_bucket < buckets.size() && pending[next_bucket] == 0) {
       const Bucket& b = buckets[next_bucket];
       start(grads + b.offset, b.count, bucket_names[next_bucket], static_cast<int>(next_bucket),
-            ready_ms[next_bucket]);
+            ready_ms[next_bucket], ready_mark[next_bucket].get());
+      ready_mark[next_bucket] = nullptr;  // its event is no longer needed
       ++next_bucket;
     }
     if (next_bucket == buckets.size())
       for (; next_extra < extras.size(); ++next_extra) {
         ExtraBuffer& x = extras[next_extra];
-        start(x.data, x.count, x.name, -1, x.added_ms);
+        start(x.data, x.count, x.name, -1, x.added_ms, x.mark.get());
+        x.mark = nullptr;
       }
     return next_bucket + next_extra > launched_before;
   }
 
-  // Tests every in-flight all-reduce; averages those that completed. True if any did.
+  // Tests every in-flight all-reduce (a completed one is already averaged). True if any did.
   bool poll_in_flight() {
     bool any = false;
     for (size_t i = 0; i < in_flight.size();) {
@@ -300,11 +325,6 @@ struct GradReducer::State {
       if (!done) {
         ++i;
         continue;
-      }
-      if (dp.size() > 1) {
-        const float n = static_cast<float>(dp.size());
-        float* x = f.data;
-        for (size_t k = 0; k < f.count; ++k) x[k] /= n;
       }
       building.records[f.record].end_ms = ms(CommClock::now());
       in_flight.erase(in_flight.begin() + static_cast<std::ptrdiff_t>(i));
@@ -465,6 +485,7 @@ void GradReducer::grad_ready(int param_index) {
   s.marked[i] = 1;
   Event e(EventKind::kReady);
   e.param = i;
+  e.mark = s.dp.mark_compute_ready();  // after the gradient's kernels were enqueued
   s.post(std::move(e));
 }
 
@@ -478,6 +499,7 @@ void GradReducer::add_extra(float* data, size_t count, std::string name) {
   e.data = data;
   e.count = count;
   e.name = std::move(name);
+  e.mark = s.dp.mark_compute_ready();
   s.post(std::move(e));
 }
 
@@ -494,6 +516,10 @@ void GradReducer::finish() {
   s.step_done_cv.wait(lock, [&] { return s.step_done; });
   if (s.error) std::rethrow_exception(s.error);
   s.finished_stats = s.published_stats;
+  lock.unlock();
+  // The thread is done with dp until the next begin_step, so this thread may use it: work
+  // enqueued on the compute stream from now on (the optimizer) runs after the reductions.
+  s.dp.compute_waits_for_comm();
 }
 
 const ReduceStats& GradReducer::stats() const { return state_->finished_stats; }

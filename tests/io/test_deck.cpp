@@ -240,6 +240,13 @@ TEST_F(DeckTest, EnumListsTheChoices) {
             "--set train.lr_schedule: must be one of cosine|constant, got \"Cosine\"");
 }
 
+TEST_F(DeckTest, GradDtypeIsFp32OrBf16) {
+  EXPECT_EQ(parse_deck(kMinimal, "/tmp").comm.grad_dtype, "fp32");
+  EXPECT_EQ(parse_deck(kMinimal, "/tmp", {"comm.grad_dtype=bf16"}).comm.grad_dtype, "bf16");
+  EXPECT_EQ(parse_error(kMinimal, {"comm.grad_dtype=fp16"}),
+            "--set comm.grad_dtype: must be one of fp32|bf16, got \"fp16\"");
+}
+
 TEST_F(DeckTest, MalformedYamlNamesTheFileLineAndColumn) {
   std::string path = write("bad.yaml", "data:\n  train: t.bin\nmodel: [1, 2\n");
   std::string msg = error_of([&] { load_deck(path); });

@@ -4,6 +4,9 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <numeric>
+#include <mutex>
+#include <atomic>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -233,6 +236,87 @@ TEST(GradReducer, ShuffledReadyOrderStillLaunchesInBucketOrder) {
       EXPECT_EQ(rec[k].bucket, static_cast<int>(k));
       EXPECT_GE(rec[k].start_ms, rec[k].ready_ms);
       if (k > 0) EXPECT_GE(rec[k].start_ms, rec[k - 1].start_ms);
+    }
+  }
+}
+
+// A host communicator that hands out numbered compute marks and logs the ordering calls, as a
+// device communicator sees them (Note [Gradient-ready events]).
+class MarkingComm : public MpiComm {
+ public:
+  using MpiComm::MpiComm;
+  struct Mark : ComputeMark {
+    explicit Mark(int s) : seq(s) {}
+    int seq;
+  };
+  std::shared_ptr<const ComputeMark> mark_compute_ready() override {  // compute thread
+    std::lock_guard lock(mutex_);
+    return std::make_shared<Mark>(next_seq_++);
+  }
+  void order_after(const ComputeMark* mark) override {  // communication thread
+    std::lock_guard lock(mutex_);
+    ordered_after_.push_back(mark ? static_cast<const Mark*>(mark)->seq : -1);
+  }
+  void compute_waits_for_comm() override { ++compute_waits_; }
+  std::vector<int> ordered_after() {
+    std::lock_guard lock(mutex_);
+    return ordered_after_;
+  }
+  int compute_waits() const { return compute_waits_; }
+  void reset_compute_waits() { compute_waits_ = 0; }
+
+ private:
+  std::mutex mutex_;
+  int next_seq_ = 0;
+  std::vector<int> ordered_after_;
+  std::atomic<int> compute_waits_{0};
+};
+
+TEST(GradReducer, EachBucketWaitsForItsLastReadyMark) {
+  MPI_Comm raw = MPI_COMM_NULL;
+  TRIDENT_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &raw));
+  MarkingComm comm(raw, "dp-marks");
+  const auto params = make_params();
+  const auto initial = make_grads(total_count(params), comm.rank(), true);
+  for (const Limits& l : {kLimits[0], kLimits[1], kLimits[3]}) {
+    SCOPED_TRACE(l.name);
+    auto grads = initial;
+    std::vector<float> extra(5, 1.0f);
+    GradReducer reducer(comm, grads.data(), params, options(l, true));
+    // A no-reduce micro-batch takes no marks and orders nothing.
+    reducer.begin_step(false);
+    for (size_t i = 0; i < params.size(); ++i) reducer.grad_ready(static_cast<int>(i));
+    reducer.finish();
+    EXPECT_EQ(comm.compute_waits(), 0);
+
+    std::vector<int> order(params.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::mt19937 rng(7 + comm.rank());
+    std::shuffle(order.begin(), order.end(), rng);
+    const size_t before = comm.ordered_after().size();
+    reducer.begin_step(true);
+    std::vector<int> seq_of_param(params.size());
+    for (size_t k = 0; k < order.size(); ++k) {
+      reducer.grad_ready(order[k]);
+      seq_of_param[static_cast<size_t>(order[k])] = static_cast<int>(k);
+    }
+    reducer.add_extra(extra.data(), extra.size(), "extra");
+    reducer.finish();
+    EXPECT_TRUE(bitwise_equal(grads, reference_average(initial, comm)));
+    EXPECT_EQ(comm.compute_waits(), 1);
+    comm.reset_compute_waits();
+
+    const auto log = comm.ordered_after();
+    const std::vector<int> got(log.begin() + static_cast<std::ptrdiff_t>(before), log.end());
+    ASSERT_EQ(got.size(), reducer.buckets().size() + 1);
+    // Marks are numbered across steps: this step's first is the extra's minus params.size().
+    const int seq_base = got.back() - static_cast<int>(params.size());
+    for (size_t b = 0; b < reducer.buckets().size(); ++b) {
+      const Bucket& bucket = reducer.buckets()[b];
+      int last = -1;
+      for (size_t i = bucket.first_param; i < bucket.first_param + bucket.num_params; ++i)
+        last = std::max(last, seq_of_param[i]);
+      EXPECT_EQ(got[b] - seq_base, last) << "bucket " << b;
     }
   }
 }

@@ -1,0 +1,391 @@
+// NcclComm: collectives on device buffers over NCCL, on a dedicated communication stream.
+//
+// Note [NCCL without hangs]
+// A collective whose peer never arrives spins on the GPU forever, and cudaStreamSynchronize
+// would then block the host forever too. So:
+//  - the NCCL communicator is non-blocking (config.blocking = 0): init and every enqueue may
+//    return ncclInProgress, and we poll ncclCommGetAsyncError until the state settles (with
+//    the timeout) before recording the event that stands for the operation;
+//  - completion is a cudaEventQuery on that event, never a stream or device synchronisation;
+//  - while polling we also read ncclCommGetAsyncError (a network error shows up there, not in
+//    CUDA) and the elapsed time; either ends in ncclCommAbort, which stops the kernels, and an
+//    Error naming the operation, the communicator and the rank.
+// The OpRecord's end is when test() first saw the event complete, so it over-estimates the
+// operation by up to one poll interval (the poller's backoff, at most 200 µs).
+#include "trident/nccl_comm.h"
+
+#include <fmt/format.h>
+#include <nvtx3/nvToolsExt.h>
+
+#include <thread>
+#include <utility>
+
+#include "cuda_check.h"
+#include "elementwise.h"
+#include "trident/check.h"
+
+namespace trident {
+
+namespace {
+
+ncclDataType_t nccl_type(ElemType type) {
+  switch (type) {
+    case ElemType::kFloat32: return ncclFloat32;
+    case ElemType::kFloat64: return ncclFloat64;
+    case ElemType::kInt32: return ncclInt32;
+    case ElemType::kInt64: return ncclInt64;
+    case ElemType::kUint8: return ncclUint8;
+  }
+  return ncclFloat32;
+}
+
+double seconds_since(CommClock::time_point start) {
+  return std::chrono::duration<double>(CommClock::now() - start).count();
+}
+
+void pause_for(int idle_polls) {
+  const auto pause = progress_backoff(idle_polls);
+  if (pause.count() == 0) std::this_thread::yield();
+  else std::this_thread::sleep_for(pause);
+}
+
+// An NVTX range for the enqueue of one operation (popped even if the enqueue throws).
+class NvtxRange {
+ public:
+  explicit NvtxRange(const std::string& name) { nvtxRangePushA(name.c_str()); }
+  ~NvtxRange() { nvtxRangePop(); }
+  NvtxRange(const NvtxRange&) = delete;
+  NvtxRange& operator=(const NvtxRange&) = delete;
+};
+
+// A point in the compute stream (Note [Gradient-ready events]).
+class EventMark final : public ComputeMark {
+ public:
+  cudaEvent_t event = nullptr;
+  ~EventMark() override {
+    if (event) cudaEventDestroy(event);  // fine while pending: freed once it completes
+  }
+};
+
+class NcclWork final : public Work::Impl {
+ public:
+  NcclWork(NcclComm* comm, const char* op, size_t bytes, cudaEvent_t done,
+           CommClock::time_point start)
+      : comm_(comm), done_(done) {
+    record_.op = op;
+    record_.bytes = bytes;
+    record_.start = start;
+  }
+  ~NcclWork() override { cudaEventDestroy(done_); }
+  NcclWork(const NcclWork&) = delete;
+  NcclWork& operator=(const NcclWork&) = delete;
+
+  bool test() override {
+    if (complete_) return true;
+    if (comm_->aborted())
+      fail("was abandoned: the NCCL communicator was aborted after an earlier failure");
+    comm_->bind_device();
+    const cudaError_t q = cudaEventQuery(done_);
+    if (q == cudaSuccess) {
+      complete_ = true;
+      record_.end = CommClock::now();  // up to one poll late: Note [NCCL without hangs]
+      comm_->note_completed(record_);
+      return true;
+    }
+    if (q != cudaErrorNotReady) {
+      comm_->abort();
+      fail(fmt::format("failed on the device: {} ({})", cudaGetErrorName(q),
+                       cudaGetErrorString(q)));
+    }
+    comm_->check_async_error(record_.op);
+    if (seconds_since(record_.start) > comm_->timeout()) {
+      comm_->abort();
+      fail(fmt::format("did not complete within the timeout of {} s (comm.timeout_s); the NCCL "
+                       "communicator was aborted",
+                       comm_->timeout()));
+    }
+    return false;
+  }
+
+  void wait() override {
+    for (int idle = 0; !test(); ++idle) pause_for(idle);
+  }
+
+  const OpRecord& record() const override { return record_; }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) const {
+    internal_error(__FILE__, __LINE__,
+                   fmt::format("{} of {} bytes on NCCL communicator '{}' (rank {} of {}) {}",
+                               record_.op, record_.bytes, comm_->name(), comm_->rank(),
+                               comm_->size(), what));
+  }
+
+  NcclComm* comm_;
+  cudaEvent_t done_;
+  OpRecord record_;
+  bool complete_ = false;
+};
+
+}  // namespace
+
+NcclComm::NcclComm(MPI_Comm group, std::string name, cudaStream_t compute_stream,
+                   NcclCommOptions options)
+    : name_(std::move(name)), options_(options), compute_stream_(compute_stream) {
+  TRIDENT_CHECK(group != MPI_COMM_NULL, "NcclComm '{}' from MPI_COMM_NULL", name_);
+  TRIDENT_MPI(MPI_Comm_rank(group, &rank_));
+  TRIDENT_MPI(MPI_Comm_size(group, &size_));
+  ncclUniqueId id{};
+  if (rank_ == 0) TRIDENT_NCCL(ncclGetUniqueId(&id));
+  TRIDENT_MPI(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, group));
+  init(id);
+}
+
+NcclComm::NcclComm(const ncclUniqueId& id, int rank, int size, std::string name,
+                   cudaStream_t compute_stream, NcclCommOptions options)
+    : name_(std::move(name)), rank_(rank), size_(size), options_(options),
+      compute_stream_(compute_stream) {
+  TRIDENT_CHECK(size >= 1 && rank >= 0 && rank < size, "NcclComm '{}': rank {} of {}", name_,
+                rank, size);
+  init(id);
+}
+
+void NcclComm::init(const ncclUniqueId& id) {
+  TRIDENT_CHECK(options_.timeout_s > 0, "NcclComm '{}': timeout must be positive, got {}", name_,
+                options_.timeout_s);
+  TRIDENT_CUDA(cudaGetDevice(&device_));
+  int least = 0, greatest = 0;
+  TRIDENT_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  // Highest priority: a bucket's kernels get SMs ahead of backward's, so they finish early.
+  TRIDENT_CUDA(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
+  TRIDENT_CUDA(cudaEventCreateWithFlags(&comm_done_, cudaEventDisableTiming));
+
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // Note [NCCL without hangs]
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 27, 0)
+  config.commName = name_.c_str();
+#endif
+  TRIDENT_NCCL(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config));
+  wait_while_in_progress("ncclCommInitRankConfig");
+}
+
+NcclComm::~NcclComm() {
+  cudaSetDevice(device_);
+  if (comm_ && !aborted_) {
+    // Finalize only if nothing is stuck on our stream; otherwise abort, which cannot hang.
+    bool clean = cudaStreamQuery(stream_) == cudaSuccess;
+    if (clean) {
+      const ncclResult_t rc = ncclCommFinalize(comm_);
+      clean = rc == ncclSuccess || rc == ncclInProgress;
+    }
+    const auto start = CommClock::now();
+    ncclResult_t state = ncclInProgress;
+    for (int idle = 0; clean; ++idle) {
+      if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) state = ncclInternalError;
+      if (state != ncclInProgress || seconds_since(start) > options_.timeout_s) break;
+      pause_for(idle);
+    }
+    if (clean && state == ncclSuccess) ncclCommDestroy(comm_);
+    else ncclCommAbort(comm_);
+  }
+  if (staging_) cudaFreeAsync(staging_, stream_);
+  if (comm_done_) cudaEventDestroy(comm_done_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+void NcclComm::set_timeout(double seconds) {
+  TRIDENT_CHECK(seconds > 0, "comm timeout must be positive, got {}", seconds);
+  options_.timeout_s = seconds;
+}
+
+std::vector<OpRecord> NcclComm::take_records() { return std::exchange(records_, {}); }
+
+void NcclComm::note_completed(const OpRecord& record) {
+  if (recording_) records_.push_back(record);
+}
+
+// cudaSetDevice is per host thread, and the GradReducer's thread never called it: every entry
+// point that creates events, launches kernels or calls NCCL binds this communicator's device.
+void NcclComm::bind_device() const { TRIDENT_CUDA(cudaSetDevice(device_)); }
+
+void NcclComm::abort() noexcept {
+  if (aborted_) return;
+  aborted_ = true;
+  if (comm_) ncclCommAbort(comm_);
+  comm_ = nullptr;
+}
+
+void NcclComm::check_async_error(const char* what) {
+  if (aborted_ || !comm_) return;
+  ncclResult_t state = ncclSuccess;
+  const ncclResult_t rc = ncclCommGetAsyncError(comm_, &state);
+  if (rc == ncclSuccess && (state == ncclSuccess || state == ncclInProgress)) return;
+  const ncclResult_t bad = rc != ncclSuccess ? rc : state;
+  const std::string detail = ncclGetLastError(comm_);
+  abort();
+  internal_error(__FILE__, __LINE__,
+                 fmt::format("{} on NCCL communicator '{}' (rank {} of {}) failed: {} ({}); the "
+                             "communicator was aborted",
+                             what, name_, rank_, size_, ncclGetErrorString(bad), detail));
+}
+
+// Note [NCCL without hangs]: a non-blocking call may return ncclInProgress; the operation is
+// enqueued (or the communicator ready) only once the state leaves ncclInProgress.
+void NcclComm::wait_while_in_progress(const char* what) {
+  const auto start = CommClock::now();
+  for (int idle = 0;; ++idle) {
+    ncclResult_t state = ncclSuccess;
+    TRIDENT_NCCL(ncclCommGetAsyncError(comm_, &state));
+    if (state != ncclInProgress) break;
+    if (seconds_since(start) > options_.timeout_s) {
+      abort();
+      internal_error(__FILE__, __LINE__,
+                     fmt::format("{} on NCCL communicator '{}' (rank {} of {}) did not finish "
+                                 "within the timeout of {} s (comm.timeout_s); the communicator "
+                                 "was aborted",
+                                 what, name_, rank_, size_, options_.timeout_s));
+    }
+    pause_for(idle);
+  }
+  check_async_error(what);
+}
+
+// One bf16 buffer serves every operation: they all run in order on stream_, so an operation's
+// cast into it starts only after the previous one's cast back finished. Growing is
+// stream-ordered too (cudaFreeAsync/cudaMallocAsync), so the host never synchronises.
+void* NcclComm::staging(size_t bytes) {
+  if (bytes > staging_bytes_) {
+    if (staging_) TRIDENT_CUDA(cudaFreeAsync(staging_, stream_));
+    staging_ = nullptr;
+    staging_bytes_ = 0;
+    TRIDENT_CUDA(cudaMallocAsync(&staging_, bytes, stream_));
+    staging_bytes_ = bytes;
+  }
+  return staging_;
+}
+
+template <typename Enqueue>
+Work NcclComm::launch(const char* op, size_t bytes, std::string_view label, Enqueue&& enqueue) {
+  if (aborted_)
+    internal_error(__FILE__, __LINE__,
+                   fmt::format("{} on NCCL communicator '{}' (rank {} of {}) after it was aborted",
+                               op, name_, rank_, size_));
+  bind_device();
+  const auto start = CommClock::now();
+  cudaEvent_t done = nullptr;
+  {
+    const double mb = static_cast<double>(bytes) / 1e6;
+    NvtxRange range(label.empty() ? fmt::format("{} ({:.1f} MB)", op, mb)
+                                  : fmt::format("{} {} ({:.1f} MB)", op, label, mb));
+    try {
+      enqueue();
+      wait_while_in_progress(op);
+      TRIDENT_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+      TRIDENT_CUDA(cudaEventRecord(done, stream_));
+    } catch (const Error& e) {
+      // A half-enqueued operation leaves the peers waiting: abort, so nothing hangs here.
+      if (done) cudaEventDestroy(done);
+      abort();
+      throw Error(fmt::format("{} on NCCL communicator '{}' (rank {} of {}): {}", op, name_,
+                              rank_, size_, e.what()),
+                  e.code());
+    }
+  }
+  return Work(std::make_unique<NcclWork>(this, op, bytes, done, start));
+}
+
+Work NcclComm::start_all_reduce(void* data, size_t count, ElemType type) {
+  return start_all_reduce_op(data, count, type, ReduceOp::kSum, {});
+}
+
+Work NcclComm::start_all_reduce_op(void* data, size_t count, ElemType type, ReduceOp op,
+                                   std::string_view label) {
+  const size_t bytes = count * elem_bytes(type);
+  if (options_.grad_bf16 && type == ElemType::kFloat32) {
+    auto* x = static_cast<float*>(data);
+    // Sum in bf16; the average's division is folded into the cast back.
+    const float scale = op == ReduceOp::kAvg ? 1.0f / static_cast<float>(size_) : 1.0f;
+    const std::string bf16_label = fmt::format("{}{}bf16", label, label.empty() ? "" : " ");
+    return launch("all_reduce", bytes, bf16_label, [&] {
+      auto* wire = static_cast<cuda::bf16*>(staging(count * sizeof(cuda::bf16)));
+      cuda::cast_f32_to_bf16_cuda(wire, x, count, stream_);
+      TRIDENT_NCCL(ncclAllReduce(wire, wire, count, ncclBfloat16, ncclSum, comm_, stream_));
+      cuda::cast_bf16_to_f32_cuda(x, wire, scale, count, stream_);
+    });
+  }
+  const ncclRedOp_t nccl_op = op == ReduceOp::kAvg ? ncclAvg : ncclSum;
+  return launch("all_reduce", bytes, label, [&] {
+    TRIDENT_NCCL(ncclAllReduce(data, data, count, nccl_type(type), nccl_op, comm_, stream_));
+  });
+}
+
+Work NcclComm::start_reduce_scatter(const void* send, void* recv, size_t recv_count,
+                                    ElemType type) {
+  return launch("reduce_scatter", recv_count * size_ * elem_bytes(type), {}, [&] {
+    TRIDENT_NCCL(ncclReduceScatter(send, recv, recv_count, nccl_type(type), ncclSum, comm_,
+                                   stream_));
+  });
+}
+
+// send == this rank's block of recv is NCCL's in-place all-gather, as MpiComm's.
+Work NcclComm::start_all_gather(const void* send, void* recv, size_t send_count, ElemType type) {
+  return launch("all_gather", send_count * size_ * elem_bytes(type), {}, [&] {
+    TRIDENT_NCCL(ncclAllGather(send, recv, send_count, nccl_type(type), comm_, stream_));
+  });
+}
+
+Work NcclComm::start_broadcast(void* data, size_t count, ElemType type, int root) {
+  TRIDENT_CHECK(root >= 0 && root < size_, "broadcast root {} on '{}' of size {}", root, name_,
+                size_);
+  return launch("broadcast", count * elem_bytes(type), {}, [&] {
+    TRIDENT_NCCL(ncclBroadcast(data, data, count, nccl_type(type), root, comm_, stream_));
+  });
+}
+
+Work NcclComm::start_send(const void* data, size_t count, ElemType type, int dest, int tag) {
+  TRIDENT_CHECK(dest >= 0 && dest < size_, "send to rank {} on '{}' of size {}", dest, name_,
+                size_);
+  TRIDENT_CHECK(tag == 0, "send with tag {} on NCCL communicator '{}': NCCL pairs transfers by "
+                "order, not tag", tag, name_);
+  return launch("send", count * elem_bytes(type), {}, [&] {
+    TRIDENT_NCCL(ncclSend(data, count, nccl_type(type), dest, comm_, stream_));
+  });
+}
+
+Work NcclComm::start_recv(void* data, size_t count, ElemType type, int src, int tag) {
+  TRIDENT_CHECK(src >= 0 && src < size_, "recv from rank {} on '{}' of size {}", src, name_,
+                size_);
+  TRIDENT_CHECK(tag == 0, "recv with tag {} on NCCL communicator '{}': NCCL pairs transfers by "
+                "order, not tag", tag, name_);
+  return launch("recv", count * elem_bytes(type), {}, [&] {
+    TRIDENT_NCCL(ncclRecv(data, count, nccl_type(type), src, comm_, stream_));
+  });
+}
+
+// ---- ordering with the compute stream: Note [Gradient-ready events] ----
+
+// Called on the compute thread: touches only compute_stream_ and a new event.
+std::shared_ptr<const ComputeMark> NcclComm::mark_compute_ready() {
+  bind_device();
+  auto mark = std::make_shared<EventMark>();
+  TRIDENT_CUDA(cudaEventCreateWithFlags(&mark->event, cudaEventDisableTiming));
+  TRIDENT_CUDA(cudaEventRecord(mark->event, compute_stream_));
+  return mark;
+}
+
+void NcclComm::order_after(const ComputeMark* mark) {
+  if (!mark) return;
+  const auto* event_mark = dynamic_cast<const EventMark*>(mark);
+  TRIDENT_CHECK(event_mark != nullptr, "NcclComm '{}': order_after with a mark made by another "
+                "kind of communicator", name_);
+  bind_device();
+  TRIDENT_CUDA(cudaStreamWaitEvent(stream_, event_mark->event, 0));
+}
+
+void NcclComm::compute_waits_for_comm() {
+  bind_device();
+  TRIDENT_CUDA(cudaEventRecord(comm_done_, stream_));
+  TRIDENT_CUDA(cudaStreamWaitEvent(compute_stream_, comm_done_, 0));
+}
+
+}  // namespace trident
