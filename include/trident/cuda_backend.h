@@ -26,4 +26,8 @@ struct CudaBackendOptions {
 };
 std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options = {});
 
+// The CUDA stream every op of a CUDA backend runs on (a cudaStream_t), for communicators that
+// must order their work after it (NcclComm). Null for any other backend.
+void* cuda_compute_stream(Backend& backend);
+
 }  // namespace trident

@@ -63,6 +63,9 @@ struct TrainContext {
   double peak_flops = 0.0;      // FLOP/s; MFU is reported against it (per rank)
   ProcessGrid* grid = nullptr;  // null: one rank, no communication
   TraceWriter* trace = nullptr; // null: no timeline
+  // The data-parallel communicator for device gradients (an NcclComm over grid->dp()'s ranks);
+  // null: grid->dp() (host memory). Only the GradReducer uses it.
+  Communicator* dp_device = nullptr;
 };
 
 class Trainer {

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include "trident/cuda_backend.h"
+#include "trident/nccl_comm.h"
 #endif
 
 namespace trident {
@@ -46,6 +47,28 @@ std::unique_ptr<Backend> make_backend(const Deck& deck) {
 #else
   input_error("run.backend is cuda, but this trident was built without CUDA (no nvcc at "
               "configure time, or -DTRIDENT_CUDA=OFF)");
+#endif
+}
+
+std::unique_ptr<Communicator> make_device_dp_comm(const Deck& deck, Backend& backend,
+                                                  ProcessGrid& grid) {
+  if (!backend.is_device()) {
+    if (deck.comm.grad_dtype != "fp32")
+      input_error("comm.grad_dtype {} needs run.backend cuda (the CPU reduces fp32 gradients)",
+                  deck.comm.grad_dtype);
+    return nullptr;
+  }
+  if (grid.layout().dp == 1) return nullptr;
+#ifdef TRIDENT_HAVE_CUDA
+  NcclCommOptions options;
+  options.timeout_s = deck.comm.timeout_s;
+  options.grad_bf16 = deck.comm.grad_dtype == "bf16";
+  return std::make_unique<NcclComm>(grid.dp().raw(), "dp (nccl)",
+                                    static_cast<cudaStream_t>(cuda_compute_stream(backend)),
+                                    options);
+#else
+  (void)grid;
+  return nullptr;
 #endif
 }
 

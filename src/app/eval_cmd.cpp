@@ -22,6 +22,7 @@ struct Loaded {
   Deck deck;
   std::unique_ptr<ProcessGrid> grid;
   std::unique_ptr<Backend> backend;
+  std::unique_ptr<Communicator> dp_device;
   std::unique_ptr<Trainer> trainer;
   CheckpointMeta meta;
   std::string path;
@@ -34,7 +35,9 @@ Loaded load_for_inference(const DeckArgs& args, const std::string& checkpoint) {
   setup_step([&] {
     l.path = resolve_checkpoint(checkpoint);
     l.backend = make_backend(l.deck);
-    l.trainer = std::make_unique<Trainer>(l.deck, TrainContext{l.backend.get(), 0.0, l.grid.get(), nullptr});
+    l.dp_device = make_device_dp_comm(l.deck, *l.backend, *l.grid);
+    l.trainer = std::make_unique<Trainer>(
+        l.deck, TrainContext{l.backend.get(), 0.0, l.grid.get(), nullptr, l.dp_device.get()});
   });
   setup_step([&] { l.meta = l.trainer->load(l.path); });
   return l;

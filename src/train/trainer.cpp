@@ -134,7 +134,10 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
     dp.set_timeout(deck_.comm.timeout_s);
     if (deck_.comm.emulate_gbps > 0)
       dp.set_emulated_link(deck_.comm.emulate_gbps, deck_.comm.emulate_latency_us);
-    reducer_ = std::make_unique<GradReducer>(dp, model_->grads(), std::move(params), opt);
+    if (ctx_.backend->is_device() && !ctx_.dp_device)
+      internal_error(__FILE__, __LINE__, "a device backend with dp > 1 needs a device communicator");
+    Communicator& reduce_comm = ctx_.dp_device ? *ctx_.dp_device : dp;
+    reducer_ = std::make_unique<GradReducer>(reduce_comm, model_->grads(), std::move(params), opt);
   }
   // Note [Tied embedding gradient]: the split needs both halves on this stage (pp = 1). The
   // row collection is host code, so a device backend reduces wte whole, after the embedding.

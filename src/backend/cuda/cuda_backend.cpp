@@ -385,4 +385,9 @@ std::unique_ptr<Backend> make_cuda_backend(const CudaBackendOptions& options) {
   return std::make_unique<CudaBackend>(options);
 }
 
+void* cuda_compute_stream(Backend& backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  return cuda ? static_cast<void*>(cuda->stream()) : nullptr;
+}
+
 }  // namespace trident
