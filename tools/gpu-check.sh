@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# The GPU check: one script for one H200, under 9 minutes. It
+#   1. prints what the machine has (GPU, driver, compilers, MPI/HDF5/yaml-cpp, cuDNN/NCCL);
+#   2. finds a runnable trident: the bundle from tools/gpu-bundle.sh (.gpu-bundle/, carried),
+#      or, if that does not start, a build here (needs MPI, HDF5, yaml-cpp... on the machine);
+#   3. trains the tiny deck on the GPU for 20 steps (smoke test);
+#   4. runs the GPU tests (every kernel against its CPU twin, NCCL, the model against the CPU);
+#   5. runs the kernel microbenchmarks;
+#   6. benchmarks GPT-2 124M, 350M and 1.5B (bf16, sequence 1024, the largest micro-batch that
+#      fits of a few tried) and prints the table last.
+# Full logs go under $OUT (the device tool's output folder) or runs/gpu-check.
+# Usage (on the GPU machine, from the repository root): bash tools/gpu-check.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-runs/gpu-check}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/gpu-check.log") 2>&1
+t0=$SECONDS
+step() { echo; echo "=== [$((SECONDS - t0)) s] $*"; }
+
+step "machine"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
+nvcc --version 2>&1 | tail -1
+cmake --version 2>&1 | head -1
+echo "cores: $(nproc)   $(grep -m1 PRETTY_NAME /etc/os-release 2>/dev/null)   $(ldd --version 2>&1 | head -1)"
+for tool in mpirun mpicxx h5pcc python3; do echo "$tool: $(command -v $tool || echo not found)"; done
+for lib in libmpi.so libhdf5_openmpi libyaml-cpp libfmt libopenblas libcudnn.so libnccl.so libcublasLt; do
+  echo "$lib: $(ldconfig -p 2>/dev/null | grep -m1 "$lib" | awk '{print $NF}')"
+done
+
+# CUDA's libraries: the toolkit's, then pip wheels' (nvidia-cudnn-cu13, nvidia-nccl-cu13, ...).
+cuda_libs=/usr/local/cuda/lib64
+wheel_prefixes=""
+for pkg in cudnn nccl cublas cuda_runtime cu13; do
+  dir=$(python3 -c "import nvidia.$pkg as m; print(list(m.__path__)[0])" 2>/dev/null) || continue
+  [ -d "$dir/lib" ] && cuda_libs="$cuda_libs:$dir/lib" && wheel_prefixes="$wheel_prefixes;$dir"
+  echo "wheel nvidia.$pkg: $dir"
+done
+export LD_LIBRARY_PATH="$cuda_libs:${LD_LIBRARY_PATH:-}"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=8
+
+step "trident binaries"
+bundle=$PWD/.gpu-bundle
+bin=""
+if [ -x "$bundle/bin/trident" ]; then
+  # Open MPI from the bundle: its plugins, a singleton start without mpirun/orted.
+  export LD_LIBRARY_PATH="$bundle/lib:$LD_LIBRARY_PATH"
+  export OMPI_MCA_mca_base_component_path=$bundle/ompi/openmpi3
+  export PMIX_MCA_mca_base_component_path=$bundle/ompi/pmix
+  export OMPI_MCA_ess_singleton_isolated=1 OPAL_PKGDATADIR=$bundle/ompi/share-openmpi
+  if "$bundle/bin/trident" grid --world 1 >"$OUT/bundle-probe.txt" 2>&1 &&
+     timeout 60 "$bundle/bin/trident" train inputs/gpt-tiny.yaml --set train.steps=1 \
+       --set run.backend=cpu --set run.out_dir=/tmp/trident-probe >>"$OUT/bundle-probe.txt" 2>&1; then
+    bin=$bundle/bin
+    echo "using the carried bundle"
+  else
+    echo "the carried bundle does not run here:"; tail -5 "$OUT/bundle-probe.txt"
+  fi
+fi
+if [ -z "$bin" ]; then
+  echo "building here (needs MPI, parallel HDF5, yaml-cpp, Eigen, OpenBLAS, fmt, CLI11, GTest)"
+  if cmake -S . -B build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DTRIDENT_CUDA=ON \
+       -DCMAKE_CUDA_ARCHITECTURES=90 "-DTRIDENT_CUDA_LIB_HINTS=${wheel_prefixes#;}" \
+       >"$OUT/build.log" 2>&1 &&
+     cmake --build build-dev --target trident test_cuda bench_kernels >>"$OUT/build.log" 2>&1; then
+    mkdir -p build-dev/bin
+    cp build-dev/trident build-dev/tests/test_cuda build-dev/tests/bench_kernels build-dev/bin/
+    bin=$PWD/build-dev/bin
+  else
+    echo "no runnable trident: the build failed (last lines of $OUT/build.log):"
+    tail -15 "$OUT/build.log"
+    exit 1
+  fi
+fi
+
+step "smoke: the tiny deck on the GPU, 20 steps"
+timeout 120 "$bin/trident" train inputs/gpt-tiny.yaml --set run.backend=cuda --set train.steps=20 \
+  --set train.val_every=20 --set log.every=5 --set run.out_dir=/tmp/trident-smoke 2>&1 | tail -8
+
+step "GPU tests (kernels against their CPU twins, NCCL, the model against the CPU)"
+timeout 240 "$bin/test_cuda" --gtest_output="xml:$OUT/test_cuda.xml" >"$OUT/test_cuda.log" 2>&1
+tests_rc=$?
+grep -E "^\[  (FAILED|PASSED|SKIPPED) |tests ran|Failure|error" "$OUT/test_cuda.log" | head -40
+echo "test_cuda exit code: $tests_rc"
+
+step "kernel microbenchmarks"
+timeout 120 "$bin/bench_kernels" --benchmark_counters_tabular=true >"$OUT/bench_kernels.txt" 2>&1
+grep -vE "^\s*$" "$OUT/bench_kernels.txt" | cut -c1-150 | head -45
+
+# One model: the micro-batches to try, largest first; the first that fits is benchmarked.
+# bench_model NAME DECK "MICRO_BATCHES" [--set key=value ...]
+rows=()
+bench_model() {
+  local name=$1 deck=$2 batches=$3; shift 3
+  for mb in $batches; do
+    step "bench $name micro_batch $mb"
+    local log="$OUT/bench-$name-mb$mb.log"
+    if timeout 150 "$bin/trident" bench "$deck" --warmup 2 --steps 4 --set train.micro_batch=$mb \
+        --set run.out_dir=/tmp/trident-bench "$@" >"$log" 2>&1; then
+      grep -E "^bench: (measured|per-op)|^bench:   " "$log" | head -12
+      local line split
+      line=$(grep "^bench: tokens_per_s" "$log")
+      kv() { echo "$line" | tr ' ' '\n' | grep "^$1=" | cut -d= -f2; }
+      split=$(grep -E "^bench:   " "$log" | head -4 | awk '{n = $2; for (i = 3; i <= NF - 3; i++) n = n " " $i; printf "%s %s ms %s; ", n, $(NF-2), $NF}')
+      rows+=("| $name | $mb | $(kv tokens_per_s) | $(kv ms_per_step) | $(kv mfu_nominal) | $(kv mfu) | $(kv exposed_comm_ms) | $split|")
+      return 0
+    fi
+    tail -3 "$log"
+  done
+  rows+=("| $name | - | failed | | | | | see $OUT/bench-$name-mb*.log |")
+}
+bench_model gpt2-124m inputs/gpt2-124m.yaml "32 16" --set model.seq_len=1024 --set run.backend=cuda
+bench_model gpt2-350m inputs/gpt2-350m.yaml "32 16 8"
+bench_model gpt2-1.5b inputs/gpt2-1.5b.yaml "16 8 4"
+
+step "summary"
+{
+  echo "GPU check on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%Y-%m-%d)"
+  echo "test_cuda: $(grep -oE '[0-9]+ tests? ran' "$OUT/test_cuda.log" | head -1); passed $(grep -c '^\[       OK \]' "$OUT/test_cuda.log"), failed $(grep -c '^\[  FAILED  \] [A-Z]' "$OUT/test_cuda.log"), skipped $(grep -c '^\[  SKIPPED \] [A-Z]' "$OUT/test_cuda.log") (exit $tests_rc)"
+  echo
+  echo "| model | micro-batch | tokens/s | ms/step | MFU vs 989 TFLOP/s | MFU vs measured cuBLASLt peak | exposed comm ms | largest ops (device ms, share) |"
+  echo "|---|---|---|---|---|---|---|---|"
+  printf '%s\n' "${rows[@]}"
+} | tee "$OUT/table.md"
+echo "total $((SECONDS - t0)) s"
