@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Packs what tools/gpu-check.sh needs to run trident on a machine without its Debian packages
 # (the lent GPU machine: CUDA, cuDNN and NCCL present, MPI/HDF5/yaml-cpp maybe not) into
-# .gpu-bundle/ (ignored by git; carried with the device tool's `carry`):
+# .gpu-bundle/bundle.tar.xz (ignored by git; name .gpu-bundle in the device tool's `carry`;
+# the whole working tree that travels must stay under 64 MiB, hence xz). The archive holds
 #   bin/      trident, test_cuda, bench_kernels, built here for sm_90 with TRIDENT_NATIVE=OFF
 #   lib/      every shared library they load that is not glibc, libstdc++ or CUDA's own
 #   ompi/     Open MPI's and PMIx's plugin folders, so MPI_Init works without Open MPI installed
-#   src/      the source tree as built (a fallback: gpu-check.sh rebuilds there if bin/ fails)
 # Usage: bash tools/gpu-bundle.sh   (builds build-gpu/ first; about 8 minutes on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=.gpu-bundle
+out=/tmp/trident-bundle-staging
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DTRIDENT_CUDA=ON \
       -DTRIDENT_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
 cmake --build build-gpu --target trident test_cuda bench_kernels
@@ -35,6 +35,8 @@ done | sort -u | while read -r name path; do
   [[ $name =~ $skip ]] && continue
   cp -L "$path" "$out/lib/$name"
 done
-# The sources, for a rebuild there (no build folders, no data beyond the bundled inputs).
-git ls-files -z | tar --null -T - -czf "$out/src.tar.gz"
-du -sh "$out" "$out"/*
+du -sh "$out"/*
+mkdir -p .gpu-bundle
+tar -C "$out" -cJf .gpu-bundle/bundle.tar.xz .
+git rev-parse HEAD > .gpu-bundle/commit
+ls -la .gpu-bundle

@@ -40,8 +40,12 @@ export LD_LIBRARY_PATH="$cuda_libs:${LD_LIBRARY_PATH:-}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=8
 
 step "trident binaries"
-bundle=$PWD/.gpu-bundle
+bundle=/tmp/trident-bundle
 bin=""
+if [ -f .gpu-bundle/bundle.tar.xz ]; then
+  echo "bundle built from commit $(cat .gpu-bundle/commit 2>/dev/null), this tree is $(git rev-parse HEAD 2>/dev/null)"
+  rm -rf "$bundle" && mkdir -p "$bundle" && tar -C "$bundle" -xJf .gpu-bundle/bundle.tar.xz
+fi
 if [ -x "$bundle/bin/trident" ]; then
   # Open MPI from the bundle: its plugins, a singleton start without mpirun/orted.
   export LD_LIBRARY_PATH="$bundle/lib:$LD_LIBRARY_PATH"
