@@ -7,6 +7,7 @@
 #include "encoder.h"
 #include "kernel_checks.h"
 #include "layernorm.h"
+#include "trident/cuda_backend.h"
 
 namespace trident::testing {
 
@@ -151,6 +152,33 @@ inline Errors check_crossentropy_backward(int N, int V, int Vp, uint32_t seed = 
   cpu->crossentropy_backward(probs.data(), targets.data(), dloss, N, V, Vp);
   cuda::crossentropy_backward_cuda(d_probs.get(), d_targets.get(), dloss, N, V, Vp, nullptr);
   return {{"dlogits", err_vs(d_probs.download(), probs), kFp32Tol}};
+}
+
+// The CUDA backend's linear layer (cuBLASLt, bf16 inputs, fp32 accumulation) against the CPU
+// twin: out = inp·wᵀ + bias; dinp = dout·w (assign); dw += doutᵀ·inp; dbias += Σ dout. The
+// outputs start poisoned, the accumulated gradients from random values.
+inline Errors check_matmul(Backend& gpu, int N, int C, int OC, uint32_t seed = 1) {
+  std::mt19937 rng(seed);
+  const std::vector<float> inp = random_floats(size_t(N) * C, rng);
+  const std::vector<float> w = random_floats(size_t(OC) * C, rng);
+  const std::vector<float> bias = random_floats(OC, rng);
+  const std::vector<float> dout = random_floats(size_t(N) * OC, rng);
+  std::vector<float> dw = random_floats(size_t(OC) * C, rng), dbias = random_floats(OC, rng);
+  DeviceBuffer<float> d_inp(inp), d_w(w), d_bias(bias), d_dout(dout), d_dw(dw), d_dbias(dbias),
+      d_out(size_t(N) * OC), d_dinp(size_t(N) * C);
+  std::vector<float> out(size_t(N) * OC), dinp(size_t(N) * C);
+  const std::unique_ptr<Backend> cpu = cpu_twin();
+  cpu->matmul_forward(out.data(), inp.data(), w.data(), bias.data(), N, C, OC);
+  cpu->matmul_backward(dinp.data(), dw.data(), dbias.data(), dout.data(), inp.data(), w.data(), N,
+                       C, OC);
+  gpu.matmul_forward(d_out.get(), d_inp.get(), d_w.get(), d_bias.get(), N, C, OC);
+  gpu.matmul_backward(d_dinp.get(), d_dw.get(), d_dbias.get(), d_dout.get(), d_inp.get(),
+                      d_w.get(), N, C, OC);
+  gpu.synchronize();
+  return {{"out", err_vs(d_out.download(), out), kBf16Tol},
+          {"dinp", err_vs(d_dinp.download(), dinp), kBf16Tol},
+          {"dw", err_vs(d_dw.download(), dw), kBf16Tol},
+          {"dbias", err_vs(d_dbias.download(), dbias), kFp32Tol}};
 }
 
 }  // namespace trident::testing

@@ -75,6 +75,15 @@ TEST(KernelBiasGrad, MatchesCpu) {
     expect_within(check_bias_backward(N, OC, 31), fmt::format("N={} OC={}", N, OC));
 }
 
+// The three GEMMs of a linear layer through the CUDA backend (cuBLASLt's row-major mapping,
+// the bias epilogue, beta = 1 for dw), on shapes where N, C and OC all differ.
+TEST(CudaBackendMatmul, MatchesCpu) {
+  TRIDENT_REQUIRE_GPU();
+  const std::unique_ptr<Backend> gpu = make_cuda_backend();
+  for (auto [N, C, OC] : Shapes3{{37, 13, 21}, {64, 128, 384}, {5, 96, 7}, {300, 768, 2304}})
+    expect_within(check_matmul(*gpu, N, C, OC, 32), fmt::format("N={} C={} OC={}", N, C, OC));
+}
+
 TEST(KernelCrossentropy, ForwardMatchesCpu) {
   TRIDENT_REQUIRE_GPU();
   for (auto [N, V, Vp] : Shapes3{{37, 250, 384}, {4, 50257, 50304}, {3, 5, 5}, {2, 1000, 1001}})

@@ -44,6 +44,7 @@ class Scratch {
     if (bytes > bytes_) {
       TRIDENT_CUDA(cudaFree(p_));
       p_ = nullptr;
+      bytes_ = 0;  // stays empty if the allocation below fails
       TRIDENT_CUDA(cudaMalloc(&p_, bytes));
       bytes_ = bytes;
     }

@@ -8,6 +8,19 @@
 #include <fmt/format.h>
 
 namespace trident::cuda {
+namespace {
+
+// The largest power of two, at most 256, that divides the address. cuBLASLt's heuristic assumes
+// 256-byte-aligned operands unless told otherwise (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES),
+// and a kernel chosen for aligned operands may fault on a slice that is not.
+uint32_t alignment_of(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  uint32_t align = 256;
+  while (align > 1 && a % align != 0) align /= 2;
+  return align;
+}
+
+}  // namespace
 
 struct LtGemm::Plan {
   cublasLtMatmulDesc_t op = nullptr;
@@ -37,7 +50,7 @@ LtGemm::~LtGemm() {
 const LtGemm::Plan& LtGemm::plan_for(const Key& key) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return *it->second;
-  const auto [M, N, K, trans_a, trans_b, has_bias, accumulate] = key;
+  const auto [M, N, K, trans_a, trans_b, has_bias, accumulate, align_a, align_b, align_d] = key;
   auto plan = new Plan();
   plans_[key] = plan;
   // cuBLASLt's operands (Note [Row-major GEMMs in cuBLASLt]): its A is our B, stored
@@ -68,6 +81,14 @@ const LtGemm::Plan& LtGemm::plan_for(const Key& key) {
   TRIDENT_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
   TRIDENT_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes_, sizeof(workspace_bytes_)));
+  // cuBLASLt's A is our B and its B our A (Note [Row-major GEMMs in cuBLASLt]); C is D.
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_b},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_a},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_d},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_d}};
+  for (const auto& [attr, bytes] : alignments)
+    TRIDENT_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, attr, &bytes, sizeof(bytes)));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   TRIDENT_CUBLAS(cublasLtMatmulAlgoGetHeuristic(handle_, plan->op, plan->a, plan->b, plan->d,
@@ -84,7 +105,11 @@ const LtGemm::Plan& LtGemm::plan_for(const Key& key) {
 
 void LtGemm::matmul(float* D, const bf16* A, const bf16* B, const float* bias, int M, int N,
                     int K, bool trans_a, bool trans_b, float beta, cudaStream_t stream) {
-  const Plan& plan = plan_for({M, N, K, trans_a, trans_b, bias != nullptr, beta != 0.0f});
+  // The bias epilogue has no alignment preference; kernels may read it 16 bytes at a time.
+  TRIDENT_CHECK(!bias || alignment_of(bias) >= 16,
+                "LtGemm: the bias must be 16-byte aligned (N={})", N);
+  const Plan& plan = plan_for({M, N, K, trans_a, trans_b, bias != nullptr, beta != 0.0f,
+                               alignment_of(A), alignment_of(B), alignment_of(D)});
   if (bias)
     TRIDENT_CUBLAS(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                   &bias, sizeof(bias)));

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <tuple>
+#include <utility>
 
 #include "cuda_check.h"
 
@@ -25,7 +26,8 @@ class LtGemm {
 
  private:
   struct Plan;
-  using Key = std::tuple<int, int, int, bool, bool, bool, bool>;  // M N K ta tb bias beta≠0
+  // M N K ta tb bias beta≠0, and the alignments (bytes, at most 256) of A, B and D.
+  using Key = std::tuple<int, int, int, bool, bool, bool, bool, uint32_t, uint32_t, uint32_t>;
   const Plan& plan_for(const Key& key);
 
   cublasLtHandle_t handle_ = nullptr;

@@ -310,6 +310,9 @@ Work NcclComm::start_all_reduce_op(void* data, size_t count, ElemType type, Redu
       auto* wire = static_cast<cuda::bf16*>(staging(count * sizeof(cuda::bf16)));
       cuda::cast_f32_to_bf16_cuda(wire, x, count, stream_);
       TRIDENT_NCCL(ncclAllReduce(wire, wire, count, ncclBfloat16, ncclSum, comm_, stream_));
+      // A non-blocking communicator may return ncclInProgress before the all-reduce is on
+      // stream_ (Note [NCCL without hangs]): the cast back must be enqueued after it is.
+      wait_while_in_progress("all_reduce");
       cuda::cast_bf16_to_f32_cuda(x, wire, scale, count, stream_);
     });
   }
