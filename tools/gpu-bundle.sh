@@ -9,6 +9,12 @@
 # Usage: bash tools/gpu-bundle.sh   (builds build-gpu/ first; about 8 minutes on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# --hash: print the hash of the sources a bundle is built from (gpu-check.sh compares).
+sources_hash() {
+  find CMakeLists.txt src kernels include tests tools/cmake -type f | LC_ALL=C sort |
+    xargs sha256sum | sha256sum | cut -c1-16
+}
+if [ "${1:-}" = "--hash" ]; then sources_hash; exit 0; fi
 out=/tmp/trident-bundle-staging
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DTRIDENT_CUDA=ON \
       -DTRIDENT_NATIVE=OFF -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
@@ -38,5 +44,5 @@ done
 du -sh "$out"/*
 mkdir -p .gpu-bundle
 tar -C "$out" -cJf .gpu-bundle/bundle.tar.xz .
-git rev-parse HEAD > .gpu-bundle/commit
+sources_hash > .gpu-bundle/sources.sha256
 ls -la .gpu-bundle

@@ -43,7 +43,9 @@ step "trident binaries"
 bundle=/tmp/trident-bundle
 bin=""
 if [ -f .gpu-bundle/bundle.tar.xz ]; then
-  echo "bundle built from commit $(cat .gpu-bundle/commit 2>/dev/null), this tree is $(git rev-parse HEAD 2>/dev/null)"
+  built=$(cat .gpu-bundle/sources.sha256 2>/dev/null) here=$(bash tools/gpu-bundle.sh --hash)
+  echo "bundle built from sources $built; this tree's sources are $here"
+  [ "$built" = "$here" ] || echo "WARNING: the bundle was built from other sources (rerun tools/gpu-bundle.sh)"
   rm -rf "$bundle" && mkdir -p "$bundle" && tar -C "$bundle" -xJf .gpu-bundle/bundle.tar.xz
 fi
 if [ -x "$bundle/bin/trident" ]; then
@@ -120,7 +122,7 @@ bench_model gpt2-1.5b inputs/gpt2-1.5b.yaml "16 8 4"
 step "summary"
 {
   echo "GPU check on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%Y-%m-%d)"
-  echo "test_cuda: $(grep -oE '[0-9]+ tests? ran' "$OUT/test_cuda.log" | head -1); passed $(grep -c '^\[       OK \]' "$OUT/test_cuda.log"), failed $(grep -c '^\[  FAILED  \] [A-Z]' "$OUT/test_cuda.log"), skipped $(grep -c '^\[  SKIPPED \] [A-Z]' "$OUT/test_cuda.log") (exit $tests_rc)"
+  echo "test_cuda: $(grep -oE '[0-9]+ tests? from [0-9]+ test suites? ran' "$OUT/test_cuda.log" | head -1); passed $(grep -c '^\[       OK \]' "$OUT/test_cuda.log"), failed $(grep -c '^\[  FAILED  \] [A-Z]' "$OUT/test_cuda.log"), skipped $(grep -c '^\[  SKIPPED \] [A-Z]' "$OUT/test_cuda.log") (exit $tests_rc)"
   echo
   echo "| model | micro-batch | tokens/s | ms/step | MFU vs 989 TFLOP/s | MFU vs measured cuBLASLt peak | exposed comm ms | largest ops (device ms, share) |"
   echo "|---|---|---|---|---|---|---|---|"
