@@ -16,6 +16,7 @@
 //
 // Whether an engine accepts the graph depends on the GPU, the cuDNN version and the shape; plans
 // are built once per shape and any failure becomes the reason supported() reports.
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <limits>
@@ -221,6 +222,8 @@ void choose_plan(Plan& p, cudnnHandle_t handle, cudnnBackendDescriptor_t graph) 
     TRIDENT_CUDNN(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
                                            CUDNN_TYPE_BACKEND_DESCRIPTOR, kMaxConfigs, &count,
                                            configs.data()));
+    // `count` is how many results the heuristic has, which may exceed the kMaxConfigs written.
+    count = std::min<int64_t>(count, kMaxConfigs);
     for (int64_t i = 0; i < count; ++i) {
       cudnnBackendDescriptor_t plan = p.descs.make(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
       set(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);

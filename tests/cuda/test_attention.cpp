@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "attention_cudnn.h"
@@ -172,6 +173,26 @@ TEST_P(AttentionTest, CudnnMatchesCpu) {
   EXPECT_LE(rel_err(from_bf16(out.download()), to_double(r.out)), kBf16Tol) << "out";
   EXPECT_LE(rel_err(stats.download(), r.lse), kBf16Tol) << "stats";
   EXPECT_LE(rel_err(from_bf16(dqkv.download()), to_double(r.dqkv)), kBf16Tol) << "dqkv";
+}
+
+// CudnnMatchesCpu skips shapes cuDNN rejects, so a graph cuDNN never accepts would pass
+// silently (and training would quietly fall back to flash). On Hopper, GPT-2's shape must plan.
+TEST(CudnnAttention, PlansGpt2ShapeOnHopper) {
+  TRIDENT_REQUIRE_GPU();
+  int device = 0;
+  cudaDeviceProp prop{};
+  TRIDENT_CUDA(cudaGetDevice(&device));
+  TRIDENT_CUDA(cudaGetDeviceProperties(&prop, device));
+  if (prop.major != 9) GTEST_SKIP() << "not Hopper (sm_" << prop.major << prop.minor << ")";
+  cudnnHandle_t handle = nullptr;
+  TRIDENT_CUDNN(cudnnCreate(&handle));
+  struct HandleGuard {
+    cudnnHandle_t h;
+    ~HandleGuard() { cudnnDestroy(h); }
+  } guard{handle};
+  cuda::CudnnAttention attention(handle);
+  std::string why;
+  EXPECT_TRUE(attention.supported(4, 64, 768, 12, &why)) << why;
 }
 
 // HS = 32, 64, 128; T below, at and across tile boundaries (64 for HS ≤ 64, 32 for HS = 128).
