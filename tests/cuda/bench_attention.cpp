@@ -108,7 +108,7 @@ std::string validate_cudnn(cuda::CudnnAttention& attention) {
 }
 
 void report(benchmark::State& state, double flops, double ms) {
-  state.counters["TFLOP/s"] = flops / (ms * 1e-3) / 1e12;
+  report_flops(state, flops, ms);
   state.counters["ms"] = ms;
 }
 

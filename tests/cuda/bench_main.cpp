@@ -22,13 +22,20 @@ double measured_copy_bytes_per_s() {
   return rate;
 }
 
+double measured_gemm_flops() {
+  static const double rate = [] { return make_cuda_backend()->measure_gemm_peak_flops(); }();
+  return rate;
+}
+
 }  // namespace trident::bench
 
 int main(int argc, char** argv) {
   std::string why;
   if (trident::cuda_device_available(&why))
-    fmt::print("ceiling: device-to-device copy {:.0f} GB/s (read + write)\n",
-               trident::bench::measured_copy_bytes_per_s() / 1e9);
+    fmt::print("ceilings: device-to-device copy {:.0f} GB/s (read + write); cuBLASLt bf16 GEMM "
+               "(fp32 accumulate, 8192³) {:.0f} TFLOP/s\n",
+               trident::bench::measured_copy_bytes_per_s() / 1e9,
+               trident::bench::measured_gemm_flops() / 1e12);
   else
     fmt::print("no CUDA device ({}): every benchmark skips\n", why);
   benchmark::Initialize(&argc, argv);

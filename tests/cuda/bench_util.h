@@ -48,6 +48,17 @@ inline double time_ms(const std::function<void()>& launch, cudaStream_t stream, 
 // directly with a kernel's bytes read + written per second). Measured once, 1 GiB.
 double measured_copy_bytes_per_s();
 
+// Measured bf16 GEMM rate (FLOP/s) of the CUDA backend's cuBLASLt configuration (bf16 inputs,
+// fp32 accumulation and output, 8192³): the ceiling for compute-bound kernels. Measured once.
+double measured_gemm_flops();
+
+// TFLOP/s achieved and the fraction of the measured GEMM rate.
+inline void report_flops(benchmark::State& state, double flops, double ms) {
+  state.SetIterationTime(ms * 1e-3);
+  state.counters["TFLOP/s"] = flops / (ms * 1e-3) / 1e12;
+  state.counters["of_gemm_peak"] = flops / (ms * 1e-3) / measured_gemm_flops();
+}
+
 // Sets the usual counters: GB/s achieved and the fraction of the copy ceiling.
 inline void report_bandwidth(benchmark::State& state, double bytes_moved, double ms) {
   const double rate = bytes_moved / (ms * 1e-3);
