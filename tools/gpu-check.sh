@@ -46,7 +46,9 @@ if [ -f .gpu-bundle/bundle.tar.xz ]; then
   built=$(cat .gpu-bundle/sources.sha256 2>/dev/null) here=$(bash tools/gpu-bundle.sh --hash)
   echo "bundle built from sources $built; this tree's sources are $here"
   [ "$built" = "$here" ] || echo "WARNING: the bundle was built from other sources (rerun tools/gpu-bundle.sh)"
-  rm -rf "$bundle" && mkdir -p "$bundle" && tar -C "$bundle" -xJf .gpu-bundle/bundle.tar.xz
+  rm -rf "$bundle" && mkdir -p "$bundle"
+  python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
+    .gpu-bundle/bundle.tar.xz "$bundle"  # python's lzma: no xz binary needed
 fi
 if [ -x "$bundle/bin/trident" ]; then
   # Open MPI from the bundle: its plugins, a singleton start without mpirun/orted.
@@ -88,6 +90,29 @@ timeout 240 "$bin/test_cuda" --gtest_output="xml:$OUT/test_cuda.xml" >"$OUT/test
 tests_rc=$?
 grep -E "^\[  (FAILED|PASSED|SKIPPED) |tests ran|Failure|error" "$OUT/test_cuda.log" | head -40
 echo "test_cuda exit code: $tests_rc"
+if [ $tests_rc -ne 0 ]; then
+  # A crash (an illegal address poisons the CUDA context) or a hang ends every later test
+  # too: rerun each test that did not pass or skip on its own, the first few failing ones
+  # under compute-sanitizer, so one run of this script says which kernels are wrong and why.
+  "$bin/test_cuda" --gtest_list_tests | awk '/^[^ ]/ {suite = $1} /^  / {print suite $1}' \
+    > "$OUT/test_list.txt"
+  grep -oE '^\[ +(OK|SKIPPED) \] [^ ]+' "$OUT/test_cuda.log" | awk '{print $NF}' | sort -u \
+    > "$OUT/test_done.txt"
+  sanitized=0
+  while read -r t; do
+    grep -qxF "$t" "$OUT/test_done.txt" && continue
+    if timeout 60 "$bin/test_cuda" --gtest_filter="$t" >"$OUT/rerun.log" 2>&1; then
+      echo "rerun alone: ok   $t"
+    else
+      echo "rerun alone: FAIL $t"; grep -E "Failure|Expected|Which is|error|rel_err|<" "$OUT/rerun.log" | head -6
+      if [ $sanitized -lt 3 ] && command -v compute-sanitizer >/dev/null; then
+        sanitized=$((sanitized + 1))
+        timeout 90 compute-sanitizer --tool memcheck --print-limit 5 "$bin/test_cuda" \
+          --gtest_filter="$t" 2>&1 | grep -E "=========" | head -12
+      fi
+    fi
+  done < "$OUT/test_list.txt"
+fi
 
 step "kernel microbenchmarks"
 timeout 120 "$bin/bench_kernels" --benchmark_counters_tabular=true >"$OUT/bench_kernels.txt" 2>&1
@@ -120,9 +145,11 @@ bench_model gpt2-350m inputs/gpt2-350m.yaml "32 16 8"
 bench_model gpt2-1.5b inputs/gpt2-1.5b.yaml "16 8 4"
 
 step "summary"
+# Tests by outcome, each name once (gtest prints failures and skips twice).
+count() { grep -oE "^\[ +$1 +\] [A-Za-z][^ ]*" "$OUT/test_cuda.log" | awk '{print $NF}' | sort -u | wc -l; }
 {
   echo "GPU check on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%Y-%m-%d)"
-  echo "test_cuda: $(grep -oE '[0-9]+ tests? from [0-9]+ test suites? ran' "$OUT/test_cuda.log" | head -1); passed $(grep -c '^\[       OK \]' "$OUT/test_cuda.log"), failed $(grep -c '^\[  FAILED  \] [A-Z]' "$OUT/test_cuda.log"), skipped $(grep -c '^\[  SKIPPED \] [A-Z]' "$OUT/test_cuda.log") (exit $tests_rc)"
+  echo "test_cuda: $(grep -oE '[0-9]+ tests? from [0-9]+ test suites? ran' "$OUT/test_cuda.log" | head -1); passed $(count OK), failed $(count FAILED), skipped $(count SKIPPED) (exit $tests_rc)"
   echo
   echo "| model | micro-batch | tokens/s | ms/step | MFU vs 989 TFLOP/s | MFU vs measured cuBLASLt peak | exposed comm ms | largest ops (device ms, share) |"
   echo "|---|---|---|---|---|---|---|---|"
