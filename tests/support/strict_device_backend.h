@@ -1,0 +1,156 @@
+// A test backend that behaves like a device backend towards the code above it: it computes
+// with the CPU backend, but its memory is unreadable and unwritable from the host except
+// inside its own ops and copies (mprotect PROT_NONE in between). Any code path that touches
+// backend memory directly instead of through Backend::copy or a HostView (Note [Backend
+// memory]) crashes with SIGSEGV at the offending line — the bug that on a GPU would read
+// garbage or fault. The results are the CPU backend's, bit for bit.
+#pragma once
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "trident/backend.h"
+#include "trident/check.h"
+
+namespace trident::testing {
+
+class StrictDeviceBackend final : public Backend {
+ public:
+  StrictDeviceBackend() : cpu_(make_cpu_backend(1)) {}
+  ~StrictDeviceBackend() override {
+    for (auto& [p, bytes] : regions_) munmap(p, bytes);
+  }
+
+  std::string name() const override { return "strict-device"; }
+  int threads() const override { return 1; }
+  bool is_device() const override { return true; }
+
+  void* allocate(size_t bytes) override {
+    const size_t page = size_t(sysconf(_SC_PAGESIZE));
+    const size_t n = (std::max<size_t>(bytes, 1) + page - 1) / page * page;
+    void* p = mmap(nullptr, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);  // zeroed
+    TRIDENT_CHECK(p != MAP_FAILED, "mmap of {} bytes", n);
+    regions_[p] = n;
+    return p;
+  }
+  void release(void* p) noexcept override {
+    auto it = regions_.find(p);
+    if (it == regions_.end()) return;
+    munmap(it->first, it->second);
+    regions_.erase(it);
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    Open open(*this);
+    if (bytes > 0 && dst != src) std::memmove(dst, src, bytes);
+  }
+  void fill_zero(void* p, size_t bytes) override {
+    Open open(*this);
+    if (bytes > 0) std::memset(p, 0, bytes);
+  }
+
+  // Every op: memory opened, the CPU op, memory closed again.
+  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                       int B, int T, int C) override {
+    Open open(*this);
+    cpu_->encoder_forward(out, tokens, wte, wpe, B, T, C);
+  }
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                        int B, int T, int C) override {
+    Open open(*this);
+    cpu_->encoder_backward(dwte, dwpe, dout, tokens, B, T, C);
+  }
+  void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                         const float* b, int N, int C) override {
+    Open open(*this);
+    cpu_->layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+  }
+  void layernorm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                          const float* w, const float* mean, const float* rstd, int N,
+                          int C) override {
+    Open open(*this);
+    cpu_->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+  }
+  void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N,
+                      int C, int OC) override {
+    Open open(*this);
+    cpu_->matmul_forward(out, inp, w, bias, N, C, OC);
+  }
+  void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout, const float* inp,
+                       const float* w, int N, int C, int OC) override {
+    Open open(*this);
+    cpu_->matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC);
+  }
+  void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
+                         int NH) override {
+    Open open(*this);
+    cpu_->attention_forward(out, att, qkv, B, T, C, NH);
+  }
+  void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                          const float* out, const float* att, int B, int T, int C,
+                          int NH) override {
+    Open open(*this);
+    cpu_->attention_backward(dqkv, scratch, dout, qkv, out, att, B, T, C, NH);
+  }
+  void gelu_forward(float* out, const float* inp, size_t n) override {
+    Open open(*this);
+    cpu_->gelu_forward(out, inp, n);
+  }
+  void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) override {
+    Open open(*this);
+    cpu_->gelu_backward(dinp, inp, dout, n);
+  }
+  void add(float* out, const float* a, const float* b, size_t n) override {
+    Open open(*this);
+    cpu_->add(out, a, b, n);
+  }
+  void crossentropy_forward(float* losses, float* logits, const int32_t* targets, int N, int V,
+                            int Vp) override {
+    Open open(*this);
+    cpu_->crossentropy_forward(losses, logits, targets, N, V, Vp);
+  }
+  void crossentropy_backward(float* probs, const int32_t* targets, float dloss, int N, int V,
+                             int Vp) override {
+    Open open(*this);
+    cpu_->crossentropy_backward(probs, targets, dloss, N, V, Vp);
+  }
+  double sum_squares(const float* x, size_t n) override {
+    Open open(*this);
+    return cpu_->sum_squares(x, n);
+  }
+  void scale(float* x, float s, size_t n) override {
+    Open open(*this);
+    cpu_->scale(x, s, n);
+  }
+  void adamw_update(float* params, float* m, float* v, const float* grads, size_t n, float lr,
+                    float beta1, float beta2, float eps, float weight_decay, int t) override {
+    Open open(*this);
+    cpu_->adamw_update(params, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, t);
+  }
+  double measure_gemm_peak_flops() override { return cpu_->measure_gemm_peak_flops(); }
+
+ private:
+  // Opens every region for the lifetime of one op or copy.
+  class Open {
+   public:
+    explicit Open(StrictDeviceBackend& be) : be_(be) { be_.protect(PROT_READ | PROT_WRITE); }
+    ~Open() { be_.protect(PROT_NONE); }
+
+   private:
+    StrictDeviceBackend& be_;
+  };
+  void protect(int prot) {
+    for (auto& [p, bytes] : regions_) mprotect(p, bytes, prot);
+  }
+
+  std::unique_ptr<Backend> cpu_;
+  std::map<void*, size_t> regions_;
+};
+
+}  // namespace trident::testing

@@ -1,0 +1,77 @@
+// Note [Backend memory] holds for the whole training path: trained on a backend whose memory
+// the host cannot touch (StrictDeviceBackend), the trainer, the model and the optimizer reach
+// it only through Backend::copy and HostView — any direct access would crash this test — and
+// the results are bitwise those of the CPU backend it computes with.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "strict_device_backend.h"
+#include "trident/deck.h"
+#include "trident/train.h"
+
+namespace trident {
+namespace {
+
+Deck small_deck() {
+  const std::string yaml = R"(
+model: {layers: 2, d_model: 64, heads: 4, vocab: 256, seq_len: 32}
+train: {micro_batch: 4, accum: 2, steps: 6, lr: 3.0e-3, warmup_steps: 2, seed: 7,
+        val_every: 3, val_batches: 2, grad_clip: 0.5}
+data: {train: inputs/data/tiny-train.bin, valid: inputs/data/tiny-valid.bin, shuffle: true}
+run: {threads: 1}
+)";
+  return parse_deck(yaml, TRIDENT_SOURCE_DIR, {});
+}
+
+struct Outcome {
+  std::vector<double> losses, norms;
+  double val = 0;
+  std::vector<float> params, logits;
+};
+
+Outcome train(Backend& be) {
+  const Deck d = small_deck();
+  Trainer t(d, TrainContext{&be, 1e9});
+  Outcome o;
+  for (int s = 0; s < d.train.steps; ++s) {
+    const StepStats st = t.train_step(s);
+    o.losses.push_back(st.loss);
+    o.norms.push_back(st.grad_norm);
+  }
+  o.val = t.validate();
+  HostView<float> p(be, t.model().params(), t.model().num_params(), /*load=*/true);
+  o.params.assign(p.data(), p.data() + p.size());
+  // Inference as `generate` does it: a forward without targets, then the logits on the host.
+  std::vector<int32_t> prompt = {'t', 'r', 'i', 'd', 'e', 'n', 't'};
+  t.model().forward(0, prompt.data(), nullptr, 1, int(prompt.size()));
+  const size_t Vp = size_t(t.model().config().padded_vocab);
+  HostView<const float> logits(be, t.model().logits(), prompt.size() * Vp, /*load=*/true);
+  o.logits.assign(logits.data(), logits.data() + logits.size());
+  return o;
+}
+
+TEST(DeviceDiscipline, TrainingTouchesBackendMemoryOnlyThroughCopies) {
+  auto cpu = make_cpu_backend(1);
+  testing::StrictDeviceBackend strict;
+  const Outcome want = train(*cpu);
+  const Outcome got = train(strict);
+  EXPECT_EQ(got.losses, want.losses);
+  EXPECT_EQ(got.norms, want.norms);
+  EXPECT_EQ(got.val, want.val);
+  EXPECT_EQ(got.params, want.params);
+  EXPECT_EQ(got.logits, want.logits);
+}
+
+// The strict backend does catch a direct access (the test above would pass vacuously if it
+// did not): reading one of its floats on the host dies with SIGSEGV.
+TEST(DeviceDisciplineDeathTest, DirectHostAccessCrashes) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // OpenMP's threads exist by now
+  testing::StrictDeviceBackend strict;
+  BackendBuffer<float> buf(strict, 16);
+  EXPECT_DEATH({ volatile float x = buf.data()[3]; (void)x; }, "");
+}
+
+}  // namespace
+}  // namespace trident
