@@ -83,6 +83,32 @@ class Backend {
   virtual void crossentropy_backward(float* probs_to_dlogits, const int32_t* targets,
                                      float dloss, int N, int V, int Vp) = 0;
 
+  // Vocab-parallel embedding and loss (tensor parallelism; Note [Vocab-parallel ops] in
+  // src/backend/vocab_parallel.cpp). This rank holds vocabulary rows [v0, v1) of wte.
+  // out[n,:] = (tokens[n] in [v0,v1) ? wte_slice[tokens[n]-v0,:] : 0) + (wpe ? wpe[n%T,:] : 0).
+  virtual void embedding_slice_forward(float* out, const int32_t* tokens, const float* wte_slice,
+                                       const float* wpe, int v0, int v1, int B, int T, int C);
+  // dwte_slice[tok-v0,:] += dout[n,:] for tokens in [v0,v1); dwpe[t,:] += Σ_b dout (if non-null).
+  virtual void embedding_slice_backward(float* dwte_slice, float* dwpe, const float* dout,
+                                        const int32_t* tokens, int v0, int v1, int B, int T,
+                                        int C);
+  // Per row of this rank's logits [N,Vl] (its first `live` columns are real vocabulary):
+  // stats[n] = (max, Σ exp(x - max), x[targets[n]-v0] or 0 when the target is not here).
+  virtual void crossentropy_slice_stats(float* stats, const float* logits,
+                                        const int32_t* targets, int v0, int live, int N, int Vl);
+  // From every rank's stats all_stats [tp][N][3]: losses[n] = log Σ - target logit, and the
+  // logits become this rank's probabilities (columns from `live` on: 0).
+  virtual void crossentropy_slice_combine(float* losses, float* logits_to_probs,
+                                          const float* all_stats, int tp, int live, int N,
+                                          int Vl);
+  // In place: probs become dloss * (probs - onehot(target)) on this rank's columns.
+  virtual void crossentropy_slice_backward(float* probs_to_dlogits, const int32_t* targets,
+                                           float dloss, int v0, int N, int Vl);
+  // `rows` rows of `row_bytes` bytes: row i from src + i·src_pitch to dst + i·dst_pitch
+  // (the sequence-parallel permutations). Ordered with the ops, like copy().
+  virtual void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                         size_t row_bytes, size_t rows);
+
   // Σ x² in double (for the global gradient norm).
   virtual double sum_squares(const float* x, size_t n) = 0;
   // x *= s

@@ -72,6 +72,10 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   a.dbuf_4c2 = floats(N * 4 * Cl);
   a.datt = floats(be_.attention_scratch_floats(B, T, int(Cl), int(NHl)));
   a.dln_scratch = floats(2 * C);
+  if (stage_.has_head && tps > 1) {
+    a.ce_stats = floats(N * 3);
+    a.ce_all = floats(tps * N * 3);
+  }
 }
 
 // In BlockActs order: ln1 ln1_mean ln1_rstd qkv att atty residual2 ln2 ln2_mean ln2_rstd fch
@@ -145,7 +149,8 @@ size_t GPT::activation_bytes() const {
   for (const auto& b : recompute_) floats += b.size();
   const Scratch& a = scratch_;
   for (const auto* v : {&a.full_c, &a.stage, &a.ln_out, &a.dresidual, &a.dfull, &a.dbuf_c,
-                        &a.dbuf_c2, &a.dbuf_3c, &a.dbuf_4c, &a.dbuf_4c2, &a.datt, &a.dln_scratch})
+                        &a.dbuf_c2, &a.dbuf_3c, &a.dbuf_4c, &a.dbuf_4c2, &a.datt, &a.dln_scratch,
+                        &a.ce_stats, &a.ce_all})
     floats += v->size();
   return floats * sizeof(float);
 }

@@ -41,11 +41,9 @@ void GPT::reduce_rows(float* out, float* partial, int B, int T, int C) {
   const size_t row = size_t(C) * sizeof(float);
   float* stage = scratch_.stage.data();
   // stage[r][b][t] = partial[b][r·Tl + t]  (Note [Sequence-parallel rows])
-#pragma omp parallel for collapse(2) schedule(static)
   for (int r = 0; r < tps; ++r)
-    for (int b = 0; b < B; ++b)
-      std::memcpy(stage + ((size_t(r) * B + b) * Tl) * C, partial + (size_t(b) * T + size_t(r) * Tl) * C,
-                  Tl * row);
+    be_.copy_rows(stage + size_t(r) * B * Tl * C, Tl * row, partial + size_t(r) * Tl * C,
+                  T * row, Tl * row, size_t(B));
   tp_wait(tp_.comm->reduce_scatter(stage, out, size_t(B) * Tl * C));
 }
 
@@ -60,11 +58,9 @@ void GPT::gather_rows(float* full, const float* local, int B, int T, int C) {
   float* stage = scratch_.stage.data();
   tp_wait(tp_.comm->all_gather(local, stage, size_t(B) * Tl * C));
   // full[b][r·Tl + t] = stage[r][b][t]
-#pragma omp parallel for collapse(2) schedule(static)
   for (int r = 0; r < tps; ++r)
-    for (int b = 0; b < B; ++b)
-      std::memcpy(full + (size_t(b) * T + size_t(r) * Tl) * C, stage + ((size_t(r) * B + b) * Tl) * C,
-                  Tl * row);
+    be_.copy_rows(full + size_t(r) * Tl * C, T * row, stage + size_t(r) * B * Tl * C, Tl * row,
+                  Tl * row, size_t(B));
 }
 
 void GPT::layernorm_gathered(float* out_full, float* mean, float* rstd, const float* inp,
