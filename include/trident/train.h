@@ -63,9 +63,11 @@ struct TrainContext {
   double peak_flops = 0.0;      // FLOP/s; MFU is reported against it (per rank)
   ProcessGrid* grid = nullptr;  // null: one rank, no communication
   TraceWriter* trace = nullptr; // null: no timeline
-  // The data-parallel communicator for device gradients (an NcclComm over grid->dp()'s ranks);
-  // null: grid->dp() (host memory). Only the GradReducer uses it.
+  // Communicators for device buffers (NcclComms over the grid's dp and tp ranks); null:
+  // grid->dp() / grid->tp() (host memory). dp_device is the GradReducer's; tp_device the
+  // model's tensor-parallel collectives.
   Communicator* dp_device = nullptr;
+  Communicator* tp_device = nullptr;
 };
 
 class Trainer {

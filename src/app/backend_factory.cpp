@@ -50,26 +50,34 @@ std::unique_ptr<Backend> make_backend(const Deck& deck) {
 #endif
 }
 
-std::unique_ptr<Communicator> make_device_dp_comm(const Deck& deck, Backend& backend,
-                                                  ProcessGrid& grid) {
+DeviceComms make_device_comms(const Deck& deck, Backend& backend, ProcessGrid& grid) {
+  DeviceComms comms;
   if (!backend.is_device()) {
     if (deck.comm.grad_dtype != "fp32")
       input_error("comm.grad_dtype {} needs run.backend cuda (the CPU reduces fp32 gradients)",
                   deck.comm.grad_dtype);
-    return nullptr;
+    return comms;
   }
-  if (grid.layout().dp == 1) return nullptr;
 #ifdef TRIDENT_HAVE_CUDA
-  NcclCommOptions options;
-  options.timeout_s = deck.comm.timeout_s;
-  options.grad_bf16 = deck.comm.grad_dtype == "bf16";
-  return std::make_unique<NcclComm>(grid.dp().raw(), "dp (nccl)",
-                                    static_cast<cudaStream_t>(cuda_compute_stream(backend)),
-                                    options);
+  auto stream = static_cast<cudaStream_t>(cuda_compute_stream(backend));
+  // Every rank creates the same communicators in the same order (each creation is collective
+  // over its group; the groups partition the world).
+  if (grid.layout().dp > 1) {
+    NcclCommOptions options;
+    options.timeout_s = deck.comm.timeout_s;
+    options.grad_bf16 = deck.comm.grad_dtype == "bf16";
+    comms.dp = std::make_unique<NcclComm>(grid.dp().raw(), "dp (nccl)", stream, options);
+  }
+  if (grid.layout().tp > 1) {
+    NcclCommOptions options;
+    options.timeout_s = deck.comm.timeout_s;
+    options.on_compute_stream = true;
+    comms.tp = std::make_unique<NcclComm>(grid.tp().raw(), "tp (nccl)", stream, options);
+  }
 #else
   (void)grid;
-  return nullptr;
 #endif
+  return comms;
 }
 
 std::string describe_backend(const Backend& backend) {

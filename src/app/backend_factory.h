@@ -14,11 +14,14 @@ namespace trident {
 // input_error naming run.backend when the build or the machine has no CUDA.
 std::unique_ptr<Backend> make_backend(const Deck& deck);
 
-// The GradReducer's communicator for device gradients (TrainContext::dp_device): an NcclComm
-// over the grid's dp ranks, ordered after the backend's stream. Null for a host backend or
-// dp = 1. Collective over dp. input_error for comm.grad_dtype bf16 on a host backend.
-std::unique_ptr<Communicator> make_device_dp_comm(const Deck& deck, Backend& backend,
-                                                  ProcessGrid& grid);
+// Communicators for device buffers (TrainContext::dp_device, tp_device): NcclComms over the
+// grid's dp ranks (its own stream, ordered after the backend's) and tp ranks (on the
+// backend's stream). Null for a host backend or a group of one. Collective over the world.
+// input_error for comm.grad_dtype bf16 on a host backend.
+struct DeviceComms {
+  std::unique_ptr<Communicator> dp, tp;
+};
+DeviceComms make_device_comms(const Deck& deck, Backend& backend, ProcessGrid& grid);
 
 // One line for the log: "cpu (2 threads)" or "cuda (NVIDIA H200, device 0, ...)".
 std::string describe_backend(const Backend& backend);

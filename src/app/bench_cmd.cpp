@@ -34,7 +34,7 @@ int run_bench(const BenchArgs& args) {
   setup_step([&] { grid = make_grid(deck); });
   const bool lead = grid->world_rank() == 0;
   std::unique_ptr<Backend> backend;
-  std::unique_ptr<Communicator> dp_device;
+  DeviceComms device_comms;
   std::unique_ptr<TraceWriter> trace;
   std::unique_ptr<Trainer> trainer_ptr;
   // Measured before and after the steps; the larger is kept, so a noisy moment cannot shrink
@@ -43,11 +43,11 @@ int run_bench(const BenchArgs& args) {
   setup_step([&] {
     backend = make_backend(deck);
     peak = backend->measure_gemm_peak_flops();
-    dp_device = make_device_dp_comm(deck, *backend, *grid);
+    device_comms = make_device_comms(deck, *backend, *grid);
     trace = make_trace(deck, *grid);
     trainer_ptr =
         std::make_unique<Trainer>(deck, TrainContext{backend.get(), peak, grid.get(), trace.get(),
-                                                     dp_device.get()});
+                                                     device_comms.dp.get(), device_comms.tp.get()});
   });
   Trainer& trainer = *trainer_ptr;
   const double nominal = backend->nominal_peak_flops();

@@ -22,7 +22,7 @@ struct Loaded {
   Deck deck;
   std::unique_ptr<ProcessGrid> grid;
   std::unique_ptr<Backend> backend;
-  std::unique_ptr<Communicator> dp_device;
+  DeviceComms device_comms;
   std::unique_ptr<Trainer> trainer;
   CheckpointMeta meta;
   std::string path;
@@ -35,9 +35,10 @@ Loaded load_for_inference(const DeckArgs& args, const std::string& checkpoint) {
   setup_step([&] {
     l.path = resolve_checkpoint(checkpoint);
     l.backend = make_backend(l.deck);
-    l.dp_device = make_device_dp_comm(l.deck, *l.backend, *l.grid);
+    l.device_comms = make_device_comms(l.deck, *l.backend, *l.grid);
     l.trainer = std::make_unique<Trainer>(
-        l.deck, TrainContext{l.backend.get(), 0.0, l.grid.get(), nullptr, l.dp_device.get()});
+        l.deck, TrainContext{l.backend.get(), 0.0, l.grid.get(), nullptr, l.device_comms.dp.get(),
+                                    l.device_comms.tp.get()});
   });
   setup_step([&] { l.meta = l.trainer->load(l.path); });
   return l;

@@ -91,15 +91,15 @@ int run_train(const DeckArgs& args) {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<TraceWriter> trace;
   TrainContext ctx;
-  std::unique_ptr<Communicator> dp_device;
+  DeviceComms device_comms;
   std::unique_ptr<Trainer> trainer_ptr;
   setup_step([&] {
     shape = model_config_from_deck(deck, &note);
     backend = make_backend(deck);
     trace = make_trace(deck, *grid);
-    dp_device = make_device_dp_comm(deck, *backend, *grid);
+    device_comms = make_device_comms(deck, *backend, *grid);
     ctx = TrainContext{backend.get(), backend->measure_gemm_peak_flops(), grid.get(),
-                       trace.get(), dp_device.get()};
+                       trace.get(), device_comms.dp.get(), device_comms.tp.get()};
     // Validates datasets and init_from before anything is written.
     trainer_ptr = std::make_unique<Trainer>(deck, ctx);
   });

@@ -81,18 +81,21 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
     pp_size_ = g.pp;
     pp_rank_ = c.pp;
     pp_comm_ = &ctx_.grid->pp();
-    if (g.tp > 1)
-      options.tp = {&ctx_.grid->tp(), g.tp, c.tp, deck_.parallel.sequence_parallel};
+    if (g.tp > 1) {
+      Communicator* tp = ctx_.tp_device ? ctx_.tp_device : &ctx_.grid->tp();
+      options.tp = {tp, g.tp, c.tp, deck_.parallel.sequence_parallel};
+    }
   } else {
     solo_ = std::make_unique<SoloComm>();
     pp_comm_ = solo_.get();
   }
   // Refused before anything is allocated, with the numbers (identically on every rank).
-  if (ctx_.backend->is_device() && (options.tp.size > 1 || pp_size_ > 1))
-    input_error("parallel.tp = {} and parallel.pp = {} with the {} backend: the device backend "
-                "runs data parallelism only so far (the vocab-parallel embedding and loss and the "
-                "pipeline transfers are host code); set parallel.tp = parallel.pp = 1",
-                options.tp.size, pp_size_, ctx_.backend->name());
+  if (ctx_.backend->is_device() && pp_size_ > 1)
+    input_error("parallel.pp = {} with the {} backend: the device backend runs data and tensor "
+                "parallelism only so far (the pipeline's stage transfers are host MPI); set "
+                "parallel.pp = 1", pp_size_, ctx_.backend->name());
+  if (ctx_.backend->is_device() && options.tp.size > 1 && !ctx_.tp_device)
+    internal_error(__FILE__, __LINE__, "a device backend with tp > 1 needs a device communicator");
   check_tensor_parallel(cfg, options.tp.size, options.tp.sequence_parallel, T);
   options.stage = pipeline_stage(cfg.layers, pp_size_, pp_rank_,
                                  parse_stage_layers(deck_.parallel.stage_layers));

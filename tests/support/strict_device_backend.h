@@ -120,6 +120,37 @@ class StrictDeviceBackend final : public Backend {
     Open open(*this);
     cpu_->crossentropy_backward(probs, targets, dloss, N, V, Vp);
   }
+  void embedding_slice_forward(float* out, const int32_t* tokens, const float* wte_slice,
+                               const float* wpe, int v0, int v1, int B, int T, int C) override {
+    Open open(*this);
+    cpu_->embedding_slice_forward(out, tokens, wte_slice, wpe, v0, v1, B, T, C);
+  }
+  void embedding_slice_backward(float* dwte_slice, float* dwpe, const float* dout,
+                                const int32_t* tokens, int v0, int v1, int B, int T,
+                                int C) override {
+    Open open(*this);
+    cpu_->embedding_slice_backward(dwte_slice, dwpe, dout, tokens, v0, v1, B, T, C);
+  }
+  void crossentropy_slice_stats(float* stats, const float* logits, const int32_t* targets,
+                                int v0, int live, int N, int Vl) override {
+    Open open(*this);
+    cpu_->crossentropy_slice_stats(stats, logits, targets, v0, live, N, Vl);
+  }
+  void crossentropy_slice_combine(float* losses, float* logits_to_probs, const float* all_stats,
+                                  int tp, int live, int N, int Vl) override {
+    Open open(*this);
+    cpu_->crossentropy_slice_combine(losses, logits_to_probs, all_stats, tp, live, N, Vl);
+  }
+  void crossentropy_slice_backward(float* probs, const int32_t* targets, float dloss, int v0,
+                                   int N, int Vl) override {
+    Open open(*this);
+    cpu_->crossentropy_slice_backward(probs, targets, dloss, v0, N, Vl);
+  }
+  void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                 size_t row_bytes, size_t rows) override {
+    Open open(*this);
+    cpu_->copy_rows(dst, dst_pitch, src, src_pitch, row_bytes, rows);
+  }
   double sum_squares(const float* x, size_t n) override {
     Open open(*this);
     return cpu_->sum_squares(x, n);

@@ -29,6 +29,7 @@
 #include "layernorm.h"
 #include "optimizer.h"
 #include "trident/cuda_backend.h"
+#include "vocab_parallel.h"
 
 namespace trident {
 namespace {
@@ -297,6 +298,43 @@ class CudaBackend final : public Backend {
                              int V, int Vp) override {
     Op op(*this, "crossentropy bwd");
     cuda::crossentropy_backward_cuda(probs_to_dlogits, targets, dloss, N, V, Vp, stream_);
+  }
+
+  // --- tensor parallelism (Note [Vocab-parallel ops]) -------------------------------------
+  void embedding_slice_forward(float* out, const int32_t* tokens, const float* wte_slice,
+                               const float* wpe, int v0, int v1, int B, int T, int C) override {
+    Op op(*this, "embedding fwd");
+    cuda::embedding_slice_forward_cuda(out, tokens, wte_slice, wpe, v0, v1, B, T, C, stream_);
+  }
+  void embedding_slice_backward(float* dwte_slice, float* dwpe, const float* dout,
+                                const int32_t* tokens, int v0, int v1, int B, int T,
+                                int C) override {
+    Op op(*this, "embedding bwd");
+    cuda::embedding_slice_backward_cuda(dwte_slice, dwpe, dout, tokens, v0, v1, B, T, C,
+                                        stream_);
+  }
+  void crossentropy_slice_stats(float* stats, const float* logits, const int32_t* targets,
+                                int v0, int live, int N, int Vl) override {
+    Op op(*this, "crossentropy fwd");
+    cuda::crossentropy_slice_stats_cuda(stats, logits, targets, v0, live, N, Vl, stream_);
+  }
+  void crossentropy_slice_combine(float* losses, float* logits_to_probs, const float* all_stats,
+                                  int tp, int live, int N, int Vl) override {
+    Op op(*this, "crossentropy fwd");
+    cuda::crossentropy_slice_combine_cuda(losses, logits_to_probs, all_stats, tp, live, N, Vl,
+                                          stream_);
+  }
+  void crossentropy_slice_backward(float* probs, const int32_t* targets, float dloss, int v0,
+                                   int N, int Vl) override {
+    Op op(*this, "crossentropy bwd");
+    cuda::crossentropy_slice_backward_cuda(probs, targets, dloss, v0, N, Vl, stream_);
+  }
+  void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                 size_t row_bytes, size_t rows) override {
+    Op op(*this, "sequence permute");
+    if (rows > 0 && row_bytes > 0)
+      TRIDENT_CUDA(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows,
+                                     cudaMemcpyDefault, stream_));
   }
 
   // --- optimizer side -------------------------------------------------------------------

@@ -157,7 +157,10 @@ void NcclComm::init(const ncclUniqueId& id) {
   int least = 0, greatest = 0;
   TRIDENT_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   // Highest priority: a bucket's kernels get SMs ahead of backward's, so they finish early.
-  TRIDENT_CUDA(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
+  if (options_.on_compute_stream)
+    stream_ = compute_stream_;
+  else
+    TRIDENT_CUDA(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
   TRIDENT_CUDA(cudaEventCreateWithFlags(&comm_done_, cudaEventDisableTiming));
 
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -190,7 +193,7 @@ NcclComm::~NcclComm() {
   }
   if (staging_) cudaFreeAsync(staging_, stream_);
   if (comm_done_) cudaEventDestroy(comm_done_);
-  if (stream_) cudaStreamDestroy(stream_);
+  if (stream_ && !options_.on_compute_stream) cudaStreamDestroy(stream_);
 }
 
 void NcclComm::set_timeout(double seconds) {
