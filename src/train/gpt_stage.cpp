@@ -28,6 +28,17 @@ void GPTStage::begin_step(const StepInputs& in) {
   targets_.assign(in.accum, std::vector<int32_t>(N));
   if (!model_.stage().has_head) doutput_.assign(slots_, std::vector<float>(boundary));
   if (!model_.stage().has_embedding) dinput_.assign(in.accum, std::vector<float>(boundary));
+  // Note [Stage transfers on a device]: the received gradients (doutput_) and the sent ones
+  // (dinput_) are host buffers already, which the model copies from and to; the activations
+  // need host copies of their own.
+  if (model_.backend().is_device()) {
+    if (!model_.stage().has_embedding) input_host_.assign(slots_, std::vector<float>(boundary));
+    if (!model_.stage().has_head) output_host_.assign(slots_, std::vector<float>(boundary));
+  }
+}
+
+size_t GPTStage::boundary_floats() const {
+  return model_.boundary_rows(in_.micro_batch, in_.seq_len) * size_t(model_.config().channels);
 }
 
 StageTensor GPTStage::boundary(const char* name, float* data) const {
@@ -37,6 +48,7 @@ StageTensor GPTStage::boundary(const char* name, float* data) const {
 }
 
 std::vector<StageTensor> GPTStage::forward_inputs(int micro) {
+  if (!input_host_.empty()) return {boundary("hidden", input_host_[slot(micro)].data())};
   return {boundary("hidden", model_.stage_input(slot(micro)))};
 }
 
@@ -48,6 +60,9 @@ void GPTStage::forward(int micro) {
   const uint64_t global_batch = uint64_t(B) * in_.accum * in_.dp_size;
   const uint64_t g0 = uint64_t(in_.step) * global_batch +
                       (uint64_t(micro) * in_.dp_size + in_.dp_rank) * B;
+  if (!input_host_.empty())  // the received activations, into the device's stage input
+    model_.backend().copy(model_.stage_input(slot(micro)), input_host_[slot(micro)].data(),
+                          boundary_floats() * sizeof(float));
   const bool needs_tokens = model_.stage().has_embedding || model_.stage().has_head;
   if (needs_tokens) order_.fill(g0, B, inputs_[micro].data(), targets_[micro].data());
   loss_sum_ += model_.forward(slot(micro), inputs_[micro].data(),
@@ -56,6 +71,12 @@ void GPTStage::forward(int micro) {
 }
 
 std::vector<StageTensor> GPTStage::forward_outputs(int micro) {
+  if (!output_host_.empty()) {
+    // A copy to host memory has completed when copy() returns (Note [Backend memory]).
+    float* host = output_host_[slot(micro)].data();
+    model_.backend().copy(host, model_.stage_output(slot(micro)), boundary_floats() * sizeof(float));
+    return {boundary("hidden", host)};
+  }
   return {boundary("hidden", const_cast<float*>(model_.stage_output(slot(micro))))};
 }
 

@@ -53,6 +53,10 @@ class GPTStage : public PipelineStage {
   std::vector<std::vector<int32_t>> inputs_, targets_;  // per micro-batch
   std::vector<std::vector<float>> doutput_;             // per slot: received gradients
   std::vector<std::vector<float>> dinput_;              // per micro-batch: sent gradients
+  // Note [Stage transfers on a device]: with a device backend the boundary activations travel
+  // through host copies (per slot), since the pipeline's communicator works on host memory.
+  std::vector<std::vector<float>> input_host_, output_host_;
+  size_t boundary_floats() const;
   std::vector<int32_t> row_of_input_;
   double loss_sum_ = 0, forward_ms_ = 0, backward_ms_ = 0;
 };

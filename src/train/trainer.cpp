@@ -90,10 +90,6 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
     pp_comm_ = solo_.get();
   }
   // Refused before anything is allocated, with the numbers (identically on every rank).
-  if (ctx_.backend->is_device() && pp_size_ > 1)
-    input_error("parallel.pp = {} with the {} backend: the device backend runs data and tensor "
-                "parallelism only so far (the pipeline's stage transfers are host MPI); set "
-                "parallel.pp = 1", pp_size_, ctx_.backend->name());
   if (ctx_.backend->is_device() && options.tp.size > 1 && !ctx_.tp_device)
     internal_error(__FILE__, __LINE__, "a device backend with tp > 1 needs a device communicator");
   check_tensor_parallel(cfg, options.tp.size, options.tp.sequence_parallel, T);
@@ -197,7 +193,10 @@ void Trainer::collect_step_rows(int step) {
 void Trainer::reduce_tied_embedding() {
   if (pp_size_ == 1 || !ctx_.grid->in_embedding_group()) return;
   const ParamInfo& wte = model_->param("wte");
-  ctx_.grid->embedding().all_reduce(model_->grads() + wte.offset, wte.count).wait();
+  // Host MPI on a host view (Note [Stage transfers on a device] in train/gpt_stage.h).
+  HostView<float> g(*ctx_.backend, model_->grads() + wte.offset, wte.count, /*load=*/true);
+  ctx_.grid->embedding().all_reduce(g.data(), wte.count).wait();
+  g.commit();
 }
 
 StepStats Trainer::train_step(int step) {
@@ -303,9 +302,17 @@ double Trainer::validation_forward(int micro, int B, int T) {
   const StageSpec& st = model_->stage();
   const size_t boundary = model_->boundary_rows(B, T) * size_t(model_->config().channels);
   constexpr int kTag = 1 << 20;  // apart from the pipeline runner's tags
-  if (!st.has_embedding) pp_comm_->recv(model_->stage_input(0), boundary, pp_rank_ - 1, kTag).wait();
+  Backend& be = *ctx_.backend;
+  if (!st.has_embedding) {  // host MPI: through a host view on a device backend
+    HostView<float> in(be, model_->stage_input(0), boundary, /*load=*/false);
+    pp_comm_->recv(in.data(), boundary, pp_rank_ - 1, kTag).wait();
+    in.commit();
+  }
   const double loss = model_->forward(0, inputs_.data(), st.has_head ? targets_.data() : nullptr, B, T);
-  if (!st.has_head) pp_comm_->send(model_->stage_output(0), boundary, pp_rank_ + 1, kTag).wait();
+  if (!st.has_head) {
+    HostView<const float> out(be, model_->stage_output(0), boundary, /*load=*/true);
+    pp_comm_->send(out.data(), boundary, pp_rank_ + 1, kTag).wait();
+  }
   return st.has_head ? loss : 0.0;
 }
 

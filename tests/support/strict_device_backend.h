@@ -11,6 +11,8 @@
 
 #include <cstring>
 #include <map>
+#include <mutex>
+#include <string_view>
 #include <memory>
 #include <string>
 #include <utility>
@@ -18,6 +20,7 @@
 
 #include "trident/backend.h"
 #include "trident/check.h"
+#include "trident/comm.h"
 
 namespace trident::testing {
 
@@ -166,22 +169,92 @@ class StrictDeviceBackend final : public Backend {
   }
   double measure_gemm_peak_flops() override { return cpu_->measure_gemm_peak_flops(); }
 
- private:
-  // Opens every region for the lifetime of one op or copy.
+  // Opens every region for its lifetime (one op, one copy, one device-communicator
+  // operation). Counted, so that a communication thread's operation and the compute thread's
+  // ops may overlap: the memory closes when the last one ends (while both are open, a stray
+  // host access on the other thread goes unnoticed — the test is weaker there, not wrong).
   class Open {
    public:
-    explicit Open(StrictDeviceBackend& be) : be_(be) { be_.protect(PROT_READ | PROT_WRITE); }
-    ~Open() { be_.protect(PROT_NONE); }
+    explicit Open(StrictDeviceBackend& be) : be_(be) {
+      std::lock_guard<std::mutex> lock(be_.mutex_);
+      if (be_.open_++ == 0) be_.protect(PROT_READ | PROT_WRITE);
+    }
+    ~Open() {
+      std::lock_guard<std::mutex> lock(be_.mutex_);
+      if (--be_.open_ == 0) be_.protect(PROT_NONE);
+    }
 
    private:
     StrictDeviceBackend& be_;
   };
+
+ private:
   void protect(int prot) {
     for (auto& [p, bytes] : regions_) mprotect(p, bytes, prot);
   }
 
   std::unique_ptr<Backend> cpu_;
   std::map<void*, size_t> regions_;
+  std::mutex mutex_;
+  int open_ = 0;
+};
+
+// A "device communicator" for the strict backend's memory: each operation runs to completion
+// on the wrapped host communicator while the memory is open, so code that hands backend memory
+// to it (the GradReducer, the model's tp collectives) works, and code that hands backend
+// memory to a host communicator instead crashes.
+class StrictDeviceComm final : public Communicator {
+ public:
+  StrictDeviceComm(StrictDeviceBackend& be, Communicator& host) : be_(be), host_(host) {}
+  int rank() const override { return host_.rank(); }
+  int size() const override { return host_.size(); }
+  const std::string& name() const override { return host_.name(); }
+
+ protected:
+  template <typename Fn>
+  Work now(Fn fn) {
+    StrictDeviceBackend::Open open(be_);
+    Work w = fn();
+    w.wait();
+    return Work();
+  }
+  Work start_all_reduce(void* data, size_t count, ElemType type) override {
+    return start_all_reduce_op(data, count, type, ReduceOp::kSum, {});
+  }
+  Work start_all_reduce_op(void* data, size_t count, ElemType type, ReduceOp op,
+                           std::string_view label) override {
+    TRIDENT_CHECK(type == ElemType::kFloat32, "strict comm: float data only");
+    return now([&] { return host_.all_reduce(static_cast<float*>(data), count, op, label); });
+  }
+  Work start_reduce_scatter(const void* send, void* recv, size_t recv_count,
+                            ElemType type) override {
+    TRIDENT_CHECK(type == ElemType::kFloat32, "strict comm: float data only");
+    return now([&] {
+      return host_.reduce_scatter(static_cast<const float*>(send), static_cast<float*>(recv),
+                                  recv_count);
+    });
+  }
+  Work start_all_gather(const void* send, void* recv, size_t send_count,
+                        ElemType type) override {
+    TRIDENT_CHECK(type == ElemType::kFloat32, "strict comm: float data only");
+    return now([&] {
+      return host_.all_gather(static_cast<const float*>(send), static_cast<float*>(recv),
+                              send_count);
+    });
+  }
+  Work start_broadcast(void*, size_t, ElemType, int) override {
+    internal_error(__FILE__, __LINE__, "strict comm: broadcast not needed");
+  }
+  Work start_send(const void*, size_t, ElemType, int, int) override {
+    internal_error(__FILE__, __LINE__, "strict comm: send not needed");
+  }
+  Work start_recv(void*, size_t, ElemType, int, int) override {
+    internal_error(__FILE__, __LINE__, "strict comm: recv not needed");
+  }
+
+ private:
+  StrictDeviceBackend& be_;
+  Communicator& host_;
 };
 
 }  // namespace trident::testing
