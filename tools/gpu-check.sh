@@ -30,6 +30,8 @@ done
 
 # CUDA's libraries: the toolkit's, then pip wheels' (nvidia-cudnn-cu13, nvidia-nccl-cu13, ...).
 cuda_libs=/usr/local/cuda/lib64
+nvcc_path=$(command -v nvcc || true)
+[ -n "$nvcc_path" ] && cuda_libs="$(dirname "$(readlink -f "$nvcc_path")")/../lib64:$cuda_libs"
 wheel_prefixes=""
 for pkg in cudnn nccl cublas cuda_runtime cu13; do
   dir=$(python3 -c "import nvidia.$pkg as m; print(list(m.__path__)[0])" 2>/dev/null) || continue
