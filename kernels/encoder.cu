@@ -1,4 +1,5 @@
-// Token + position embedding, forward and backward (CPU twin: src/backend/encoder.cpp).
+// Token + position embedding, forward and backward (CPU twin: src/backend/encoder.cpp). The
+// backward is the vocab-parallel embedding's (vocab_parallel.cu) with the whole vocabulary.
 //
 // Note [Deterministic dwte]: a token can occur in many rows, so rows of dwte are not owned by
 // one (b,t) and atomicAdd would make the sum's order (and its rounding) vary run to run.
@@ -10,8 +11,11 @@
 // overlapped kWteBatch at a time, so a very frequent token still makes one long block.
 #include <cstdint>
 
+#include <limits>
+
 #include "encoder.h"
 #include "launch.cuh"
+#include "vocab_parallel.h"
 
 namespace trident::cuda {
 namespace {
@@ -43,92 +47,6 @@ __global__ void encoder_fwd_kernel(float* __restrict__ out, const int32_t* __res
   }
 }
 
-// dwpe[t, c] += Σ_b dout[b, t, c], b in order: one thread per (t, c), coalesced over c.
-__global__ void encoder_bwd_wpe_kernel(float* __restrict__ dwpe, const float* __restrict__ dout,
-                                       int B, int T, int C) {
-  const size_t total = size_t(T) * C;
-  const size_t stride = size_t(gridDim.x) * blockDim.x;
-  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
-    float acc = dwpe[i];
-    for (int b = 0; b < B; ++b) acc += dout[size_t(b) * total + i];
-    dwpe[i] = acc;
-  }
-}
-
-constexpr int kWteBlock = 256;
-constexpr int kWtePerThread = 4;                      // channels per thread
-constexpr int kWteChunk = kWteBlock * kWtePerThread;  // channels per block (blockIdx.y)
-constexpr int kWteWarps = kWteBlock / kWarp;
-constexpr int kWteBatch = 4;  // matching rows whose loads are in flight together
-
-// See Note [Deterministic dwte]. Grid: (N rows, channel chunks of kWteChunk).
-__global__ void encoder_bwd_wte_kernel(float* __restrict__ dwte, const float* __restrict__ dout,
-                                       const int32_t* __restrict__ tokens, int N, int C) {
-  __shared__ int match_rows[kWteBlock];  // this chunk's matching rows, increasing
-  __shared__ int warp_matches[kWteWarps];
-  const int row = blockIdx.x;
-  const int tok = tokens[row];
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-
-  // An earlier row with the same token owns the dwte row. The exit is block-uniform.
-  for (int j0 = 0; j0 < row; j0 += kWteBlock) {
-    const int j = j0 + threadIdx.x;
-    if (__syncthreads_or(j < row && tokens[j] == tok)) return;
-  }
-
-  const int c0 = blockIdx.y * kWteChunk + threadIdx.x;
-  float* w = dwte + size_t(tok) * C;
-  float acc[kWtePerThread];
-#pragma unroll
-  for (int k = 0; k < kWtePerThread; ++k) {
-    const int c = c0 + k * kWteBlock;
-    acc[k] = c < C ? w[c] : 0.0f;
-  }
-  // Rows j >= row in chunks of kWteBlock: list the matches in increasing j (ballot, then each
-  // match's rank among the block's matches), then add their dout rows in that order. The
-  // batches only let several rows' loads overlap; the additions stay in row order.
-  for (int j0 = row; j0 < N; j0 += kWteBlock) {
-    const int j = j0 + threadIdx.x;
-    const bool same = j < N && tokens[j] == tok;
-    const unsigned bits = __ballot_sync(0xffffffffu, same);
-    if (lane == 0) warp_matches[warp] = __popc(bits);
-    __syncthreads();
-    int before = 0, total = 0;
-    for (int wi = 0; wi < kWteWarps; ++wi) {
-      before += wi < warp ? warp_matches[wi] : 0;
-      total += warp_matches[wi];
-    }
-    if (same) match_rows[before + __popc(bits & ((1u << lane) - 1u))] = j;
-    __syncthreads();
-    for (int i = 0; i < total; i += kWteBatch) {
-      float x[kWteBatch][kWtePerThread];
-#pragma unroll
-      for (int r = 0; r < kWteBatch; ++r) {
-        const bool have = i + r < total;
-        const float* d = dout + size_t(have ? match_rows[i + r] : 0) * C;
-#pragma unroll
-        for (int k = 0; k < kWtePerThread; ++k) {
-          const int c = c0 + k * kWteBlock;
-          x[r][k] = have && c < C ? d[c] : 0.0f;
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < kWteBatch; ++r) {
-        if (i + r < total) {
-#pragma unroll
-          for (int k = 0; k < kWtePerThread; ++k) acc[k] += x[r][k];
-        }
-      }
-    }
-    __syncthreads();  // match_rows and warp_matches are overwritten in the next chunk
-  }
-#pragma unroll
-  for (int k = 0; k < kWtePerThread; ++k) {
-    const int c = c0 + k * kWteBlock;
-    if (c < C) w[c] = acc[k];
-  }
-}
-
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
@@ -148,21 +66,10 @@ void encoder_forward_cuda(float* out, const int32_t* tokens, const float* wte, c
 
 void encoder_backward_cuda(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
                            int B, int T, int C, cudaStream_t stream) {
-  TRIDENT_CHECK(B >= 0 && T >= 0 && C >= 0, "encoder_backward_cuda: B={} T={} C={}", B, T, C);
-  const int N = B * T;
-  if (N == 0 || C == 0) return;
-  TRIDENT_CHECK(dout, "{}: null dout", __func__);
-  if (dwpe) {
-    const size_t work = size_t(T) * C;
-    encoder_bwd_wpe_kernel<<<grid_for(work, 256), 256, 0, stream>>>(dwpe, dout, B, T, C);
-    TRIDENT_CUDA_LAUNCHED();
-  }
-  if (dwte) {
-    TRIDENT_CHECK(tokens, "{}: null tokens", __func__);
-    const dim3 grid(unsigned(N), ceil_div(size_t(C), kWteChunk));
-    encoder_bwd_wte_kernel<<<grid, kWteBlock, 0, stream>>>(dwte, dout, tokens, N, C);
-    TRIDENT_CUDA_LAUNCHED();
-  }
+  // The whole vocabulary is one slice: the vocab-parallel kernels (Note [Deterministic dwte]
+  // is theirs too) with v0 = 0 and no upper bound.
+  embedding_slice_backward_cuda(dwte, dwpe, dout, tokens, 0, std::numeric_limits<int>::max(), B,
+                                T, C, stream);
 }
 
 }  // namespace trident::cuda
