@@ -142,9 +142,9 @@ bench_model() {
   done
   rows+=("| $name | - | failed | | | | | see $OUT/bench-$name-mb*.log |")
 }
-bench_model gpt2-124m inputs/gpt2-124m.yaml "32 16" --set model.seq_len=1024 --set run.backend=cuda
+bench_model gpt2-124m inputs/gpt2-124m.yaml "64 32 16" --set model.seq_len=1024 --set run.backend=cuda
 bench_model gpt2-350m inputs/gpt2-350m.yaml "32 16 8"
-bench_model gpt2-1.5b inputs/gpt2-1.5b.yaml "16 8 4"
+bench_model gpt2-1.5b inputs/gpt2-1.5b.yaml "32 16 8"
 
 step "summary"
 # Tests by outcome, each name once (gtest prints failures and skips twice).
