@@ -51,6 +51,11 @@ class Scratch {
     }
     return p_;
   }
+  void release() {
+    cudaFree(p_);
+    p_ = nullptr;
+    bytes_ = 0;
+  }
   template <typename T>
   T* of(size_t n) {
     return static_cast<T*>(get(std::max<size_t>(n, 1) * sizeof(T)));
@@ -174,8 +179,14 @@ class CudaBackend final : public Backend {
   }
   void release(void* p) noexcept override { cudaFree(p); }
   void copy(void* dst, const void* src, size_t bytes) override {
-    if (bytes > 0 && dst != src)
-      TRIDENT_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
+    if (bytes == 0 || dst == src) return;
+    TRIDENT_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
+    // Note [Backend memory] promises a copy to host memory has completed on return. The
+    // runtime waits by itself for pageable memory, not for pinned memory: wait for any host
+    // destination, so the promise does not depend on how the caller's buffer was allocated.
+    cudaPointerAttributes where{};
+    TRIDENT_CUDA(cudaPointerGetAttributes(&where, dst));
+    if (where.type != cudaMemoryTypeDevice && where.type != cudaMemoryTypeManaged) synchronize();
   }
   void fill_zero(void* p, size_t bytes) override {
     if (bytes > 0) TRIDENT_CUDA(cudaMemsetAsync(p, 0, bytes, stream_));
@@ -390,6 +401,8 @@ class CudaBackend final : public Backend {
     TRIDENT_CUDA(cudaEventElapsedTime(&ms, start, stop));
     cudaEventDestroy(start);
     cudaEventDestroy(stop);
+    // 768 MiB of staging the model's own shapes may never need: give it back (cudaFree waits).
+    for (Scratch* s : {&stage_a_, &stage_w_, &reduce_scratch_, &norm_scratch_}) s->release();
     return 2.0 * double(n) * n * n * reps / (double(ms) * 1e-3);
   }
   // H100/H200 (sm_90) SXM: 989 TFLOP/s dense bf16.
