@@ -130,7 +130,7 @@ bench_model() {
     local log="$OUT/bench-$name-mb$mb.log"
     if timeout 150 "$bin/trident" bench "$deck" --warmup 2 --steps 4 --set train.micro_batch=$mb \
         --set run.out_dir=/tmp/trident-bench "$@" >"$log" 2>&1; then
-      grep -E "^bench: (measured|per-op)|^bench:   " "$log" | head -12
+      grep -E "^bench: (measured|per-op|per-layer)|^bench:   " "$log" | head -32
       local line split
       line=$(grep "^bench: tokens_per_s" "$log")
       kv() { echo "$line" | tr ' ' '\n' | grep "^$1=" | cut -d= -f2; }

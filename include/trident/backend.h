@@ -147,6 +147,14 @@ class Backend {
   // backends measure nothing and return an empty list.
   virtual void set_op_timing(bool on) { (void)on; }
   virtual std::vector<std::pair<std::string, double>> take_op_times_ms() { return {}; }
+  // The same for the ranges (push_range/pop_range: the model's layer phases), summed per kind
+  // of layer — the name without its block number ("forward block 3" → "forward block").
+  struct RangeTime {
+    std::string kind;
+    double ms = 0;  // all ranges of this kind together
+    int count = 0;
+  };
+  virtual std::vector<RangeTime> take_range_times_ms() { return {}; }
 };
 
 // A typed array in backend memory (Note [Backend memory]); an empty one owns nothing.

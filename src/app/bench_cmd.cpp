@@ -73,6 +73,7 @@ int run_bench(const BenchArgs& args) {
     backend->set_op_timing(op_step);
     StepStats s = trainer.train_step(i);
     if (op_step) {
+      const auto layers = backend->take_range_times_ms();
       const auto ops = backend->take_op_times_ms();
       backend->set_op_timing(false);
       double total = 0;
@@ -82,6 +83,10 @@ int run_bench(const BenchArgs& args) {
                    "ops {:.2f} ms):\n", s.ms_per_step, total);
         for (const auto& [name, t] : ops)
           fmt::print("bench:   {:<18} {:9.3f} ms {:5.1f}%\n", name, t, 100.0 * t / total);
+        fmt::print("bench: per-layer device time of the same step:\n");
+        for (const Backend::RangeTime& r : layers)
+          fmt::print("bench:   {:<20} {:3d} × {:8.3f} ms = {:9.3f} ms\n", r.kind, r.count,
+                     r.ms / r.count, r.ms);
       }
       continue;
     }

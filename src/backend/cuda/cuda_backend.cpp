@@ -12,6 +12,7 @@
 #include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <map>
 #include <vector>
@@ -72,6 +73,7 @@ class OpTimer {
  public:
   ~OpTimer() {
     for (auto& r : records_) free_.push_back(r.start), free_.push_back(r.stop);
+    for (auto& r : ranges_) free_.push_back(r.start), free_.push_back(r.stop);
     for (cudaEvent_t e : free_) cudaEventDestroy(e);
   }
   bool on = false;
@@ -84,6 +86,44 @@ class OpTimer {
   void end(cudaStream_t stream) {
     if (on) TRIDENT_CUDA(cudaEventRecord(records_.back().stop, stream));
     nvtxRangePop();
+  }
+  // Layer phases nest around ops; open ones are on a stack.
+  void push_range(const char* name, cudaStream_t stream) {
+    nvtxRangePushA(name);
+    if (!on) return;
+    std::string kind(name);
+    while (!kind.empty() && (std::isdigit(static_cast<unsigned char>(kind.back())) || kind.back() == ' '))
+      kind.pop_back();
+    ranges_.push_back({std::move(kind), event(), event()});
+    open_ranges_.push_back(ranges_.size() - 1);
+    TRIDENT_CUDA(cudaEventRecord(ranges_.back().start, stream));
+  }
+  void pop_range(cudaStream_t stream) {
+    if (!open_ranges_.empty()) {
+      TRIDENT_CUDA(cudaEventRecord(ranges_[open_ranges_.back()].stop, stream));
+      open_ranges_.pop_back();
+    }
+    nvtxRangePop();
+  }
+  std::vector<Backend::RangeTime> take_ranges(cudaStream_t stream) {
+    TRIDENT_CUDA(cudaStreamSynchronize(stream));
+    std::map<std::string, Backend::RangeTime> sums;
+    for (const RangeRecord& r : ranges_) {
+      float ms = 0;
+      TRIDENT_CUDA(cudaEventElapsedTime(&ms, r.start, r.stop));
+      Backend::RangeTime& t = sums[r.kind];
+      t.kind = r.kind;
+      t.ms += ms;
+      t.count += 1;
+      free_.push_back(r.start);
+      free_.push_back(r.stop);
+    }
+    ranges_.clear();
+    open_ranges_.clear();
+    std::vector<Backend::RangeTime> out;
+    for (auto& [kind, t] : sums) out.push_back(t);
+    std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.ms > b.ms; });
+    return out;
   }
   std::vector<std::pair<std::string, double>> take(cudaStream_t stream) {
     TRIDENT_CUDA(cudaStreamSynchronize(stream));
@@ -106,6 +146,12 @@ class OpTimer {
     const char* name;
     cudaEvent_t start, stop;
   };
+  struct RangeRecord {
+    std::string kind;
+    cudaEvent_t start, stop;
+  };
+  std::vector<RangeRecord> ranges_;
+  std::vector<size_t> open_ranges_;
   cudaEvent_t event() {
     if (free_.empty()) {
       cudaEvent_t e;
@@ -192,8 +238,9 @@ class CudaBackend final : public Backend {
     if (bytes > 0) TRIDENT_CUDA(cudaMemsetAsync(p, 0, bytes, stream_));
   }
   void synchronize() override { TRIDENT_CUDA(cudaStreamSynchronize(stream_)); }
-  void push_range(const char* name) override { nvtxRangePushA(name); }
-  void pop_range() override { nvtxRangePop(); }
+  void push_range(const char* name) override { timer_.push_range(name, stream_); }
+  void pop_range() override { timer_.pop_range(stream_); }
+  std::vector<RangeTime> take_range_times_ms() override { return timer_.take_ranges(stream_); }
   void set_op_timing(bool on) override { timer_.on = on; }
   std::vector<std::pair<std::string, double>> take_op_times_ms() override {
     return timer_.take(stream_);
