@@ -8,13 +8,17 @@
 #   5. runs the kernel microbenchmarks;
 #   6. benchmarks GPT-2 124M, 350M and 1.5B (bf16, sequence 1024, the largest micro-batch that
 #      fits of a few tried) and prints the table last.
-# Full logs go under $OUT (the device tool's output folder) or runs/gpu-check.
+# Under $OUT (the device tool's output folder, which returns at most 8 files; else
+# runs/gpu-check) it leaves three: gpu-check.log (everything printed), table.md, and logs.tar.gz
+# (every step's full log, written to $LOGS while running).
 # Usage (on the GPU machine, from the repository root): bash tools/gpu-check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/gpu-check}
+LOGS=$(mktemp -d /tmp/gpu-check.XXXX)
 mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu-check.log") 2>&1
+trap 'tar -C "$LOGS" -czf "$OUT/logs.tar.gz" . 2>/dev/null' EXIT
 t0=$SECONDS
 step() { echo; echo "=== [$((SECONDS - t0)) s] $*"; }
 
@@ -58,27 +62,27 @@ if [ -x "$bundle/bin/trident" ]; then
   export OMPI_MCA_mca_base_component_path=$bundle/ompi/openmpi3
   export PMIX_MCA_mca_base_component_path=$bundle/ompi/pmix
   export OMPI_MCA_ess_singleton_isolated=1 OPAL_PKGDATADIR=$bundle/ompi/share-openmpi
-  if "$bundle/bin/trident" grid --world 1 >"$OUT/bundle-probe.txt" 2>&1 &&
+  if "$bundle/bin/trident" grid --world 1 >"$LOGS/bundle-probe.txt" 2>&1 &&
      timeout 60 "$bundle/bin/trident" train inputs/gpt-tiny.yaml --set train.steps=1 \
-       --set run.backend=cpu --set run.out_dir=/tmp/trident-probe >>"$OUT/bundle-probe.txt" 2>&1; then
+       --set run.backend=cpu --set run.out_dir=/tmp/trident-probe >>"$LOGS/bundle-probe.txt" 2>&1; then
     bin=$bundle/bin
     echo "using the carried bundle"
   else
-    echo "the carried bundle does not run here:"; tail -5 "$OUT/bundle-probe.txt"
+    echo "the carried bundle does not run here:"; tail -5 "$LOGS/bundle-probe.txt"
   fi
 fi
 if [ -z "$bin" ]; then
   echo "building here (needs MPI, parallel HDF5, yaml-cpp, Eigen, OpenBLAS, fmt, CLI11, GTest)"
   if cmake -S . -B build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DTRIDENT_CUDA=ON \
        -DCMAKE_CUDA_ARCHITECTURES=90 "-DTRIDENT_CUDA_LIB_HINTS=${wheel_prefixes#;}" \
-       >"$OUT/build.log" 2>&1 &&
-     cmake --build build-dev --target trident test_cuda bench_kernels >>"$OUT/build.log" 2>&1; then
+       >"$LOGS/build.log" 2>&1 &&
+     cmake --build build-dev --target trident test_cuda bench_kernels >>"$LOGS/build.log" 2>&1; then
     mkdir -p build-dev/bin
     cp build-dev/trident build-dev/tests/test_cuda build-dev/tests/bench_kernels build-dev/bin/
     bin=$PWD/build-dev/bin
   else
-    echo "no runnable trident: the build failed (last lines of $OUT/build.log):"
-    tail -15 "$OUT/build.log"
+    echo "no runnable trident: the build failed (last lines of $LOGS/build.log):"
+    tail -15 "$LOGS/build.log"
     exit 1
   fi
 fi
@@ -88,37 +92,37 @@ timeout 120 "$bin/trident" train inputs/gpt-tiny.yaml --set run.backend=cuda --s
   --set train.val_every=20 --set log.every=5 --set run.out_dir=/tmp/trident-smoke 2>&1 | tail -8
 
 step "GPU tests (kernels against their CPU twins, NCCL, the model against the CPU)"
-timeout 240 "$bin/test_cuda" --gtest_output="xml:$OUT/test_cuda.xml" >"$OUT/test_cuda.log" 2>&1
+timeout 240 "$bin/test_cuda" --gtest_output="xml:$LOGS/test_cuda.xml" >"$LOGS/test_cuda.log" 2>&1
 tests_rc=$?
-grep -E "^\[  (FAILED|PASSED|SKIPPED) |tests ran|Failure|error" "$OUT/test_cuda.log" | head -40
+grep -E "^\[  (FAILED|PASSED|SKIPPED) |tests ran|Failure|error" "$LOGS/test_cuda.log" | head -40
 echo "test_cuda exit code: $tests_rc"
 if [ $tests_rc -ne 0 ]; then
   # A crash (an illegal address poisons the CUDA context) or a hang ends every later test
   # too: rerun each test that did not pass or skip on its own, the first few failing ones
   # under compute-sanitizer, so one run of this script says which kernels are wrong and why.
   "$bin/test_cuda" --gtest_list_tests | awk '/^[^ ]/ {suite = $1} /^  / {print suite $1}' \
-    > "$OUT/test_list.txt"
-  grep -oE '^\[ +(OK|SKIPPED) \] [^ ]+' "$OUT/test_cuda.log" | awk '{print $NF}' | sort -u \
-    > "$OUT/test_done.txt"
+    > "$LOGS/test_list.txt"
+  grep -oE '^\[ +(OK|SKIPPED) \] [^ ]+' "$LOGS/test_cuda.log" | awk '{print $NF}' | sort -u \
+    > "$LOGS/test_done.txt"
   sanitized=0
   while read -r t; do
-    grep -qxF "$t" "$OUT/test_done.txt" && continue
-    if timeout 60 "$bin/test_cuda" --gtest_filter="$t" >"$OUT/rerun.log" 2>&1; then
+    grep -qxF "$t" "$LOGS/test_done.txt" && continue
+    if timeout 60 "$bin/test_cuda" --gtest_filter="$t" >"$LOGS/rerun.log" 2>&1; then
       echo "rerun alone: ok   $t"
     else
-      echo "rerun alone: FAIL $t"; grep -E "Failure|Expected|Which is|error|rel_err|<" "$OUT/rerun.log" | head -6
+      echo "rerun alone: FAIL $t"; grep -E "Failure|Expected|Which is|error|rel_err|<" "$LOGS/rerun.log" | head -6
       if [ $sanitized -lt 3 ] && command -v compute-sanitizer >/dev/null; then
         sanitized=$((sanitized + 1))
         timeout 90 compute-sanitizer --tool memcheck --print-limit 5 "$bin/test_cuda" \
           --gtest_filter="$t" 2>&1 | grep -E "=========" | head -12
       fi
     fi
-  done < "$OUT/test_list.txt"
+  done < "$LOGS/test_list.txt"
 fi
 
 step "kernel microbenchmarks"
-timeout 120 "$bin/bench_kernels" --benchmark_counters_tabular=true >"$OUT/bench_kernels.txt" 2>&1
-grep -vE "^\s*$" "$OUT/bench_kernels.txt" | cut -c1-150 | head -45
+timeout 120 "$bin/bench_kernels" --benchmark_counters_tabular=true >"$LOGS/bench_kernels.txt" 2>&1
+grep -vE "^\s*$" "$LOGS/bench_kernels.txt" | cut -c1-150 | head -45
 
 # One model: the micro-batches to try, largest first; the first that fits is benchmarked.
 # bench_model NAME DECK "MICRO_BATCHES" [--set key=value ...]
@@ -127,7 +131,7 @@ bench_model() {
   local name=$1 deck=$2 batches=$3; shift 3
   for mb in $batches; do
     step "bench $name micro_batch $mb"
-    local log="$OUT/bench-$name-mb$mb.log"
+    local log="$LOGS/bench-$name-mb$mb.log"
     if timeout 150 "$bin/trident" bench "$deck" --warmup 2 --steps 4 --set train.micro_batch=$mb \
         --set run.out_dir=/tmp/trident-bench "$@" >"$log" 2>&1; then
       grep -E "^bench: (measured|per-op|per-layer)|^bench:   " "$log" | head -32
@@ -140,7 +144,7 @@ bench_model() {
     fi
     tail -3 "$log"
   done
-  rows+=("| $name | - | failed | | | | | see $OUT/bench-$name-mb*.log |")
+  rows+=("| $name | - | failed | | | | | logs.tar.gz: bench-$name-mb*.log |")
 }
 bench_model gpt2-124m inputs/gpt2-124m.yaml "64 32 16" --set model.seq_len=1024 --set run.backend=cuda
 bench_model gpt2-350m inputs/gpt2-350m.yaml "32 16 8"
@@ -148,10 +152,10 @@ bench_model gpt2-1.5b inputs/gpt2-1.5b.yaml "32 16 8"
 
 step "summary"
 # Tests by outcome, each name once (gtest prints failures and skips twice).
-count() { grep -oE "^\[ +$1 +\] [A-Za-z][^ ]*" "$OUT/test_cuda.log" | awk '{print $NF}' | sort -u | wc -l; }
+count() { grep -oE "^\[ +$1 +\] [A-Za-z][^ ]*" "$LOGS/test_cuda.log" | awk '{print $NF}' | sort -u | wc -l; }
 {
   echo "GPU check on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%Y-%m-%d)"
-  echo "test_cuda: $(grep -oE '[0-9]+ tests? from [0-9]+ test suites? ran' "$OUT/test_cuda.log" | head -1); passed $(count OK), failed $(count FAILED), skipped $(count SKIPPED) (exit $tests_rc)"
+  echo "test_cuda: $(grep -oE '[0-9]+ tests? from [0-9]+ test suites? ran' "$LOGS/test_cuda.log" | head -1); passed $(count OK), failed $(count FAILED), skipped $(count SKIPPED) (exit $tests_rc)"
   echo
   echo "| model | micro-batch | tokens/s | ms/step | MFU vs 989 TFLOP/s | MFU vs measured cuBLASLt peak | exposed comm ms | largest ops (device ms, share) |"
   echo "|---|---|---|---|---|---|---|---|"
