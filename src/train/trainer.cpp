@@ -301,7 +301,10 @@ double Trainer::validation_forward(int micro, int B, int T) {
   valid_order_->fill(uint64_t(micro) * B, B, inputs_.data(), targets_.data());
   const StageSpec& st = model_->stage();
   const size_t boundary = model_->boundary_rows(B, T) * size_t(model_->config().channels);
-  constexpr int kTag = 1 << 20;  // apart from the pipeline runner's tags
+  // Any tag of the runner's range would do: validation runs between steps, when every pipeline
+  // message has been received, so nothing is left to match it by mistake. 0, within the 32767
+  // every MPI guarantees.
+  constexpr int kTag = 0;
   Backend& be = *ctx_.backend;
   if (!st.has_embedding) {  // host MPI: through a host view on a device backend
     HostView<float> in(be, model_->stage_input(0), boundary, /*load=*/false);
