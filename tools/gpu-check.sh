@@ -104,16 +104,17 @@ if [ $tests_rc -ne 0 ]; then
     > "$LOGS/test_list.txt"
   grep -oE '^\[ +(OK|SKIPPED) \] [^ ]+' "$LOGS/test_cuda.log" | awk '{print $NF}' | sort -u \
     > "$LOGS/test_done.txt"
-  sanitized=0
+  sanitized=0 rerun_until=$((SECONDS + 150))  # the reruns get 150 s of the 9 minutes
   while read -r t; do
     grep -qxF "$t" "$LOGS/test_done.txt" && continue
-    if timeout 60 "$bin/test_cuda" --gtest_filter="$t" >"$LOGS/rerun.log" 2>&1; then
+    if [ $SECONDS -ge $rerun_until ]; then echo "rerun alone: out of time, stopping at $t"; break; fi
+    if timeout 40 "$bin/test_cuda" --gtest_filter="$t" >"$LOGS/rerun.log" 2>&1; then
       echo "rerun alone: ok   $t"
     else
       echo "rerun alone: FAIL $t"; grep -E "Failure|Expected|Which is|error|rel_err|<" "$LOGS/rerun.log" | head -6
       if [ $sanitized -lt 3 ] && command -v compute-sanitizer >/dev/null; then
         sanitized=$((sanitized + 1))
-        timeout 90 compute-sanitizer --tool memcheck --print-limit 5 "$bin/test_cuda" \
+        timeout 60 compute-sanitizer --tool memcheck --print-limit 5 "$bin/test_cuda" \
           --gtest_filter="$t" 2>&1 | grep -E "=========" | head -12
       fi
     fi
