@@ -57,9 +57,10 @@ if [ -z "$stopped" ]; then
   echo "FAIL stopped-rank: could not find rank 1 to stop"; cat two.log; failures=$((failures + 1))
 elif [ $rc -eq 0 ] || [ $rc -eq 124 ] || [ $elapsed -gt 60 ]; then
   echo "FAIL stopped-rank: exit $rc after ${elapsed}s"; tail -5 two.log; failures=$((failures + 1))
-elif ! grep "error (rank 0)" two.log | grep "communicator 'dp'" | grep -q "timeout"; then
+elif ! grep "error (rank 0)" two.log | grep -E "communicator '(dp|world)'" | grep -q "timeout"; then
   # Where rank 1 stops decides which all-reduce times out: a gradient bucket (the message then
-  # also names the bucket) or the step's loss; either way the dp communicator and the rank.
+  # also names the bucket) or the step's loss on dp, or the step's stop-signal agreement on
+  # world; either way the message names the communicator and the rank.
   echo "FAIL stopped-rank: no timeout message naming the rank and the communicator:"; tail -5 two.log; failures=$((failures + 1))
 else
   echo "ok   stopped-rank: exit $rc after ${elapsed}s: $(grep -m1 'error' two.log)"
