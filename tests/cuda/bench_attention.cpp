@@ -18,6 +18,7 @@
 
 #include "attention_cudnn.h"
 #include "attention_flash.h"
+#include "attention_reference.h"
 #include "backend_test_util.h"
 #include "bench_util.h"
 #include "gpu_test_util.h"
@@ -26,57 +27,25 @@
 namespace trident::bench {
 namespace {
 
+using testing::as_bf16;
 using testing::DeviceBuffer;
+using testing::from_bf16;
+using testing::to_bf16;
 
 constexpr int kB = 8, kT = 1024, kHS = 64;
 
 double forward_flops(int B, int T, int NH, int HS) { return 2.0 * B * NH * double(T) * T * HS; }
 
-uint16_t to_bf16_bits(float x) {  // round to nearest even
-  const uint32_t bits = std::bit_cast<uint32_t>(x);
-  return uint16_t((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
-}
-std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
-  std::vector<uint16_t> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = to_bf16_bits(v[i]);
-  return out;
-}
-std::vector<float> from_bf16(const std::vector<uint16_t>& v) {
-  std::vector<float> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = std::bit_cast<float>(uint32_t(v[i]) << 16);
-  return out;
-}
-cuda::bf16* as_bf16(DeviceBuffer<uint16_t>& b) { return reinterpret_cast<cuda::bf16*>(b.get()); }
-
 // Small validation shape (HS=64 like the timed one, T not a tile multiple).
 constexpr int vB = 2, vT = 100, vC = 256, vNH = 4;
 
-struct CpuResult {
-  std::vector<float> qkv, dout, out, dqkv;
-};
-CpuResult cpu_attention(bool bf16_inputs) {
-  std::mt19937 rng(7);
-  CpuResult r;
-  r.qkv = testing::to_float(testing::uniform(size_t(vB) * vT * 3 * vC, rng));
-  r.dout = testing::to_float(testing::uniform(size_t(vB) * vT * vC, rng));
-  if (bf16_inputs) {
-    r.qkv = from_bf16(to_bf16(r.qkv));
-    r.dout = from_bf16(to_bf16(r.dout));
-  }
-  auto cpu = make_cpu_backend(1);
-  std::vector<float> att(size_t(vB) * vNH * vT * vT), scratch(att.size());
-  r.out.resize(size_t(vB) * vT * vC);
-  r.dqkv.resize(r.qkv.size());
-  cpu->attention_forward(r.out.data(), att.data(), r.qkv.data(), vB, vT, vC, vNH);
-  cpu->attention_backward(r.dqkv.data(), scratch.data(), r.dout.data(), r.qkv.data(),
-                          r.out.data(), att.data(),
-                          vB, vT, vC, vNH);
-  return r;
+testing::AttentionReference cpu_attention(bool bf16_inputs) {
+  return testing::attention_reference(vB, vT, vC, vNH, bf16_inputs, 7);
 }
 
 // Empty string when the flash kernels match the CPU twin (fp32 tolerance as in the tests).
 std::string validate_flash() {
-  const CpuResult r = cpu_attention(false);
+  const testing::AttentionReference r = cpu_attention(false);
   DeviceBuffer<float> qkv(r.qkv), dout(r.dout), out(r.out.size()), dqkv(r.qkv.size());
   DeviceBuffer<float> lse(size_t(vB) * vNH * vT);
   DeviceBuffer<float> scratch(cuda::flash_attention_backward_scratch_floats(vB, vT, vC, vNH));
@@ -93,7 +62,7 @@ std::string validate_flash() {
 std::string validate_cudnn(cuda::CudnnAttention& attention) {
   std::string why;
   if (!attention.supported(vB, vT, vC, vNH, &why)) return why;
-  const CpuResult r = cpu_attention(true);
+  const testing::AttentionReference r = cpu_attention(true);
   DeviceBuffer<uint16_t> qkv(to_bf16(r.qkv)), dout(to_bf16(r.dout));
   DeviceBuffer<uint16_t> out(r.out.size()), dqkv(r.qkv.size());
   DeviceBuffer<float> stats(size_t(vB) * vNH * vT);

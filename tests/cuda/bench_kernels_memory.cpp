@@ -16,24 +16,6 @@ constexpr size_t kRows = 8192, kChannels = 768;
 constexpr size_t kMlp = kRows * 4 * kChannels;  // the MLP's hidden activation
 constexpr size_t kParams = 124439808;           // GPT-2 124M
 
-bool validate(benchmark::State& state, const testing::Errors& errors) {
-  if (testing::all_within(errors)) return true;
-  state.SkipWithError(("mismatch against the CPU twin: " + testing::describe(errors)).c_str());
-  return false;
-}
-
-struct Stream {
-  cudaStream_t s = nullptr;
-  Stream() { TRIDENT_CUDA(cudaStreamCreate(&s)); }
-  ~Stream() { cudaStreamDestroy(s); }
-};
-
-// Times `launch` and reports `bytes` moved per call.
-template <typename Launch>
-void time_loop(benchmark::State& state, double bytes, const Stream& stream, Launch launch) {
-  for (auto _ : state) report_bandwidth(state, bytes, time_ms(launch, stream.s));
-}
-
 void BM_gelu_forward(benchmark::State& state) {
   if (!require_gpu(state) || !validate(state, testing::check_gelu_forward(4099, 0))) return;
   DeviceBuffer<float> inp(kMlp), out(kMlp);

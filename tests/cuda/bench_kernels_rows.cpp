@@ -17,23 +17,6 @@ using testing::DeviceBuffer;
 constexpr int kB = 8, kT = 1024, kC = 768, kV = 50257, kVp = 50304;
 constexpr size_t kN = size_t(kB) * kT;
 
-bool validate(benchmark::State& state, const testing::Errors& errors) {
-  if (testing::all_within(errors)) return true;
-  state.SkipWithError(("mismatch against the CPU twin: " + testing::describe(errors)).c_str());
-  return false;
-}
-
-struct Stream {
-  cudaStream_t s = nullptr;
-  Stream() { TRIDENT_CUDA(cudaStreamCreate(&s)); }
-  ~Stream() { cudaStreamDestroy(s); }
-};
-
-template <typename Launch>
-void time_loop(benchmark::State& state, double bytes, const Stream& stream, Launch launch) {
-  for (auto _ : state) report_bandwidth(state, bytes, time_ms(launch, stream.s));
-}
-
 // Uniformly random tokens: fewer repeats than real text, whose frequent tokens make
 // encoder_backward's owning blocks longer (Note [Deterministic dwte] in kernels/encoder.cu).
 std::vector<int32_t> random_tokens(size_t n, int vocab) {

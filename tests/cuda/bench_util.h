@@ -13,6 +13,7 @@
 #include <string>
 
 #include "cuda_check.h"
+#include "kernel_checks.h"
 #include "trident/cuda_backend.h"
 
 namespace trident::bench {
@@ -65,6 +66,29 @@ inline void report_bandwidth(benchmark::State& state, double bytes_moved, double
   state.SetIterationTime(ms * 1e-3);
   state.counters["GB/s"] = rate / 1e9;
   state.counters["of_copy_ceiling"] = rate / measured_copy_bytes_per_s();
+}
+
+// A kernel check's result (kernel_checks.h) as the benchmark's go-ahead: false, with the
+// mismatch as the skip reason, when any output is outside its tolerance.
+inline bool validate(benchmark::State& state, const testing::Errors& errors) {
+  if (testing::all_within(errors)) return true;
+  state.SkipWithError(("mismatch against the CPU twin: " + testing::describe(errors)).c_str());
+  return false;
+}
+
+// A stream of the benchmark's own.
+struct Stream {
+  cudaStream_t s = nullptr;
+  Stream() { TRIDENT_CUDA(cudaStreamCreate(&s)); }
+  ~Stream() { cudaStreamDestroy(s); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+};
+
+// Times `launch` and reports `bytes` moved per call.
+template <typename Launch>
+void time_loop(benchmark::State& state, double bytes, const Stream& stream, Launch launch) {
+  for (auto _ : state) report_bandwidth(state, bytes, time_ms(launch, stream.s));
 }
 
 }  // namespace trident::bench

@@ -14,6 +14,7 @@
 
 #include "attention_cudnn.h"
 #include "attention_flash.h"
+#include "attention_reference.h"
 #include "backend_test_util.h"
 #include "gpu_test_util.h"
 #include "trident/backend.h"
@@ -39,26 +40,8 @@ constexpr double kFp32Tol = 1e-5;
 // cuDNN's kernel, so a few roundings of 2e-3 add up to well under 1e-2.
 constexpr double kBf16Tol = 1e-2;
 
-// Host bf16 helpers: round to nearest even (inputs are finite).
-uint16_t to_bf16_bits(float x) {
-  const uint32_t bits = std::bit_cast<uint32_t>(x);
-  return uint16_t((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
-}
-float from_bf16_bits(uint16_t b) { return std::bit_cast<float>(uint32_t(b) << 16); }
-std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
-  std::vector<uint16_t> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = to_bf16_bits(v[i]);
-  return out;
-}
-std::vector<float> from_bf16(const std::vector<uint16_t>& v) {
-  std::vector<float> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = from_bf16_bits(v[i]);
-  return out;
-}
-
-// Inputs and the CPU twin's outputs for one shape.
-struct Reference {
-  std::vector<float> qkv, dout, out, dqkv;
+// Inputs and the CPU twin's outputs for one shape, with the log-sum-exp the GPU saves.
+struct Reference : AttentionReference {
   std::vector<double> lse;  // [B,NH,T], in double on the host
 };
 
@@ -86,25 +69,8 @@ std::vector<double> reference_lse(const std::vector<float>& qkv, const AttnShape
   return lse;
 }
 
-// qkv and dout uniform in [-1, 1] (rounded to bf16 first when `bf16_inputs`, so that the CPU
-// twin sees exactly what cuDNN sees).
 Reference make_reference(const AttnShape& s, bool bf16_inputs, uint32_t seed = 1234) {
-  std::mt19937 rng(seed);
-  Reference r;
-  r.qkv = to_float(uniform(size_t(s.B) * s.T * 3 * s.C, rng));
-  r.dout = to_float(uniform(size_t(s.B) * s.T * s.C, rng));
-  if (bf16_inputs) {
-    r.qkv = from_bf16(to_bf16(r.qkv));
-    r.dout = from_bf16(to_bf16(r.dout));
-  }
-  auto cpu = make_cpu_backend(1);
-  std::vector<float> att(size_t(s.B) * s.NH * s.T * s.T), scratch(att.size());
-  r.out.resize(size_t(s.B) * s.T * s.C);
-  r.dqkv.resize(r.qkv.size());
-  cpu->attention_forward(r.out.data(), att.data(), r.qkv.data(), s.B, s.T, s.C, s.NH);
-  cpu->attention_backward(r.dqkv.data(), scratch.data(), r.dout.data(), r.qkv.data(),
-                          r.out.data(), att.data(),
-                          s.B, s.T, s.C, s.NH);
+  Reference r{attention_reference(s.B, s.T, s.C, s.NH, bf16_inputs, seed), {}};
   r.lse = reference_lse(r.qkv, s);
   return r;
 }
