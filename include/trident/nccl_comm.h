@@ -78,12 +78,7 @@ class NcclComm final : public Communicator {
   void order_after(const ComputeMark* mark) override;
   void compute_waits_for_comm() override;
 
-  // As MpiComm::set_recording: completed operations' OpRecords are kept until taken.
-  void set_recording(bool on) { recording_ = on; }
-  std::vector<OpRecord> take_records();
-
   // Used by this communicator's Work objects.
-  void note_completed(const OpRecord& record);
   void bind_device() const;
   // Throws (after aborting) if NCCL reported an asynchronous error; `what` names the operation.
   void check_async_error(const char* what);
@@ -122,8 +117,6 @@ class NcclComm final : public Communicator {
   bool aborted_ = false;
   void* staging_ = nullptr;  // bf16 copies of float all-reduces; grow-only
   size_t staging_bytes_ = 0;
-  bool recording_ = false;
-  std::vector<OpRecord> records_;
 };
 
 }  // namespace trident

@@ -1,6 +1,5 @@
 #include "app/backend_factory.h"
 
-#include <fmt/format.h>
 #include <mpi.h>
 
 #include "trident/check.h"
@@ -78,10 +77,6 @@ DeviceComms make_device_comms(const Deck& deck, Backend& backend, ProcessGrid& g
   (void)grid;
 #endif
   return comms;
-}
-
-std::string describe_backend(const Backend& backend) {
-  return fmt::format("{} ({} threads)", backend.name(), backend.threads());
 }
 
 }  // namespace trident

@@ -23,7 +23,4 @@ struct DeviceComms {
 };
 DeviceComms make_device_comms(const Deck& deck, Backend& backend, ProcessGrid& grid);
 
-// One line for the log: "cpu (2 threads)" or "cuda (NVIDIA H200, device 0, ...)".
-std::string describe_backend(const Backend& backend);
-
 }  // namespace trident

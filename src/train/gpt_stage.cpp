@@ -22,8 +22,7 @@ void GPTStage::begin_step(const StepInputs& in) {
   in_ = in;
   loss_sum_ = forward_ms_ = backward_ms_ = 0;
   const size_t N = size_t(in.micro_batch) * in.seq_len;
-  const size_t boundary = model_.boundary_rows(in.micro_batch, in.seq_len) *
-                          size_t(model_.config().channels);
+  const size_t boundary = boundary_floats();
   inputs_.assign(in.accum, std::vector<int32_t>(N));
   targets_.assign(in.accum, std::vector<int32_t>(N));
   if (!model_.stage().has_head) doutput_.assign(slots_, std::vector<float>(boundary));

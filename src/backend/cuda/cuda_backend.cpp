@@ -454,7 +454,6 @@ class CudaBackend final : public Backend {
   }
   // H100/H200 (sm_90) SXM: 989 TFLOP/s dense bf16.
   double nominal_peak_flops() const override { return sm_ == 90 ? 989e12 : 0.0; }
-  const std::string& device_name() const { return device_name_; }
 
  private:
   bf16* to_bf16(Scratch& stage, const float* x, size_t n) {

@@ -89,7 +89,6 @@ class NcclWork final : public Work::Impl {
     if (q == cudaSuccess) {
       complete_ = true;
       record_.end = CommClock::now();  // up to one poll late: Note [NCCL without hangs]
-      comm_->note_completed(record_);
       return true;
     }
     if (q != cudaErrorNotReady) {
@@ -199,12 +198,6 @@ NcclComm::~NcclComm() {
 void NcclComm::set_timeout(double seconds) {
   TRIDENT_CHECK(seconds > 0, "comm timeout must be positive, got {}", seconds);
   options_.timeout_s = seconds;
-}
-
-std::vector<OpRecord> NcclComm::take_records() { return std::exchange(records_, {}); }
-
-void NcclComm::note_completed(const OpRecord& record) {
-  if (recording_) records_.push_back(record);
 }
 
 // cudaSetDevice is per host thread, and the GradReducer's thread never called it: every entry
