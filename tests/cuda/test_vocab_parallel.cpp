@@ -1,160 +1,17 @@
-// The vocab-parallel kernels (kernels/vocab_parallel.cu) against their CPU twins, the Backend
-// base class's embedding_slice_* and crossentropy_slice_* (inherited by make_cpu_backend(1)).
-// This rank holds vocabulary [v0, v1) = [128, 256); tokens and targets are drawn beyond both
-// ends, so some fall off the slice and must contribute nothing.
-//
-// Tolerance kFp32Tol = 1e-5 relative to the tensor's largest magnitude (testing::rel_err): the
-// embedding ops and the loss backward make the same fp32 additions and products as the CPU (in
-// the same order for the gradients), so they agree to rounding or better; the softmax sums and
-// the combine run in double on both sides and differ only in summation order (~1e-16 relative),
-// so their float results differ by at most an ulp or so (6e-8). Maxima and target logits are
-// copies of inputs: compared bitwise, which also covers the -inf of a rank with live = 0.
+// The vocab-parallel kernels (kernels/vocab_parallel.cu) against their CPU twins; the checks
+// and their tolerances are in kernel_checks_vocab.h.
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <initializer_list>
 #include <tuple>
 
-#include "kernel_checks.h"
-#include "vocab_parallel.h"
+#include "kernel_checks_vocab.h"
 
 namespace trident::testing {
 namespace {
 
-constexpr int kV0 = 128, kV1 = 256;
-
 void expect_within(const Errors& errors, const std::string& shape) {
   for (const OutputError& e : errors) EXPECT_LE(e.err, e.tol) << e.name << " at " << shape;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-// Tokens in [lo, hi): a narrow range makes tokens repeat, which dwte's ownership must handle.
-std::vector<int32_t> tokens_in(size_t n, int lo, int hi, std::mt19937& rng) {
-  std::vector<int32_t> t = tokens(n, hi - lo, rng);
-  for (int32_t& x : t) x += lo;
-  return t;
-}
-
-Errors check_forward(int B, int T, int C, bool with_wpe, uint32_t seed) {
-  std::mt19937 rng(seed);
-  const size_t N = size_t(B) * T;
-  const std::vector<int32_t> tok = tokens_in(N, 0, 384, rng);
-  const std::vector<float> wte = random_floats(size_t(kV1 - kV0) * C, rng);
-  const std::vector<float> wpe = random_floats(size_t(T) * C, rng);
-  std::vector<float> want(N * C);
-  cpu_twin()->embedding_slice_forward(want.data(), tok.data(), wte.data(),
-                                      with_wpe ? wpe.data() : nullptr, kV0, kV1, B, T, C);
-  DeviceBuffer<float> out(N * C), d_wte(wte), d_wpe(wpe);
-  DeviceBuffer<int32_t> d_tok(tok);
-  cuda::embedding_slice_forward_cuda(out.get(), d_tok.get(), d_wte.get(),
-                                     with_wpe ? d_wpe.get() : nullptr, kV0, kV1, B, T, C, nullptr);
-  return {{"out", err_vs(out.download(), want), kFp32Tol}};
-}
-
-struct BackwardResult {
-  std::vector<float> dwte, dwpe;
-};
-
-// Runs the launcher from the given starting gradients (dwpe skipped when !with_wpe).
-BackwardResult run_backward_cuda(const std::vector<float>& dwte, const std::vector<float>& dwpe,
-                                 const std::vector<float>& dout, const std::vector<int32_t>& tok,
-                                 bool with_wpe, int B, int T, int C) {
-  DeviceBuffer<float> d_dwte(dwte), d_dwpe(dwpe), d_dout(dout);
-  DeviceBuffer<int32_t> d_tok(tok);
-  cuda::embedding_slice_backward_cuda(d_dwte.get(), with_wpe ? d_dwpe.get() : nullptr,
-                                      d_dout.get(), d_tok.get(), kV0, kV1, B, T, C, nullptr);
-  return {d_dwte.download(), d_dwpe.download()};
-}
-
-Errors check_backward(int B, int T, int C, int lo, int hi, bool with_wpe, uint32_t seed) {
-  std::mt19937 rng(seed);
-  const size_t N = size_t(B) * T;
-  const std::vector<int32_t> tok = tokens_in(N, lo, hi, rng);
-  const std::vector<float> dout = random_floats(N * C, rng);
-  std::vector<float> dwte = random_floats(size_t(kV1 - kV0) * C, rng);
-  std::vector<float> dwpe = random_floats(size_t(T) * C, rng);
-  const BackwardResult got = run_backward_cuda(dwte, dwpe, dout, tok, with_wpe, B, T, C);
-  cpu_twin()->embedding_slice_backward(dwte.data(), with_wpe ? dwpe.data() : nullptr, dout.data(),
-                                       tok.data(), kV0, kV1, B, T, C);
-  // A null dwpe must stay untouched: compared with its unchanged starting values.
-  return {{"dwte", err_vs(got.dwte, dwte), kFp32Tol}, {"dwpe", err_vs(got.dwpe, dwpe), kFp32Tol}};
-}
-
-// Stats split into (max, sum, target) columns.
-struct Stats {
-  std::vector<float> max, sum, target;
-  explicit Stats(const std::vector<float>& s) {
-    for (size_t i = 0; i + 2 < s.size(); i += 3) {
-      max.push_back(s[i]);
-      sum.push_back(s[i + 1]);
-      target.push_back(s[i + 2]);
-    }
-  }
-};
-
-// Logits in [-4, 4]; the padded columns (j >= live) hold random values that must not count.
-Errors check_stats(int N, int Vl, int live, uint32_t seed) {
-  std::mt19937 rng(seed);
-  const std::vector<float> logits = random_floats(size_t(N) * Vl, rng, -4.0, 4.0);
-  const std::vector<int32_t> targets = tokens_in(N, 0, 384, rng);
-  std::vector<float> stats(3 * size_t(N));
-  cpu_twin()->crossentropy_slice_stats(stats.data(), logits.data(), targets.data(), kV0, live, N,
-                                       Vl);
-  DeviceBuffer<float> d_stats(3 * size_t(N)), d_logits(logits);
-  DeviceBuffer<int32_t> d_targets(targets);
-  cuda::crossentropy_slice_stats_cuda(d_stats.get(), d_logits.get(), d_targets.get(), kV0, live,
-                                      N, Vl, nullptr);
-  const Stats want(stats), got(d_stats.download());
-  return {{"max (bitwise)", same_bits(got.max, want.max) ? 0.0 : 1.0, 0.0},
-          {"sum", err_vs(got.sum, want.sum), kFp32Tol},
-          {"target (bitwise)", same_bits(got.target, want.target) ? 0.0 : 1.0, 0.0}};
-}
-
-// tp ranks of Vl columns each; this rank is the last one, with `live` real columns (the others
-// are full). all_stats comes from the CPU stats of each rank's own random logits.
-Errors check_combine(int N, int Vl, int tp, int live, uint32_t seed) {
-  std::mt19937 rng(seed);
-  const std::vector<int32_t> targets = tokens_in(N, 0, tp * Vl, rng);
-  const std::unique_ptr<Backend> cpu = cpu_twin();
-  std::vector<float> all_stats(size_t(tp) * N * 3), mine;
-  for (int r = 0; r < tp; ++r) {
-    std::vector<float> logits = random_floats(size_t(N) * Vl, rng, -4.0, 4.0);
-    const int live_r = r == tp - 1 ? live : Vl;
-    cpu->crossentropy_slice_stats(all_stats.data() + size_t(r) * N * 3, logits.data(),
-                                  targets.data(), r * Vl, live_r, N, Vl);
-    mine = std::move(logits);
-  }
-  // The device copy's padded columns are NaN: they fail unless the kernel writes its zeros.
-  std::vector<float> device_logits = mine;
-  for (int n = 0; n < N; ++n)
-    for (int j = live; j < Vl; ++j) device_logits[size_t(n) * Vl + j] = nans(1)[0];
-  DeviceBuffer<float> d_probs(device_logits), d_stats(all_stats), d_losses(N);
-  std::vector<float> losses(N);
-  cpu->crossentropy_slice_combine(losses.data(), mine.data(), all_stats.data(), tp, live, N, Vl);
-  cuda::crossentropy_slice_combine_cuda(d_losses.get(), d_probs.get(), d_stats.get(), tp, live, N,
-                                        Vl, nullptr);
-  return {{"losses", err_vs(d_losses.download(), losses), kFp32Tol},
-          {"probs", err_vs(d_probs.download(), mine), kFp32Tol}};
-}
-
-// Probabilities with zero padding; targets in [0, 640) land before, in and after this rank's
-// columns [128, 128 + Vl).
-Errors check_slice_backward(int N, int Vl, int live, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<float> probs = random_floats(size_t(N) * Vl, rng, 0.0, 1.0);
-  for (int n = 0; n < N; ++n)
-    for (int j = live; j < Vl; ++j) probs[size_t(n) * Vl + j] = 0.0f;
-  const std::vector<int32_t> targets = tokens_in(N, 0, 640, rng);
-  const float dloss = 0.37f;
-  DeviceBuffer<float> d_probs(probs);
-  DeviceBuffer<int32_t> d_targets(targets);
-  cpu_twin()->crossentropy_slice_backward(probs.data(), targets.data(), dloss, kV0, N, Vl);
-  cuda::crossentropy_slice_backward_cuda(d_probs.get(), d_targets.get(), dloss, kV0, N, Vl,
-                                         nullptr);
-  return {{"dlogits", err_vs(d_probs.download(), probs), kFp32Tol}};
 }
 
 TEST(KernelVocabSlice, EmbeddingForwardMatchesCpu) {
@@ -163,7 +20,7 @@ TEST(KernelVocabSlice, EmbeddingForwardMatchesCpu) {
   // would pass.
   for (int C : {96, 1600, 37})
     for (bool with_wpe : {true, false})
-      expect_within(check_forward(3, 37, C, with_wpe, 51),
+      expect_within(check_embedding_slice_forward(3, 37, C, with_wpe, 51),
                     fmt::format("C={} wpe={}", C, with_wpe));
 }
 
@@ -178,7 +35,7 @@ TEST(KernelVocabSlice, EmbeddingBackwardMatchesCpu) {
                                                              {4, 300, 1600, 120, 136},
                                                              {2, 5, 37, 0, 384}})
     for (bool with_wpe : {true, false})
-      expect_within(check_backward(B, T, C, lo, hi, with_wpe, 52),
+      expect_within(check_embedding_slice_backward(B, T, C, lo, hi, with_wpe, 52),
                     fmt::format("B={} T={} C={} tokens [{}, {}) wpe={}", B, T, C, lo, hi,
                                 with_wpe));
 }
@@ -190,10 +47,10 @@ TEST(KernelVocabSlice, EmbeddingBackwardIsDeterministic) {
   std::mt19937 rng(53);
   const std::vector<int32_t> tok = tokens_in(size_t(B) * T, 120, 136, rng);
   const std::vector<float> dout = random_floats(size_t(B) * T * C, rng);
-  const std::vector<float> dwte = random_floats(size_t(kV1 - kV0) * C, rng);
+  const std::vector<float> dwte = random_floats(size_t(kSliceV1 - kSliceV0) * C, rng);
   const std::vector<float> dwpe = random_floats(size_t(T) * C, rng);
-  const BackwardResult first = run_backward_cuda(dwte, dwpe, dout, tok, true, B, T, C);
-  const BackwardResult second = run_backward_cuda(dwte, dwpe, dout, tok, true, B, T, C);
+  const EmbeddingSliceGrads first = run_embedding_slice_backward(dwte, dwpe, dout, tok, true, B, T, C);
+  const EmbeddingSliceGrads second = run_embedding_slice_backward(dwte, dwpe, dout, tok, true, B, T, C);
   EXPECT_TRUE(same_bits(first.dwte, second.dwte));
   EXPECT_TRUE(same_bits(first.dwpe, second.dwpe));
 }
@@ -204,21 +61,21 @@ TEST(KernelVocabSlice, CrossentropyStatsMatchesCpu) {
   for (auto [N, Vl, live] :
        std::initializer_list<std::tuple<int, int, int>>{{37, 384, 250}, {37, 384, 0},
                                                         {37, 384, 384}, {3, 25152, 25000}})
-    expect_within(check_stats(N, Vl, live, 54), fmt::format("N={} Vl={} live={}", N, Vl, live));
+    expect_within(check_crossentropy_slice_stats(N, Vl, live, 54), fmt::format("N={} Vl={} live={}", N, Vl, live));
 }
 
 TEST(KernelVocabSlice, CrossentropyCombineMatchesCpu) {
   TRIDENT_REQUIRE_GPU();
   for (int tp : {2, 3})
     for (int live : {250, 0, 384})
-      expect_within(check_combine(37, 384, tp, live, 55),
+      expect_within(check_crossentropy_slice_combine(37, 384, tp, live, 55),
                     fmt::format("tp={} live={}", tp, live));
 }
 
 TEST(KernelVocabSlice, CrossentropyBackwardMatchesCpu) {
   TRIDENT_REQUIRE_GPU();
   for (int live : {250, 0, 384})
-    expect_within(check_slice_backward(37, 384, live, 56), fmt::format("live={}", live));
+    expect_within(check_crossentropy_slice_backward(37, 384, live, 56), fmt::format("live={}", live));
 }
 
 }  // namespace
