@@ -142,19 +142,19 @@ class Backend {
   virtual void push_range(const char* name) { (void)name; }
   virtual void pop_range() {}
   // With op timing on, a device backend measures every op's device time (CUDA events around
-  // it) and sums it per op kind ("matmul fwd", "attention bwd", ...); take_op_times_ms()
-  // waits for the device and returns the sums since the last call, largest first. Host
-  // backends measure nothing and return an empty list.
-  virtual void set_op_timing(bool on) { (void)on; }
-  virtual std::vector<std::pair<std::string, double>> take_op_times_ms() { return {}; }
-  // The same for the ranges (push_range/pop_range: the model's layer phases), summed per kind
-  // of layer — the name without its block number ("forward block 3" → "forward block").
-  struct RangeTime {
+  // it) and every range's (push_range/pop_range: the model's layer phases). The take_*
+  // calls wait for the device and return the sums since the last call, per kind, largest
+  // first: per op kind ("matmul fwd", "attention bwd", ...), and per kind of layer (the range's
+  // name without its block number: "forward block 3" → "forward block"). Host backends
+  // measure nothing and return empty lists.
+  struct DeviceTime {
     std::string kind;
-    double ms = 0;  // all ranges of this kind together
+    double ms = 0;  // all spans of this kind together
     int count = 0;
   };
-  virtual std::vector<RangeTime> take_range_times_ms() { return {}; }
+  virtual void set_op_timing(bool on) { (void)on; }
+  virtual std::vector<DeviceTime> take_op_times_ms() { return {}; }
+  virtual std::vector<DeviceTime> take_range_times_ms() { return {}; }
 };
 
 // A typed array in backend memory (Note [Backend memory]); an empty one owns nothing.

@@ -77,14 +77,14 @@ int run_bench(const BenchArgs& args) {
       const auto ops = backend->take_op_times_ms();
       backend->set_op_timing(false);
       double total = 0;
-      for (const auto& [name, t] : ops) total += t;
+      for (const Backend::DeviceTime& op : ops) total += op.ms;
       if (lead) {
         fmt::print("bench: per-op device time of one step (CUDA events; step {:.2f} ms wall, "
                    "ops {:.2f} ms):\n", s.ms_per_step, total);
-        for (const auto& [name, t] : ops)
-          fmt::print("bench:   {:<18} {:9.3f} ms {:5.1f}%\n", name, t, 100.0 * t / total);
+        for (const Backend::DeviceTime& op : ops)
+          fmt::print("bench:   {:<18} {:9.3f} ms {:5.1f}%\n", op.kind, op.ms, 100.0 * op.ms / total);
         fmt::print("bench: per-layer device time of the same step:\n");
-        for (const Backend::RangeTime& r : layers)
+        for (const Backend::DeviceTime& r : layers)
           fmt::print("bench:   {:<20} {:3d} × {:8.3f} ms = {:9.3f} ms\n", r.kind, r.count,
                      r.ms / r.count, r.ms);
       }

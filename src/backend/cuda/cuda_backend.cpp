@@ -67,92 +67,13 @@ class Scratch {
   size_t bytes_ = 0;
 };
 
-// Times ops with CUDA events when asked (Backend::set_op_timing) and marks each with an NVTX
-// range either way. Events come from a pool and are read back in take(), after a sync.
-class OpTimer {
+// CUDA events, reused: creating one per timed span would cost more than the span.
+class EventPool {
  public:
-  ~OpTimer() {
-    for (auto& r : records_) free_.push_back(r.start), free_.push_back(r.stop);
-    for (auto& r : ranges_) free_.push_back(r.start), free_.push_back(r.stop);
+  ~EventPool() {
     for (cudaEvent_t e : free_) cudaEventDestroy(e);
   }
-  bool on = false;
-  void begin(const char* name, cudaStream_t stream) {
-    nvtxRangePushA(name);
-    if (!on) return;
-    records_.push_back({name, event(), event()});
-    TRIDENT_CUDA(cudaEventRecord(records_.back().start, stream));
-  }
-  void end(cudaStream_t stream) {
-    if (on) TRIDENT_CUDA(cudaEventRecord(records_.back().stop, stream));
-    nvtxRangePop();
-  }
-  // Layer phases nest around ops; open ones are on a stack.
-  void push_range(const char* name, cudaStream_t stream) {
-    nvtxRangePushA(name);
-    if (!on) return;
-    std::string kind(name);
-    while (!kind.empty() && (std::isdigit(static_cast<unsigned char>(kind.back())) || kind.back() == ' '))
-      kind.pop_back();
-    ranges_.push_back({std::move(kind), event(), event()});
-    open_ranges_.push_back(ranges_.size() - 1);
-    TRIDENT_CUDA(cudaEventRecord(ranges_.back().start, stream));
-  }
-  void pop_range(cudaStream_t stream) {
-    if (!open_ranges_.empty()) {
-      TRIDENT_CUDA(cudaEventRecord(ranges_[open_ranges_.back()].stop, stream));
-      open_ranges_.pop_back();
-    }
-    nvtxRangePop();
-  }
-  std::vector<Backend::RangeTime> take_ranges(cudaStream_t stream) {
-    TRIDENT_CUDA(cudaStreamSynchronize(stream));
-    std::map<std::string, Backend::RangeTime> sums;
-    for (const RangeRecord& r : ranges_) {
-      float ms = 0;
-      TRIDENT_CUDA(cudaEventElapsedTime(&ms, r.start, r.stop));
-      Backend::RangeTime& t = sums[r.kind];
-      t.kind = r.kind;
-      t.ms += ms;
-      t.count += 1;
-      free_.push_back(r.start);
-      free_.push_back(r.stop);
-    }
-    ranges_.clear();
-    open_ranges_.clear();
-    std::vector<Backend::RangeTime> out;
-    for (auto& [kind, t] : sums) out.push_back(t);
-    std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.ms > b.ms; });
-    return out;
-  }
-  std::vector<std::pair<std::string, double>> take(cudaStream_t stream) {
-    TRIDENT_CUDA(cudaStreamSynchronize(stream));
-    std::map<std::string, double> sums;
-    for (const Record& r : records_) {
-      float ms = 0;
-      TRIDENT_CUDA(cudaEventElapsedTime(&ms, r.start, r.stop));
-      sums[r.name] += ms;
-      free_.push_back(r.start);
-      free_.push_back(r.stop);
-    }
-    records_.clear();
-    std::vector<std::pair<std::string, double>> out(sums.begin(), sums.end());
-    std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.second > b.second; });
-    return out;
-  }
-
- private:
-  struct Record {
-    const char* name;
-    cudaEvent_t start, stop;
-  };
-  struct RangeRecord {
-    std::string kind;
-    cudaEvent_t start, stop;
-  };
-  std::vector<RangeRecord> ranges_;
-  std::vector<size_t> open_ranges_;
-  cudaEvent_t event() {
+  cudaEvent_t get() {
     if (free_.empty()) {
       cudaEvent_t e;
       TRIDENT_CUDA(cudaEventCreate(&e));
@@ -162,16 +83,75 @@ class OpTimer {
     free_.pop_back();
     return e;
   }
-  std::vector<Record> records_;
+  void put(cudaEvent_t e) { free_.push_back(e); }
+
+ private:
   std::vector<cudaEvent_t> free_;
+};
+
+// Device time between a push and its pop (CUDA events on the stream), summed per kind when
+// taken (Backend::set_op_timing). Spans may nest: the open ones are on a stack. Used for the
+// ops and, separately, for the model's layer phases.
+class SpanTimer {
+ public:
+  explicit SpanTimer(EventPool& events) : events_(events) {}
+  ~SpanTimer() {
+    for (const Span& s : spans_) events_.put(s.start), events_.put(s.stop);
+  }
+  void push(std::string kind, cudaStream_t stream) {
+    spans_.push_back({std::move(kind), events_.get(), events_.get()});
+    open_.push_back(spans_.size() - 1);
+    TRIDENT_CUDA(cudaEventRecord(spans_.back().start, stream));
+  }
+  void pop(cudaStream_t stream) {
+    if (open_.empty()) return;  // pushed before timing was turned on
+    TRIDENT_CUDA(cudaEventRecord(spans_[open_.back()].stop, stream));
+    open_.pop_back();
+  }
+  std::vector<Backend::DeviceTime> take(cudaStream_t stream) {
+    TRIDENT_CUDA(cudaStreamSynchronize(stream));
+    std::map<std::string, Backend::DeviceTime> sums;
+    for (const Span& s : spans_) {
+      float ms = 0;
+      TRIDENT_CUDA(cudaEventElapsedTime(&ms, s.start, s.stop));
+      Backend::DeviceTime& t = sums[s.kind];
+      t.kind = s.kind;
+      t.ms += ms;
+      t.count += 1;
+      events_.put(s.start);
+      events_.put(s.stop);
+    }
+    spans_.clear();
+    open_.clear();
+    std::vector<Backend::DeviceTime> out;
+    for (auto& [kind, t] : sums) out.push_back(t);
+    std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.ms > b.ms; });
+    return out;
+  }
+
+ private:
+  struct Span {
+    std::string kind;
+    cudaEvent_t start, stop;
+  };
+  EventPool& events_;
+  std::vector<Span> spans_;
+  std::vector<size_t> open_;
 };
 
 class CudaBackend final : public Backend {
   // One op: an NVTX range, and its device time when op timing is on.
   struct Op {
-    Op(CudaBackend& be, const char* name) : be_(be) { be_.timer_.begin(name, be_.stream_); }
-    ~Op() { be_.timer_.end(be_.stream_); }
+    Op(CudaBackend& be, const char* name) : be_(be), timed_(be.timing_) {
+      nvtxRangePushA(name);
+      if (timed_) be_.op_times_.push(name, be_.stream_);
+    }
+    ~Op() {
+      if (timed_) be_.op_times_.pop(be_.stream_);
+      nvtxRangePop();
+    }
     CudaBackend& be_;
+    bool timed_;
   };
 
  public:
@@ -238,13 +218,23 @@ class CudaBackend final : public Backend {
     if (bytes > 0) TRIDENT_CUDA(cudaMemsetAsync(p, 0, bytes, stream_));
   }
   void synchronize() override { TRIDENT_CUDA(cudaStreamSynchronize(stream_)); }
-  void push_range(const char* name) override { timer_.push_range(name, stream_); }
-  void pop_range() override { timer_.pop_range(stream_); }
-  std::vector<RangeTime> take_range_times_ms() override { return timer_.take_ranges(stream_); }
-  void set_op_timing(bool on) override { timer_.on = on; }
-  std::vector<std::pair<std::string, double>> take_op_times_ms() override {
-    return timer_.take(stream_);
+  // A layer phase ("forward block 3"): an NVTX range, and with op timing on its device time,
+  // summed per kind of layer (the name without its block number).
+  void push_range(const char* name) override {
+    nvtxRangePushA(name);
+    if (!timing_) return;
+    std::string kind(name);
+    while (!kind.empty() && (std::isdigit(static_cast<unsigned char>(kind.back())) || kind.back() == ' '))
+      kind.pop_back();
+    layer_times_.push(std::move(kind), stream_);
   }
+  void pop_range() override {
+    layer_times_.pop(stream_);
+    nvtxRangePop();
+  }
+  void set_op_timing(bool on) override { timing_ = on; }
+  std::vector<DeviceTime> take_op_times_ms() override { return op_times_.take(stream_); }
+  std::vector<DeviceTime> take_range_times_ms() override { return layer_times_.take(stream_); }
 
   // --- layers ---------------------------------------------------------------------------
   void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
@@ -484,7 +474,9 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::CudnnAttention> cudnn_attention_;
   Scratch stage_a_, stage_b_, stage_c_, stage_d_, stage_w_, reduce_scratch_, norm_scratch_;
   double* host_double_ = nullptr;
-  OpTimer timer_;
+  bool timing_ = false;
+  EventPool events_;
+  SpanTimer op_times_{events_}, layer_times_{events_};
 };
 
 }  // namespace
