@@ -6,6 +6,7 @@
 
 #include "optimizer.h"
 #include "reduce.cuh"
+#include "trident/backend.h"
 
 namespace trident::cuda {
 namespace {
@@ -102,8 +103,8 @@ void adamw_update_cuda(float* params, float* m, float* v, const float* grads, si
                             beta2,
                             eps,
                             weight_decay,
-                            float(1.0 / (1.0 - std::pow(double(beta1), t))),
-                            float(1.0 / (1.0 - std::pow(double(beta2), t)))};
+                            float(adamw_bias_correction(beta1, t)),
+                            float(adamw_bias_correction(beta2, t))};
   const bool vec = aligned(params, 16) && aligned(m, 16) && aligned(v, 16) && aligned(grads, 16) &&
                    (!params_bf16 || aligned(params_bf16, 8));
   const unsigned grid = grid_for(vec ? (n + 3) / 4 : n, kBlock);

@@ -10,6 +10,7 @@
 // [out_features, in_features] (llm.c / PyTorch order), so out = inp · wᵀ + bias.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -19,6 +20,10 @@
 #include <vector>
 
 namespace trident {
+
+// AdamW's bias correction 1 / (1 - beta^t) at (1-based) step t, in double: the one formula
+// both backends' adamw_update use, so their updates agree.
+inline double adamw_bias_correction(double beta, int t) { return 1.0 / (1.0 - std::pow(beta, t)); }
 
 class Backend {
  public:

@@ -8,6 +8,7 @@
 
 #include "backend/eigen.h"
 #include "backend/kernels.h"
+#include "trident/backend.h"
 #include "backend/parallel.h"
 
 namespace trident::cpu {
@@ -70,8 +71,8 @@ void adamw_update(Real* params, Real* m, Real* v, const Real* grads, size_t n, R
                                   beta2,
                                   eps,
                                   weight_decay,
-                                  Real(1.0 / (1.0 - std::pow(double(beta1), t))),
-                                  Real(1.0 / (1.0 - std::pow(double(beta2), t)))};
+                                  Real(adamw_bias_correction(double(beta1), t)),
+                                  Real(adamw_bias_correction(double(beta2), t))};
   // Pieces are multiples of kBlock except the very last, whose tail goes through a padded copy
   // so that it too takes the vector path.
   parallel_range(n, threads, [&](size_t begin, size_t end) {
