@@ -67,21 +67,25 @@ void GPT::block_forward(const BlockWeights& w, const BlockActs& a, const float* 
   const int C = cfg_.channels, tps = tp_.size;
   const int NHl = cfg_.heads / tps, Cl = C / tps;
   const int N = B * T, Nr = N / rows_divisor_;
-  float* partial = scratch_.full_c.data();
+  // The row-parallel outputs are partial sums to reduce over tp; with tp = 1 they are final,
+  // so they go straight where reduce_rows would copy them (which then copies nothing).
+  float* attn_partial = tp_.size == 1 ? a.residual2 : scratch_.full_c.data();
+  float* mlp_partial = tp_.size == 1 ? a.residual3 : scratch_.full_c.data();
   // Row-parallel biases are added by tp rank 0 only, before the sum over tp.
   const bool add_row_bias = tp_.rank == 0;
   layernorm_gathered(a.ln1, a.ln1_mean, a.ln1_rstd, residual_in, w.ln1w, w.ln1b, B, T, C);
   be_.matmul_forward(a.qkv, a.ln1, w.qkvw, w.qkvb, N, C, 3 * Cl);
   be_.attention_forward(a.atty, a.att, a.qkv, B, T, Cl, NHl);
-  be_.matmul_forward(partial, a.atty, w.attprojw, add_row_bias ? w.attprojb : nullptr, N, Cl, C);
-  reduce_rows(a.residual2, partial, B, T, C);
+  be_.matmul_forward(attn_partial, a.atty, w.attprojw, add_row_bias ? w.attprojb : nullptr, N, Cl,
+                     C);
+  reduce_rows(a.residual2, attn_partial, B, T, C);
   be_.add(a.residual2, a.residual2, residual_in, size_t(Nr) * C);
   layernorm_gathered(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w.ln2w, w.ln2b, B, T, C);
   be_.matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, N, C, 4 * Cl);
   be_.gelu_forward(a.fch_gelu, a.fch, size_t(N) * 4 * Cl);
-  be_.matmul_forward(partial, a.fch_gelu, w.fcprojw, add_row_bias ? w.fcprojb : nullptr, N,
+  be_.matmul_forward(mlp_partial, a.fch_gelu, w.fcprojw, add_row_bias ? w.fcprojb : nullptr, N,
                      4 * Cl, C);
-  reduce_rows(a.residual3, partial, B, T, C);
+  reduce_rows(a.residual3, mlp_partial, B, T, C);
   be_.add(a.residual3, a.residual3, a.residual2, size_t(Nr) * C);
 }
 
