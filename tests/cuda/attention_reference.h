@@ -27,6 +27,19 @@ inline cuda::bf16* as_bf16(DeviceBuffer<uint16_t>& b) {
   return reinterpret_cast<cuda::bf16*>(b.get());
 }
 
+// A cuDNN handle for the lifetime of a test or benchmark.
+class CudnnHandle {
+ public:
+  CudnnHandle() { TRIDENT_CUDNN(cudnnCreate(&handle_)); }
+  ~CudnnHandle() { cudnnDestroy(handle_); }
+  CudnnHandle(const CudnnHandle&) = delete;
+  CudnnHandle& operator=(const CudnnHandle&) = delete;
+  cudnnHandle_t get() const { return handle_; }
+
+ private:
+  cudnnHandle_t handle_ = nullptr;
+};
+
 // qkv [B,T,3C] and dout [B,T,C] uniform in [-1, 1] (rounded to bf16 first when `bf16_inputs`,
 // so that the CPU twin sees exactly what cuDNN sees), and the CPU twin's out and dqkv.
 struct AttentionReference {

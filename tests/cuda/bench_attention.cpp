@@ -113,13 +113,8 @@ void BM_attention_flash(benchmark::State& state, bool backward) {
 
 void BM_attention_cudnn(benchmark::State& state, bool backward) {
   if (!require_gpu(state)) return;
-  cudnnHandle_t handle = nullptr;
-  TRIDENT_CUDNN(cudnnCreate(&handle));
-  struct HandleGuard {
-    cudnnHandle_t h;
-    ~HandleGuard() { cudnnDestroy(h); }
-  } guard{handle};
-  cuda::CudnnAttention attention(handle);
+  const testing::CudnnHandle handle;
+  cuda::CudnnAttention attention(handle.get());
   const std::string mismatch = validate_cudnn(attention);
   if (!mismatch.empty()) {
     state.SkipWithError(mismatch.c_str());

@@ -118,13 +118,8 @@ TEST_P(AttentionTest, FlashBackwardIsDeterministic) {
 TEST_P(AttentionTest, CudnnMatchesCpu) {
   TRIDENT_REQUIRE_GPU();
   const AttnShape s = GetParam();
-  cudnnHandle_t handle = nullptr;
-  TRIDENT_CUDNN(cudnnCreate(&handle));
-  struct HandleGuard {
-    cudnnHandle_t h;
-    ~HandleGuard() { cudnnDestroy(h); }
-  } guard{handle};
-  cuda::CudnnAttention attention(handle);
+  const CudnnHandle handle;
+  cuda::CudnnAttention attention(handle.get());
   std::string why;
   if (!attention.supported(s.B, s.T, s.C, s.NH, &why)) GTEST_SKIP() << why;
 
@@ -132,10 +127,9 @@ TEST_P(AttentionTest, CudnnMatchesCpu) {
   DeviceBuffer<uint16_t> qkv(to_bf16(r.qkv)), dout(to_bf16(r.dout));
   DeviceBuffer<uint16_t> out(r.out.size()), dqkv(r.qkv.size());
   DeviceBuffer<float> stats(size_t(s.B) * s.NH * s.T);
-  auto bf = [](DeviceBuffer<uint16_t>& b) { return reinterpret_cast<cuda::bf16*>(b.get()); };
-  attention.forward(bf(out), stats.get(), bf(qkv), s.B, s.T, s.C, s.NH, nullptr);
-  attention.backward(bf(dqkv), bf(dout), bf(qkv), bf(out), stats.get(), s.B, s.T, s.C, s.NH,
-                     nullptr);
+  attention.forward(as_bf16(out), stats.get(), as_bf16(qkv), s.B, s.T, s.C, s.NH, nullptr);
+  attention.backward(as_bf16(dqkv), as_bf16(dout), as_bf16(qkv), as_bf16(out), stats.get(), s.B,
+                     s.T, s.C, s.NH, nullptr);
   EXPECT_LE(rel_err(from_bf16(out.download()), to_double(r.out)), kBf16Tol) << "out";
   EXPECT_LE(rel_err(stats.download(), r.lse), kBf16Tol) << "stats";
   EXPECT_LE(rel_err(from_bf16(dqkv.download()), to_double(r.dqkv)), kBf16Tol) << "dqkv";
@@ -150,13 +144,8 @@ TEST(CudnnAttention, PlansGpt2ShapeOnHopper) {
   TRIDENT_CUDA(cudaGetDevice(&device));
   TRIDENT_CUDA(cudaGetDeviceProperties(&prop, device));
   if (prop.major != 9) GTEST_SKIP() << "not Hopper (sm_" << prop.major << prop.minor << ")";
-  cudnnHandle_t handle = nullptr;
-  TRIDENT_CUDNN(cudnnCreate(&handle));
-  struct HandleGuard {
-    cudnnHandle_t h;
-    ~HandleGuard() { cudnnDestroy(h); }
-  } guard{handle};
-  cuda::CudnnAttention attention(handle);
+  const CudnnHandle handle;
+  cuda::CudnnAttention attention(handle.get());
   std::string why;
   EXPECT_TRUE(attention.supported(4, 64, 768, 12, &why)) << why;
 }
