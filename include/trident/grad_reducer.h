@@ -45,6 +45,14 @@ struct GradReducerOptions {
   // backward; false: all buckets are reduced after finish() is called. Same buckets, same
   // calls, so both give bitwise equal gradients.
   bool overlap = true;
+  // Note [Message size]: an all-reduce is started in pieces of at most this many bytes (a
+  // parameter larger than bucket_bytes, such as wte, is a bucket of its own). MPI's
+  // nonblocking all-reduce allocates a temporary buffer of the message's size / dp per call;
+  // up to 32 MiB, glibc serves it from the heap and the next call reuses the pages, while a
+  // larger one is a fresh mmap whose every page faults and is zeroed by the kernel: about 60 ms
+  // of the communication thread's CPU per GPT-2 124M step, taken from the compute cores. Every
+  // rank splits the same way, so the pieces pair up (Note [Same buckets, same order]).
+  size_t max_message_bytes = size_t(16) << 20;
   // Times in ReduceStats are milliseconds since this point (pass the run's trace origin).
   CommClock::time_point trace_origin = CommClock::now();
 };
@@ -69,6 +77,11 @@ struct ReduceStats {
   double exposed_comm_ms = 0;
   double finish_called_ms = 0;  // since the trace origin
   size_t bytes = 0;             // reduced by this rank in this step
+  // CPU time the communication thread used from begin_step(true) to the step's end (its
+  // thread clock): the compute cores' time that communication took — MPI progress and copies,
+  // the reductions and the averaging — which, with as many threads as cores, backward loses.
+  double thread_cpu_ms = 0;
+  long progress_polls = 0;  // Work::test calls on in-flight all-reduces (each one enters MPI)
   std::vector<BucketRecord> records;  // in launch order
 };
 

@@ -51,6 +51,7 @@ struct StepStats {
   // Data parallel (0 with dp = 1): time with an all-reduce in flight, the part of it after
   // the end of backward, and overlap = 1 − exposed/comm.
   double comm_ms = 0.0, exposed_comm_ms = 0.0, overlap = 0.0;
+  double comm_cpu_ms = 0.0;     // CPU time of the dp communication thread (ReduceStats)
   double tp_comm_ms = 0.0;      // waiting in tensor-parallel collectives (compute thread)
   // Pipeline (this stage): time in the schedule, and the part spent waiting for neighbours.
   double pipeline_ms = 0.0, pipeline_wait_ms = 0.0;

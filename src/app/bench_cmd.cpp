@@ -64,7 +64,7 @@ int run_bench(const BenchArgs& args) {
   }
   const GPTConfig& cfg = trainer.model_config();
 
-  std::vector<double> ms, fwd, bwd, opt, comm, exposed, overlap, tp_comm, bubble;
+  std::vector<double> ms, fwd, bwd, opt, comm, comm_cpu, exposed, overlap, tp_comm, bubble;
   // Per-op device time (device backends): measured on one extra step after the timed ones, so
   // the events around every op do not slow the timed steps.
   const int total_steps = args.warmup_steps + args.steps;
@@ -93,9 +93,9 @@ int run_bench(const BenchArgs& args) {
     const bool timed = i >= args.warmup_steps;
     if (lead) {
       fmt::print("bench: step {} {}: {:.1f} ms (forward {:.1f}, backward {:.1f}, optimizer "
-                 "{:.1f}, comm {:.1f}, exposed comm {:.1f}) loss {:.4f}\n",
+                 "{:.1f}, comm {:.1f}, exposed comm {:.1f}, comm thread cpu {:.1f}) loss {:.4f}\n",
                  i + 1, timed ? "timed" : "warm-up", s.ms_per_step, s.forward_ms, s.backward_ms,
-                 s.optimizer_ms, s.comm_ms, s.exposed_comm_ms, s.loss);
+                 s.optimizer_ms, s.comm_ms, s.exposed_comm_ms, s.comm_cpu_ms, s.loss);
       std::fflush(stdout);
     }
     if (!timed) continue;
@@ -104,6 +104,7 @@ int run_bench(const BenchArgs& args) {
     bwd.push_back(s.backward_ms);
     opt.push_back(s.optimizer_ms);
     comm.push_back(s.comm_ms);
+    comm_cpu.push_back(s.comm_cpu_ms);
     exposed.push_back(s.exposed_comm_ms);
     overlap.push_back(s.overlap);
     tp_comm.push_back(s.tp_comm_ms);
@@ -122,12 +123,12 @@ int run_bench(const BenchArgs& args) {
     fmt::print("bench: tokens_per_s={:.1f} ms_per_step={:.2f} mfu={:.4f} mfu_nominal={:.4f} "
                "peak_gflops={:.1f} nominal_peak_gflops={:.1f} "
                "achieved_gflops={:.1f} forward_ms={:.2f} backward_ms={:.2f} optimizer_ms={:.2f} "
-               "comm_ms={:.2f} exposed_comm_ms={:.2f} overlap={:.3f} tp_comm_ms={:.2f} "
+               "comm_ms={:.2f} comm_cpu_ms={:.2f} exposed_comm_ms={:.2f} overlap={:.3f} tp_comm_ms={:.2f} "
                "bubble={:.3f} bubble_model={:.3f} activation_mb={:.1f} params_m={:.2f} "
                "tokens_per_step={} ranks={} dp={} tp={} pp={} threads={} backend={}\n",
                tokens_per_s, step_ms, mfu, mfu_nominal, peak * ranks / 1e9, nominal * ranks / 1e9,
                flops_per_token * tokens_per_s / 1e9, median(fwd), median(bwd), median(opt),
-               median(comm), median(exposed), median(overlap), median(tp_comm), median(bubble),
+               median(comm), median(comm_cpu), median(exposed), median(overlap), median(tp_comm), median(bubble),
                double(pp - 1) / double(deck.train.accum + pp - 1),
                trainer.model().activation_bytes() / (1024.0 * 1024.0),
                trainer.model().num_params() / 1e6, trainer.tokens_per_step(), ranks,

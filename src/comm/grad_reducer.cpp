@@ -63,6 +63,8 @@
 #include <mutex>
 #include <thread>
 
+#include <time.h>
+
 #include "trident/check.h"
 
 namespace trident {
@@ -92,6 +94,12 @@ struct ExtraBuffer {
 };
 
 // Union of [start, end] intervals, in ms.
+double thread_cpu_ms() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return double(t.tv_sec) * 1e3 + double(t.tv_nsec) * 1e-6;
+}
+
 double union_ms(std::vector<std::pair<double, double>> intervals) {
   std::sort(intervals.begin(), intervals.end());
   double total = 0, open_start = 0, open_end = 0;
@@ -121,6 +129,7 @@ struct GradReducer::State {
   std::vector<std::string> bucket_names;
   std::vector<size_t> bucket_of_param;
   bool overlap;
+  size_t max_message;  // floats per all-reduce call (Note [Message size])
   CommClock::time_point origin;
 
   // Compute thread only.
@@ -157,12 +166,14 @@ struct GradReducer::State {
   size_t next_extra = 0;
   std::vector<InFlight> in_flight;
   ReduceStats building;
+  double step_cpu_start_ms = 0;  // this thread's CPU clock at the step's begin event
 
   std::thread thread;
 
   State(Communicator& dp_, float* grads_, std::vector<GradParam> params_, bool overlap_,
-        CommClock::time_point origin_)
-      : dp(dp_), grads(grads_), params(std::move(params_)), overlap(overlap_), origin(origin_) {}
+        size_t max_message_, CommClock::time_point origin_)
+      : dp(dp_), grads(grads_), params(std::move(params_)), overlap(overlap_),
+        max_message(max_message_), origin(origin_) {}
 
   double ms(CommClock::time_point t) const {
     return std::chrono::duration<double, std::milli>(t - origin).count();
@@ -247,6 +258,7 @@ struct GradReducer::State {
       in_flight.clear();
       building = ReduceStats{};
       building.reduced = true;
+      step_cpu_start_ms = thread_cpu_ms();
       return;
     }
     if (!active) return;  // leftovers of a step that already failed
@@ -283,8 +295,14 @@ struct GradReducer::State {
     r.ready_ms = ready;
     r.start_ms = ms(CommClock::now());
     dp.order_after(mark);  // Note [Gradient-ready events]; nothing on a host communicator
-    Work work = dp.all_reduce(data, count, ReduceOp::kAvg, r.name);
-    in_flight.push_back({std::move(work), building.records.size()});
+    // Note [Message size]: pieces of at most max_message floats, one record for all of them.
+    size_t done = 0;
+    do {
+      const size_t n = std::min(count - done, max_message);
+      in_flight.push_back({dp.all_reduce(data + done, n, ReduceOp::kAvg, r.name),
+                           building.records.size()});
+      done += n;
+    } while (done < count);
     building.records.push_back(std::move(r));
   }
 
@@ -315,6 +333,7 @@ struct GradReducer::State {
       InFlight& f = in_flight[i];
       bool done = false;
       try {
+        ++building.progress_polls;
         done = f.work.test();
       } catch (const Error& e) {
         const BucketRecord& r = building.records[f.record];
@@ -326,6 +345,7 @@ struct GradReducer::State {
         ++i;
         continue;
       }
+      // Of a record's pieces, the last to complete sets its end.
       building.records[f.record].end_ms = ms(CommClock::now());
       in_flight.erase(in_flight.begin() + static_cast<std::ptrdiff_t>(i));
       any = true;
@@ -353,6 +373,7 @@ struct GradReducer::State {
     building.comm_ms = union_ms(std::move(busy));
     building.finish_called_ms = ms(finish_time);
     building.exposed_comm_ms = last_end - building.finish_called_ms;
+    building.thread_cpu_ms = thread_cpu_ms() - step_cpu_start_ms;
     active = false;
     {
       std::lock_guard lock(mutex);
@@ -402,8 +423,10 @@ struct GradReducer::State {
 GradReducer::GradReducer(Communicator& dp, float* grads,
                          std::vector<GradParam> params_in_ready_order,
                          GradReducerOptions options)
-    : state_(std::make_unique<State>(dp, grads, std::move(params_in_ready_order),
-                                     options.overlap, options.trace_origin)) {
+    : state_(std::make_unique<State>(
+          dp, grads, std::move(params_in_ready_order), options.overlap,
+          std::max<size_t>(1, options.max_message_bytes / sizeof(float)),
+          options.trace_origin)) {
   State& s = *state_;
   const auto& p = s.params;
   bool ascending = true, descending = true;

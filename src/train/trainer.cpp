@@ -224,6 +224,7 @@ StepStats Trainer::train_step(int step) {
     const ReduceStats& rs = reducer_->stats();
     s.comm_ms = rs.comm_ms;
     s.exposed_comm_ms = rs.exposed_comm_ms;
+    s.comm_cpu_ms = rs.thread_cpu_ms;
     s.overlap = rs.comm_ms > 0 ? std::max(0.0, 1.0 - rs.exposed_comm_ms / rs.comm_ms) : 0.0;
     if (ctx_.trace)
       for (const BucketRecord& r : rs.records)
