@@ -124,7 +124,9 @@ class Backend {
                             int t) = 0;
 
   // Measured peak of this backend's GEMM (FLOP/s) at its thread count: the MFU denominator.
+  // Careful (bench: several runs, seconds); the brief one is train's (a few hundred ms).
   virtual double measure_gemm_peak_flops() = 0;
+  virtual double measure_gemm_peak_flops_brief() { return measure_gemm_peak_flops(); }
   // The vendor's dense peak for the backend's compute type (FLOP/s), 0 if none applies (CPU).
   virtual double nominal_peak_flops() const { return 0.0; }
 

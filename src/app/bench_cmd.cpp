@@ -5,12 +5,15 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <vector>
 
 #include "app/backend_factory.h"
 #include "app/commands.h"
+#include "app/gemm_peak.h"
 #include "app/run_setup.h"
+#include "trident/peak_check.h"
 #include "trident/train.h"
 
 namespace trident {
@@ -24,7 +27,7 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
-int run_bench(const BenchArgs& args) {
+int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
   Deck deck;
   setup_step([&] {
     deck = load_deck(args.deck.deck, args.deck.overrides);
@@ -37,11 +40,14 @@ int run_bench(const BenchArgs& args) {
   DeviceComms device_comms;
   std::unique_ptr<TraceWriter> trace;
   std::unique_ptr<Trainer> trainer_ptr;
-  // Measured before and after the steps; the larger is kept, so a noisy moment cannot shrink
-  // the denominator and inflate MFU.
+  // Measured carefully (best of several runs) before and after the steps; the larger is kept,
+  // so a noisy moment cannot shrink the denominator and inflate MFU. Then checked
+  // (check_gemm_peak): a peak implausible for the hardware gives no MFU, not a wrong one.
   double peak = 0;
+  int node_ranks = 1;
   setup_step([&] {
     backend = make_backend(deck);
+    node_ranks = ranks_on_this_node();
     peak = backend->measure_gemm_peak_flops();
     device_comms = make_device_comms(deck, *backend, *grid);
     trace = make_trace(deck, *grid);
@@ -58,9 +64,11 @@ int run_bench(const BenchArgs& args) {
                  "nominal dense bf16 peak {:.0f} TFLOP/s\n",
                  peak / 1e12, nominal / 1e12);
     else
-      fmt::print("bench: measured sgemm peak {:.1f} GFLOP/s with {} threads (per rank; measured "
-                 "again after the steps, the larger is used)\n",
-                 peak / 1e9, backend->threads());
+      fmt::print("bench: measured sgemm peak {:.1f} GFLOP/s with {} threads, 2048³, best of "
+                 "5-10 runs (per rank; measured again after the steps, the larger is used); "
+                 "blas_core={}\n",
+                 peak / 1e9, backend->threads(), blas.chosen);
+    if (const std::string n = blas_core_note(blas); !n.empty()) fmt::print("bench: {}\n", n);
   }
   const GPTConfig& cfg = trainer.model_config();
 
@@ -116,24 +124,37 @@ int run_bench(const BenchArgs& args) {
   const double flops_per_token = cfg.train_flops_per_token(deck.model.seq_len);
   const int ranks = grid->world_size();
   const int pp = grid->layout().pp;
-  const double mfu = flops_per_token * tokens_per_s / (peak * ranks);
-  const double mfu_nominal = nominal > 0 ? flops_per_token * tokens_per_s / (nominal * ranks) : 0;
+  const CheckedPeak checked = check_gemm_peak(peak, *backend, blas, node_ranks);
+  const double achieved = flops_per_token * tokens_per_s;
+  const double mfu = mfu_or_nan(achieved, checked.flops * ranks);
+  const double mfu_nominal = nominal > 0 ? mfu_or_nan(achieved, nominal * ranks) : 0;
   if (trace) trace->write();
-  if (lead)
-    fmt::print("bench: tokens_per_s={:.1f} ms_per_step={:.2f} mfu={:.4f} mfu_nominal={:.4f} "
+  if (lead) {
+    if (!checked.problem.empty())
+      fmt::print("bench: WARNING: {}\n", checked.problem);
+    else if (std::isnan(mfu))
+      fmt::print("bench: WARNING: MFU came out above 1 ({:.1f} GFLOP/s achieved per rank, "
+                 "against a measured peak of {:.1f} with blas_core={}): the peak measurement "
+                 "was wrong (the machine busy while measuring, or a GEMM kernel faster than "
+                 "the one measured); MFU is not reported\n",
+                 achieved / ranks / 1e9, peak / 1e9, blas.chosen);
+    fmt::print("bench: tokens_per_s={:.1f} ms_per_step={:.2f} mfu={} mfu_nominal={} "
                "peak_gflops={:.1f} nominal_peak_gflops={:.1f} "
                "achieved_gflops={:.1f} forward_ms={:.2f} backward_ms={:.2f} optimizer_ms={:.2f} "
                "comm_ms={:.2f} comm_cpu_ms={:.2f} exposed_comm_ms={:.2f} overlap={:.3f} tp_comm_ms={:.2f} "
                "bubble={:.3f} bubble_model={:.3f} activation_mb={:.1f} params_m={:.2f} "
-               "tokens_per_step={} ranks={} dp={} tp={} pp={} threads={} backend={}\n",
-               tokens_per_s, step_ms, mfu, mfu_nominal, peak * ranks / 1e9, nominal * ranks / 1e9,
-               flops_per_token * tokens_per_s / 1e9, median(fwd), median(bwd), median(opt),
-               median(comm), median(comm_cpu), median(exposed), median(overlap), median(tp_comm), median(bubble),
+               "tokens_per_step={} ranks={} dp={} tp={} pp={} threads={} backend={} "
+               "blas_core={}\n",
+               tokens_per_s, step_ms, format_mfu_fraction(mfu), format_mfu_fraction(mfu_nominal),
+               peak * ranks / 1e9, nominal * ranks / 1e9, achieved / 1e9, median(fwd),
+               median(bwd), median(opt), median(comm), median(comm_cpu), median(exposed),
+               median(overlap), median(tp_comm), median(bubble),
                double(pp - 1) / double(deck.train.accum + pp - 1),
                trainer.model().activation_bytes() / (1024.0 * 1024.0),
                trainer.model().num_params() / 1e6, trainer.tokens_per_step(), ranks,
                grid->layout().dp, grid->layout().tp, pp,
-               backend->threads(), backend->name());
+               backend->threads(), backend->name(), blas.chosen);
+  }
   return 0;
 }
 

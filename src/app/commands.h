@@ -9,6 +9,8 @@
 
 namespace trident {
 
+struct BlasCoreCheck;
+
 struct DeckArgs {
   std::string deck;
   std::vector<std::string> overrides;  // --set key=value, in order
@@ -29,12 +31,13 @@ struct GenerateArgs {
   uint64_t seed = 1;
 };
 
-int run_train(const DeckArgs& args);
+// blas: main's check of the OpenBLAS kernel, for the header (trident/blas_core.h).
+int run_train(const DeckArgs& args, const BlasCoreCheck& blas);
 int run_eval(const DeckArgs& args, const std::string& checkpoint);
 int run_generate(const GenerateArgs& args);
 int run_ckpt_verify(const std::string& path);
 int run_ckpt_inspect(const std::string& path);
-int run_bench(const BenchArgs& args);
+int run_bench(const BenchArgs& args, const BlasCoreCheck& blas);
 int run_grid(int world, int dp, int tp, int pp);
 
 }  // namespace trident

@@ -8,6 +8,7 @@
 
 #include "app/commands.h"
 #include "app/run_setup.h"
+#include "trident/blas_core.h"
 #include "trident/check.h"
 
 namespace {
@@ -50,6 +51,12 @@ int world_size_or_one() {
 
 int main(int argc, char** argv) {
   using namespace trident;
+  // First, before any GEMM and before MPI_Init: OpenBLAS chose its kernels when it was loaded,
+  // and a fallback is only fixed by executing again (Note [BLAS core check]). Only rank 0
+  // prints what happened, in the run header.
+  BlasCoreCheck blas = check_blas_core();
+  if (blas.action == BlasCoreAction::kReexec) blas.reexec_error = reexec_with_blas_core(blas, argv);
+
   CLI::App app{"trident: a framework-free GPT trainer for clusters"};
   app.require_subcommand(1);
 
@@ -127,8 +134,8 @@ int main(int argc, char** argv) {
                        "MPI_THREAD_MULTIPLE ({})", provided, MPI_THREAD_MULTIPLE),
            int(ExitCode::kInternal));
     int rc = 0;
-    if (*train) rc = run_train(train_args);
-    if (*bench) rc = run_bench(bench_args);
+    if (*train) rc = run_train(train_args, blas);
+    if (*bench) rc = run_bench(bench_args, blas);
     if (*eval) rc = run_eval(eval_args, eval_ckpt);
     if (*generate) rc = run_generate(gen_args);
     if (*verify) rc = run_ckpt_verify(ckpt_path);

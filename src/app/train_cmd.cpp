@@ -12,10 +12,12 @@
 
 #include "app/backend_factory.h"
 #include "app/commands.h"
+#include "app/gemm_peak.h"
 #include "app/run_setup.h"
 #include "trident/check.h"
 #include "trident/checkpoint.h"
 #include "trident/metrics.h"
+#include "trident/peak_check.h"
 #include "trident/train.h"
 
 namespace trident {
@@ -78,7 +80,7 @@ nlohmann::json to_json(const StepStats& s) {
 
 }  // namespace
 
-int run_train(const DeckArgs& args) {
+int run_train(const DeckArgs& args, const BlasCoreCheck& blas) {
   // Setup in agreed steps (see setup_step): bad input stops every rank with one message.
   Deck deck;
   setup_step([&] { deck = load_deck(args.deck, args.overrides); });
@@ -93,13 +95,17 @@ int run_train(const DeckArgs& args) {
   TrainContext ctx;
   DeviceComms device_comms;
   std::unique_ptr<Trainer> trainer_ptr;
+  CheckedPeak peak;
   setup_step([&] {
     shape = model_config_from_deck(deck, &note);
     backend = make_backend(deck);
     trace = make_trace(deck, *grid);
     device_comms = make_device_comms(deck, *backend, *grid);
-    ctx = TrainContext{backend.get(), backend->measure_gemm_peak_flops(), grid.get(),
-                       trace.get(), device_comms.dp.get(), device_comms.tp.get()};
+    // Brief: train reports MFU as a guide; `trident bench` measures carefully.
+    peak = check_gemm_peak(backend->measure_gemm_peak_flops_brief(), *backend, blas,
+                           ranks_on_this_node());
+    ctx = TrainContext{backend.get(), peak.flops, grid.get(), trace.get(),
+                       device_comms.dp.get(), device_comms.tp.get()};
     // Validates datasets and init_from before anything is written.
     trainer_ptr = std::make_unique<Trainer>(deck, ctx);
   });
@@ -163,16 +169,19 @@ int run_train(const DeckArgs& args) {
         "model: {} layers, d_model {}, {} heads, vocab {} (padded {}), {:.2f} M parameters\n"
         "batch: {} tokens/step ({} micro-batch x {} seq x {} accum x {} dp), {} steps\n"
         "ranks: {} (dp {} x tp {} x pp {}), backend {} with {} threads per rank, GEMM peak "
-        "{:.1f} GFLOP/s per rank\n",
+        "{:.1f} GFLOP/s per rank, blas_core={}\n",
         shape.layers, shape.channels, shape.heads, shape.vocab, shape.padded_vocab,
         trainer.model().num_params() / 1e6, trainer.tokens_per_step(), deck.train.micro_batch,
         deck.model.seq_len, deck.train.accum, trainer.dp_size(), deck.train.steps,
         grid->world_size(), grid->layout().dp, grid->layout().tp, grid->layout().pp,
-        backend->name(), backend->threads(), ctx.peak_flops / 1e9);
+        backend->name(), backend->threads(), peak.measured_flops / 1e9, blas.chosen);
+    if (const std::string n = blas_core_note(blas); !n.empty()) fmt::print("{}\n", n);
+    if (!peak.problem.empty()) fmt::print("WARNING: {}\n", peak.problem);
   }
 
   const auto t_start = std::chrono::steady_clock::now();
   StepStats last;
+  bool mfu_warned = false;
   bool stopped_by_signal = false;
   int steps_done = first_step;
   for (int step = first_step; step < end_step; ++step) {
@@ -182,6 +191,15 @@ int run_train(const DeckArgs& args) {
     if (deck.train.val_every > 0 && (s.step % deck.train.val_every == 0 || last_step))
       s.val_loss = trainer.validate();
     if (lead) {
+      // The trainer leaves out an MFU above 1: the peak it is measured against was too low.
+      if (ctx.peak_flops > 0 && std::isnan(s.mfu) && !mfu_warned) {
+        mfu_warned = true;
+        fmt::print("WARNING: MFU came out above 1 at step {} against the GEMM peak of {:.1f} "
+                   "GFLOP/s measured at start-up (blas_core={}): that peak was measured low "
+                   "(a busy machine, or a kernel change since); MFU is not reported. `trident "
+                   "bench` measures it carefully.\n",
+                   s.step, ctx.peak_flops / 1e9, blas.chosen);
+      }
       metrics->write(to_json(s));
       if (s.step % deck.log.every == 0 || last_step || step == first_step || s.step == end_step) {
         const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() -
@@ -193,9 +211,9 @@ int run_train(const DeckArgs& args) {
                                              s.comm_ms, s.exposed_comm_ms)
                                : "";
         fmt::print("step {:>5}/{} | loss {:.4f}{} | lr {:.2e} | norm {:.3f} | {:.1f} ms | "
-                   "{:.0f} tok/s | mfu {:.1f}%{} | eta {}\n",
+                   "{:.0f} tok/s | mfu {}{} | eta {}\n",
                    s.step, deck.train.steps, s.loss, val, s.lr, s.grad_norm, s.ms_per_step,
-                   s.tokens_per_s, 100 * s.mfu, comm, format_eta(eta));
+                   s.tokens_per_s, format_mfu_percent(s.mfu), comm, format_eta(eta));
         std::fflush(stdout);
       }
     }

@@ -94,7 +94,15 @@ class CpuBackend final : public Backend {
     cpu::adamw_update(params, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, t, threads_);
   }
 
-  double measure_gemm_peak_flops() override { return cpu::measure_sgemm_flops(threads_); }
+  // The same product (2048³) in both, so train's and bench's peaks compare. Careful: best of
+  // 5-10 runs (~1-2 s with the right kernel); brief: best of 2 after the warm-up (~0.3 s at
+  // 2 threads, ~0.6 s at 1).
+  double measure_gemm_peak_flops() override {
+    return cpu::measure_sgemm_flops(threads_, 2048, /*budget_s=*/2.0, /*min_runs=*/5);
+  }
+  double measure_gemm_peak_flops_brief() override {
+    return cpu::measure_sgemm_flops(threads_, 2048, /*budget_s=*/0.2, /*min_runs=*/2);
+  }
 
  private:
   int threads_;

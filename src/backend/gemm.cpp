@@ -111,7 +111,7 @@ void gemm(Trans ta, Trans tb, int M, int N, int K, const double* A, int lda, con
   gemm_split(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, threads);
 }
 
-double measure_sgemm_flops(int threads, int size, double budget_s) {
+double measure_sgemm_flops(int threads, int size, double budget_s, int min_runs) {
   const size_t n = size_t(size) * size;
   std::vector<float> a(n), b(n), c(n);
   for (size_t i = 0; i < n; ++i) {  // small, varied values: no denormals, no overflow
@@ -132,7 +132,7 @@ double measure_sgemm_flops(int threads, int size, double budget_s) {
     run();
     const auto t1 = Clock::now();
     best = std::min(best, std::chrono::duration<double>(t1 - t0).count());
-    if (r >= 2 && std::chrono::duration<double>(t1 - start).count() > budget_s) break;
+    if (r + 1 >= min_runs && std::chrono::duration<double>(t1 - start).count() > budget_s) break;
   }
   return 2.0 * size * double(size) * size / best;
 }

@@ -13,9 +13,9 @@ void gemm(Trans ta, Trans tb, int M, int N, int K, const float* A, int lda, cons
 void gemm(Trans ta, Trans tb, int M, int N, int K, const double* A, int lda, const double* B,
           int ldb, double beta, double* C, int ldc, int threads);
 
-// Best FLOP/s of a size³ float product through gemm(), after a warm-up: at least 3 runs, more
-// (up to 10) while within budget_s. Best-of-many because a neighbour's burst of load only ever
-// makes a run slower, and the result is the MFU denominator.
-double measure_sgemm_flops(int threads, int size = 2048, double budget_s = 1.2);
+// Best FLOP/s of a size³ float product through gemm(), after a warm-up: at least min_runs runs,
+// more (up to 10) while within budget_s. Best-of-many because a neighbour's burst of load only
+// ever makes a run slower, and the result is the MFU denominator.
+double measure_sgemm_flops(int threads, int size = 2048, double budget_s = 1.2, int min_runs = 3);
 
 }  // namespace trident::cpu

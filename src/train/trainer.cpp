@@ -12,6 +12,7 @@
 #include "trident/check.h"
 #include "trident/grad_reducer.h"
 #include "trident/grid.h"
+#include "trident/peak_check.h"
 #include "trident/train.h"
 
 namespace trident {
@@ -266,11 +267,11 @@ StepStats Trainer::train_step(int step) {
   s.ms_per_step = ms_since(t_step);
   const double tokens = double(tokens_per_step());
   s.tokens_per_s = tokens / (s.ms_per_step / 1e3);
-  // MFU: the step's FLOPs are spread over all ranks, each with its own (measured) peak.
+  // MFU: the step's FLOPs are spread over all ranks, each with its own (measured) peak. NaN
+  // (not reported) without a peak, or above 1: then the peak was wrong (trident/peak_check.h).
   const int ranks = ctx_.grid ? ctx_.grid->world_size() : 1;
-  if (ctx_.peak_flops > 0)
-    s.mfu = model_->config().train_flops_per_token(T) * s.tokens_per_s /
-            (ctx_.peak_flops * ranks);
+  s.mfu = mfu_or_nan(model_->config().train_flops_per_token(T) * s.tokens_per_s,
+                     ctx_.peak_flops * ranks);
   return s;
 }
 

@@ -1,0 +1,25 @@
+// The MFU denominator of train and bench, checked before it is used (trident/peak_check.h).
+#pragma once
+
+#include <string>
+
+#include "trident/backend.h"
+#include "trident/blas_core.h"
+
+namespace trident {
+
+struct CheckedPeak {
+  double measured_flops = 0;
+  double flops = 0;     // the MFU denominator; 0 when the measurement was rejected
+  std::string problem;  // why it was rejected and what to do ("" when accepted)
+};
+
+// Collective over MPI_COMM_WORLD: the ranks on this rank's node (they share its cores).
+int ranks_on_this_node();
+
+// CPU backends: against the bounds of the vector width (Note [CPU peak bounds]); device
+// backends: not above the vendor's nominal peak.
+CheckedPeak check_gemm_peak(double measured_flops, const Backend& backend,
+                            const BlasCoreCheck& blas, int ranks_on_node);
+
+}  // namespace trident
