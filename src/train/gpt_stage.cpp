@@ -2,17 +2,11 @@
 
 #include <chrono>
 
+#include "core/elapsed.h"
 #include "trident/check.h"
 #include "trident/data.h"
 
 namespace trident {
-namespace {
-
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
-
-}  // namespace
 
 GPTStage::GPTStage(GPT& model, const SampleOrder& order, GradReducer* reducer,
                    EmbeddingRowSink* sink)

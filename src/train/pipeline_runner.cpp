@@ -34,6 +34,7 @@
 #include <cstring>
 #include <memory>
 
+#include "core/elapsed.h"
 #include "trident/check.h"
 #include "trident/pipeline.h"
 
@@ -63,10 +64,6 @@ enum Direction { kForwardDir = 0, kBackwardDir = 1 };
 
 int message_tag(Direction dir, int micro, int part) {
   return ((micro % kTagMicroPeriod) * 2 + dir) * kTagParts + part;
-}
-
-double ms_since(CommClock::time_point t) {
-  return std::chrono::duration<double, std::milli>(CommClock::now() - t).count();
 }
 
 int64_t name_hash(const std::string& name) {
