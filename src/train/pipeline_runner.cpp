@@ -211,7 +211,8 @@ class StageRunner {
     poll_sends();
     if (a.kind == PipeAction::Kind::kForward) {
       // Note [Slot reuse]: micro-batch m − in_flight's backward outputs may share buffers with
-      // micro-batch m (slot m mod in_flight), so their send must end before m's receive starts.
+      // micro-batch m (slot m mod in_flight; GPTStage's sent gradients do), so their send must
+      // end before m's receive starts.
       // It ends once the previous stage started backward(m − in_flight), which it does without
       // waiting for this stage's later work, so waiting here cannot deadlock.
       if (a.micro >= in_flight_) complete_sends(kBackwardDir, a.micro - in_flight_);
