@@ -7,8 +7,10 @@
 //         recomputed from ln2 in backward;
 //   full  only the block's output (its successor's input); backward re-runs the block.
 // Dropped buffers live once, in recompute_, shared by all blocks and slots: forward writes
-// them and moves on, backward recomputes them right before the block's backward. The
-// recomputation runs the same ops on the same inputs, so results are bitwise those of none.
+// them and moves on, backward recomputes them right before the block's backward (full also
+// needs one block output to recompute into). Only those are allocated: mlp has no copy of the
+// B·NH·T·T attention buffer. The recomputation runs the same ops on the same inputs, so
+// results are bitwise those of none.
 #include <algorithm>
 #include <cstring>
 
@@ -60,8 +62,10 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   }
   if (stage_.has_head && be_.is_device()) losses_host_.resize(N);
   recompute_.resize(sizes.size());
-  for (size_t k = 0; k < sizes.size(); ++k)
-    if (!kept[k] || recompute_mode_ != Recompute::kNone) recompute_[k] = floats(sizes[k]);
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    const bool full_output = k == 12 && recompute_mode_ == Recompute::kFull;  // recompute_block
+    if (!kept[k] || full_output) recompute_[k] = floats(sizes[k]);
+  }
   Scratch& a = scratch_;
   a.full_c = floats(N * C);
   a.stage = floats(N * C);

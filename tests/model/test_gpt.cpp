@@ -225,6 +225,32 @@ TEST(GptRecompute, BitwiseEqualGradientsWithLessMemory) {
   EXPECT_GT(bytes[1], bytes[2]);
 }
 
+// The activation memory each mode saves, against a hand-written count for the tiny config
+// (tp = 1, CPU attention saving the [B,NH,T,T] probabilities): mlp drops fch and fch_gelu
+// (4·N·C each) per block and slot and keeps one shared pair to recompute into — nothing else,
+// in particular no shared attention buffer; full keeps each block's output and shares one
+// copy of every block buffer.
+TEST(GptRecompute, ActivationBytesSaveExactlyWhatIsRecomputed) {
+  GPTConfig c = tiny_config();
+  auto be = make_cpu_backend(1);
+  const int B = 2, T = 8, slots = 2;
+  const size_t N = size_t(B) * T, C = size_t(c.channels), L = size_t(c.layers);
+  const size_t att = size_t(B) * c.heads * T * T;
+  // Per block: ln1 qkv atty residual2 ln2 fch fch_gelu residual3 (16·N·C), four LayerNorm
+  // statistics of N rows, and att.
+  const size_t block = 16 * N * C + 4 * N + att;
+  auto bytes = [&](Recompute mode) {
+    GPTOptions opt;
+    opt.slots = slots;
+    opt.recompute = mode;
+    return GPT(c, *be, B, T, opt).activation_bytes();
+  };
+  const size_t none = bytes(Recompute::kNone), mlp = bytes(Recompute::kMlp),
+               full = bytes(Recompute::kFull);
+  EXPECT_EQ(none - mlp, ((slots * L - 1) * 8 * N * C) * sizeof(float));
+  EXPECT_EQ(none - full, (slots * L * (block - N * C) - block) * sizeof(float));
+}
+
 // Backward reports each block's parameters while that block's backward runs (not all at the
 // end): the last phase finished before the report is the one before the block's. lnf's are
 // reported in the head's phase; wte and wpe in the embedding's (without a sink).
