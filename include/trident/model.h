@@ -11,6 +11,7 @@
 // logits are excluded from the softmax, so they never receive a gradient and stay zero.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -198,10 +199,11 @@ class GPT {
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *residual2, *ln2, *ln2_mean,
         *ln2_rstd, *fch, *fch_gelu, *residual3;
   };
-  // Element counts of one block's buffers, in BlockActs order.
-  std::vector<size_t> block_sizes() const;
+  static constexpr size_t kBlockBuffers = 13;  // the members of BlockActs
+  // Element counts of one block's buffers at the largest micro-batch, in BlockActs order.
+  std::array<size_t, kBlockBuffers> block_sizes() const;
   // Which of them a slot keeps per block under the recompute mode.
-  std::vector<bool> block_kept() const;
+  std::array<bool, kBlockBuffers> block_kept() const;
   // One micro-batch's activations. Per-block buffers that the recompute mode drops live once,
   // in recompute_ (shared by all blocks and slots).
   struct Slot {
@@ -224,8 +226,34 @@ class GPT {
     float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw,
         *fcprojb;
   };
-  BlockWeights block(float* base, int l) const;
-  float* at(float* base, const std::string& name) const;
+  // Note [Parameter table]: what forward and backward need of the parameter list, resolved
+  // once when the model is built (as llm.c's ParameterTensors): offsets into the flat buffer
+  // (params_ and grads_ alike), the ready indices backward reports through, and the phase
+  // names — so a step formats no string and searches no name.
+  struct BlockOffsets {
+    size_t ln1w, ln1b, qkvw, qkvb, attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
+  };
+  struct LayerTable {
+    BlockOffsets offset;
+    // Index into infos_ of the last parameter each backward op finalises: backward reports
+    // every parameter up to it (in ready order) right after the op.
+    int ready_fcproj, ready_fc, ready_ln2, ready_attproj, ready_qkv, ready_ln1;
+    std::string forward_phase, backward_phase;  // "forward block 3", "backward block 3"
+  };
+  struct ParamTable {
+    // Offsets of the non-block tensors, valid where this stage holds them.
+    size_t wte = 0, wpe = 0, lnfw = 0, lnfb = 0;
+    int wte_index = -1;   // -1: not on this stage
+    int lnfb_index = -1;  // last head parameter (the final LayerNorm's)
+    int wpe_index = -1;
+    std::vector<LayerTable> layers;  // per local layer (stage_.first_layer + i)
+    std::string forward_embedding = "forward embedding", forward_head = "forward head+loss",
+                backward_head = "backward head+loss", backward_embedding = "backward embedding";
+  };
+  void build_param_table();
+  int param_index(const std::string& name) const;  // -1 if this stage has no such parameter
+  // Block `local_layer`'s tensors in `base` (params_ or grads_).
+  BlockWeights block(float* base, int local_layer) const;
   // One block's forward from residual_in [Nr,C] into `a` (forward, and recomputation).
   void block_forward(const BlockWeights& w, const BlockActs& a, const float* residual_in, int B,
                      int T);
@@ -261,6 +289,9 @@ class GPT {
   BackendBuffer<float> params_, grads_;  // Note [Backend memory]
   std::vector<Slot> slots_;
   std::vector<BackendBuffer<float>> recompute_;  // one block's dropped buffers
+  std::array<size_t, kBlockBuffers> block_sizes_{};
+  ParamTable table_;
+  std::vector<float> losses_host_;  // device backends: the per-token losses, read on the host
   Scratch scratch_;
   PhaseFn phases_;
   TensorParallel tp_;

@@ -7,8 +7,10 @@
 //         recomputed from ln2 in backward;
 //   full  only the block's output (its successor's input); backward re-runs the block.
 // Dropped buffers live once, in recompute_, shared by all blocks and slots: forward writes
-// them and moves on, backward recomputes them right before the block's backward. The
-// recomputation runs the same ops on the same inputs, so results are bitwise those of none.
+// them and moves on, backward recomputes them right before the block's backward (full also
+// needs one block output to recompute into). Only those are allocated: mlp has no copy of the
+// B·NH·T·T attention buffer. The recomputation runs the same ops on the same inputs, so
+// results are bitwise those of none.
 #include <algorithm>
 #include <cstring>
 
@@ -29,6 +31,7 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   if (stage_.num_layers < 0) stage_.num_layers = cfg.layers - stage_.first_layer;
   if (tp_.size == 1) tp_.sequence_parallel = false;
   rows_divisor_ = tp_.sequence_parallel ? tp_.size : 1;
+  build_param_table();
   const ParamInfo& last = infos_.back();
   auto floats = [&](size_t n) { return BackendBuffer<float>(be_, n); };  // zeroed
   params_ = floats(last.offset + last.count);
@@ -38,8 +41,9 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   const size_t NHl = cfg.heads / tps, Cl = C / tps, Vl = cfg.padded_vocab / tps;
   const size_t N = size_t(B) * T, Nr = N / rows_divisor_;
   const size_t L = stage_.num_layers;
-  const std::vector<size_t> sizes = block_sizes();
-  const std::vector<bool> kept = block_kept();
+  block_sizes_ = block_sizes();
+  const std::array<size_t, kBlockBuffers>& sizes = block_sizes_;
+  const std::array<bool, kBlockBuffers> kept = block_kept();
   slots_.resize(options.slots);
   for (Slot& s : slots_) {
     s.encoded = floats(Nr * C);
@@ -56,9 +60,12 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
       s.losses = floats(N);
     }
   }
+  if (stage_.has_head && be_.is_device()) losses_host_.resize(N);
   recompute_.resize(sizes.size());
-  for (size_t k = 0; k < sizes.size(); ++k)
-    if (!kept[k] || recompute_mode_ != Recompute::kNone) recompute_[k] = floats(sizes[k]);
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    const bool full_output = k == 12 && recompute_mode_ == Recompute::kFull;  // recompute_block
+    if (!kept[k] || full_output) recompute_[k] = floats(sizes[k]);
+  }
   Scratch& a = scratch_;
   a.full_c = floats(N * C);
   a.stage = floats(N * C);
@@ -80,7 +87,7 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
 
 // In BlockActs order: ln1 ln1_mean ln1_rstd qkv att atty residual2 ln2 ln2_mean ln2_rstd fch
 // fch_gelu residual3.
-std::vector<size_t> GPT::block_sizes() const {
+std::array<size_t, GPT::kBlockBuffers> GPT::block_sizes() const {
   const size_t C = cfg_.channels, tps = tp_.size, Cl = C / tps, NHl = cfg_.heads / tps;
   const size_t N = size_t(maxB_) * maxT_, Nr = N / rows_divisor_;
   const size_t att = be_.attention_saved_floats(maxB_, maxT_, int(Cl), int(NHl));
@@ -88,31 +95,20 @@ std::vector<size_t> GPT::block_sizes() const {
           N * C,     Nr, Nr, N * 4 * Cl, N * 4 * Cl, Nr * C};
 }
 
-std::vector<bool> GPT::block_kept() const {
-  switch (recompute_mode_) {
-    case Recompute::kNone:
-      return std::vector<bool>(13, true);
-    case Recompute::kMlp: {
-      std::vector<bool> k(13, true);
-      k[10] = k[11] = false;  // fch, fch_gelu
-      return k;
-    }
-    case Recompute::kFull: {
-      std::vector<bool> k(13, false);
-      k[12] = true;  // residual3: the next block's input
-      return k;
-    }
-  }
-  return std::vector<bool>(13, true);
+std::array<bool, GPT::kBlockBuffers> GPT::block_kept() const {
+  std::array<bool, kBlockBuffers> k;
+  k.fill(recompute_mode_ != Recompute::kFull);
+  if (recompute_mode_ == Recompute::kMlp) k[10] = k[11] = false;  // fch, fch_gelu
+  if (recompute_mode_ == Recompute::kFull) k[12] = true;  // residual3: the next block's input
+  return k;
 }
 
 GPT::BlockActs GPT::block_acts(int slot, int local_layer) {
-  const std::vector<size_t> sizes = block_sizes();
   Slot& s = slots_[slot];
-  float* p[13];
-  for (size_t k = 0; k < 13; ++k)
+  float* p[kBlockBuffers];
+  for (size_t k = 0; k < kBlockBuffers; ++k)
     p[k] = s.blocks[k].empty() ? recompute_[k].data()
-                               : s.blocks[k].data() + size_t(local_layer) * sizes[k];
+                               : s.blocks[k].data() + size_t(local_layer) * block_sizes_[k];
   return {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11], p[12]};
 }
 
@@ -121,8 +117,7 @@ void GPT::recompute_block(int slot, int local_layer, const float* residual_in) {
   const Slot& s = slots_[slot];
   const int B = s.B, T = s.T, N = B * T;
   const int Cl = cfg_.channels / tp_.size;
-  const int l = stage_.first_layer + local_layer;
-  const BlockWeights w = block(params_.data(), l);
+  const BlockWeights w = block(params_.data(), local_layer);
   BlockActs a = block_acts(slot, local_layer);
   if (recompute_mode_ == Recompute::kMlp) {
     be_.matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, N, cfg_.channels, 4 * Cl);

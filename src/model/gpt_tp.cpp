@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "core/elapsed.h"
 #include "trident/check.h"
 #include "trident/model.h"
 
@@ -22,8 +23,7 @@ double GPT::take_tp_comm_ms() {
 void GPT::tp_wait(Work w) {
   const auto t0 = std::chrono::steady_clock::now();
   w.wait();
-  tp_comm_ms_ +=
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  tp_comm_ms_ += ms_since(t0);
 }
 
 void GPT::reduce_rows(float* out, float* partial, int B, int T, int C) {

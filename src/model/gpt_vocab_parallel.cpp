@@ -16,8 +16,8 @@ namespace trident {
 
 void GPT::embedding_forward(float* out, const int32_t* tokens, int B, int T) {
   const int C = cfg_.channels;
-  const float* wte = at(params_.data(), "wte");
-  const float* wpe = at(params_.data(), "wpe");
+  const float* wte = params_.data() + table_.wte;
+  const float* wpe = params_.data() + table_.wpe;
   if (tp_.size == 1) {
     be_.encoder_forward(out, tokens, wte, wpe, B, T, C);
     return;
@@ -33,8 +33,8 @@ void GPT::embedding_forward(float* out, const int32_t* tokens, int B, int T) {
 void GPT::embedding_backward(const float* dout, const int32_t* tokens,
                              const EmbeddingRowSink* sink, int B, int T) {
   const int C = cfg_.channels;
-  float* dwte = at(grads_.data(), "wte");
-  float* dwpe = at(grads_.data(), "wpe");
+  float* dwte = grads_.data() + table_.wte;
+  float* dwpe = grads_.data() + table_.wpe;
   if (tp_.size == 1) {
     if (sink)
       be_.encoder_backward(sink->rows, dwpe, dout, sink->row_of_input, B, T, C);
@@ -80,9 +80,15 @@ float GPT::crossentropy_forward(Slot& slot, const int32_t* targets, int N) {
     tp_wait(tp_.comm->all_gather(mine, all, size_t(N) * 3));
     be_.crossentropy_slice_combine(losses, logits, all, tp_.size, live, N, Vl);
   }
-  HostView<float> host(be_, losses, size_t(N), /*load=*/true);  // Note [Backend memory]
+  // Note [Backend memory]: on a device, through a host buffer allocated with the model (a copy
+  // to host memory has completed when copy() returns).
+  const float* host = losses;
+  if (be_.is_device()) {
+    be_.copy(losses_host_.data(), losses, size_t(N) * sizeof(float));
+    host = losses_host_.data();
+  }
   double sum = 0.0;
-  for (int i = 0; i < N; ++i) sum += host.data()[i];
+  for (int i = 0; i < N; ++i) sum += host[i];
   return float(sum / N);
 }
 

@@ -2,14 +2,16 @@
 
 #include <chrono>
 
+#include "core/elapsed.h"
 #include "trident/check.h"
 #include "trident/data.h"
 
 namespace trident {
 namespace {
 
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+template <typename T>
+void per_slot(std::vector<std::vector<T>>& buffers, int slots, bool needed, size_t n) {
+  buffers.assign(needed ? size_t(slots) : 0, std::vector<T>(n));
 }
 
 }  // namespace
@@ -21,19 +23,28 @@ GPTStage::GPTStage(GPT& model, const SampleOrder& order, GradReducer* reducer,
 void GPTStage::begin_step(const StepInputs& in) {
   in_ = in;
   loss_sum_ = forward_ms_ = backward_ms_ = 0;
-  const size_t N = size_t(in.micro_batch) * in.seq_len;
+  // The buffers depend on the micro-batch shape only: allocated when it first appears or
+  // changes, never per step. All are per slot, like the model's activations: micro-batch m
+  // uses them from its forward to its backward, and m + slots's forward comes after that.
+  const size_t tokens = size_t(in.micro_batch) * in.seq_len;
   const size_t boundary = boundary_floats();
-  inputs_.assign(in.accum, std::vector<int32_t>(N));
-  targets_.assign(in.accum, std::vector<int32_t>(N));
-  if (!model_.stage().has_head) doutput_.assign(slots_, std::vector<float>(boundary));
-  if (!model_.stage().has_embedding) dinput_.assign(in.accum, std::vector<float>(boundary));
+  if (tokens == tokens_ && boundary == boundary_) return;
+  tokens_ = tokens;
+  boundary_ = boundary;
+  const StageSpec& st = model_.stage();
+  const bool needs_tokens = st.has_embedding || st.has_head;  // a middle stage reads none
+  per_slot(inputs_, slots_, needs_tokens, tokens);
+  per_slot(targets_, slots_, needs_tokens, tokens);
+  per_slot(doutput_, slots_, !st.has_head, boundary);
+  // One sent gradient per slot suffices: micro-batch m's forward starts only once the send of
+  // m − slots's gradient has completed (Note [Slot reuse] in pipeline_runner.cpp).
+  per_slot(dinput_, slots_, !st.has_embedding, boundary);
   // Note [Stage transfers on a device]: the received gradients (doutput_) and the sent ones
   // (dinput_) are host buffers already, which the model copies from and to; the activations
   // need host copies of their own.
-  if (model_.backend().is_device()) {
-    if (!model_.stage().has_embedding) input_host_.assign(slots_, std::vector<float>(boundary));
-    if (!model_.stage().has_head) output_host_.assign(slots_, std::vector<float>(boundary));
-  }
+  const bool device = model_.backend().is_device();
+  per_slot(input_host_, slots_, device && !st.has_embedding, boundary);
+  per_slot(output_host_, slots_, device && !st.has_head, boundary);
 }
 
 size_t GPTStage::boundary_floats() const {
@@ -62,10 +73,12 @@ void GPTStage::forward(int micro) {
   if (!input_host_.empty())  // the received activations, into the device's stage input
     model_.backend().copy(model_.stage_input(slot(micro)), input_host_[slot(micro)].data(),
                           boundary_floats() * sizeof(float));
-  const bool needs_tokens = model_.stage().has_embedding || model_.stage().has_head;
-  if (needs_tokens) order_.fill(g0, B, inputs_[micro].data(), targets_[micro].data());
-  loss_sum_ += model_.forward(slot(micro), inputs_[micro].data(),
-                              model_.stage().has_head ? targets_[micro].data() : nullptr, B, T);
+  const StageSpec& st = model_.stage();
+  const bool needs_tokens = st.has_embedding || st.has_head;
+  int32_t* inputs = needs_tokens ? inputs_[slot(micro)].data() : nullptr;
+  int32_t* targets = needs_tokens ? targets_[slot(micro)].data() : nullptr;
+  if (needs_tokens) order_.fill(g0, B, inputs, targets);
+  loss_sum_ += model_.forward(slot(micro), inputs, st.has_head ? targets : nullptr, B, T);
   forward_ms_ += ms_since(t0);
 }
 
@@ -99,12 +112,13 @@ void GPTStage::backward(int micro) {
   }
   model_.backward(slot(micro), 1.0f / float(in_.accum),
                   model_.stage().has_head ? nullptr : doutput_[slot(micro)].data(),
-                  model_.stage().has_embedding ? nullptr : dinput_[micro].data(), on_ready, sink);
+                  model_.stage().has_embedding ? nullptr : dinput_[slot(micro)].data(), on_ready,
+                  sink);
   backward_ms_ += ms_since(t0);
 }
 
 std::vector<StageTensor> GPTStage::backward_outputs(int micro) {
-  return {boundary("dhidden", dinput_[micro].data())};
+  return {boundary("dhidden", dinput_[slot(micro)].data())};
 }
 
 }  // namespace trident

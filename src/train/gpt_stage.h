@@ -28,8 +28,9 @@ class GPTStage : public PipelineStage {
   double loss_sum() const { return loss_sum_; }
   double forward_ms() const { return forward_ms_; }
   double backward_ms() const { return backward_ms_; }
-  // For the sink: this micro-batch's input tokens, and the row map the trainer fills.
-  const std::vector<int32_t>& inputs(int micro) const { return inputs_[micro]; }
+  // For the sink: this micro-batch's input tokens (valid from its forward to its backward),
+  // and the row map the trainer fills.
+  const std::vector<int32_t>& inputs(int micro) const { return inputs_[slot(micro)]; }
   std::vector<int32_t>& row_of_input() { return row_of_input_; }
   std::function<void(int micro)> before_backward;  // trainer hook (fills row_of_input)
 
@@ -50,9 +51,11 @@ class GPTStage : public PipelineStage {
   EmbeddingRowSink* sink_;
   int slots_;
   StepInputs in_;
-  std::vector<std::vector<int32_t>> inputs_, targets_;  // per micro-batch
-  std::vector<std::vector<float>> doutput_;             // per slot: received gradients
-  std::vector<std::vector<float>> dinput_;              // per micro-batch: sent gradients
+  // Sized for the shape of the last begin_step (tokens_, boundary_ floats), one per slot.
+  size_t tokens_ = 0, boundary_ = 0;
+  std::vector<std::vector<int32_t>> inputs_, targets_;  // the micro-batch's tokens
+  std::vector<std::vector<float>> doutput_;             // received gradients
+  std::vector<std::vector<float>> dinput_;              // sent gradients
   // Note [Stage transfers on a device]: with a device backend the boundary activations travel
   // through host copies (per slot), since the pipeline's communicator works on host memory.
   std::vector<std::vector<float>> input_host_, output_host_;

@@ -34,6 +34,7 @@
 #include <cstring>
 #include <memory>
 
+#include "core/elapsed.h"
 #include "trident/check.h"
 #include "trident/pipeline.h"
 
@@ -63,10 +64,6 @@ enum Direction { kForwardDir = 0, kBackwardDir = 1 };
 
 int message_tag(Direction dir, int micro, int part) {
   return ((micro % kTagMicroPeriod) * 2 + dir) * kTagParts + part;
-}
-
-double ms_since(CommClock::time_point t) {
-  return std::chrono::duration<double, std::milli>(CommClock::now() - t).count();
 }
 
 int64_t name_hash(const std::string& name) {
@@ -214,7 +211,8 @@ class StageRunner {
     poll_sends();
     if (a.kind == PipeAction::Kind::kForward) {
       // Note [Slot reuse]: micro-batch m − in_flight's backward outputs may share buffers with
-      // micro-batch m (slot m mod in_flight), so their send must end before m's receive starts.
+      // micro-batch m (slot m mod in_flight; GPTStage's sent gradients do), so their send must
+      // end before m's receive starts.
       // It ends once the previous stage started backward(m − in_flight), which it does without
       // waiting for this stage's later work, so waiting here cannot deadlock.
       if (a.micro >= in_flight_) complete_sends(kBackwardDir, a.micro - in_flight_);

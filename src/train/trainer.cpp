@@ -8,6 +8,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "core/elapsed.h"
 #include "train/gpt_stage.h"
 #include "trident/check.h"
 #include "trident/grad_reducer.h"
@@ -17,10 +18,6 @@
 
 namespace trident {
 namespace {
-
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
 
 std::vector<int> parse_stage_layers(const std::string& text) {
   std::vector<int> out;

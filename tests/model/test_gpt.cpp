@@ -1,5 +1,6 @@
 // Whole-model tests: layout, initialisation, gradient against finite differences, ready events,
 // llm.c checkpoint round trip.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -222,6 +223,65 @@ TEST(GptRecompute, BitwiseEqualGradientsWithLessMemory) {
   ASSERT_EQ(0, std::memcmp(grads[0].data(), grads[2].data(), grads[0].size() * 4)) << "full";
   EXPECT_GT(bytes[0], bytes[1]);
   EXPECT_GT(bytes[1], bytes[2]);
+}
+
+// The activation memory each mode saves, against a hand-written count for the tiny config
+// (tp = 1, CPU attention saving the [B,NH,T,T] probabilities): mlp drops fch and fch_gelu
+// (4·N·C each) per block and slot and keeps one shared pair to recompute into — nothing else,
+// in particular no shared attention buffer; full keeps each block's output and shares one
+// copy of every block buffer.
+TEST(GptRecompute, ActivationBytesSaveExactlyWhatIsRecomputed) {
+  GPTConfig c = tiny_config();
+  auto be = make_cpu_backend(1);
+  const int B = 2, T = 8, slots = 2;
+  const size_t N = size_t(B) * T, C = size_t(c.channels), L = size_t(c.layers);
+  const size_t att = size_t(B) * c.heads * T * T;
+  // Per block: ln1 qkv atty residual2 ln2 fch fch_gelu residual3 (16·N·C), four LayerNorm
+  // statistics of N rows, and att.
+  const size_t block = 16 * N * C + 4 * N + att;
+  auto bytes = [&](Recompute mode) {
+    GPTOptions opt;
+    opt.slots = slots;
+    opt.recompute = mode;
+    return GPT(c, *be, B, T, opt).activation_bytes();
+  };
+  const size_t none = bytes(Recompute::kNone), mlp = bytes(Recompute::kMlp),
+               full = bytes(Recompute::kFull);
+  EXPECT_EQ(none - mlp, ((slots * L - 1) * 8 * N * C) * sizeof(float));
+  EXPECT_EQ(none - full, (slots * L * (block - N * C) - block) * sizeof(float));
+}
+
+// Backward reports each block's parameters while that block's backward runs (not all at the
+// end): the last phase finished before the report is the one before the block's. lnf's are
+// reported in the head's phase; wte and wpe in the embedding's (without a sink).
+TEST(GptBackward, ReadyEventsArriveDuringTheirPhase) {
+  GPTConfig c = tiny_config();
+  auto be = make_cpu_backend(1);
+  GPT m(c, *be, 2, 8);
+  m.init_weights(5);
+  auto in = random_tokens(16, c.vocab, 3), tg = random_tokens(16, c.vocab, 4);
+  std::string last_phase;
+  m.set_phase_recorder([&](const std::string& phase, auto, auto) { last_phase = phase; });
+  m.forward(in.data(), tg.data(), 2, 8);
+  std::vector<std::string> before;  // per parameter: the last phase ended before its report
+  before.resize(m.params_info().size());
+  std::vector<int> order;
+  m.backward(1.0f, [&](int i) {
+    order.push_back(i);
+    before[size_t(i)] = last_phase;
+  });
+  std::vector<int> expected;  // ready order: the list front to back, wte (no sink) last
+  for (int i = 1; i < int(m.params_info().size()); ++i) expected.push_back(i);
+  expected.push_back(0);
+  EXPECT_EQ(order, expected);
+  for (size_t i = 0; i < before.size(); ++i) {
+    const ParamInfo& p = m.params_info()[i];
+    std::string want = "forward head+loss";  // lnf: inside the head's backward
+    if (p.layer == c.layers - 1) want = "backward head+loss";
+    if (p.layer >= 0 && p.layer < c.layers - 1) want = fmt::format("backward block {}", p.layer + 1);
+    if (p.name == "wte" || p.name == "wpe") want = "backward block 0";
+    EXPECT_EQ(before[i], want) << p.name;
+  }
 }
 
 // Two stages run one after the other on one rank (the boundary tensor copied by hand) give

@@ -1,1 +1,0 @@
-// Placeholder translation unit for a part that has no sources yet.
