@@ -45,6 +45,9 @@ struct GradReducerOptions {
   // backward; false: all buckets are reduced after finish() is called. Same buckets, same
   // calls, so both give bitwise equal gradients.
   bool overlap = true;
+  // true: the all-reduce averages over dp. false: the gradients were divided by dp already
+  // (Note [Average in the loss seed] in train/gpt_stage.cpp), so it sums.
+  bool average = true;
   // Note [Message size]: an all-reduce is started in pieces of at most this many bytes (a
   // parameter larger than bucket_bytes, such as wte, is a bucket of its own). MPI's
   // nonblocking all-reduce allocates a temporary buffer of the message's size / dp per call;

@@ -4,7 +4,7 @@
 //
 // Who calls MPI (or NCCL). Between begin_step(true) and the end of finish() only the reducer's
 //   thread touches the dp communicator (Note [One thread per communicator]): it starts each
-//   bucket's all-reduce as an average (ReduceOp::kAvg) and polls it. The compute thread never
+//   bucket's all-reduce (an average, or a sum of pre-divided gradients) and polls it. The compute thread never
 //   calls MPI on dp: grad_ready, add_extra and finish only push events (begin, "parameter i is
 //   ready", extra buffer, finish) into a queue under a mutex, and finish() then sleeps on a
 //   condition variable. The one dp call the compute thread makes is mark_compute_ready (Note
@@ -21,10 +21,12 @@
 // Why a thread. So the reduction of late layers overlaps the backward of early ones
 //   (overlap = true). With overlap = false the thread does the same, but starts nothing until
 //   finish() is called: the same calls on the same slices, so the results are bitwise equal.
-// Where the average is taken. A host communicator (MpiComm) sums, then divides the slice on
-//   this thread when the sum completes (Communicator::start_all_reduce_op): the same division
-//   as always, so CPU results are bitwise unchanged. A device communicator (NcclComm) averages
-//   on the device (ncclAvg, or the bf16 cast back), so this thread never touches device memory.
+// Where the average is taken. With GradReducerOptions::average, a host communicator (MpiComm)
+//   sums, then divides the slice on this thread when the sum completes
+//   (Communicator::start_all_reduce_op); a device communicator (NcclComm) averages on the
+//   device (ncclAvg, or the bf16 cast back), so this thread never touches device memory.
+//   Without it the caller has divided already (Note [Average in the loss seed]) and the
+//   thread only sums: one pass over the gradients fewer on the compute cores.
 // On the GPU path it only enqueues. Each ready event carries the compute-stream mark taken in
 //   grad_ready; before starting a bucket the thread calls order_after(mark of the bucket's last
 //   ready parameter) — the compute stream is in order, so that mark covers the whole bucket —
@@ -130,6 +132,7 @@ struct GradReducer::State {
   std::vector<size_t> bucket_of_param;
   bool overlap;
   size_t max_message;  // floats per all-reduce call (Note [Message size])
+  ReduceOp reduce_op;  // kAvg, or kSum of gradients divided by dp already
   CommClock::time_point origin;
 
   // Compute thread only.
@@ -171,9 +174,9 @@ struct GradReducer::State {
   std::thread thread;
 
   State(Communicator& dp_, float* grads_, std::vector<GradParam> params_, bool overlap_,
-        size_t max_message_, CommClock::time_point origin_)
+        size_t max_message_, ReduceOp reduce_op_, CommClock::time_point origin_)
       : dp(dp_), grads(grads_), params(std::move(params_)), overlap(overlap_),
-        max_message(max_message_), origin(origin_) {}
+        max_message(max_message_), reduce_op(reduce_op_), origin(origin_) {}
 
   double ms(CommClock::time_point t) const {
     return std::chrono::duration<double, std::milli>(t - origin).count();
@@ -299,7 +302,7 @@ struct GradReducer::State {
     size_t done = 0;
     do {
       const size_t n = std::min(count - done, max_message);
-      in_flight.push_back({dp.all_reduce(data + done, n, ReduceOp::kAvg, r.name),
+      in_flight.push_back({dp.all_reduce(data + done, n, reduce_op, r.name),
                            building.records.size()});
       done += n;
     } while (done < count);
@@ -426,6 +429,7 @@ GradReducer::GradReducer(Communicator& dp, float* grads,
     : state_(std::make_unique<State>(
           dp, grads, std::move(params_in_ready_order), options.overlap,
           std::max<size_t>(1, options.max_message_bytes / sizeof(float)),
+          options.average ? ReduceOp::kAvg : ReduceOp::kSum,
           options.trace_origin)) {
   State& s = *state_;
   const auto& p = s.params;

@@ -110,7 +110,14 @@ void GPTStage::backward(int micro) {
     if (before_backward) before_backward(micro);
     sink = sink_;
   }
-  model_.backward(slot(micro), 1.0f / float(in_.accum),
+  // Note [Average in the loss seed]: the step's loss is the mean over its accum · dp
+  // micro-batches, so backward's seed carries 1 / (accum · dp) and the data-parallel
+  // all-reduce only sums (GradReducerOptions::average = false in the Trainer). That saves the
+  // division pass over every gradient on the communication thread, which runs on the compute
+  // cores. Scaling by a power of two is exact, so with dp = 2, 4, 8, ... the gradients have
+  // the bits the old sum-then-divide gave; with other dp they differ by rounding only.
+  const float dloss_scale = 1.0f / (float(in_.accum) * float(in_.dp_size));
+  model_.backward(slot(micro), dloss_scale,
                   model_.stage().has_head ? nullptr : doutput_[slot(micro)].data(),
                   model_.stage().has_embedding ? nullptr : dinput_[slot(micro)].data(), on_ready,
                   sink);

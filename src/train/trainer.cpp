@@ -126,6 +126,7 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
     opt.first_bucket_bytes = mib(deck_.comm.first_bucket_mb);
     opt.bucket_bytes = mib(deck_.comm.bucket_mb);
     opt.overlap = deck_.comm.overlap;
+    opt.average = false;  // Note [Average in the loss seed] (train/gpt_stage.cpp)
     if (ctx_.trace) opt.trace_origin = ctx_.trace->origin();
     MpiComm& dp = ctx_.grid->dp();
     dp.set_timeout(deck_.comm.timeout_s);
