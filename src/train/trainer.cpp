@@ -130,8 +130,7 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
     opt.bucket_bytes = mib(deck_.comm.bucket_mb);
     opt.overlap = deck_.comm.overlap;
     if (ctx_.trace) opt.trace_origin = ctx_.trace->origin();
-    MpiComm& dp = ctx_.grid->dp();
-    dp.set_timeout(deck_.comm.timeout_s);
+    MpiComm& dp = ctx_.grid->dp();  // its timeout is the grid's (make_grid)
     if (deck_.comm.emulate_gbps > 0)
       dp.set_emulated_link(deck_.comm.emulate_gbps, deck_.comm.emulate_latency_us);
     if (ctx_.backend->is_device() && !ctx_.dp_device)
