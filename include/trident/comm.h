@@ -88,8 +88,10 @@ class Work {
   std::unique_ptr<Impl> impl_;
 };
 
-// kAvg is the sum divided by the number of ranks (what data-parallel gradients need).
-enum class ReduceOp { kSum, kAvg };
+// kAvg is the sum divided by the number of ranks (what data-parallel gradients need). kBitOr
+// is the bitwise OR of integer elements (a union of bitmaps: the tied embedding's row set,
+// Note [Step row set] in train/embedding_rows.h); host communicators only (NCCL has no OR).
+enum class ReduceOp { kSum, kAvg, kBitOr };
 
 // Note [Gradient-ready events]
 // On the GPU, "layer L's weight gradients are final" is a point in the compute stream, not a
@@ -259,6 +261,9 @@ class MpiComm : public Communicator {
 
  protected:
   Work start_all_reduce(void* data, size_t count, ElemType type) override;
+  // kBitOr as MPI_BOR; kSum and kAvg as Communicator's.
+  Work start_all_reduce_op(void* data, size_t count, ElemType type, ReduceOp op,
+                           std::string_view label) override;
   Work start_reduce_scatter(const void* send, void* recv, size_t recv_count,
                             ElemType type) override;
   Work start_all_gather(const void* send, void* recv, size_t send_count, ElemType type) override;

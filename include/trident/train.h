@@ -20,6 +20,7 @@ namespace trident {
 class ProcessGrid;
 class GradReducer;
 class GPTStage;
+class StepRowSet;
 
 // Linear warmup over warmup_steps (step 0 gets lr/warmup), then cosine decay to
 // lr·min_lr_ratio at the last step, or constant. `step` is 0-based.
@@ -49,7 +50,8 @@ struct StepStats {
   double mfu = 0.0;             // fraction of the measured GEMM peak
   double forward_ms = 0.0, backward_ms = 0.0, optimizer_ms = 0.0;
   // Data parallel (0 with dp = 1): time with an all-reduce in flight, the part of it after
-  // the end of backward, and overlap = 1 − exposed/comm.
+  // the end of backward, and overlap = 1 − exposed/comm. Both include the step's first
+  // collective, the tied embedding's row set (Note [Step row set]), which nothing overlaps.
   double comm_ms = 0.0, exposed_comm_ms = 0.0, overlap = 0.0;
   double comm_cpu_ms = 0.0;     // CPU time of the dp communication thread (ReduceStats)
   double tp_comm_ms = 0.0;      // waiting in tensor-parallel collectives (compute thread)
@@ -103,9 +105,10 @@ class Trainer {
   const GradReducer* reducer() const { return reducer_.get(); }
 
  private:
-  // Note [Tied embedding gradient]: the sorted token ids of the whole step (all micro-batches,
-  // all dp ranks), known before the step, so every rank has the same compact row set.
-  void collect_step_rows(int step);
+  // Note [Tied embedding gradient]: the rows of the step's tokens (all micro-batches, all dp
+  // ranks), known before the step, so every rank has the same compact row set: this rank's
+  // micro-batches marked, then united over dp (Note [Step row set]). Returns the union's span.
+  OpRecord collect_step_rows(int step);
   // Sums wte's gradient over the first and last pipeline stage (Note [Pipeline stages]).
   void reduce_tied_embedding();
   // Forward of one validation micro-batch through the pipeline; the loss on the last stage.
@@ -129,8 +132,8 @@ class Trainer {
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<GPTStage> stage_;
   EmbeddingRowSink sink_;
-  std::vector<int32_t> step_rows_, row_of_input_;
-  std::vector<float> row_grads_;
+  std::unique_ptr<StepRowSet> step_rows_;  // with use_sink_
+  std::vector<float> row_grads_;          // capacity: the most rows a step can have
   bool use_sink_ = false;  // Note [Tied embedding gradient]
 };
 

@@ -53,7 +53,7 @@ std::unique_ptr<ProcessGrid> make_grid(const Deck& deck) {
   const GridLayout layout =
       make_layout(world, deck.parallel.dp, deck.parallel.tp, deck.parallel.pp);
   auto grid = std::make_unique<ProcessGrid>(layout);
-  grid->set_timeout(deck.comm.timeout_s);
+  grid->set_timeout(deck.comm.timeout_s);  // all of the grid's communicators; set only here
   return grid;
 }
 

@@ -58,9 +58,19 @@ Work Communicator::start_all_reduce_op(void* data, size_t count, ElemType type, 
                    fmt::format("all_reduce average of {} on communicator '{}': only float32 and "
                                "float64 can be averaged on the host",
                                elem_type_name(type), name()));
+  // A communicator that can OR overrides this; on one rank the OR is the data itself.
+  if (op == ReduceOp::kBitOr && size() > 1)
+    internal_error(__FILE__, __LINE__,
+                   fmt::format("all_reduce bitwise OR on communicator '{}': not supported",
+                               name()));
+  if (op == ReduceOp::kBitOr && type != ElemType::kInt32 && type != ElemType::kInt64 &&
+      type != ElemType::kUint8)
+    internal_error(__FILE__, __LINE__,
+                   fmt::format("all_reduce bitwise OR of {} on communicator '{}': integers only",
+                               elem_type_name(type), name()));
   Work sum = start_all_reduce(data, count, type);
-  // One rank: the sum is the average (and an empty Work has no record to forward).
-  if (op == ReduceOp::kSum || size() == 1) return sum;
+  // One rank: the sum is the average and the OR (and an empty Work has no record to forward).
+  if (op != ReduceOp::kAvg || size() == 1) return sum;
   if (type == ElemType::kFloat64)
     return Work(std::make_unique<HostAverageWork<double>>(
         std::move(sum), static_cast<double*>(data), count, size()));

@@ -211,6 +211,22 @@ Work MpiComm::start_all_reduce(void* data, size_t count, ElemType type) {
   return make_work("all_reduce", LinkOp::kAllReduce, count * elem_bytes(type), req, start);
 }
 
+Work MpiComm::start_all_reduce_op(void* data, size_t count, ElemType type, ReduceOp op,
+                                  std::string_view label) {
+  if (op != ReduceOp::kBitOr)
+    return Communicator::start_all_reduce_op(data, count, type, op, label);
+  // Refused before anything starts, so no operation is left in flight.
+  if (type == ElemType::kFloat32 || type == ElemType::kFloat64)
+    internal_error(__FILE__, __LINE__,
+                   fmt::format("all_reduce bitwise OR of {} on communicator '{}': integers only",
+                               elem_type_name(type), name_));
+  const auto start = CommClock::now();
+  MPI_Request req;
+  TRIDENT_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, mpi_count(count, "all_reduce"), mpi_type(type),
+                             MPI_BOR, comm_, &req));
+  return make_work("all_reduce", LinkOp::kAllReduce, count * elem_bytes(type), req, start);
+}
+
 Work MpiComm::start_reduce_scatter(const void* send, void* recv, size_t recv_count,
                                    ElemType type) {
   const auto start = CommClock::now();

@@ -47,6 +47,12 @@ void GPTStage::begin_step(const StepInputs& in) {
   per_slot(output_host_, slots_, device && !st.has_head, boundary);
 }
 
+uint64_t GPTStage::first_sample(const StepInputs& in, int micro) {
+  const uint64_t global_batch = uint64_t(in.micro_batch) * in.accum * in.dp_size;
+  return uint64_t(in.step) * global_batch +
+         (uint64_t(micro) * in.dp_size + in.dp_rank) * uint64_t(in.micro_batch);
+}
+
 size_t GPTStage::boundary_floats() const {
   return model_.boundary_rows(in_.micro_batch, in_.seq_len) * size_t(model_.config().channels);
 }
@@ -65,11 +71,7 @@ std::vector<StageTensor> GPTStage::forward_inputs(int micro) {
 void GPTStage::forward(int micro) {
   const auto t0 = std::chrono::steady_clock::now();
   const int B = in_.micro_batch, T = in_.seq_len;
-  // Note [Sample order] (trainer.cpp): micro-batch m of dp rank r reads global positions
-  // step·GB + (m·dp + r)·B onwards. Stages of one pipeline read the same samples.
-  const uint64_t global_batch = uint64_t(B) * in_.accum * in_.dp_size;
-  const uint64_t g0 = uint64_t(in_.step) * global_batch +
-                      (uint64_t(micro) * in_.dp_size + in_.dp_rank) * B;
+  const uint64_t g0 = first_sample(in_, micro);  // Note [Sample order] (gpt_stage.h)
   if (!input_host_.empty())  // the received activations, into the device's stage input
     model_.backend().copy(model_.stage_input(slot(micro)), input_host_[slot(micro)].data(),
                           boundary_floats() * sizeof(float));

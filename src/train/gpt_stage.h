@@ -20,6 +20,11 @@ class GPTStage : public PipelineStage {
     int micro_batch = 0, seq_len = 0, accum = 1;
     int dp_size = 1, dp_rank = 0;
   };
+  // Note [Sample order]: micro-batch m of dp rank r reads the B samples at global positions
+  // step·GB + (m·dp + r)·B onwards (GB = B·accum·dp, the global batch). Stages of one pipeline
+  // and the tp ranks of one dp rank read the same samples. The trainer's row set (Note [Step
+  // row set] in train/embedding_rows.h) reads the same positions.
+  static uint64_t first_sample(const StepInputs& in, int micro);
   // `reducer` may be null (dp = 1); `sink` is used on a stage with both embedding and head.
   GPTStage(GPT& model, const SampleOrder& order, GradReducer* reducer, EmbeddingRowSink* sink);
 

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/elapsed.h"
+#include "train/embedding_rows.h"
 #include "train/gpt_stage.h"
 #include "trident/check.h"
 #include "trident/grad_reducer.h"
@@ -128,8 +129,7 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
     opt.overlap = deck_.comm.overlap;
     opt.average = false;  // Note [Average in the loss seed] (train/gpt_stage.cpp)
     if (ctx_.trace) opt.trace_origin = ctx_.trace->origin();
-    MpiComm& dp = ctx_.grid->dp();
-    dp.set_timeout(deck_.comm.timeout_s);
+    MpiComm& dp = ctx_.grid->dp();  // its timeout is the grid's (make_grid)
     if (deck_.comm.emulate_gbps > 0)
       dp.set_emulated_link(deck_.comm.emulate_gbps, deck_.comm.emulate_latency_us);
     if (ctx_.backend->is_device() && !ctx_.dp_device)
@@ -143,17 +143,21 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
   const bool use_sink = use_sink_;
   stage_ = std::make_unique<GPTStage>(*model_, *train_order_, reducer_.get(),
                                       use_sink ? &sink_ : nullptr);
-  if (use_sink)
+  if (use_sink) {
+    step_rows_ = std::make_unique<StepRowSet>(model_->vocab_begin(), model_->vocab_end());
+    // A step has at most one row per token it reads, and no more than the slice: reserved
+    // once, so the per-step assign never reallocates.
+    const size_t slice = size_t(model_->vocab_end() - model_->vocab_begin());
+    const size_t max_rows = std::min(slice, size_t(tokens_per_step()));
+    row_grads_.reserve(max_rows * size_t(cfg.channels));
+    stage_->row_of_input().resize(size_t(B) * T);
     stage_->before_backward = [this](int micro) {
       const std::vector<int32_t>& in = stage_->inputs(micro);
       std::vector<int32_t>& rows = stage_->row_of_input();
-      rows.resize(in.size());
-      for (size_t i = 0; i < in.size(); ++i) {
-        auto it = std::lower_bound(step_rows_.begin(), step_rows_.end(), in[i]);
-        rows[i] = it != step_rows_.end() && *it == in[i] ? int32_t(it - step_rows_.begin()) : -1;
-      }
+      for (size_t i = 0; i < in.size(); ++i) rows[i] = step_rows_->index_of(in[i]);
       sink_ = {rows.data(), row_grads_.data()};
     };
+  }
   if (ctx_.trace)
     model_->set_phase_recorder([this](const std::string& phase, auto b, auto e) {
       record("compute", phase, b, e);
@@ -172,21 +176,23 @@ long Trainer::tokens_per_step() const {
   return long(deck_.train.micro_batch) * deck_.model.seq_len * deck_.train.accum * dp_size_;
 }
 
-void Trainer::collect_step_rows(int step) {
+OpRecord Trainer::collect_step_rows(int step) {
   const int B = deck_.train.micro_batch, T = deck_.model.seq_len;
-  const uint64_t global_batch = uint64_t(B) * deck_.train.accum * dp_size_;
-  std::vector<uint8_t> seen(size_t(model_->config().vocab), 0);
-  std::vector<int32_t> in(T), tg(T);
-  for (uint64_t i = 0; i < global_batch; ++i) {
-    train_order_->fill(uint64_t(step) * global_batch + i, 1, in.data(), tg.data());
-    for (int32_t t : in) seen[size_t(t)] = 1;
+  const GPTStage::StepInputs in{step, B, T, deck_.train.accum, dp_size_, dp_rank_};
+  // Only this rank's micro-batches (Note [Sample order]), into the validation buffers, free
+  // between steps. The stage reads them again in forward: O(local) either way.
+  step_rows_->clear();
+  for (int m = 0; m < in.accum; ++m) {
+    train_order_->fill(GPTStage::first_sample(in, m), B, inputs_.data(), targets_.data());
+    step_rows_->mark(inputs_.data(), inputs_.size());
   }
-  // Only this tp rank's vocabulary slice (Note [Tensor-parallel shards]).
-  step_rows_.clear();
-  const size_t v1 = std::min(seen.size(), size_t(model_->vocab_end()));
-  for (size_t v = size_t(model_->vocab_begin()); v < v1; ++v)
-    if (seen[v]) step_rows_.push_back(int32_t(v));
-  row_grads_.assign(step_rows_.size() * size_t(model_->config().channels), 0.0f);
+  // The compute thread may use dp here (Note [One thread per communicator]): the reducer's
+  // thread is idle — the last step's finish() returned and this step's begin_step(true)
+  // comes with the last micro-batch's backward. Every rank with the sink (all or none of dp:
+  // same deck, same stage) issues it here, before any bucket (Note [Same buckets, same order]).
+  const OpRecord span = step_rows_->unite(ctx_.grid->dp());
+  row_grads_.assign(step_rows_->rows().size() * size_t(model_->config().channels), 0.0f);
+  return span;
 }
 
 void Trainer::reduce_tied_embedding() {
@@ -209,7 +215,7 @@ StepStats Trainer::train_step(int step) {
 
   model_->zero_grads();
   const bool use_sink = use_sink_;
-  if (use_sink) collect_step_rows(step);
+  const OpRecord rows_union = use_sink ? collect_step_rows(step) : OpRecord{};
   stage_->begin_step({step, B, T, accum, dp_size_, dp_rank_});
   const PipelineStats ps = run_pipeline(schedule_, *pp_comm_, pp_size_, pp_rank_, accum, *stage_);
   s.forward_ms = stage_->forward_ms();
@@ -221,19 +227,26 @@ StepStats Trainer::train_step(int step) {
     if (use_sink) reducer_->add_extra(row_grads_.data(), row_grads_.size(), "wte rows");
     reducer_->finish();  // gradients are now the dp average
     const ReduceStats& rs = reducer_->stats();
-    s.comm_ms = rs.comm_ms;
-    s.exposed_comm_ms = rs.exposed_comm_ms;
+    // The row set's union ran before the pipeline with nothing to overlap it: comm and
+    // exposed alike (it ended before any bucket started, so the spans simply add).
+    const double rows_ms = use_sink ? rows_union.ms() : 0.0;
+    s.comm_ms = rs.comm_ms + rows_ms;
+    s.exposed_comm_ms = rs.exposed_comm_ms + rows_ms;
     s.comm_cpu_ms = rs.thread_cpu_ms;
-    s.overlap = rs.comm_ms > 0 ? std::max(0.0, 1.0 - rs.exposed_comm_ms / rs.comm_ms) : 0.0;
-    if (ctx_.trace)
+    s.overlap = s.comm_ms > 0 ? std::max(0.0, 1.0 - s.exposed_comm_ms / s.comm_ms) : 0.0;
+    if (ctx_.trace) {
+      if (use_sink)
+        ctx_.trace->span("all-reduce", "wte row set", rows_union.start, rows_union.end, "comm");
       for (const BucketRecord& r : rs.records)
         ctx_.trace->span("all-reduce", r.name, r.start_ms, r.end_ms, "comm");
+    }
     if (use_sink) {
       // The averaged sparse rows join wte's (averaged) dense gradient.
       float* dwte = model_->grads() + model_->param("wte").offset;
       const size_t v0 = size_t(model_->vocab_begin());
-      for (size_t k = 0; k < step_rows_.size(); ++k) {
-        float* row = dwte + (size_t(step_rows_[k]) - v0) * C;
+      const std::vector<int32_t>& rows = step_rows_->rows();
+      for (size_t k = 0; k < rows.size(); ++k) {
+        float* row = dwte + (size_t(rows[k]) - v0) * C;
         be.add(row, row, row_grads_.data() + k * C, size_t(C));
       }
     }

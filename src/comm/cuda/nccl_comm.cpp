@@ -296,6 +296,11 @@ Work NcclComm::start_all_reduce(void* data, size_t count, ElemType type) {
 
 Work NcclComm::start_all_reduce_op(void* data, size_t count, ElemType type, ReduceOp op,
                                    std::string_view label) {
+  // Refused before anything is enqueued: NCCL has no bitwise OR (ReduceOp, trident/comm.h).
+  if (op == ReduceOp::kBitOr)
+    internal_error(__FILE__, __LINE__,
+                   fmt::format("all_reduce bitwise OR on NCCL communicator '{}': not supported",
+                               name_));
   const size_t bytes = count * elem_bytes(type);
   if (options_.grad_bf16 && type == ElemType::kFloat32) {
     auto* x = static_cast<float*>(data);
