@@ -115,12 +115,13 @@ class Trainer {
   double validation_forward(int micro, int B, int T);
   // Σ g² over the whole model: sharded parameters summed over tp, replicated ones once.
   double global_grad_sum_squares();
-  void record(const std::string& track, const std::string& name,
+  void record(const char* track, const std::string& name,
               std::chrono::steady_clock::time_point b, std::chrono::steady_clock::time_point e);
 
   Deck deck_;
   TrainContext ctx_;
   std::unique_ptr<GPT> model_;
+  const ParamInfo* wte_ = nullptr;  // the tied embedding, if this stage holds it
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<TokenDataset> train_data_, valid_data_;
   std::unique_ptr<SampleOrder> train_order_, valid_order_;

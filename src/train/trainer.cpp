@@ -107,6 +107,8 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
     valid_order_ = std::make_unique<SampleOrder>(*valid_data_, T, false, 0);
   }
   model_ = std::make_unique<GPT>(cfg, *ctx_.backend, B, T, options);
+  for (const ParamInfo& p : model_->params_info())  // resolved once: the step uses it by pointer
+    if (p.name == "wte") wte_ = &p;
   if (deck_.model.init_from.empty())
     model_->init_weights(deck_.train.seed);
   else
@@ -166,7 +168,7 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
 
 Trainer::~Trainer() = default;
 
-void Trainer::record(const std::string& track, const std::string& name,
+void Trainer::record(const char* track, const std::string& name,
                      std::chrono::steady_clock::time_point b,
                      std::chrono::steady_clock::time_point e) {
   if (ctx_.trace) ctx_.trace->span(track, name, b, e);
@@ -197,7 +199,7 @@ OpRecord Trainer::collect_step_rows(int step) {
 
 void Trainer::reduce_tied_embedding() {
   if (pp_size_ == 1 || !ctx_.grid->in_embedding_group()) return;
-  const ParamInfo& wte = model_->param("wte");
+  const ParamInfo& wte = *wte_;
   // Host MPI on a host view (Note [Stage transfers on a device] in train/gpt_stage.h).
   HostView<float> g(*ctx_.backend, model_->grads() + wte.offset, wte.count, /*load=*/true);
   ctx_.grid->embedding().all_reduce(g.data(), wte.count).wait();
@@ -242,7 +244,7 @@ StepStats Trainer::train_step(int step) {
     }
     if (use_sink) {
       // The averaged sparse rows join wte's (averaged) dense gradient.
-      float* dwte = model_->grads() + model_->param("wte").offset;
+      float* dwte = model_->grads() + wte_->offset;
       const size_t v0 = size_t(model_->vocab_begin());
       const std::vector<int32_t>& rows = step_rows_->rows();
       for (size_t k = 0; k < rows.size(); ++k) {
@@ -272,7 +274,7 @@ StepStats Trainer::train_step(int step) {
   opt_->update(be, *model_, tc, float(s.lr), step + 1);
   be.synchronize();  // a device step ends when its last op has run, not when it was issued
   s.optimizer_ms = ms_since(t0);
-  record("compute", "optimizer", t0, std::chrono::steady_clock::now());
+  if (ctx_.trace) record("compute", "optimizer", t0, std::chrono::steady_clock::now());
 
   s.tp_comm_ms = model_->take_tp_comm_ms();
   s.ms_per_step = ms_since(t_step);
@@ -299,7 +301,7 @@ double Trainer::global_grad_sum_squares() {
     return be.sum_squares(model_->grads(), model_->num_params());
   double sharded = 0.0, replicated = 0.0;
   for (const ParamInfo& p : model_->params_info()) {
-    if (skip_wte && p.name == "wte") continue;
+    if (skip_wte && &p == wte_) continue;
     const double ss = be.sum_squares(model_->grads() + p.offset, p.count);
     (p.shard == Shard::kReplicated ? replicated : sharded) += ss;
   }
