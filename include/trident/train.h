@@ -54,6 +54,7 @@ struct StepStats {
   // collective, the tied embedding's row set (Note [Step row set]), which nothing overlaps.
   double comm_ms = 0.0, exposed_comm_ms = 0.0, overlap = 0.0;
   double comm_cpu_ms = 0.0;     // CPU time of the dp communication thread (ReduceStats)
+  long comm_polls = 0;          // its tests of in-flight all-reduces (each one enters MPI)
   double tp_comm_ms = 0.0;      // waiting in tensor-parallel collectives (compute thread)
   // Pipeline (this stage): time in the schedule, and the part spent waiting for neighbours.
   double pipeline_ms = 0.0, pipeline_wait_ms = 0.0;

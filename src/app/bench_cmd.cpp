@@ -101,9 +101,10 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
     const bool timed = i >= args.warmup_steps;
     if (lead) {
       fmt::print("bench: step {} {}: {:.1f} ms (forward {:.1f}, backward {:.1f}, optimizer "
-                 "{:.1f}, comm {:.1f}, exposed comm {:.1f}, comm thread cpu {:.1f}) loss {:.4f}\n",
+                 "{:.1f}, comm {:.1f}, exposed comm {:.1f}, comm thread cpu {:.1f} in {} polls) loss "
+                 "{:.4f}\n",
                  i + 1, timed ? "timed" : "warm-up", s.ms_per_step, s.forward_ms, s.backward_ms,
-                 s.optimizer_ms, s.comm_ms, s.exposed_comm_ms, s.comm_cpu_ms, s.loss);
+                 s.optimizer_ms, s.comm_ms, s.exposed_comm_ms, s.comm_cpu_ms, s.comm_polls, s.loss);
       std::fflush(stdout);
     }
     if (!timed) continue;

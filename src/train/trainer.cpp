@@ -235,6 +235,7 @@ StepStats Trainer::train_step(int step) {
     s.comm_ms = rs.comm_ms + rows_ms;
     s.exposed_comm_ms = rs.exposed_comm_ms + rows_ms;
     s.comm_cpu_ms = rs.thread_cpu_ms;
+    s.comm_polls = rs.progress_polls;
     s.overlap = s.comm_ms > 0 ? std::max(0.0, 1.0 - s.exposed_comm_ms / s.comm_ms) : 0.0;
     if (ctx_.trace) {
       if (use_sink)
