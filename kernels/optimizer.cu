@@ -14,12 +14,13 @@ namespace {
 constexpr int kBlock = 256;
 
 struct AdamWCoefficients {
-  float lr, beta1, beta2, eps, weight_decay, inv_bias1, inv_bias2;
+  float lr, beta1, beta2, eps, weight_decay, inv_bias1, inv_bias2, grad_scale;
 };
 
 // The CPU twin's formula, element by element.
-__device__ __forceinline__ void adamw_step(float& p, float& m, float& v, float g,
+__device__ __forceinline__ void adamw_step(float& p, float& m, float& v, float g_raw,
                                            const AdamWCoefficients& c) {
+  const float g = __fmul_rn(g_raw, c.grad_scale);  // never contracted into the FMAs below
   m = c.beta1 * m + (1.0f - c.beta1) * g;
   v = c.beta2 * v + (1.0f - c.beta2) * (g * g);
   p -= c.lr * ((m * c.inv_bias1) / (sqrtf(v * c.inv_bias2) + c.eps) + c.weight_decay * p);
@@ -93,7 +94,7 @@ bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p
 
 void adamw_update_cuda(float* params, float* m, float* v, const float* grads, size_t n, float lr,
                        float beta1, float beta2, float eps, float weight_decay, int t,
-                       bf16* params_bf16, cudaStream_t stream) {
+                       float grad_scale, bf16* params_bf16, cudaStream_t stream) {
   TRIDENT_CHECK(t >= 1, "adamw_update_cuda: step t={} must be >= 1", t);
   if (n == 0) return;
   TRIDENT_CHECK(params && m && v && grads, "{}: null pointer", __func__);
@@ -104,7 +105,8 @@ void adamw_update_cuda(float* params, float* m, float* v, const float* grads, si
                             eps,
                             weight_decay,
                             float(adamw_bias_correction(beta1, t)),
-                            float(adamw_bias_correction(beta2, t))};
+                            float(adamw_bias_correction(beta2, t)),
+                            grad_scale};
   const bool vec = aligned(params, 16) && aligned(m, 16) && aligned(v, 16) && aligned(grads, 16) &&
                    (!params_bf16 || aligned(params_bf16, 8));
   const unsigned grid = grid_for(vec ? (n + 3) / 4 : n, kBlock);

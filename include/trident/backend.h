@@ -118,10 +118,11 @@ class Backend {
   virtual double sum_squares(const float* x, size_t n) = 0;
   // x *= s
   virtual void scale(float* x, float s, size_t n) = 0;
-  // AdamW step t (1-based) with decoupled weight decay on params[n].
+  // AdamW step t (1-based) with decoupled weight decay on params[n], on the gradients times
+  // grad_scale (global-norm clipping folded into the update's pass: grads stay unchanged).
   virtual void adamw_update(float* params, float* m, float* v, const float* grads, size_t n,
                             float lr, float beta1, float beta2, float eps, float weight_decay,
-                            int t) = 0;
+                            int t, float grad_scale) = 0;
 
   // Measured peak of this backend's GEMM (FLOP/s) at its thread count: the MFU denominator.
   // Careful (bench: several runs, seconds); the brief one is train's (a few hundred ms).

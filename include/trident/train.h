@@ -32,7 +32,9 @@ class AdamW {
   // The moments live in the backend's memory, zeroed.
   AdamW(Backend& be, size_t num_params) : m_(be, num_params), v_(be, num_params) {}
   // One update of all parameters at (1-based) step t.
-  void update(Backend& be, GPT& model, const TrainConfig& cfg, float lr, int t);
+  // grad_scale: the gradients' global-norm clipping factor, applied inside the update's pass.
+  void update(Backend& be, GPT& model, const TrainConfig& cfg, float lr, int t,
+              float grad_scale);
   float* m() { return m_.data(); }
   float* v() { return v_.data(); }
 

@@ -89,9 +89,11 @@ class CpuBackend final : public Backend {
   double sum_squares(const float* x, size_t n) override { return cpu::sum_squares(x, n, threads_); }
   void scale(float* x, float s, size_t n) override { cpu::scale(x, s, n, threads_); }
   void adamw_update(float* params, float* m, float* v, const float* grads, size_t n, float lr,
-                    float beta1, float beta2, float eps, float weight_decay, int t) override {
+                    float beta1, float beta2, float eps, float weight_decay, int t,
+                    float grad_scale) override {
     TRIDENT_CHECK(t >= 1, "AdamW step t is 1-based, got {}", t);
-    cpu::adamw_update(params, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, t, threads_);
+    cpu::adamw_update(params, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale,
+                      threads_);
   }
 
   // The same product (2048³) in both, so train's and bench's peaks compare. Careful: best of

@@ -39,7 +39,7 @@ namespace {
 
 template <typename Real>
 struct AdamWCoefficients {
-  Real lr, beta1, beta2, eps, weight_decay, inv_bias1, inv_bias2;
+  Real lr, beta1, beta2, eps, weight_decay, inv_bias1, inv_bias2, grad_scale;
 };
 
 // One block of kBlock values through Eigen's fixed-size arrays. Why Eigen here: AdamW needs sqrt,
@@ -53,7 +53,8 @@ template <typename Real>
 void adamw_block(Real* p, Real* m, Real* v, const Real* g, const AdamWCoefficients<Real>& c) {
   using Block = Eigen::Array<Real, kBlock, 1>;
   Eigen::Map<Block> P(p), M(m), V(v);
-  Eigen::Map<const Block> G(g);
+  // The clipped gradient, as the separate scaling pass stored it (the same float product).
+  const Block G = Eigen::Map<const Block>(g) * c.grad_scale;
   M = c.beta1 * M + (Real(1) - c.beta1) * G;
   V = c.beta2 * V + (Real(1) - c.beta2) * G.square();
   P -= c.lr * ((M * c.inv_bias1) / ((V * c.inv_bias2).sqrt() + c.eps) + c.weight_decay * P);
@@ -62,17 +63,18 @@ void adamw_block(Real* p, Real* m, Real* v, const Real* g, const AdamWCoefficien
 }  // namespace
 
 // m = β1 m + (1-β1) g;  v = β2 v + (1-β2) g²;  p -= lr (m̂ / (sqrt(v̂) + eps) + wd p),
-// m̂ = m / (1-β1^t), v̂ = v / (1-β2^t). One pass over p, m, v, g.
+// m̂ = m / (1-β1^t), v̂ = v / (1-β2^t), g = grads · grad_scale. One pass over p, m, v, g.
 template <typename Real>
 void adamw_update(Real* params, Real* m, Real* v, const Real* grads, size_t n, Real lr, Real beta1,
-                  Real beta2, Real eps, Real weight_decay, int t, int threads) {
+                  Real beta2, Real eps, Real weight_decay, int t, Real grad_scale, int threads) {
   const AdamWCoefficients<Real> c{lr,
                                   beta1,
                                   beta2,
                                   eps,
                                   weight_decay,
                                   Real(adamw_bias_correction(double(beta1), t)),
-                                  Real(adamw_bias_correction(double(beta2), t))};
+                                  Real(adamw_bias_correction(double(beta2), t)),
+                                  grad_scale};
   // Pieces are multiples of kBlock except the very last, whose tail goes through a padded copy
   // so that it too takes the vector path.
   parallel_range(n, threads, [&](size_t begin, size_t end) {
@@ -96,7 +98,7 @@ void adamw_update(Real* params, Real* m, Real* v, const Real* grads, size_t n, R
   template double sum_squares<Real>(const Real*, size_t, int);                                 \
   template void scale<Real>(Real*, Real, size_t, int);                                         \
   template void adamw_update<Real>(Real*, Real*, Real*, const Real*, size_t, Real, Real, Real, \
-                                   Real, Real, int, int);
+                                   Real, Real, int, Real, int);
 TRIDENT_INSTANTIATE(float)
 TRIDENT_INSTANTIATE(double)
 #undef TRIDENT_INSTANTIATE

@@ -15,14 +15,15 @@ double lr_at(const TrainConfig& t, int step) {
   return min_lr + 0.5 * (t.lr - min_lr) * (1.0 + std::cos(std::numbers::pi * progress));
 }
 
-void AdamW::update(Backend& be, GPT& model, const TrainConfig& cfg, float lr, int t) {
+void AdamW::update(Backend& be, GPT& model, const TrainConfig& cfg, float lr, int t,
+                   float grad_scale) {
   // One fused pass over p, m, v and g per run of neighbouring tensors with the same decay
   // (decay differs between matrices and biases): the update is elementwise, so the runs give
   // the same bits as one call per tensor, with far fewer calls (kernel launches on a GPU).
   auto apply = [&](size_t offset, size_t count, bool decay) {
     be.adamw_update(model.params() + offset, m_.data() + offset, v_.data() + offset,
                     model.grads() + offset, count, lr, float(cfg.beta1), float(cfg.beta2),
-                    float(cfg.eps), decay ? float(cfg.weight_decay) : 0.0f, t);
+                    float(cfg.eps), decay ? float(cfg.weight_decay) : 0.0f, t, grad_scale);
   };
   size_t run_offset = 0, run_count = 0;
   bool run_decay = false;

@@ -263,16 +263,17 @@ StepStats Trainer::train_step(int step) {
   s.loss = loss / (accum * dp_size_);
 
   auto t0 = std::chrono::steady_clock::now();
-  const size_t n = model_->num_params();
   s.grad_norm = std::sqrt(global_grad_sum_squares());
   if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm))
     internal_error(__FILE__, __LINE__,
                    fmt::format("step {}: loss {} / grad norm {} is not finite", s.step, s.loss,
                                s.grad_norm));
-  if (tc.grad_clip > 0.0 && s.grad_norm > tc.grad_clip)
-    be.scale(model_->grads(), float(tc.grad_clip / s.grad_norm), n);
+  // Clipping is applied inside AdamW's pass over the gradients (the same float products as a
+  // separate scaling pass, which would read and write every gradient once more).
+  const float grad_scale =
+      tc.grad_clip > 0.0 && s.grad_norm > tc.grad_clip ? float(tc.grad_clip / s.grad_norm) : 1.0f;
   s.lr = lr_at(tc, step);
-  opt_->update(be, *model_, tc, float(s.lr), step + 1);
+  opt_->update(be, *model_, tc, float(s.lr), step + 1, grad_scale);
   be.synchronize();  // a device step ends when its last op has run, not when it was issued
   s.optimizer_ms = ms_since(t0);
   if (ctx_.trace) record("compute", "optimizer", t0, std::chrono::steady_clock::now());

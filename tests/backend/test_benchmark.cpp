@@ -231,7 +231,7 @@ TEST(DISABLED_Benchmark, NonGemmOps) {
     int t = 0;
     time("adamw_update (124M)", 28.0 * kParams, 1, [&] {
       be->adamw_update(p.data(), m.data(), v.data(), g.data(), kParams, 1e-4f, 0.9f, 0.95f, 1e-8f,
-                       0.1f, ++t);
+                       0.1f, ++t, 1.0f);
     });
     EXPECT_TRUE(std::isfinite(p[0]) && p[0] < 0.01f);
   }

@@ -96,7 +96,7 @@ Results run_chain(Backend& be, const Inputs& in, int shift) {
   Shifted m(3 * C * C, shift), v(3 * C * C, shift);
   for (int t = 1; t <= 2; ++t)
     be.adamw_update(w_qkv.data(), m.data(), v.data(), dw_qkv.data(), 3 * C * C, 1e-3f, 0.9f, 0.95f,
-                    1e-8f, 0.1f, t);
+                    1e-8f, 0.1f, t, 1.0f);
 
   r["x"] = x.values(), r["ln"] = ln.values(), r["mean"] = mean.values(), r["rstd"] = rstd.values();
   r["qkv"] = qkv.values(), r["att_out"] = att_out.values(), r["att"] = att.values();

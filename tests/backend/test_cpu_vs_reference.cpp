@@ -279,17 +279,40 @@ TEST_F(CpuVsReference, AdamW) {
   auto p_f = to_float(p), m_f = to_float(m), v_f = to_float(v);
   for (int t = 1; t <= 3; ++t) {
     const auto g = to_double(to_float(uniform(n, rng)));
+    const float grad_scale = t == 2 ? 0.37f : 1.0f;  // step 2 is a clipped one
     for (size_t i = 0; i < n; ++i) {
-      m[i] = b1 * m[i] + (1 - b1) * g[i];
-      v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+      const double gs = g[i] * double(grad_scale);
+      m[i] = b1 * m[i] + (1 - b1) * gs;
+      v[i] = b2 * v[i] + (1 - b2) * gs * gs;
       const double mhat = m[i] / (1 - std::pow(b1, t)), vhat = v[i] / (1 - std::pow(b2, t));
       p[i] -= lr * (mhat / (std::sqrt(vhat) + eps) + wd * p[i]);
     }
     backend->adamw_update(p_f.data(), m_f.data(), v_f.data(), to_float(g).data(), n, float(lr),
-                          float(b1), float(b2), float(eps), float(wd), t);
+                          float(b1), float(b2), float(eps), float(wd), t, grad_scale);
     EXPECT_LT(rel_err(p_f, p), 1e-5) << "step " << t;
     EXPECT_LT(rel_err(m_f, m), 1e-5) << "step " << t;
     EXPECT_LT(rel_err(v_f, v), 1e-5) << "step " << t;
+  }
+}
+
+// Clipping folded into the update gives the bits of the separate pass it replaced: scale the
+// gradients (Backend::scale), then update with grad_scale 1.
+TEST_F(CpuVsReference, AdamWGradScaleEqualsScalingFirst) {
+  const size_t n = 1007;
+  const auto g = to_float(uniform(n, rng));
+  auto p1 = to_float(uniform(n, rng)), m1 = to_float(uniform(n, rng)), v1 = g;
+  for (float& x : v1) x = x * x;
+  auto p2 = p1, m2 = m1, v2 = v1, g2 = g;
+  const float s = 0.37f;
+  backend->adamw_update(p1.data(), m1.data(), v1.data(), g.data(), n, 1e-2f, 0.9f, 0.95f, 1e-8f,
+                        0.1f, 4, s);
+  backend->scale(g2.data(), s, n);
+  backend->adamw_update(p2.data(), m2.data(), v2.data(), g2.data(), n, 1e-2f, 0.9f, 0.95f, 1e-8f,
+                        0.1f, 4, 1.0f);
+  for (size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(p1[i], p2[i]) << i;
+    ASSERT_EQ(m1[i], m2[i]) << i;
+    ASSERT_EQ(v1[i], v2[i]) << i;
   }
 }
 

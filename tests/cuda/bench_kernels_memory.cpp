@@ -91,7 +91,7 @@ void BM_adamw_update(benchmark::State& state) {
   // read p, m, v, g (16 B); write p, m, v (12 B) and the bf16 copy (2 B)
   time_loop(state, 30.0 * kParams, stream, [&] {
     cuda::adamw_update_cuda(p.get(), m.get(), v.get(), g.get(), kParams, 1e-4f, 0.9f, 0.95f, 1e-8f,
-                            0.1f, 10, p16.get(), stream.s);
+                            0.1f, 10, 1.0f, p16.get(), stream.s);
   });
 }
 

@@ -163,9 +163,10 @@ class StrictDeviceBackend final : public Backend {
     cpu_->scale(x, s, n);
   }
   void adamw_update(float* params, float* m, float* v, const float* grads, size_t n, float lr,
-                    float beta1, float beta2, float eps, float weight_decay, int t) override {
+                    float beta1, float beta2, float eps, float weight_decay, int t,
+                    float grad_scale) override {
     Open open(*this);
-    cpu_->adamw_update(params, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, t);
+    cpu_->adamw_update(params, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale);
   }
   double measure_gemm_peak_flops() override { return cpu_->measure_gemm_peak_flops(); }
 

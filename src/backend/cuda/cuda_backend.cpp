@@ -400,10 +400,11 @@ class CudaBackend final : public Backend {
     cuda::scale_cuda(x, s, n, stream_);
   }
   void adamw_update(float* params, float* m, float* v, const float* grads, size_t n, float lr,
-                    float beta1, float beta2, float eps, float weight_decay, int t) override {
+                    float beta1, float beta2, float eps, float weight_decay, int t,
+                    float grad_scale) override {
     Op op(*this, "adamw");
     cuda::adamw_update_cuda(params, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, t,
-                            nullptr, stream_);
+                            grad_scale, nullptr, stream_);
   }
 
   // bf16 inputs, fp32 accumulation and output: the configuration every GEMM of the model uses.
