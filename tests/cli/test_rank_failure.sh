@@ -41,7 +41,8 @@ job=$!
 stopped=""
 for _ in $(seq 1 300); do
   if grep -q "^step" two.log 2>/dev/null; then
-    for p in $(pgrep -f "$bin train"); do
+    # Only this test's ranks: a bare "$bin train" would also stop other tests' runs (ctest -j).
+    for p in $(pgrep -f "$bin train .*$scratch/out2"); do
       if tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1"; then
         kill -STOP "$p" && stopped=$p
       fi
