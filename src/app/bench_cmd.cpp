@@ -101,8 +101,8 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
     const bool timed = i >= args.warmup_steps;
     if (lead) {
       fmt::print("bench: step {} {}: {:.1f} ms (forward {:.1f}, backward {:.1f}, optimizer "
-                 "{:.1f}, comm {:.1f}, exposed comm {:.1f}, comm thread cpu {:.1f} in {} polls) loss "
-                 "{:.4f}\n",
+                 "{:.1f}, comm {:.1f}, exposed comm {:.1f}, comm thread cpu {:.1f} in {} polls) "
+                 "loss {:.4f}\n",
                  i + 1, timed ? "timed" : "warm-up", s.ms_per_step, s.forward_ms, s.backward_ms,
                  s.optimizer_ms, s.comm_ms, s.exposed_comm_ms, s.comm_cpu_ms, s.comm_polls, s.loss);
       std::fflush(stdout);
@@ -142,7 +142,8 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
     fmt::print("bench: tokens_per_s={:.1f} ms_per_step={:.2f} mfu={} mfu_nominal={} "
                "peak_gflops={:.1f} nominal_peak_gflops={:.1f} "
                "achieved_gflops={:.1f} forward_ms={:.2f} backward_ms={:.2f} optimizer_ms={:.2f} "
-               "comm_ms={:.2f} comm_cpu_ms={:.2f} exposed_comm_ms={:.2f} overlap={:.3f} tp_comm_ms={:.2f} "
+               "comm_ms={:.2f} comm_cpu_ms={:.2f} exposed_comm_ms={:.2f} overlap={:.3f} "
+               "tp_comm_ms={:.2f} "
                "bubble={:.3f} bubble_model={:.3f} activation_mb={:.1f} params_m={:.2f} "
                "tokens_per_step={} ranks={} dp={} tp={} pp={} threads={} backend={} "
                "blas_core={}\n",

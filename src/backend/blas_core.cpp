@@ -137,7 +137,8 @@ bool blas_core_isa(const std::string& core, VectorIsa* isa) {
 BlasCoreAction decide_blas_core_action(const std::string& chosen, const std::string& expected,
                                        bool user_coretype, bool reexeced) {
   VectorIsa have{}, want{};
-  if (!blas_core_isa(chosen, &have) || !blas_core_isa(expected, &want)) return BlasCoreAction::kNone;
+  if (!blas_core_isa(chosen, &have) || !blas_core_isa(expected, &want))
+    return BlasCoreAction::kNone;
   if (have >= want) return BlasCoreAction::kNone;
   if (user_coretype) return BlasCoreAction::kWarnUserChoice;
   // The second process got OPENBLAS_CORETYPE and still runs a fallback: executing a third time
@@ -180,8 +181,8 @@ std::string blas_core_note(const BlasCoreCheck& c) {
   switch (c.action) {
     case BlasCoreAction::kNone:
       if (c.corrected_from.empty()) return "";
-      return fmt::format("blas: OpenBLAS chose the {} kernel for this {} CPU (a fallback: it did not "
-                         "recognise the CPU); re-executed with OPENBLAS_CORETYPE={}",
+      return fmt::format("blas: OpenBLAS chose the {} kernel for this {} CPU (a fallback: it did "
+                         "not recognise the CPU); re-executed with OPENBLAS_CORETYPE={}",
                          c.corrected_from, cpu, c.chosen);
     case BlasCoreAction::kWarnUserChoice:
       return fmt::format("blas: note: OPENBLAS_CORETYPE={} runs the {} kernel; this {} CPU "

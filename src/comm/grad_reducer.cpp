@@ -4,12 +4,12 @@
 //
 // Who calls MPI (or NCCL). Between begin_step(true) and the end of finish() only the reducer's
 //   thread touches the dp communicator (Note [One thread per communicator]): it starts each
-//   bucket's all-reduce (an average, or a sum of pre-divided gradients) and polls it. The compute thread never
-//   calls MPI on dp: grad_ready, add_extra and finish only push events (begin, "parameter i is
-//   ready", extra buffer, finish) into a queue under a mutex, and finish() then sleeps on a
-//   condition variable. The one dp call the compute thread makes is mark_compute_ready (Note
-//   [Gradient-ready events] in trident/comm.h), which only records an event on the compute
-//   stream and returns null on a host communicator. Tensor-parallel collectives run on the
+//   bucket's all-reduce (an average, or a sum of pre-divided gradients) and polls it. The
+//   compute thread never calls MPI on dp: grad_ready, add_extra and finish only push events
+//   (begin, "parameter i is ready", extra buffer, finish) into a queue under a mutex, and
+//   finish() then sleeps on a condition variable. The one dp call the compute thread makes is
+//   mark_compute_ready (Note [Gradient-ready events] in trident/comm.h), which only records an
+//   event on the compute stream and returns null on a host communicator. Tensor-parallel collectives run on the
 //   compute thread at the same time, on other communicators — hence MPI_THREAD_MULTIPLE.
 // In what order. Note [Same buckets, same order]: MPI pairs the collectives of a communicator
 //   by the order in which they are started, so every rank must start the same all-reduces in
@@ -96,15 +96,16 @@ struct ExtraBuffer {
   std::shared_ptr<const ComputeMark> mark;
 };
 
-// Union of [start, end] intervals, in ms.
 constexpr std::chrono::microseconds kPollBesideCompute{200};  // Note [Polling beside compute]
 
+// CPU time the calling thread has used, in ms (its own clock, not the wall).
 double thread_cpu_ms() {
   timespec t{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
   return double(t.tv_sec) * 1e3 + double(t.tv_nsec) * 1e-6;
 }
 
+// Union of [start, end] intervals, in ms.
 double union_ms(std::vector<std::pair<double, double>> intervals) {
   std::sort(intervals.begin(), intervals.end());
   double total = 0, open_start = 0, open_end = 0;
