@@ -9,6 +9,7 @@ packages=(
   libeigen3-dev libopenblas-dev libyaml-cpp-dev
   libgtest-dev libbenchmark-dev libcli11-dev libfmt-dev nlohmann-json3-dev
   python3-h5py python3-matplotlib python3-numpy
+  slurmctld slurmd slurm-client munge
 )
 
 missing=()

@@ -33,6 +33,9 @@ struct GenerateArgs {
 
 // blas: main's check of the OpenBLAS kernel, for the header (trident/blas_core.h).
 int run_train(const DeckArgs& args, const BlasCoreCheck& blas);
+// SIGTERM and SIGUSR1 only ask train to stop at the next step boundary (Note [Stop signals]).
+// Installed first thing in main, before MPI_Init: a signal during start-up must not kill it.
+void install_stop_signal_handlers();
 int run_eval(const DeckArgs& args, const std::string& checkpoint);
 int run_generate(const GenerateArgs& args);
 int run_ckpt_verify(const std::string& path);

@@ -8,6 +8,7 @@
 
 #include "app/commands.h"
 #include "app/run_setup.h"
+#include "app/slurm_launch.h"
 #include "trident/blas_core.h"
 #include "trident/check.h"
 
@@ -118,6 +119,7 @@ int main(int argc, char** argv) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : int(ExitCode::kBadInput);
   }
+  if (*train) install_stop_signal_handlers();
 
   try {
     if (*grid) return run_grid(world, dp, tp, pp);
@@ -133,6 +135,7 @@ int main(int argc, char** argv) {
       fail(fmt::format("MPI_Init_thread: this MPI provides thread level {} but trident needs "
                        "MPI_THREAD_MULTIPLE ({})", provided, MPI_THREAD_MULTIPLE),
            int(ExitCode::kInternal));
+    setup_step(check_slurm_launch);  // Note [Slurm launch check]
     int rc = 0;
     if (*train) rc = run_train(train_args, blas);
     if (*bench) rc = run_bench(bench_args, blas);

@@ -4,8 +4,10 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -53,6 +55,25 @@ std::string new_run_id() {
   return id;
 }
 
+// Note [Run state file]: rank 0 writes run.out_dir/run_state.json when train ends, so a batch
+// script can tell "done" from "stopped by a signal, resume me" without parsing the log (exit
+// status is 0 for both, as Slurm and users expect). It is removed at start-up, so a stale one
+// never speaks for this run. Written to a temporary name and renamed: never half a file.
+void write_run_state(const fs::path& out_dir, const char* state, const char* reason, int step,
+                     int steps, const std::string& checkpoint) {
+  const nlohmann::json j = {{"state", state}, {"reason", reason},     {"step", step},
+                            {"steps", steps}, {"checkpoint", checkpoint}};
+  const fs::path tmp = out_dir / "run_state.json.tmp";
+  {
+    std::ofstream f(tmp);
+    f << j.dump() << "\n";
+    if (!f.flush())
+      throw Error(fmt::format("cannot write {}: {}", tmp.string(), std::strerror(errno)),
+                  ExitCode::kInternal);
+  }
+  fs::rename(tmp, out_dir / "run_state.json");
+}
+
 std::string format_eta(double seconds) {
   if (seconds < 120) return fmt::format("{:.0f} s", seconds);
   if (seconds < 7200) return fmt::format("{:.1f} min", seconds / 60);
@@ -79,6 +100,11 @@ nlohmann::json to_json(const StepStats& s) {
 }
 
 }  // namespace
+
+void install_stop_signal_handlers() {
+  std::signal(SIGTERM, on_stop_signal);
+  std::signal(SIGUSR1, on_stop_signal);
+}
 
 int run_train(const DeckArgs& args, const BlasCoreCheck& blas) {
   // Setup in agreed steps (see setup_step): bad input stops every rank with one message.
@@ -142,16 +168,16 @@ int run_train(const DeckArgs& args, const BlasCoreCheck& blas) {
   }
   const int end_step = deck.train.stop_at > 0 ? std::min(deck.train.stop_at, deck.train.steps)
                                               : deck.train.steps;
+  std::string saved_path;
   auto save = [&](int steps_done, const char* why) {
     if (ck.dir.empty()) return;
     const auto t0 = std::chrono::steady_clock::now();
     const std::string path = trainer.save(ck.dir, steps_done, run_id, ck.keep);
+    saved_path = path;
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (lead) fmt::print("checkpoint: {} ({}, {:.2f} s)\n", path, why, seconds);
   };
-  std::signal(SIGTERM, on_stop_signal);
-  std::signal(SIGUSR1, on_stop_signal);
   if (lead) {
     fmt::print("{}\n", deck.to_yaml());
     if (!note.empty()) fmt::print("{}\n", note);
@@ -162,6 +188,8 @@ int run_train(const DeckArgs& args, const BlasCoreCheck& blas) {
   std::unique_ptr<JsonlWriter> metrics;
   if (lead) {
     fs::create_directories(metrics_path.parent_path());
+    fs::create_directories(out_dir);
+    fs::remove(out_dir / "run_state.json");  // Note [Run state file]
     std::ofstream(out_dir / "deck.yaml") << deck.to_yaml();
     // A resumed run continues its metrics file.
     metrics = std::make_unique<JsonlWriter>(metrics_path.string(), /*append=*/first_step > 0);
@@ -226,7 +254,13 @@ int run_train(const DeckArgs& args, const BlasCoreCheck& blas) {
     if (ck.every > 0 && steps_done % ck.every == 0 && steps_done != end_step)
       save(steps_done, "every");
   }
-  if (!stopped_by_signal) save(steps_done, steps_done < deck.train.steps ? "stop_at" : "end");
+  const char* reason = stopped_by_signal                ? "stop signal"
+                       : steps_done < deck.train.steps ? "stop_at"
+                                                       : "end";
+  if (!stopped_by_signal) save(steps_done, reason);
+  if (lead)
+    write_run_state(out_dir, steps_done < deck.train.steps ? "stopped" : "done", reason,
+                    steps_done, deck.train.steps, saved_path);
   if (trace) {
     trace->write();
     if (lead) fmt::print("trace: {} (one file per rank; open in Perfetto)\n", trace->path());
