@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <cmath>
 #include <cstdio>
 #include <vector>
@@ -13,6 +15,7 @@
 #include "app/commands.h"
 #include "app/gemm_peak.h"
 #include "app/run_setup.h"
+#include "trident/metrics.h"
 #include "trident/peak_check.h"
 #include "trident/train.h"
 
@@ -72,6 +75,16 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
   }
   const GPTConfig& cfg = trainer.model_config();
 
+  // Note [Bench files]: besides its `bench:` line, bench writes run.out_dir/metrics.jsonl (every
+  // step, as train does, with "timed": false for warm-up) and run.out_dir/bench.json (the
+  // line's keys and values, numbers unrounded; mfu null when not reported), so a scaling study
+  // reads figures, not log text, and anyone can recompute the medians from the steps.
+  std::unique_ptr<JsonlWriter> metrics;
+  const std::filesystem::path out_dir = deck.run.out_dir;
+  if (lead) {
+    std::filesystem::create_directories(out_dir);
+    metrics = std::make_unique<JsonlWriter>((out_dir / deck.log.jsonl).string());
+  }
   std::vector<double> ms, fwd, bwd, opt, comm, comm_cpu, exposed, overlap, tp_comm, bubble;
   // Per-op device time (device backends): measured on one extra step after the timed ones, so
   // the events around every op do not slow the timed steps.
@@ -100,6 +113,12 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
     }
     const bool timed = i >= args.warmup_steps;
     if (lead) {
+      nlohmann::json record = step_record(s);
+      record["timed"] = timed;
+      record["pipeline_ms"] = s.pipeline_ms;
+      record["pipeline_wait_ms"] = s.pipeline_wait_ms;
+      record["comm_cpu_ms"] = s.comm_cpu_ms;
+      metrics->write(record);
       fmt::print("bench: step {} {}: {:.1f} ms (forward {:.1f}, backward {:.1f}, optimizer "
                  "{:.1f}, comm {:.1f}, exposed comm {:.1f}, comm thread cpu {:.1f} in {} polls) "
                  "loss {:.4f}\n",
@@ -156,6 +175,41 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
                trainer.model().num_params() / 1e6, trainer.tokens_per_step(), ranks,
                grid->layout().dp, grid->layout().tp, pp,
                backend->threads(), backend->name(), blas.chosen);
+    // The same keys as the line above (Note [Bench files]).
+    const auto or_null = [](double x) { return std::isnan(x) ? nlohmann::json() : nlohmann::json(x); };
+    const nlohmann::ordered_json summary = {
+        {"tokens_per_s", tokens_per_s},
+        {"ms_per_step", step_ms},
+        {"mfu", or_null(mfu)},
+        {"mfu_nominal", nominal > 0 ? or_null(mfu_nominal) : nlohmann::json()},
+        {"peak_gflops", peak * ranks / 1e9},
+        {"nominal_peak_gflops", nominal * ranks / 1e9},
+        {"achieved_gflops", achieved / 1e9},
+        {"forward_ms", median(fwd)},
+        {"backward_ms", median(bwd)},
+        {"optimizer_ms", median(opt)},
+        {"comm_ms", median(comm)},
+        {"comm_cpu_ms", median(comm_cpu)},
+        {"exposed_comm_ms", median(exposed)},
+        {"overlap", median(overlap)},
+        {"tp_comm_ms", median(tp_comm)},
+        {"bubble", median(bubble)},
+        {"bubble_model", double(pp - 1) / double(deck.train.accum + pp - 1)},
+        {"activation_mb", trainer.model().activation_bytes() / (1024.0 * 1024.0)},
+        {"params_m", trainer.model().num_params() / 1e6},
+        {"tokens_per_step", trainer.tokens_per_step()},
+        {"ranks", ranks},
+        {"dp", grid->layout().dp},
+        {"tp", grid->layout().tp},
+        {"pp", pp},
+        {"threads", backend->threads()},
+        {"backend", backend->name()},
+        {"blas_core", blas.chosen},
+        {"warmup_steps", args.warmup_steps},
+        {"timed_steps", args.steps}};
+    std::ofstream(out_dir / "bench.json") << summary.dump(1) << "\n";
+    fmt::print("bench: figures in {}, steps in {}\n", (out_dir / "bench.json").string(),
+               metrics->path());
   }
   return 0;
 }

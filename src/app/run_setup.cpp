@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include <climits>
+#include <cmath>
 #include <filesystem>
 #include <functional>
 
@@ -66,6 +67,25 @@ std::unique_ptr<TraceWriter> make_trace(const Deck& deck, const ProcessGrid& gri
   if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
   return std::make_unique<TraceWriter>(p.string(), grid.world_rank(),
                                        TraceWriter::Clock::now());
+}
+
+nlohmann::json step_record(const StepStats& s) {
+  nlohmann::json j = {{"step", s.step},
+                      {"loss", s.loss},
+                      {"lr", s.lr},
+                      {"grad_norm", s.grad_norm},
+                      {"tokens_per_s", s.tokens_per_s},
+                      {"ms_per_step", s.ms_per_step},
+                      {"mfu", s.mfu},
+                      {"forward_ms", s.forward_ms},
+                      {"backward_ms", s.backward_ms},
+                      {"optimizer_ms", s.optimizer_ms},
+                      {"comm_ms", s.comm_ms},
+                      {"exposed_comm_ms", s.exposed_comm_ms},
+                      {"overlap", s.overlap},
+                      {"tp_comm_ms", s.tp_comm_ms}};
+  if (!std::isnan(s.val_loss)) j["val_loss"] = s.val_loss;
+  return j;
 }
 
 }  // namespace trident

@@ -6,9 +6,12 @@
 #include <memory>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "trident/deck.h"
 #include "trident/grid.h"
 #include "trident/trace.h"
+#include "trident/train.h"
 
 namespace trident {
 
@@ -34,5 +37,8 @@ std::unique_ptr<ProcessGrid> make_grid(const Deck& deck);
 // log.trace with ".rank<r>" before the extension when there is more than one rank; null when
 // log.trace is empty.
 std::unique_ptr<TraceWriter> make_trace(const Deck& deck, const ProcessGrid& grid);
+
+// One step's line of metrics.jsonl (train and bench write the same fields; README lists them).
+nlohmann::json step_record(const StepStats& s);
 
 }  // namespace trident

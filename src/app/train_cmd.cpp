@@ -80,24 +80,6 @@ std::string format_eta(double seconds) {
   return fmt::format("{:.1f} h", seconds / 3600);
 }
 
-nlohmann::json to_json(const StepStats& s) {
-  nlohmann::json j = {{"step", s.step},
-                      {"loss", s.loss},
-                      {"lr", s.lr},
-                      {"grad_norm", s.grad_norm},
-                      {"tokens_per_s", s.tokens_per_s},
-                      {"ms_per_step", s.ms_per_step},
-                      {"mfu", s.mfu},
-                      {"forward_ms", s.forward_ms},
-                      {"backward_ms", s.backward_ms},
-                      {"optimizer_ms", s.optimizer_ms},
-                      {"comm_ms", s.comm_ms},
-                      {"exposed_comm_ms", s.exposed_comm_ms},
-                      {"overlap", s.overlap},
-                      {"tp_comm_ms", s.tp_comm_ms}};
-  if (!std::isnan(s.val_loss)) j["val_loss"] = s.val_loss;
-  return j;
-}
 
 }  // namespace
 
@@ -228,7 +210,7 @@ int run_train(const DeckArgs& args, const BlasCoreCheck& blas) {
                    "bench` measures it carefully.\n",
                    s.step, ctx.peak_flops / 1e9, blas.chosen);
       }
-      metrics->write(to_json(s));
+      metrics->write(step_record(s));
       if (s.step % deck.log.every == 0 || last_step || step == first_step || s.step == end_step) {
         const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() -
                                                              t_start).count();
