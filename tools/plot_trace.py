@@ -20,22 +20,40 @@ COLORS = {"forward": "#4c78a8", "backward": "#f58518", "optimizer": "#54a24b", "
 
 
 def load(path):
-    with open(path) as f:
-        trace = json.load(f)
-    threads = {}
-    for e in trace["traceEvents"]:
-        if e.get("ph") == "M" and e.get("name") == "thread_name":
-            threads[e["tid"]] = e["args"]["name"]
-    spans = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    """(thread names by tid, complete events) of a Chrome trace; exits naming the file if it
+    is not one."""
+    try:
+        with open(path) as f:
+            trace = json.load(f)
+        events = trace["traceEvents"]
+        threads = {}
+        for e in events:
+            if e.get("ph") == "M" and e.get("name") == "thread_name":
+                threads[e["tid"]] = e["args"]["name"]
+        spans = [e for e in events if e.get("ph") == "X"]
+        for e in spans:
+            e["ts"], e["dur"], e["tid"] = float(e["ts"]), float(e["dur"]), int(e["tid"])
+            e["name"] = str(e["name"])
+    except OSError as e:
+        raise SystemExit(f"{path}: cannot read: {e.strerror}")
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"{path}: not JSON ({e}): is it a trace written by log.trace?")
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise SystemExit(f"{path}: not a Chrome trace (no traceEvents list with named tracks "
+                         f"and ts/dur/tid spans: {e!r})")
     return threads, spans
 
 
-def step_window(spans, step):
+def step_window(path, spans, step):
+    """[begin, end) in microseconds of training step `step` (0-based; negative from the end)."""
     opts = sorted((e for e in spans if e["name"] == "optimizer"), key=lambda e: e["ts"])
     if not opts:
-        raise SystemExit("no optimizer spans in the trace: is it a trident training trace?")
-    end = opts[step]["ts"] + opts[step]["dur"]
+        raise SystemExit(f"{path}: no optimizer spans: is it a trident training trace?")
+    if not -len(opts) <= step < len(opts):
+        raise SystemExit(f"{path}: no step {step}: the trace has {len(opts)} steps "
+                         f"(--step 0..{len(opts) - 1}, or -1 for the last)")
     index = step if step >= 0 else len(opts) + step
+    end = opts[index]["ts"] + opts[index]["dur"]
     begin = opts[index - 1]["ts"] + opts[index - 1]["dur"] if index > 0 else 0.0
     return begin, end
 
@@ -60,7 +78,7 @@ def main():
     rows = []
     for path in args.traces:
         threads, spans = load(path)
-        begin, end = step_window(spans, args.step)
+        begin, end = step_window(path, spans, args.step)
         rank = spans[0]["pid"] if spans else 0
         for tid in sorted(threads):
             mine = [e for e in spans if e["tid"] == tid and e["ts"] >= begin and e["ts"] < end]

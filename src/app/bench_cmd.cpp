@@ -147,7 +147,8 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
   const CheckedPeak checked = check_gemm_peak(peak, *backend, blas, node_ranks);
   const double achieved = flops_per_token * tokens_per_s;
   const double mfu = mfu_or_nan(achieved, checked.flops * ranks);
-  const double mfu_nominal = nominal > 0 ? mfu_or_nan(achieved, nominal * ranks) : 0;
+  // No nominal peak (the CPU backend): not reported, rather than an MFU of 0.
+  const double mfu_nominal = nominal > 0 ? mfu_or_nan(achieved, nominal * ranks) : NAN;
   if (trace) trace->write();
   if (lead) {
     if (!checked.problem.empty())
