@@ -11,6 +11,10 @@
 # Under $OUT (the device tool's output folder, which returns at most 8 files; else
 # runs/gpu-check) it leaves three: gpu-check.log (everything printed), table.md, and logs.tar.gz
 # (every step's full log, written to $LOGS while running).
+# It runs everything with TRIDENT_REQUIRE_GPU=1 (Note [GPU skips] in tests/cuda/gpu_test_util.h):
+# on this machine no GPU test may skip. It exits non-zero, after printing the table and a
+# verdict that lists every reason, if any GPU test failed, skipped or did not finish, the smoke
+# run failed, a kernel benchmark failed its validation, or a model benchmark failed.
 # Usage (on the GPU machine, from the repository root): bash tools/gpu-check.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -44,6 +48,8 @@ for pkg in cudnn nccl cublas cuda_runtime cu13; do
 done
 export LD_LIBRARY_PATH="$cuda_libs:${LD_LIBRARY_PATH:-}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=8
+export TRIDENT_REQUIRE_GPU=1
+problems=()  # every reason for a failing verdict, printed last
 
 step "trident binaries"
 bundle=/tmp/trident-bundle
@@ -83,6 +89,7 @@ if [ -z "$bin" ]; then
   else
     echo "no runnable trident: the build failed (last lines of $LOGS/build.log):"
     tail -15 "$LOGS/build.log"
+    echo "gpu-check: FAIL (no runnable trident)"
     exit 1
   fi
 fi
@@ -90,12 +97,23 @@ fi
 step "smoke: the tiny deck on the GPU, 20 steps"
 timeout 120 "$bin/trident" train inputs/gpt-tiny.yaml --set run.backend=cuda --set train.steps=20 \
   --set train.val_every=20 --set log.every=5 --set run.out_dir=/tmp/trident-smoke 2>&1 | tail -8
+smoke_rc=${PIPESTATUS[0]}
+[ "$smoke_rc" -eq 0 ] || problems+=("smoke: trident train on the GPU exited with $smoke_rc")
 
 step "GPU tests (kernels against their CPU twins, NCCL, the model against the CPU)"
 timeout 240 "$bin/test_cuda" --gtest_output="xml:$LOGS/test_cuda.xml" >"$LOGS/test_cuda.log" 2>&1
 tests_rc=$?
-grep -E "^\[  (FAILED|PASSED|SKIPPED) |tests ran|Failure|error" "$LOGS/test_cuda.log" | head -40
+grep -E "^\[  (FAILED|PASSED|SKIPPED) |tests ran|Failure|error|TRIDENT_REQUIRE_GPU" \
+  "$LOGS/test_cuda.log" | head -60
 echo "test_cuda exit code: $tests_rc"
+# Tests by outcome, each name once (gtest prints failures and skips twice).
+count() { grep -oE "^\[ +$1 +\] [A-Za-z][^ ]*" "$LOGS/test_cuda.log" | awk '{print $NF}' | sort -u | wc -l; }
+tests_ran=$(grep -oE '[0-9]+ tests? from [0-9]+ test suites? ran' "$LOGS/test_cuda.log" | head -1)
+tests_failed=$(count FAILED) tests_skipped=$(count SKIPPED)
+[ -n "$tests_ran" ] || problems+=("test_cuda did not finish (exit $tests_rc: a crash or the 240 s timeout)")
+[ "$tests_failed" -eq 0 ] || problems+=("test_cuda: $tests_failed test(s) failed")
+[ "$tests_skipped" -eq 0 ] || problems+=("test_cuda: $tests_skipped test(s) skipped (none may skip here)")
+[ "$tests_rc" -eq 0 ] || [ "$tests_failed" -gt 0 ] || problems+=("test_cuda exited with $tests_rc")
 if [ $tests_rc -ne 0 ]; then
   # A crash (an illegal address poisons the CUDA context) or a hang ends every later test
   # too: rerun each test that did not pass or skip on its own, the first few failing ones
@@ -123,7 +141,12 @@ fi
 
 step "kernel microbenchmarks"
 timeout 120 "$bin/bench_kernels" --benchmark_counters_tabular=true >"$LOGS/bench_kernels.txt" 2>&1
+bench_rc=$?
 grep -vE "^\s*$" "$LOGS/bench_kernels.txt" | cut -c1-150 | head -45
+# A benchmark that fails its validation (or finds no GPU) reports ERROR OCCURRED, exit 0.
+bench_errors=$(grep -c "ERROR OCCURRED" "$LOGS/bench_kernels.txt")
+[ "$bench_rc" -eq 0 ] || problems+=("bench_kernels exited with $bench_rc")
+[ "$bench_errors" -eq 0 ] || problems+=("bench_kernels: $bench_errors benchmark(s) failed validation or could not run")
 
 # One model: the micro-batches to try, largest first; the first that fits is benchmarked.
 # bench_model NAME DECK "MICRO_BATCHES" [--set key=value ...]
@@ -150,20 +173,27 @@ bench_model() {
     tail -3 "$log"
   done
   rows+=("| $name | - | failed | | | | | logs.tar.gz: bench-$name-mb*.log |")
+  problems+=("bench $name: every micro-batch tried ($batches) failed")
 }
 bench_model gpt2-124m inputs/gpt2-124m.yaml "64 32 16" --set model.seq_len=1024 --set run.backend=cuda
 bench_model gpt2-350m inputs/gpt2-350m.yaml "32 16 8"
 bench_model gpt2-1.5b inputs/gpt2-1.5b.yaml "32 16 8"
 
 step "summary"
-# Tests by outcome, each name once (gtest prints failures and skips twice).
-count() { grep -oE "^\[ +$1 +\] [A-Za-z][^ ]*" "$LOGS/test_cuda.log" | awk '{print $NF}' | sort -u | wc -l; }
 {
   echo "GPU check on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%Y-%m-%d)"
-  echo "test_cuda: $(grep -oE '[0-9]+ tests? from [0-9]+ test suites? ran' "$LOGS/test_cuda.log" | head -1); passed $(count OK), failed $(count FAILED), skipped $(count SKIPPED) (exit $tests_rc)"
+  echo "test_cuda: ${tests_ran:-did not finish}; passed $(count OK), failed $tests_failed, skipped $tests_skipped (exit $tests_rc)"
   echo
   echo "| model | micro-batch | tokens/s | ms/step | MFU vs 989 TFLOP/s | MFU vs measured cuBLASLt peak | exposed comm ms | largest ops (device ms, share) |"
   echo "|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
+  echo
+  if [ ${#problems[@]} -eq 0 ]; then
+    echo "gpu-check: PASS (every GPU test ran and passed, TRIDENT_REQUIRE_GPU=1)"
+  else
+    echo "gpu-check: FAIL, ${#problems[@]} problem(s):"
+    printf -- '- %s\n' "${problems[@]}"
+  fi
 } | tee "$OUT/table.md"
 echo "total $((SECONDS - t0)) s"
+[ ${#problems[@]} -eq 0 ]

@@ -18,11 +18,12 @@
 
 namespace trident::bench {
 
-// Skips the benchmark (with the reason) when there is no device; returns false then.
+// Skips the benchmark (with the reason) when CUDA is not usable; returns false then. (main
+// refuses to start on a broken GPU or under TRIDENT_REQUIRE_GPU=1: Note [GPU skips].)
 inline bool require_gpu(benchmark::State& state) {
-  std::string why;
-  if (cuda_device_available(&why)) return true;
-  state.SkipWithError(("no CUDA device: " + why).c_str());
+  const CudaDeviceStatus& s = cuda_device_status();
+  if (s.state == CudaDeviceState::kUsable) return true;
+  state.SkipWithError(("no usable CUDA device: " + s.reason).c_str());
   return false;
 }
 

@@ -4,12 +4,17 @@
 // log-sum-exp, so the comparisons are on out, dqkv and (against a double host reference) lse.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <iostream>
 #include <random>
+#include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "attention_cudnn.h"
@@ -18,6 +23,7 @@
 #include "backend_test_util.h"
 #include "gpu_test_util.h"
 #include "trident/backend.h"
+#include "trident/deck.h"
 
 namespace trident::testing {
 namespace {
@@ -26,9 +32,11 @@ struct AttnShape {
   int B, T, C, NH;
 };
 
-void PrintTo(const AttnShape& s, std::ostream* os) {
-  *os << "B" << s.B << "_T" << s.T << "_C" << s.C << "_NH" << s.NH;
+std::string shape_name(const AttnShape& s) {
+  return "B" + std::to_string(s.B) + "_T" + std::to_string(s.T) + "_C" + std::to_string(s.C) +
+         "_NH" + std::to_string(s.NH);
 }
+void PrintTo(const AttnShape& s, std::ostream* os) { *os << shape_name(s); }
 
 // fp32 tolerance, relative to the tensor's largest entry. Both sides are fp32 with different
 // summation orders (tiles + online rescaling vs Eigen's row-wise softmax) and different exp
@@ -115,14 +123,8 @@ TEST_P(AttentionTest, FlashBackwardIsDeterministic) {
   EXPECT_EQ(std::memcmp(a.out.data(), b.out.data(), a.out.size() * sizeof(float)), 0);
 }
 
-TEST_P(AttentionTest, CudnnMatchesCpu) {
-  TRIDENT_REQUIRE_GPU();
-  const AttnShape s = GetParam();
-  const CudnnHandle handle;
-  cuda::CudnnAttention attention(handle.get());
-  std::string why;
-  if (!attention.supported(s.B, s.T, s.C, s.NH, &why)) GTEST_SKIP() << why;
-
+// cuDNN's bf16 forward and backward against the CPU twin; the shape must have a plan.
+void expect_cudnn_matches_cpu(cuda::CudnnAttention& attention, const AttnShape& s) {
   const Reference r = make_reference(s, true);
   DeviceBuffer<uint16_t> qkv(to_bf16(r.qkv)), dout(to_bf16(r.dout));
   DeviceBuffer<uint16_t> out(r.out.size()), dqkv(r.qkv.size());
@@ -135,19 +137,96 @@ TEST_P(AttentionTest, CudnnMatchesCpu) {
   EXPECT_LE(rel_err(from_bf16(dqkv.download()), to_double(r.dqkv)), kBf16Tol) << "dqkv";
 }
 
-// CudnnMatchesCpu skips shapes cuDNN rejects, so a graph cuDNN never accepts would pass
-// silently (and training would quietly fall back to flash). On Hopper, GPT-2's shape must plan.
-TEST(CudnnAttention, PlansGpt2ShapeOnHopper) {
+// These shapes are not ones trident's decks run (DeckShapesPlanAndMatchCpu has those): where
+// cuDNN has no plan, run.attention auto uses the flash kernel, which FlashMatchesCpu covers,
+// so a rejection here is a skip that names cuDNN's reason (a failure under
+// TRIDENT_REQUIRE_GPU=1: Note [GPU skips]).
+TEST_P(AttentionTest, CudnnMatchesCpu) {
+  TRIDENT_REQUIRE_GPU();
+  const AttnShape s = GetParam();
+  const CudnnHandle handle;
+  cuda::CudnnAttention attention(handle.get());
+  std::string why;
+  if (!attention.supported(s.B, s.T, s.C, s.NH, &why))
+    TRIDENT_GPU_SKIP("cuDNN has no fused-attention plan for " + shape_name(s) + ": " + why);
+  expect_cudnn_matches_cpu(attention, s);
+}
+
+// The attention shapes trident's GPT-2 decks run with cuDNN (inputs/gpt2-*.yaml whose
+// run.attention is not flash): each deck's head layout (C, NH) at its own seq_len and at 1024
+// (tools/gpu-check.sh benchmarks every GPT-2 deck at 1024), at the deck's micro_batch.
+struct DeckShape {
+  std::string deck;
+  AttnShape shape;
+};
+std::vector<DeckShape> deck_attention_shapes() {
+  std::vector<std::string> paths;
+  for (const auto& e : std::filesystem::directory_iterator(std::string(TRIDENT_SOURCE_DIR) +
+                                                           "/inputs")) {
+    const std::string name = e.path().filename().string();
+    if (name.starts_with("gpt2-") && name.ends_with(".yaml")) paths.push_back(e.path().string());
+  }
+  std::sort(paths.begin(), paths.end());
+  std::vector<DeckShape> shapes;
+  for (const std::string& path : paths) {
+    const Deck d = load_deck(path);
+    if (d.run.attention == "flash") continue;  // cuDNN is never asked
+    const std::string deck = std::filesystem::path(path).filename().string();
+    for (int T : std::set<int>{d.model.seq_len, 1024})
+      shapes.push_back({deck, {d.train.micro_batch, T, d.model.d_model, d.model.heads}});
+  }
+  return shapes;
+}
+
+// Which shapes DeckShapesPlanAndMatchCpu requires, checked without a GPU against the decks as
+// written: all three GPT-2 decks, GPT-2's head size 64 throughout, and 124M (which the deck runs
+// at sequence 64, micro-batch 4) also at 1024.
+TEST(CudnnAttention, DeckShapesCoverEveryGpt2Deck) {
+  std::set<std::string> decks;
+  std::set<int> gpt2_124m_lengths;
+  for (const DeckShape& d : deck_attention_shapes()) {
+    decks.insert(d.deck);
+    EXPECT_EQ(d.shape.C / d.shape.NH, 64) << d.deck;
+    if (d.deck == "gpt2-124m.yaml" && d.shape.B == 4 && d.shape.C == 768 && d.shape.NH == 12)
+      gpt2_124m_lengths.insert(d.shape.T);
+  }
+  for (const char* deck : {"gpt2-124m.yaml", "gpt2-350m.yaml", "gpt2-1.5b.yaml"})
+    EXPECT_TRUE(decks.contains(deck)) << deck;
+  EXPECT_EQ(gpt2_124m_lengths, (std::set<int>{64, 1024}));
+}
+
+// A shape a deck runs must plan: a rejection would silently move training onto the slower
+// flash kernel. cuDNN's fused attention needs sm_80 or newer (its support matrix); the
+// numerics are checked at micro-batch 1 or 2 (the CPU twin at 16 × 1024² would take minutes),
+// which needs its own plan, required too.
+TEST(CudnnAttention, DeckShapesPlanAndMatchCpu) {
   TRIDENT_REQUIRE_GPU();
   int device = 0;
   cudaDeviceProp prop{};
   TRIDENT_CUDA(cudaGetDevice(&device));
   TRIDENT_CUDA(cudaGetDeviceProperties(&prop, device));
-  if (prop.major != 9) GTEST_SKIP() << "not Hopper (sm_" << prop.major << prop.minor << ")";
+  if (prop.major < 8)
+    TRIDENT_GPU_SKIP("cuDNN's fused attention needs sm_80 or newer; this GPU is sm_" +
+                     std::to_string(prop.major) + std::to_string(prop.minor));
+  const std::vector<DeckShape> shapes = deck_attention_shapes();
+  ASSERT_FALSE(shapes.empty()) << "no inputs/gpt2-*.yaml deck uses cuDNN attention";
   const CudnnHandle handle;
   cuda::CudnnAttention attention(handle.get());
-  std::string why;
-  EXPECT_TRUE(attention.supported(4, 64, 768, 12, &why)) << why;
+  std::set<std::tuple<int, int, int>> compared;  // (T, C, NH)
+  for (const DeckShape& d : shapes) {
+    const AttnShape& s = d.shape;
+    SCOPED_TRACE(d.deck + " " + shape_name(s));
+    std::string why;
+    EXPECT_TRUE(attention.supported(s.B, s.T, s.C, s.NH, &why))
+        << "cuDNN has no plan for a shape " << d.deck << " runs: " << why;
+    if (!compared.insert({s.T, s.C, s.NH}).second) continue;
+    const AttnShape small{s.T <= 256 ? 2 : 1, s.T, s.C, s.NH};
+    ASSERT_TRUE(attention.supported(small.B, small.T, small.C, small.NH, &why))
+        << "cuDNN has no plan for " << shape_name(small) << ": " << why;
+    expect_cudnn_matches_cpu(attention, small);
+    std::cout << "cuDNN attention: " << d.deck << " " << shape_name(s) << " plans, "
+              << shape_name(small) << " matches the CPU\n";
+  }
 }
 
 // HS = 32, 64, 128; T below, at and across tile boundaries (64 for HS ≤ 64, 32 for HS = 128).
