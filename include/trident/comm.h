@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -256,8 +257,23 @@ class MpiComm : public Communicator {
   void set_recording(bool on) { recording_ = on; }
   std::vector<OpRecord> take_records();
 
+  // Note [bf16 gradient compression]: when on, every float32 sum all-reduce of this
+  // communicator travels as bf16 (comm.grad_dtype: bf16 on the CPU, as PyTorch DDP's
+  // bf16_compress_hook): the data is rounded to bf16 into a staging buffer when the operation
+  // starts, summed in bf16 by MPI (a user MPI_Op; each rank's contribution rounded once, and
+  // every partial sum again), and widened back into the float32 buffer when it completes. Half
+  // the bytes on the wire, and the emulated link (set_emulated_link) counts half too. Other
+  // types and operations are unchanged. Use a communicator of its own (the gradients'):
+  // the loss and the norms stay exact.
+  void set_bf16_sums(bool on);
+  bool bf16_sums() const { return bf16_op_ != MPI_OP_NULL; }
+
   // Used by this communicator's Work objects.
   void note_completed(const OpRecord& record);
+  // A bf16 staging buffer of at least n elements, and its return once the operation is done;
+  // grow-only and reused, so a step in steady state allocates nothing.
+  std::vector<uint16_t>* take_staging(size_t n);
+  void give_staging(std::vector<uint16_t>* buffer);
 
  protected:
   Work start_all_reduce(void* data, size_t count, ElemType type) override;
@@ -272,8 +288,13 @@ class MpiComm : public Communicator {
   Work start_recv(void* data, size_t count, ElemType type, int src, int tag) override;
 
  private:
+  struct Staged {  // a bf16 all-reduce's staging buffer and where its result goes
+    std::vector<uint16_t>* buffer;  // null: not staged
+    float* out;
+    size_t count;
+  };
   Work make_work(const char* op, LinkOp link_op, size_t bytes, MPI_Request request,
-                 CommClock::time_point start);
+                 CommClock::time_point start, Staged staged = {});
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::string name_;
@@ -283,6 +304,10 @@ class MpiComm : public Communicator {
   CommClock::time_point link_free_at_{};
   bool recording_ = false;
   std::vector<OpRecord> records_;
+  MPI_Op bf16_op_ = MPI_OP_NULL;
+  std::mutex staging_mutex_;
+  std::vector<std::unique_ptr<std::vector<uint16_t>>> staging_;  // every buffer, owned
+  std::vector<std::vector<uint16_t>*> staging_free_;
 };
 
 }  // namespace trident

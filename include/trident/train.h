@@ -133,6 +133,7 @@ class Trainer {
   std::unique_ptr<Communicator> solo_;  // the pp communicator when there is no grid
   Communicator* pp_comm_ = nullptr;
   PipeSchedule schedule_ = PipeSchedule::kOneFOneB;
+  std::unique_ptr<MpiComm> grad_comm_;  // comm.grad_dtype bf16 on the CPU: the gradients' own
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<GPTStage> stage_;
   EmbeddingRowSink sink_;

@@ -51,12 +51,7 @@ std::unique_ptr<Backend> make_backend(const Deck& deck) {
 
 DeviceComms make_device_comms(const Deck& deck, Backend& backend, ProcessGrid& grid) {
   DeviceComms comms;
-  if (!backend.is_device()) {
-    if (deck.comm.grad_dtype != "fp32")
-      input_error("comm.grad_dtype {} needs run.backend cuda (the CPU reduces fp32 gradients)",
-                  deck.comm.grad_dtype);
-    return comms;
-  }
+  if (!backend.is_device()) return comms;  // bf16 gradients on the CPU: the Trainer's MpiComm
 #ifdef TRIDENT_HAVE_CUDA
   auto stream = static_cast<cudaStream_t>(cuda_compute_stream(backend));
   // Every rank creates the same communicators in the same order (each creation is collective

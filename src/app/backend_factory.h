@@ -17,7 +17,6 @@ std::unique_ptr<Backend> make_backend(const Deck& deck);
 // Communicators for device buffers (TrainContext::dp_device, tp_device): NcclComms over the
 // grid's dp ranks (its own stream, ordered after the backend's) and tp ranks (on the
 // backend's stream). Null for a host backend or a group of one. Collective over the world.
-// input_error for comm.grad_dtype bf16 on a host backend.
 struct DeviceComms {
   std::unique_ptr<Communicator> dp, tp;
 };

@@ -11,6 +11,7 @@
 #include <climits>
 #include <thread>
 
+#include "bf16_sum.h"
 #include "trident/check.h"
 #include "trident/comm.h"
 
@@ -104,12 +105,24 @@ class MpiWork final : public Work::Impl {
     record_.start = start;
   }
 
+  // A bf16-staged all-reduce (Note [bf16 gradient compression]): widened into `out` when done.
+  void set_staged(std::vector<uint16_t>* staged, float* out, size_t n) {
+    staged_ = staged;
+    out_ = out;
+    n_ = n;
+  }
+
+  ~MpiWork() override {
+    if (staged_ != nullptr && transport_done_) comm_->give_staging(staged_);
+  }
+
   bool test() override {
     if (complete_) return true;
     if (!transport_done_) {
       int flag = 0;
       TRIDENT_MPI(MPI_Test(&request_, &flag, MPI_STATUS_IGNORE));
       transport_done_ = flag != 0;
+      if (transport_done_ && staged_ != nullptr) bf16::to_float(staged_->data(), out_, n_);
     }
     const auto now = CommClock::now();
     if (transport_done_) {
@@ -149,6 +162,10 @@ class MpiWork final : public Work::Impl {
   OpRecord record_;
   bool transport_done_ = false;
   bool complete_ = false;
+  // An abandoned (timed-out) operation keeps its staging buffer: MPI may still write it.
+  std::vector<uint16_t>* staged_ = nullptr;
+  float* out_ = nullptr;
+  size_t n_ = 0;
 };
 
 }  // namespace
@@ -171,7 +188,34 @@ std::unique_ptr<MpiComm> MpiComm::duplicate(MPI_Comm parent, std::string name) {
 MpiComm::~MpiComm() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized && comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_SELF) MPI_Comm_free(&comm_);
+  if (finalized) return;
+  if (bf16_op_ != MPI_OP_NULL) MPI_Op_free(&bf16_op_);
+  if (comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_SELF) MPI_Comm_free(&comm_);
+}
+
+void MpiComm::set_bf16_sums(bool on) {
+  if (on && bf16_op_ == MPI_OP_NULL)
+    TRIDENT_MPI(MPI_Op_create(bf16::sum_function(), /*commute=*/1, &bf16_op_));
+  if (!on && bf16_op_ != MPI_OP_NULL) TRIDENT_MPI(MPI_Op_free(&bf16_op_));
+}
+
+std::vector<uint16_t>* MpiComm::take_staging(size_t n) {
+  std::lock_guard<std::mutex> lock(staging_mutex_);
+  std::vector<uint16_t>* buffer = nullptr;
+  if (staging_free_.empty()) {
+    staging_.push_back(std::make_unique<std::vector<uint16_t>>());
+    buffer = staging_.back().get();
+  } else {
+    buffer = staging_free_.back();
+    staging_free_.pop_back();
+  }
+  if (buffer->size() < n) buffer->resize(n);
+  return buffer;
+}
+
+void MpiComm::give_staging(std::vector<uint16_t>* buffer) {
+  std::lock_guard<std::mutex> lock(staging_mutex_);
+  staging_free_.push_back(buffer);
 }
 
 void MpiComm::set_timeout(double seconds) {
@@ -191,7 +235,7 @@ void MpiComm::note_completed(const OpRecord& record) {
 }
 
 Work MpiComm::make_work(const char* op, LinkOp link_op, size_t bytes, MPI_Request request,
-                        CommClock::time_point start) {
+                        CommClock::time_point start, Staged staged) {
   CommClock::time_point link_done = start;
   if (link_gbps_ > 0) {
     // The emulated link carries one operation at a time: this one starts when it is free.
@@ -200,12 +244,22 @@ Work MpiComm::make_work(const char* op, LinkOp link_op, size_t bytes, MPI_Reques
                 std::chrono::duration_cast<CommClock::duration>(std::chrono::duration<double>(s));
     link_free_at_ = link_done;
   }
-  return Work(std::make_unique<MpiWork>(this, op, bytes, request, start, link_done));
+  auto work = std::make_unique<MpiWork>(this, op, bytes, request, start, link_done);
+  if (staged.buffer != nullptr) work->set_staged(staged.buffer, staged.out, staged.count);
+  return Work(std::move(work));
 }
 
 Work MpiComm::start_all_reduce(void* data, size_t count, ElemType type) {
   const auto start = CommClock::now();
   MPI_Request req;
+  if (bf16_op_ != MPI_OP_NULL && type == ElemType::kFloat32) {  // Note [bf16 gradient compression]
+    std::vector<uint16_t>* staged = take_staging(count);
+    bf16::from_float(static_cast<const float*>(data), staged->data(), count);
+    TRIDENT_MPI(MPI_Iallreduce(MPI_IN_PLACE, staged->data(), mpi_count(count, "all_reduce"),
+                               MPI_UINT16_T, bf16_op_, comm_, &req));
+    return make_work("all_reduce", LinkOp::kAllReduce, count * 2, req, start,
+                     {staged, static_cast<float*>(data), count});
+  }
   TRIDENT_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, mpi_count(count, "all_reduce"), mpi_type(type),
                              MPI_SUM, comm_, &req));
   return make_work("all_reduce", LinkOp::kAllReduce, count * elem_bytes(type), req, start);

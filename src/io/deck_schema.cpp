@@ -136,8 +136,9 @@ const std::vector<Key>& table() {
        .min = gt(0), .help = "seconds a collective may wait before the run aborts"},
       {.name = "comm.grad_dtype", .field = at<&Deck::comm, &CommConfig::grad_dtype>(),
        .text = Text::kEnum, .choices = {"fp32", "bf16"},
-       .help = "element type of the data-parallel gradient all-reduce on the GPU (NCCL): bf16 "
-               "halves the bytes sent, then casts back to fp32; the CPU path always uses fp32"},
+       .help = "element type of the data-parallel gradient all-reduce: bf16 halves the bytes "
+               "sent (rounded to bf16, summed in bf16, widened back to fp32), on the GPU (NCCL) "
+               "and on the CPU (MPI)"},
 
       {.name = "checkpoint.dir", .field = at<&Deck::checkpoint, &CheckpointConfig::dir>(),
        .text = Text::kPath, .help = "checkpoint directory (step_NNNNNNNN/ and latest); empty: none"},

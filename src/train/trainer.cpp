@@ -136,8 +136,19 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
       dp.set_emulated_link(deck_.comm.emulate_gbps, deck_.comm.emulate_latency_us);
     if (ctx_.backend->is_device() && !ctx_.dp_device)
       internal_error(__FILE__, __LINE__, "a device backend with dp > 1 needs a device communicator");
-    Communicator& reduce_comm = ctx_.dp_device ? *ctx_.dp_device : dp;
-    reducer_ = std::make_unique<GradReducer>(reduce_comm, model_->grads(), std::move(params), opt);
+    Communicator* reduce_comm = ctx_.dp_device ? ctx_.dp_device : &dp;
+    if (!ctx_.backend->is_device() && deck_.comm.grad_dtype == "bf16") {
+      // Note [bf16 gradient compression] (comm.h): on a communicator of their own, so the
+      // loss, norms and row sets on dp stay exact. MPI_Comm_dup is collective over dp: every
+      // rank of the group builds its Trainer at the same point.
+      grad_comm_ = MpiComm::duplicate(dp.raw(), "dp (bf16 gradients)");
+      grad_comm_->set_timeout(dp.timeout());
+      if (deck_.comm.emulate_gbps > 0)
+        grad_comm_->set_emulated_link(deck_.comm.emulate_gbps, deck_.comm.emulate_latency_us);
+      grad_comm_->set_bf16_sums(true);
+      reduce_comm = grad_comm_.get();
+    }
+    reducer_ = std::make_unique<GradReducer>(*reduce_comm, model_->grads(), std::move(params), opt);
   }
   // Note [Tied embedding gradient]: the split needs both halves on this stage (pp = 1). The
   // row collection is host code, so a device backend reduces wte whole, after the embedding.
