@@ -147,6 +147,9 @@ int run_train(const DeckArgs& args, const BlasCoreCheck& blas) {
                  resume_from, meta.step, meta.run_id, meta.dp, meta.tp, meta.pp);
   } else {
     run_id = new_run_id();
+    if (lead && ck.resume == "auto" && !ck.dir.empty())
+      fmt::print("checkpoint.resume: auto, but {} has no checkpoint yet: starting from step 0\n",
+                 ck.dir);
   }
   const int end_step = deck.train.stop_at > 0 ? std::min(deck.train.stop_at, deck.train.steps)
                                               : deck.train.steps;

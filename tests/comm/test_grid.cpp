@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <set>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "trident/check.h"
 #include "trident/grid.h"
@@ -133,9 +135,32 @@ TEST(FormatGridTable, OneRowPerRankWithItsGroups) {
                                              "[12", "13]", "[5", "13]", "[4", "5", "12",
                                              "13]", "[5", "13]"};
   EXPECT_EQ(cells, expected) << table;
-  // A middle stage has no embedding group.
+}
+
+// The embedding-group cell of each rank's row: the text under the header's "embedding group"
+// (member lists are left-aligned, so a cell starts where its header does).
+std::vector<std::string> embedding_cells(const std::string& table) {
+  std::istringstream in(table);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  if (lines.size() < 2) return {};
+  const size_t column = lines[1].find("embedding group");
+  if (column == std::string::npos) return {};
+  std::vector<std::string> cells;
+  for (size_t i = 2; i < lines.size(); ++i)
+    cells.push_back(lines[i].size() > column ? lines[i].substr(column) : "");
+  return cells;
+}
+
+TEST(FormatGridTable, OnlyFirstAndLastStageHaveAnEmbeddingGroup) {
+  // pp 4: ranks 0..3 are stages 0..3; stages 0 and 3 share wte, stages 1 and 2 hold none.
   const std::string deep = format_grid_table(make_layout(4, 1, 1, 4));
-  EXPECT_NE(deep.find("-"), std::string::npos) << deep;
+  const std::vector<std::string> deep_expected = {"[0 3]", "-", "-", "[0 3]"};
+  EXPECT_EQ(embedding_cells(deep), deep_expected) << deep;
+  // dp 2 × pp 3: ranks 0,1 first stage, 2,3 middle, 4,5 last; each dp column its own group.
+  const std::string wide = format_grid_table(make_layout(6, 2, 1, 3));
+  const std::vector<std::string> wide_expected = {"[0 4]", "[1 5]", "-", "-", "[0 4]", "[1 5]"};
+  EXPECT_EQ(embedding_cells(wide), wide_expected) << wide;
 }
 
 }  // namespace
