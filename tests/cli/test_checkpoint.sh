@@ -12,16 +12,7 @@
 #   continues bitwise; a second run on the same checkpoint.dir is refused; kill -9 of one rank
 #   during a save leaves `latest` on a complete checkpoint; eval, generate and ckpt inspect run.
 # usage: test_checkpoint.sh TRIDENT_BINARY SOURCE_DIR SCRATCH_DIR
-set -uo pipefail
-bin=$1 src=$2 scratch=$3
-rm -rf "$scratch" && mkdir -p "$scratch"
-cd "$scratch"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export OMPI_MCA_mpi_yield_when_idle=1
-failures=0
-fail() { echo "FAIL $*"; failures=$((failures + 1)); }
-ok() { echo "ok   $*"; }
-py=/usr/bin/python3
+source "$(dirname "$0")/lib.sh" "$@"
 
 common=("$src/inputs/gpt-tiny.yaml" --set run.threads=1 --set train.steps=12 --set train.accum=2
         --set train.micro_batch=4 --set train.val_every=0 --set log.every=100)
@@ -283,5 +274,4 @@ else
   fail "kill -9: latest does not verify: $(cat killverify.log)"
 fi
 
-echo "$failures failure(s)"
-[ $failures -eq 0 ]
+finish

@@ -8,16 +8,7 @@
 # layout (micro-batch 4 × accum × dp = 16 samples), so the same samples are seen.
 # (tests/mpi/test_ckpt_training.cpp covers the layouts that fit in 2 and 4 ranks.)
 # usage: test_ckpt_layouts.sh TRIDENT_BINARY SOURCE_DIR SCRATCH_DIR
-set -uo pipefail
-bin=$1 src=$2 scratch=$3
-rm -rf "$scratch" && mkdir -p "$scratch"
-cd "$scratch"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export OMPI_MCA_mpi_yield_when_idle=1
-failures=0
-fail() { echo "FAIL $*"; failures=$((failures + 1)); }
-ok() { echo "ok   $*"; }
-py=/usr/bin/python3
+source "$(dirname "$0")/lib.sh" "$@"
 
 # warmup 2 (not the deck's 20) so that 4 steps move every tensor well away from its initial
 # value: a tensor left out of the load then shows in the losses.
@@ -79,5 +70,4 @@ run_np 8 "${layout_3d[@]}" --set run.out_dir=to3d --set checkpoint.dir=ckdp --se
 resumed to3d_resume.log 4 "dp 2 x tp 1 x pp 1" || fail "3D resume: $(grep -m1 -E '^resumed|error' to3d_resume.log)"
 compare "dp 2 (steps 1-4) then 3D (5-8) vs dp 2" to3d/metrics.jsonl ref/metrics.jsonl
 
-echo "$failures failure(s)"
-[ $failures -eq 0 ]
+finish

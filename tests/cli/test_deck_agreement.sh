@@ -7,15 +7,7 @@
 #   - the same --set on both ranks: it runs.
 # Each rank's own exit status is recorded by a wrapper (mpirun reports only one).
 # usage: test_deck_agreement.sh TRIDENT_BINARY SOURCE_DIR SCRATCH_DIR
-set -uo pipefail
-bin=$1 src=$2 scratch=$3
-rm -rf "$scratch" && mkdir -p "$scratch"
-cd "$scratch"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export OMPI_MCA_mpi_yield_when_idle=1
-failures=0
-fail() { echo "FAIL $*"; failures=$((failures + 1)); }
-ok() { echo "ok   $*"; }
+source "$(dirname "$0")/lib.sh" "$@"
 
 common=("$src/inputs/gpt-tiny.yaml" --set run.threads=1 --set train.steps=2 --set train.val_every=0
         --set train.micro_batch=2)
@@ -68,5 +60,4 @@ else
   fail "same --set: rank exits '$rcs', mpirun $mpirun_rc: $(tail -3 same.err)"
 fi
 
-echo "$failures failure(s)"
-[ $failures -eq 0 ]
+finish

@@ -9,24 +9,9 @@
 #   2. under mpirun, a strong-scaling study over dp x tp layouts keeps the global batch.
 # Skips (77) when Slurm is not installed (tools/setup.sh installs it).
 # usage: test_scaling_study.sh TRIDENT_BINARY SOURCE_DIR SCRATCH_DIR
-set -uo pipefail
-bin=$1 src=$2 scratch=$3
-for tool in slurmctld slurmd munged sbatch; do
-  command -v "$tool" >/dev/null || { echo "SKIP: $tool is not installed (tools/setup.sh installs slurm)"; exit 77; }
-done
-rm -rf "$scratch" && mkdir -p "$scratch"
-cd "$scratch"
-failures=0
-fail() { echo "FAIL $*"; failures=$((failures + 1)); }
-ok() { echo "ok   $*"; }
-py=/usr/bin/python3
+source "$(dirname "$0")/lib.sh" "$@"
+start_local_slurm 21000
 study=("$py" "$src/tools/scaling_study.py")
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export OMPI_MCA_mpi_yield_when_idle=1
-export TRIDENT_SLURM_DIR=$scratch/slurm SLURM_PORT=$((21000 + ($$ % 500) * 2))
-bash "$src/tools/slurm-local.sh" start --cpus 8 || { echo "FAIL: local Slurm did not start"; exit 1; }
-trap 'bash "$src/tools/slurm-local.sh" stop >/dev/null' EXIT
-eval "$(bash "$src/tools/slurm-local.sh" env)"
 
 # Checks one study's CSV against its points' metrics files. Tolerances: the CSV holds Python's
 # repr of bench.json's doubles, and bench's median is of the same doubles metrics.jsonl holds,
@@ -117,5 +102,4 @@ else
   [ "$mbs" = "8x1 4x1 8x1" ] && ok "strong micro_batch x accum per point: $mbs" || fail "strong per-point batches: $mbs"
 fi
 
-echo "$failures failure(s)"
-[ $failures -eq 0 ]
+finish

@@ -8,25 +8,8 @@
 #      says so; a batch job whose srun has no PMI plugin fails and is not requeued.
 # Skips (77) when Slurm's daemons are not installed (tools/setup.sh installs them).
 # usage: test_slurm_jobs.sh TRIDENT_BINARY SOURCE_DIR SCRATCH_DIR
-set -uo pipefail
-bin=$1 src=$2 scratch=$3
-for tool in slurmctld slurmd munged sbatch; do
-  command -v "$tool" >/dev/null || { echo "SKIP: $tool is not installed (tools/setup.sh installs slurm)"; exit 77; }
-done
-rm -rf "$scratch" && mkdir -p "$scratch"
-cd "$scratch"
-failures=0
-fail() { echo "FAIL $*"; failures=$((failures + 1)); }
-ok() { echo "ok   $*"; }
-py=/usr/bin/python3
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export OMPI_MCA_mpi_yield_when_idle=1
-
-# Our own cluster: its state in the scratch dir, its own ports (not a developer's instance).
-export TRIDENT_SLURM_DIR=$scratch/slurm SLURM_PORT=$((20000 + ($$ % 500) * 2))
-bash "$src/tools/slurm-local.sh" start --cpus 8 || { echo "FAIL: local Slurm did not start"; exit 1; }
-trap 'bash "$src/tools/slurm-local.sh" stop >/dev/null' EXIT
-eval "$(bash "$src/tools/slurm-local.sh" env)"
+source "$(dirname "$0")/lib.sh" "$@"
+start_local_slurm 20000
 export TRIDENT_HOME=$src TRIDENT_BIN=$bin
 
 wait_job() {  # JOBID SECONDS: until the job has left the queue; prints its final state
@@ -114,5 +97,4 @@ else
   fail "no PMI plugin: job $jid2 $state: $(tail -5 "trident-$jid2.out")"
 fi
 
-echo "$failures failure(s)"
-[ $failures -eq 0 ]
+finish

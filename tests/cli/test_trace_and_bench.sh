@@ -14,16 +14,7 @@
 #   4. `trident bench` ends with exactly one `bench: k=v ...` line holding the documented
 #      fields, with units and values consistent with each other, the deck and the step lines.
 # usage: test_trace_and_bench.sh TRIDENT_BINARY SOURCE_DIR SCRATCH_DIR
-set -uo pipefail
-bin=$1 src=$2 scratch=$3
-rm -rf "$scratch" && mkdir -p "$scratch"
-cd "$scratch"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export OMPI_MCA_mpi_yield_when_idle=1
-failures=0
-fail() { echo "FAIL $*"; failures=$((failures + 1)); }
-ok() { echo "ok   $*"; }
-py=/usr/bin/python3
+source "$(dirname "$0")/lib.sh" "$@"
 if ! $py -c "import h5py, matplotlib, numpy" 2>/dev/null; then
   echo "skip: $py with h5py, matplotlib and numpy is needed to read traces, PNGs and checkpoints"
   exit 77
@@ -379,5 +370,4 @@ if num["comm_ms"] <= 0 or num["comm_cpu_ms"] <= 0: fail(f"dp 2 but comm_ms={f['c
 ok(f"summary = medians of the {timed} timed step lines; comm_ms={f['comm_ms']} comm_cpu_ms={f['comm_cpu_ms']} with dp {dp}")
 EOF
 
-echo "$failures failure(s)"
-[ $failures -eq 0 ]
+finish
