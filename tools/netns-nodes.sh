@@ -27,6 +27,13 @@
 # command in node I's namespace with hostname nodeI. Each node needs its own UTS namespace:
 # Open MPI names its session directory and shared-memory segments after the hostname, and with
 # one hostname the "nodes" share /tmp and /dev/shm and their segments collide.
+#
+# Note [Cores per node]: each node also gets its own share of the cores (taskset on its orted,
+# or on mpirun for node 0, inherited by its ranks), and mpirun-prefix has --bind-to none. Open
+# MPI binds each node's first rank to the first core it sees, and every emulated node sees the
+# whole machine: left alone, one rank per node put all ranks on core 0 (each at half a core on
+# 2 cores). With N nodes and C usable cores, node I gets cores I*C/N .. (I+1)*C/N - 1 (C/N
+# rounded down; cores left over stay unused); with more nodes than cores all nodes share them.
 set -euo pipefail
 
 die() { echo "netns-nodes: $*" >&2; exit "${code:-1}"; }
@@ -81,7 +88,7 @@ start() {
   [ -z "$delay" ] || [[ $delay =~ ^[0-9.]+(us|ms)$ ]] || code=2 die "--delay must be like 100us or 2ms, got '$delay'"
   # Open MPI splits plm_rsh_agent at spaces, and the files below are named in one line.
   [[ $dir =~ ^[A-Za-z0-9_./+-]+$ ]] || code=2 die "--dir may hold only [A-Za-z0-9_./+-]: '$dir'"
-  for tool in ip tc unshare mpirun; do
+  for tool in ip tc unshare taskset mpirun; do
     command -v "$tool" >/dev/null || code=3 die "$tool not found"
   done
   if load_state; then
@@ -101,12 +108,28 @@ start() {
   done
   instance=$k node_count=$nodes
   local subnet=10.213.$k
+  # The cores this process may use, one per word (Cpus_allowed_list: "0-3,6"), split per node.
+  local cores=() range lo hi c i per
+  for range in $(awk '/^Cpus_allowed_list/ {print $2}' /proc/self/status | tr ',' ' '); do
+    lo=${range%-*} hi=${range#*-}
+    for ((c = lo; c <= hi; c++)); do cores+=("$c"); done
+  done
+  per=$(( ${#cores[@]} / nodes ))
+  node_cpus=()
+  for ((i = 0; i < nodes; i++)); do
+    if [ "$per" -ge 1 ]; then
+      node_cpus+=("$(IFS=,; echo "${cores[*]:$((i * per)):$per}")")
+    else
+      node_cpus+=("$(IFS=,; echo "${cores[*]}")")
+    fi
+  done
   cat >"$dir/state" <<EOF
 instance=$k
 node_count=$nodes
 subnet=$subnet.0/24
 rate=$rate
 delay=$delay
+node_cpus=(${node_cpus[*]})
 EOF
   trap 'if [ $? -ne 0 ]; then echo "netns-nodes: start failed; removing what it made" >&2; stop_instance; fi' EXIT
 
@@ -125,7 +148,6 @@ EOF
   if [ -n "$delay" ] && [ $netem = no ]; then
     code=3 die "--delay needs sch_netem, which this kernel lacks (tc qdisc add ... netem fails)"
   fi
-  local i
   : >"$dir/hostfile"
   for ((i = 0; i < nodes; i++)); do
     ip netns add "tn$k-n$i"
@@ -142,10 +164,11 @@ EOF
 
   # The launch agent, in place of ssh: `agent [options] HOST COMMAND...`. Like ssh it hands the
   # command to a shell (Open MPI quotes orted's arguments for one), in node I's namespace with
-  # hostname nodeI.
+  # hostname nodeI, on node I's cores.
   cat >"$dir/agent" <<EOF
 #!/usr/bin/env bash
 # Written by tools/netns-nodes.sh for instance tn$k: Open MPI's rsh agent for its nodes.
+cpus=(${node_cpus[*]})
 while [ \$# -gt 0 ] && [ "\${1#-}" != "\$1" ]; do shift; done
 host=\$1; shift
 case \$host in
@@ -153,28 +176,32 @@ case \$host in
   *) echo "netns-nodes agent: \$host is not a node of tn$k ($subnet.0/24)" >&2; exit 255 ;;
 esac
 [ -e /run/netns/tn$k-n\$i ] || { echo "netns-nodes agent: no node \$i (\$host)" >&2; exit 255; }
-exec ip netns exec tn$k-n\$i unshare --uts -- /bin/sh -c "hostname node\$i && \$*"
+exec ip netns exec tn$k-n\$i unshare --uts -- taskset -c "\${cpus[\$i]}" /bin/sh -c "hostname node\$i && \$*"
 EOF
   cat >"$dir/mpirun" <<EOF
 #!/usr/bin/env bash
-# Written by tools/netns-nodes.sh for instance tn$k: mpirun in node 0 (hostname node0).
-exec ip netns exec tn$k-n0 unshare --uts -- /bin/sh -c 'hostname node0 && exec mpirun "\$@"' mpirun "\$@"
+# Written by tools/netns-nodes.sh for instance tn$k: mpirun in node 0 (hostname node0, its cores).
+exec ip netns exec tn$k-n0 unshare --uts -- taskset -c ${node_cpus[0]} /bin/sh -c 'hostname node0 && exec mpirun "\$@"' mpirun "\$@"
 EOF
   chmod +x "$dir/agent" "$dir/mpirun"
   local root_opt=""
   [ "$(id -u)" -eq 0 ] && root_opt=" --allow-run-as-root"
-  # No tree spawn: every orted is started by mpirun itself, through the agent.
+  # No tree spawn: every orted is started by mpirun itself, through the agent. No binding: each
+  # node's ranks keep to its cores (Note [Cores per node]).
   echo "$dir/mpirun$root_opt --hostfile $dir/hostfile --mca plm_rsh_agent $dir/agent" \
-       "--mca plm_rsh_no_tree_spawn 1 --mca btl self,vader,tcp" \
+       "--mca plm_rsh_no_tree_spawn 1 --bind-to none --mca btl self,vader,tcp" \
        "--mca btl_tcp_if_include $subnet.0/24 --mca oob_tcp_if_include $subnet.0/24" >"$dir/mpirun-prefix"
   trap - EXIT
 
   local delay_text="no delay"
   [ -n "$delay" ] && delay_text="delay $delay per direction per hop"
   [ $netem = no ] && delay_text="no netem (kernel lacks sch_netem: latency cannot be emulated)"
+  local cpu_text="" sep=""
+  for ((i = 0; i < nodes; i++)); do cpu_text+="${sep}node$i on core(s) ${node_cpus[$i]}"; sep=", "; done
+  [ "$per" -ge 1 ] || cpu_text="all on cores ${node_cpus[0]}: fewer cores than nodes"
   echo "netns-nodes: $nodes nodes tn$k-n0..n$((nodes - 1)) ($subnet.1-$subnet.$nodes, hostnames" \
-       "node0..node$((nodes - 1)), $slots slot(s) each), $rate per link each way, $delay_text;" \
-       "state in $dir (mpirun-prefix, hostfile, agent)"
+       "node0..node$((nodes - 1)), $slots slot(s) each; $cpu_text), $rate per link each way," \
+       "$delay_text; state in $dir (mpirun-prefix, hostfile, agent)"
 }
 
 # Removes instance $instance's namespaces (their veths, bridge and qdiscs go with them) after
@@ -223,7 +250,8 @@ case $cmd in
     i=$1; shift
     load_state || die "no nodes in $dir (start first)"
     [[ $i =~ ^[0-9]+$ ]] && [ "$i" -lt "$node_count" ] || code=2 die "node must be 0..$((node_count - 1)), got '$i'"
-    exec ip netns exec "tn$instance-n$i" unshare --uts -- /bin/sh -c "hostname node$i && exec \"\$@\"" sh "$@" ;;
+    exec ip netns exec "tn$instance-n$i" unshare --uts -- taskset -c "${node_cpus[$i]}" \
+      /bin/sh -c "hostname node$i && exec \"\$@\"" sh "$@" ;;
   stats)
     parse_dir_only "$@"
     load_state || die "no nodes in $dir (start first)"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Two emulated nodes (tools/netns-nodes.sh: network namespaces on a bridge, 1 Gbit/s links
 # shaped by tbf) and trident across them over TCP:
-#   1. mpirun through DIR/mpirun-prefix puts one rank on each node (hostnames node0, node1);
+#   1. mpirun through DIR/mpirun-prefix puts one rank on each node (hostnames node0, node1), on
+#      disjoint cores;
 #   2. the links carry no more than their rate: 25 MB from node 0 to node 1 take at least
 #      25 MB / 1 Gbit/s, and no less than a third of the rate is reached;
 #   3. inputs/gpt-tiny.yaml with dp 2, one rank per node, one thread, 20 steps: every step's
@@ -48,11 +49,28 @@ trap 'bash "$nodes_tool" stop --dir "$dir" >/dev/null 2>&1' EXIT
 prefix=$(cat "$dir/mpirun-prefix")
 node1_ip=$(awk 'NR == 2 {print $1}' "$dir/hostfile")
 
-# 1. One rank per node, each with its node's hostname.
-# shellcheck disable=SC2086
-hosts=$(timeout 60 $prefix -n 2 hostname 2>&1 | sort | tr '\n' ' ')
-[ "$hosts" = "node0 node1 " ] && ok "mpirun -n 2 through mpirun-prefix runs on: $hosts" \
-  || fail "mpirun -n 2 hostname gave '$hosts', expected one rank on node0 and one on node1"
+# 1. One rank per node, each with its node's hostname, on its node's own cores (2 cores or
+# more: Open MPI, left to bind, put the rank of every emulated node on core 0).
+# shellcheck disable=SC2016,SC2086
+timeout 60 $prefix -n 2 sh -c 'echo $(hostname) $(awk "/^Cpus_allowed_list/ {print \$2}" /proc/self/status)' \
+  >placement.txt 2>&1 || fail "mpirun -n 2 through mpirun-prefix: $(cat placement.txt)"
+pycheck placement.txt <<'EOF'
+import os, sys
+lines = sorted(l.split() for l in open(sys.argv[1]) if l.strip())
+cores = len(os.sched_getaffinity(0))  # not nproc: it answers OMP_NUM_THREADS when that is set
+def cpus(text):
+    out = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-"); out |= set(range(int(lo), int(hi or lo) + 1))
+    return out
+if [l[0] for l in lines] != ["node0", "node1"] or any(len(l) != 2 for l in lines):
+    print(f"FAIL mpirun -n 2 ran on {lines}, expected one rank on node0 and one on node1")
+elif cores >= 2 and cpus(lines[0][1]) & cpus(lines[1][1]):
+    print(f"FAIL the two nodes' ranks share cores: {lines} ({cores} cores here)")
+else:
+    print(f"ok   mpirun -n 2 through mpirun-prefix: {lines[0][0]} on core(s) {lines[0][1]}, "
+          f"{lines[1][0]} on core(s) {lines[1][1]} ({cores} cores here)")
+EOF
 
 # 2. 25 MB over the link, timed by the sender from the first byte to the receiver's reply
 # after the last. A tbf at 1 Gbit/s cannot pass it in under 25e6 * 8 / 1e9 = 0.2 s, less what
