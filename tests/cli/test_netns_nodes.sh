@@ -13,18 +13,11 @@
 # Skips (77) when network namespaces, veth pairs or tbf qdiscs cannot be created (not root, no
 # CAP_NET_ADMIN/CAP_SYS_ADMIN, a kernel without them): tools/netns-nodes.sh start exits 3 then.
 # usage: test_netns_nodes.sh TRIDENT_BINARY SOURCE_DIR SCRATCH_DIR
-set -uo pipefail
-bin=$1 src=$2 scratch=$3
-# A run killed before its trap ran (a ctest timeout) left its instance: stop it before its state goes.
-[ -f "$scratch/nodes/state" ] && bash "$src/tools/netns-nodes.sh" stop --dir "$scratch/nodes"
-rm -rf "$scratch" && mkdir -p "$scratch"
-cd "$scratch" || exit 1
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export OMPI_MCA_mpi_yield_when_idle=1
-failures=0
-fail() { echo "FAIL $*"; failures=$((failures + 1)); }
-ok() { echo "ok   $*"; }
-py=/usr/bin/python3
+# A run killed before its trap ran (a ctest timeout) left its instance: stop it before lib.sh
+# empties the scratch directory that holds its state.
+[ -f "$3/nodes/state" ] && bash "$2/tools/netns-nodes.sh" stop --dir "$3/nodes"
+# shellcheck source=tests/cli/lib.sh
+source "$(dirname "$0")/lib.sh" "$@"
 $py -c "import json" 2>/dev/null || { echo "skip: $py is needed to read metrics.jsonl"; exit 77; }
 # Runs a Python check (stdin) that prints ok/FAIL lines; its FAIL lines count here, and so does
 # a check that crashed or printed nothing.
@@ -168,5 +161,4 @@ else
   fail "after stop: namespaces '$left', state files '$files', root links before/after differ: $(diff <(echo "$links_before") <(echo "$links_after") | tr '\n' ' ')"
 fi
 
-echo "$failures failure(s)"
-[ $failures -eq 0 ]
+finish
