@@ -6,6 +6,7 @@
 #   tools/slurm-local.sh start [--cpus N] [--dir DIR]   # starts munged, slurmctld, slurmd
 #   eval "$(tools/slurm-local.sh env [--dir DIR])"      # SLURM_CONF for sbatch, squeue, srun
 #   tools/slurm-local.sh stop [--dir DIR]               # stops the daemons (state stays)
+# start exits 3 where slurmd cannot run at all (no cgroup filesystem mounted).
 #
 # DIR defaults to $TRIDENT_SLURM_DIR or /tmp/trident-slurm. The node advertises N CPUs (default
 # 8, more than the machine has, so several one-core tasks fit on 2 cores). Ports: $SLURM_PORT
@@ -92,6 +93,13 @@ running() {  # PIDFILE
 
 start() {
   install_missing
+  # slurmd 22.05 always loads a cgroup plugin (its cgroup.conf has no "disabled") and fails
+  # where no cgroup filesystem is mounted (a chroot, some containers): say so, exit 3.
+  if ! awk '$2 == "/sys/fs/cgroup" || $2 ~ "^/sys/fs/cgroup/" {found=1} END {exit !found}' /proc/mounts; then
+    echo "slurm-local: no cgroup filesystem is mounted at /sys/fs/cgroup, and slurmd 22.05 cannot" \
+      "start without one (a chroot or a restricted container?)" >&2
+    return 3
+  fi
   write_config
   if ! running "$dir/munge/munged.pid"; then
     munged --force --key-file="$dir/munge/munge.key" --socket="$dir/munge/munge.socket" \

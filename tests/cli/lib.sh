@@ -4,7 +4,7 @@
 # more ranks than cores (and idle ranks yield), and counts checks: `ok TEXT`, `fail TEXT`, then
 # `finish` prints the count and returns non-zero if any failed. py is Debian's python (h5py,
 # numpy, torch). start_local_slurm PORT_BASE runs a private tools/slurm-local.sh cluster in
-# the scratch directory until the script exits.
+# the scratch directory until the script exits (skips where slurmd cannot run: no cgroup fs).
 set -uo pipefail
 bin=$1 src=$2 scratch=$3
 rm -rf "$scratch" && mkdir -p "$scratch"
@@ -24,7 +24,10 @@ start_local_slurm() {  # PORT_BASE: skips (77) without Slurm, exits 1 if it does
   done
   # Its own state and ports, never a developer's instance.
   export TRIDENT_SLURM_DIR=$scratch/slurm SLURM_PORT=$(($1 + ($$ % 500) * 2))
-  bash "$src/tools/slurm-local.sh" start --cpus 8 || { echo "FAIL: local Slurm did not start"; exit 1; }
+  local rc=0
+  bash "$src/tools/slurm-local.sh" start --cpus 8 || rc=$?
+  [ $rc -eq 3 ] && { echo "SKIP: slurmd cannot run on this machine (see the message above)"; exit 77; }
+  [ $rc -eq 0 ] || { echo "FAIL: local Slurm did not start (exit $rc)"; exit 1; }
   trap 'bash "$src/tools/slurm-local.sh" stop >/dev/null' EXIT
   eval "$(bash "$src/tools/slurm-local.sh" env)"
 }
