@@ -159,58 +159,59 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
                  "was wrong (the machine busy while measuring, or a GEMM kernel faster than "
                  "the one measured); MFU is not reported\n",
                  achieved / ranks / 1e9, peak / 1e9, blas.chosen);
-    // The same keys as the `bench:` line below, which stays the last line (Note [Bench files]).
-    const auto or_null = [](double x) { return std::isnan(x) ? nlohmann::json() : nlohmann::json(x); };
-    const nlohmann::ordered_json summary = {
-        {"tokens_per_s", tokens_per_s},
-        {"ms_per_step", step_ms},
-        {"mfu", or_null(mfu)},
-        {"mfu_nominal", or_null(mfu_nominal)},
-        {"peak_gflops", peak * ranks / 1e9},
-        {"nominal_peak_gflops", nominal * ranks / 1e9},
-        {"achieved_gflops", achieved / 1e9},
-        {"forward_ms", median(fwd)},
-        {"backward_ms", median(bwd)},
-        {"optimizer_ms", median(opt)},
-        {"comm_ms", median(comm)},
-        {"comm_cpu_ms", median(comm_cpu)},
-        {"exposed_comm_ms", median(exposed)},
-        {"overlap", median(overlap)},
-        {"tp_comm_ms", median(tp_comm)},
-        {"bubble", median(bubble)},
-        {"bubble_model", double(pp - 1) / double(deck.train.accum + pp - 1)},
-        {"activation_mb", trainer.model().activation_bytes() / (1024.0 * 1024.0)},
-        {"params_m", trainer.model().num_params() / 1e6},
-        {"tokens_per_step", trainer.tokens_per_step()},
-        {"ranks", ranks},
-        {"dp", grid->layout().dp},
-        {"tp", grid->layout().tp},
-        {"pp", pp},
-        {"threads", backend->threads()},
-        {"backend", backend->name()},
-        {"blas_core", blas.chosen},
-        {"warmup_steps", args.warmup_steps},
-        {"timed_steps", args.steps}};
+    // One list makes both the `bench:` line, which stays the last line, and bench.json (Note
+    // [Bench files]): `decimals` is the line's precision (-1: printed as it is); a figure that
+    // is not reported (NaN) is n/a on the line and null in the JSON.
+    struct Field {
+      const char* key;
+      nlohmann::json value;
+      int decimals;
+    };
+    const auto figure = [](double x) { return std::isnan(x) ? nlohmann::json() : nlohmann::json(x); };
+    const std::vector<Field> fields = {
+        {"tokens_per_s", tokens_per_s, 1},
+        {"ms_per_step", step_ms, 2},
+        {"mfu", figure(mfu), 4},
+        {"mfu_nominal", figure(mfu_nominal), 4},
+        {"peak_gflops", peak * ranks / 1e9, 1},
+        {"nominal_peak_gflops", nominal * ranks / 1e9, 1},
+        {"achieved_gflops", achieved / 1e9, 1},
+        {"forward_ms", median(fwd), 2},
+        {"backward_ms", median(bwd), 2},
+        {"optimizer_ms", median(opt), 2},
+        {"comm_ms", median(comm), 2},
+        {"comm_cpu_ms", median(comm_cpu), 2},
+        {"exposed_comm_ms", median(exposed), 2},
+        {"overlap", median(overlap), 3},
+        {"tp_comm_ms", median(tp_comm), 2},
+        {"bubble", median(bubble), 3},
+        {"bubble_model", double(pp - 1) / double(deck.train.accum + pp - 1), 3},
+        {"activation_mb", trainer.model().activation_bytes() / (1024.0 * 1024.0), 1},
+        {"params_m", trainer.model().num_params() / 1e6, 2},
+        {"tokens_per_step", trainer.tokens_per_step(), -1},
+        {"ranks", ranks, -1},
+        {"dp", grid->layout().dp, -1},
+        {"tp", grid->layout().tp, -1},
+        {"pp", pp, -1},
+        {"threads", backend->threads(), -1},
+        {"backend", backend->name(), -1},
+        {"blas_core", blas.chosen, -1}};
+    nlohmann::ordered_json summary;
+    std::string line = "bench:";
+    for (const Field& f : fields) {
+      summary[f.key] = f.value;
+      const std::string text = f.value.is_null()   ? std::string("n/a")
+                               : f.value.is_string() ? f.value.get<std::string>()
+                               : f.decimals >= 0     ? fmt::format("{:.{}f}", f.value.get<double>(), f.decimals)
+                                                     : f.value.dump();
+      line += fmt::format(" {}={}", f.key, text);
+    }
+    summary["warmup_steps"] = args.warmup_steps;
+    summary["timed_steps"] = args.steps;
     std::ofstream(out_dir / "bench.json") << summary.dump(1) << "\n";
     fmt::print("bench: figures in {}, steps in {}\n", (out_dir / "bench.json").string(),
                metrics->path());
-    fmt::print("bench: tokens_per_s={:.1f} ms_per_step={:.2f} mfu={} mfu_nominal={} "
-               "peak_gflops={:.1f} nominal_peak_gflops={:.1f} "
-               "achieved_gflops={:.1f} forward_ms={:.2f} backward_ms={:.2f} optimizer_ms={:.2f} "
-               "comm_ms={:.2f} comm_cpu_ms={:.2f} exposed_comm_ms={:.2f} overlap={:.3f} "
-               "tp_comm_ms={:.2f} "
-               "bubble={:.3f} bubble_model={:.3f} activation_mb={:.1f} params_m={:.2f} "
-               "tokens_per_step={} ranks={} dp={} tp={} pp={} threads={} backend={} "
-               "blas_core={}\n",
-               tokens_per_s, step_ms, format_mfu_fraction(mfu), format_mfu_fraction(mfu_nominal),
-               peak * ranks / 1e9, nominal * ranks / 1e9, achieved / 1e9, median(fwd),
-               median(bwd), median(opt), median(comm), median(comm_cpu), median(exposed),
-               median(overlap), median(tp_comm), median(bubble),
-               double(pp - 1) / double(deck.train.accum + pp - 1),
-               trainer.model().activation_bytes() / (1024.0 * 1024.0),
-               trainer.model().num_params() / 1e6, trainer.tokens_per_step(), ranks,
-               grid->layout().dp, grid->layout().tp, pp,
-               backend->threads(), backend->name(), blas.chosen);
+    fmt::print("{}\n", line);
   }
   return 0;
 }

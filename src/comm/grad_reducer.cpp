@@ -9,8 +9,9 @@
 //   (begin, "parameter i is ready", extra buffer, finish) into a queue under a mutex, and
 //   finish() then sleeps on a condition variable. The one dp call the compute thread makes is
 //   mark_compute_ready (Note [Gradient-ready events] in trident/comm.h), which only records an
-//   event on the compute stream and returns null on a host communicator. Tensor-parallel collectives run on the
-//   compute thread at the same time, on other communicators — hence MPI_THREAD_MULTIPLE.
+//   event on the compute stream and returns null on a host communicator. Tensor-parallel
+//   collectives run on the compute thread at the same time, on other communicators — hence
+//   MPI_THREAD_MULTIPLE.
 // In what order. Note [Same buckets, same order]: MPI pairs the collectives of a communicator
 //   by the order in which they are started, so every rank must start the same all-reduces in
 //   the same order, or they pair up wrongly (wrong sums or a hang). The buckets are a pure
