@@ -64,6 +64,10 @@ CredType=cred/munge
 # cred_expire: a requeued job waits this long (Slurm default 120 s) before it may start again.
 AuthInfo=socket=$dir/munge/munge.socket,cred_expire=${SLURM_CRED_EXPIRE:-10}
 StateSaveLocation=$dir/ctld
+# Job ids of their own per port: two local clusters on one machine (the Slurm and the scaling
+# tests under ctest -j2) must not share ids, since the PMIx plugin keys its per-step
+# directories in /tmp by uid and job id (shared ids made srun's task launch fail).
+FirstJobId=$(( (port % 10000) * 100 + 1 ))
 SlurmdSpoolDir=$dir/spool
 SlurmctldPidFile=$dir/slurmctld.pid
 SlurmdPidFile=$dir/slurmd.pid

@@ -35,4 +35,27 @@ std::vector<Bucket> assign_buckets(const std::vector<size_t>& param_counts_in_re
                                    size_t elem_bytes, size_t first_bucket_bytes,
                                    size_t bucket_bytes);
 
+// Note [Padded buckets] (ZeRO, parallel.zero): with a sharded optimizer each dp rank owns a
+// contiguous, equal slice of every bucket — rank r of n owns [offset + r·count/n, +count/n) —
+// so a bucket is reduce-scattered and all-gathered as one slice of the flat buffers, with no
+// copy. For that every bucket's count must be a multiple of n (and, here, of 16 floats per rank,
+// so each shard starts 64-byte aligned): as Megatron's distributed optimizer does, the flat
+// buffer gets zero padding at the end of each bucket, and the parameters after it move up.
+// The buckets are those of assign_buckets on the unpadded sizes (the padding never changes
+// which parameters go together), except that a parameter marked `alone` gets a bucket of its
+// own (the tied wte with pp > 1, whose shard must be the same slice of wte on the first and the
+// last stage). multiple = 1 with nothing alone gives assign_buckets's buckets and the unpadded,
+// contiguous layout.
+struct BucketLayout {
+  std::vector<Bucket> buckets;        // offset, count: the padded slice of the flat buffer
+  std::vector<size_t> param_offsets;  // each parameter's offset, in ready order
+  size_t total = 0;                   // elements of the flat buffer, padding included
+  // This rank's shard of bucket b: [buckets[b].offset + rank·shard_count(b), +shard_count(b)).
+  size_t shard_count(size_t b, size_t ranks) const { return buckets[b].count / ranks; }
+};
+BucketLayout padded_bucket_layout(const std::vector<size_t>& param_counts_in_ready_order,
+                                  size_t elem_bytes, size_t first_bucket_bytes,
+                                  size_t bucket_bytes, size_t multiple,
+                                  const std::vector<char>& alone = {});
+
 }  // namespace trident

@@ -58,6 +58,15 @@ struct GradReducerOptions {
   size_t max_message_bytes = size_t(16) << 20;
   // Times in ReduceStats are milliseconds since this point (pass the run's trace origin).
   CommClock::time_point trace_origin = CommClock::now();
+  // Note [ZeRO-1] (train/zero.h). Non-null: the reducer is sharded. Each bucket is
+  // reduce-scattered (summed; `average` must be false) into this rank's shard of it,
+  // shard_grads + shard_offset(b), instead of all-reduced; extras are still all-reduced whole.
+  // The parameters must then sit where padded_bucket_layout(counts, 4, first_bucket_bytes,
+  // bucket_bytes, dp.size(), alone) puts them (the reducer builds the same layout and checks),
+  // and the reducer also all-gathers the updated parameters (start_param_gather).
+  float* shard_grads = nullptr;
+  std::vector<char> alone;            // parameters in a bucket of their own (ready order)
+  std::vector<size_t> gather_order;   // buckets in the order forward first reads them
 };
 
 // One all-reduce of a step: a bucket or an extra buffer.
@@ -86,6 +95,16 @@ struct ReduceStats {
   double thread_cpu_ms = 0;
   long progress_polls = 0;  // Work::test calls on in-flight all-reduces (each one enters MPI)
   std::vector<BucketRecord> records;  // in launch order
+};
+
+// The parameter all-gathers of one ZeRO round (launched after an optimizer step), and the
+// compute thread's waiting for them. Reported by the step in which they were waited for.
+struct GatherStats {
+  bool gathered = false;      // a round completed since the last take_gather_stats
+  double comm_ms = 0;         // union of the round's all-gather intervals
+  double exposed_ms = 0;      // the compute thread waited this long (wait_gathered, begin_step)
+  size_t bytes = 0;           // gathered (full buckets)
+  std::vector<BucketRecord> records;
 };
 
 class GradReducer {
@@ -119,6 +138,26 @@ class GradReducer {
   // ready.
   void finish();
 
+  // ZeRO (options.shard_grads set): starts the all-gather of every bucket's parameters, in
+  // options.gather_order, on the reducer's thread; each rank's own shard of `params` (updated
+  // by its optimizer) is sent, and everyone's arrive in place. Call after the optimizer step;
+  // `params` must stay valid. The next begin_step(true) waits for the round first.
+  void start_param_gather(float* params);
+  // Blocks until bucket b's parameters are gathered (at once if no round is open). Rethrows the
+  // thread's error. wait_all_gathered: every bucket.
+  void wait_gathered(size_t bucket);
+  void wait_all_gathered();
+  // The last completed round's figures and the waiting since the previous call; then reset.
+  GatherStats take_gather_stats();
+  bool sharded() const;
+  // This rank's shard of bucket b: shard_count(b) elements at flat offset
+  // buckets()[b].offset + dp rank · shard_count(b), stored at shard_offset(b) in the shard
+  // buffers (shard_grads, and the optimizer's moments).
+  size_t shard_count(size_t b) const;
+  size_t shard_offset(size_t b) const;
+  size_t shard_total() const;  // elements of a shard buffer
+  size_t bucket_of_param(size_t param) const;
+
   const ReduceStats& stats() const;  // of the last finish()ed step
   // Bucket offsets here are into the flat gradient buffer.
   const std::vector<Bucket>& buckets() const;
@@ -127,6 +166,8 @@ class GradReducer {
 
 
  private:
+  void name_buckets();
+  void init_sharded(const GradReducerOptions& options);
   struct State;  // shared with the communication thread; defined in grad_reducer.cpp
   std::unique_ptr<State> state_;
 };

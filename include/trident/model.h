@@ -124,11 +124,20 @@ using PhaseFn = std::function<void(const std::string& phase,
                                    std::chrono::steady_clock::time_point begin,
                                    std::chrono::steady_clock::time_point end)>;
 
+// Called by forward() right before it first reads a group of parameters (the embedding's, one
+// block's, the head's), with their indices: ZeRO's parameter all-gather waits there for the
+// buckets that hold them, and for nothing else (Note [Gathers before use] in train/zero.h).
+using ParamUseFn = std::function<void(const std::vector<int>& param_indices)>;
+
 struct GPTOptions {
   TensorParallel tp;
   StageSpec stage;
   int slots = 1;  // micro-batches whose activations are alive at once (pipeline in-flight)
   Recompute recompute = Recompute::kNone;
+  // Note [Padded buckets] (trident/buckets.h): each parameter's offset in the flat buffer, in
+  // ready order, and the buffer's size with the padding. Empty: contiguous, unpadded.
+  std::vector<size_t> param_offsets;
+  size_t param_total = 0;
 };
 
 class GPT {
@@ -177,6 +186,8 @@ class GPT {
   size_t activation_bytes() const;
   // Optional timeline of forward/backward phases (empty: none).
   void set_phase_recorder(PhaseFn fn) { phases_ = std::move(fn); }
+  // Optional hook before each group of parameters is first read in forward (empty: none).
+  void set_param_use(ParamUseFn fn) { param_use_ = std::move(fn); }
   void zero_grads();
 
   // Logits [B,T,Vp/tp] (this rank's vocab slice) of slot 0's last forward without targets, in
@@ -239,6 +250,7 @@ class GPT {
     // every parameter up to it (in ready order) right after the op.
     int ready_fcproj, ready_fc, ready_ln2, ready_attproj, ready_qkv, ready_ln1;
     std::string forward_phase, backward_phase;  // "forward block 3", "backward block 3"
+    std::vector<int> uses;  // the block's parameter indices (for param_use_)
   };
   struct ParamTable {
     // Offsets of the non-block tensors, valid where this stage holds them.
@@ -249,6 +261,7 @@ class GPT {
     std::vector<LayerTable> layers;  // per local layer (stage_.first_layer + i)
     std::string forward_embedding = "forward embedding", forward_head = "forward head+loss",
                 backward_head = "backward head+loss", backward_embedding = "backward embedding";
+    std::vector<int> embedding_uses, head_uses;  // for param_use_
   };
   void build_param_table();
   int param_index(const std::string& name) const;  // -1 if this stage has no such parameter
@@ -294,6 +307,7 @@ class GPT {
   std::vector<float> losses_host_;  // device backends: the per-token losses, read on the host
   Scratch scratch_;
   PhaseFn phases_;
+  ParamUseFn param_use_;
   TensorParallel tp_;
   StageSpec stage_;
   Recompute recompute_mode_ = Recompute::kNone;

@@ -21,6 +21,7 @@ class ProcessGrid;
 class GradReducer;
 class GPTStage;
 class StepRowSet;
+struct OwnedPiece;
 
 // Linear warmup over warmup_steps (step 0 gets lr/warmup), then cosine decay to
 // lr·min_lr_ratio at the last step, or constant. `step` is 0-based.
@@ -30,13 +31,20 @@ double lr_at(const TrainConfig& t, int step);
 class AdamW {
  public:
   // The moments live in the backend's memory, zeroed.
+  // With ZeRO (Note [ZeRO-1] in train/zero.h) num_params is this rank's shard.
   AdamW(Backend& be, size_t num_params) : m_(be, num_params), v_(be, num_params) {}
   // One update of all parameters at (1-based) step t.
   // grad_scale: the gradients' global-norm clipping factor, applied inside the update's pass.
   void update(Backend& be, GPT& model, const TrainConfig& cfg, float lr, int t,
               float grad_scale);
+  // ZeRO: updates only this rank's shard, one fused pass per run (merge_pieces): parameters at
+  // run.flat in the flat buffer, moments and gradients at run.shard in the shard buffers.
+  void update_shard(Backend& be, float* params, const float* shard_grads,
+                    const std::vector<OwnedPiece>& runs, const TrainConfig& cfg, float lr, int t,
+                    float grad_scale);
   float* m() { return m_.data(); }
   float* v() { return v_.data(); }
+  size_t size() const { return m_.size(); }
 
  private:
   BackendBuffer<float> m_, v_;
@@ -54,7 +62,10 @@ struct StepStats {
   // Data parallel (0 with dp = 1): time with an all-reduce in flight, the part of it after
   // the end of backward, and overlap = 1 − exposed/comm. Both include the step's first
   // collective, the tied embedding's row set (Note [Step row set]), which nothing overlaps.
+  // With ZeRO these are the reduce-scatters'; the parameter all-gathers waited for in this step
+  // (launched after the previous step's optimizer, Note [Gathers before use]) are apart.
   double comm_ms = 0.0, exposed_comm_ms = 0.0, overlap = 0.0;
+  double gather_comm_ms = 0.0, gather_exposed_ms = 0.0;
   double comm_cpu_ms = 0.0;     // CPU time of the dp communication thread (ReduceStats)
   long comm_polls = 0;          // its tests of in-flight all-reduces (each one enters MPI)
   double tp_comm_ms = 0.0;      // waiting in tensor-parallel collectives (compute thread)
@@ -103,6 +114,15 @@ class Trainer {
   std::string save(const std::string& dir, int steps_done, const std::string& run_id, int keep);
   // Collective: loads a checkpoint saved in any layout; returns its meta (step, run id, ...).
   CheckpointMeta load(const std::string& path);
+  // ZeRO: waits until the parameters of the last update are gathered on this rank (before
+  // reading params() from outside a step: save, copies; forward waits by itself).
+  void sync_params();
+  // Bytes this rank holds for each: parameters, gradients (the flat buffer, and ZeRO's shard
+  // buffer), optimizer state (m and v), activations.
+  struct MemoryBytes {
+    size_t params = 0, grads = 0, optimizer = 0, activations = 0;
+  };
+  MemoryBytes memory_bytes() const;
   int dp_size() const { return dp_size_; }
   int pp_size() const { return pp_size_; }
   const GradReducer* reducer() const { return reducer_.get(); }
@@ -118,6 +138,10 @@ class Trainer {
   double validation_forward(int micro, int B, int T);
   // Σ g² over the whole model: sharded parameters summed over tp, replicated ones once.
   double global_grad_sum_squares();
+  // The same from this rank's ZeRO shard (Note [ZeRO-1]).
+  double sharded_grad_sum_squares();
+  // Adds the averaged sparse wte rows into wte's gradient (its shard with ZeRO).
+  void add_embedding_rows();
   void record(const char* track, const std::string& name,
               std::chrono::steady_clock::time_point b, std::chrono::steady_clock::time_point e);
 
@@ -140,6 +164,11 @@ class Trainer {
   std::unique_ptr<StepRowSet> step_rows_;  // with use_sink_
   std::vector<float> row_grads_;          // capacity: the most rows a step can have
   bool use_sink_ = false;  // Note [Tied embedding gradient]
+  // ZeRO (Note [ZeRO-1] in train/zero.h); empty and unused at parallel.zero 0 or dp 1.
+  bool sharded_ = false;
+  BackendBuffer<float> shard_grads_;
+  std::vector<OwnedPiece> owned_;       // this rank's piece of each parameter, buffer order
+  std::vector<OwnedPiece> owned_runs_;  // the same merged: AdamW's passes
 };
 
 // The model shape a deck asks for: the deck's model keys, or model.init_from's header (which

@@ -85,7 +85,8 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
     std::filesystem::create_directories(out_dir);
     metrics = std::make_unique<JsonlWriter>((out_dir / deck.log.jsonl).string());
   }
-  std::vector<double> ms, fwd, bwd, opt, comm, comm_cpu, exposed, overlap, tp_comm, bubble;
+  std::vector<double> ms, fwd, bwd, opt, comm, comm_cpu, exposed, overlap, tp_comm, bubble, gather,
+      gather_exposed;
   // Per-op device time (device backends): measured on one extra step after the timed ones, so
   // the events around every op do not slow the timed steps.
   const int total_steps = args.warmup_steps + args.steps;
@@ -120,10 +121,15 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
       record["comm_cpu_ms"] = s.comm_cpu_ms;
       metrics->write(record);
       fmt::print("bench: step {} {}: {:.1f} ms (forward {:.1f}, backward {:.1f}, optimizer "
-                 "{:.1f}, comm {:.1f}, exposed comm {:.1f}, comm thread cpu {:.1f} in {} polls) "
+                 "{:.1f}, comm {:.1f}, exposed comm {:.1f}, comm thread cpu {:.1f} in {} polls{}) "
                  "loss {:.4f}\n",
                  i + 1, timed ? "timed" : "warm-up", s.ms_per_step, s.forward_ms, s.backward_ms,
-                 s.optimizer_ms, s.comm_ms, s.exposed_comm_ms, s.comm_cpu_ms, s.comm_polls, s.loss);
+                 s.optimizer_ms, s.comm_ms, s.exposed_comm_ms, s.comm_cpu_ms, s.comm_polls,
+                 deck.parallel.zero > 0
+                     ? fmt::format(", all-gather {:.1f}, exposed {:.1f}", s.gather_comm_ms,
+                                   s.gather_exposed_ms)
+                     : std::string(),
+                 s.loss);
       std::fflush(stdout);
     }
     if (!timed) continue;
@@ -134,6 +140,8 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
     comm.push_back(s.comm_ms);
     comm_cpu.push_back(s.comm_cpu_ms);
     exposed.push_back(s.exposed_comm_ms);
+    gather.push_back(s.gather_comm_ms);
+    gather_exposed.push_back(s.gather_exposed_ms);
     overlap.push_back(s.overlap);
     tp_comm.push_back(s.tp_comm_ms);
     bubble.push_back(s.pipeline_ms > 0 ? s.pipeline_wait_ms / s.pipeline_ms : 0.0);
@@ -167,6 +175,8 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
       nlohmann::json value;
       int decimals;
     };
+    const Trainer::MemoryBytes memory = trainer.memory_bytes();  // per rank
+    constexpr double mib = 1024.0 * 1024.0;
     const auto figure = [](double x) { return std::isnan(x) ? nlohmann::json() : nlohmann::json(x); };
     const std::vector<Field> fields = {
         {"tokens_per_s", tokens_per_s, 1},
@@ -183,16 +193,23 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
         {"comm_cpu_ms", median(comm_cpu), 2},
         {"exposed_comm_ms", median(exposed), 2},
         {"overlap", median(overlap), 3},
+        {"gather_comm_ms", median(gather), 2},
+        {"gather_exposed_ms", median(gather_exposed), 2},
         {"tp_comm_ms", median(tp_comm), 2},
         {"bubble", median(bubble), 3},
         {"bubble_model", double(pp - 1) / double(deck.train.accum + pp - 1), 3},
         {"activation_mb", trainer.model().activation_bytes() / (1024.0 * 1024.0), 1},
+        {"param_mib", memory.params / mib, 1},
+        {"grad_mib", memory.grads / mib, 1},
+        {"optimizer_mib", memory.optimizer / mib, 1},
+        {"activation_mib", memory.activations / mib, 1},
         {"params_m", trainer.model().num_params() / 1e6, 2},
         {"tokens_per_step", trainer.tokens_per_step(), -1},
         {"ranks", ranks, -1},
         {"dp", grid->layout().dp, -1},
         {"tp", grid->layout().tp, -1},
         {"pp", pp, -1},
+        {"zero", deck.parallel.zero, -1},
         {"threads", backend->threads(), -1},
         {"backend", backend->name(), -1},
         {"blas_core", blas.chosen, -1}};

@@ -83,6 +83,8 @@ nlohmann::json step_record(const StepStats& s) {
                       {"comm_ms", s.comm_ms},
                       {"exposed_comm_ms", s.exposed_comm_ms},
                       {"overlap", s.overlap},
+                      {"gather_comm_ms", s.gather_comm_ms},
+                      {"gather_exposed_ms", s.gather_exposed_ms},
                       {"tp_comm_ms", s.tp_comm_ms}};
   if (!std::isnan(s.val_loss)) j["val_loss"] = s.val_loss;
   return j;

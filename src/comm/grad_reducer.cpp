@@ -75,14 +75,14 @@ namespace trident {
 
 namespace {
 
-enum class EventKind { kBegin, kReady, kExtra, kFinish };
+enum class EventKind { kBegin, kReady, kExtra, kFinish, kGather };
 
 struct Event {
   explicit Event(EventKind k) : kind(k), time(CommClock::now()) {}
   EventKind kind;
   CommClock::time_point time;  // when the compute thread posted it
   size_t param = 0;            // kReady
-  float* data = nullptr;       // kExtra
+  float* data = nullptr;       // kExtra; kGather: the parameters
   size_t count = 0;
   std::string name;
   // kReady, kExtra: where the compute stream was (null on host communicators).
@@ -139,12 +139,19 @@ struct GradReducer::State {
   size_t max_message;  // floats per all-reduce call (Note [Message size])
   ReduceOp reduce_op;  // kAvg, or kSum of gradients divided by dp already
   CommClock::time_point origin;
+  // Note [ZeRO-1]: with shard_grads, bucket b is reduce-scattered into
+  // shard_grads + shard_offset[b] (shard_count[b] elements) and all-gathered after the update.
+  float* shard_grads = nullptr;
+  std::vector<size_t> shard_count, shard_offset;
+  size_t shard_total = 0;
+  std::vector<size_t> gather_order;
 
   // Compute thread only.
   bool step_open = false;
   bool step_reduces = false;
   std::vector<char> marked;
   ReduceStats finished_stats;
+  double gather_wait_ms = 0;  // waiting in wait_gathered since the last take_gather_stats
 
   // Shared, under `mutex`.
   std::mutex mutex;
@@ -156,11 +163,16 @@ struct GradReducer::State {
   std::exception_ptr error;
   ReduceStats published_stats;
   std::atomic<bool> failed{false};  // error != nullptr, readable without the lock
+  std::condition_variable gather_cv;  // a bucket was gathered, or the thread failed
+  std::vector<char> gathered;         // per bucket: its parameters are complete here
+  GatherStats published_gather;       // the last completed round, until taken
+  std::atomic<bool> compute_waiting{false};  // the compute thread waits for a gather
 
   // Communication thread only.
   struct InFlight {
     Work work;
-    size_t record;  // index into building.records
+    size_t record;          // index into building.records (gathers: gather_building.records)
+    int gather_bucket = -1;  // >= 0: the all-gather of this bucket's parameters
   };
   bool active = false;     // a reducing step is running and has not ended
   bool finishing = false;  // finish() was called
@@ -175,6 +187,9 @@ struct GradReducer::State {
   std::vector<InFlight> in_flight;
   ReduceStats building;
   double step_cpu_start_ms = 0;  // this thread's CPU clock at the step's begin event
+  bool gathering = false;        // a parameter all-gather round is in flight
+  size_t gathers_left = 0;
+  GatherStats gather_building;
 
   std::thread thread;
 
@@ -227,12 +242,12 @@ struct GradReducer::State {
       try {
         for (Event& e : batch) handle(e);
         batch.clear();
-        if (active) {
+        if (active || gathering) {
           // A newly started all-reduce needs prompt tests for its first rounds: reset the backoff.
-          const bool launched = launch_ready();
+          const bool launched = active && launch_ready();
           const bool completed = poll_in_flight();
           idle_polls = launched || completed ? 0 : idle_polls + 1;
-          end_step_if_done();
+          if (active) end_step_if_done();
         }
       } catch (...) {
         batch.clear();
@@ -252,7 +267,8 @@ struct GradReducer::State {
     // most (a 16 MiB piece takes >= 1.3 ms even at 100 Gbit/s, so this delays a completion by
     // a small fraction of it). Once finish() was called the compute thread sleeps, and eager
     // polling costs it nothing.
-    if (!finishing) return now + kPollBesideCompute;
+    if (!finishing && !compute_waiting.load(std::memory_order_relaxed))
+      return now + kPollBesideCompute;
     const auto pause = progress_backoff(idle_polls);
     return pause.count() == 0 ? CommClock::time_point::min() : now + pause;
   }
@@ -273,6 +289,10 @@ struct GradReducer::State {
       building = ReduceStats{};
       building.reduced = true;
       step_cpu_start_ms = thread_cpu_ms();
+      return;
+    }
+    if (e.kind == EventKind::kGather) {
+      start_gathers(e.data);
       return;
     }
     if (!active) return;  // leftovers of a step that already failed
@@ -296,8 +316,52 @@ struct GradReducer::State {
         finishing = true;
         finish_time = e.time;
         break;
-      case EventKind::kBegin: break;
+      case EventKind::kBegin:
+      case EventKind::kGather: break;
     }
+  }
+
+  // Note [Gathers before use]: every bucket's all-gather, in forward order, all in flight at
+  // once (MPI pairs them by start order, identical on every rank).
+  void start_gathers(float* params) {
+    gather_building = GatherStats{};
+    gathering = true;
+    gathers_left = gather_order.size();
+    const auto r = size_t(dp.rank());
+    for (size_t b : gather_order) {
+      BucketRecord rec;
+      rec.name = bucket_names[b];
+      rec.bucket = static_cast<int>(b);
+      rec.bytes = buckets[b].count * sizeof(float);
+      rec.start_ms = ms(CommClock::now());
+      rec.ready_ms = rec.start_ms;
+      float* bucket = params + buckets[b].offset;
+      in_flight.push_back({dp.all_gather(bucket + r * shard_count[b], bucket, shard_count[b]),
+                           gather_building.records.size(), static_cast<int>(b)});
+      gather_building.records.push_back(std::move(rec));
+    }
+    if (gathers_left == 0) end_gather_round(SIZE_MAX);
+  }
+
+  // The round's figures are published before its last bucket is marked gathered, so a compute
+  // thread that saw every bucket gathered also finds them.
+  void end_gather_round(size_t last_bucket) {
+    std::vector<std::pair<double, double>> busy;
+    for (const BucketRecord& r : gather_building.records) {
+      busy.emplace_back(r.start_ms, r.end_ms);
+      gather_building.bytes += r.bytes;
+    }
+    gather_building.comm_ms = union_ms(std::move(busy));
+    gather_building.gathered = true;
+    gathering = false;
+    std::lock_guard lock(mutex);
+    published_gather = std::move(gather_building);
+    if (last_bucket < gathered.size()) gathered[last_bucket] = 1;
+  }
+
+  size_t reduces_in_flight() const {
+    return size_t(std::count_if(in_flight.begin(), in_flight.end(),
+                                [](const InFlight& f) { return f.gather_bucket < 0; }));
   }
 
   void start(float* data, size_t count, std::string name, int bucket, double ready,
@@ -309,6 +373,15 @@ struct GradReducer::State {
     r.ready_ms = ready;
     r.start_ms = ms(CommClock::now());
     dp.order_after(mark);  // Note [Gradient-ready events]; nothing on a host communicator
+    if (shard_grads && bucket >= 0) {
+      // Note [ZeRO-1]: one reduce-scatter per bucket, not split (Note [Message size] would cut
+      // the bucket into pieces whose shards are no longer one slice per rank).
+      const auto b = size_t(bucket);
+      in_flight.push_back({dp.reduce_scatter(data, shard_grads + shard_offset[b], shard_count[b]),
+                           building.records.size()});
+      building.records.push_back(std::move(r));
+      return;
+    }
     // Note [Message size]: pieces of at most max_message floats, one record for all of them.
     size_t done = 0;
     do {
@@ -350,7 +423,8 @@ struct GradReducer::State {
         ++building.progress_polls;
         done = f.work.test();
       } catch (const Error& e) {
-        const BucketRecord& r = building.records[f.record];
+        const BucketRecord& r = f.gather_bucket >= 0 ? gather_building.records[f.record]
+                                                     : building.records[f.record];
         throw Error(fmt::format("GradReducer: {} ({} bytes) on dp rank {} of {}: {}", r.name,
                                 r.bytes, dp.rank(), dp.size(), e.what()),
                     e.code());
@@ -359,10 +433,23 @@ struct GradReducer::State {
         ++i;
         continue;
       }
+      any = true;
+      if (f.gather_bucket >= 0) {
+        gather_building.records[f.record].end_ms = ms(CommClock::now());
+        const auto b = size_t(f.gather_bucket);
+        in_flight.erase(in_flight.begin() + static_cast<std::ptrdiff_t>(i));
+        if (--gathers_left == 0) {
+          end_gather_round(b);  // published with the last bucket's flag, under one lock
+        } else {
+          std::lock_guard lock(mutex);
+          gathered[b] = 1;
+        }
+        gather_cv.notify_all();
+        continue;
+      }
       // Of a record's pieces, the last to complete sets its end.
       building.records[f.record].end_ms = ms(CommClock::now());
       in_flight.erase(in_flight.begin() + static_cast<std::ptrdiff_t>(i));
-      any = true;
     }
     return any;
   }
@@ -372,10 +459,10 @@ struct GradReducer::State {
     if (next_bucket < buckets.size()) {
       // Every event up to finish() was handled, so this bucket can no longer become ready.
       // Wait for the buckets already started (every rank started the same ones), then fail.
-      if (in_flight.empty()) throw_never_ready();
+      if (reduces_in_flight() == 0) throw_never_ready();
       return;
     }
-    if (next_extra < extras.size() || !in_flight.empty()) return;
+    if (next_extra < extras.size() || reduces_in_flight() > 0) return;
 
     std::vector<std::pair<double, double>> busy;
     double last_end = ms(finish_time);
@@ -389,6 +476,7 @@ struct GradReducer::State {
     building.exposed_comm_ms = last_end - building.finish_called_ms;
     building.thread_cpu_ms = thread_cpu_ms() - step_cpu_start_ms;
     active = false;
+    finishing = false;
     {
       std::lock_guard lock(mutex);
       published_stats = std::move(building);
@@ -421,6 +509,7 @@ struct GradReducer::State {
 
   void fail_step(std::exception_ptr e) {
     active = false;
+    gathering = false;
     in_flight.clear();  // abandoned: an MPI collective cannot be cancelled
     {
       std::lock_guard lock(mutex);
@@ -429,6 +518,7 @@ struct GradReducer::State {
       step_done = true;
     }
     step_done_cv.notify_all();
+    gather_cv.notify_all();
   }
 };
 
@@ -444,6 +534,10 @@ GradReducer::GradReducer(Communicator& dp, float* grads,
           options.trace_origin)) {
   State& s = *state_;
   const auto& p = s.params;
+  if (options.shard_grads) {
+    init_sharded(options);
+    return;
+  }
   bool ascending = true, descending = true;
   size_t total = 0;
   for (size_t i = 0; i + 1 < p.size(); ++i) {
@@ -466,16 +560,67 @@ GradReducer::GradReducer(Communicator& dp, float* grads,
   for (const GradParam& q : p) counts.push_back(q.count);
   s.buckets = assign_buckets(counts, sizeof(float), options.first_bucket_bytes,
                              options.bucket_bytes);
-  s.bucket_of_param.resize(p.size());
-  for (size_t b = 0; b < s.buckets.size(); ++b) {
-    Bucket& bucket = s.buckets[b];
+  for (Bucket& bucket : s.buckets) {
     const size_t first = bucket.first_param, last = first + bucket.num_params - 1;
     bucket.offset = descending && !ascending ? p[last].offset : p[first].offset;
+  }
+  name_buckets();
+  s.marked.assign(p.size(), 0);
+  s.thread = std::thread([&s] { s.run(); });
+}
+
+void GradReducer::name_buckets() {
+  State& s = *state_;
+  const auto& p = s.params;
+  s.bucket_of_param.resize(p.size());
+  for (size_t b = 0; b < s.buckets.size(); ++b) {
+    const Bucket& bucket = s.buckets[b];
+    const size_t first = bucket.first_param, last = first + bucket.num_params - 1;
     for (size_t i = first; i <= last; ++i) s.bucket_of_param[i] = b;
     s.bucket_names.push_back(first == last ? fmt::format("bucket {} ({})", b, p[first].name)
                                            : fmt::format("bucket {} ({} .. {})", b,
                                                          p[first].name, p[last].name));
   }
+  s.gathered.assign(s.buckets.size(), 1);
+}
+
+// Note [ZeRO-1]: the buckets of the padded layout; the parameters must already sit there.
+void GradReducer::init_sharded(const GradReducerOptions& options) {
+  State& s = *state_;
+  const auto& p = s.params;
+  TRIDENT_CHECK(s.reduce_op == ReduceOp::kSum,
+                "GradReducer: a sharded reducer sums (the gradients are divided by dp already)");
+  std::vector<size_t> counts;
+  for (const GradParam& q : p) counts.push_back(q.count);
+  const auto ranks = size_t(s.dp.size());
+  const BucketLayout layout = padded_bucket_layout(counts, sizeof(float), options.first_bucket_bytes,
+                                                   options.bucket_bytes, ranks, options.alone);
+  for (size_t i = 0; i < p.size(); ++i)
+    if (p[i].offset != layout.param_offsets[i])
+      internal_error(__FILE__, __LINE__,
+                     fmt::format("GradReducer: parameter '{}' is at offset {}, but the padded "
+                                 "bucket layout puts it at {} (Note [Padded buckets])",
+                                 p[i].name, p[i].offset, layout.param_offsets[i]));
+  s.buckets = layout.buckets;
+  s.shard_grads = options.shard_grads;
+  for (size_t b = 0; b < s.buckets.size(); ++b) {
+    s.shard_offset.push_back(s.shard_total);
+    s.shard_count.push_back(layout.shard_count(b, ranks));
+    s.shard_total += s.shard_count.back();
+  }
+  s.gather_order = options.gather_order;
+  if (s.gather_order.empty())
+    for (size_t b = s.buckets.size(); b-- > 0;) s.gather_order.push_back(b);
+  std::vector<char> listed(s.buckets.size(), 0);
+  for (size_t b : s.gather_order) {
+    TRIDENT_CHECK(b < listed.size() && !listed[b], "GradReducer: gather order lists bucket {} "
+                  "twice or out of range ({} buckets)", b, listed.size());
+    listed[b] = 1;
+  }
+  TRIDENT_CHECK(s.gather_order.size() == s.buckets.size(),
+                "GradReducer: gather order has {} of {} buckets", s.gather_order.size(),
+                s.buckets.size());
+  name_buckets();
   s.marked.assign(p.size(), 0);
   s.thread = std::thread([&s] { s.run(); });
 }
@@ -497,6 +642,7 @@ void GradReducer::begin_step(bool reduce) {
   s.step_open = true;
   s.step_reduces = reduce;
   if (!reduce) return;
+  if (s.shard_grads) wait_all_gathered();  // the thread is done with the last round
   std::fill(s.marked.begin(), s.marked.end(), 0);
   {
     std::lock_guard lock(s.mutex);
@@ -559,6 +705,58 @@ void GradReducer::finish() {
   // enqueued on the compute stream from now on (the optimizer) runs after the reductions.
   s.dp.compute_waits_for_comm();
 }
+
+void GradReducer::start_param_gather(float* params) {
+  State& s = *state_;
+  TRIDENT_CHECK(s.shard_grads, "GradReducer::start_param_gather on a reducer that is not sharded");
+  TRIDENT_CHECK(!s.step_open || !s.step_reduces,
+                "GradReducer::start_param_gather during a reducing step");
+  wait_all_gathered();
+  {
+    std::lock_guard lock(s.mutex);
+    std::fill(s.gathered.begin(), s.gathered.end(), 0);
+    Event e(EventKind::kGather);
+    e.data = params;
+    s.events.push_back(std::move(e));
+  }
+  s.wake_thread.notify_one();
+}
+
+void GradReducer::wait_gathered(size_t bucket) {
+  State& s = *state_;
+  std::unique_lock lock(s.mutex);
+  if (s.gathered[bucket] && !s.error) return;
+  const auto t0 = CommClock::now();
+  s.compute_waiting.store(true, std::memory_order_relaxed);
+  s.wake_thread.notify_one();  // so it polls without the pause kept beside compute
+  s.gather_cv.wait(lock, [&] { return s.gathered[bucket] || s.error; });
+  s.compute_waiting.store(false, std::memory_order_relaxed);
+  s.gather_wait_ms += std::chrono::duration<double, std::milli>(CommClock::now() - t0).count();
+  if (s.error) std::rethrow_exception(s.error);
+}
+
+void GradReducer::wait_all_gathered() {
+  for (size_t b : state_->gather_order) wait_gathered(b);
+}
+
+GatherStats GradReducer::take_gather_stats() {
+  State& s = *state_;
+  GatherStats out;
+  {
+    std::lock_guard lock(s.mutex);
+    out = std::move(s.published_gather);
+    s.published_gather = GatherStats{};
+  }
+  out.exposed_ms = s.gather_wait_ms;
+  s.gather_wait_ms = 0;
+  return out;
+}
+
+bool GradReducer::sharded() const { return state_->shard_grads != nullptr; }
+size_t GradReducer::shard_count(size_t b) const { return state_->shard_count.at(b); }
+size_t GradReducer::shard_offset(size_t b) const { return state_->shard_offset.at(b); }
+size_t GradReducer::shard_total() const { return state_->shard_total; }
+size_t GradReducer::bucket_of_param(size_t param) const { return state_->bucket_of_param.at(param); }
 
 const ReduceStats& GradReducer::stats() const { return state_->finished_stats; }
 const std::vector<Bucket>& GradReducer::buckets() const { return state_->buckets; }

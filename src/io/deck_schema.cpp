@@ -120,6 +120,10 @@ const std::vector<Key>& table() {
        .help = "pipeline schedule; train.accum micro-batches are the pipeline's micro-batches"},
       {.name = "parallel.stage_layers", .field = at<&Deck::parallel, &ParallelConfig::stage_layers>(),
        .help = "blocks per pipeline stage, comma-separated (e.g. \"3,1\"); empty: balanced"},
+      {.name = "parallel.zero", .field = at<&Deck::parallel, &ParallelConfig::zero>(), .min = ge(0),
+       .max = le(2),
+       .help = "ZeRO stage: 0 replicates AdamW's state; 1 shards it over dp (reduce-scatter, "
+               "then all-gather of the parameters); 2 is refused until built"},
 
       {.name = "comm.overlap", .field = at<&Deck::comm, &CommConfig::overlap>(),
        .help = "overlap the gradient all-reduce with the backward pass"},

@@ -69,6 +69,10 @@ void GPT::build_param_table() {
     t.lnfw = param("lnfw").offset;
     t.lnfb = param("lnfb").offset;
   }
+  t.embedding_uses.clear();
+  t.head_uses.clear();
+  if (stage_.has_embedding) t.embedding_uses = {t.wte_index, t.wpe_index};
+  if (stage_.has_head) t.head_uses = {param_index("lnfw"), t.lnfb_index, t.wte_index};
   t.layers.clear();
   for (int i = 0; i < stage_.num_layers; ++i) {
     const int l = stage_.first_layer + i;
@@ -85,6 +89,7 @@ void GPT::build_param_table() {
     lt.ready_attproj = ready("attprojb");
     lt.ready_qkv = ready("qkvb");
     lt.ready_ln1 = ready("ln1b");
+    for (int k = ready("fcprojw"); k <= lt.ready_ln1; ++k) lt.uses.push_back(k);
     lt.forward_phase = fmt::format("forward block {}", l);
     lt.backward_phase = fmt::format("backward block {}", l);
     t.layers.push_back(std::move(lt));
@@ -140,17 +145,20 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, int 
   if (stage_.has_embedding) {
     TRIDENT_CHECK(inputs != nullptr, "the first stage needs the input tokens");
     be_.copy(s.inputs.data(), inputs, size_t(N) * sizeof(int32_t));
+    if (param_use_) param_use_(table_.embedding_uses);
     Phase ph(be_, phases_, table_.forward_embedding);
     embedding_forward(s.encoded.data(), s.inputs.data(), B, T);
   }
   const float* residual = s.encoded.data();
   for (int i = 0; i < stage_.num_layers; ++i) {
+    if (param_use_) param_use_(table_.layers[size_t(i)].uses);
     Phase ph(be_, phases_, table_.layers[size_t(i)].forward_phase);
     const BlockActs a = block_acts(slot, i);
     block_forward(block(P, i), a, residual, B, T);
     residual = a.residual3;
   }
   if (!stage_.has_head) return 0.0f;
+  if (param_use_) param_use_(table_.head_uses);
   Phase ph(be_, phases_, table_.forward_head);
   layernorm_gathered(s.lnf.data(), s.lnf_mean.data(), s.lnf_rstd.data(), residual,
                      P + table_.lnfw, P + table_.lnfb, B, T, C);

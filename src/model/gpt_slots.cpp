@@ -31,10 +31,22 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   if (stage_.num_layers < 0) stage_.num_layers = cfg.layers - stage_.first_layer;
   if (tp_.size == 1) tp_.sequence_parallel = false;
   rows_divisor_ = tp_.sequence_parallel ? tp_.size : 1;
+  size_t total = infos_.back().offset + infos_.back().count;
+  if (!options.param_offsets.empty()) {  // Note [Padded buckets]
+    TRIDENT_CHECK(options.param_offsets.size() == infos_.size(),
+                  "{} parameter offsets for {} parameters", options.param_offsets.size(),
+                  infos_.size());
+    for (size_t i = 0; i < infos_.size(); ++i) {
+      infos_[i].offset = options.param_offsets[i];
+      TRIDENT_CHECK(infos_[i].offset + infos_[i].count <= options.param_total &&
+                        (i == 0 || infos_[i].offset >= infos_[i - 1].offset + infos_[i - 1].count),
+                    "parameter offsets overlap or exceed the buffer at '{}'", infos_[i].name);
+    }
+    total = options.param_total;
+  }
   build_param_table();
-  const ParamInfo& last = infos_.back();
   auto floats = [&](size_t n) { return BackendBuffer<float>(be_, n); };  // zeroed
-  params_ = floats(last.offset + last.count);
+  params_ = floats(total);
   grads_ = floats(params_.size());
 
   const size_t C = cfg.channels, tps = tp_.size;

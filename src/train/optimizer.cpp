@@ -1,6 +1,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "train/zero.h"
 #include "trident/train.h"
 
 namespace trident {
@@ -38,6 +39,15 @@ void AdamW::update(Backend& be, GPT& model, const TrainConfig& cfg, float lr, in
     run_decay = p.decay;
   }
   if (run_count > 0) apply(run_offset, run_count, run_decay);
+}
+
+void AdamW::update_shard(Backend& be, float* params, const float* shard_grads,
+                         const std::vector<OwnedPiece>& runs, const TrainConfig& cfg, float lr,
+                         int t, float grad_scale) {
+  for (const OwnedPiece& r : runs)
+    be.adamw_update(params + r.flat, m_.data() + r.shard, v_.data() + r.shard,
+                    shard_grads + r.shard, r.count, lr, float(cfg.beta1), float(cfg.beta2),
+                    float(cfg.eps), r.decay ? float(cfg.weight_decay) : 0.0f, t, grad_scale);
 }
 
 }  // namespace trident

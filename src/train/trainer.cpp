@@ -11,6 +11,7 @@
 #include "core/elapsed.h"
 #include "train/embedding_rows.h"
 #include "train/gpt_stage.h"
+#include "train/zero.h"
 #include "trident/check.h"
 #include "trident/grad_reducer.h"
 #include "trident/grid.h"
@@ -98,6 +99,38 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
   options.slots = max_in_flight(schedule_, pp_size_, pp_rank_, deck_.train.accum);
   options.recompute = parse_recompute(deck_.train.recompute);
 
+  // Note [ZeRO-1] (train/zero.h). Refused before anything is allocated.
+  const int zero = deck_.parallel.zero;
+  if (zero == 2)
+    input_error("parallel.zero: 2 (ZeRO-2: gradients sharded too) is not built yet; use 0, or 1 "
+                "(AdamW's state sharded over dp)");
+  if (zero > 0 && ctx_.backend->is_device())
+    input_error("parallel.zero: {} needs run.backend cpu: the cuda backend has no sharded "
+                "optimizer yet (its NCCL reduce-scatter and all-gather are not wired to it)",
+                zero);
+  if (zero > 0 && deck_.comm.grad_dtype == "bf16")
+    input_error("parallel.zero: {} with comm.grad_dtype bf16: the bf16 path compresses "
+                "all-reduces only, not the sharded optimizer's reduce-scatter; use fp32", zero);
+  sharded_ = zero > 0 && dp_size_ > 1;
+  auto mib = [](double mb) {
+    const double bytes = mb * 1024.0 * 1024.0;
+    return bytes >= double(kOneBucket) ? kOneBucket : size_t(bytes);
+  };
+  const size_t first_bucket_bytes = mib(deck_.comm.first_bucket_mb);
+  const size_t bucket_bytes = mib(deck_.comm.bucket_mb);
+  std::vector<char> alone;  // Note [Padded buckets]: wte with pp > 1
+  if (sharded_) {
+    std::vector<size_t> counts;
+    for (const ParamInfo& p : gpt_param_layout(cfg, options.tp.size, options.tp.rank, options.stage)) {
+      counts.push_back(p.count);
+      alone.push_back(pp_size_ > 1 && p.name == "wte");
+    }
+    const BucketLayout layout = padded_bucket_layout(counts, sizeof(float), first_bucket_bytes,
+                                                     bucket_bytes, size_t(dp_size_), alone);
+    options.param_offsets = layout.param_offsets;
+    options.param_total = layout.total;
+  }
+
   // Open (and validate) the data before allocating the model.
   train_data_ = TokenDataset::open(deck_.data.train, cfg.vocab, "data.train");
   train_order_ = std::make_unique<SampleOrder>(*train_data_, T, deck_.data.shuffle,
@@ -113,7 +146,9 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
     model_->init_weights(deck_.train.seed);
   else
     load_llmc_weights(*model_, deck_.model.init_from);
-  opt_ = std::make_unique<AdamW>(*ctx_.backend, model_->num_params());
+  if (sharded_) shard_grads_ = BackendBuffer<float>(*ctx_.backend, model_->num_params() / dp_size_);
+  opt_ = std::make_unique<AdamW>(*ctx_.backend,
+                                 sharded_ ? shard_grads_.size() : model_->num_params());
   inputs_.resize(size_t(B) * T);
   targets_.resize(size_t(B) * T);
 
@@ -122,12 +157,8 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
     std::vector<GradParam> params;
     for (const ParamInfo& p : model_->params_info()) params.push_back({p.name, p.offset, p.count});
     GradReducerOptions opt;
-    auto mib = [](double mb) {
-      const double bytes = mb * 1024.0 * 1024.0;
-      return bytes >= double(kOneBucket) ? kOneBucket : size_t(bytes);
-    };
-    opt.first_bucket_bytes = mib(deck_.comm.first_bucket_mb);
-    opt.bucket_bytes = mib(deck_.comm.bucket_mb);
+    opt.first_bucket_bytes = first_bucket_bytes;
+    opt.bucket_bytes = bucket_bytes;
     opt.overlap = deck_.comm.overlap;
     opt.average = false;  // Note [Average in the loss seed] (train/gpt_stage.cpp)
     if (ctx_.trace) opt.trace_origin = ctx_.trace->origin();
@@ -148,7 +179,32 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
       grad_comm_->set_bf16_sums(true);
       reduce_comm = grad_comm_.get();
     }
+    if (sharded_) {
+      // Note [ZeRO-1]: the thread keeps a communicator of its own across steps (its gathers
+      // run during the next forward); MPI_Comm_dup is collective over dp, as above.
+      grad_comm_ = MpiComm::duplicate(dp.raw(), "dp (ZeRO)");
+      grad_comm_->set_timeout(dp.timeout());
+      if (deck_.comm.emulate_gbps > 0)
+        grad_comm_->set_emulated_link(deck_.comm.emulate_gbps, deck_.comm.emulate_latency_us);
+      reduce_comm = grad_comm_.get();
+      opt.shard_grads = shard_grads_.data();
+      opt.alone = alone;
+      std::vector<size_t> counts;
+      for (const GradParam& q : params) counts.push_back(q.count);
+      opt.gather_order = forward_gather_order(
+          model_->params_info(),
+          padded_bucket_layout(counts, sizeof(float), first_bucket_bytes, bucket_bytes,
+                               size_t(dp_size_), alone).buckets);
+    }
     reducer_ = std::make_unique<GradReducer>(*reduce_comm, model_->grads(), std::move(params), opt);
+    if (sharded_) {
+      owned_ = owned_pieces(model_->params_info(), *reducer_, dp_rank_);
+      owned_runs_ = merge_pieces(owned_);
+      // Note [Gathers before use]: forward waits for the buckets it is about to read.
+      model_->set_param_use([this](const std::vector<int>& indices) {
+        for (int i : indices) reducer_->wait_gathered(reducer_->bucket_of_param(size_t(i)));
+      });
+    }
   }
   // Note [Tied embedding gradient]: the split needs both halves on this stage (pp = 1). The
   // row collection is host code, so a device backend reduces wte whole, after the embedding.
@@ -177,7 +233,26 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
     });
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  // Gathers still in flight must end before the communicator and the buffers go.
+  try {
+    sync_params();
+  } catch (...) {
+  }
+}
+
+void Trainer::sync_params() {
+  if (sharded_) reducer_->wait_all_gathered();
+}
+
+Trainer::MemoryBytes Trainer::memory_bytes() const {
+  MemoryBytes m;
+  m.params = model_->num_params() * sizeof(float);
+  m.grads = (model_->num_params() + shard_grads_.size()) * sizeof(float);
+  m.optimizer = 2 * opt_->size() * sizeof(float);
+  m.activations = model_->activation_bytes();
+  return m;
+}
 
 void Trainer::record(const char* track, const std::string& name,
                      std::chrono::steady_clock::time_point b,
@@ -208,8 +283,46 @@ OpRecord Trainer::collect_step_rows(int step) {
   return span;
 }
 
+void Trainer::add_embedding_rows() {
+  // The averaged sparse rows join wte's (averaged) dense gradient: with ZeRO only the parts of
+  // the rows inside this rank's shard of wte's bucket.
+  Backend& be = *ctx_.backend;
+  const size_t C = size_t(model_->config().channels);
+  const size_t v0 = size_t(model_->vocab_begin());
+  const std::vector<int32_t>& rows = step_rows_->rows();
+  if (!sharded_) {
+    float* dwte = model_->grads() + wte_->offset;
+    for (size_t k = 0; k < rows.size(); ++k) {
+      float* row = dwte + (size_t(rows[k]) - v0) * C;
+      be.add(row, row, row_grads_.data() + k * C, C);
+    }
+    return;
+  }
+  const size_t b = reducer_->bucket_of_param(size_t(wte_ - model_->params_info().data()));
+  const size_t n = reducer_->shard_count(b);
+  const size_t lo = reducer_->buckets()[b].offset + size_t(dp_rank_) * n, hi = lo + n;
+  float* shard = shard_grads_.data() + reducer_->shard_offset(b);
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const size_t start = wte_->offset + (size_t(rows[k]) - v0) * C;
+    const size_t begin = std::max(lo, start), end = std::min(hi, start + C);
+    if (begin >= end) continue;
+    float* g = shard + (begin - lo);
+    be.add(g, g, row_grads_.data() + k * C + (begin - start), end - begin);
+  }
+}
+
 void Trainer::reduce_tied_embedding() {
   if (pp_size_ == 1 || !ctx_.grid->in_embedding_group()) return;
+  if (sharded_) {
+    // wte has a bucket of its own on both stages (Note [Padded buckets]), so this rank's shard
+    // is the same slice of wte on the first and the last stage.
+    const size_t b = reducer_->bucket_of_param(size_t(wte_ - model_->params_info().data()));
+    HostView<float> g(*ctx_.backend, shard_grads_.data() + reducer_->shard_offset(b),
+                      reducer_->shard_count(b), /*load=*/true);
+    ctx_.grid->embedding().all_reduce(g.data(), reducer_->shard_count(b)).wait();
+    g.commit();
+    return;
+  }
   const ParamInfo& wte = *wte_;
   // Host MPI on a host view (Note [Stage transfers on a device] in train/gpt_stage.h).
   HostView<float> g(*ctx_.backend, model_->grads() + wte.offset, wte.count, /*load=*/true);
@@ -222,7 +335,6 @@ StepStats Trainer::train_step(int step) {
   Backend& be = *ctx_.backend;
   const TrainConfig& tc = deck_.train;
   const int B = tc.micro_batch, T = deck_.model.seq_len, accum = tc.accum;
-  const int C = model_->config().channels;
   StepStats s;
   s.step = step + 1;
 
@@ -254,16 +366,7 @@ StepStats Trainer::train_step(int step) {
       for (const BucketRecord& r : rs.records)
         ctx_.trace->span("all-reduce", r.name, r.start_ms, r.end_ms, "comm");
     }
-    if (use_sink) {
-      // The averaged sparse rows join wte's (averaged) dense gradient.
-      float* dwte = model_->grads() + wte_->offset;
-      const size_t v0 = size_t(model_->vocab_begin());
-      const std::vector<int32_t>& rows = step_rows_->rows();
-      for (size_t k = 0; k < rows.size(); ++k) {
-        float* row = dwte + (size_t(rows[k]) - v0) * C;
-        be.add(row, row, row_grads_.data() + k * C, size_t(C));
-      }
-    }
+    if (use_sink) add_embedding_rows();
   }
   reduce_tied_embedding();
 
@@ -274,7 +377,7 @@ StepStats Trainer::train_step(int step) {
   s.loss = loss / (accum * dp_size_);
 
   auto t0 = std::chrono::steady_clock::now();
-  s.grad_norm = std::sqrt(global_grad_sum_squares());
+  s.grad_norm = std::sqrt(sharded_ ? sharded_grad_sum_squares() : global_grad_sum_squares());
   if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm))
     internal_error(__FILE__, __LINE__,
                    fmt::format("step {}: loss {} / grad norm {} is not finite", s.step, s.loss,
@@ -284,7 +387,25 @@ StepStats Trainer::train_step(int step) {
   const float grad_scale =
       tc.grad_clip > 0.0 && s.grad_norm > tc.grad_clip ? float(tc.grad_clip / s.grad_norm) : 1.0f;
   s.lr = lr_at(tc, step);
-  opt_->update(be, *model_, tc, float(s.lr), step + 1, grad_scale);
+  if (sharded_) {
+    opt_->update_shard(be, model_->params(), shard_grads_.data(), owned_runs_, tc, float(s.lr),
+                       step + 1, grad_scale);
+    // The round waited for in this step: the last step's, launched after its optimizer and
+    // complete now (forward read every bucket); with overlap off, this step's own.
+    GatherStats g = reducer_->take_gather_stats();
+    reducer_->start_param_gather(model_->params());  // Note [Gathers before use]
+    if (!deck_.comm.overlap) {
+      reducer_->wait_all_gathered();
+      g = reducer_->take_gather_stats();
+    }
+    s.gather_comm_ms = g.comm_ms;
+    s.gather_exposed_ms = g.exposed_ms;
+    if (ctx_.trace)
+      for (const BucketRecord& r : g.records)
+        ctx_.trace->span("all-gather", r.name, r.start_ms, r.end_ms, "comm");
+  } else {
+    opt_->update(be, *model_, tc, float(s.lr), step + 1, grad_scale);
+  }
   be.synchronize();  // a device step ends when its last op has run, not when it was issued
   s.optimizer_ms = ms_since(t0);
   if (ctx_.trace) record("compute", "optimizer", t0, std::chrono::steady_clock::now());
@@ -320,6 +441,24 @@ double Trainer::global_grad_sum_squares() {
   }
   if (model_->tensor_parallel().size > 1) ctx_.grid->tp().all_reduce(&sharded, 1).wait();
   double total = sharded + replicated;
+  if (pp_size_ > 1) pp_comm_->all_reduce(&total, 1).wait();
+  return total;
+}
+
+double Trainer::sharded_grad_sum_squares() {
+  // As global_grad_sum_squares, from this rank's pieces; the partial sums are added over dp.
+  Backend& be = *ctx_.backend;
+  const bool skip_wte = pp_size_ > 1 && !model_->stage().has_head;
+  const size_t wte_index = wte_ ? size_t(wte_ - model_->params_info().data()) : SIZE_MAX;
+  double parts[2] = {0.0, 0.0};  // sharded over tp, replicated
+  for (const OwnedPiece& piece : owned_) {
+    if (skip_wte && piece.param == wte_index) continue;
+    const double ss = be.sum_squares(shard_grads_.data() + piece.shard, piece.count);
+    parts[model_->params_info()[piece.param].shard == Shard::kReplicated ? 1 : 0] += ss;
+  }
+  ctx_.grid->dp().all_reduce(parts, 2).wait();
+  if (model_->tensor_parallel().size > 1) ctx_.grid->tp().all_reduce(&parts[0], 1).wait();
+  double total = parts[0] + parts[1];
   if (pp_size_ > 1) pp_comm_->all_reduce(&total, 1).wait();
   return total;
 }

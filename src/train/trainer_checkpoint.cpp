@@ -1,6 +1,7 @@
 // The trainer's side of checkpoints: which part of every global tensor this rank holds.
 #include <mpi.h>
 
+#include "train/zero.h"
 #include "trident/check.h"
 #include "trident/grid.h"
 #include "trident/train.h"
@@ -53,6 +54,57 @@ std::vector<ShardBlock> blocks_of(const ParamInfo& p, int vocab, std::vector<int
   return out;
 }
 
+// The blocks of a parameter's global tensor that hold local elements [lo, hi) (row-major in the
+// local shard): a ZeRO piece (Note [ZeRO-1] in train/zero.h). The range is cut into a partial
+// first row, whole rows and a partial last row; each is mapped as blocks_of maps the whole
+// shard. The blocks follow the range's order, so its elements are contiguous in the data; wte's
+// rows past the real vocabulary (the padding, always at the end) are left out.
+std::vector<ShardBlock> range_blocks(const ParamInfo& p, int vocab, size_t lo, size_t hi) {
+  const bool matrix = p.shape.size() > 1;
+  const int64_t rows = p.shape[0], cols = matrix ? p.shape[1] : 1;
+  const int64_t global_rows = p.name == "wte" ? vocab : p.global_shape[0];
+  std::vector<ShardBlock> out;
+  // Local rows [r, r + n), columns [c, c + w) → global blocks.
+  auto add = [&](int64_t r, int64_t n, int64_t c, int64_t w) {
+    auto emit = [&](int64_t grow, int64_t count, int64_t gcol) {
+      count = std::min(count, global_rows - grow);
+      if (count <= 0) return;
+      if (matrix) out.push_back({{grow, gcol}, {count, w}});
+      else out.push_back({{grow}, {count}});
+    };
+    const int64_t t = p.tp_rank;
+    switch (p.shard) {
+      case Shard::kReplicated: emit(r, n, c); break;
+      case Shard::kRows: emit(t * rows + r, n, c); break;
+      case Shard::kColumns: emit(r, n, t * cols + c); break;
+      case Shard::kQkvRows: {
+        const int64_t block = rows / 3, global_block = p.global_shape[0] / 3;
+        for (int64_t row = r; row < r + n;) {
+          const int64_t part = row / block, within = row % block;
+          const int64_t take = std::min(block - within, r + n - row);
+          emit(part * global_block + t * block + within, take, c);
+          row += take;
+        }
+        break;
+      }
+    }
+  };
+  const auto a = int64_t(lo), b = int64_t(hi);
+  int64_t r0 = a / cols, c0 = a % cols;
+  const int64_t r1 = b / cols, c1 = b % cols;
+  if (r0 == r1) {
+    if (c1 > c0) add(r0, 1, c0, c1 - c0);
+    return out;
+  }
+  if (c0 > 0) {
+    add(r0, 1, c0, cols - c0);
+    ++r0;
+  }
+  if (r1 > r0) add(r0, r1 - r0, 0, cols);
+  if (c1 > 0) add(r1, 1, 0, c1);
+  return out;
+}
+
 }  // namespace
 
 std::vector<ShardTensor> Trainer::checkpoint_tensors(float* params, float* m, float* v) {
@@ -66,6 +118,7 @@ std::vector<ShardTensor> Trainer::checkpoint_tensors(float* params, float* m, fl
   const Source sources[] = {{"params/", params}, {"adam_m/", m}, {"adam_v/", v}};
   for (const Source& src : sources)
     for (const ParamInfo& p : model_->params_info()) {
+      if (sharded_ && src.base != params) continue;  // the shards' pieces, below
       ShardTensor t;
       t.name = src.prefix + p.name;
       t.blocks = blocks_of(p, model_->config().vocab, &t.global_shape);
@@ -75,6 +128,23 @@ std::vector<ShardTensor> Trainer::checkpoint_tensors(float* params, float* m, fl
                 (p.name != "wte" || stage.has_head) && !t.blocks.empty();
       out.push_back(std::move(t));
     }
+  // ZeRO: each rank saves (and loads) the pieces of m and v it owns.
+  if (sharded_)
+    for (const Source& src : {sources[1], sources[2]})
+      for (const OwnedPiece& piece : owned_) {
+        const ParamInfo& p = model_->params_info()[piece.param];
+        ShardTensor t;
+        t.name = src.prefix + p.name;
+        t.global_shape.assign(p.global_shape.begin(), p.global_shape.end());
+        if (p.name == "wte") t.global_shape[0] = model_->config().vocab;
+        t.blocks = range_blocks(p, model_->config().vocab, piece.flat - p.offset,
+                                piece.flat - p.offset + piece.count);
+        if (t.blocks.empty()) continue;
+        t.data = src.base + piece.shard;
+        t.owner = (p.shard != Shard::kReplicated || tp_rank == 0) &&
+                  (p.name != "wte" || stage.has_head);
+        out.push_back(std::move(t));
+      }
   return out;
 }
 
@@ -92,20 +162,22 @@ std::string Trainer::save(const std::string& dir, int steps_done, const std::str
     meta.pp = g.pp;
   }
   // HDF5 reads the tensors on the host (Note [Backend memory]).
+  sync_params();
   Backend& be = *ctx_.backend;
-  const size_t n = model_->num_params();
-  HostView<float> p(be, model_->params(), n, true), m(be, opt_->m(), n, true),
-      v(be, opt_->v(), n, true);
+  const size_t n = model_->num_params(), k = opt_->size();
+  HostView<float> p(be, model_->params(), n, true), m(be, opt_->m(), k, true),
+      v(be, opt_->v(), k, true);
   return save_checkpoint(dir, meta, checkpoint_tensors(p.data(), m.data(), v.data()), keep,
                          MPI_COMM_WORLD);
 }
 
 CheckpointMeta Trainer::load(const std::string& path) {
   const CheckpointMeta meta = read_checkpoint_meta(path);
+  sync_params();
   Backend& be = *ctx_.backend;
-  const size_t n = model_->num_params();
-  HostView<float> p(be, model_->params(), n, true), m(be, opt_->m(), n, true),
-      v(be, opt_->v(), n, true);
+  const size_t n = model_->num_params(), k = opt_->size();
+  HostView<float> p(be, model_->params(), n, true), m(be, opt_->m(), k, true),
+      v(be, opt_->v(), k, true);
   load_checkpoint(path, checkpoint_tensors(p.data(), m.data(), v.data()), MPI_COMM_WORLD);
   p.commit();
   m.commit();

@@ -70,5 +70,36 @@ TEST(AssignBuckets, DefaultsOnAGpt2LikeStack) {
             (Buckets{{0, 2, 0, 101000}, {2, 4, 101000, 3301768}}));
 }
 
+// padded_bucket_layout (Note [Padded buckets]): worked by hand. multiple 2 pads every bucket to
+// a multiple of 2·16 = 32 floats.
+TEST(PaddedBucketLayout, PadsEachBucketAndMovesTheParametersAfterIt) {
+  // 80-byte buckets of 4-byte floats: {10, 10} | {10, 10}; each bucket of 20 is padded to 32.
+  const BucketLayout l = padded_bucket_layout({10, 10, 10, 10}, 4, 80, 80, 2);
+  EXPECT_EQ(l.buckets, (Buckets{{0, 2, 0, 32}, {2, 2, 32, 32}}));
+  EXPECT_EQ(l.param_offsets, (std::vector<size_t>{0, 10, 32, 42}));
+  EXPECT_EQ(l.total, 64u);
+  EXPECT_EQ(l.shard_count(1, 2), 16u);  // rank 1 owns [48, 64) of bucket 1
+}
+
+TEST(PaddedBucketLayout, MultipleOneIsTheUnpaddedAssignment) {
+  const std::vector<size_t> counts{5, 5, 5, 5, 5, 5};
+  const BucketLayout l = padded_bucket_layout(counts, 4, 20, 60, 1);
+  EXPECT_EQ(l.buckets, assign_buckets(counts, 4, 20, 60));
+  EXPECT_EQ(l.param_offsets, (std::vector<size_t>{0, 5, 10, 15, 20, 25}));
+  EXPECT_EQ(l.total, 30u);
+}
+
+TEST(PaddedBucketLayout, AloneParameterGetsABucketOfItsOwn) {
+  // One bucket would hold all three (kOneBucket); marking the middle one alone splits them
+  // into three, each padded to 4·16 = 64.
+  const BucketLayout l = padded_bucket_layout({3, 4, 5}, 4, kOneBucket, kOneBucket, 4, {0, 1, 0});
+  EXPECT_EQ(l.buckets, (Buckets{{0, 1, 0, 64}, {1, 1, 64, 64}, {2, 1, 128, 64}}));
+  EXPECT_EQ(l.param_offsets, (std::vector<size_t>{0, 64, 128}));
+  EXPECT_EQ(l.total, 192u);
+  // Alone last, after a run of two: the run keeps the first-bucket limit (12 bytes: 3 floats).
+  const BucketLayout m = padded_bucket_layout({3, 3, 100}, 4, 12, 40, 1, {0, 0, 1});
+  EXPECT_EQ(m.buckets, (Buckets{{0, 1, 0, 3}, {1, 1, 3, 3}, {2, 1, 6, 100}}));
+}
+
 }  // namespace
 }  // namespace trident

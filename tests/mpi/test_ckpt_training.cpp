@@ -54,6 +54,7 @@ RunResult run(Trainer& t, int from, int to) {
     s.losses.push_back(st.loss);
     s.norms.push_back(st.grad_norm);
   }
+  t.sync_params();
   s.params.assign(t.model().params(), t.model().params() + t.model().num_params());
   return s;
 }

@@ -39,6 +39,7 @@ inline RunResult run_steps(const Deck& d, ProcessGrid* grid, int steps,
     r.norms.push_back(st.grad_norm);
     if (after_step) after_step(s, t);
   }
+  t.sync_params();  // ZeRO: the last update's all-gather
   r.params.assign(t.model().params(), t.model().params() + t.model().num_params());
   return r;
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "strict_device_backend.h"
+#include "trident/check.h"
 #include "trident/deck.h"
 #include "trident/train.h"
 
@@ -62,6 +63,21 @@ TEST(DeviceDiscipline, TrainingTouchesBackendMemoryOnlyThroughCopies) {
   EXPECT_EQ(got.val, want.val);
   EXPECT_EQ(got.params, want.params);
   EXPECT_EQ(got.logits, want.logits);
+}
+
+// A sharded optimizer is host code for now (Note [ZeRO-1] in train/zero.h): a device backend
+// refuses parallel.zero before allocating anything, naming the key and the backend.
+TEST(DeviceDiscipline, ZeroIsRefusedOnADeviceBackend) {
+  testing::StrictDeviceBackend strict;
+  Deck d = small_deck();
+  d.parallel.zero = 1;
+  try {
+    Trainer t(d, TrainContext{&strict, 1e9});
+    FAIL() << "parallel.zero 1 was accepted on a device backend";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.zero: 1 needs run.backend cpu"),
+              std::string::npos) << e.what();
+  }
 }
 
 // The strict backend does catch a direct access (the test above would pass vacuously if it

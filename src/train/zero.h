@@ -1,0 +1,65 @@
+// ZeRO stage 1 (parallel.zero: 1): AdamW's state sharded over the data-parallel ranks.
+//
+// Note [ZeRO-1]
+// Without ZeRO every dp rank holds AdamW's m and v for the whole model and updates all of it.
+// With it, each dp rank owns one contiguous, equal slice of every gradient bucket (Note [Padded
+// buckets] in trident/buckets.h: the flat parameter and gradient buffers get zero padding at
+// the end of each bucket so the slices are exact), and one step is:
+//   1. backward as always; the communication thread reduce-scatters each bucket as soon as it
+//      is ready (the same ready events, strict bucket order and timeout as the all-reduce),
+//      into this rank's shard gradient buffer (shard_grads: Σ count_b / dp floats);
+//   2. the global gradient norm from the shards: each rank's partial sums of squares, one
+//      all-reduce over dp, then over tp and pp as before;
+//   3. AdamW on the shard only (m, v hold the shard: 1/dp of the model);
+//   4. the communication thread all-gathers every bucket's parameters in place, in the order
+//      the next forward first reads them (Note [Gathers before use]).
+// The update is elementwise, so with the same reduced gradients it gives the same bits as the
+// replicated update; the sums may differ in order (a reduce-scatter is not an all-reduce) and
+// the norm is summed in another grouping, so zero 1 equals zero 0 to rounding, and bitwise
+// where the sums agree (dp 2 sums two numbers either way).
+// The full gradient buffer stays (that is ZeRO-2's saving, not built yet), and the thread
+// works on a duplicate of the dp communicator of its own: its all-gathers run during the next
+// step's forward, when the compute thread also uses dp (the row set, the loss).
+//
+// Note [Gathers before use]
+// The gathers are started right after the optimizer, all at once, in forward order (the bucket
+// holding the embedding first, then the blocks from first to last, the head last); MPI pairs
+// them by start order, the same on every rank. The model calls a hook before it first reads
+// each group of parameters (GPT::set_param_use): the embedding's, a block's, the head's. The
+// hook waits for the buckets holding that group and for nothing else, so the first block runs
+// while later buckets are still on the wire. The time the compute thread spends waiting there
+// is the all-gather's exposed time (StepStats::gather_exposed_ms); with comm.overlap false the
+// round is waited for at once after the optimizer, the same calls on the same slices.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "trident/buckets.h"
+#include "trident/model.h"
+
+namespace trident {
+
+class GradReducer;
+
+// One parameter's part of this rank's shard: elements [flat, flat + count) of the flat
+// buffers, stored at `shard` in the shard buffers (shard gradients, m, v).
+struct OwnedPiece {
+  size_t param = 0;  // index in ready order (params_info)
+  size_t flat = 0, count = 0, shard = 0;
+  bool decay = false;
+};
+
+// Every parameter's part of this dp rank's shard of every bucket, in buffer order (parameters
+// with no element in it are left out; padding belongs to no parameter).
+std::vector<OwnedPiece> owned_pieces(const std::vector<ParamInfo>& params,
+                                     const GradReducer& reducer, int dp_rank);
+// Neighbouring pieces with the same decay merged (contiguous in both buffers): AdamW's calls.
+std::vector<OwnedPiece> merge_pieces(const std::vector<OwnedPiece>& pieces);
+
+// Buckets in the order forward first reads their parameters: the embedding (wte, wpe) first,
+// then block by block, then the final LayerNorm and the head (Note [Gathers before use]).
+std::vector<size_t> forward_gather_order(const std::vector<ParamInfo>& params,
+                                         const std::vector<Bucket>& buckets);
+
+}  // namespace trident
