@@ -295,6 +295,8 @@ class MpiComm : public Communicator {
   };
   Work make_work(const char* op, LinkOp link_op, size_t bytes, MPI_Request request,
                  CommClock::time_point start, Staged staged = {});
+  Work make_work(const char* op, LinkOp link_op, size_t bytes, std::vector<MPI_Request> requests,
+                 CommClock::time_point start, Staged staged = {});
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::string name_;

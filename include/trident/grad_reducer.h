@@ -67,6 +67,11 @@ struct GradReducerOptions {
   float* shard_grads = nullptr;
   std::vector<char> alone;            // parameters in a bucket of their own (ready order)
   std::vector<size_t> gather_order;   // buckets in the order forward first reads them
+  // ZeRO-2 (Note [ZeRO-2 on the host] in train/zero.h; host gradients only): once a bucket's
+  // reduce-scatter completed, its slice of the full gradient buffer is zeroed and its pages
+  // handed back to the kernel, so the buffer is all zero again after the step and holds memory
+  // only while backward writes it.
+  bool release_reduced = false;
 };
 
 // One all-reduce of a step: a bucket or an extra buffer.
@@ -94,6 +99,9 @@ struct ReduceStats {
   // the reductions and the averaging — which, with as many threads as cores, backward loses.
   double thread_cpu_ms = 0;
   long progress_polls = 0;  // Work::test calls on in-flight all-reduces (each one enters MPI)
+  // With release_reduced: the most bytes of the full gradient buffer found resident (mincore)
+  // right before a bucket was released; 0 without.
+  size_t grad_resident_peak_bytes = 0;
   std::vector<BucketRecord> records;  // in launch order
 };
 

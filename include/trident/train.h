@@ -67,6 +67,7 @@ struct StepStats {
   double comm_ms = 0.0, exposed_comm_ms = 0.0, overlap = 0.0;
   double gather_comm_ms = 0.0, gather_exposed_ms = 0.0;
   double comm_cpu_ms = 0.0;     // CPU time of the dp communication thread (ReduceStats)
+  size_t grad_resident_bytes = 0;  // ZeRO-2: peak resident bytes of the full gradient buffer
   long comm_polls = 0;          // its tests of in-flight all-reduces (each one enters MPI)
   double tp_comm_ms = 0.0;      // waiting in tensor-parallel collectives (compute thread)
   // Pipeline (this stage): time in the schedule, and the part spent waiting for neighbours.
@@ -121,6 +122,9 @@ class Trainer {
   // buffer), optimizer state (m and v), activations.
   struct MemoryBytes {
     size_t params = 0, grads = 0, optimizer = 0, activations = 0;
+    // Gradient memory actually held at its peak: with ZeRO-2 the most of the full buffer found
+    // resident during the steps so far (Note [ZeRO-2 on the host]) plus the shard; else grads.
+    size_t grads_resident = 0;
   };
   MemoryBytes memory_bytes() const;
   int dp_size() const { return dp_size_; }
@@ -166,6 +170,8 @@ class Trainer {
   bool use_sink_ = false;  // Note [Tied embedding gradient]
   // ZeRO (Note [ZeRO-1] in train/zero.h); empty and unused at parallel.zero 0 or dp 1.
   bool sharded_ = false;
+  bool release_grads_ = false;     // ZeRO-2: reduced buckets' gradient pages are released
+  size_t grad_resident_peak_ = 0;  // its largest resident full-buffer bytes so far
   BackendBuffer<float> shard_grads_;
   std::vector<OwnedPiece> owned_;       // this rank's piece of each parameter, buffer order
   std::vector<OwnedPiece> owned_runs_;  // the same merged: AdamW's passes

@@ -201,6 +201,7 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
         {"activation_mb", trainer.model().activation_bytes() / (1024.0 * 1024.0), 1},
         {"param_mib", memory.params / mib, 1},
         {"grad_mib", memory.grads / mib, 1},
+        {"grad_resident_mib", memory.grads_resident / mib, 1},
         {"optimizer_mib", memory.optimizer / mib, 1},
         {"activation_mib", memory.activations / mib, 1},
         {"params_m", trainer.model().num_params() / 1e6, 2},

@@ -69,6 +69,7 @@
 
 #include <time.h>
 
+#include "comm/host_pages.h"
 #include "trident/check.h"
 
 namespace trident {
@@ -145,6 +146,9 @@ struct GradReducer::State {
   std::vector<size_t> shard_count, shard_offset;
   size_t shard_total = 0;
   std::vector<size_t> gather_order;
+  bool release_reduced = false;  // ZeRO-2 on the host
+  size_t grads_total = 0;        // elements of the flat gradient buffer
+  std::vector<unsigned char> page_scratch;  // resident_bytes's, this thread's
 
   // Compute thread only.
   bool step_open = false;
@@ -359,6 +363,14 @@ struct GradReducer::State {
     if (last_bucket < gathered.size()) gathered[last_bucket] = 1;
   }
 
+  // Note [ZeRO-2 on the host]: the bucket's reduce-scatter no longer reads its slice.
+  void release_bucket(size_t b) {
+    building.grad_resident_peak_bytes =
+        std::max(building.grad_resident_peak_bytes,
+                 resident_bytes(grads, grads_total * sizeof(float), page_scratch));
+    release_host_floats(grads + buckets[b].offset, buckets[b].count);
+  }
+
   size_t reduces_in_flight() const {
     return size_t(std::count_if(in_flight.begin(), in_flight.end(),
                                 [](const InFlight& f) { return f.gather_bucket < 0; }));
@@ -449,7 +461,9 @@ struct GradReducer::State {
       }
       // Of a record's pieces, the last to complete sets its end.
       building.records[f.record].end_ms = ms(CommClock::now());
+      const int bucket = building.records[f.record].bucket;
       in_flight.erase(in_flight.begin() + static_cast<std::ptrdiff_t>(i));
+      if (release_reduced && bucket >= 0) release_bucket(size_t(bucket));
     }
     return any;
   }
@@ -603,6 +617,8 @@ void GradReducer::init_sharded(const GradReducerOptions& options) {
                                  p[i].name, p[i].offset, layout.param_offsets[i]));
   s.buckets = layout.buckets;
   s.shard_grads = options.shard_grads;
+  s.release_reduced = options.release_reduced;
+  s.grads_total = layout.total;
   for (size_t b = 0; b < s.buckets.size(); ++b) {
     s.shard_offset.push_back(s.shard_total);
     s.shard_count.push_back(layout.shard_count(b, ranks));

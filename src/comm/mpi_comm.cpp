@@ -97,9 +97,11 @@ void pause_for(int idle_polls) {
 
 class MpiWork final : public Work::Impl {
  public:
-  MpiWork(MpiComm* comm, const char* op, size_t bytes, MPI_Request request,
+  // One operation may be several MPI requests (a reduce-scatter: Note [Reduce-scatter as
+  // reduces]); it is complete when all are.
+  MpiWork(MpiComm* comm, const char* op, size_t bytes, std::vector<MPI_Request> requests,
           CommClock::time_point start, CommClock::time_point link_done)
-      : comm_(comm), request_(request), link_done_(link_done) {
+      : comm_(comm), requests_(std::move(requests)), link_done_(link_done) {
     record_.op = op;
     record_.bytes = bytes;
     record_.start = start;
@@ -120,7 +122,8 @@ class MpiWork final : public Work::Impl {
     if (complete_) return true;
     if (!transport_done_) {
       int flag = 0;
-      TRIDENT_MPI(MPI_Test(&request_, &flag, MPI_STATUS_IGNORE));
+      TRIDENT_MPI(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &flag,
+                              MPI_STATUSES_IGNORE));
       transport_done_ = flag != 0;
       if (transport_done_ && staged_ != nullptr) bf16::to_float(staged_->data(), out_, n_);
     }
@@ -157,7 +160,7 @@ class MpiWork final : public Work::Impl {
 
  private:
   MpiComm* comm_;
-  MPI_Request request_;
+  std::vector<MPI_Request> requests_;
   CommClock::time_point link_done_;
   OpRecord record_;
   bool transport_done_ = false;
@@ -236,6 +239,12 @@ void MpiComm::note_completed(const OpRecord& record) {
 
 Work MpiComm::make_work(const char* op, LinkOp link_op, size_t bytes, MPI_Request request,
                         CommClock::time_point start, Staged staged) {
+  return make_work(op, link_op, bytes, std::vector<MPI_Request>{request}, start, staged);
+}
+
+Work MpiComm::make_work(const char* op, LinkOp link_op, size_t bytes,
+                        std::vector<MPI_Request> requests, CommClock::time_point start,
+                        Staged staged) {
   CommClock::time_point link_done = start;
   if (link_gbps_ > 0) {
     // The emulated link carries one operation at a time: this one starts when it is free.
@@ -244,7 +253,7 @@ Work MpiComm::make_work(const char* op, LinkOp link_op, size_t bytes, MPI_Reques
                 std::chrono::duration_cast<CommClock::duration>(std::chrono::duration<double>(s));
     link_free_at_ = link_done;
   }
-  auto work = std::make_unique<MpiWork>(this, op, bytes, request, start, link_done);
+  auto work = std::make_unique<MpiWork>(this, op, bytes, std::move(requests), start, link_done);
   if (staged.buffer != nullptr) work->set_staged(staged.buffer, staged.out, staged.count);
   return Work(std::move(work));
 }
@@ -281,14 +290,33 @@ Work MpiComm::start_all_reduce_op(void* data, size_t count, ElemType type, Reduc
   return make_work("all_reduce", LinkOp::kAllReduce, count * elem_bytes(type), req, start);
 }
 
+// Note [Reduce-scatter as reduces]: Open MPI's nonblocking MPI_Ireduce_scatter_block (libnbc)
+// reduces the whole buffer to rank 0 and then sends each rank its block: every rank's full
+// buffer travels to rank 0 (not (n-1)/n of it), rank 0 does all the sums, and each call
+// mallocs twice the buffer as scratch (a fresh mmap whose pages fault, for a 154 MB wte). So a
+// reduce-scatter here is n reduces, one to each block's owner, in pieces of at most
+// kReducePiece elements, started in the same order on every rank: each rank sends (n-1)/n of
+// its buffer and sums only its own block, as a ring reduce-scatter does, and the scratch
+// buffers stay small enough to be reused from the heap. One Work holds all the requests.
+constexpr size_t kReducePiece = size_t(4) << 20;  // floats: 16 MiB (Note [Message size])
+
 Work MpiComm::start_reduce_scatter(const void* send, void* recv, size_t recv_count,
                                    ElemType type) {
   const auto start = CommClock::now();
-  MPI_Request req;
-  TRIDENT_MPI(MPI_Ireduce_scatter_block(send, recv, mpi_count(recv_count, "reduce_scatter"),
-                                        mpi_type(type), MPI_SUM, comm_, &req));
-  return make_work("reduce_scatter", LinkOp::kReduceScatter,
-                   recv_count * size_ * elem_bytes(type), req, start);
+  const size_t esize = elem_bytes(type);
+  std::vector<MPI_Request> requests;
+  for (int root = 0; root < size_; ++root) {
+    const char* block = static_cast<const char*>(send) + size_t(root) * recv_count * esize;
+    for (size_t done = 0; done < recv_count; done += kReducePiece) {
+      const size_t n = std::min(recv_count - done, kReducePiece);
+      void* out = root == rank_ ? static_cast<char*>(recv) + done * esize : nullptr;
+      requests.emplace_back();
+      TRIDENT_MPI(MPI_Ireduce(block + done * esize, out, mpi_count(n, "reduce_scatter"),
+                              mpi_type(type), MPI_SUM, root, comm_, &requests.back()));
+    }
+  }
+  return make_work("reduce_scatter", LinkOp::kReduceScatter, recv_count * size_ * esize,
+                   std::move(requests), start);
 }
 
 Work MpiComm::start_all_gather(const void* send, void* recv, size_t send_count, ElemType type) {

@@ -123,7 +123,8 @@ const std::vector<Key>& table() {
       {.name = "parallel.zero", .field = at<&Deck::parallel, &ParallelConfig::zero>(), .min = ge(0),
        .max = le(2),
        .help = "ZeRO stage: 0 replicates AdamW's state; 1 shards it over dp (reduce-scatter, "
-               "then all-gather of the parameters); 2 is refused until built"},
+               "then all-gather of the parameters); 2 also releases each reduced bucket's "
+               "gradients"},
 
       {.name = "comm.overlap", .field = at<&Deck::comm, &CommConfig::overlap>(),
        .help = "overlap the gradient all-reduce with the backward pass"},

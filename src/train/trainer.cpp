@@ -101,9 +101,6 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
 
   // Note [ZeRO-1] (train/zero.h). Refused before anything is allocated.
   const int zero = deck_.parallel.zero;
-  if (zero == 2)
-    input_error("parallel.zero: 2 (ZeRO-2: gradients sharded too) is not built yet; use 0, or 1 "
-                "(AdamW's state sharded over dp)");
   if (zero > 0 && ctx_.backend->is_device())
     input_error("parallel.zero: {} needs run.backend cpu: the cuda backend has no sharded "
                 "optimizer yet (its NCCL reduce-scatter and all-gather are not wired to it)",
@@ -112,6 +109,7 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
     input_error("parallel.zero: {} with comm.grad_dtype bf16: the bf16 path compresses "
                 "all-reduces only, not the sharded optimizer's reduce-scatter; use fp32", zero);
   sharded_ = zero > 0 && dp_size_ > 1;
+  release_grads_ = sharded_ && zero == 2;  // Note [ZeRO-2 on the host] (train/zero.h)
   auto mib = [](double mb) {
     const double bytes = mb * 1024.0 * 1024.0;
     return bytes >= double(kOneBucket) ? kOneBucket : size_t(bytes);
@@ -188,6 +186,7 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
         grad_comm_->set_emulated_link(deck_.comm.emulate_gbps, deck_.comm.emulate_latency_us);
       reduce_comm = grad_comm_.get();
       opt.shard_grads = shard_grads_.data();
+      opt.release_reduced = release_grads_;
       opt.alone = alone;
       std::vector<size_t> counts;
       for (const GradParam& q : params) counts.push_back(q.count);
@@ -249,6 +248,8 @@ Trainer::MemoryBytes Trainer::memory_bytes() const {
   MemoryBytes m;
   m.params = model_->num_params() * sizeof(float);
   m.grads = (model_->num_params() + shard_grads_.size()) * sizeof(float);
+  m.grads_resident = release_grads_ ? grad_resident_peak_ + shard_grads_.size() * sizeof(float)
+                                    : m.grads;
   m.optimizer = 2 * opt_->size() * sizeof(float);
   m.activations = model_->activation_bytes();
   return m;
@@ -338,7 +339,9 @@ StepStats Trainer::train_step(int step) {
   StepStats s;
   s.step = step + 1;
 
-  model_->zero_grads();
+  // ZeRO-2 left the gradient buffer zero (and its pages with the kernel) when the last step's
+  // buckets were released.
+  if (!release_grads_) model_->zero_grads();
   const bool use_sink = use_sink_;
   const OpRecord rows_union = use_sink ? collect_step_rows(step) : OpRecord{};
   stage_->begin_step({step, B, T, accum, dp_size_, dp_rank_});
@@ -359,6 +362,8 @@ StepStats Trainer::train_step(int step) {
     s.exposed_comm_ms = rs.exposed_comm_ms + rows_ms;
     s.comm_cpu_ms = rs.thread_cpu_ms;
     s.comm_polls = rs.progress_polls;
+    s.grad_resident_bytes = rs.grad_resident_peak_bytes;
+    grad_resident_peak_ = std::max(grad_resident_peak_, rs.grad_resident_peak_bytes);
     s.overlap = s.comm_ms > 0 ? std::max(0.0, 1.0 - s.exposed_comm_ms / s.comm_ms) : 0.0;
     if (ctx_.trace) {
       if (use_sink)

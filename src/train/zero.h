@@ -1,4 +1,5 @@
-// ZeRO stage 1 (parallel.zero: 1): AdamW's state sharded over the data-parallel ranks.
+// ZeRO stages 1 and 2 (parallel.zero): AdamW's state, and with 2 the gradients' memory, sharded
+// over the data-parallel ranks.
 //
 // Note [ZeRO-1]
 // Without ZeRO every dp rank holds AdamW's m and v for the whole model and updates all of it.
@@ -17,9 +18,33 @@
 // replicated update; the sums may differ in order (a reduce-scatter is not an all-reduce) and
 // the norm is summed in another grouping, so zero 1 equals zero 0 to rounding, and bitwise
 // where the sums agree (dp 2 sums two numbers either way).
-// The full gradient buffer stays (that is ZeRO-2's saving, not built yet), and the thread
-// works on a duplicate of the dp communicator of its own: its all-gathers run during the next
-// step's forward, when the compute thread also uses dp (the row set, the loss).
+// The full gradient buffer stays (ZeRO-2 below gives its memory back), and the thread works on
+// a duplicate of the dp communicator of its own: its all-gathers run during the next step's
+// forward, when the compute thread also uses dp (the row set, the loss).
+//
+// Note [ZeRO-2 on the host]
+// ZeRO-2 (parallel.zero: 2) is ZeRO-1 plus: once a bucket's reduce-scatter has completed, the
+// full buffer's slice of that bucket is no longer needed (its sum now lives in this rank's
+// shard), so the reducer's thread zeroes it and gives its pages back to the kernel
+// (release_host_floats: madvise MADV_DONTNEED, memset for the partial pages at the ends). A
+// released page reads as zero and holds no memory until backward writes it again, so the
+// buffer is all zero after the step and the next step skips zero_grads (the kernel zeroes each
+// page as it is first written, instead of one memset pass over the whole buffer). Gradient
+// memory is then held only from the moment backward writes a bucket to the end of its
+// reduce-scatter, and the shard stays. It is measured, not assumed: before each release the
+// thread counts the buffer's resident pages (mincore), and bench reports the peak
+// (grad_resident_mib, with the shard).
+// The model writes its gradients straight into the flat buffer (pointers resolved once), so
+// the buffer keeps its address range; only its memory comes and goes. This is host memory
+// only (a device allocation cannot give pages back like this: there it would be a pool of
+// bucket buffers), hence the refusal on device backends.
+// With train.accum > 1 the gradients accumulate in the full buffer over the micro-batches and
+// are reduce-scattered on the last one, as Megatron does: so they are resident from the first
+// micro-batch's backward to the end of the step, and ZeRO-2's saving is between steps. The
+// other way — reduce-scatter every micro-batch into the shard, releasing each bucket between
+// micro-batches — holds less, but sends accum times the bytes, and a micro-batch's backward
+// would have to wait until the previous micro-batch's reduce-scatter of a bucket has read it
+// before writing that bucket again; it is not built (docs/decisions.md, "ZeRO").
 //
 // Note [Gathers before use]
 // The gathers are started right after the optimizer, all at once, in forward order (the bucket

@@ -120,6 +120,20 @@ TEST(MpiComm, ReduceScatterGivesEachRankItsBlockSum) {
     ASSERT_EQ(recv[i], rank_sum + static_cast<float>(n * ((r * block + i) % 997))) << i;
 }
 
+// Note [Reduce-scatter as reduces]: a block larger than one reduce piece (4 Mi floats) is
+// reduced in pieces; every element of every piece lands at its place in the owner's block.
+TEST(MpiComm, ReduceScatterOfBlocksLargerThanOnePiece) {
+  auto comm = world_comm();
+  const int n = comm->size(), r = comm->rank();
+  const size_t block = (size_t(4) << 20) + 5;
+  std::vector<float> send(block * n), recv(block, -1.0f);
+  for (size_t j = 0; j < send.size(); ++j) send[j] = static_cast<float>((r + 1) * (j % 1009));
+  comm->reduce_scatter(send.data(), recv.data(), block).wait();
+  const float ranks = static_cast<float>(n * (n + 1) / 2);  // Σ (r + 1)
+  for (size_t i = 0; i < block; ++i)
+    ASSERT_EQ(recv[i], ranks * static_cast<float>((r * block + i) % 1009)) << i;
+}
+
 TEST(MpiComm, AllGatherConcatenatesInRankOrder) {
   auto comm = world_comm();
   const int n = comm->size(), r = comm->rank();

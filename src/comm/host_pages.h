@@ -1,0 +1,20 @@
+// Host memory pages handed back to the kernel, and counted: ZeRO-2's gradient release on the
+// CPU (Note [ZeRO-2 on the host] in train/zero.h).
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+namespace trident {
+
+// Makes floats [p, p + n) read as zero and returns the whole pages among them to the kernel
+// (madvise MADV_DONTNEED: private anonymous memory then reads as zero and takes no memory until
+// it is written again); the partial pages at either end are zeroed with memset, touching only
+// these bytes, so a neighbour sharing an end page may be written meanwhile.
+void release_host_floats(float* p, size_t n);
+
+// Bytes of [p, p + bytes) whose pages are resident (mincore), in whole pages. `scratch` holds
+// one byte per page and is reused (grown once).
+size_t resident_bytes(const void* p, size_t bytes, std::vector<unsigned char>& scratch);
+
+}  // namespace trident
