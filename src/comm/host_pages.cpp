@@ -34,6 +34,14 @@ void release_host_floats(float* p, size_t n) {
                 "madvise(MADV_DONTNEED) of {} bytes of gradients failed", last - first);
 }
 
+bool prefer_huge_pages(void* p, size_t bytes) {
+  constexpr uintptr_t kHuge = uintptr_t(2) << 20;
+  const auto begin = reinterpret_cast<uintptr_t>(p), end = begin + bytes;
+  const uintptr_t first = (begin + kHuge - 1) / kHuge * kHuge, last = end / kHuge * kHuge;
+  if (first >= last) return true;
+  return madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE) == 0;
+}
+
 size_t resident_bytes(const void* p, size_t bytes, std::vector<unsigned char>& in_core) {
   if (bytes == 0) return 0;
   const uintptr_t page = page_size();

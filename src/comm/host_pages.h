@@ -13,6 +13,11 @@ namespace trident {
 // these bytes, so a neighbour sharing an end page may be written meanwhile.
 void release_host_floats(float* p, size_t n);
 
+// Asks for transparent huge pages on the whole 2 MiB pages inside [p, p + bytes) (madvise
+// MADV_HUGEPAGE; a no-op where THP is off): memory released and written again every step then
+// faults in 2 MiB at a time instead of 4 KiB. Returns false if the kernel refused.
+bool prefer_huge_pages(void* p, size_t bytes);
+
 // Bytes of [p, p + bytes) whose pages are resident (mincore), in whole pages. `scratch` holds
 // one byte per page and is reused (grown once).
 size_t resident_bytes(const void* p, size_t bytes, std::vector<unsigned char>& scratch);

@@ -3,6 +3,7 @@
 # in another layout, and one saved elsewhere resumes in 3D, through the trident binary:
 #   3D, stop_at 4  -> resume as tp 2 (2 ranks)        steps 5..8
 #   dp 2, stop_at 4 -> resume in 3D (8 ranks)         steps 5..8
+#   3D at parallel.zero 2, stop_at 4 -> one rank, zero 0   steps 5..8
 # Each combined run (the resumed run appends to the saving run's metrics.jsonl) must match an
 # uninterrupted dp-2 run step by step (tolerances below). The global batch is the same in every
 # layout (micro-batch 4 × accum × dp = 16 samples), so the same samples are seen.
@@ -69,5 +70,15 @@ run_np 8 "${layout_3d[@]}" --set run.out_dir=to3d --set checkpoint.dir=ckdp --se
   >to3d_resume.log 2>&1 || fail "3D resume: $(tail -3 to3d_resume.log)"
 resumed to3d_resume.log 4 "dp 2 x tp 1 x pp 1" || fail "3D resume: $(grep -m1 -E '^resumed|error' to3d_resume.log)"
 compare "dp 2 (steps 1-4) then 3D (5-8) vs dp 2" to3d/metrics.jsonl ref/metrics.jsonl
+
+# 3. ZeRO through the binary (Note [ZeRO-1] in src/train/zero.h): saved in 3D at zero 2, each
+# rank writing the m/v pieces it owns; verified; resumed on one rank at zero 0 (accum 8).
+run_np 8 "${layout_3d[@]}" --set parallel.zero=2 --set run.out_dir=zero3d --set checkpoint.dir=ckz \
+  --set train.stop_at=4 >zero3d_save.log 2>&1 || fail "3D zero-2 save: $(tail -3 zero3d_save.log)"
+"$bin" ckpt verify ckz/latest >zero_verify.log 2>&1 || fail "ckpt verify of the zero-2 checkpoint: $(tail -3 zero_verify.log)"
+timeout 300 "$bin" train "${common[@]}" --set train.accum=8 --set run.out_dir=zero3d --set checkpoint.dir=ckz \
+  --set checkpoint.resume=true >zero1rank_resume.log 2>&1 || fail "one-rank resume: $(tail -3 zero1rank_resume.log)"
+resumed zero1rank_resume.log 4 "dp 2 x tp 2 x pp 2" || fail "one-rank resume: $(grep -m1 -E '^resumed|error' zero1rank_resume.log)"
+compare "3D zero 2 (steps 1-4) then one rank zero 0 (5-8) vs dp 2" zero3d/metrics.jsonl ref/metrics.jsonl
 
 finish
