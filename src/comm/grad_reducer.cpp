@@ -619,8 +619,13 @@ void GradReducer::init_sharded(const GradReducerOptions& options) {
   s.shard_grads = options.shard_grads;
   s.release_reduced = options.release_reduced;
   s.grads_total = layout.total;
-  // Note [ZeRO-2 on the host]: the released buckets are written again every step.
-  if (s.release_reduced) prefer_huge_pages(s.grads, s.grads_total * sizeof(float));
+  // Note [ZeRO-2 on the host]: the released buckets are written again every step; and the
+  // buffer starts released (its allocation zeroed, so touched, every page), or the first step's
+  // peak would count pages no backward wrote.
+  if (s.release_reduced) {
+    prefer_huge_pages(s.grads, s.grads_total * sizeof(float));
+    release_host_floats(s.grads, s.grads_total);
+  }
   for (size_t b = 0; b < s.buckets.size(); ++b) {
     s.shard_offset.push_back(s.shard_total);
     s.shard_count.push_back(layout.shard_count(b, ranks));

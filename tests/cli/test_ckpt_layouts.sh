@@ -72,11 +72,11 @@ resumed to3d_resume.log 4 "dp 2 x tp 1 x pp 1" || fail "3D resume: $(grep -m1 -E
 compare "dp 2 (steps 1-4) then 3D (5-8) vs dp 2" to3d/metrics.jsonl ref/metrics.jsonl
 
 # 3. ZeRO through the binary (Note [ZeRO-1] in src/train/zero.h): saved in 3D at zero 2, each
-# rank writing the m/v pieces it owns; verified; resumed on one rank at zero 0 (accum 8).
+# rank writing the m/v pieces it owns; verified; resumed on one rank at zero 0 (accum 4).
 run_np 8 "${layout_3d[@]}" --set parallel.zero=2 --set run.out_dir=zero3d --set checkpoint.dir=ckz \
   --set train.stop_at=4 >zero3d_save.log 2>&1 || fail "3D zero-2 save: $(tail -3 zero3d_save.log)"
 "$bin" ckpt verify ckz/latest >zero_verify.log 2>&1 || fail "ckpt verify of the zero-2 checkpoint: $(tail -3 zero_verify.log)"
-timeout 300 "$bin" train "${common[@]}" --set train.accum=8 --set run.out_dir=zero3d --set checkpoint.dir=ckz \
+timeout 300 "$bin" train "${common[@]}" --set train.accum=4 --set run.out_dir=zero3d --set checkpoint.dir=ckz \
   --set checkpoint.resume=true >zero1rank_resume.log 2>&1 || fail "one-rank resume: $(tail -3 zero1rank_resume.log)"
 resumed zero1rank_resume.log 4 "dp 2 x tp 2 x pp 2" || fail "one-rank resume: $(grep -m1 -E '^resumed|error' zero1rank_resume.log)"
 compare "3D zero 2 (steps 1-4) then one rank zero 0 (5-8) vs dp 2" zero3d/metrics.jsonl ref/metrics.jsonl
