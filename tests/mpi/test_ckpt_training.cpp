@@ -31,18 +31,7 @@ run: {threads: 1}
   return parse_deck(yaml, TRIDENT_SOURCE_DIR, overrides);
 }
 
-std::string scratch_dir(const std::string& name) {
-  // One directory for all ranks (rank 0 picks it), fresh for each test.
-  const auto dir = std::filesystem::temp_directory_path() / ("trident_ckpt_" + name);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank == 0) {
-    std::filesystem::remove_all(dir);
-    std::filesystem::create_directories(dir);
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-  return dir.string();
-}
+std::string scratch_dir(const std::string& name) { return testing::scratch_dir("ckpt_" + name); }
 
 using testing::RunResult;
 

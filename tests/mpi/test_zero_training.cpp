@@ -211,17 +211,7 @@ TEST(Zero, ReportsTheAllGatherApartFromTheReduceScatter) {
     EXPECT_EQ(buckets[b].count % (16 * size_t(world_size())), 0u) << "bucket " << b;
 }
 
-std::string scratch_dir(const std::string& name) {
-  const auto dir = std::filesystem::temp_directory_path() / ("trident_zero_" + name);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank == 0) {
-    std::filesystem::remove_all(dir);
-    std::filesystem::create_directories(dir);
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-  return dir.string();
-}
+std::string scratch_dir(const std::string& name) { return testing::scratch_dir("zero_" + name); }
 
 struct Layout {
   int tp = 1, pp = 1, zero = 0;

@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <string>
 #include <functional>
 #include <vector>
 
@@ -14,6 +16,20 @@
 #include "trident/train.h"
 
 namespace trident::testing {
+
+// One directory for all ranks (rank 0 empties it), fresh for each test: the temp directory's
+// "trident_<name>".
+inline std::string scratch_dir(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / ("trident_" + name);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return dir.string();
+}
 
 inline int world_size() {
   int n = 1;
