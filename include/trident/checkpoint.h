@@ -57,6 +57,13 @@ struct CheckpointMeta {
 std::string save_checkpoint(const std::string& dir, const CheckpointMeta& meta,
                             const std::vector<ShardTensor>& tensors, int keep, MPI_Comm comm);
 
+// Note [Leaving after a storage fault]: true once an HDF5 write of a checkpoint failed in this
+// process (a disk that filled after the space check, an I/O error). HDF5 1.10 may then hold a
+// file it could not close, and closes it again when MPI finalizes, which crashes inside HDF5;
+// so the app, having reported the error, leaves without MPI_Finalize. Everything the save
+// promised still holds: `latest` was not advanced and the unfinished directory was removed.
+bool checkpoint_write_broken();
+
 // dir/latest resolved to its target, or "" if there is none.
 std::string latest_checkpoint(const std::string& dir);
 // A checkpoint directory, or a checkpoint.dir (then its latest); input_error if neither.

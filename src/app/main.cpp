@@ -11,6 +11,7 @@
 #include "app/slurm_launch.h"
 #include "trident/blas_core.h"
 #include "trident/check.h"
+#include "trident/checkpoint.h"
 
 namespace {
 
@@ -41,6 +42,10 @@ int world_size_or_one() {
     std::fprintf(stderr, "trident: error: %s\n", msg.c_str());
   std::fflush(stderr);
   if (size > 1) MPI_Abort(MPI_COMM_WORLD, code);
+  if (trident::checkpoint_write_broken()) {  // Note [Leaving after a storage fault]
+    std::fflush(stdout);
+    std::_Exit(code);
+  }
   int init = 0, fin = 0;
   MPI_Initialized(&init);
   MPI_Finalized(&fin);
@@ -153,6 +158,11 @@ int main(int argc, char** argv) {
   } catch (const AgreedFailure& f) {
     // Every rank knows; each exits on its own with the agreed status.
     if (f.print) std::fprintf(stderr, "%s\n", f.message.c_str());
+    if (trident::checkpoint_write_broken()) {  // Note [Leaving after a storage fault]
+      std::fflush(stdout);
+      std::fflush(stderr);
+      std::_Exit(f.code);
+    }
     MPI_Finalize();
     return f.code;
   } catch (const Error& e) {

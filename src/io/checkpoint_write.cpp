@@ -13,11 +13,14 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/file.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -380,32 +383,88 @@ void prune(const fs::path& base, int keep, const std::string& current) {
 }  // namespace
 }  // namespace ckpt
 
-std::string save_checkpoint(const std::string& dir, const CheckpointMeta& meta,
-                            const std::vector<ShardTensor>& tensors, int keep, MPI_Comm comm) {
+namespace ckpt {
+namespace {
+
+std::atomic<bool> hdf5_write_broken{false};  // Note [Leaving after a storage fault]
+
+// Runs an HDF5 write; if it throws, HDF5 may be left holding the file.
+template <typename F>
+auto hdf5_write(F&& write) {
+  try {
+    return write();
+  } catch (...) {
+    hdf5_write_broken.store(true);
+    throw;
+  }
+}
+
+// Bytes this rank's shard will take, generously: the data, plus HDF5's object headers,
+// attributes and CRCs (a few KiB per dataset and group), plus the file's own metadata.
+uint64_t estimated_shard_bytes(const std::vector<ShardTensor>& tensors) {
+  uint64_t bytes = 1 << 20;
+  for (const ShardTensor& t : tensors) {
+    if (!t.owner) continue;
+    bytes += t.count() * sizeof(float) + 4096 * (t.blocks.size() + 1);
+  }
+  return bytes;
+}
+
+// Stale step_X.tmp directories of an interrupted save (the directory lock rules out another
+// run writing one now).
+void remove_stale_tmp(const std::filesystem::path& base) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(base, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step_", 0) == 0 && name.size() > std::strlen(kTmpSuffix) &&
+        name.compare(name.size() - std::strlen(kTmpSuffix), std::string::npos, kTmpSuffix) == 0)
+      remove_tree(e.path());
+  }
+}
+
+}  // namespace
+}  // namespace ckpt
+
+namespace ckpt {
+namespace {
+
+std::string save_into(const std::filesystem::path& base, const std::filesystem::path& tmp,
+                      const std::filesystem::path& final_dir, const CheckpointMeta& meta,
+                      const std::vector<ShardTensor>& tensors, int keep, MPI_Comm comm) {
   namespace fs = std::filesystem;
-  using namespace ckpt;
-  silence_hdf5_errors();
   int rank = 0, size = 1;
   TRIDENT_MPI(MPI_Comm_rank(comm, &rank));
   TRIDENT_MPI(MPI_Comm_size(comm, &size));
-  const fs::path base(dir.empty() ? "." : dir);
-  const std::string final_name = step_dir_name(meta.step);
-  const fs::path final_dir = (base / final_name).lexically_normal();
-  const fs::path tmp = base / (final_name + kTmpSuffix);
+  const std::string final_name = final_dir.filename().string();
   const std::string others = fmt::format("checkpoint save to {}: failed", final_dir.string());
 
+  // Note [Leaving after a storage fault]: room for every shard, checked before HDF5 writes a
+  // byte (the ranks share the directory, so rank 0 checks the sum).
+  uint64_t need = estimated_shard_bytes(tensors), total_need = 0;
+  TRIDENT_MPI(MPI_Reduce(&need, &total_need, 1, MPI_UINT64_T, MPI_SUM, 0, comm));
   agree_or_throw(comm, attempt([&] {
-                   if (rank != 0) return;
-                   fs::create_directories(base);
-                   remove_tree(tmp);
-                   fs::create_directory(tmp);
+                   // Fault injection for tests/cli/test_storage_faults.sh: skip the check so
+                   // that the disk fills inside HDF5's writes.
+                   if (rank != 0 || std::getenv("TRIDENT_FAULT_SKIP_SPACE_CHECK")) return;
+                   struct statvfs fs_info {};
+                   if (::statvfs(tmp.c_str(), &fs_info) != 0) return;  // unknown: try
+                   const uint64_t avail = uint64_t(fs_info.f_bavail) * fs_info.f_frsize;
+                   const uint64_t index = 65536 + total_need / 1000;
+                   if (total_need + index > avail)
+                     input_error("checkpoint save to {}: needs about {:.1f} MiB but {} has "
+                                 "{:.1f} MiB free; nothing was saved (the previous checkpoint "
+                                 "and `latest` are unchanged)",
+                                 final_dir.string(), double(total_need + index) / 1048576.0,
+                                 base.string(), double(avail) / 1048576.0);
                  }),
                  others);
 
   std::vector<char> mine;
   agree_or_throw(comm, attempt([&] {
-                   mine = serialize(write_shard((tmp / shard_file_name(rank)).string(), meta,
-                                                tensors, rank, size));
+                   mine = serialize(hdf5_write([&] {
+                     return write_shard((tmp / shard_file_name(rank)).string(), meta, tensors,
+                                        rank, size);
+                   }));
                    TRIDENT_CHECK(mine.size() < (size_t{1} << 30), "checkpoint list of {} bytes",
                                  mine.size());
                  }),
@@ -438,8 +497,10 @@ std::string save_checkpoint(const std::string& dir, const CheckpointMeta& meta,
                      Reader rd{all.data() + offsets[r], all.data() + offsets[r] + bytes[r]};
                      deserialize(rd, r, pieces);
                    }
-                   write_index((tmp / kIndexFile).string(), meta, size,
-                               merge_and_check(std::move(pieces)));
+                   hdf5_write([&] {
+                     write_index((tmp / kIndexFile).string(), meta, size,
+                                 merge_and_check(std::move(pieces)));
+                   });
                    fsync_path(tmp.string(), true);
                    publish(base, tmp, final_dir);
                    switch_latest(base, final_name);
@@ -448,6 +509,46 @@ std::string save_checkpoint(const std::string& dir, const CheckpointMeta& meta,
                  others);
   return final_dir.string();
 }
+
+}  // namespace
+}  // namespace ckpt
+
+bool checkpoint_write_broken() { return ckpt::hdf5_write_broken.load(); }
+
+std::string save_checkpoint(const std::string& dir, const CheckpointMeta& meta,
+                            const std::vector<ShardTensor>& tensors, int keep, MPI_Comm comm) {
+  namespace fs = std::filesystem;
+  using namespace ckpt;
+  silence_hdf5_errors();
+  int rank = 0, size = 1;
+  TRIDENT_MPI(MPI_Comm_rank(comm, &rank));
+  TRIDENT_MPI(MPI_Comm_size(comm, &size));
+  const fs::path base(dir.empty() ? "." : dir);
+  const std::string final_name = step_dir_name(meta.step);
+  const fs::path final_dir = (base / final_name).lexically_normal();
+  const fs::path tmp = base / (final_name + kTmpSuffix);
+  const std::string others = fmt::format("checkpoint save to {}: failed", final_dir.string());
+
+  agree_or_throw(comm, attempt([&] {
+                   if (rank != 0) return;
+                   fs::create_directories(base);
+                   remove_stale_tmp(base);
+                   fs::create_directory(tmp);
+                 }),
+                 others);
+  // From here on a failure removes the unfinished step_X.tmp (`latest` was never touched).
+  try {
+    return save_into(base, tmp, final_dir, meta, tensors, keep, comm);
+  } catch (...) {
+    if (rank == 0) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+    }
+    throw;
+  }
+}
+
+
 
 CheckpointDirLock::CheckpointDirLock(const std::string& dir) {
   std::error_code ec;

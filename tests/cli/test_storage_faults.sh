@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Storage faults during a checkpoint save (Note [Leaving after a storage fault] in
+# trident/checkpoint.h): a checkpoint.dir on a small tmpfs.
+#   1. 3 MiB: the first save does not fit: exit 2 before HDF5 writes anything, a message with
+#      the sizes, nothing left behind.
+#   2. 16 MiB: the step-2 checkpoint fits, the step-4 one does not: exit 2, `latest` still names
+#      step 2, which verifies and resumes; no step_*.tmp left.
+#   3. As 2 with the space check skipped (TRIDENT_FAULT_SKIP_SPACE_CHECK), so the disk fills
+#      inside HDF5's writes, on one rank and on two: a non-zero exit that is not a crash (HDF5
+#      1.10 used to segfault in MPI_Finalize here, status 139), the message names the shard file
+#      and the cause, `latest` is intact and the unfinished directory is gone.
+#   4. A stale step_*.tmp of an interrupted save is removed by the next save.
+# Needs root (mount); skips (77) where tmpfs cannot be mounted.
+# usage: test_storage_faults.sh TRIDENT_BINARY SOURCE_DIR SCRATCH_DIR
+source "$(dirname "$0")/lib.sh" "$@"
+
+mnt=$scratch/mnt
+mkdir -p "$mnt"
+mount_tmpfs() {  # SIZE
+  mountpoint -q "$mnt" && umount "$mnt"
+  mount -t tmpfs -o "size=$1" tmpfs "$mnt" 2>/dev/null || { echo "SKIP: cannot mount a tmpfs (not root?)"; exit 77; }
+}
+trap 'mountpoint -q "$mnt" && umount "$mnt"' EXIT
+common=("$src/inputs/gpt-tiny.yaml" --set run.threads=1 --set train.steps=4 --set checkpoint.every=2
+        --set checkpoint.dir="$mnt/ck" --set train.val_every=0 --set log.every=100)
+no_tmp() { ! ls -d "$mnt"/ck/step_*.tmp >/dev/null 2>&1; }
+
+# 1. The first save does not fit.
+mount_tmpfs 3m
+timeout 300 "$bin" train "${common[@]}" --set run.out_dir=r1 >r1.log 2>&1; rc=$?
+[ $rc -eq 2 ] || fail "3 MiB: exit $rc, expected 2: $(grep error r1.log)"
+grep -qE "checkpoint save to .*step_00000002: needs about [0-9.]+ MiB but .* has [0-9.]+ MiB free" r1.log \
+  && ok "3 MiB: $(grep -o 'needs about.*free' r1.log)" || fail "3 MiB: message: $(grep error r1.log)"
+no_tmp || fail "3 MiB: a step_*.tmp was left behind"
+[ ! -e "$mnt/ck/latest" ] || fail "3 MiB: latest exists"
+
+# 2. The second save does not fit; the first stays.
+mount_tmpfs 16m
+timeout 300 "$bin" train "${common[@]}" --set run.out_dir=r2 >r2.log 2>&1; rc=$?
+[ $rc -eq 2 ] || fail "16 MiB: exit $rc, expected 2: $(grep error r2.log)"
+[ "$(readlink "$mnt/ck/latest")" = step_00000002 ] && ok "16 MiB: latest still step 2" || fail "16 MiB: latest -> $(readlink "$mnt/ck/latest")"
+no_tmp || fail "16 MiB: a step_*.tmp was left behind"
+"$bin" ckpt verify "$mnt/ck/latest" >v2.log 2>&1 || fail "16 MiB: latest does not verify: $(tail -2 v2.log)"
+umount "$mnt"; mount_tmpfs 64m  # room again (the tmpfs starts empty: save step 2 once more)
+timeout 300 "$bin" train "${common[@]}" --set train.stop_at=2 --set run.out_dir=r2b >r2b.log 2>&1 || fail "64 MiB save: $(tail -2 r2b.log)"
+timeout 300 "$bin" train "${common[@]}" --set checkpoint.resume=true --set run.out_dir=r2b >r2c.log 2>&1 \
+  && grep -q "^resumed from .*step_00000002" r2c.log && ok "64 MiB: saved at 2, resumed, finished" || fail "64 MiB resume: $(tail -2 r2c.log)"
+
+# 3. The disk fills inside HDF5's writes (one rank, then two).
+for ranks in 1 2; do
+  mount_tmpfs 16m
+  launcher=(); [ "$ranks" -gt 1 ] && launcher=(mpirun -x TRIDENT_FAULT_SKIP_SPACE_CHECK -n "$ranks")
+  TRIDENT_FAULT_SKIP_SPACE_CHECK=1 timeout 300 "${launcher[@]}" "$bin" train "${common[@]}" --set run.out_dir=r3_$ranks >r3_$ranks.log 2>&1; rc=$?
+  if [ $rc -eq 0 ] || [ $rc -ge 124 ]; then fail "$ranks rank(s), disk full in HDF5: exit $rc (0, a timeout or a signal): $(grep -iE 'error|signal' r3_$ranks.log | head -2)"
+  else ok "$ranks rank(s), disk full in HDF5: exit $rc"; fi
+  grep -q "Segmentation fault\|Signal:" r3_$ranks.log && fail "$ranks rank(s): crashed: $(grep -m1 -i signal r3_$ranks.log)"
+  grep -qE "trident: error.*shard_r0000[01].h5.*" r3_$ranks.log && grep -q "No space left on device" r3_$ranks.log \
+    || fail "$ranks rank(s): the message does not name the shard and the cause: $(grep -m1 error r3_$ranks.log | cut -c1-200)"
+  [ "$(readlink "$mnt/ck/latest")" = step_00000002 ] || fail "$ranks rank(s): latest -> $(readlink "$mnt/ck/latest")"
+  no_tmp || fail "$ranks rank(s): a step_*.tmp was left behind"
+  "$bin" ckpt verify "$mnt/ck/latest" >v3.log 2>&1 || fail "$ranks rank(s): latest does not verify: $(tail -2 v3.log)"
+done
+
+# 4. A stale step_*.tmp (an interrupted save) goes with the next save.
+mount_tmpfs 64m
+mkdir -p "$mnt/ck/step_00000099.tmp" && echo junk >"$mnt/ck/step_00000099.tmp/shard_r00000.h5"
+timeout 300 "$bin" train "${common[@]}" --set train.stop_at=2 --set run.out_dir=r4 >r4.log 2>&1 || fail "stale tmp run: $(tail -2 r4.log)"
+no_tmp && ok "a stale step_00000099.tmp was removed by the next save" || fail "stale step_00000099.tmp still there"
+
+finish
