@@ -59,6 +59,8 @@ struct TrainConfig {
   int val_batches = 4;                 // micro-batches per validation
   std::string recompute = "none";      // activation recomputation: none | mlp | full
   int stop_at = 0;                     // end after this step with a checkpoint (0: run all steps)
+  std::string nonfinite = "stop";      // a step with a non-finite loss or norm: stop | skip
+  int max_skips = 10;                  // with skip: stop after this many skipped in a row
 
   bool operator==(const TrainConfig&) const = default;
 };

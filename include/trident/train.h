@@ -73,6 +73,10 @@ struct StepStats {
   // Pipeline (this stage): time in the schedule, and the part spent waiting for neighbours.
   double pipeline_ms = 0.0, pipeline_wait_ms = 0.0;
   double val_loss = NAN;        // NaN when not validated this step
+  // Note [Non-finite steps]: the loss or the norm was not finite and train.nonfinite is skip:
+  // the update was dropped. skips_in_a_row counts this one.
+  bool skipped = false;
+  int skips_in_a_row = 0;
 };
 
 // What a run needs besides the deck: the backend and the measured peak used for MFU.
@@ -144,6 +148,7 @@ class Trainer {
   double global_grad_sum_squares();
   // The same from this rank's ZeRO shard (Note [ZeRO-1]).
   double sharded_grad_sum_squares();
+  void poison_gradient();  // Note [Non-finite steps]
   // Adds the averaged sparse wte rows into wte's gradient (its shard with ZeRO).
   void add_embedding_rows();
   void record(const char* track, const std::string& name,
@@ -169,6 +174,8 @@ class Trainer {
   std::vector<float> row_grads_;          // capacity: the most rows a step can have
   bool use_sink_ = false;  // Note [Tied embedding gradient]
   // ZeRO (Note [ZeRO-1] in train/zero.h); empty and unused at parallel.zero 0 or dp 1.
+  int skips_in_a_row_ = 0;         // Note [Non-finite steps]
+  std::vector<int> fault_nan_steps_;  // TRIDENT_FAULT_NAN_STEPS: 1-based steps to poison
   bool sharded_ = false;
   bool release_grads_ = false;     // ZeRO-2: reduced buckets' gradient pages are released
   size_t grad_resident_peak_ = 0;  // its largest resident full-buffer bytes so far

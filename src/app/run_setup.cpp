@@ -87,6 +87,10 @@ nlohmann::json step_record(const StepStats& s) {
                       {"gather_exposed_ms", s.gather_exposed_ms},
                       {"tp_comm_ms", s.tp_comm_ms}};
   if (!std::isnan(s.val_loss)) j["val_loss"] = s.val_loss;
+  if (s.skipped) {
+    j["skipped"] = true;
+    j["skips_in_a_row"] = s.skips_in_a_row;
+  }
   return j;
 }
 

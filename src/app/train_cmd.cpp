@@ -214,7 +214,14 @@ int run_train(const DeckArgs& args, const BlasCoreCheck& blas) {
                    s.step, ctx.peak_flops / 1e9, blas.chosen);
       }
       metrics->write(step_record(s));
-      if (s.step % deck.log.every == 0 || last_step || step == first_step || s.step == end_step) {
+      if (s.skipped) {  // Note [Non-finite steps]: always shown
+        fmt::print("step {:>5}/{} | skipped: loss {:.4f}, norm {:.3f} not finite; no update "
+                   "({} in a row, train.max_skips {})\n",
+                   s.step, deck.train.steps, s.loss, s.grad_norm, s.skips_in_a_row,
+                   deck.train.max_skips);
+        std::fflush(stdout);
+      } else if (s.step % deck.log.every == 0 || last_step || step == first_step ||
+                 s.step == end_step) {
         const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() -
                                                              t_start).count();
         const double eta = elapsed / (s.step - first_step) * (end_step - s.step);

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <sstream>
 
 #include "core/elapsed.h"
@@ -20,6 +22,14 @@
 
 namespace trident {
 namespace {
+
+std::vector<std::string> split_commas(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) out.push_back(item);
+  return out;
+}
 
 std::vector<int> parse_stage_layers(const std::string& text) {
   std::vector<int> out;
@@ -145,6 +155,8 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
   else
     load_llmc_weights(*model_, deck_.model.init_from);
   if (sharded_) shard_grads_ = BackendBuffer<float>(*ctx_.backend, model_->num_params() / dp_size_);
+  if (const char* steps = std::getenv("TRIDENT_FAULT_NAN_STEPS"))  // Note [Non-finite steps]
+    for (const std::string& item : split_commas(steps)) fault_nan_steps_.push_back(std::stoi(item));
   opt_ = std::make_unique<AdamW>(*ctx_.backend,
                                  sharded_ ? shard_grads_.size() : model_->num_params());
   inputs_.resize(size_t(B) * T);
@@ -331,6 +343,19 @@ void Trainer::reduce_tied_embedding() {
   g.commit();
 }
 
+// Note [Non-finite steps]
+// A step whose loss or global gradient norm is NaN or infinite has nothing to apply. The norm
+// is taken from the reduced gradients and summed over tp and pp (and over dp with ZeRO); the
+// loss is summed over pp and dp: so both are the same number on every rank, and every rank
+// decides the same without another collective. train.nonfinite: stop (the default) ends the
+// run with a message saying so (before the optimizer: nothing of the step is applied, and the
+// last checkpoint is untouched); skip drops the update — no AdamW, no ZeRO gather, the moments
+// and the parameters stay those of the last good step, so a non-finite state is never saved —
+// marks the step in the metrics ("skipped": true) and stops after train.max_skips skips in a
+// row. The step still counts for the schedule (the learning rate and AdamW's bias correction
+// go on from the step number), as Megatron's skipped steps do. TRIDENT_FAULT_NAN_STEPS (1-based
+// step numbers, comma-separated) injects such a step for tests: every rank puts one NaN in its
+// reduced gradient.
 StepStats Trainer::train_step(int step) {
   const auto t_step = std::chrono::steady_clock::now();
   Backend& be = *ctx_.backend;
@@ -382,16 +407,38 @@ StepStats Trainer::train_step(int step) {
   s.loss = loss / (accum * dp_size_);
 
   auto t0 = std::chrono::steady_clock::now();
+  if (std::find(fault_nan_steps_.begin(), fault_nan_steps_.end(), s.step) != fault_nan_steps_.end())
+    poison_gradient();
   s.grad_norm = std::sqrt(sharded_ ? sharded_grad_sum_squares() : global_grad_sum_squares());
-  if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm))
-    internal_error(__FILE__, __LINE__,
-                   fmt::format("step {}: loss {} / grad norm {} is not finite", s.step, s.loss,
-                               s.grad_norm));
+  s.lr = lr_at(tc, step);
+  // Note [Non-finite steps]: the loss and the norm are the same on every rank (both were summed
+  // over every axis that holds a part of them), so every rank takes the same branch.
+  if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) {
+    if (tc.nonfinite == "stop")
+      throw Error(fmt::format("step {}: the loss is {} and the gradient norm {}: training "
+                              "diverged (or a batch is broken); nothing of this step was applied "
+                              "or saved. Lower train.lr, or set train.nonfinite: skip to drop "
+                              "such steps", s.step, s.loss, s.grad_norm),
+                  ExitCode::kInternal);
+    s.skipped = true;
+    s.skips_in_a_row = ++skips_in_a_row_;
+    if (skips_in_a_row_ > tc.max_skips)
+      throw Error(fmt::format("step {}: {} steps in a row had a non-finite loss or gradient norm "
+                              "(train.max_skips {}): training diverged; the parameters are those "
+                              "of the last good step", s.step, skips_in_a_row_, tc.max_skips),
+                  ExitCode::kInternal);
+    s.optimizer_ms = ms_since(t0);
+    s.tp_comm_ms = model_->take_tp_comm_ms();
+    s.ms_per_step = ms_since(t_step);
+    s.tokens_per_s = double(tokens_per_step()) / (s.ms_per_step / 1e3);
+    s.mfu = NAN;
+    return s;
+  }
+  skips_in_a_row_ = 0;
   // Clipping is applied inside AdamW's pass over the gradients (the same float products as a
   // separate scaling pass, which would read and write every gradient once more).
   const float grad_scale =
       tc.grad_clip > 0.0 && s.grad_norm > tc.grad_clip ? float(tc.grad_clip / s.grad_norm) : 1.0f;
-  s.lr = lr_at(tc, step);
   if (sharded_) {
     opt_->update_shard(be, model_->params(), shard_grads_.data(), owned_runs_, tc, float(s.lr),
                        step + 1, grad_scale);
@@ -448,6 +495,16 @@ double Trainer::global_grad_sum_squares() {
   double total = sharded + replicated;
   if (pp_size_ > 1) pp_comm_->all_reduce(&total, 1).wait();
   return total;
+}
+
+// Note [Non-finite steps]: fault injection for tests and tools/chaos: TRIDENT_FAULT_NAN_STEPS
+// lists 1-based steps whose gradient every rank poisons with one NaN after the reduction, as a
+// diverged step would have it everywhere.
+void Trainer::poison_gradient() {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  float* g = sharded_ ? shard_grads_.data() + (owned_.empty() ? 0 : owned_.front().shard)
+                      : model_->grads();
+  ctx_.backend->copy(g, &nan, sizeof(float));
 }
 
 double Trainer::sharded_grad_sum_squares() {

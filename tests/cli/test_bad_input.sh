@@ -54,6 +54,7 @@ expect wrong-type "train.steps.*integer" -- "$bin" train deck.yaml "${common[@]}
 expect out-of-range "train.lr" -- "$bin" train deck.yaml "${common[@]}" --set train.lr=-1
 expect bad-set-syntax "expected key=value" -- "$bin" train deck.yaml --set model.layers
 expect bad-enum "train.lr_schedule" -- "$bin" train deck.yaml "${common[@]}" --set train.lr_schedule=linear
+expect bad-nonfinite "train.nonfinite" -- "$bin" train deck.yaml "${common[@]}" --set train.nonfinite=ignore
 expect heads-not-dividing "heads" -- "$bin" train deck.yaml "${common[@]}" --set model.heads=3
 
 # Layouts

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -310,6 +311,26 @@ TEST(Zero, Stage2GivesTheGradientPagesBack) {
     // On a model this small backward writes every bucket before the first reduce-scatter ends,
     // so the peak is about the whole buffer; the saving at GPT-2 size is a bench figure.
     EXPECT_LE(t.memory_bytes().grads_resident, t.memory_bytes().grads + 2 * page);
+  }
+}
+
+// Note [Non-finite steps] over dp, with and without ZeRO: every rank takes the skip (no rank
+// waits in a collective the others skipped), and the sharded runs still equal the replicated
+// one — the dropped update leaves the shards and the gathered parameters as they were.
+TEST(Zero, NonFiniteStepsAreSkippedOnEveryRank) {
+  setenv("TRIDENT_FAULT_NAN_STEPS", "3", 1);
+  const Result ref = train(1, 1, {"parallel.zero=0", "train.nonfinite=skip"}, 6);
+  std::vector<Result> sharded;
+  for (const char* stage : kStages) sharded.push_back(train(1, 1, {stage, "train.nonfinite=skip"}, 6));
+  unsetenv("TRIDENT_FAULT_NAN_STEPS");
+  ASSERT_TRUE(std::isnan(ref.norms[2]));
+  for (const Result& z : sharded) {
+    ASSERT_TRUE(std::isnan(z.norms[2]));
+    for (size_t i = 0; i < z.losses.size(); ++i) {
+      EXPECT_NEAR(z.losses[i], ref.losses[i], 1e-6 * ref.losses[i]) << "step " << i + 1;
+      if (i != 2) EXPECT_NEAR(z.norms[i], ref.norms[i], 1e-6 * ref.norms[i]) << "step " << i + 1;
+    }
+    ASSERT_EQ(0, std::memcmp(z.params.data(), ref.params.data(), z.params.size() * 4));
   }
 }
 
