@@ -141,6 +141,9 @@ class Backend {
   virtual void release(void* p) noexcept;
   virtual void copy(void* dst, const void* src, size_t bytes);
   virtual void fill_zero(void* p, size_t bytes);
+  // Memory this backend could still allocate, in bytes (host: the kernel's MemAvailable, shared
+  // by every rank on the machine; CUDA: the device's free memory); 0 if unknown.
+  virtual size_t free_memory_bytes() const;
   // Waits until every op issued so far has finished; afterwards the host may touch buffers.
   virtual void synchronize() {}
   // True when ops run asynchronously on a device (the host must synchronize() before reading).
@@ -233,5 +236,11 @@ class HostView {
 // OpenBLAS itself single-threaded (Note [GEMM threading] in src/backend/gemm.cpp). Results are
 // bitwise reproducible for a fixed thread count.
 std::unique_ptr<Backend> make_cpu_backend(int threads);
+
+// Note [Memory plan] (src/backend/counting_backend.cpp): a backend whose allocate() only adds
+// the bytes to *bytes (rounded as the real one rounds) and returns addresses that must never be
+// touched; it answers the real backend's sizing questions and refuses every op. Build a model
+// on it to learn what it would allocate on `real`.
+std::unique_ptr<Backend> make_counting_backend(const Backend& real, size_t* bytes);
 
 }  // namespace trident

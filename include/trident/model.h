@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "trident/backend.h"
@@ -299,6 +300,7 @@ class GPT {
   Backend& be_;
   int maxB_, maxT_;
   std::vector<ParamInfo> infos_;
+  std::unordered_map<std::string, int> index_by_name_;  // into infos_
   BackendBuffer<float> params_, grads_;  // Note [Backend memory]
   std::vector<Slot> slots_;
   std::vector<BackendBuffer<float>> recompute_;  // one block's dropped buffers

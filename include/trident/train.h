@@ -149,6 +149,8 @@ class Trainer {
   // The same from this rank's ZeRO shard (Note [ZeRO-1]).
   double sharded_grad_sum_squares();
   void poison_gradient();  // Note [Non-finite steps]
+  // Refuses (input_error on every rank) a model that cannot fit: Note [Memory plan].
+  void check_memory_plan(const GPTConfig& cfg, int B, int T, const GPTOptions& options);
   // Adds the averaged sparse wte rows into wte's gradient (its shard with ZeRO).
   void add_embedding_rows();
   void record(const char* track, const std::string& name,

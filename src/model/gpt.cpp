@@ -47,9 +47,8 @@ class Phase {
 }  // namespace
 
 int GPT::param_index(const std::string& name) const {
-  for (size_t i = 0; i < infos_.size(); ++i)
-    if (infos_[i].name == name) return int(i);
-  return -1;
+  const auto it = index_by_name_.find(name);
+  return it == index_by_name_.end() ? -1 : it->second;
 }
 
 const ParamInfo& GPT::param(const std::string& name) const {
@@ -59,6 +58,10 @@ const ParamInfo& GPT::param(const std::string& name) const {
 }
 
 void GPT::build_param_table() {
+  // A map, not a scan: the table looks up 12 names per block (a search per name made building
+  // a 10^5-layer model quadratic, too slow even to be refused for its size).
+  index_by_name_.clear();
+  for (size_t i = 0; i < infos_.size(); ++i) index_by_name_.emplace(infos_[i].name, int(i));
   ParamTable& t = table_;
   t.wte_index = param_index("wte");
   t.wpe_index = param_index("wpe");

@@ -147,6 +147,7 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
     valid_data_ = TokenDataset::open(deck_.data.valid, cfg.vocab, "data.valid");
     valid_order_ = std::make_unique<SampleOrder>(*valid_data_, T, false, 0);
   }
+  check_memory_plan(cfg, B, T, options);  // Note [Memory plan]
   model_ = std::make_unique<GPT>(cfg, *ctx_.backend, B, T, options);
   for (const ParamInfo& p : model_->params_info())  // resolved once: the step uses it by pointer
     if (p.name == "wte") wte_ = &p;
@@ -242,6 +243,58 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
     model_->set_phase_recorder([this](const std::string& phase, auto b, auto e) {
       record("compute", phase, b, e);
     });
+}
+
+// Note [Memory plan] (src/backend/counting_backend.cpp): what this rank will allocate — the
+// model built on a counting backend (parameters, gradients, activations and scratch, exactly
+// as the real build will), plus AdamW's moments and ZeRO's shard gradients — against what the
+// backend has free. Host memory is shared by the ranks on the machine, so there the sum over
+// them is compared. Agreed over the world (one all-reduce), so every rank refuses together,
+// with the largest need and the smallest free memory of any rank.
+void Trainer::check_memory_plan(const GPTConfig& cfg, int B, int T, const GPTOptions& options) {
+  size_t model_bytes = 0;
+  {
+    auto counter = make_counting_backend(*ctx_.backend, &model_bytes);
+    GPT probe(cfg, *counter, B, T, options);
+  }
+  size_t param_floats = options.param_total;
+  if (param_floats == 0)
+    for (const ParamInfo& p : gpt_param_layout(cfg, options.tp.size, options.tp.rank, options.stage))
+      param_floats += p.count;
+  const size_t shard_floats = sharded_ ? param_floats / size_t(dp_size_) : 0;
+  const double params = double(param_floats) * 4, shard = double(shard_floats) * 4;
+  const double optimizer = 2.0 * double(sharded_ ? shard_floats : param_floats) * 4;
+  const double acts = double(model_bytes) - 2 * params;
+  const double need = double(model_bytes) + optimizer + shard;
+  int local = 1;
+  if (ctx_.grid && !ctx_.backend->is_device()) {
+    MPI_Comm node;
+    TRIDENT_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+    TRIDENT_MPI(MPI_Comm_size(node, &local));
+    TRIDENT_MPI(MPI_Comm_free(&node));
+  }
+  const double free_bytes = double(ctx_.backend->free_memory_bytes());
+  // [0] short of memory, [1] largest need on a machine (or device), [2] -free (max = least free)
+  double mine[3] = {free_bytes > 0 && need * local > free_bytes ? 1.0 : 0.0, need * local,
+                    free_bytes > 0 ? -free_bytes : -1e300};
+  double all[3] = {mine[0], mine[1], mine[2]};
+  if (ctx_.grid) TRIDENT_MPI(MPI_Allreduce(mine, all, 3, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+  if (all[0] == 0) return;
+  constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
+  const char* largest = acts >= params && acts >= optimizer ? "activations and scratch"
+                        : optimizer >= params               ? "optimizer state"
+                                                            : "parameters";
+  input_error("not enough memory: each rank needs {:.2f} GiB ({} here: parameters {:.2f}, "
+              "gradients {:.2f}, optimizer state {:.2f}, activations and scratch {:.2f}; the "
+              "largest: {}){}, but only {:.2f} GiB is free ({}); lower model.* or "
+              "train.micro_batch, set train.recompute, or shard with parallel.tp/pp/zero",
+              need / GiB, ctx_.backend->name(), params / GiB, (params + shard) / GiB,
+              optimizer / GiB, acts / GiB, largest,
+              local > 1 ? fmt::format(", {:.2f} GiB for the {} ranks on this machine",
+                                      all[1] / GiB, local)
+                        : std::string(),
+              -all[2] / GiB,
+              ctx_.backend->is_device() ? "device memory" : "MemAvailable in /proc/meminfo");
 }
 
 Trainer::~Trainer() {

@@ -56,6 +56,8 @@ expect bad-set-syntax "expected key=value" -- "$bin" train deck.yaml --set model
 expect bad-enum "train.lr_schedule" -- "$bin" train deck.yaml "${common[@]}" --set train.lr_schedule=linear
 expect bad-nonfinite "train.nonfinite" -- "$bin" train deck.yaml "${common[@]}" --set train.nonfinite=ignore
 expect heads-not-dividing "heads" -- "$bin" train deck.yaml "${common[@]}" --set model.heads=3
+# Note [Memory plan]: refused before allocating, with the bytes per rank and the largest item.
+expect model-too-big "not enough memory: each rank needs [0-9.]+ GiB .*largest: .*only [0-9.]+ GiB is free" -- "$bin" train deck.yaml "${common[@]}" --set model.layers=100000
 
 # Layouts
 expect grid-not-dividing "world 6 is not divisible by tp 4" -- "$bin" grid --world 6 --tp 4

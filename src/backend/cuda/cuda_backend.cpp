@@ -182,6 +182,10 @@ class CudaBackend final : public Backend {
   int threads() const override { return 1; }
   bool is_device() const override { return true; }
   cudaStream_t stream() const { return stream_; }
+  size_t free_memory_bytes() const override {  // Note [Memory plan]
+    size_t free_bytes = 0, total = 0;
+    return cudaMemGetInfo(&free_bytes, &total) == cudaSuccess ? free_bytes : 0;
+  }
 
   // --- memory (Note [Backend memory]) ---------------------------------------------------
   // Plain device memory, not managed memory: a model too large for the GPU fails here with a
