@@ -249,8 +249,8 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
 // model built on a counting backend (parameters, gradients, activations and scratch, exactly
 // as the real build will), plus AdamW's moments and ZeRO's shard gradients — against what the
 // backend has free. Host memory is shared by the ranks on the machine, so there the sum over
-// them is compared. Agreed over the world (one all-reduce), so every rank refuses together,
-// with the largest need and the smallest free memory of any rank.
+// them is compared. The refusal is an input_error of this rank; setup_step (app) makes every
+// rank exit 2 with the lowest failing rank's message.
 void Trainer::check_memory_plan(const GPTConfig& cfg, int B, int T, const GPTOptions& options) {
   size_t model_bytes = 0;
   {
@@ -266,20 +266,14 @@ void Trainer::check_memory_plan(const GPTConfig& cfg, int B, int T, const GPTOpt
   const double optimizer = 2.0 * double(sharded_ ? shard_floats : param_floats) * 4;
   const double acts = double(model_bytes) - 2 * params;
   const double need = double(model_bytes) + optimizer + shard;
+  // Ranks sharing this machine's memory, from the launcher (Open MPI sets it under mpirun and
+  // srun); not a collective: ranks may have failed an earlier, rank-local check (their data),
+  // and setup_step agrees on the outcome (a collective here would pair with its all-reduce).
   int local = 1;
-  if (ctx_.grid && !ctx_.backend->is_device()) {
-    MPI_Comm node;
-    TRIDENT_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
-    TRIDENT_MPI(MPI_Comm_size(node, &local));
-    TRIDENT_MPI(MPI_Comm_free(&node));
-  }
+  if (const char* n = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"); n && !ctx_.backend->is_device())
+    local = std::max(1, std::atoi(n));
   const double free_bytes = double(ctx_.backend->free_memory_bytes());
-  // [0] short of memory, [1] largest need on a machine (or device), [2] -free (max = least free)
-  double mine[3] = {free_bytes > 0 && need * local > free_bytes ? 1.0 : 0.0, need * local,
-                    free_bytes > 0 ? -free_bytes : -1e300};
-  double all[3] = {mine[0], mine[1], mine[2]};
-  if (ctx_.grid) TRIDENT_MPI(MPI_Allreduce(mine, all, 3, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
-  if (all[0] == 0) return;
+  if (free_bytes <= 0 || need * local <= free_bytes) return;
   constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
   const char* largest = acts >= params && acts >= optimizer ? "activations and scratch"
                         : optimizer >= params               ? "optimizer state"
@@ -291,9 +285,9 @@ void Trainer::check_memory_plan(const GPTConfig& cfg, int B, int T, const GPTOpt
               need / GiB, ctx_.backend->name(), params / GiB, (params + shard) / GiB,
               optimizer / GiB, acts / GiB, largest,
               local > 1 ? fmt::format(", {:.2f} GiB for the {} ranks on this machine",
-                                      all[1] / GiB, local)
+                                      need * local / GiB, local)
                         : std::string(),
-              -all[2] / GiB,
+              free_bytes / GiB,
               ctx_.backend->is_device() ? "device memory" : "MemAvailable in /proc/meminfo");
 }
 
