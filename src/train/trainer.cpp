@@ -127,14 +127,15 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
   const size_t first_bucket_bytes = mib(deck_.comm.first_bucket_mb);
   const size_t bucket_bytes = mib(deck_.comm.bucket_mb);
   std::vector<char> alone;  // Note [Padded buckets]: wte with pp > 1
+  BucketLayout layout;      // the reducer rebuilds it from the same sizes and checks
   if (sharded_) {
     std::vector<size_t> counts;
     for (const ParamInfo& p : gpt_param_layout(cfg, options.tp.size, options.tp.rank, options.stage)) {
       counts.push_back(p.count);
       alone.push_back(pp_size_ > 1 && p.name == "wte");
     }
-    const BucketLayout layout = padded_bucket_layout(counts, sizeof(float), first_bucket_bytes,
-                                                     bucket_bytes, size_t(dp_size_), alone);
+    layout = padded_bucket_layout(counts, sizeof(float), first_bucket_bytes, bucket_bytes,
+                                  size_t(dp_size_), alone);
     options.param_offsets = layout.param_offsets;
     options.param_total = layout.total;
   }
@@ -201,12 +202,7 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
       opt.shard_grads = shard_grads_.data();
       opt.release_reduced = release_grads_;
       opt.alone = alone;
-      std::vector<size_t> counts;
-      for (const GradParam& q : params) counts.push_back(q.count);
-      opt.gather_order = forward_gather_order(
-          model_->params_info(),
-          padded_bucket_layout(counts, sizeof(float), first_bucket_bytes, bucket_bytes,
-                               size_t(dp_size_), alone).buckets);
+      opt.gather_order = forward_gather_order(model_->params_info(), layout.buckets);
     }
     reducer_ = std::make_unique<GradReducer>(*reduce_comm, model_->grads(), std::move(params), opt);
     if (sharded_) {
