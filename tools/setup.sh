@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Installs trident's build and test dependencies from Debian's packages.
+# `tools/setup.sh fuzz` adds the fuzz build's compiler (tools/run-fuzz.sh).
 # Idempotent: prints nothing and installs nothing when everything is present.
 set -euo pipefail
 
@@ -11,6 +12,10 @@ packages=(
   python3-h5py python3-matplotlib python3-numpy python3-torch python3-yaml
   slurmctld slurmd slurm-client munge
 )
+# `tools/setup.sh fuzz`: also clang 14 and its libFuzzer, ASan and OpenMP runtimes (tools/run-fuzz.sh).
+if [ "${1:-}" = fuzz ]; then
+  packages+=(clang-14 libclang-rt-14-dev libomp-14-dev)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

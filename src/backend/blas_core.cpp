@@ -12,6 +12,14 @@
 #include <cstring>
 #include <utility>
 
+// CPUID leaf 7, EDX: gcc's <cpuid.h> names the AMX bits, clang 14's does not (the fuzz build).
+#ifndef bit_AMX_BF16
+#define bit_AMX_BF16 (1u << 22)
+#endif
+#ifndef bit_AMX_TILE
+#define bit_AMX_TILE (1u << 24)
+#endif
+
 namespace trident {
 namespace {
 

@@ -181,7 +181,10 @@ std::string check_shard(const std::string& ckpt, const Index& idx, int shard_ran
     return fmt::format("attributes: {}", e.what());
   }
   std::vector<float> buf;
-  for (const auto& [name, want] : expected) {
+  for (const auto& entry : expected) {
+    // Named, not a structured binding: clang 14 (the fuzz build) cannot capture one in a lambda.
+    const std::string& name = entry.first;
+    const Expected& want = entry.second;
     try {
       H5Id ds{TRIDENT_H5(H5Dopen2(f, name.c_str(), H5P_DEFAULT), "opening dataset {}", name),
               H5Dclose};

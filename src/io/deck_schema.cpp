@@ -167,6 +167,8 @@ template <class... Fs>
 struct overloaded : Fs... {
   using Fs::operator()...;
 };
+template <class... Fs>
+overloaded(Fs...) -> overloaded<Fs...>;  // C++20 deduces this; clang 14 (the fuzz build) needs it
 
 // The value a key holds in `deck`, as a double (numbers only; ranges are checked on it).
 double as_double(const Key& key, const Deck& deck) {

@@ -70,7 +70,7 @@ StageSpec pipeline_stage(int layers, int stages, int stage, const std::vector<in
   if (int(stage_layers.size()) != stages)
     input_error("parallel.stage_layers: {} entries for parallel.pp={} stages",
                 stage_layers.size(), stages);
-  int total = 0;
+  int64_t total = 0;  // wide: "2147483647,1" must be refused, not overflow
   for (int n : stage_layers) {
     if (n < 1) input_error("parallel.stage_layers: every stage needs at least one layer, got {}", n);
     total += n;

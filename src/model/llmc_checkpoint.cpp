@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "trident/check.h"
@@ -61,12 +62,23 @@ GPTConfig read_llmc_config(const std::string& path) {
       cfg.channels < 1 || cfg.channels % cfg.heads != 0 || cfg.padded_vocab < cfg.vocab)
     input_error("model.init_from: {}: inconsistent header maxT={} V={} L={} NH={} C={} Vp={}",
                 path, h[2], h[3], h[4], h[5], h[6], h[7]);
-  size_t expected = 1024;
-  for (const ParamInfo& p : gpt_param_layout(cfg)) expected += p.count * sizeof(float);
+  // The size the header's shape needs, from the tensor list above, in 128 bits: a header's
+  // int32s can ask for more than 2^64 bytes, and must be refused before any per-layer table is
+  // built for them (tests/fuzz/regressions/fuzz_llmc_checkpoint/huge_layers: a 2 KB file with
+  // L = 3014657 spent over 20 s and 1.6 GB building the layout before the size check).
+  using u128 = unsigned __int128;
+  const u128 C = u128(cfg.channels), L = u128(cfg.layers);
+  const u128 floats = u128(cfg.padded_vocab) * C + u128(cfg.max_seq_len) * C +
+                      L * (12 * C * C + 13 * C) + 2 * C;
+  const u128 expected = 1024 + 4 * floats;
   const auto actual = std::filesystem::file_size(path);
-  if (actual != expected)
+  if (u128(actual) != expected)
     input_error("model.init_from: {}: file is {} bytes, the header's shape needs {}", path,
-                actual, expected);
+                actual, expected > u128(UINT64_MAX) ? std::string("more than 2^64")
+                                                     : std::to_string(uint64_t(expected)));
+  size_t layout_bytes = 1024;
+  for (const ParamInfo& p : gpt_param_layout(cfg)) layout_bytes += p.count * sizeof(float);
+  TRIDENT_CHECK(layout_bytes == actual, "llm.c size formula {} != layout {}", actual, layout_bytes);
   return cfg;
 }
 
