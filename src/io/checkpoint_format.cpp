@@ -257,12 +257,12 @@ void fsync_path(const std::string& path, bool directory) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (directory ? O_DIRECTORY : 0));
   if (fd < 0)
     throw Error(fmt::format("opening {} to sync it: {}", path, std::strerror(errno)),
-                ExitCode::kInternal);
+                ExitCode::kBadInput);
   const int rc = ::fsync(fd);
   const int err = errno;
   ::close(fd);
   if (rc != 0)
-    throw Error(fmt::format("fsync of {}: {}", path, std::strerror(err)), ExitCode::kInternal);
+    throw Error(fmt::format("fsync of {}: {}", path, std::strerror(err)), ExitCode::kBadInput);
 }
 
 }  // namespace trident::ckpt

@@ -320,7 +320,7 @@ void remove_tree(const fs::path& p) {
   std::error_code ec;
   fs::remove_all(p, ec);
   if (ec)
-    throw Error(fmt::format("removing {}: {}", p.string(), ec.message()), ExitCode::kInternal);
+    throw Error(fmt::format("removing {}: {}", p.string(), ec.message()), ExitCode::kBadInput);
 }
 
 // step_X.tmp -> step_X. If step_X exists (a run resumed from an older checkpoint saves this
@@ -331,13 +331,13 @@ void publish(const fs::path& base, const fs::path& tmp, const fs::path& final_di
     if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0)
       throw Error(fmt::format("exchanging {} with {}: {}", tmp.string(), final_dir.string(),
                               std::strerror(errno)),
-                  ExitCode::kInternal);
+                  ExitCode::kBadInput);
     fsync_path(base.string(), true);
     remove_tree(tmp);
   } else if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
     throw Error(fmt::format("renaming {} to {}: {}", tmp.string(), final_dir.string(),
                             std::strerror(errno)),
-                ExitCode::kInternal);
+                ExitCode::kBadInput);
   }
   fsync_path(base.string(), true);
 }
@@ -353,7 +353,7 @@ void switch_latest(const fs::path& base, const std::string& target) {
       ::rename(new_link.c_str(), link.c_str()) != 0)
     throw Error(fmt::format("pointing {} at {}: {}", link.string(), target,
                             std::strerror(errno)),
-                ExitCode::kInternal);
+                ExitCode::kBadInput);
   fsync_path(base.string(), true);
 }
 
@@ -388,11 +388,15 @@ namespace {
 
 std::atomic<bool> hdf5_write_broken{false};  // Note [Leaving after a storage fault]
 
-// Runs an HDF5 write; if it throws, HDF5 may be left holding the file.
+// Runs an HDF5 write; if it throws, HDF5 may be left holding the file. A failed write is the
+// storage refusing the save (full, an I/O error), exit 2 like every other storage fault.
 template <typename F>
 auto hdf5_write(F&& write) {
   try {
     return write();
+  } catch (const Error& e) {
+    hdf5_write_broken.store(true);
+    throw Error(e.what(), ExitCode::kBadInput);
   } catch (...) {
     hdf5_write_broken.store(true);
     throw;
@@ -427,6 +431,19 @@ void remove_stale_tmp(const std::filesystem::path& base) {
 
 namespace ckpt {
 namespace {
+
+// Runs file-system steps of a save (directories, renames, the link); a refusal of the file
+// system (EACCES, EROFS, ENOSPC, a vanished parent) becomes one message naming the path and
+// the cause, exit 2 like a full disk, instead of an internal error.
+template <typename F>
+void storage_step(const std::filesystem::path& final_dir, F&& step) {
+  try {
+    step();
+  } catch (const std::filesystem::filesystem_error& e) {
+    input_error("checkpoint save to {}: {}: {}", final_dir.string(), e.path1().string(),
+                e.code().message());
+  }
+}
 
 std::string save_into(const std::filesystem::path& base, const std::filesystem::path& tmp,
                       const std::filesystem::path& final_dir, const CheckpointMeta& meta,
@@ -501,10 +518,12 @@ std::string save_into(const std::filesystem::path& base, const std::filesystem::
                      write_index((tmp / kIndexFile).string(), meta, size,
                                  merge_and_check(std::move(pieces)));
                    });
-                   fsync_path(tmp.string(), true);
-                   publish(base, tmp, final_dir);
-                   switch_latest(base, final_name);
-                   prune(base, keep, final_name);
+                   storage_step(final_dir, [&] {
+                     fsync_path(tmp.string(), true);
+                     publish(base, tmp, final_dir);
+                     switch_latest(base, final_name);
+                     prune(base, keep, final_name);
+                   });
                  }),
                  others);
   return final_dir.string();
@@ -531,9 +550,11 @@ std::string save_checkpoint(const std::string& dir, const CheckpointMeta& meta,
 
   agree_or_throw(comm, attempt([&] {
                    if (rank != 0) return;
-                   fs::create_directories(base);
-                   remove_stale_tmp(base);
-                   fs::create_directory(tmp);
+                   storage_step(final_dir, [&] {
+                     fs::create_directories(base);
+                     remove_stale_tmp(base);
+                     fs::create_directory(tmp);
+                   });
                  }),
                  others);
   // From here on a failure removes the unfinished step_X.tmp (`latest` was never touched).

@@ -6,10 +6,17 @@
 #   2. 16 MiB: the step-2 checkpoint fits, the step-4 one does not: exit 2, `latest` still names
 #      step 2, which verifies and resumes; no step_*.tmp left.
 #   3. As 2 with the space check skipped (TRIDENT_FAULT_SKIP_SPACE_CHECK), so the disk fills
-#      inside HDF5's writes, on one rank and on two: a non-zero exit that is not a crash (HDF5
-#      1.10 used to segfault in MPI_Finalize here, status 139), the message names the shard file
+#      inside HDF5's writes, on one rank and on two: exit 2, not a crash (HDF5 1.10 used to
+#      segfault in MPI_Finalize here, status 139), the message names the shard file
 #      and the cause, `latest` is intact and the unfinished directory is gone.
 #   4. A stale step_*.tmp of an interrupted save is removed by the next save.
+#   5. No permission (EACCES, run as nobody): a run saves step 2 and stops; the directory is made
+#      read-only for its owner; the resumed run's step-4 save is refused: exit 2, one message
+#      naming the directory it could not create and the cause, `latest` still step 2.
+#   6. A read-only file system (the tmpfs remounted ro): refused up front (the lock file), exit 2
+#      with the path and the cause, `latest` unchanged and still loadable.
+#   7. checkpoint.dir removed while a run is going: the next save recreates it; exit 0 and the
+#      final `latest` verifies.
 # Needs root (mount); skips (77) where tmpfs cannot be mounted.
 # usage: test_storage_faults.sh TRIDENT_BINARY SOURCE_DIR SCRATCH_DIR
 source "$(dirname "$0")/lib.sh" "$@"
@@ -51,7 +58,7 @@ for ranks in 1 2; do
   mount_tmpfs 16m
   launcher=(); [ "$ranks" -gt 1 ] && launcher=(mpirun -x TRIDENT_FAULT_SKIP_SPACE_CHECK -n "$ranks")
   TRIDENT_FAULT_SKIP_SPACE_CHECK=1 timeout 300 "${launcher[@]}" "$bin" train "${common[@]}" --set run.out_dir=r3_$ranks >r3_$ranks.log 2>&1; rc=$?
-  if [ $rc -eq 0 ] || [ $rc -ge 124 ]; then fail "$ranks rank(s), disk full in HDF5: exit $rc (0, a timeout or a signal): $(grep -iE 'error|signal' r3_$ranks.log | head -2)"
+  if [ $rc -ne 2 ]; then fail "$ranks rank(s), disk full in HDF5: exit $rc, expected 2 (not 0, a timeout or a signal): $(grep -iE 'error|signal' r3_$ranks.log | head -2)"
   else ok "$ranks rank(s), disk full in HDF5: exit $rc"; fi
   grep -q "Segmentation fault\|Signal:" r3_$ranks.log && fail "$ranks rank(s): crashed: $(grep -m1 -i signal r3_$ranks.log)"
   grep -qE "trident: error.*shard_r0000[01].h5.*" r3_$ranks.log && grep -q "No space left on device" r3_$ranks.log \
@@ -66,5 +73,48 @@ mount_tmpfs 64m
 mkdir -p "$mnt/ck/step_00000099.tmp" && echo junk >"$mnt/ck/step_00000099.tmp/shard_r00000.h5"
 timeout 300 "$bin" train "${common[@]}" --set train.stop_at=2 --set run.out_dir=r4 >r4.log 2>&1 || fail "stale tmp run: $(tail -2 r4.log)"
 no_tmp && ok "a stale step_00000099.tmp was removed by the next save" || fail "stale step_00000099.tmp still there"
+
+# 5. No permission. Open MPI's singleton start needs a writable session directory: TMPDIR.
+if command -v setpriv >/dev/null; then
+  mount_tmpfs 64m
+  chmod 777 "$mnt" && mkdir -p "$mnt/ck" "$mnt/tmp" && chown nobody "$mnt/ck" && chmod 1777 "$mnt/tmp"
+  as_nobody=(env TMPDIR="$mnt/tmp" setpriv --reuid=nobody --regid=nogroup --clear-groups)
+  timeout 300 "${as_nobody[@]}" "$bin" train "${common[@]}" --set train.stop_at=2 --set run.out_dir="$mnt/r5" >r5.log 2>&1 \
+    || fail "EACCES: the first run (as nobody) failed: $(tail -2 r5.log)"
+  chmod 555 "$mnt/ck"
+  timeout 300 "${as_nobody[@]}" "$bin" train "${common[@]}" --set checkpoint.resume=true --set run.out_dir="$mnt/r5" >r5b.log 2>&1; rc=$?
+  chmod 755 "$mnt/ck"
+  [ $rc -eq 2 ] || fail "EACCES: exit $rc, expected 2: $(grep error r5b.log)"
+  grep -qE "^trident: error.*checkpoint save to .*step_00000004: .*step_00000004.tmp: Permission denied" r5b.log \
+    && ok "EACCES: $(grep -m1 'trident: error' r5b.log)" || fail "EACCES: message: $(grep error r5b.log)"
+  [ "$(grep -c 'trident: error' r5b.log)" -eq 1 ] || fail "EACCES: not exactly one error line"
+  [ "$(readlink "$mnt/ck/latest")" = step_00000002 ] || fail "EACCES: latest -> $(readlink "$mnt/ck/latest")"
+  no_tmp || fail "EACCES: a step_*.tmp was left behind"
+else
+  echo "skip EACCES: no setpriv"
+fi
+
+# 6. A read-only file system.
+mount_tmpfs 64m
+timeout 300 "$bin" train "${common[@]}" --set train.stop_at=2 --set run.out_dir=r6 >r6.log 2>&1 || fail "read-only: the first run failed: $(tail -2 r6.log)"
+mount -o remount,ro "$mnt"
+timeout 300 "$bin" train "${common[@]}" --set checkpoint.resume=true --set run.out_dir=r6 >r6b.log 2>&1; rc=$?
+[ $rc -eq 2 ] || fail "read-only: exit $rc, expected 2: $(grep error r6b.log)"
+grep -qE "^trident: error.*ck/\.lock: Read-only file system" r6b.log \
+  && ok "read-only: $(grep -m1 'trident: error' r6b.log)" || fail "read-only: message: $(grep error r6b.log)"
+[ "$(readlink "$mnt/ck/latest")" = step_00000002 ] || fail "read-only: latest -> $(readlink "$mnt/ck/latest")"
+"$bin" ckpt verify "$mnt/ck/latest" >v6.log 2>&1 || fail "read-only: latest does not verify: $(tail -2 v6.log)"
+
+# 7. The checkpoint directory vanishes while the run goes on.
+mount_tmpfs 64m
+timeout 300 "$bin" train "${common[@]}" --set train.steps=300 --set checkpoint.every=10 --set run.out_dir=r7 >r7.log 2>&1 &
+job=$!
+for _ in $(seq 1 600); do [ -e "$mnt/ck/latest" ] && break; sleep 0.05; done
+rm -rf "$mnt/ck"
+wait $job; rc=$?
+[ $rc -eq 0 ] || fail "vanished: exit $rc, expected 0: $(grep error r7.log)"
+[ "$(readlink "$mnt/ck/latest")" = step_00000300 ] && "$bin" ckpt verify "$mnt/ck/latest" >v7.log 2>&1 \
+  && ok "vanished: the directory was recreated; latest -> step_00000300 verifies" \
+  || fail "vanished: latest -> $(readlink "$mnt/ck/latest" 2>&1): $(tail -2 v7.log 2>/dev/null)"
 
 finish
