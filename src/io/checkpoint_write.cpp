@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -482,6 +483,14 @@ std::string save_into(const std::filesystem::path& base, const std::filesystem::
                      return write_shard((tmp / shard_file_name(rank)).string(), meta, tensors,
                                         rank, size);
                    }));
+                   // Fault injection for tests/cli/test_storage_faults.sh: "RANK:STEP", that
+                   // rank dies in that step's save, its shard written and the index not.
+                   int die_rank = -1;
+                   long long die_step = -1;
+                   if (const char* f = std::getenv("TRIDENT_FAULT_DIE_IN_SAVE");
+                       f && std::sscanf(f, "%d:%lld", &die_rank, &die_step) == 2 &&
+                       die_rank == rank && die_step == meta.step)
+                     std::raise(SIGKILL);
                    TRIDENT_CHECK(mine.size() < (size_t{1} << 30), "checkpoint list of {} bytes",
                                  mine.size());
                  }),

@@ -17,6 +17,9 @@
 #      with the path and the cause, `latest` unchanged and still loadable.
 #   7. checkpoint.dir removed while a run is going: the next save recreates it; exit 0 and the
 #      final `latest` verifies.
+#   8. A rank dies mid-save (TRIDENT_FAULT_DIE_IN_SAVE=1:4: rank 1 SIGKILLs itself after writing
+#      its step-4 shard; 2 ranks): the job ends within 60 s, non-zero; `latest` still names step 2 and verifies; the
+#      resumed run removes the unfinished step_00000004.tmp and finishes.
 # Needs root (mount); skips (77) where tmpfs cannot be mounted.
 # usage: test_storage_faults.sh TRIDENT_BINARY SOURCE_DIR SCRATCH_DIR
 source "$(dirname "$0")/lib.sh" "$@"
@@ -116,5 +119,19 @@ wait $job; rc=$?
 [ "$(readlink "$mnt/ck/latest")" = step_00000300 ] && "$bin" ckpt verify "$mnt/ck/latest" >v7.log 2>&1 \
   && ok "vanished: the directory was recreated; latest -> step_00000300 verifies" \
   || fail "vanished: latest -> $(readlink "$mnt/ck/latest" 2>&1): $(tail -2 v7.log 2>/dev/null)"
+
+# 8. A rank dies in the middle of a save.
+mount_tmpfs 64m
+start=$(date +%s)
+timeout 120 mpirun -n 2 -x TRIDENT_FAULT_DIE_IN_SAVE=1:4 "$bin" train "${common[@]}" --set run.out_dir=r8 >r8.log 2>&1; rc=$?
+elapsed=$(( $(date +%s) - start ))
+if [ $rc -eq 0 ] || [ $rc -eq 124 ] || [ $elapsed -gt 60 ]; then fail "rank dies mid-save: exit $rc after ${elapsed} s"
+else ok "rank dies mid-save: exit $rc after ${elapsed} s"; fi
+[ "$(readlink "$mnt/ck/latest")" = step_00000002 ] && "$bin" ckpt verify "$mnt/ck/latest" >v8.log 2>&1 \
+  || fail "rank dies mid-save: latest -> $(readlink "$mnt/ck/latest"): $(tail -2 v8.log)"
+timeout 120 mpirun -n 2 "$bin" train "${common[@]}" --set checkpoint.resume=true --set run.out_dir=r8 >r8b.log 2>&1 \
+  && grep -q "^resumed from .*step_00000002" r8b.log && [ "$(readlink "$mnt/ck/latest")" = step_00000004 ] && no_tmp \
+  && ok "rank dies mid-save: resumed from step 2, saved step 4, no step_*.tmp left" \
+  || fail "rank dies mid-save: the resume: $(grep -m1 error r8b.log) latest -> $(readlink "$mnt/ck/latest"); $(ls "$mnt/ck")"
 
 finish
