@@ -170,9 +170,12 @@ class GPT {
   // dstage_output [Nr,C] (the next stage's gradient of stage_output) elsewhere. Writes
   // dstage_input [Nr,C] (=) on stages after the first. Gradients are ACCUMULATED into grads()
   // (so micro-batches add up); on_ready may be empty. With `sink`: Note [Tied embedding
-  // gradient].
+  // gradient]. `last_micro_batch` false: with sequence parallelism the LayerNorm gradients of
+  // this micro-batch stay in per-rank partial sums until a backward with it true (Note
+  // [Sequence-parallel LayerNorm gradients]); without, it changes nothing.
   void backward(int slot, float dloss_scale, const float* dstage_output, float* dstage_input,
-                const GradReadyFn& on_ready = {}, const EmbeddingRowSink* sink = nullptr);
+                const GradReadyFn& on_ready = {}, const EmbeddingRowSink* sink = nullptr,
+                bool last_micro_batch = true);
   void backward(float dloss_scale, const GradReadyFn& on_ready = {},
                 const EmbeddingRowSink* sink = nullptr) {
     backward(0, dloss_scale, nullptr, nullptr, on_ready, sink);
@@ -231,7 +234,7 @@ class GPT {
   struct Scratch {
     BackendBuffer<float> full_c, stage, ln_out;
     BackendBuffer<float> dresidual, dfull, dbuf_c, dbuf_c2, dbuf_3c, dbuf_4c, dbuf_4c2, datt,
-        dln_scratch;
+        dln_partials;  // sequence parallelism: [2·layers + 1][2C] LayerNorm gradient partial sums
     BackendBuffer<float> ce_stats, ce_all;  // vocab-parallel loss: [N,3] and [tp,N,3]
   };
   struct BlockWeights {
@@ -285,10 +288,11 @@ class GPT {
   void layernorm_gathered(float* out_full, float* mean, float* rstd, const float* inp,
                           const float* w, const float* b, int B, int T, int C);
   // Backward of layernorm_gathered given d(out_full) as a per-rank partial sum: reduces it to
-  // this rank's rows, then dinp = ...; dw, db += (summed over tp with sequence parallelism).
+  // this rank's rows, then dinp = ...; dw, db += (summed over tp with sequence parallelism:
+  // this LayerNorm's `ln` partial sums, reduced and added when `reduce`).
   void layernorm_gathered_backward(float* dinp, float* dw, float* db, float* dout_full_partial,
                                    const float* inp, const float* w, const float* mean,
-                                   const float* rstd, int B, int T, int C);
+                                   const float* rstd, int B, int T, int C, int ln, bool reduce);
   // Vocab-parallel embedding and cross-entropy (gpt_vocab_parallel.cpp).
   void embedding_forward(float* out, const int32_t* tokens, int B, int T);
   void embedding_backward(const float* dout_full, const int32_t* tokens,

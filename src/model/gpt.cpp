@@ -173,7 +173,8 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, int 
 }
 
 void GPT::backward(int slot, float dloss_scale, const float* dstage_output, float* dstage_input,
-                   const GradReadyFn& on_ready, const EmbeddingRowSink* sink) {
+                   const GradReadyFn& on_ready, const EmbeddingRowSink* sink,
+                   bool last_micro_batch) {
   Slot& s = slots_[slot];
   const int B = s.B, T = s.T, N = B * T, Nr = N / rows_divisor_;
   const int C = cfg_.channels, tps = tp_.size;
@@ -217,7 +218,8 @@ void GPT::backward(int slot, float dloss_scale, const float* dstage_output, floa
                         P + table_.wte, N, C, Vl);
     layernorm_gathered_backward(a.dresidual.data(), G + table_.lnfw, G + table_.lnfb,
                                 a.dbuf_c.data(), last_residual, P + table_.lnfw,
-                                s.lnf_mean.data(), s.lnf_rstd.data(), B, T, C);
+                                s.lnf_mean.data(), s.lnf_rstd.data(), B, T, C, 2 * L,
+                                last_micro_batch);
     ready_through(table_.lnfb_index);
   } else {
     TRIDENT_CHECK(dstage_output != nullptr, "a stage before the last needs its output gradient");
@@ -243,7 +245,8 @@ void GPT::backward(int slot, float dloss_scale, const float* dstage_output, floa
                         4 * Cl);
     ready_through(lt.ready_fc);
     layernorm_gathered_backward(a.dbuf_c2.data(), dw.ln2w, dw.ln2b, a.dbuf_c.data(),
-                                act.residual2, w.ln2w, act.ln2_mean, act.ln2_rstd, B, T, C);
+                                act.residual2, w.ln2w, act.ln2_mean, act.ln2_rstd, B, T, C,
+                                2 * i + 1, last_micro_batch);
     ready_through(lt.ready_ln2);
     be_.add(dres, dres, a.dbuf_c2.data(), size_t(Nr) * C);  // now w.r.t. residual2
 
@@ -258,7 +261,8 @@ void GPT::backward(int slot, float dloss_scale, const float* dstage_output, floa
                         C, 3 * Cl);
     ready_through(lt.ready_qkv);
     layernorm_gathered_backward(a.dbuf_c2.data(), dw.ln1w, dw.ln1b, a.dbuf_c.data(), residual_in,
-                                w.ln1w, act.ln1_mean, act.ln1_rstd, B, T, C);
+                                w.ln1w, act.ln1_mean, act.ln1_rstd, B, T, C, 2 * i,
+                                last_micro_batch);
     ready_through(lt.ready_ln1);
     be_.add(dres, dres, a.dbuf_c2.data(), size_t(Nr) * C);  // now w.r.t. the block's input
   }

@@ -90,7 +90,9 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   a.dbuf_4c = floats(N * 4 * Cl);
   a.dbuf_4c2 = floats(N * 4 * Cl);
   a.datt = floats(be_.attention_scratch_floats(B, T, int(Cl), int(NHl)));
-  a.dln_scratch = floats(2 * C);
+  // Zero now and after every reduction (Note [Sequence-parallel LayerNorm gradients]).
+  a.dln_partials = floats((2 * size_t(stage_.num_layers) + 1) * 2 * C);
+  be_.fill_zero(a.dln_partials.data(), a.dln_partials.size() * sizeof(float));
   if (stage_.has_head && tps > 1) {
     a.ce_stats = floats(N * 3);
     a.ce_all = floats(tps * N * 3);
@@ -156,7 +158,7 @@ size_t GPT::activation_bytes() const {
   for (const auto& b : recompute_) floats += b.size();
   const Scratch& a = scratch_;
   for (const auto* v : {&a.full_c, &a.stage, &a.ln_out, &a.dresidual, &a.dfull, &a.dbuf_c,
-                        &a.dbuf_c2, &a.dbuf_3c, &a.dbuf_4c, &a.dbuf_4c2, &a.datt, &a.dln_scratch,
+                        &a.dbuf_c2, &a.dbuf_3c, &a.dbuf_4c, &a.dbuf_4c2, &a.datt, &a.dln_partials,
                         &a.ce_stats, &a.ce_all})
     floats += v->size();
   return floats * sizeof(float);

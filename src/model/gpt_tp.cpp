@@ -77,7 +77,8 @@ void GPT::layernorm_gathered(float* out_full, float* mean, float* rstd, const fl
 
 void GPT::layernorm_gathered_backward(float* dinp, float* dw, float* db, float* dout_full_partial,
                                       const float* inp, const float* w, const float* mean,
-                                      const float* rstd, int B, int T, int C) {
+                                      const float* rstd, int B, int T, int C, int ln,
+                                      bool reduce) {
   const int N = B * T;
   if (tp_.size == 1) {
     be_.layernorm_backward(dinp, dw, db, dout_full_partial, inp, w, mean, rstd, N, C);
@@ -93,14 +94,22 @@ void GPT::layernorm_gathered_backward(float* dinp, float* dw, float* db, float* 
     be_.layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
     return;
   }
-  // Each rank saw only its rows: sum this micro-batch's LayerNorm gradients over tp (in a
-  // scratch buffer, so gradients accumulated from earlier micro-batches are not summed again).
-  float* scratch = scratch_.dln_scratch.data();
-  be_.fill_zero(scratch, 2 * size_t(C) * sizeof(float));
-  be_.layernorm_backward(dinp, scratch, scratch + C, dout, inp, w, mean, rstd, N / tp_.size, C);
-  tp_wait(tp_.comm->all_reduce(scratch, 2 * size_t(C)));
-  be_.add(dw, dw, scratch, size_t(C));
-  be_.add(db, db, scratch + C, size_t(C));
+  // Note [Sequence-parallel LayerNorm gradients]: each rank saw only its rows, so its LayerNorm
+  // weight gradients are partial sums over tp. They accumulate, micro-batch after micro-batch,
+  // in this LayerNorm's own [2C] buffer (not in grads(), which may already hold summed values
+  // from an earlier call), and only the step's last micro-batch sums the buffer over tp, adds it
+  // to dw and db, and zeroes it: one latency-bound all-reduce per LayerNorm per step instead of
+  // one per micro-batch (2L+1 waits on the critical path each). With reduce on every call this
+  // is exactly the old per-micro-batch sum (0 + p, then the all-reduce); with accum > 1 the
+  // sums are taken in another order (over micro-batches first, then ranks): equal to one rank
+  // within rounding, as before.
+  float* partial = scratch_.dln_partials.data() + size_t(ln) * 2 * C;
+  be_.layernorm_backward(dinp, partial, partial + C, dout, inp, w, mean, rstd, N / tp_.size, C);
+  if (!reduce) return;
+  tp_wait(tp_.comm->all_reduce(partial, 2 * size_t(C)));
+  be_.add(dw, dw, partial, size_t(C));
+  be_.add(db, db, partial + C, size_t(C));
+  be_.fill_zero(partial, 2 * size_t(C) * sizeof(float));
 }
 
 }  // namespace trident

@@ -122,7 +122,7 @@ void GPTStage::backward(int micro) {
   model_.backward(slot(micro), dloss_scale,
                   model_.stage().has_head ? nullptr : doutput_[slot(micro)].data(),
                   model_.stage().has_embedding ? nullptr : dinput_[slot(micro)].data(), on_ready,
-                  sink);
+                  sink, last);
   backward_ms_ += ms_since(t0);
 }
 

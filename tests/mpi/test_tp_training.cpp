@@ -114,6 +114,19 @@ void run_layout(int tp, bool sequence_parallel) {
   expect_equal_to_reference(r, ref);
 }
 
+// Note [Sequence-parallel LayerNorm gradients]: with accum 4 the LayerNorm gradients stay in
+// per-rank partial sums over micro-batches 1-3 and are summed over tp once, on the 4th; the
+// result must still be one rank's (same bound: the sums are only taken in another order).
+TEST(TensorParallel, SequenceParallelWithAccumulationEqualsOneRank) {
+  const int world = world_size();
+  ProcessGrid grid(make_layout(world, 0, world, 1));
+  const Result ref = train(deck({"train.accum=4"}), nullptr, 20);
+  const Result r = train(deck({"train.accum=4", fmt::format("parallel.tp={}", world),
+                               "parallel.sequence_parallel=true"}),
+                         &grid, 20);
+  expect_equal_to_reference(r, ref);
+}
+
 TEST(TensorParallel, AllRanksTpEqualsOneRank) { run_layout(world_size(), false); }
 TEST(TensorParallel, AllRanksTpWithSequenceParallelEqualsOneRank) { run_layout(world_size(), true); }
 
