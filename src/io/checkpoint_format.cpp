@@ -75,7 +75,11 @@ namespace {
 
 herr_t collect_error(unsigned /*n*/, const H5E_error2_t* err, void* client) {
   auto* lines = static_cast<std::vector<std::string>*>(client);
-  if (err->desc && *err->desc) lines->emplace_back(err->desc);
+  if (!err->desc || !*err->desc) return 0;
+  // One line: a message of the POSIX driver spans two ("time = ...\n, filename = ...").
+  std::string desc(err->desc);
+  std::replace(desc.begin(), desc.end(), '\n', ' ');
+  lines->push_back(std::move(desc));
   return 0;
 }
 
