@@ -26,6 +26,9 @@
 namespace trident {
 
 constexpr int kCheckpointFormatVersion = 1;
+// How long a checkpoint collective may wait for the other ranks (the trainer passes
+// comm.timeout_s; this is its default). Note [Checkpoint collectives under the timeout].
+constexpr double kCheckpointTimeoutSeconds = 300.0;
 
 // One hyperslab of a global tensor: start and count per dimension.
 struct ShardBlock {
@@ -53,9 +56,10 @@ struct CheckpointMeta {
 
 // Collective over `comm` (every rank calls it with its own tensors and the same meta). Writes,
 // syncs and publishes dir/step_<step>, switches dir/latest, prunes to the `keep` newest.
-// Returns the checkpoint's path.
+// Returns the checkpoint's path. A collective that waits longer than timeout_s throws.
 std::string save_checkpoint(const std::string& dir, const CheckpointMeta& meta,
-                            const std::vector<ShardTensor>& tensors, int keep, MPI_Comm comm);
+                            const std::vector<ShardTensor>& tensors, int keep, MPI_Comm comm,
+                            double timeout_s = kCheckpointTimeoutSeconds);
 
 // Note [Leaving after a storage fault]: true once an HDF5 write of a checkpoint failed in this
 // process (a disk that filled after the space check, an I/O error). HDF5 1.10 may then hold a
@@ -75,13 +79,14 @@ CheckpointMeta read_checkpoint_meta(const std::string& path);
 // Collective: the shard files are checked in parallel (split over the ranks of comm): present,
 // readable, same step and run id as the index, every dataset's CRC-32. On any mismatch every
 // rank throws input_error; the rank that found it names the file and what differs.
-void verify_checkpoint(const std::string& path, MPI_Comm comm);
+void verify_checkpoint(const std::string& path, MPI_Comm comm,
+                       double timeout_s = kCheckpointTimeoutSeconds);
 
 // Collective: verifies, then fills each tensor's data from the global datasets, whatever the
 // layout that saved them. input_error naming the tensor if one is missing or its global shape
 // differs.
 void load_checkpoint(const std::string& path, const std::vector<ShardTensor>& tensors,
-                     MPI_Comm comm);
+                     MPI_Comm comm, double timeout_s = kCheckpointTimeoutSeconds);
 
 // `trident ckpt inspect`: meta, layout, and every global tensor with its shape and size.
 std::string describe_checkpoint(const std::string& path);

@@ -74,6 +74,28 @@ void write_run_state(const fs::path& out_dir, const char* state, const char* rea
   fs::rename(tmp, out_dir / "run_state.json");
 }
 
+// Note [A damaged latest]: a `latest` that fails to load (a shard missing, truncated or with a
+// bad CRC) stops the run with exit 2, as Megatron (latest_checkpointed_iteration.txt) and
+// DeepSpeed (`latest`) do; trident does not fall back to an older checkpoint by itself, which
+// would silently redo steps and hide the damage. The message ends with the way back: the newest
+// older step_* directory of checkpoint.dir, and the command that points `latest` at it.
+std::string previous_checkpoint_hint(const std::string& dir, const std::string& damaged) {
+  std::string previous;
+  std::error_code ec;
+  const std::string damaged_name = fs::path(damaged).filename().string();
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() == 13 && name.rfind("step_", 0) == 0 && entry.is_directory(ec) &&
+        name < damaged_name && name > previous)  // step_%08d: names sort as steps
+      previous = name;
+  }
+  if (previous.empty()) return "";
+  const fs::path p = fs::path(dir) / previous;
+  return fmt::format(". The previous checkpoint is {}: check it with `trident ckpt verify {}`, "
+                     "then `ln -sfn {} {}` resumes from it",
+                     p.string(), p.string(), previous, (fs::path(dir) / "latest").string());
+}
+
 std::string format_eta(double seconds) {
   if (seconds < 120) return fmt::format("{:.0f} s", seconds);
   if (seconds < 7200) return fmt::format("{:.1f} min", seconds / 60);
@@ -139,7 +161,14 @@ int run_train(const DeckArgs& args, const BlasCoreCheck& blas) {
   std::string run_id;
   if (!resume_from.empty()) {
     CheckpointMeta meta;
-    setup_step([&] { meta = trainer.load(resume_from); });
+    setup_step([&] {
+      try {
+        meta = trainer.load(resume_from);
+      } catch (const Error& e) {  // Note [A damaged latest]
+        if (e.code() != ExitCode::kBadInput) throw;
+        throw Error(e.what() + previous_checkpoint_hint(ck.dir, resume_from), e.code());
+      }
+    });
     first_step = int(meta.step);
     run_id = meta.run_id;
     if (lead)

@@ -10,7 +10,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 namespace trident::ckpt {
 
@@ -73,7 +75,11 @@ namespace {
 
 herr_t collect_error(unsigned /*n*/, const H5E_error2_t* err, void* client) {
   auto* lines = static_cast<std::vector<std::string>*>(client);
-  if (err->desc && *err->desc) lines->emplace_back(err->desc);
+  if (!err->desc || !*err->desc) return 0;
+  // One line: a message of the POSIX driver spans two ("time = ...\n, filename = ...").
+  std::string desc(err->desc);
+  std::replace(desc.begin(), desc.end(), '\n', ' ');
+  lines->push_back(std::move(desc));
   return 0;
 }
 
@@ -230,7 +236,32 @@ H5Id open_read_only(const std::string& path, const std::string& what) {
   return {TRIDENT_H5(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl), "opening {}", what), H5Fclose};
 }
 
-void agree_or_throw(MPI_Comm comm, const std::optional<Error>& local,
+void wait_within(MPI_Request& request, MPI_Comm comm, double timeout_s, const char* op) {
+  const auto start = std::chrono::steady_clock::now();
+  for (int polls = 0;; ++polls) {
+    int done = 0;
+    TRIDENT_MPI(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (waited > timeout_s) {
+      int rank = 0, size = 1, length = 0;
+      char name[MPI_MAX_OBJECT_NAME] = {};
+      MPI_Comm_rank(comm, &rank);
+      MPI_Comm_size(comm, &size);
+      MPI_Comm_get_name(comm, name, &length);
+      internal_error(__FILE__, __LINE__,
+                     fmt::format("checkpoint: {} on communicator '{}' (rank {} of {}) did not "
+                                 "complete within the timeout of {} s (comm.timeout_s): another "
+                                 "rank stopped answering",
+                                 op, name, rank, size, timeout_s));
+    }
+    // A few polls back to back (the others are usually there), then short sleeps.
+    if (polls > 100) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
+void agree_or_throw(MPI_Comm comm, double timeout_s, const std::optional<Error>& local,
                     const std::string& others_prefix) {
   int rank = 0, size = 1;
   TRIDENT_MPI(MPI_Comm_rank(comm, &rank));
@@ -238,16 +269,20 @@ void agree_or_throw(MPI_Comm comm, const std::optional<Error>& local,
   // [0]: size - rank of a failing rank (the max is the lowest failing rank), [1]: its exit code.
   int mine[2] = {local ? size - rank : 0, local ? static_cast<int>(local->code()) : 0};
   int all[2] = {0, 0};
-  TRIDENT_MPI(MPI_Allreduce(mine, all, 2, MPI_INT, MPI_MAX, comm));
+  MPI_Request request = MPI_REQUEST_NULL;
+  TRIDENT_MPI(MPI_Iallreduce(mine, all, 2, MPI_INT, MPI_MAX, comm, &request));
+  wait_within(request, comm, timeout_s, "the all-reduce that agrees on failures");
   if (all[0] == 0) return;
   // Every rank throws the lowest failing rank's own message, so whichever rank reports it
   // (main prints one) names the file and what differs.
   const int root = size - all[0];
   std::string text = rank == root ? std::string(local->what()) : std::string();
   int length = static_cast<int>(text.size());
-  TRIDENT_MPI(MPI_Bcast(&length, 1, MPI_INT, root, comm));
+  TRIDENT_MPI(MPI_Ibcast(&length, 1, MPI_INT, root, comm, &request));
+  wait_within(request, comm, timeout_s, "the broadcast of a failure's length");
   text.resize(static_cast<size_t>(length));
-  TRIDENT_MPI(MPI_Bcast(text.data(), length, MPI_CHAR, root, comm));
+  TRIDENT_MPI(MPI_Ibcast(text.data(), length, MPI_CHAR, root, comm, &request));
+  wait_within(request, comm, timeout_s, "the broadcast of a failure's message");
   if (local && rank == root) throw *local;
   throw Error(fmt::format("{} on rank {}: {}", others_prefix, root, text),
               static_cast<ExitCode>(all[1]));

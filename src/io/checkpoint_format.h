@@ -171,8 +171,17 @@ std::optional<Error> attempt(F&& f) {
     return Error(e.what(), ExitCode::kInternal);
   }
 }
-void agree_or_throw(MPI_Comm comm, const std::optional<Error>& local,
+void agree_or_throw(MPI_Comm comm, double timeout_s, const std::optional<Error>& local,
                     const std::string& others_prefix);
+
+// Note [Checkpoint collectives under the timeout]
+// A rank that stops answering during a save or a load (SIGSTOP, a hung node) must end the job
+// after comm.timeout_s, as a stalled step's collective does (MpiComm), not hang it: so every
+// collective of the checkpoint code is the nonblocking MPI call, completed by wait_within,
+// which polls MPI_Test (Open MPI progresses nonblocking collectives only inside MPI calls) and
+// throws an internal error naming the operation, the communicator and the rank after
+// timeout_s. The app then aborts the job (MPI_Abort), as for any error after setup.
+void wait_within(MPI_Request& request, MPI_Comm comm, double timeout_s, const char* op);
 
 // fsync of a file or a directory; Error naming the path on failure.
 void fsync_path(const std::string& path, bool directory);

@@ -311,7 +311,7 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
   }
 }
 
-void verify_checkpoint(const std::string& path, MPI_Comm comm) {
+void verify_checkpoint(const std::string& path, MPI_Comm comm, double timeout_s) {
   using namespace ckpt;
   silence_hdf5_errors();
   int rank = 0, size = 1;
@@ -342,14 +342,15 @@ void verify_checkpoint(const std::string& path, MPI_Comm comm) {
     if (!problems.empty())
       bad_checkpoint(path, fmt::format("{}", fmt::join(problems, "; ")));
   });
-  agree_or_throw(comm, local, fmt::format("checkpoint {}: verification failed", path));
+  agree_or_throw(comm, timeout_s, local, fmt::format("checkpoint {}: verification failed", path));
 }
 
 void load_checkpoint(const std::string& path, const std::vector<ShardTensor>& tensors,
-                     MPI_Comm comm) {
-  verify_checkpoint(path, comm);
+                     MPI_Comm comm, double timeout_s) {
+  verify_checkpoint(path, comm, timeout_s);
   auto local = ckpt::attempt([&] { ckpt::load_tensors(path, tensors); });
-  ckpt::agree_or_throw(comm, local, fmt::format("checkpoint {}: loading failed", path));
+  ckpt::agree_or_throw(comm, timeout_s, local,
+                       fmt::format("checkpoint {}: loading failed", path));
 }
 
 std::string describe_checkpoint(const std::string& path) {

@@ -448,7 +448,8 @@ void storage_step(const std::filesystem::path& final_dir, F&& step) {
 
 std::string save_into(const std::filesystem::path& base, const std::filesystem::path& tmp,
                       const std::filesystem::path& final_dir, const CheckpointMeta& meta,
-                      const std::vector<ShardTensor>& tensors, int keep, MPI_Comm comm) {
+                      const std::vector<ShardTensor>& tensors, int keep, MPI_Comm comm,
+                      double timeout_s) {
   namespace fs = std::filesystem;
   int rank = 0, size = 1;
   TRIDENT_MPI(MPI_Comm_rank(comm, &rank));
@@ -459,8 +460,10 @@ std::string save_into(const std::filesystem::path& base, const std::filesystem::
   // Note [Leaving after a storage fault]: room for every shard, checked before HDF5 writes a
   // byte (the ranks share the directory, so rank 0 checks the sum).
   uint64_t need = estimated_shard_bytes(tensors), total_need = 0;
-  TRIDENT_MPI(MPI_Reduce(&need, &total_need, 1, MPI_UINT64_T, MPI_SUM, 0, comm));
-  agree_or_throw(comm, attempt([&] {
+  MPI_Request request = MPI_REQUEST_NULL;  // Note [Checkpoint collectives under the timeout]
+  TRIDENT_MPI(MPI_Ireduce(&need, &total_need, 1, MPI_UINT64_T, MPI_SUM, 0, comm, &request));
+  wait_within(request, comm, timeout_s, "the reduce of the shards' sizes");
+  agree_or_throw(comm, timeout_s, attempt([&] {
                    // Fault injection for tests/cli/test_storage_faults.sh: skip the check so
                    // that the disk fills inside HDF5's writes.
                    if (rank != 0 || std::getenv("TRIDENT_FAULT_SKIP_SPACE_CHECK")) return;
@@ -478,7 +481,7 @@ std::string save_into(const std::filesystem::path& base, const std::filesystem::
                  others);
 
   std::vector<char> mine;
-  agree_or_throw(comm, attempt([&] {
+  agree_or_throw(comm, timeout_s, attempt([&] {
                    mine = serialize(hdf5_write([&] {
                      return write_shard((tmp / shard_file_name(rank)).string(), meta, tensors,
                                         rank, size);
@@ -499,9 +502,10 @@ std::string save_into(const std::filesystem::path& base, const std::filesystem::
   // What each rank wrote, to rank 0 (names, shapes, blocks, CRCs: kilobytes per rank).
   int my_bytes = static_cast<int>(mine.size());
   std::vector<int> bytes(rank == 0 ? size : 0), offsets(rank == 0 ? size : 0);
-  TRIDENT_MPI(MPI_Gather(&my_bytes, 1, MPI_INT, bytes.data(), 1, MPI_INT, 0, comm));
+  TRIDENT_MPI(MPI_Igather(&my_bytes, 1, MPI_INT, bytes.data(), 1, MPI_INT, 0, comm, &request));
+  wait_within(request, comm, timeout_s, "the gather of the shard lists' sizes");
   std::vector<char> all;
-  agree_or_throw(comm, attempt([&] {
+  agree_or_throw(comm, timeout_s, attempt([&] {
                    if (rank != 0) return;
                    int64_t total = 0;
                    for (int r = 0; r < size; ++r) {
@@ -513,10 +517,11 @@ std::string save_into(const std::filesystem::path& base, const std::filesystem::
                    all.resize(static_cast<size_t>(total));
                  }),
                  others);
-  TRIDENT_MPI(MPI_Gatherv(mine.data(), my_bytes, MPI_CHAR, all.data(), bytes.data(),
-                          offsets.data(), MPI_CHAR, 0, comm));
+  TRIDENT_MPI(MPI_Igatherv(mine.data(), my_bytes, MPI_CHAR, all.data(), bytes.data(),
+                           offsets.data(), MPI_CHAR, 0, comm, &request));
+  wait_within(request, comm, timeout_s, "the gather of the shard lists");
 
-  agree_or_throw(comm, attempt([&] {
+  agree_or_throw(comm, timeout_s, attempt([&] {
                    if (rank != 0) return;
                    std::vector<SavedTensor> pieces;
                    for (int r = 0; r < size; ++r) {
@@ -544,7 +549,8 @@ std::string save_into(const std::filesystem::path& base, const std::filesystem::
 bool checkpoint_write_broken() { return ckpt::hdf5_write_broken.load(); }
 
 std::string save_checkpoint(const std::string& dir, const CheckpointMeta& meta,
-                            const std::vector<ShardTensor>& tensors, int keep, MPI_Comm comm) {
+                            const std::vector<ShardTensor>& tensors, int keep, MPI_Comm comm,
+                            double timeout_s) {
   namespace fs = std::filesystem;
   using namespace ckpt;
   silence_hdf5_errors();
@@ -557,7 +563,7 @@ std::string save_checkpoint(const std::string& dir, const CheckpointMeta& meta,
   const fs::path tmp = base / (final_name + kTmpSuffix);
   const std::string others = fmt::format("checkpoint save to {}: failed", final_dir.string());
 
-  agree_or_throw(comm, attempt([&] {
+  agree_or_throw(comm, timeout_s, attempt([&] {
                    if (rank != 0) return;
                    storage_step(final_dir, [&] {
                      fs::create_directories(base);
@@ -568,7 +574,7 @@ std::string save_checkpoint(const std::string& dir, const CheckpointMeta& meta,
                  others);
   // From here on a failure removes the unfinished step_X.tmp (`latest` was never touched).
   try {
-    return save_into(base, tmp, final_dir, meta, tensors, keep, comm);
+    return save_into(base, tmp, final_dir, meta, tensors, keep, comm, timeout_s);
   } catch (...) {
     if (rank == 0) {
       std::error_code ec;

@@ -168,7 +168,7 @@ std::string Trainer::save(const std::string& dir, int steps_done, const std::str
   HostView<float> p(be, model_->params(), n, true), m(be, opt_->m(), k, true),
       v(be, opt_->v(), k, true);
   return save_checkpoint(dir, meta, checkpoint_tensors(p.data(), m.data(), v.data()), keep,
-                         MPI_COMM_WORLD);
+                         MPI_COMM_WORLD, deck_.comm.timeout_s);
 }
 
 CheckpointMeta Trainer::load(const std::string& path) {
@@ -178,7 +178,8 @@ CheckpointMeta Trainer::load(const std::string& path) {
   const size_t n = model_->num_params(), k = opt_->size();
   HostView<float> p(be, model_->params(), n, true), m(be, opt_->m(), k, true),
       v(be, opt_->v(), k, true);
-  load_checkpoint(path, checkpoint_tensors(p.data(), m.data(), v.data()), MPI_COMM_WORLD);
+  load_checkpoint(path, checkpoint_tensors(p.data(), m.data(), v.data()), MPI_COMM_WORLD,
+                  deck_.comm.timeout_s);
   p.commit();
   m.commit();
   v.commit();

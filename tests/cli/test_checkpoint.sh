@@ -7,7 +7,8 @@
 #   put together (read directly, not through trident's reader or the index), and equal a
 #   one-rank save of the same steps within a stated tolerance;
 #   ckpt verify passes, then fails naming the file after a flipped byte, a truncated shard and a
-#   missing shard, and a resume from a corrupted checkpoint stops every rank with status 2;
+#   missing shard, and a resume from a corrupted checkpoint stops every rank with status 2, naming
+#   the previous checkpoint, which resumes once `latest` points at it;
 #   SIGTERM and SIGUSR1 to every rank: a checkpoint and exit 0; after SIGUSR1 the resume
 #   continues bitwise; a second run on the same checkpoint.dir is refused; kill -9 of one rank
 #   during a save leaves `latest` on a complete checkpoint; eval, generate and ckpt inspect run.
@@ -187,7 +188,15 @@ corrupt_case missing "rm $shard" "$shard"
 rm -rf bad && cp -r ck bad && truncate -s 3000 bad/latest/$shard
 err=$(run2 train "${common[@]}" --set parallel.tp=2 --set run.out_dir=badrun --set checkpoint.dir=bad \
   --set checkpoint.resume=true 2>&1 >/dev/null); rc=$?
+# The message names the shard and the way back (Note [A damaged latest]): the previous
+# checkpoint (step 5; keep 2) and the command that points latest at it.
 [ $rc -eq 2 ] && grep -q "$shard" <<<"$err" && ok "resume from a truncated shard: exit 2" || fail "resume from bad: exit $rc: $err"
+grep -qE "The previous checkpoint is (.*/)?bad/step_00000005: .*ln -sfn step_00000005 (.*/)?bad/latest" <<<"$err" \
+  && ok "resume from a truncated shard: the message names step_00000005 and ln -sfn" || fail "resume from bad: no way back in: $err"
+ln -sfn step_00000005 bad/latest
+run2 train "${common[@]}" --set parallel.tp=2 --set run.out_dir=badrun --set checkpoint.dir=bad \
+  --set checkpoint.resume=true >badrun.log 2>&1 && grep -qE "^resumed from (.*/)?bad/step_00000005" badrun.log \
+  && ok "latest pointed back at step_00000005: resumed" || fail "resume after ln -sfn: $(tail -2 badrun.log)"
 
 # Like Slurm's --signal, to the ranks themselves (not to mpirun, which would end the job).
 # Prints how many ranks it signalled. Every pattern below names an absolute checkpoint.dir

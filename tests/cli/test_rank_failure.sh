@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A rank that fails must end the whole job within 60 s, with the exit status README's "Exit
-# status" promises, and the message names the failing rank. Two ways a rank fails:
+# status" promises, and the message names the failing rank. Three ways a rank fails:
 #   1. bad input found during setup on some ranks only: each rank runs in its own working
 #      directory and the deck names /proc/self/cwd/data.bin — the same deck text everywhere, a
 #      good file on rank 0, truncated files (5000 and 7000 bytes) on ranks 1 and 2. setup_step
@@ -10,7 +10,8 @@
 #      (comm.timeout_s), an internal error (status 1) that MPI_Abort gives to mpirun; exactly
 #      one message from rank 0 naming the communicator. The stopped rank may add its own (mpirun
 #      sends it SIGCONT before killing it, and it then finds its own collective timed out), so
-#      rank 1 may print at most one.
+#      rank 1 may print at most one;
+#   3. as 2, but while a checkpoint is being saved (see case 3 below).
 # Only this test's rank is stopped: the pgrep pattern ends at this test's run.out_dir, and a
 # decoy process that differs only in that directory must be left running.
 # usage: test_rank_failure.sh TRIDENT_BINARY SOURCE_DIR SCRATCH_DIR
@@ -96,6 +97,44 @@ else
 fi
 for p in "${stopped[@]}"; do kill -KILL "$p" 2>/dev/null; done
 kill "$decoy" 2>/dev/null
+
+# 3. Rank 1 stops answering while a checkpoint is being saved (caught by its step_X.tmp
+#    directory; a bigger model so a save lasts long enough): the save's own collectives are
+#    under comm.timeout_s too (Note [Checkpoint collectives under the timeout]), so rank 0 ends
+#    the job with status 1 instead of waiting forever; latest stays on a complete checkpoint.
+start=$(date +%s)
+timeout 120 mpirun -n 2 -wdir "$scratch/good" "$bin" train "${deck[@]}" --set train.steps=100000 \
+  --set model.d_model=512 --set model.heads=8 --set checkpoint.every=1 --set checkpoint.keep=3 \
+  --set checkpoint.dir="$scratch/ck3" --set comm.timeout_s=5 --set run.out_dir="$scratch/out3" > three.log 2>&1 &
+job=$!
+stopped=()
+for _ in $(seq 1 1500); do
+  if [ -L "$scratch/ck3/latest" ] && ls -d "$scratch"/ck3/*.tmp >/dev/null 2>&1; then
+    for p in $(pgrep -f "$bin train .*run\.out_dir=$scratch/out3( |\$)"); do
+      if tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1"; then
+        kill -STOP "$p" && stopped+=("$p")
+      fi
+    done
+    [ ${#stopped[@]} -gt 0 ] && break
+  fi
+  sleep 0.02
+done
+wait $job
+rc=$?
+elapsed=$(( $(date +%s) - start ))
+if [ ${#stopped[@]} -ne 1 ]; then
+  fail "stopped-in-save: never caught a save in progress (stopped ${#stopped[@]})"; tail -3 three.log
+elif [ $rc -ne 1 ] || [ $elapsed -gt 60 ]; then
+  fail "stopped-in-save: exit $rc after ${elapsed}s, expected 1 within 60 s (a hang: the save's collectives wait forever)"
+  tail -3 three.log
+elif ! grep "^trident: error (rank 0)" three.log | grep -q "within the timeout of 5 s (comm.timeout_s)"; then
+  fail "stopped-in-save: no timeout message from rank 0:"; grep "trident: error" three.log
+elif ! "$bin" ckpt verify "$scratch/ck3" >verify3.log 2>&1; then
+  fail "stopped-in-save: latest does not verify: $(cat verify3.log)"
+else
+  ok "stopped-in-save: exit $rc after ${elapsed}s, latest verifies: $(grep -m1 'error (rank 0)' three.log | cut -c1-160)"
+fi
+for p in "${stopped[@]}"; do kill -KILL "$p" 2>/dev/null; done
 
 echo "$failures failure(s)"
 [ $failures -eq 0 ]
