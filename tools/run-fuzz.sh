@@ -10,14 +10,17 @@ cd "$(dirname "$0")/.."
 seconds=${1:-30}
 shift $(( $# > 0 ? 1 : 0 ))
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(fuzz_deck fuzz_tokens fuzz_llmc_checkpoint fuzz_checkpoint_index)
+if [ ${#targets[@]} -eq 0 ]; then
+  targets=(fuzz_deck fuzz_tokens fuzz_llmc_checkpoint fuzz_checkpoint_index)
+fi
 
 bash tools/setup.sh fuzz
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 if [ ! -f build-fuzz/CMakeCache.txt ]; then
-  CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DTRIDENT_FUZZ=ON -DTRIDENT_CUDA=OFF -DTRIDENT_NATIVE=OFF >/dev/null
+  CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz "${generator[@]}" \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRIDENT_FUZZ=ON -DTRIDENT_CUDA=OFF -DTRIDENT_NATIVE=OFF \
+    >/dev/null
 fi
 echo "run-fuzz: building ${targets[*]} (clang 14, ASan + UBSan) into build-fuzz/"
 cmake --build build-fuzz --parallel "$(nproc)" --target "${targets[@]}"
@@ -47,7 +50,8 @@ for t in "${targets[@]}"; do
   start=$(date +%s)
   # New inputs go to the scratch corpus (the first directory); the checked-in ones are read only.
   if ! "$fuzzer" "${flags[@]}" "${dict[@]}" -max_total_time="$seconds" \
-       -artifact_prefix="$scratch/$t/" "$scratch/$t/corpus" "$seeds" "$regressions" >"$log" 2>&1; then
+       -artifact_prefix="$scratch/$t/" "$scratch/$t/corpus" "$seeds" "$regressions" \
+       >"$log" 2>&1; then
     echo "run-fuzz: $t: FINDING after $(( $(date +%s) - start )) s; the end of $log:"
     grep -E "fuzz finding|ERROR:|SUMMARY|runtime error|Test unit written" "$log" | head -20
     tail -40 "$log"
@@ -56,5 +60,6 @@ for t in "${targets[@]}"; do
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
   cov=$(grep -oE "cov: [0-9]+" "$log" | tail -1)
   echo "run-fuzz: $t: ok, $runs inputs in $(( $(date +%s) - start )) s (${cov:-cov: ?} edges;" \
-       "$(ls "$seeds" | wc -l) seeds and $(ls "$regressions" | wc -l) regression inputs replayed first)"
+       "$(ls "$seeds" | wc -l) seeds and $(ls "$regressions" | wc -l) regression inputs" \
+       "replayed first)"
 done

@@ -46,7 +46,8 @@ const Dirs& dirs() {
   static const Dirs d = [] {
     const char* tmp = std::getenv("TMPDIR");
     Dirs d;
-    d.root = fs::path(tmp && *tmp ? tmp : "/tmp") / ("trident-fuzz-ckpt-" + std::to_string(getpid()));
+    d.root = fs::path(tmp && *tmp ? tmp : "/tmp") /
+             ("trident-fuzz-ckpt-" + std::to_string(getpid()));
     fs::remove_all(d.root);
     for (size_t i = 0; i < a_values.size(); ++i) a_values[i] = 0.5f * float(i);
     for (size_t i = 0; i < b_values.size(); ++i) b_values[i] = -1.0f - float(i);
@@ -92,7 +93,7 @@ bool apply_edits(fuzz::Bytes& in, const fs::path& ckpt) {
     const int op = in.take_int<int>(0, 9);
     if (op <= 6) {  // edits of index.h5's attributes
       hid_t f = H5Fopen(index.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
-      if (f < 0) break;  // a truncated or removed shard does not stop index edits; a broken index does
+      if (f < 0) break;  // index.h5 does not open: no more edits
       hid_t obj = f;
       const char* tensor = kTensors[in.take_int<int>(0, 1)];
       const char* name = kIntAttrs[in.take_int<int>(0, 6)];
@@ -122,7 +123,9 @@ bool apply_edits(fuzz::Bytes& in, const fs::path& ckpt) {
             ckpt::write_attr(f, "shard_files", names);
             break;
           }
-          case 5: delete_attr(f, in.take_bool() ? name : kStringAttrs[in.take_int<int>(0, 1)]); break;
+          case 5:
+            delete_attr(f, in.take_bool() ? name : kStringAttrs[in.take_int<int>(0, 1)]);
+            break;
           case 6: {
             obj = H5Dopen2(f, tensor, H5P_DEFAULT);
             if (obj < 0) break;
@@ -188,7 +191,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::accepts([&] { (void)read_checkpoint_meta(ckpt); });
   fuzz::accepts([&] { (void)describe_checkpoint(ckpt); });
   std::vector<float> a(a_values.size(), 9.0f), b(b_values.size(), 9.0f);
-  const bool loaded = fuzz::accepts([&] { load_checkpoint(ckpt, tensors(a.data(), b.data()), MPI_COMM_SELF); });
+  const bool loaded = fuzz::accepts(
+      [&] { load_checkpoint(ckpt, tensors(a.data(), b.data()), MPI_COMM_SELF); });
   if (loaded && data_changed)
     fuzz::finding("a checkpoint whose data bytes changed loaded", ckpt);
   if (loaded && (a != a_values || b != b_values))
