@@ -24,6 +24,17 @@ fail() { echo "FAIL $*"; failures=$((failures + 1)); }
 ok() { echo "ok   $*"; }
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 
+# SIGSTOPs rank 1 of the run whose run.out_dir is OUT_DIR and adds its pid to `stopped`. Only
+# this test's ranks: a bare "$bin train" would also stop other tests' runs (ctest -j).
+stop_rank1() {  # OUT_DIR
+  local p
+  for p in $(pgrep -f "$bin train .*run\.out_dir=$1( |\$)"); do
+    if tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1"; then
+      kill -STOP "$p" && stopped+=("$p")
+    fi
+  done
+}
+
 cp "$src/inputs/data/tiny-train.bin" good/data.bin
 head -c 5000 "$src/inputs/data/tiny-train.bin" > bad1/data.bin
 head -c 7000 "$src/inputs/data/tiny-train.bin" > bad2/data.bin
@@ -62,12 +73,7 @@ job=$!
 stopped=()
 for _ in $(seq 1 300); do
   if grep -q "^step" two.log 2>/dev/null; then
-    # Only this test's ranks: a bare "$bin train" would also stop other tests' runs (ctest -j).
-    for p in $(pgrep -f "$bin train .*run\.out_dir=$scratch/out2( |\$)"); do
-      if tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1"; then
-        kill -STOP "$p" && stopped+=("$p")
-      fi
-    done
+    stop_rank1 "$scratch/out2"
     [ ${#stopped[@]} -gt 0 ] && break
   fi
   sleep 0.2
@@ -110,11 +116,7 @@ job=$!
 stopped=()
 for _ in $(seq 1 1500); do
   if [ -L "$scratch/ck3/latest" ] && ls -d "$scratch"/ck3/*.tmp >/dev/null 2>&1; then
-    for p in $(pgrep -f "$bin train .*run\.out_dir=$scratch/out3( |\$)"); do
-      if tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1"; then
-        kill -STOP "$p" && stopped+=("$p")
-      fi
-    done
+    stop_rank1 "$scratch/out3"
     [ ${#stopped[@]} -gt 0 ] && break
   fi
   sleep 0.02
