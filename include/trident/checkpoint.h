@@ -70,6 +70,9 @@ bool checkpoint_write_broken();
 
 // dir/latest resolved to its target, or "" if there is none.
 std::string latest_checkpoint(const std::string& dir);
+// The newest complete checkpoint in `dir` with a lower step than the checkpoint `than` (a
+// step directory's path), or "" if there is none (Note [A damaged latest] in the app).
+std::string previous_checkpoint(const std::string& dir, const std::string& than);
 // A checkpoint directory, or a checkpoint.dir (then its latest); input_error if neither.
 std::string resolve_checkpoint(const std::string& path);
 

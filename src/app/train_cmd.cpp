@@ -80,20 +80,12 @@ void write_run_state(const fs::path& out_dir, const char* state, const char* rea
 // would silently redo steps and hide the damage. The message ends with the way back: the newest
 // older step_* directory of checkpoint.dir, and the command that points `latest` at it.
 std::string previous_checkpoint_hint(const std::string& dir, const std::string& damaged) {
-  std::string previous;
-  std::error_code ec;
-  const std::string damaged_name = fs::path(damaged).filename().string();
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.size() == 13 && name.rfind("step_", 0) == 0 && entry.is_directory(ec) &&
-        name < damaged_name && name > previous)  // step_%08d: names sort as steps
-      previous = name;
-  }
-  if (previous.empty()) return "";
-  const fs::path p = fs::path(dir) / previous;
+  const fs::path p = previous_checkpoint(dir, damaged);
+  if (p.empty()) return "";
   return fmt::format(". The previous checkpoint is {}: check it with `trident ckpt verify {}`, "
                      "then `ln -sfn {} {}` resumes from it",
-                     p.string(), p.string(), previous, (fs::path(dir) / "latest").string());
+                     p.string(), p.string(), p.filename().string(),
+                     (fs::path(dir) / "latest").string());
 }
 
 std::string format_eta(double seconds) {

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <regex>
 #include <thread>
 
 namespace trident::ckpt {
@@ -19,6 +20,12 @@ namespace trident::ckpt {
 std::string shard_file_name(int rank) { return fmt::format("shard_r{:05d}.h5", rank); }
 
 std::string step_dir_name(int64_t step) { return fmt::format("step_{:08d}", step); }
+
+int64_t step_of_dir_name(const std::string& name) {
+  static const std::regex complete_re("step_([0-9]{8,})");
+  std::smatch m;
+  return std::regex_match(name, m, complete_re) ? std::stoll(m[1].str()) : -1;
+}
 
 std::string block_dataset_name(const std::string& tensor, size_t block) {
   return fmt::format("{}/{}", tensor, block);

@@ -68,6 +68,9 @@ inline constexpr const char* kAttrSourceCrc32 = "source_crc32";
 
 std::string shard_file_name(int rank);      // shard_r00003.h5
 std::string step_dir_name(int64_t step);    // step_00000100
+// The step a complete checkpoint's directory name says ("step_00000100" -> 100); -1 for any
+// other name ("step_00000110.tmp", "latest", ".lock").
+int64_t step_of_dir_name(const std::string& name);
 std::string block_dataset_name(const std::string& tensor, size_t block);  // params/x/0
 // H5Pset_virtual reads printf-like patterns in source names: a literal '%' is written "%%".
 std::string escape_vds_name(const std::string& name);

@@ -287,6 +287,22 @@ std::string latest_checkpoint(const std::string& dir) {
   return (target.is_absolute() ? target : fs::path(dir) / target).lexically_normal().string();
 }
 
+std::string previous_checkpoint(const std::string& dir, const std::string& than) {
+  namespace fs = std::filesystem;
+  const int64_t limit = ckpt::step_of_dir_name(fs::path(than).filename().string());
+  int64_t best = -1;
+  fs::path found;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const int64_t step = ckpt::step_of_dir_name(entry.path().filename().string());
+    if (step >= 0 && step < limit && step > best && entry.is_directory(ec)) {
+      best = step;
+      found = entry.path();
+    }
+  }
+  return found.string();
+}
+
 std::string resolve_checkpoint(const std::string& path) {
   namespace fs = std::filesystem;
   if (fs::exists(fs::path(path) / ckpt::kIndexFile)) return path;

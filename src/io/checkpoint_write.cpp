@@ -362,15 +362,13 @@ void switch_latest(const fs::path& base, const std::string& target) {
 // the one just written, and every step_*.tmp (saves that crashed; the lock on the checkpoint.dir
 // says no other run is writing one).
 void prune(const fs::path& base, int keep, const std::string& current) {
-  static const std::regex complete_re("step_([0-9]{8,})");
   static const std::regex tmp_re("step_[0-9]{8,}.*\\.tmp");
   std::vector<std::pair<int64_t, fs::path>> complete;
   for (const auto& e : fs::directory_iterator(base)) {
     const std::string name = e.path().filename().string();
-    std::smatch m;
     if (e.is_symlink() || !e.is_directory()) continue;
-    if (std::regex_match(name, m, complete_re))
-      complete.emplace_back(std::stoll(m[1].str()), e.path());
+    if (const int64_t step = step_of_dir_name(name); step >= 0)
+      complete.emplace_back(step, e.path());
     else if (std::regex_match(name, tmp_re))
       remove_tree(e.path());
   }
