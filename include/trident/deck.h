@@ -104,7 +104,7 @@ struct ParallelConfig {
   int tp = 1;
   int pp = 1;
   bool sequence_parallel = false;      // Megatron's sequence parallelism (needs tp > 1)
-  std::string schedule = "1f1b";       // pipeline schedule: gpipe | 1f1b
+  std::string schedule = "1f1b";       // pipeline schedule: gpipe | 1f1b | zb-h1
   std::string stage_layers;            // blocks per stage, e.g. "3,1"; empty: balanced
   int zero = 0;                        // ZeRO stage (Note [ZeRO-1] in train/zero.h)
 

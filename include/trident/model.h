@@ -180,6 +180,15 @@ class GPT {
                 const EmbeddingRowSink* sink = nullptr) {
     backward(0, dloss_scale, nullptr, nullptr, on_ready, sink);
   }
+  // The same backward in two parts (Note [Split backward] in gpt_backward.cpp), for the
+  // zero-bubble schedule: backward_input writes dstage_input and the LayerNorm gradients;
+  // backward_weight, later and before the slot's next forward, adds the linear layers' and the
+  // embedding's gradients and reports every parameter ready. Together: backward's bits.
+  // Not with recomputation.
+  void backward_input(int slot, float dloss_scale, const float* dstage_output,
+                      float* dstage_input, bool last_micro_batch = true);
+  void backward_weight(int slot, const GradReadyFn& on_ready = {},
+                       const EmbeddingRowSink* sink = nullptr);
   // Stage boundary buffers [Nr,C] (Nr = B·T, or B·T/tp with sequence parallelism).
   float* stage_input(int slot) { return slots_[slot].encoded.data(); }
   const float* stage_output(int slot) const;
@@ -192,6 +201,9 @@ class GPT {
   void set_phase_recorder(PhaseFn fn) { phases_ = std::move(fn); }
   // Optional hook before each group of parameters is first read in forward (empty: none).
   void set_param_use(ParamUseFn fn) { param_use_ = std::move(fn); }
+  // Optional hook called between layers in forward and backward (the pipeline's transfer
+  // progress: Note [Progress during compute] in trident/pipeline.h; empty: none).
+  void set_progress(std::function<void()> fn) { progress_ = std::move(fn); }
   void zero_grads();
 
   // Logits [B,T,Vp/tp] (this rank's vocab slice) of slot 0's last forward without targets, in
@@ -253,7 +265,8 @@ class GPT {
     // Index into infos_ of the last parameter each backward op finalises: backward reports
     // every parameter up to it (in ready order) right after the op.
     int ready_fcproj, ready_fc, ready_ln2, ready_attproj, ready_qkv, ready_ln1;
-    std::string forward_phase, backward_phase;  // "forward block 3", "backward block 3"
+    // "forward block 3", "backward block 3", "weight block 3" (a split backward's W)
+    std::string forward_phase, backward_phase, weight_phase;
     std::vector<int> uses;  // the block's parameter indices (for param_use_)
   };
   struct ParamTable {
@@ -264,7 +277,8 @@ class GPT {
     int wpe_index = -1;
     std::vector<LayerTable> layers;  // per local layer (stage_.first_layer + i)
     std::string forward_embedding = "forward embedding", forward_head = "forward head+loss",
-                backward_head = "backward head+loss", backward_embedding = "backward embedding";
+                backward_head = "backward head+loss", backward_embedding = "backward embedding",
+                weight_head = "weight head", weight_embedding = "weight embedding";
     std::vector<int> embedding_uses, head_uses;  // for param_use_
   };
   void build_param_table();
@@ -276,6 +290,14 @@ class GPT {
                      int T);
   // Recomputes what the recompute mode dropped for block `local_layer` of `slot`.
   void recompute_block(int slot, int local_layer, const float* residual_in);
+  // backward and backward_input (gpt_backward.cpp): the whole backward, or its B part.
+  enum class BackwardPart { kWhole, kInput };
+  void backward_pass(BackwardPart part, int slot, float dloss_scale, const float* dstage_output,
+                     float* dstage_input, const GradReadyFn& on_ready,
+                     const EmbeddingRowSink* sink, bool last_micro_batch);
+  void progress() const {
+    if (progress_) progress_();
+  }
 
   // Tensor-parallel plumbing (gpt_tp.cpp). All are no-ops or plain copies when tp = 1.
   void tp_wait(Work w);
@@ -314,6 +336,7 @@ class GPT {
   Scratch scratch_;
   PhaseFn phases_;
   ParamUseFn param_use_;
+  std::function<void()> progress_;
   TensorParallel tp_;
   StageSpec stage_;
   Recompute recompute_mode_ = Recompute::kNone;

@@ -1,5 +1,5 @@
-// Pipeline parallelism: the schedules (GPipe and 1F1B), stage-boundary messages of several
-// named tensors, and a runner that drives one stage through a schedule.
+// Pipeline parallelism: the schedules (GPipe, 1F1B, zero-bubble ZB-H1), stage-boundary
+// messages of several named tensors, and a runner that drives one stage through a schedule.
 //
 // A model (trident's GPT, or your own) implements PipelineStage; run_pipeline() calls it in
 // the schedule's order and moves the boundary tensors between neighbouring stages over the
@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -14,27 +15,41 @@
 
 namespace trident {
 
-enum class PipeSchedule { kGPipe, kOneFOneB };
-// "gpipe" | "1f1b"; input_error naming `key` otherwise.
+enum class PipeSchedule { kGPipe, kOneFOneB, kZeroBubbleH1 };
+// "gpipe" | "1f1b" | "zb-h1"; input_error naming `key` otherwise.
 PipeSchedule parse_pipe_schedule(const std::string& text, const std::string& key);
 const char* pipe_schedule_name(PipeSchedule s);
 
+// kBackward is the whole backward, except in a schedule that splits it (splits_backward):
+// there it is the input-gradient part ("B") and kWeight the weight-gradient part ("W").
 struct PipeAction {
-  enum class Kind { kForward, kBackward };
+  enum class Kind { kForward, kBackward, kWeight };
   Kind kind;
   int micro;  // micro-batch index, 0-based
   bool operator==(const PipeAction&) const = default;
 };
 
+bool splits_backward(PipeSchedule schedule);  // zb-h1
+
 // What stage `stage` (0-based) of `stages` does, in order, for `micro_batches` micro-batches.
 // GPipe: every forward, then every backward. 1F1B (PipeDream-flush): a warm-up of
 // min(stages − stage − 1, micro_batches) forwards, then alternating one forward / one
-// backward, then the remaining backwards. Backwards run in micro-batch order in both.
+// backward, then the remaining backwards. ZB-H1: 1F1B's order of F and B, each W(i) delayed
+// until after B(i + stage) (Note [ZB-H1] in pipeline_schedule.cpp). Backwards, and weight
+// passes, run in micro-batch order in all three.
 std::vector<PipeAction> pipeline_actions(PipeSchedule schedule, int stages, int stage,
                                          int micro_batches);
 // The most micro-batches whose activations are alive at once on this stage (forwarded, not
-// yet backwarded): micro_batches for GPipe, min(stages − stage, micro_batches) for 1F1B.
+// yet through their whole backward): micro_batches for GPipe, min(stages − stage,
+// micro_batches) for 1F1B, min(stages, micro_batches) for ZB-H1.
 int max_in_flight(PipeSchedule schedule, int stages, int stage, int micro_batches);
+// ZB-H1: the most micro-batches between their B and their W at once, min(stage + 1,
+// micro_batches) (what a model keeps the weight pass's inputs for); 0 for the others.
+int max_awaiting_weight(PipeSchedule schedule, int stages, int stage, int micro_batches);
+// The model's idle fraction of a stage's time in the schedule, with forward, input-gradient
+// and weight-gradient passes of equal cost and free transfers: (p−1)/(m+p−1) for GPipe and
+// 1F1B; for ZB-H1, 1 − 3m/T with T = 3m + p − 1 (m ≥ p; Note [ZB-H1]) or 2m + 2p − 1 (m < p).
+double bubble_model(PipeSchedule schedule, int stages, int micro_batches);
 
 // One tensor crossing a stage boundary: fp32, contiguous. A message holds at most
 // kMaxStageTensors tensors of at most kMaxStageDims dimensions (its header has a fixed size).
@@ -67,6 +82,26 @@ class PipelineStage {
   virtual void backward(int micro) = 0;
   // Gradients of forward_inputs(micro), sent to the previous stage (empty on the first).
   virtual std::vector<StageTensor> backward_outputs(int micro) = 0;
+
+  // A split backward, for schedules that split it (zb-h1): backward_input computes what
+  // backward_outputs returns (and everything else but the weight gradients that can wait);
+  // backward_weight, later, the rest. Together they must give backward's gradients, bit for
+  // bit. A model without them cannot run zb-h1 (run_pipeline refuses it).
+  virtual bool can_split_backward() const { return false; }
+  virtual void backward_input(int micro);
+  virtual void backward_weight(int micro);
+
+  // Note [Progress during compute]: the runner sets this before the schedule. A model that
+  // calls it now and then inside forward/backward (GPTStage: between layers) keeps this
+  // stage's boundary transfers moving while it computes; MPI libraries without a progress
+  // thread move a large message only while some call is inside MPI.
+  void set_transfer_progress(std::function<void()> fn) { progress_ = std::move(fn); }
+  void progress_transfers() const {
+    if (progress_) progress_();
+  }
+
+ private:
+  std::function<void()> progress_;
 };
 
 struct PipelineStats {
@@ -84,15 +119,20 @@ struct PipelineStats {
 // trident::Error naming both shapes. Sends are nonblocking and all complete before it returns.
 //
 // What the runner asks of the model, per action (Note [Pipeline messages] in
-// pipeline_runner.cpp has the wire format and the tags):
+// pipeline_runner.cpp has the wire format and the tags; Note [Pre-posted receives] when the
+// receive buffers are written):
 //   forward(m):  wait until backward(m − k)'s send completed (k = max_in_flight; see above);
-//                forward_inputs(m) and receive into it (not on the first stage); forward(m);
-//                forward_outputs(m) and start sending it (not on the last stage).
+//                wait for the receive into forward_inputs(m) (not on the first stage);
+//                forward(m); forward_outputs(m) and start sending it (not on the last stage).
 //   backward(m): wait until forward(m)'s send completed (its buffers may be reused from now);
-//                backward_inputs(m) and receive into it (not on the last stage); backward(m);
-//                backward_outputs(m) and start sending it (not on the first stage).
-// The tensor lists a stage never has (first stage's inputs, last stage's outputs) are not
-// asked for. With stages == 1 nothing is sent and pp is not used. After an Error the pp
+//                wait for the receive into backward_inputs(m) (not on the last stage);
+//                backward(m), or backward_input(m) in a split schedule; backward_outputs(m)
+//                and start sending it (not on the first stage).
+//   weight(m):   backward_weight(m) (split schedules only).
+// forward_inputs(m) is asked for, and received into, from when micro-batch m − k has been
+// through its whole backward and its backward send completed (from the start for m < k);
+// backward_inputs(m) from when forward(m) returned. The tensor lists a stage never has (first
+// stage's inputs, last stage's outputs) are not asked for. With stages == 1 nothing is sent and pp is not used. After an Error the pp
 // communicator may hold unmatched messages (a neighbour then ends at the comm timeout): end
 // the program, as the app does on any error.
 PipelineStats run_pipeline(PipeSchedule schedule, Communicator& pp, int stages, int stage,

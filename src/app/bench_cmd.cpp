@@ -17,6 +17,7 @@
 #include "app/run_setup.h"
 #include "trident/metrics.h"
 #include "trident/peak_check.h"
+#include "trident/pipeline.h"
 #include "trident/train.h"
 
 namespace trident {
@@ -146,12 +147,21 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
     tp_comm.push_back(s.tp_comm_ms);
     bubble.push_back(s.pipeline_ms > 0 ? s.pipeline_wait_ms / s.pipeline_ms : 0.0);
   }
+  // Note [Per-stage figures]: every stage's median bubble and activation memory, gathered
+  // over pp (every rank takes part), printed by the lead for its pipeline next to the
+  // schedule's model: the idle fraction with equal pass costs, and the micro-batches in flight
+  // that the activations are sized for.
+  const int pp = grid->layout().pp;
+  std::vector<double> per_stage(2 * size_t(pp));
+  {
+    const double own[2] = {median(bubble), double(trainer.model().activation_bytes())};
+    grid->pp().all_gather(own, per_stage.data(), 2).wait();
+  }
   peak = std::max(peak, backend->measure_gemm_peak_flops());
   const double step_ms = median(ms);
   const double tokens_per_s = trainer.tokens_per_step() / (step_ms / 1e3);
   const double flops_per_token = cfg.train_flops_per_token(deck.model.seq_len);
   const int ranks = grid->world_size();
-  const int pp = grid->layout().pp;
   const CheckedPeak checked = check_gemm_peak(peak, *backend, blas, node_ranks);
   const double achieved = flops_per_token * tokens_per_s;
   const double mfu = mfu_or_nan(achieved, checked.flops * ranks);
@@ -175,6 +185,16 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
       nlohmann::json value;
       int decimals;
     };
+    const PipeSchedule schedule = parse_pipe_schedule(deck.parallel.schedule, "parallel.schedule");
+    const double model_bubble = bubble_model(schedule, pp, deck.train.accum);
+    for (int st = 0; st < pp && pp > 1; ++st)
+      fmt::print("bench: stage {} of {} ({}, {} micro-batches): bubble {:.3f} (model {:.3f}), "
+                 "activations {:.1f} MiB for {} micro-batches in flight\n",
+                 st, pp, pipe_schedule_name(schedule), deck.train.accum, per_stage[2 * st],
+                 model_bubble, per_stage[2 * st + 1] / (1024.0 * 1024.0),
+                 max_in_flight(schedule, pp, st, deck.train.accum));
+    double activation_max = 0;
+    for (int st = 0; st < pp; ++st) activation_max = std::max(activation_max, per_stage[2 * st + 1]);
     const Trainer::MemoryBytes memory = trainer.memory_bytes();  // per rank
     constexpr double mib = 1024.0 * 1024.0;
     const auto figure = [](double x) { return std::isnan(x) ? nlohmann::json() : nlohmann::json(x); };
@@ -197,8 +217,10 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
         {"gather_exposed_ms", median(gather_exposed), 2},
         {"tp_comm_ms", median(tp_comm), 2},
         {"bubble", median(bubble), 3},
-        {"bubble_model", double(pp - 1) / double(deck.train.accum + pp - 1), 3},
+        {"bubble_model", model_bubble, 3},
         {"activation_mb", trainer.model().activation_bytes() / (1024.0 * 1024.0), 1},
+        {"activation_max_stage_mb", activation_max / (1024.0 * 1024.0), 1},
+        {"schedule", pipe_schedule_name(schedule), -1},
         {"param_mib", memory.params / mib, 1},
         {"grad_mib", memory.grads / mib, 1},
         {"grad_resident_mib", memory.grads_resident / mib, 1},

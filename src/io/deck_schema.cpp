@@ -121,8 +121,9 @@ const std::vector<Key>& table() {
        .field = at<&Deck::parallel, &ParallelConfig::sequence_parallel>(),
        .help = "split LayerNorm and residual regions along the sequence over tp ranks"},
       {.name = "parallel.schedule", .field = at<&Deck::parallel, &ParallelConfig::schedule>(),
-       .text = Text::kEnum, .choices = {"gpipe", "1f1b"},
-       .help = "pipeline schedule; train.accum micro-batches are the pipeline's micro-batches"},
+       .text = Text::kEnum, .choices = {"gpipe", "1f1b", "zb-h1"},
+       .help = "pipeline schedule (zb-h1: zero-bubble, split backward, train.recompute none); "
+               "train.accum micro-batches are the pipeline's micro-batches"},
       {.name = "parallel.stage_layers", .field = at<&Deck::parallel, &ParallelConfig::stage_layers>(),
        .help = "blocks per pipeline stage, comma-separated (e.g. \"3,1\"); empty: balanced"},
       {.name = "parallel.zero", .field = at<&Deck::parallel, &ParallelConfig::zero>(), .min = ge(0),

@@ -1,4 +1,4 @@
-// GPT-2 forward and backward as a sequence of Backend layer calls, tensor-parallel in the
+// GPT-2 forward (backward: gpt_backward.cpp) as a sequence of Backend layer calls, tensor-parallel in the
 // Megatron way (Note [Tensor-parallel shards] in trident/model.h) and split into pipeline
 // stages (Note [Pipeline stages]):
 //   - qkv and fc are column-parallel (each tp rank computes its heads / its slice of 4C);
@@ -17,34 +17,11 @@
 #include <algorithm>
 #include <cstring>
 
+#include "model/gpt_phase.h"
 #include "trident/check.h"
 #include "trident/model.h"
 
 namespace trident {
-namespace {
-
-// One phase of forward or backward ("forward block 3"): a profiling range on the backend (NVTX
-// on CUDA), and a report to the recorder (if any) when it goes out of scope. The name is the
-// parameter table's (Note [Parameter table]), so a phase formats and copies nothing.
-class Phase {
- public:
-  Phase(Backend& be, const PhaseFn& fn, const std::string& name) : be_(be), fn_(fn), name_(name) {
-    be_.push_range(name_.c_str());
-    if (fn_) begin_ = std::chrono::steady_clock::now();
-  }
-  ~Phase() {
-    if (fn_) fn_(name_, begin_, std::chrono::steady_clock::now());
-    be_.pop_range();
-  }
-
- private:
-  Backend& be_;
-  const PhaseFn& fn_;
-  const std::string& name_;
-  std::chrono::steady_clock::time_point begin_;
-};
-
-}  // namespace
 
 int GPT::param_index(const std::string& name) const {
   const auto it = index_by_name_.find(name);
@@ -95,6 +72,7 @@ void GPT::build_param_table() {
     for (int k = ready("fcprojw"); k <= lt.ready_ln1; ++k) lt.uses.push_back(k);
     lt.forward_phase = fmt::format("forward block {}", l);
     lt.backward_phase = fmt::format("backward block {}", l);
+    lt.weight_phase = fmt::format("weight block {}", l);
     t.layers.push_back(std::move(lt));
   }
 }
@@ -154,6 +132,7 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, int 
   }
   const float* residual = s.encoded.data();
   for (int i = 0; i < stage_.num_layers; ++i) {
+    progress();
     if (param_use_) param_use_(table_.layers[size_t(i)].uses);
     Phase ph(be_, phases_, table_.layers[size_t(i)].forward_phase);
     const BlockActs a = block_acts(slot, i);
@@ -170,114 +149,6 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, int 
   if (!targets) return 0.0f;
   be_.copy(s.targets.data(), targets, size_t(N) * sizeof(int32_t));
   return crossentropy_forward(s, s.targets.data(), N);
-}
-
-void GPT::backward(int slot, float dloss_scale, const float* dstage_output, float* dstage_input,
-                   const GradReadyFn& on_ready, const EmbeddingRowSink* sink,
-                   bool last_micro_batch) {
-  Slot& s = slots_[slot];
-  const int B = s.B, T = s.T, N = B * T, Nr = N / rows_divisor_;
-  const int C = cfg_.channels, tps = tp_.size;
-  const int NHl = cfg_.heads / tps, Cl = C / tps, Vl = cfg_.padded_vocab / tps;
-  Scratch& a = scratch_;
-  float* P = params_.data();
-  float* G = grads_.data();
-  // Parameters are listed in ready order, so "ready" walks the list front to back, through
-  // the indices of the parameter table (Note [Parameter table]). wte is reported on its own:
-  // right after the LM head when that is its only contribution on this stage (or the sparse
-  // part goes to a sink), else after the embedding.
-  const int wte_index = table_.wte_index;
-  const bool wte_after_head = stage_.has_head && (!stage_.has_embedding || sink);
-  int next_ready = 0;
-  auto ready_through = [&](int last) {
-    if (!on_ready) return;
-    for (; next_ready <= last; ++next_ready)
-      if (next_ready != wte_index) on_ready(next_ready);
-  };
-  // The gradient w.r.t. the residual stream on all N rows (gathered with sequence parallelism).
-  auto dresidual_all_rows = [&]() -> const float* {
-    if (rows_divisor_ == 1) return a.dresidual.data();
-    gather_rows(a.dfull.data(), a.dresidual.data(), B, T, C);
-    return a.dfull.data();
-  };
-
-  const int L = stage_.num_layers;
-  const float* last_residual =
-      L > 0 ? block_acts(slot, L - 1).residual3 : s.encoded.data();
-  if (stage_.has_head) {
-    TRIDENT_CHECK(s.has_targets, "backward() needs a forward() with targets first");
-    Phase ph(be_, phases_, table_.backward_head);
-    // Mean over the N tokens of this micro-batch, times the caller's scale (1/accum).
-    crossentropy_backward(s, s.targets.data(), dloss_scale / float(N), N);
-    // dwte first, so that when it is final it can be reduced while the head's input gradient
-    // (the rest of backward's critical path) is computed.
-    be_.matmul_backward(nullptr, G + table_.wte, nullptr, s.logits.data(), s.lnf.data(),
-                        P + table_.wte, N, C, Vl);
-    if (wte_after_head && on_ready) on_ready(wte_index);
-    be_.matmul_backward(a.dbuf_c.data(), nullptr, nullptr, s.logits.data(), s.lnf.data(),
-                        P + table_.wte, N, C, Vl);
-    layernorm_gathered_backward(a.dresidual.data(), G + table_.lnfw, G + table_.lnfb,
-                                a.dbuf_c.data(), last_residual, P + table_.lnfw,
-                                s.lnf_mean.data(), s.lnf_rstd.data(), B, T, C, 2 * L,
-                                last_micro_batch);
-    ready_through(table_.lnfb_index);
-  } else {
-    TRIDENT_CHECK(dstage_output != nullptr, "a stage before the last needs its output gradient");
-    be_.copy(a.dresidual.data(), dstage_output, size_t(Nr) * C * sizeof(float));
-  }
-
-  for (int i = L - 1; i >= 0; --i) {
-    const LayerTable& lt = table_.layers[size_t(i)];
-    Phase ph(be_, phases_, lt.backward_phase);
-    const float* residual_in = i == 0 ? s.encoded.data() : block_acts(slot, i - 1).residual3;
-    recompute_block(slot, i, residual_in);
-    const BlockActs act = block_acts(slot, i);
-    const BlockWeights w = block(P, i);
-    const BlockWeights dw = block(G, i);
-    float* dres = a.dresidual.data();  // gradient w.r.t. this block's output (this rank's rows)
-
-    const float* dout = dresidual_all_rows();
-    be_.matmul_backward(a.dbuf_4c.data(), dw.fcprojw, dw.fcprojb, dout, act.fch_gelu, w.fcprojw,
-                        N, 4 * Cl, C);
-    ready_through(lt.ready_fcproj);
-    be_.gelu_backward(a.dbuf_4c2.data(), act.fch, a.dbuf_4c.data(), size_t(N) * 4 * Cl);
-    be_.matmul_backward(a.dbuf_c.data(), dw.fcw, dw.fcb, a.dbuf_4c2.data(), act.ln2, w.fcw, N, C,
-                        4 * Cl);
-    ready_through(lt.ready_fc);
-    layernorm_gathered_backward(a.dbuf_c2.data(), dw.ln2w, dw.ln2b, a.dbuf_c.data(),
-                                act.residual2, w.ln2w, act.ln2_mean, act.ln2_rstd, B, T, C,
-                                2 * i + 1, last_micro_batch);
-    ready_through(lt.ready_ln2);
-    be_.add(dres, dres, a.dbuf_c2.data(), size_t(Nr) * C);  // now w.r.t. residual2
-
-    dout = dresidual_all_rows();
-    be_.matmul_backward(a.dbuf_c.data(), dw.attprojw, dw.attprojb, dout, act.atty, w.attprojw, N,
-                        Cl, C);
-    ready_through(lt.ready_attproj);
-    be_.attention_backward(a.dbuf_3c.data(), a.datt.data(), a.dbuf_c.data(), act.qkv, act.atty,
-                           act.att, B,
-                           T, Cl, NHl);
-    be_.matmul_backward(a.dbuf_c.data(), dw.qkvw, dw.qkvb, a.dbuf_3c.data(), act.ln1, w.qkvw, N,
-                        C, 3 * Cl);
-    ready_through(lt.ready_qkv);
-    layernorm_gathered_backward(a.dbuf_c2.data(), dw.ln1w, dw.ln1b, a.dbuf_c.data(), residual_in,
-                                w.ln1w, act.ln1_mean, act.ln1_rstd, B, T, C, 2 * i,
-                                last_micro_batch);
-    ready_through(lt.ready_ln1);
-    be_.add(dres, dres, a.dbuf_c2.data(), size_t(Nr) * C);  // now w.r.t. the block's input
-  }
-  if (!stage_.has_embedding) {
-    TRIDENT_CHECK(dstage_input != nullptr, "a stage after the first must return its input gradient");
-    be_.copy(dstage_input, a.dresidual.data(), size_t(Nr) * C * sizeof(float));
-    ready_through(int(infos_.size()) - 1);  // the rest of this stage's list
-    return;
-  }
-  // The token embedding's second (sparse) contribution comes last (Note [Tied embedding
-  // gradient]): into the sink's compact rows, or into wte's gradient, which is final only now.
-  Phase ph(be_, phases_, table_.backward_embedding);
-  embedding_backward(dresidual_all_rows(), s.inputs.data(), sink, B, T);
-  ready_through(table_.wpe_index);
-  if (!wte_after_head && on_ready) on_ready(wte_index);
 }
 
 }  // namespace trident

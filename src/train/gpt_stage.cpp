@@ -18,7 +18,12 @@ void per_slot(std::vector<std::vector<T>>& buffers, int slots, bool needed, size
 
 GPTStage::GPTStage(GPT& model, const SampleOrder& order, GradReducer* reducer,
                    EmbeddingRowSink* sink)
-    : model_(model), order_(order), reducer_(reducer), sink_(sink), slots_(model.num_slots()) {}
+    : model_(model), order_(order), reducer_(reducer), sink_(sink), slots_(model.num_slots()) {
+  // Note [Progress during compute] (trident/pipeline.h): between the model's layers.
+  model_.set_progress([this] { progress_transfers(); });
+}
+
+GPTStage::~GPTStage() { model_.set_progress({}); }
 
 void GPTStage::begin_step(const StepInputs& in) {
   in_ = in;
@@ -98,32 +103,59 @@ std::vector<StageTensor> GPTStage::backward_inputs(int micro) {
   return {boundary("dhidden", doutput_[slot(micro)].data())};
 }
 
-void GPTStage::backward(int micro) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const bool last = micro == in_.accum - 1;
-  GradReadyFn on_ready;
-  if (reducer_) {
-    // Gradient accumulation: only the last micro-batch's backward reduces (and overlaps).
-    reducer_->begin_step(last);
-    on_ready = [this](int i) { reducer_->grad_ready(i); };
-  }
-  const EmbeddingRowSink* sink = nullptr;
-  if (sink_) {
-    if (before_backward) before_backward(micro);
-    sink = sink_;
-  }
+GradReadyFn GPTStage::begin_reduction(bool last) {
+  if (!reducer_) return {};
+  // Gradient accumulation: only the last micro-batch's backward reduces (and overlaps).
+  reducer_->begin_step(last);
+  return [this](int i) { reducer_->grad_ready(i); };
+}
+
+const EmbeddingRowSink* GPTStage::sink_for(int micro) {
+  if (!sink_) return nullptr;
+  if (before_backward) before_backward(micro);
+  return sink_;
+}
+
+float GPTStage::dloss_scale() const {
   // Note [Average in the loss seed]: the step's loss is the mean over its accum · dp
   // micro-batches, so backward's seed carries 1 / (accum · dp) and the data-parallel
   // all-reduce only sums (GradReducerOptions::average = false in the Trainer). That saves the
   // division pass over every gradient on the communication thread, which runs on the compute
   // cores. Scaling by a power of two is exact, so with dp = 2, 4, 8, ... the gradients have
   // the bits the old sum-then-divide gave; with other dp they differ by rounding only.
-  const float dloss_scale = 1.0f / (float(in_.accum) * float(in_.dp_size));
-  model_.backward(slot(micro), dloss_scale,
-                  model_.stage().has_head ? nullptr : doutput_[slot(micro)].data(),
-                  model_.stage().has_embedding ? nullptr : dinput_[slot(micro)].data(), on_ready,
-                  sink, last);
+  return 1.0f / (float(in_.accum) * float(in_.dp_size));
+}
+
+void GPTStage::backward(int micro) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool last = micro == in_.accum - 1;
+  const GradReadyFn on_ready = begin_reduction(last);
+  const EmbeddingRowSink* sink = sink_for(micro);
+  model_.backward(slot(micro), dloss_scale(), received_gradient(micro), sent_gradient(micro),
+                  on_ready, sink, last);
   backward_ms_ += ms_since(t0);
+}
+
+void GPTStage::backward_input(int micro) {
+  const auto t0 = std::chrono::steady_clock::now();
+  model_.backward_input(slot(micro), dloss_scale(), received_gradient(micro),
+                        sent_gradient(micro), micro == in_.accum - 1);
+  backward_ms_ += ms_since(t0);
+}
+
+void GPTStage::backward_weight(int micro) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const GradReadyFn on_ready = begin_reduction(micro == in_.accum - 1);
+  model_.backward_weight(slot(micro), on_ready, sink_for(micro));
+  backward_ms_ += ms_since(t0);
+}
+
+const float* GPTStage::received_gradient(int micro) const {
+  return model_.stage().has_head ? nullptr : doutput_[slot(micro)].data();
+}
+
+float* GPTStage::sent_gradient(int micro) {
+  return model_.stage().has_embedding ? nullptr : dinput_[slot(micro)].data();
 }
 
 std::vector<StageTensor> GPTStage::backward_outputs(int micro) {

@@ -27,6 +27,9 @@ class GPTStage : public PipelineStage {
   static uint64_t first_sample(const StepInputs& in, int micro);
   // `reducer` may be null (dp = 1); `sink` is used on a stage with both embedding and head.
   GPTStage(GPT& model, const SampleOrder& order, GradReducer* reducer, EmbeddingRowSink* sink);
+  ~GPTStage() override;
+  GPTStage(const GPTStage&) = delete;
+  GPTStage& operator=(const GPTStage&) = delete;
 
   // Set before run_pipeline; losses collected over the step (last stage only).
   void begin_step(const StepInputs& in);
@@ -45,10 +48,21 @@ class GPTStage : public PipelineStage {
   std::vector<StageTensor> backward_inputs(int micro) override;
   void backward(int micro) override;
   std::vector<StageTensor> backward_outputs(int micro) override;
+  // zb-h1 (Note [Split backward] in model/gpt_backward.cpp); the model refuses it with
+  // recomputation, and so does the Trainer, earlier, with the deck keys named.
+  bool can_split_backward() const override { return true; }
+  void backward_input(int micro) override;
+  void backward_weight(int micro) override;
 
  private:
   int slot(int micro) const { return micro % slots_; }
   StageTensor boundary(const char* name, float* data) const;
+  // The reducer's hook for this micro-batch's gradient-ready events (empty without dp).
+  GradReadyFn begin_reduction(bool last);
+  const EmbeddingRowSink* sink_for(int micro);  // fills the row map first
+  float dloss_scale() const;
+  const float* received_gradient(int micro) const;  // null on the last stage
+  float* sent_gradient(int micro);                  // null on the first stage
 
   GPT& model_;
   const SampleOrder& order_;

@@ -23,12 +23,15 @@
 // ranks both sides issue one direction's messages in micro-batch order, and MPI does not let
 // messages with the same source, tag and communicator overtake each other.
 //
-// Progress: sends are nonblocking. Open MPI has no progress thread, so a pending send moves
-// only while this rank is inside MPI: the runner polls its pending sends between actions, and
-// every blocking receive (Work::wait, an MPI_Test loop) progresses them too.
+// Progress: sends and receives are nonblocking (Note [Pre-posted receives]). Open MPI has no
+// progress thread, so a pending transfer moves only while this rank is inside MPI: the runner
+// tests its pending transfers between actions, the model calls progress_transfers() between
+// its layers (Note [Progress during compute] in trident/pipeline.h), and every blocking wait
+// (Work::wait, an MPI_Test loop) progresses them too.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstring>
@@ -39,6 +42,15 @@
 #include "trident/pipeline.h"
 
 namespace trident {
+
+void PipelineStage::backward_input(int) {
+  internal_error(__FILE__, __LINE__, "PipelineStage::backward_input called on a stage that "
+                 "does not split its backward");
+}
+void PipelineStage::backward_weight(int) {
+  internal_error(__FILE__, __LINE__, "PipelineStage::backward_weight called on a stage that "
+                 "does not split its backward");
+}
 
 size_t StageTensor::count() const {
   size_t n = 1;
@@ -202,10 +214,32 @@ struct PendingSend {
   std::vector<Work> works;
 };
 
+// A posted boundary receive: its header's and its tensors' receives, started together.
+struct PostedReceive {
+  int micro = -1;  // -1: none posted
+  std::unique_ptr<Header> header;
+  Work header_work;
+  std::vector<Work> works;
+  std::vector<TensorDesc> expected;
+};
+
+// Note [Pre-posted receives]: each direction has at most one receive posted ahead, for the
+// next action that needs one, and it is posted as soon as its buffers are free — so the
+// neighbour's header and tensors move (rendezvous included) while this stage is still busy
+// with the actions before, and the header is checked when the action starts, with no extra
+// round trip. Forward receives are posted in micro-batch order: that of forward(m) once the
+// previous one was consumed and, for m ≥ k, micro-batch m − k is through its whole backward
+// and its backward send completed (its slot is free; Note [Slot reuse]). Backward receives
+// likewise, that of backward(m) once forward(m) returned. One ahead, not all: a receive's
+// comm timeout runs from when it is posted, and one posted a whole step early could time out
+// in a long step where no message is late.
 class StageRunner {
  public:
-  StageRunner(Communicator& pp, int stages, int stage, int in_flight, PipelineStage& model)
-      : pp_(pp), stages_(stages), stage_(stage), in_flight_(in_flight), model_(model) {}
+  StageRunner(Communicator& pp, int stages, int stage, int micro_batches, int in_flight,
+              bool split, PipelineStage& model)
+      : pp_(pp), stages_(stages), stage_(stage), micro_batches_(micro_batches),
+        in_flight_(in_flight), split_(split), model_(model),
+        forwarded_(size_t(micro_batches), 0), backwarded_(size_t(micro_batches), 0) {}
 
   void run_action(const PipeAction& a) {
     poll_sends();
@@ -216,18 +250,31 @@ class StageRunner {
       // It ends once the previous stage started backward(m − in_flight), which it does without
       // waiting for this stage's later work, so waiting here cannot deadlock.
       if (a.micro >= in_flight_) complete_sends(kBackwardDir, a.micro - in_flight_);
-      if (stage_ > 0) receive(kForwardDir, a.micro, stage_ - 1, model_.forward_inputs(a.micro));
+      post_receives();
+      if (stage_ > 0) complete_receive(kForwardDir, a.micro, stage_ - 1);
+      post_receives();
       timed_compute([&] { model_.forward(a.micro); });
+      forwarded_[size_t(a.micro)] = 1;
       if (stage_ < stages_ - 1)
         send(kForwardDir, a.micro, stage_ + 1, model_.forward_outputs(a.micro));
-    } else {
+    } else if (a.kind == PipeAction::Kind::kBackward) {
       // The forward outputs' buffers belong to the model again once backward starts.
       complete_sends(kForwardDir, a.micro);
-      if (stage_ < stages_ - 1)
-        receive(kBackwardDir, a.micro, stage_ + 1, model_.backward_inputs(a.micro));
-      timed_compute([&] { model_.backward(a.micro); });
+      post_receives();
+      if (stage_ < stages_ - 1) complete_receive(kBackwardDir, a.micro, stage_ + 1);
+      post_receives();
+      timed_compute([&] {
+        if (split_) model_.backward_input(a.micro);
+        else model_.backward(a.micro);
+      });
+      if (!split_) backwarded_[size_t(a.micro)] = 1;
       if (stage_ > 0) send(kBackwardDir, a.micro, stage_ - 1, model_.backward_outputs(a.micro));
+    } else {
+      TRIDENT_CHECK(split_, "pipeline: a weight pass in a schedule that does not split backward");
+      timed_compute([&] { model_.backward_weight(a.micro); });
+      backwarded_[size_t(a.micro)] = 1;
     }
+    post_receives();
   }
 
   void complete_all_sends() {
@@ -235,6 +282,20 @@ class StageRunner {
     for (PendingSend& p : pending_) wait_send(p);
     pending_.clear();
     stats_.wait_ms += ms_since(t0);
+  }
+
+  // Note [Progress during compute]: one test of every pending transfer.
+  void progress() {
+    poll_sends();
+    for (Direction dir : {kForwardDir, kBackwardDir}) {
+      PostedReceive& r = posted_[dir];
+      if (r.micro < 0) continue;
+      const int src = dir == kForwardDir ? stage_ - 1 : stage_ + 1;
+      naming("receiving", dir, r.micro, src, [&] {
+        r.header_work.test();
+        for (Work& w : r.works) w.test();
+      });
+    }
   }
 
   PipelineStats& stats() { return stats_; }
@@ -264,33 +325,73 @@ class StageRunner {
     pending_.push_back(std::move(p));
   }
 
-  void receive(Direction dir, int micro, int src, const std::vector<StageTensor>& tensors) {
+  bool send_pending(Direction dir, int micro) const {
+    return std::any_of(pending_.begin(), pending_.end(),
+                       [&](const PendingSend& p) { return p.dir == dir && p.micro == micro; });
+  }
+
+  // Note [Pre-posted receives]: posts what may be posted now.
+  void post_receives() {
+    PostedReceive& fwd = posted_[kForwardDir];
+    if (stage_ > 0 && fwd.micro < 0 && next_post_[kForwardDir] < micro_batches_) {
+      const int m = next_post_[kForwardDir];
+      const int prev = m - in_flight_;
+      if (prev < 0 || (backwarded_[size_t(prev)] && !send_pending(kBackwardDir, prev)))
+        post(kForwardDir, m, stage_ - 1, model_.forward_inputs(m));
+    }
+    PostedReceive& bwd = posted_[kBackwardDir];
+    if (stage_ < stages_ - 1 && bwd.micro < 0 && next_post_[kBackwardDir] < micro_batches_) {
+      const int m = next_post_[kBackwardDir];
+      if (forwarded_[size_t(m)]) post(kBackwardDir, m, stage_ + 1, model_.backward_inputs(m));
+    }
+  }
+
+  void post(Direction dir, int micro, int src, const std::vector<StageTensor>& tensors) {
     check_tensors(tensors, stage_, dir, micro, dir == kForwardDir ? "forward input"
                                                                   : "backward input");
-    const auto t0 = CommClock::now();
-    Header h{};
-    Work header_work = pp_.recv(h.data(), kHeaderWords, src, message_tag(dir, micro, 0));
-    wait_naming(header_work, "receiving", dir, micro, src);
-    std::vector<TensorDesc> expected;
-    for (const StageTensor& t : tensors) expected.push_back(describe(t));
-    check_received(expected, decode_header(h, stage_, src, dir, micro), stage_, src, dir, micro);
-    std::vector<Work> works;
+    PostedReceive& r = posted_[dir];
+    r.micro = micro;
+    r.header = std::make_unique<Header>();
+    r.header_work = pp_.recv(r.header->data(), kHeaderWords, src, message_tag(dir, micro, 0));
+    r.expected.clear();
+    r.works.clear();
     for (size_t i = 0; i < tensors.size(); ++i) {
+      r.expected.push_back(describe(tensors[i]));
       const size_t n = tensors[i].count();
       if (n == 0) continue;
-      works.push_back(pp_.recv(tensors[i].data, n, src,
-                               message_tag(dir, micro, static_cast<int>(i) + 1)));
+      r.works.push_back(pp_.recv(tensors[i].data, n, src,
+                                 message_tag(dir, micro, static_cast<int>(i) + 1)));
       stats_.bytes_received += n * sizeof(float);
     }
-    for (Work& w : works) wait_naming(w, "receiving", dir, micro, src);
+    ++next_post_[dir];
+  }
+
+  // Waits for the posted receive of `micro`. The header is checked before the tensors are
+  // waited for, so a shape mismatch is reported as such (the tensors' receives, posted with
+  // this stage's sizes, may have failed with a truncation; they are abandoned with the Error).
+  void complete_receive(Direction dir, int micro, int src) {
+    PostedReceive& r = posted_[dir];
+    TRIDENT_CHECK(r.micro == micro, "pipeline: stage {} needs the {} of micro-batch {}, but the "
+                  "receive posted is for micro-batch {}", stage_, what_moves(dir), micro, r.micro);
+    const auto t0 = CommClock::now();
+    wait_naming(r.header_work, "receiving", dir, micro, src);
+    check_received(r.expected, decode_header(*r.header, stage_, src, dir, micro), stage_, src,
+                   dir, micro);
+    for (Work& w : r.works) wait_naming(w, "receiving", dir, micro, src);
     stats_.wait_ms += ms_since(t0);
+    r.micro = -1;
   }
 
   // Work::wait, with a failure (e.g. the comm timeout when a neighbour stopped) saying which
   // boundary message this stage was waiting for.
   void wait_naming(Work& w, const char* doing, Direction dir, int micro, int peer) {
+    naming(doing, dir, micro, peer, [&] { w.wait(); });
+  }
+
+  template <typename F>
+  void naming(const char* doing, Direction dir, int micro, int peer, F&& f) {
     try {
-      w.wait();
+      f();
     } catch (const Error& e) {
       throw Error(fmt::format("pipeline: stage {} {} the {} of micro-batch {} {} stage {}: {}",
                               stage_, doing, what_moves(dir), micro,
@@ -324,9 +425,13 @@ class StageRunner {
   }
 
   Communicator& pp_;
-  const int stages_, stage_, in_flight_;
+  const int stages_, stage_, micro_batches_, in_flight_;
+  const bool split_;
   PipelineStage& model_;
   std::vector<PendingSend> pending_;
+  PostedReceive posted_[2];     // by Direction
+  int next_post_[2] = {0, 0};   // the next micro-batch to post a receive for, by Direction
+  std::vector<char> forwarded_, backwarded_;  // backwarded_: through the whole backward
   PipelineStats stats_;
 };
 
@@ -337,12 +442,24 @@ PipelineStats run_pipeline(PipeSchedule schedule, Communicator& pp, int stages, 
   TRIDENT_CHECK(pp.size() == stages && pp.rank() == stage,
                 "run_pipeline for stage {} of {} on communicator '{}' where this rank is {} of {}",
                 stage, stages, pp.name(), pp.rank(), pp.size());
+  const bool split = splits_backward(schedule);
+  if (split && !model.can_split_backward())
+    input_error("parallel.schedule: {} splits each backward into its input and weight parts, "
+                "which this model's pipeline stage does not provide; use 1f1b",
+                pipe_schedule_name(schedule));
   const auto t0 = CommClock::now();
-  StageRunner runner(pp, stages, stage, max_in_flight(schedule, stages, stage, micro_batches),
-                     model);
-  for (const PipeAction& a : pipeline_actions(schedule, stages, stage, micro_batches))
-    runner.run_action(a);
-  runner.complete_all_sends();
+  StageRunner runner(pp, stages, stage, micro_batches,
+                     max_in_flight(schedule, stages, stage, micro_batches), split, model);
+  model.set_transfer_progress([&runner] { runner.progress(); });
+  try {
+    for (const PipeAction& a : pipeline_actions(schedule, stages, stage, micro_batches))
+      runner.run_action(a);
+    runner.complete_all_sends();
+  } catch (...) {
+    model.set_transfer_progress({});
+    throw;
+  }
+  model.set_transfer_progress({});
   PipelineStats stats = runner.stats();
   stats.total_ms = ms_since(t0);
   return stats;

@@ -15,6 +15,22 @@
 // deadlocks, for any p ≥ 1 and m ≥ 1 (m < p included): test_pipeline_schedule.cpp simulates all
 // stages together, with the runner's waits (Note [Slot reuse] in pipeline_runner.cpp), up to
 // 8 stages × 20 micro-batches.
+//
+// Note [ZB-H1]: the zero-bubble schedule of Qi et al. 2023 ("Zero Bubble Pipeline
+// Parallelism", its handcrafted ZB-H1). Backward splits into B, the input gradient the
+// previous stage waits for, and W, the weight gradients nobody waits for. Stage s runs 1F1B's
+// sequence of F and B, and delays each W(i) until after B(i + s):
+//
+//     stage 0 of 4:  F0 F1 F2 F3 B0 W0 F4 B1 W1 F5 B2 W2 ...
+//     stage 3 of 4:  F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 ...   cool-down: B7 W4 W5 W6 W7
+//
+// Gradients travel back at B's pace, not B+W's, and the W's the later stages hold back fill
+// the end, where 1F1B's stages wait for the last gradients. With F, B and W of equal cost the
+// bubble falls from 1F1B's (p−1)·3 units to (p−1)·1 (a third); test_pipeline_schedule.cpp
+// replays both with unit costs. Stage s keeps p − s micro-batches' activations for F/B and
+// s more awaiting W, so every stage holds p — the peak 1F1B already has on stage 0 — and at
+// most s + 1 micro-batches' weight-pass inputs (max_awaiting_weight). W's run in micro-batch
+// order, so gradients accumulate in 1F1B's order and the two are bitwise equal.
 #include <algorithm>
 
 #include "trident/check.h"
@@ -25,16 +41,20 @@ namespace trident {
 PipeSchedule parse_pipe_schedule(const std::string& text, const std::string& key) {
   if (text == "gpipe") return PipeSchedule::kGPipe;
   if (text == "1f1b") return PipeSchedule::kOneFOneB;
-  input_error("{}: unknown pipeline schedule '{}'; allowed: gpipe, 1f1b", key, text);
+  if (text == "zb-h1") return PipeSchedule::kZeroBubbleH1;
+  input_error("{}: unknown pipeline schedule '{}'; allowed: gpipe, 1f1b, zb-h1", key, text);
 }
 
 const char* pipe_schedule_name(PipeSchedule s) {
   switch (s) {
     case PipeSchedule::kGPipe: return "gpipe";
     case PipeSchedule::kOneFOneB: return "1f1b";
+    case PipeSchedule::kZeroBubbleH1: return "zb-h1";
   }
   return "?";
 }
+
+bool splits_backward(PipeSchedule schedule) { return schedule == PipeSchedule::kZeroBubbleH1; }
 
 namespace {
 
@@ -61,21 +81,44 @@ std::vector<PipeAction> pipeline_actions(PipeSchedule schedule, int stages, int 
     for (int m = 0; m < micro_batches; ++m) actions.push_back({Kind::kBackward, m});
     return actions;
   }
+  // Note [ZB-H1]: after B(i), the W that is due — W(i − lag) — where lag = stage.
+  const bool split = splits_backward(schedule);
+  const int lag = stage;
+  int next_weight = 0;
+  auto backward = [&](int i) {
+    actions.push_back({Kind::kBackward, i});
+    if (split && i - next_weight >= lag) actions.push_back({Kind::kWeight, next_weight++});
+  };
   const int warmup = warmup_forwards(stages, stage, micro_batches);
   for (int m = 0; m < warmup; ++m) actions.push_back({Kind::kForward, m});
   for (int i = 0; i < micro_batches - warmup; ++i) {
     actions.push_back({Kind::kForward, warmup + i});
-    actions.push_back({Kind::kBackward, i});
+    backward(i);
   }
-  for (int m = micro_batches - warmup; m < micro_batches; ++m)
-    actions.push_back({Kind::kBackward, m});
+  for (int m = micro_batches - warmup; m < micro_batches; ++m) backward(m);
+  while (split && next_weight < micro_batches) actions.push_back({Kind::kWeight, next_weight++});
   return actions;
 }
 
 int max_in_flight(PipeSchedule schedule, int stages, int stage, int micro_batches) {
   check_schedule_args(stages, stage, micro_batches);
   if (schedule == PipeSchedule::kGPipe) return micro_batches;
+  if (schedule == PipeSchedule::kZeroBubbleH1) return std::min(stages, micro_batches);
   return std::min(stages - stage, micro_batches);
+}
+
+int max_awaiting_weight(PipeSchedule schedule, int stages, int stage, int micro_batches) {
+  check_schedule_args(stages, stage, micro_batches);
+  if (!splits_backward(schedule)) return 0;
+  return std::min(stage + 1, micro_batches);
+}
+
+double bubble_model(PipeSchedule schedule, int stages, int micro_batches) {
+  check_schedule_args(stages, 0, micro_batches);
+  const double p = stages, m = micro_batches;
+  if (!splits_backward(schedule)) return (p - 1) / (m + p - 1);
+  const double makespan = m >= p ? 3 * m + p - 1 : 2 * m + 2 * p - 1;
+  return 1 - 3 * m / makespan;
 }
 
 }  // namespace trident

@@ -108,6 +108,11 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
   schedule_ = parse_pipe_schedule(deck_.parallel.schedule, "parallel.schedule");
   options.slots = max_in_flight(schedule_, pp_size_, pp_rank_, deck_.train.accum);
   options.recompute = parse_recompute(deck_.train.recompute);
+  if (splits_backward(schedule_) && options.recompute != Recompute::kNone)
+    input_error("parallel.schedule: {} keeps each micro-batch's activations until its weight "
+                "pass, which train.recompute: {} drops; use train.recompute: none with {}, or "
+                "parallel.schedule: 1f1b", deck_.parallel.schedule, deck_.train.recompute,
+                deck_.parallel.schedule);
 
   // Note [ZeRO-1] (train/zero.h). Refused before anything is allocated.
   const int zero = deck_.parallel.zero;

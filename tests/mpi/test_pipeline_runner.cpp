@@ -1,7 +1,7 @@
 // run_pipeline under MPI, with the world (or part of it) as the pipeline: a toy model whose
 // every stage scales its input by a per-stage weight, checked against the analytic result for
-// GPipe and 1F1B (bitwise equal to each other), and a shape mismatch that the receiving stage
-// reports, naming both shapes, while every other rank ends at the comm timeout.
+// GPipe, 1F1B and ZB-H1 (bitwise equal to each other), and a shape mismatch that the receiving
+// stage reports, naming both shapes, while every other rank ends at the comm timeout.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -45,14 +45,17 @@ float target_hidden(size_t i) { return static_cast<float>(i % 5) - 2; }
 // Like a real model it keeps micro-batch m in slot m mod max_in_flight and computes the input
 // gradient in place, into the buffer the input was received in — so a runner that reused a
 // slot before its backward send completed would corrupt the previous stage's gradients (with
-// large tensors, which MPI sends only once the receiver is ready).
+// large tensors, which MPI sends only once the receiver is ready). Split (zb-h1), its
+// backward_input keeps the input for backward_weight, which reads the received gradient
+// again: a runner that received into a slot before its W ran would change dw.
 class ToyStage : public PipelineStage {
  public:
   ToyStage(PipeSchedule schedule, int stages, int stage, int micro_batches, ToyShape shape)
       : stages_(stages), stage_(stage), shape_(shape), w_(stage_weight(stage)),
         slots_(max_in_flight(schedule, stages, stage, micro_batches)),
         seen_(micro_batches) {
-    for (auto* v : {&in_h_, &out_h_, &dout_h_}) v->assign(slots_, std::vector<float>(shape.hidden_count()));
+    for (auto* v : {&in_h_, &out_h_, &dout_h_, &kept_h_})
+      v->assign(slots_, std::vector<float>(shape.hidden_count()));
     for (auto* v : {&in_a_, &out_a_, &dout_a_}) v->assign(slots_, std::vector<float>(shape.aux_count()));
   }
 
@@ -90,17 +93,32 @@ class ToyStage : public PipelineStage {
   }
   void backward(int m) override {
     log_.push_back({PipeAction::Kind::kBackward, m});
+    backward_part(m, true);
+  }
+  bool can_split_backward() const override { return true; }
+  void backward_input(int m) override {
+    log_.push_back({PipeAction::Kind::kBackward, m});
+    backward_part(m, false);
+  }
+  void backward_weight(int m) override {
+    log_.push_back({PipeAction::Kind::kWeight, m});
+    const int k = m % slots_;
+    for (size_t i = 0; i < dout_h_[k].size(); ++i) dw_ += dout_h_[k][i] * kept_h_[k][i];
+    for (size_t i = 0; i < dout_a_[k].size(); ++i) dw_ += dout_a_[k][i];
+  }
+  void backward_part(int m, bool weights) {
     const int k = m % slots_;
     if (stage_ == stages_ - 1) {
       for (size_t i = 0; i < dout_h_[k].size(); ++i) dout_h_[k][i] = target_hidden(i);
       std::fill(dout_a_[k].begin(), dout_a_[k].end(), 1.0f);
     }
     for (size_t i = 0; i < dout_h_[k].size(); ++i) {
-      dw_ += dout_h_[k][i] * in_h_[k][i];
+      if (weights) dw_ += dout_h_[k][i] * in_h_[k][i];
+      kept_h_[k][i] = in_h_[k][i];
       in_h_[k][i] = w_ * dout_h_[k][i];  // the input's gradient, in place
     }
     for (size_t i = 0; i < dout_a_[k].size(); ++i) {
-      dw_ += dout_a_[k][i];
+      if (weights) dw_ += dout_a_[k][i];
       in_a_[k][i] = dout_a_[k][i];
     }
     seen_[m].insert(seen_[m].end(), in_h_[k].begin(), in_h_[k].end());
@@ -128,7 +146,7 @@ class ToyStage : public PipelineStage {
   float w_;
   int slots_;
   float dw_ = 0;
-  std::vector<std::vector<float>> in_h_, in_a_, out_h_, out_a_, dout_h_, dout_a_;
+  std::vector<std::vector<float>> in_h_, in_a_, out_h_, out_a_, dout_h_, dout_a_, kept_h_;
   std::vector<std::vector<float>> seen_;
   std::vector<PipeAction> log_;
   int wrong_micro_ = -1;
@@ -187,10 +205,14 @@ TEST(Pipeline, ToyModelMatchesTheAnalyticResultAndSchedulesAgreeBitwise) {
     SCOPED_TRACE(fmt::format("{} stages, {} micro-batches", stages, micro));
     const ToyResult gpipe = run_toy(pp, PipeSchedule::kGPipe, micro);
     const ToyResult one_f_one_b = run_toy(pp, PipeSchedule::kOneFOneB, micro);
+    const ToyResult zb = run_toy(pp, PipeSchedule::kZeroBubbleH1, micro);
     expect_analytic(gpipe, stages, stage, micro, {});
     expect_analytic(one_f_one_b, stages, stage, micro, {});
+    expect_analytic(zb, stages, stage, micro, {});
     EXPECT_EQ(gpipe.values, one_f_one_b.values);
+    EXPECT_EQ(zb.values, one_f_one_b.values);
     EXPECT_EQ(std::memcmp(&gpipe.dw, &one_f_one_b.dw, sizeof(float)), 0);
+    EXPECT_EQ(std::memcmp(&zb.dw, &one_f_one_b.dw, sizeof(float)), 0);
     // Two tensors per boundary crossing, in each direction this stage sends.
     const int sending_directions = (stage > 0) + (stage < stages - 1);
     EXPECT_EQ(one_f_one_b.stats.messages_sent, sending_directions * micro);
@@ -210,7 +232,8 @@ TEST(Pipeline, LargeTensorsAndSideBySidePipelines) {
   for (int dp : {1, 2}) {
     ProcessGrid grid(make_layout(world_size(), dp, 1, world_size() / dp));
     MpiComm& pp = grid.pp();
-    for (PipeSchedule s : {PipeSchedule::kGPipe, PipeSchedule::kOneFOneB}) {
+    for (PipeSchedule s :
+         {PipeSchedule::kGPipe, PipeSchedule::kOneFOneB, PipeSchedule::kZeroBubbleH1}) {
       SCOPED_TRACE(fmt::format("dp {}, {} stages, {}", dp, pp.size(), pipe_schedule_name(s)));
       const ToyResult r = run_toy(pp, s, 5, big);
       expect_analytic(r, pp.size(), pp.rank(), 5, big);
@@ -224,15 +247,42 @@ TEST(Pipeline, MoreMicroBatchesThanTheTagPeriod) {
   ProcessGrid grid(make_layout(world_size(), 1, 1, world_size()));
   MpiComm& pp = grid.pp();
   const ToyShape small{1, 1, 2, 1};
-  for (PipeSchedule s : {PipeSchedule::kGPipe, PipeSchedule::kOneFOneB}) {
+  for (PipeSchedule s :
+       {PipeSchedule::kGPipe, PipeSchedule::kOneFOneB, PipeSchedule::kZeroBubbleH1}) {
     const ToyResult r = run_toy(pp, s, 1100, small);
     expect_analytic(r, pp.size(), pp.rank(), 1100, small);
   }
 }
 
+// A stage without backward_input/backward_weight is refused zb-h1 before anything moves.
+class UnsplitStage : public PipelineStage {
+ public:
+  std::vector<StageTensor> forward_inputs(int) override { return {}; }
+  void forward(int) override {}
+  std::vector<StageTensor> forward_outputs(int) override { return {}; }
+  std::vector<StageTensor> backward_inputs(int) override { return {}; }
+  void backward(int) override {}
+  std::vector<StageTensor> backward_outputs(int) override { return {}; }
+};
+
+TEST(Pipeline, ZeroBubbleNeedsASplitBackward) {
+  MpiComm self(MPI_COMM_SELF, "self");
+  UnsplitStage model;
+  try {
+    run_pipeline(PipeSchedule::kZeroBubbleH1, self, 1, 0, 2, model);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kBadInput);
+    EXPECT_NE(std::string(e.what()).find("zb-h1 splits each backward"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(run_pipeline(PipeSchedule::kOneFOneB, self, 1, 0, 2, model));
+}
+
 TEST(Pipeline, OneStageSendsNothing) {
   MpiComm self(MPI_COMM_SELF, "self");
-  for (PipeSchedule s : {PipeSchedule::kGPipe, PipeSchedule::kOneFOneB}) {
+  for (PipeSchedule s :
+       {PipeSchedule::kGPipe, PipeSchedule::kOneFOneB, PipeSchedule::kZeroBubbleH1}) {
     const ToyResult r = run_toy(self, s, 4);
     expect_analytic(r, 1, 0, 4, {});
     EXPECT_EQ(r.stats.messages_sent, 0);

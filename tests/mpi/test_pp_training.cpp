@@ -1,15 +1,17 @@
-// Pipeline parallelism, alone and in 3D layouts, equals the single-rank run; GPipe and 1F1B
-// are bitwise identical, and so are recomputation on and off.
+// Pipeline parallelism, alone and in 3D layouts, equals the single-rank run; GPipe, 1F1B and
+// ZB-H1 are bitwise identical, and so are recomputation on and off.
 // Runs under mpirun with 2, 4 and 8 ranks (the 8-rank run is dp 2 × tp 2 × pp 2).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cmath>
 #include <cstring>
 
 #include "train_harness.h"
+#include "trident/check.h"
 
 namespace trident {
 namespace {
@@ -76,6 +78,51 @@ TEST(Pipeline, GPipeAnd1F1BAreBitwiseIdentical) {
   const Result one_f = train_layout(dp, 1, pp, {"parallel.schedule=1f1b"});
   const Result gpipe = train_layout(dp, 1, pp, {"parallel.schedule=gpipe"});
   expect_bitwise(one_f, gpipe);
+}
+
+// Note [Split backward] (model/gpt_backward.cpp): B then W is backward's bits, W's run in
+// micro-batch order, so zb-h1 equals 1f1b bitwise — with tp and sequence parallelism (W
+// gathers the kept rows again), with dp (the reducer's events come from W), on one stage
+// (embedding and head together: wte's two contributions in 1f1b's order, the sparse one
+// through the row sink with dp).
+TEST(Pipeline, ZeroBubbleH1IsBitwise1F1BAndEqualsOneRank) {
+  const int world = world_size();
+  auto both = [&](int dp, int tp, int pp, std::vector<std::string> extra) {
+    SCOPED_TRACE(fmt::format("dp {} tp {} pp {} {}", dp, tp, pp, fmt::join(extra, " ")));
+    std::vector<std::string> zb = extra, one_f = extra;
+    zb.push_back("parallel.schedule=zb-h1");
+    one_f.push_back("parallel.schedule=1f1b");
+    const Result z = train_layout(dp, tp, pp, zb);
+    expect_bitwise(z, train_layout(dp, tp, pp, one_f));
+    return z;
+  };
+  {
+    SCOPED_TRACE("one rank");
+    const Result z = train(deck({"parallel.schedule=zb-h1"}), nullptr, 10);
+    expect_bitwise(z, reference(1));
+  }
+  if (world <= 4) expect_close(both(1, 1, world, {}), reference(1));
+  if (world == 2) expect_close(both(2, 1, 1, {}), reference(2));
+  if (world == 4) {
+    expect_close(both(1, 2, 2, {"parallel.sequence_parallel=true"}), reference(1));
+    expect_close(both(2, 1, 2, {}), reference(2));
+  }
+  if (world == 8) {
+    expect_close(both(2, 2, 2, {}), reference(2));
+    expect_close(both(2, 2, 2, {"parallel.sequence_parallel=true"}), reference(2));
+  }
+}
+
+TEST(Pipeline, ZeroBubbleH1RefusesRecompute) {
+  try {
+    train(deck({"parallel.schedule=zb-h1", "train.recompute=mlp"}), nullptr, 1);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kBadInput);
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("parallel.schedule: zb-h1"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("train.recompute: mlp"), std::string::npos) << msg;
+  }
 }
 
 TEST(Pipeline, RecomputeOnAndOffAreBitwiseIdentical) {

@@ -1,6 +1,7 @@
-// Pipeline schedules (pure): exact GPipe and 1F1B sequences, every micro-batch forwarded and
-// backwarded once, max_in_flight against a replay of the actions, and a simulation of all
-// stages together (nonblocking sends, blocking receives) that finds no deadlock.
+// Pipeline schedules (pure): exact GPipe, 1F1B and ZB-H1 sequences, every micro-batch through
+// each of its passes once, max_in_flight and max_awaiting_weight against a replay of the
+// actions, a simulation of all stages together (nonblocking sends, blocking receives) that
+// finds no deadlock, and the schedules' makespans with unit pass costs against the papers'.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,7 +18,10 @@ std::string to_text(const std::vector<PipeAction>& actions) {
   std::string s;
   for (const PipeAction& a : actions) {
     if (!s.empty()) s += ' ';
-    s += (a.kind == PipeAction::Kind::kForward ? 'F' : 'B') + std::to_string(a.micro);
+    const char kind = a.kind == PipeAction::Kind::kForward    ? 'F'
+                      : a.kind == PipeAction::Kind::kBackward ? 'B'
+                                                              : 'W';
+    s += kind + std::to_string(a.micro);
   }
   return s;
 }
@@ -62,18 +66,72 @@ TEST(PipeSchedule, OneFOneBWithFewerMicroBatchesThanStages) {
   EXPECT_EQ(actions_text(s, 1, 0, 3), "F0 B0 F1 B1 F2 B2");
 }
 
-// The most micro-batches forwarded and not yet backwarded, replaying the actions.
-int simulated_in_flight(const std::vector<PipeAction>& actions) {
+TEST(PipeSchedule, ZeroBubbleH1FourStagesEightMicroBatches) {
+  const auto s = PipeSchedule::kZeroBubbleH1;
+  // 1F1B's F and B; stage s runs W(i) right after B(i + s), the rest at the end.
+  EXPECT_EQ(actions_text(s, 4, 0, 8),
+            "F0 F1 F2 F3 B0 W0 F4 B1 W1 F5 B2 W2 F6 B3 W3 F7 B4 W4 B5 W5 B6 W6 B7 W7");
+  EXPECT_EQ(actions_text(s, 4, 1, 8),
+            "F0 F1 F2 B0 F3 B1 W0 F4 B2 W1 F5 B3 W2 F6 B4 W3 F7 B5 W4 B6 W5 B7 W6 W7");
+  EXPECT_EQ(actions_text(s, 4, 2, 8),
+            "F0 F1 B0 F2 B1 F3 B2 W0 F4 B3 W1 F5 B4 W2 F6 B5 W3 F7 B6 W4 B7 W5 W6 W7");
+  EXPECT_EQ(actions_text(s, 4, 3, 8),
+            "F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 F5 B5 W2 F6 B6 W3 F7 B7 W4 W5 W6 W7");
+}
+
+TEST(PipeSchedule, ZeroBubbleH1TwoAndFourStagesFourMicroBatches) {
+  const auto s = PipeSchedule::kZeroBubbleH1;
+  EXPECT_EQ(actions_text(s, 2, 0, 4), "F0 F1 B0 W0 F2 B1 W1 F3 B2 W2 B3 W3");
+  EXPECT_EQ(actions_text(s, 2, 1, 4), "F0 B0 F1 B1 W0 F2 B2 W1 F3 B3 W2 W3");
+  EXPECT_EQ(actions_text(s, 4, 0, 4), "F0 F1 F2 F3 B0 W0 B1 W1 B2 W2 B3 W3");
+  EXPECT_EQ(actions_text(s, 4, 1, 4), "F0 F1 F2 B0 F3 B1 W0 B2 W1 B3 W2 W3");
+  EXPECT_EQ(actions_text(s, 4, 2, 4), "F0 F1 B0 F2 B1 F3 B2 W0 B3 W1 W2 W3");
+  EXPECT_EQ(actions_text(s, 4, 3, 4), "F0 B0 F1 B1 F2 B2 F3 B3 W0 W1 W2 W3");
+  // One stage: F, B, W per micro-batch.
+  EXPECT_EQ(actions_text(s, 1, 0, 2), "F0 B0 W0 F1 B1 W1");
+}
+
+TEST(PipeSchedule, OneFOneBTwoStages) {
+  const auto s = PipeSchedule::kOneFOneB;
+  EXPECT_EQ(actions_text(s, 2, 0, 4), "F0 F1 B0 F2 B1 F3 B2 B3");
+  EXPECT_EQ(actions_text(s, 2, 1, 4), "F0 B0 F1 B1 F2 B2 F3 B3");
+  EXPECT_EQ(actions_text(s, 2, 0, 8), "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 B7");
+  EXPECT_EQ(actions_text(s, 2, 1, 8), "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7");
+}
+
+bool ends_micro_batch(PipeSchedule s, PipeAction::Kind kind) {
+  return kind == (splits_backward(s) ? PipeAction::Kind::kWeight : PipeAction::Kind::kBackward);
+}
+
+// The most micro-batches forwarded and not yet through their whole backward, replaying the
+// actions.
+int simulated_in_flight(PipeSchedule s, const std::vector<PipeAction>& actions) {
   int alive = 0, most = 0;
   for (const PipeAction& a : actions) {
-    alive += a.kind == PipeAction::Kind::kForward ? 1 : -1;
+    if (a.kind == PipeAction::Kind::kForward) ++alive;
+    if (ends_micro_batch(s, a.kind)) --alive;
     most = std::max(most, alive);
   }
   return most;
 }
 
-TEST(PipeSchedule, EveryMicroBatchOnceForwardBeforeBackwardAndInFlightMatches) {
-  for (PipeSchedule s : {PipeSchedule::kGPipe, PipeSchedule::kOneFOneB}) {
+// The most micro-batches between their B and their W (0 where backward is not split).
+int simulated_awaiting_weight(PipeSchedule s, const std::vector<PipeAction>& actions) {
+  if (!splits_backward(s)) return 0;
+  int waiting = 0, most = 0;
+  for (const PipeAction& a : actions) {
+    if (a.kind == PipeAction::Kind::kBackward) ++waiting;
+    if (a.kind == PipeAction::Kind::kWeight) --waiting;
+    most = std::max(most, waiting);
+  }
+  return most;
+}
+
+TEST(PipeSchedule, EveryMicroBatchOnceInOrderAndInFlightMatches) {
+  using Kind = PipeAction::Kind;
+  for (PipeSchedule s :
+       {PipeSchedule::kGPipe, PipeSchedule::kOneFOneB, PipeSchedule::kZeroBubbleH1}) {
+    const bool split = splits_backward(s);
     for (int stages = 1; stages <= 6; ++stages) {
       for (int micro = 1; micro <= 10; ++micro) {
         for (int stage = 0; stage < stages; ++stage) {
@@ -81,24 +139,30 @@ TEST(PipeSchedule, EveryMicroBatchOnceForwardBeforeBackwardAndInFlightMatches) {
           const std::string where = fmt::format("{} stages {} stage {} micro {}: {}",
                                                 pipe_schedule_name(s), stages, stage, micro,
                                                 to_text(actions));
-          ASSERT_EQ(actions.size(), 2u * micro) << where;
-          std::vector<int> forward_at(micro, -1), backward_at(micro, -1);
-          int next_backward = 0;
+          ASSERT_EQ(actions.size(), (split ? 3u : 2u) * micro) << where;
+          std::vector<int> at[3] = {std::vector<int>(micro, -1), std::vector<int>(micro, -1),
+                                    std::vector<int>(micro, -1)};
+          int next[3] = {0, 0, 0};
           for (size_t i = 0; i < actions.size(); ++i) {
             const PipeAction& a = actions[i];
             ASSERT_TRUE(a.micro >= 0 && a.micro < micro) << where;
-            auto& at = a.kind == PipeAction::Kind::kForward ? forward_at : backward_at;
-            ASSERT_EQ(at[a.micro], -1) << "twice: " << where;
-            at[a.micro] = static_cast<int>(i);
-            if (a.kind == PipeAction::Kind::kBackward) {
-              ASSERT_EQ(a.micro, next_backward++) << "backwards out of order: " << where;
-            }
+            ASSERT_TRUE(split || a.kind != Kind::kWeight) << where;
+            const int k = static_cast<int>(a.kind);
+            ASSERT_EQ(at[k][a.micro], -1) << "twice: " << where;
+            at[k][a.micro] = static_cast<int>(i);
+            // Every kind of pass in micro-batch order: gradients accumulate in one order.
+            ASSERT_EQ(a.micro, next[k]++) << "out of order: " << where;
           }
           for (int m = 0; m < micro; ++m) {
-            ASSERT_GE(forward_at[m], 0) << where;
-            ASSERT_LT(forward_at[m], backward_at[m]) << where;
+            ASSERT_GE(at[0][m], 0) << where;
+            ASSERT_LT(at[0][m], at[1][m]) << where;
+            if (split) ASSERT_LT(at[1][m], at[2][m]) << where;
           }
-          EXPECT_EQ(max_in_flight(s, stages, stage, micro), simulated_in_flight(actions)) << where;
+          EXPECT_EQ(max_in_flight(s, stages, stage, micro), simulated_in_flight(s, actions))
+              << where;
+          EXPECT_EQ(max_awaiting_weight(s, stages, stage, micro),
+                    simulated_awaiting_weight(s, actions))
+              << where;
         }
       }
     }
@@ -158,14 +222,86 @@ TEST(PipeSchedule, NoDeadlockForAnyStagesAndMicroBatches) {
                                  pipeline_actions(one_f_one_b, 3, 1, 4),
                                  pipeline_actions(one_f_one_b, 3, 2, 4)}, 4));
 
-  for (PipeSchedule s : {PipeSchedule::kGPipe, PipeSchedule::kOneFOneB})
+  for (PipeSchedule s :
+       {PipeSchedule::kGPipe, PipeSchedule::kOneFOneB, PipeSchedule::kZeroBubbleH1})
     for (int stages = 1; stages <= 8; ++stages)
       for (int micro = 1; micro <= 20; ++micro)
         EXPECT_TRUE(schedule_completes(s, stages, micro))
             << pipe_schedule_name(s) << " stages " << stages << " micro " << micro;
 }
 
+// All stages' actions as a list schedule with pass costs F, B, W (an unsplit backward costs
+// B + W): each starts when its stage is free and, for F and B, when the neighbour's pass of
+// that micro-batch it depends on ended. Returns the makespan; transfers cost nothing.
+double makespan(PipeSchedule s, int stages, int micro, double f, double b, double w) {
+  using Kind = PipeAction::Kind;
+  std::vector<std::vector<PipeAction>> actions;
+  for (int st = 0; st < stages; ++st) actions.push_back(pipeline_actions(s, stages, st, micro));
+  const double backward = splits_backward(s) ? b : b + w;
+  std::vector<std::vector<double>> fwd_end(stages, std::vector<double>(micro, -1));
+  std::vector<std::vector<double>> bwd_end = fwd_end;
+  std::vector<double> free_at(stages, 0);
+  std::vector<size_t> next(stages, 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int st = 0; st < stages; ++st) {
+      for (; next[st] < actions[st].size(); ++next[st], progress = true) {
+        const PipeAction& a = actions[st][next[st]];
+        double ready = free_at[st], cost = w;
+        if (a.kind == Kind::kForward) {
+          if (st > 0 && fwd_end[st - 1][a.micro] < 0) break;
+          if (st > 0) ready = std::max(ready, fwd_end[st - 1][a.micro]);
+          cost = f;
+        } else if (a.kind == Kind::kBackward) {
+          if (st < stages - 1 && bwd_end[st + 1][a.micro] < 0) break;
+          if (st < stages - 1) ready = std::max(ready, bwd_end[st + 1][a.micro]);
+          cost = backward;
+        }
+        free_at[st] = ready + cost;
+        if (a.kind == Kind::kForward) fwd_end[st][a.micro] = free_at[st];
+        if (a.kind == Kind::kBackward) bwd_end[st][a.micro] = free_at[st];
+      }
+    }
+  }
+  for (int st = 0; st < stages; ++st)
+    if (next[st] != actions[st].size()) return -1;  // deadlock
+  return *std::max_element(free_at.begin(), free_at.end());
+}
+
+TEST(PipeSchedule, UnitCostMakespansAreThePapers) {
+  // With F = B = W = 1: 1F1B's bubble is (p − 1)(F + B + W), so its makespan 3(m + p − 1);
+  // ZB-H1's bubble is (p − 1)(F + B − W) (Qi et al. 2023, section 3), so 3m + p − 1, a third.
+  for (int p = 1; p <= 6; ++p) {
+    for (int m = p; m <= 3 * p + 2; ++m) {
+      SCOPED_TRACE(fmt::format("p {} m {}", p, m));
+      EXPECT_EQ(makespan(PipeSchedule::kOneFOneB, p, m, 1, 1, 1), 3.0 * (m + p - 1));
+      EXPECT_EQ(makespan(PipeSchedule::kGPipe, p, m, 1, 1, 1), 3.0 * (m + p - 1));
+      EXPECT_EQ(makespan(PipeSchedule::kZeroBubbleH1, p, m, 1, 1, 1), 3.0 * m + (p - 1));
+    }
+  }
+}
+
+TEST(PipeSchedule, BubbleModelIsTheUnitCostReplays) {
+  for (PipeSchedule s :
+       {PipeSchedule::kGPipe, PipeSchedule::kOneFOneB, PipeSchedule::kZeroBubbleH1}) {
+    for (int p = 1; p <= 6; ++p) {
+      for (int m = 1; m <= 12; ++m) {
+        const double busy = 3.0 * m;  // every stage's F + B + W
+        EXPECT_NEAR(bubble_model(s, p, m), 1 - busy / makespan(s, p, m, 1, 1, 1), 1e-12)
+            << pipe_schedule_name(s) << " p " << p << " m " << m;
+      }
+    }
+  }
+  EXPECT_NEAR(bubble_model(PipeSchedule::kOneFOneB, 4, 8), 3.0 / 11, 1e-12);
+  EXPECT_NEAR(bubble_model(PipeSchedule::kZeroBubbleH1, 4, 8), 3.0 / 27, 1e-12);
+}
+
 TEST(PipeSchedule, MaxInFlight) {
+  EXPECT_EQ(max_in_flight(PipeSchedule::kZeroBubbleH1, 4, 0, 8), 4);
+  EXPECT_EQ(max_in_flight(PipeSchedule::kZeroBubbleH1, 4, 3, 8), 4);
+  EXPECT_EQ(max_awaiting_weight(PipeSchedule::kZeroBubbleH1, 4, 3, 8), 4);
+  EXPECT_EQ(max_awaiting_weight(PipeSchedule::kZeroBubbleH1, 4, 0, 8), 1);
+  EXPECT_EQ(max_awaiting_weight(PipeSchedule::kOneFOneB, 4, 0, 8), 0);
   EXPECT_EQ(max_in_flight(PipeSchedule::kGPipe, 4, 0, 8), 8);
   EXPECT_EQ(max_in_flight(PipeSchedule::kOneFOneB, 4, 0, 8), 4);
   EXPECT_EQ(max_in_flight(PipeSchedule::kOneFOneB, 4, 3, 8), 1);
@@ -175,9 +311,11 @@ TEST(PipeSchedule, MaxInFlight) {
 TEST(PipeSchedule, ParseAndName) {
   EXPECT_EQ(parse_pipe_schedule("gpipe", "parallel.schedule"), PipeSchedule::kGPipe);
   EXPECT_EQ(parse_pipe_schedule("1f1b", "parallel.schedule"), PipeSchedule::kOneFOneB);
+  EXPECT_EQ(parse_pipe_schedule("zb-h1", "parallel.schedule"), PipeSchedule::kZeroBubbleH1);
   EXPECT_STREQ(pipe_schedule_name(PipeSchedule::kGPipe), "gpipe");
   EXPECT_STREQ(pipe_schedule_name(PipeSchedule::kOneFOneB), "1f1b");
-  for (PipeSchedule s : {PipeSchedule::kGPipe, PipeSchedule::kOneFOneB})
+  for (PipeSchedule s :
+       {PipeSchedule::kGPipe, PipeSchedule::kOneFOneB, PipeSchedule::kZeroBubbleH1})
     EXPECT_EQ(parse_pipe_schedule(pipe_schedule_name(s), "k"), s);
   try {
     parse_pipe_schedule("interleaved", "parallel.schedule");
@@ -189,6 +327,7 @@ TEST(PipeSchedule, ParseAndName) {
     EXPECT_NE(msg.find("interleaved"), std::string::npos) << msg;
     EXPECT_NE(msg.find("gpipe"), std::string::npos) << msg;
     EXPECT_NE(msg.find("1f1b"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("zb-h1"), std::string::npos) << msg;
   }
 }
 

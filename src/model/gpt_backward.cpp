@@ -1,0 +1,227 @@
+// GPT-2 backward, whole (backward) or split in two for the zero-bubble schedule
+// (backward_input, then backward_weight later). The tensor-parallel and sequence-parallel
+// plumbing is gpt.cpp's (see its header comment); this file only orders the layer calls.
+//
+// Note [Split backward]: backward_input ("B") computes everything the previous stage waits
+// for — the input gradients through the whole stage — and the LayerNorm gradients on the way;
+// backward_weight ("W") computes the weight and bias gradients of the linear layers (qkv,
+// attproj, fc, fcproj, the LM head's dwte) and the embedding's, from the output gradients B
+// kept. B keeps them in the slot, in activations that B itself was the last to read:
+//
+//     fcproj's output gradient (this rank's rows)  → residual3 (the block's output)
+//     fc's output gradient                         → fch (the pre-GELU activation)
+//     attproj's output gradient (this rank's rows) → residual2
+//     qkv's output gradient                        → qkv
+//     the embedding's output gradient              → encoded (the stage input)
+//     the LM head's                                → logits (dlogits, in place already)
+//
+// so a split backward needs no memory beyond the slot (the schedule keeps the slot until W).
+// With sequence parallelism W gathers the kept rows to all N again (an all-gather per
+// row-parallel layer, which tp ranks run in the same order). W runs the same matmul_backward
+// calls on the same values as backward, in the same order per parameter, so B then W gives
+// backward's gradients bit for bit (test_pp_training, zb-h1 against 1f1b). Gradient-ready
+// events come from W. Recomputation is refused: what it drops, W would need again.
+#include "model/gpt_phase.h"
+#include "trident/check.h"
+#include "trident/model.h"
+
+namespace trident {
+
+void GPT::backward(int slot, float dloss_scale, const float* dstage_output, float* dstage_input,
+                   const GradReadyFn& on_ready, const EmbeddingRowSink* sink,
+                   bool last_micro_batch) {
+  backward_pass(BackwardPart::kWhole, slot, dloss_scale, dstage_output, dstage_input, on_ready,
+                sink, last_micro_batch);
+}
+
+void GPT::backward_input(int slot, float dloss_scale, const float* dstage_output,
+                         float* dstage_input, bool last_micro_batch) {
+  TRIDENT_CHECK(recompute_mode_ == Recompute::kNone,
+                "a split backward with recomputation (Note [Split backward])");
+  backward_pass(BackwardPart::kInput, slot, dloss_scale, dstage_output, dstage_input, {}, nullptr,
+                last_micro_batch);
+}
+
+void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale,
+                        const float* dstage_output, float* dstage_input,
+                        const GradReadyFn& on_ready, const EmbeddingRowSink* sink,
+                        bool last_micro_batch) {
+  Slot& s = slots_[slot];
+  const int B = s.B, T = s.T, N = B * T, Nr = N / rows_divisor_;
+  const int C = cfg_.channels, tps = tp_.size;
+  const int NHl = cfg_.heads / tps, Cl = C / tps, Vl = cfg_.padded_vocab / tps;
+  Scratch& a = scratch_;
+  float* P = params_.data();
+  float* G = grads_.data();
+  // The whole backward computes weight gradients as it goes; B leaves them to W and keeps
+  // the output gradients instead (Note [Split backward]).
+  const bool weights = part == BackwardPart::kWhole;
+  const bool keep = part == BackwardPart::kInput;
+  auto keep_copy = [&](float* dst, const float* src, size_t n) {
+    if (keep) be_.copy(dst, src, n * sizeof(float));
+  };
+  auto grad = [&](float* g) { return weights ? g : nullptr; };
+  // Parameters are listed in ready order, so "ready" walks the list front to back, through
+  // the indices of the parameter table (Note [Parameter table]). wte is reported on its own:
+  // right after the LM head when that is its only contribution on this stage (or the sparse
+  // part goes to a sink), else after the embedding.
+  const int wte_index = table_.wte_index;
+  const bool wte_after_head = stage_.has_head && (!stage_.has_embedding || sink);
+  int next_ready = 0;
+  auto ready_through = [&](int last) {
+    if (!on_ready) return;
+    for (; next_ready <= last; ++next_ready)
+      if (next_ready != wte_index) on_ready(next_ready);
+  };
+  // The gradient w.r.t. the residual stream on all N rows (gathered with sequence parallelism).
+  auto dresidual_all_rows = [&]() -> const float* {
+    if (rows_divisor_ == 1) return a.dresidual.data();
+    gather_rows(a.dfull.data(), a.dresidual.data(), B, T, C);
+    return a.dfull.data();
+  };
+
+  const int L = stage_.num_layers;
+  const float* last_residual =
+      L > 0 ? block_acts(slot, L - 1).residual3 : s.encoded.data();
+  if (stage_.has_head) {
+    TRIDENT_CHECK(s.has_targets, "backward() needs a forward() with targets first");
+    Phase ph(be_, phases_, table_.backward_head);
+    // Mean over the N tokens of this micro-batch, times the caller's scale (1/accum).
+    crossentropy_backward(s, s.targets.data(), dloss_scale / float(N), N);
+    // dwte first, so that when it is final it can be reduced while the head's input gradient
+    // (the rest of backward's critical path) is computed.
+    if (weights) {
+      be_.matmul_backward(nullptr, G + table_.wte, nullptr, s.logits.data(), s.lnf.data(),
+                          P + table_.wte, N, C, Vl);
+      if (wte_after_head && on_ready) on_ready(wte_index);
+    }
+    be_.matmul_backward(a.dbuf_c.data(), nullptr, nullptr, s.logits.data(), s.lnf.data(),
+                        P + table_.wte, N, C, Vl);
+    layernorm_gathered_backward(a.dresidual.data(), G + table_.lnfw, G + table_.lnfb,
+                                a.dbuf_c.data(), last_residual, P + table_.lnfw,
+                                s.lnf_mean.data(), s.lnf_rstd.data(), B, T, C, 2 * L,
+                                last_micro_batch);
+    ready_through(table_.lnfb_index);
+  } else {
+    TRIDENT_CHECK(dstage_output != nullptr, "a stage before the last needs its output gradient");
+    be_.copy(a.dresidual.data(), dstage_output, size_t(Nr) * C * sizeof(float));
+  }
+
+  for (int i = L - 1; i >= 0; --i) {
+    progress();
+    const LayerTable& lt = table_.layers[size_t(i)];
+    Phase ph(be_, phases_, lt.backward_phase);
+    const float* residual_in = i == 0 ? s.encoded.data() : block_acts(slot, i - 1).residual3;
+    recompute_block(slot, i, residual_in);
+    const BlockActs act = block_acts(slot, i);
+    const BlockWeights w = block(P, i);
+    const BlockWeights dw = block(G, i);
+    float* dres = a.dresidual.data();  // gradient w.r.t. this block's output (this rank's rows)
+
+    const float* dout = dresidual_all_rows();
+    keep_copy(act.residual3, dres, size_t(Nr) * C);
+    be_.matmul_backward(a.dbuf_4c.data(), grad(dw.fcprojw), grad(dw.fcprojb), dout,
+                        act.fch_gelu, w.fcprojw, N, 4 * Cl, C);
+    ready_through(lt.ready_fcproj);
+    be_.gelu_backward(a.dbuf_4c2.data(), act.fch, a.dbuf_4c.data(), size_t(N) * 4 * Cl);
+    keep_copy(act.fch, a.dbuf_4c2.data(), size_t(N) * 4 * Cl);
+    be_.matmul_backward(a.dbuf_c.data(), grad(dw.fcw), grad(dw.fcb), a.dbuf_4c2.data(), act.ln2,
+                        w.fcw, N, C, 4 * Cl);
+    ready_through(lt.ready_fc);
+    layernorm_gathered_backward(a.dbuf_c2.data(), dw.ln2w, dw.ln2b, a.dbuf_c.data(),
+                                act.residual2, w.ln2w, act.ln2_mean, act.ln2_rstd, B, T, C,
+                                2 * i + 1, last_micro_batch);
+    ready_through(lt.ready_ln2);
+    be_.add(dres, dres, a.dbuf_c2.data(), size_t(Nr) * C);  // now w.r.t. residual2
+
+    dout = dresidual_all_rows();
+    keep_copy(act.residual2, dres, size_t(Nr) * C);
+    be_.matmul_backward(a.dbuf_c.data(), grad(dw.attprojw), grad(dw.attprojb), dout, act.atty,
+                        w.attprojw, N, Cl, C);
+    ready_through(lt.ready_attproj);
+    be_.attention_backward(a.dbuf_3c.data(), a.datt.data(), a.dbuf_c.data(), act.qkv, act.atty,
+                           act.att, B, T, Cl, NHl);
+    keep_copy(act.qkv, a.dbuf_3c.data(), size_t(N) * 3 * Cl);
+    be_.matmul_backward(a.dbuf_c.data(), grad(dw.qkvw), grad(dw.qkvb), a.dbuf_3c.data(), act.ln1,
+                        w.qkvw, N, C, 3 * Cl);
+    ready_through(lt.ready_qkv);
+    layernorm_gathered_backward(a.dbuf_c2.data(), dw.ln1w, dw.ln1b, a.dbuf_c.data(), residual_in,
+                                w.ln1w, act.ln1_mean, act.ln1_rstd, B, T, C, 2 * i,
+                                last_micro_batch);
+    ready_through(lt.ready_ln1);
+    be_.add(dres, dres, a.dbuf_c2.data(), size_t(Nr) * C);  // now w.r.t. the block's input
+  }
+  if (!stage_.has_embedding) {
+    TRIDENT_CHECK(dstage_input != nullptr, "a stage after the first must return its input gradient");
+    be_.copy(dstage_input, a.dresidual.data(), size_t(Nr) * C * sizeof(float));
+    ready_through(int(infos_.size()) - 1);  // the rest of this stage's list
+    return;
+  }
+  keep_copy(s.encoded.data(), a.dresidual.data(), size_t(Nr) * C);
+  if (!weights) return;
+  // The token embedding's second (sparse) contribution comes last (Note [Tied embedding
+  // gradient]): into the sink's compact rows, or into wte's gradient, which is final only now.
+  Phase ph(be_, phases_, table_.backward_embedding);
+  embedding_backward(dresidual_all_rows(), s.inputs.data(), sink, B, T);
+  ready_through(table_.wpe_index);
+  if (!wte_after_head && on_ready) on_ready(wte_index);
+}
+
+void GPT::backward_weight(int slot, const GradReadyFn& on_ready, const EmbeddingRowSink* sink) {
+  Slot& s = slots_[slot];
+  const int B = s.B, T = s.T, N = B * T;
+  const int C = cfg_.channels, Cl = C / tp_.size, Vl = cfg_.padded_vocab / tp_.size;
+  float* P = params_.data();
+  float* G = grads_.data();
+  // As in backward_pass: the same ready order, and wte reported on its own.
+  const int wte_index = table_.wte_index;
+  const bool wte_after_head = stage_.has_head && (!stage_.has_embedding || sink);
+  int next_ready = 0;
+  auto ready_through = [&](int last) {
+    if (!on_ready) return;
+    for (; next_ready <= last; ++next_ready)
+      if (next_ready != wte_index) on_ready(next_ready);
+  };
+  // A kept output gradient of this rank's rows, on all N rows (Note [Split backward]).
+  auto all_rows = [&](const float* local) -> const float* {
+    if (rows_divisor_ == 1) return local;
+    gather_rows(scratch_.dfull.data(), local, B, T, C);
+    return scratch_.dfull.data();
+  };
+
+  if (stage_.has_head) {
+    Phase ph(be_, phases_, table_.weight_head);
+    be_.matmul_backward(nullptr, G + table_.wte, nullptr, s.logits.data(), s.lnf.data(),
+                        P + table_.wte, N, C, Vl);
+    if (wte_after_head && on_ready) on_ready(wte_index);
+    ready_through(table_.lnfb_index);
+  }
+  for (int i = stage_.num_layers - 1; i >= 0; --i) {
+    progress();
+    const LayerTable& lt = table_.layers[size_t(i)];
+    Phase ph(be_, phases_, lt.weight_phase);
+    const BlockActs act = block_acts(slot, i);
+    const BlockWeights w = block(P, i);
+    const BlockWeights dw = block(G, i);
+    be_.matmul_backward(nullptr, dw.fcprojw, dw.fcprojb, all_rows(act.residual3), act.fch_gelu,
+                        w.fcprojw, N, 4 * Cl, C);
+    ready_through(lt.ready_fcproj);
+    be_.matmul_backward(nullptr, dw.fcw, dw.fcb, act.fch, act.ln2, w.fcw, N, C, 4 * Cl);
+    ready_through(lt.ready_ln2);  // ln2's gradients were final after B
+    be_.matmul_backward(nullptr, dw.attprojw, dw.attprojb, all_rows(act.residual2), act.atty,
+                        w.attprojw, N, Cl, C);
+    ready_through(lt.ready_attproj);
+    be_.matmul_backward(nullptr, dw.qkvw, dw.qkvb, act.qkv, act.ln1, w.qkvw, N, C, 3 * Cl);
+    ready_through(lt.ready_ln1);
+  }
+  if (!stage_.has_embedding) {
+    ready_through(int(infos_.size()) - 1);
+    return;
+  }
+  Phase ph(be_, phases_, table_.weight_embedding);
+  embedding_backward(all_rows(s.encoded.data()), s.inputs.data(), sink, B, T);
+  ready_through(table_.wpe_index);
+  if (!wte_after_head && on_ready) on_ready(wte_index);
+}
+
+}  // namespace trident
