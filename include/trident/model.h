@@ -135,6 +135,10 @@ struct GPTOptions {
   StageSpec stage;
   int slots = 1;  // micro-batches whose activations are alive at once (pipeline in-flight)
   Recompute recompute = Recompute::kNone;
+  // One set of the head's buffers (final LayerNorm, logits, losses) for all slots instead of
+  // one per slot: for a last stage that runs each micro-batch's backward right after its
+  // forward (1F1B and ZB-H1 do) while holding several slots (ZB-H1: Note [Split backward]).
+  bool shared_head = false;
   // Note [Padded buckets] (trident/buckets.h): each parameter's offset in the flat buffer, in
   // ready order, and the buffer's size with the padding. Empty: contiguous, unpadded.
   std::vector<size_t> param_offsets;
@@ -242,6 +246,8 @@ class GPT {
     BackendBuffer<float> lnf, lnf_mean, lnf_rstd, logits, losses;
   };
   BlockActs block_acts(int slot, int local_layer);
+  // The slot holding `s`'s head buffers: itself, or slot 0 (GPTOptions::shared_head).
+  Slot& head(Slot& s) { return shared_head_ ? slots_[0] : s; }
   // Shared scratch: full-row partial sums, sequence-parallel staging, backward buffers.
   struct Scratch {
     BackendBuffer<float> full_c, stage, ln_out;
@@ -278,7 +284,7 @@ class GPT {
     std::vector<LayerTable> layers;  // per local layer (stage_.first_layer + i)
     std::string forward_embedding = "forward embedding", forward_head = "forward head+loss",
                 backward_head = "backward head+loss", backward_embedding = "backward embedding",
-                weight_head = "weight head", weight_embedding = "weight embedding";
+                weight_embedding = "weight embedding";
     std::vector<int> embedding_uses, head_uses;  // for param_use_
   };
   void build_param_table();
@@ -340,6 +346,7 @@ class GPT {
   TensorParallel tp_;
   StageSpec stage_;
   Recompute recompute_mode_ = Recompute::kNone;
+  bool shared_head_ = false;
   int rows_divisor_ = 1;  // tp with sequence parallelism, else 1
   double tp_comm_ms_ = 0.0;
 };

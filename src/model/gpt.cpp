@@ -142,9 +142,10 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, int 
   if (!stage_.has_head) return 0.0f;
   if (param_use_) param_use_(table_.head_uses);
   Phase ph(be_, phases_, table_.forward_head);
-  layernorm_gathered(s.lnf.data(), s.lnf_mean.data(), s.lnf_rstd.data(), residual,
+  Slot& h = head(s);
+  layernorm_gathered(h.lnf.data(), h.lnf_mean.data(), h.lnf_rstd.data(), residual,
                      P + table_.lnfw, P + table_.lnfb, B, T, C);
-  be_.matmul_forward(s.logits.data(), s.lnf.data(), P + table_.wte, nullptr, N, C, Vl);
+  be_.matmul_forward(h.logits.data(), h.lnf.data(), P + table_.wte, nullptr, N, C, Vl);
   s.has_targets = targets != nullptr;
   if (!targets) return 0.0f;
   be_.copy(s.targets.data(), targets, size_t(N) * sizeof(int32_t));

@@ -4,18 +4,23 @@
 //
 // Note [Split backward]: backward_input ("B") computes everything the previous stage waits
 // for — the input gradients through the whole stage — and the LayerNorm gradients on the way;
-// backward_weight ("W") computes the weight and bias gradients of the linear layers (qkv,
-// attproj, fc, fcproj, the LM head's dwte) and the embedding's, from the output gradients B
-// kept. B keeps them in the slot, in activations that B itself was the last to read:
+// backward_weight ("W") computes the weight and bias gradients of the blocks' linear layers
+// (qkv, attproj, fc, fcproj) and the embedding's, from the output gradients B kept. B keeps
+// them in the slot, in activations that B itself was the last to read:
 //
 //     fcproj's output gradient (this rank's rows)  → residual3 (the block's output)
 //     fc's output gradient                         → fch (the pre-GELU activation)
 //     attproj's output gradient (this rank's rows) → residual2
 //     qkv's output gradient                        → qkv
 //     the embedding's output gradient              → encoded (the stage input)
-//     the LM head's                                → logits (dlogits, in place already)
 //
 // so a split backward needs no memory beyond the slot (the schedule keeps the slot until W).
+// The LM head's dwte stays in B: its input, dlogits, is the largest buffer of all (B·T·V),
+// and computing dwte at once lets the last stage keep one set of head buffers (final
+// LayerNorm, logits, losses) for all its slots (GPTOptions::shared_head), where ZB-H1 gives
+// it p slots. On a stage with both ends (pp 1)
+// wte's two contributions still come in backward's order: the head's in B(i), the
+// embedding's in W(i), and W(i) precedes B(i + 1) there.
 // With sequence parallelism W gathers the kept rows to all N again (an all-gather per
 // row-parallel layer, which tp ranks run in the same order). W runs the same matmul_backward
 // calls on the same values as backward, in the same order per parameter, so B then W gives
@@ -89,17 +94,17 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale,
     // Mean over the N tokens of this micro-batch, times the caller's scale (1/accum).
     crossentropy_backward(s, s.targets.data(), dloss_scale / float(N), N);
     // dwte first, so that when it is final it can be reduced while the head's input gradient
-    // (the rest of backward's critical path) is computed.
-    if (weights) {
-      be_.matmul_backward(nullptr, G + table_.wte, nullptr, s.logits.data(), s.lnf.data(),
-                          P + table_.wte, N, C, Vl);
-      if (wte_after_head && on_ready) on_ready(wte_index);
-    }
-    be_.matmul_backward(a.dbuf_c.data(), nullptr, nullptr, s.logits.data(), s.lnf.data(),
+    // (the rest of backward's critical path) is computed. B computes it too: the logits
+    // buffer may be shared by all slots (Note [Split backward]).
+    Slot& h = head(s);
+    be_.matmul_backward(nullptr, G + table_.wte, nullptr, h.logits.data(), h.lnf.data(),
+                        P + table_.wte, N, C, Vl);
+    if (wte_after_head && on_ready) on_ready(wte_index);
+    be_.matmul_backward(a.dbuf_c.data(), nullptr, nullptr, h.logits.data(), h.lnf.data(),
                         P + table_.wte, N, C, Vl);
     layernorm_gathered_backward(a.dresidual.data(), G + table_.lnfw, G + table_.lnfb,
                                 a.dbuf_c.data(), last_residual, P + table_.lnfw,
-                                s.lnf_mean.data(), s.lnf_rstd.data(), B, T, C, 2 * L,
+                                h.lnf_mean.data(), h.lnf_rstd.data(), B, T, C, 2 * L,
                                 last_micro_batch);
     ready_through(table_.lnfb_index);
   } else {
@@ -170,7 +175,7 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale,
 void GPT::backward_weight(int slot, const GradReadyFn& on_ready, const EmbeddingRowSink* sink) {
   Slot& s = slots_[slot];
   const int B = s.B, T = s.T, N = B * T;
-  const int C = cfg_.channels, Cl = C / tp_.size, Vl = cfg_.padded_vocab / tp_.size;
+  const int C = cfg_.channels, Cl = C / tp_.size;
   float* P = params_.data();
   float* G = grads_.data();
   // As in backward_pass: the same ready order, and wte reported on its own.
@@ -189,10 +194,7 @@ void GPT::backward_weight(int slot, const GradReadyFn& on_ready, const Embedding
     return scratch_.dfull.data();
   };
 
-  if (stage_.has_head) {
-    Phase ph(be_, phases_, table_.weight_head);
-    be_.matmul_backward(nullptr, G + table_.wte, nullptr, s.logits.data(), s.lnf.data(),
-                        P + table_.wte, N, C, Vl);
+  if (stage_.has_head) {  // the head's gradients are final since B
     if (wte_after_head && on_ready) on_ready(wte_index);
     ready_through(table_.lnfb_index);
   }

@@ -57,6 +57,7 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   const std::array<size_t, kBlockBuffers>& sizes = block_sizes_;
   const std::array<bool, kBlockBuffers> kept = block_kept();
   slots_.resize(options.slots);
+  shared_head_ = options.shared_head;
   for (Slot& s : slots_) {
     s.encoded = floats(Nr * C);
     s.blocks.resize(sizes.size());
@@ -64,7 +65,7 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
       if (kept[k]) s.blocks[k] = floats(L * sizes[k]);
     s.inputs = BackendBuffer<int32_t>(be_, N);
     s.targets = BackendBuffer<int32_t>(be_, N);
-    if (stage_.has_head) {
+    if (stage_.has_head && (!shared_head_ || &s == &slots_[0])) {
       s.lnf = floats(N * C);
       s.lnf_mean = floats(Nr);
       s.lnf_rstd = floats(Nr);

@@ -66,8 +66,8 @@ void GPT::embedding_backward(const float* dout, const int32_t* tokens,
 
 float GPT::crossentropy_forward(Slot& slot, const int32_t* targets, int N) {
   const int V = cfg_.vocab, Vp = cfg_.padded_vocab;
-  float* logits = slot.logits.data();
-  float* losses = slot.losses.data();
+  float* logits = head(slot).logits.data();
+  float* losses = head(slot).losses.data();
   if (tp_.size == 1) {
     be_.crossentropy_forward(losses, logits, targets, N, V, Vp);
   } else {
@@ -94,7 +94,7 @@ float GPT::crossentropy_forward(Slot& slot, const int32_t* targets, int N) {
 
 void GPT::crossentropy_backward(Slot& slot, const int32_t* targets, float dloss, int N) {
   const int V = cfg_.vocab, Vp = cfg_.padded_vocab;
-  float* probs = slot.logits.data();
+  float* probs = head(slot).logits.data();
   if (tp_.size == 1) {
     be_.crossentropy_backward(probs, targets, dloss, N, V, Vp);
     return;

@@ -108,6 +108,9 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
   schedule_ = parse_pipe_schedule(deck_.parallel.schedule, "parallel.schedule");
   options.slots = max_in_flight(schedule_, pp_size_, pp_rank_, deck_.train.accum);
   options.recompute = parse_recompute(deck_.train.recompute);
+  // Note [Split backward] (model/gpt_backward.cpp): the last stage of zb-h1 holds p slots but
+  // runs each micro-batch's B right after its F, so one set of head buffers serves them all.
+  options.shared_head = splits_backward(schedule_);
   if (splits_backward(schedule_) && options.recompute != Recompute::kNone)
     input_error("parallel.schedule: {} keeps each micro-batch's activations until its weight "
                 "pass, which train.recompute: {} drops; use train.recompute: none with {}, or "
