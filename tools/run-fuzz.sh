@@ -11,7 +11,7 @@ seconds=${1:-30}
 shift $(( $# > 0 ? 1 : 0 ))
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(fuzz_deck fuzz_tokens fuzz_llmc_checkpoint fuzz_checkpoint_index)
+  targets=(fuzz_deck fuzz_tokens fuzz_indexed fuzz_llmc_checkpoint fuzz_checkpoint_index)
 fi
 
 bash tools/setup.sh fuzz

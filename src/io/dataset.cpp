@@ -1,16 +1,12 @@
 // Token files: format detection, validation and the memory-mapped reader; write_token_file.
 // The byte layouts are described in include/trident/data.h and docs/data-format.md.
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 
+#include "token_files.h"
 #include "trident/check.h"
 #include "trident/data.h"
 
@@ -20,6 +16,8 @@ static_assert(std::endian::native == std::endian::little,
               "token files are little-endian and are read in place");
 
 namespace {
+
+using io_detail::MappedFile;
 
 constexpr char kTridentMagic[8] = {'T', 'R', 'I', 'D', 'T', 'O', 'K', '\0'};
 constexpr uint32_t kTridentVersion = 1;
@@ -49,45 +47,6 @@ const char* tokenizer_name(uint32_t id) {
     default: return "unknown";
   }
 }
-
-// A read-only private mapping of a whole file; unmapped on destruction.
-class MappedFile {
- public:
-  MappedFile(const std::string& path, const std::string& what) {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) input_error("{}: {}: cannot open: {}", what, path, std::strerror(errno));
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-      ::close(fd);
-      input_error("{}: {}: not a regular file", what, path);
-    }
-    size_ = static_cast<size_t>(st.st_size);
-    if (size_ > 0) {
-      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-      int err = errno;
-      ::close(fd);
-      if (p == MAP_FAILED) input_error("{}: {}: cannot mmap: {}", what, path, std::strerror(err));
-      bytes_ = static_cast<const unsigned char*>(p);
-    } else {
-      ::close(fd);
-    }
-  }
-  ~MappedFile() {
-    if (bytes_) ::munmap(const_cast<unsigned char*>(bytes_), size_);
-  }
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
-
-  const unsigned char* bytes() const { return bytes_; }
-  size_t size() const { return size_; }
-  void advise(int advice) const {
-    if (bytes_) ::madvise(const_cast<unsigned char*>(bytes_), size_, advice);
-  }
-
- private:
-  const unsigned char* bytes_ = nullptr;
-  size_t size_ = 0;
-};
 
 // What a header says about the payload.
 struct TokenLayout {
@@ -262,6 +221,8 @@ std::string TokenDataset::describe() const {
 std::unique_ptr<TokenDataset> TokenDataset::open(const std::string& path, int vocab,
                                                  const std::string& what) {
   if (vocab <= 0) input_error("{}: {}: model.vocab is {}, must be positive", what, path, vocab);
+  if (auto prefix = io_detail::indexed_prefix(path))
+    return io_detail::open_indexed_dataset(*prefix, vocab, what);
   auto file = std::make_unique<MappedFile>(path, what);
   TokenLayout layout = parse_header(*file, path, what);
   check_size(layout, *file, path, what);

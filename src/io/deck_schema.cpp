@@ -87,9 +87,9 @@ const std::vector<Key>& table() {
        .min = ge(1), .help = "micro-batches per validation"},
 
       {.name = "data.train", .field = at<&Deck::data, &DataConfig::train>(), .text = Text::kPath,
-       .help = "training token file (required)"},
+       .help = "training data: token file, llm.c shard or Megatron indexed dataset (required)"},
       {.name = "data.valid", .field = at<&Deck::data, &DataConfig::valid>(), .text = Text::kPath,
-       .help = "validation token file; empty: no validation"},
+       .help = "validation data, as data.train; empty: no validation"},
       {.name = "data.shuffle", .field = at<&Deck::data, &DataConfig::shuffle>(),
        .help = "shuffle the order of training sequences"},
 
