@@ -4,8 +4,8 @@
   tools/plot_trace.py runs/bench-overlap/trace.rank0.json [trace.rank1.json ...] \
       --step -1 --out docs/img/overlap-on.png --title "overlap on"
 
-For each rank: one row for compute (forward/backward per block, optimizer) and one for the
-all-reduces (each bucket a bar). --step picks the step by its optimizer span (-1: the last).
+For each rank: one row for compute (forward/backward per block, zb-h1's weight passes,
+optimizer) and one for the all-reduces (each bucket a bar); a pipeline's bubble is the blank. --step picks the step by its optimizer span (-1: the last).
 Needs Debian's python3-matplotlib (run with /usr/bin/python3).
 """
 import argparse
@@ -16,7 +16,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-COLORS = {"forward": "#4c78a8", "backward": "#f58518", "optimizer": "#54a24b", "comm": "#b279a2"}
+COLORS = {"forward": "#4c78a8", "backward": "#f58518", "weight": "#e45756", "optimizer": "#54a24b",
+          "comm": "#b279a2"}
+LABELS = ["forward", "backward (B with zb-h1)", "weight gradients (W, zb-h1)", "optimizer",
+          "all-reduce"]
 
 
 def load(path):
@@ -61,7 +64,7 @@ def step_window(path, spans, step):
 def color(name, category):
     if category == "comm":
         return COLORS["comm"]
-    for key in ("forward", "backward", "optimizer"):
+    for key in ("forward", "backward", "weight", "optimizer"):
         if name.startswith(key):
             return COLORS[key]
     return "#999999"
@@ -94,8 +97,7 @@ def main():
     ax.set_yticklabels([r[0] for r in reversed(rows)])
     ax.set_xlabel("time since the step began (ms)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
-    ax.legend(handles, ["forward", "backward", "optimizer", "all-reduce"], loc="upper left",
-              ncol=4, fontsize=8)
+    ax.legend(handles, LABELS, loc="upper left", ncol=5, fontsize=8)
     ax.set_title(args.title)
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)

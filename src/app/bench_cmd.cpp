@@ -193,8 +193,14 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
                  st, pp, pipe_schedule_name(schedule), deck.train.accum, per_stage[2 * st],
                  model_bubble, per_stage[2 * st + 1] / (1024.0 * 1024.0),
                  max_in_flight(schedule, pp, st, deck.train.accum));
-    double activation_max = 0;
-    for (int st = 0; st < pp; ++st) activation_max = std::max(activation_max, per_stage[2 * st + 1]);
+    // The pipeline's bubble: idle stage-time over all stage-time, the mean of the stages'
+    // (each runs the whole schedule). Stage 0's alone (`bubble`) also holds the imbalance of
+    // the stages: the first waits for a slower last one in every steady-state F/B pair.
+    double activation_max = 0, bubble_mean = 0;
+    for (int st = 0; st < pp; ++st) {
+      activation_max = std::max(activation_max, per_stage[2 * st + 1]);
+      bubble_mean += per_stage[2 * st] / pp;
+    }
     const Trainer::MemoryBytes memory = trainer.memory_bytes();  // per rank
     constexpr double mib = 1024.0 * 1024.0;
     const auto figure = [](double x) { return std::isnan(x) ? nlohmann::json() : nlohmann::json(x); };
@@ -217,6 +223,7 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
         {"gather_exposed_ms", median(gather_exposed), 2},
         {"tp_comm_ms", median(tp_comm), 2},
         {"bubble", median(bubble), 3},
+        {"bubble_mean", bubble_mean, 3},
         {"bubble_model", model_bubble, 3},
         {"activation_mb", trainer.model().activation_bytes() / (1024.0 * 1024.0), 1},
         {"activation_max_stage_mb", activation_max / (1024.0 * 1024.0), 1},

@@ -13,6 +13,8 @@
 #      equal Python's zlib.crc32 over the dataset's float32 bytes read with h5py.
 #   4. `trident bench` ends with exactly one `bench: k=v ...` line holding the documented
 #      fields, with units and values consistent with each other, the deck and the step lines.
+#   5. With parallel.schedule zb-h1 on 2 stages the compute tracks show ZB-H1's order (B and
+#      W apart: Note [ZB-H1]), written out here by hand, and plot_trace.py draws the W bars.
 # usage: test_trace_and_bench.sh TRIDENT_BINARY SOURCE_DIR SCRATCH_DIR
 source "$(dirname "$0")/lib.sh" "$@"
 if ! $py -c "import h5py, matplotlib, numpy" 2>/dev/null; then
@@ -369,5 +371,49 @@ if over: fail(f"a step's forward+backward+optimizer exceeds its time: {over[0]}"
 if num["comm_ms"] <= 0 or num["comm_cpu_ms"] <= 0: fail(f"dp 2 but comm_ms={f['comm_ms']} comm_cpu_ms={f['comm_cpu_ms']}")
 ok(f"summary = medians of the {timed} timed step lines; comm_ms={f['comm_ms']} comm_cpu_ms={f['comm_cpu_ms']} with dp {dp}")
 EOF
+
+# 5. zb-h1 on 2 stages (4 blocks, 2 per stage), accum 2: stage 0 runs F0 F1 B0 W0 B1 W1 and
+# stage 1 (W one micro-batch late) F0 B0 F1 B1 W0 W1. B leaves the embedding's gradient and
+# the blocks' linear ones to W; the head's stay in B (Note [Split backward]).
+timeout 300 mpirun -n 2 "$bin" train "${common[@]}" --set train.steps=2 --set run.out_dir=zb \
+  --set parallel.pp=2 --set parallel.schedule=zb-h1 --set log.trace="$scratch/zbtrace/trace.json" \
+  >zb.log 2>&1 || fail "zb-h1 traced run: $(tail -3 zb.log)"
+pycheck zbtrace/trace.rank0.json zbtrace/trace.rank1.json <<'EOF'
+import json, sys
+def ok(m): print("ok   " + m)
+def fail(m): print("FAIL " + m)
+F = [["forward embedding", "forward block 0", "forward block 1"],
+     ["forward block 2", "forward block 3", "forward head+loss"]]
+B = [["backward block 1", "backward block 0"],
+     ["backward head+loss", "backward block 3", "backward block 2"]]
+W = [["weight block 1", "weight block 0", "weight embedding"], ["weight block 3", "weight block 2"]]
+order = [["F", "F", "B", "W", "B", "W"], ["F", "B", "F", "B", "W", "W"]]
+for stage, path in enumerate(sys.argv[1:3]):
+    t = json.load(open(path))["traceEvents"]
+    names = {e["tid"]: e["args"]["name"] for e in t
+             if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    compute = sorted((e for e in t if e.get("ph") == "X" and names.get(e["tid"]) == "compute"),
+                     key=lambda e: e["ts"])
+    got = [e["name"] for e in compute]
+    step = [n for k in order[stage] for n in {"F": F, "B": B, "W": W}[k][stage]] + ["optimizer"]
+    if got == step * 2:
+        ok(f"stage {stage}: {len(got)} compute spans in ZB-H1's order " + " ".join(order[stage]))
+    else:
+        fail(f"stage {stage} compute track:\n  got      {got}\n  expected {step * 2}")
+EOF
+if $py "$src/tools/plot_trace.py" zbtrace/trace.rank0.json zbtrace/trace.rank1.json --out zb.png \
+     >zbplot.log 2>&1; then
+  pycheck zb.png <<'EOF'
+import sys
+import matplotlib.image as mpimg
+import numpy as np
+img = mpimg.imread(sys.argv[1])[..., :3]
+rgb = np.array([0xe4, 0x57, 0x56]) / 255  # plot_trace.py's "weight" colour
+n = int((np.abs(img - rgb).max(axis=2) < 0.02).sum())
+print(("ok   " if n > 400 else "FAIL ") + f"zb.png: {n} pixels of the W colour (legend alone ~100)")
+EOF
+else
+  fail "plot_trace.py on the zb-h1 traces: $(cat zbplot.log)"
+fi
 
 finish
