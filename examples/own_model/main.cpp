@@ -73,11 +73,11 @@ class MlpStage final : public trident::PipelineStage {
   double loss_sum = 0;  // last stage: this dp rank's loss, summed over its micro-batches
 
   // Receives the previous stage's output into the slot's input buffer.
-  std::vector<trident::StageTensor> forward_inputs(int m) override {
+  std::vector<trident::StageTensor> forward_inputs(int m, int /*chunk*/) override {
     return {boundary("x", slot(m).xs.front())};
   }
 
-  void forward(int m) override {
+  void forward(int m, int /*chunk*/) override {
     Slot& s = slot(m);
     if (is_first() || is_last()) load_micro_batch(m, s);  // inputs / targets of the data set
     for (int b = 0; b < num_blocks_; ++b)
@@ -91,14 +91,14 @@ class MlpStage final : public trident::PipelineStage {
     }
   }
 
-  std::vector<trident::StageTensor> forward_outputs(int m) override {
+  std::vector<trident::StageTensor> forward_outputs(int m, int /*chunk*/) override {
     return {boundary("x", slot(m).xs.back())};
   }
-  std::vector<trident::StageTensor> backward_inputs(int m) override {
+  std::vector<trident::StageTensor> backward_inputs(int m, int /*chunk*/) override {
     return {boundary("dx", slot(m).dxs.back())};
   }
 
-  void backward(int m) override {
+  void backward(int m, int /*chunk*/) override {
     Slot& s = slot(m);
     // Gradient accumulation: only the last micro-batch's backward reduces (and overlaps).
     reducer_.begin_step(m == o_.micro_batches - 1);
@@ -109,7 +109,7 @@ class MlpStage final : public trident::PipelineStage {
     }
   }
 
-  std::vector<trident::StageTensor> backward_outputs(int m) override {
+  std::vector<trident::StageTensor> backward_outputs(int m, int /*chunk*/) override {
     return {boundary("dx", slot(m).dxs.front())};
   }
 

@@ -104,8 +104,9 @@ struct ParallelConfig {
   int tp = 1;
   int pp = 1;
   bool sequence_parallel = false;      // Megatron's sequence parallelism (needs tp > 1)
-  std::string schedule = "1f1b";       // pipeline schedule: gpipe | 1f1b | zb-h1
-  std::string stage_layers;            // blocks per stage, e.g. "3,1"; empty: balanced
+  std::string schedule = "1f1b";       // pipeline schedule: gpipe | 1f1b | zb-h1 | interleaved
+  int virtual_stages = 1;              // model chunks per stage (interleaved)
+  std::string stage_layers;            // blocks per (virtual) stage, e.g. "3,1"; empty: balanced
   int zero = 0;                        // ZeRO stage (Note [ZeRO-1] in train/zero.h)
 
   bool operator==(const ParallelConfig&) const = default;

@@ -77,11 +77,23 @@ struct StageSpec {
   int num_layers = -1;        // -1: all layers from first_layer
   bool has_embedding = true;  // first stage
   bool has_head = true;       // last stage
+  // Interleaved 1F1B (Note [Interleaved 1F1B] in train/pipeline_schedule.cpp): the stage's
+  // blocks as model chunks, chunk c holding chunk_layers[c] consecutive layers from global
+  // layer chunk_first[c]; the embedding belongs to chunk 0, the head to the last chunk; local
+  // layer indices run over the chunks in order, and num_layers is their total. Empty: one
+  // chunk, first_layer .. first_layer + num_layers − 1.
+  std::vector<int> chunk_first, chunk_layers;
+  int chunks() const { return chunk_layers.empty() ? 1 : int(chunk_layers.size()); }
+  int chunk_begin(int chunk) const;  // the chunk's first local layer
+  int chunk_size(int chunk) const;
+  int global_layer(int local) const;
 };
-// Stage `stage` of `stages`: `stage_layers` gives each stage's block count (empty: balanced,
-// the first stages taking one more when layers % stages != 0). input_error if they do not add
-// up to `layers` or a stage would have none.
-StageSpec pipeline_stage(int layers, int stages, int stage, const std::vector<int>& stage_layers);
+// Stage `stage` of `stages`, holding `chunks` model chunks (virtual stages chunk·stages +
+// stage): `stage_layers` gives each (virtual) stage's block count, in virtual stage order
+// (empty: balanced, the first taking one more when layers % (stages·chunks) != 0).
+// input_error if they do not add up to `layers` or a stage would have none.
+StageSpec pipeline_stage(int layers, int stages, int stage, const std::vector<int>& stage_layers,
+                         int chunks = 1);
 
 // The parameter list in ready (= buffer) order for one tp rank and pipeline stage.
 std::vector<ParamInfo> gpt_param_layout(const GPTConfig& cfg, int tp_size = 1, int tp_rank = 0,
@@ -134,6 +146,9 @@ struct GPTOptions {
   TensorParallel tp;
   StageSpec stage;
   int slots = 1;  // micro-batches whose activations are alive at once (pipeline in-flight)
+  // With several chunks (StageSpec): the slots of each chunk, which sum to `slots`; slot
+  // indices run over the chunks in order (slot_for). Empty: all slots for the one chunk.
+  std::vector<int> chunk_slots;
   Recompute recompute = Recompute::kNone;
   // One set of the head's buffers (final LayerNorm, logits, losses) for all slots instead of
   // one per slot: for a last stage that runs each micro-batch's backward right after its
@@ -199,6 +214,11 @@ class GPT {
   size_t boundary_rows(int B, int T) const { return size_t(B) * T / rows_divisor_; }
   const StageSpec& stage() const { return stage_; }
   int num_slots() const { return int(slots_.size()); }
+  // The slot of micro-batch `micro` of `chunk`: micro-batches use their chunk's slots in turn.
+  int slot_for(int chunk, int micro) const {
+    return chunk_slot_base_[size_t(chunk)] +
+           micro % (chunk_slot_base_[size_t(chunk) + 1] - chunk_slot_base_[size_t(chunk)]);
+  }
   // Bytes of activation memory this instance allocated (all slots, kept and scratch).
   size_t activation_bytes() const;
   // Optional timeline of forward/backward phases (empty: none).
@@ -238,6 +258,7 @@ class GPT {
   // One micro-batch's activations. Per-block buffers that the recompute mode drops live once,
   // in recompute_ (shared by all blocks and slots).
   struct Slot {
+    int chunk = 0;  // the model chunk whose blocks it holds (StageSpec)
     int B = 0, T = 0;
     bool has_targets = false;  // the last forward had targets (backward needs them)
     BackendBuffer<int32_t> inputs, targets;  // copied into backend memory by forward
@@ -347,6 +368,13 @@ class GPT {
   StageSpec stage_;
   Recompute recompute_mode_ = Recompute::kNone;
   bool shared_head_ = false;
+  std::vector<int> chunk_slot_base_;  // [chunks + 1]: each chunk's first slot, then the total
+  bool head_chunk(const Slot& s) const {
+    return stage_.has_head && s.chunk == stage_.chunks() - 1;
+  }
+  bool embedding_chunk(const Slot& s) const { return stage_.has_embedding && s.chunk == 0; }
+  int first_ready(const Slot& s) const;  // the chunk's run of the ready list (gpt_backward.cpp)
+  int last_ready(const Slot& s) const;
   int rows_divisor_ = 1;  // tp with sequence parallelism, else 1
   double tp_comm_ms_ = 0.0;
 };

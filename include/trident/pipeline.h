@@ -15,8 +15,8 @@
 
 namespace trident {
 
-enum class PipeSchedule { kGPipe, kOneFOneB, kZeroBubbleH1 };
-// "gpipe" | "1f1b" | "zb-h1"; input_error naming `key` otherwise.
+enum class PipeSchedule { kGPipe, kOneFOneB, kZeroBubbleH1, kInterleaved };
+// "gpipe" | "1f1b" | "zb-h1" | "interleaved"; input_error naming `key` otherwise.
 PipeSchedule parse_pipe_schedule(const std::string& text, const std::string& key);
 const char* pipe_schedule_name(PipeSchedule s);
 
@@ -25,11 +25,16 @@ const char* pipe_schedule_name(PipeSchedule s);
 struct PipeAction {
   enum class Kind { kForward, kBackward, kWeight };
   Kind kind;
-  int micro;  // micro-batch index, 0-based
+  int micro;      // micro-batch index, 0-based
+  int chunk = 0;  // the model chunk (interleaved: virtual stage chunk·stages + stage), else 0
   bool operator==(const PipeAction&) const = default;
 };
 
 bool splits_backward(PipeSchedule schedule);  // zb-h1
+
+// Interleaved 1F1B (Megatron's virtual stages, Note [Interleaved 1F1B]): each stage holds
+// `chunks` model chunks, chunk c of stage s being virtual stage c·stages + s. The other
+// schedules have one chunk. Every function below takes `chunks` (1 unless interleaved).
 
 // What stage `stage` (0-based) of `stages` does, in order, for `micro_batches` micro-batches.
 // GPipe: every forward, then every backward. 1F1B (PipeDream-flush): a warm-up of
@@ -38,18 +43,26 @@ bool splits_backward(PipeSchedule schedule);  // zb-h1
 // until after B(i + stage) (Note [ZB-H1] in pipeline_schedule.cpp). Backwards, and weight
 // passes, run in micro-batch order in all three.
 std::vector<PipeAction> pipeline_actions(PipeSchedule schedule, int stages, int stage,
-                                         int micro_batches);
+                                         int micro_batches, int chunks = 1);
 // The most micro-batches whose activations are alive at once on this stage (forwarded, not
 // yet through their whole backward): micro_batches for GPipe, min(stages − stage,
 // micro_batches) for 1F1B, min(stages, micro_batches) for ZB-H1.
-int max_in_flight(PipeSchedule schedule, int stages, int stage, int micro_batches);
+// Interleaved: per chunk, replaying the actions.
+int max_in_flight(PipeSchedule schedule, int stages, int stage, int micro_batches,
+                  int chunks = 1, int chunk = 0);
 // ZB-H1: the most micro-batches between their B and their W at once, min(stage + 1,
 // micro_batches) (what a model keeps the weight pass's inputs for); 0 for the others.
 int max_awaiting_weight(PipeSchedule schedule, int stages, int stage, int micro_batches);
 // The model's idle fraction of a stage's time in the schedule, with forward, input-gradient
 // and weight-gradient passes of equal cost and free transfers: (p−1)/(m+p−1) for GPipe and
 // 1F1B; for ZB-H1, 1 − 3m/T with T = 3m + p − 1 (m ≥ p; Note [ZB-H1]) or 2m + 2p − 1 (m < p).
-double bubble_model(PipeSchedule schedule, int stages, int micro_batches);
+// Interleaved: (p−1)/(v·m + p − 1) (Narayanan et al. 2021, the bubble divided by v).
+double bubble_model(PipeSchedule schedule, int stages, int micro_batches, int chunks = 1);
+// Input errors (exit 2, naming the deck keys) for a schedule the shape cannot run:
+// virtual_stages > 1 without interleaved, interleaved with pp < 2 or accum % pp != 0, or
+// fewer layers than virtual stages.
+void check_pipe_schedule(PipeSchedule schedule, int stages, int micro_batches, int chunks,
+                         int layers);
 
 // One tensor crossing a stage boundary: fp32, contiguous. A message holds at most
 // kMaxStageTensors tensors of at most kMaxStageDims dimensions (its header has a fixed size).
@@ -62,34 +75,39 @@ struct StageTensor {
   size_t count() const;
 };
 
-// A model's part on one stage. The tensor lists describe buffers the stage owns; they must
-// stay valid until the runner moves on to the next action of that micro-batch. Backward
-// outputs have no next action: theirs stay in use until the runner starts forward(m + k),
-// k = max_in_flight(...), the first action that may reuse micro-batch m's buffers when a model
-// keeps micro-batch m in slot m mod k (or until run_pipeline returns).
+// A model's part on one stage: one model chunk, or (interleaved) `chunks` of them, each call
+// naming the chunk (0 for the other schedules). "Stage" below means the virtual stage
+// chunk·stages + stage: the first has no inputs, the last no outputs. The tensor lists describe
+// buffers the stage owns; they must stay valid until the runner moves on to the next action
+// of that micro-batch and chunk. Backward outputs have no next action: theirs stay in use until
+// the runner starts forward(m + k) of that chunk, k = max_in_flight(..., chunk), the first
+// action that may reuse micro-batch m's buffers when a model keeps micro-batch m of chunk c in
+// slot m mod k of that chunk (or until run_pipeline returns).
 class PipelineStage {
  public:
   virtual ~PipelineStage() = default;
   // Buffers to receive micro-batch `micro`'s inputs from the previous stage (empty on the
   // first stage, which reads its own data).
-  virtual std::vector<StageTensor> forward_inputs(int micro) = 0;
-  virtual void forward(int micro) = 0;
+  virtual std::vector<StageTensor> forward_inputs(int micro, int chunk) = 0;
+  virtual void forward(int micro, int chunk) = 0;
   // Sent to the next stage after forward(micro) (empty on the last stage).
-  virtual std::vector<StageTensor> forward_outputs(int micro) = 0;
+  virtual std::vector<StageTensor> forward_outputs(int micro, int chunk) = 0;
   // Buffers to receive the gradients of forward_outputs(micro) from the next stage (empty on
   // the last stage, whose backward starts from the loss).
-  virtual std::vector<StageTensor> backward_inputs(int micro) = 0;
-  virtual void backward(int micro) = 0;
+  virtual std::vector<StageTensor> backward_inputs(int micro, int chunk) = 0;
+  virtual void backward(int micro, int chunk) = 0;
   // Gradients of forward_inputs(micro), sent to the previous stage (empty on the first).
-  virtual std::vector<StageTensor> backward_outputs(int micro) = 0;
+  virtual std::vector<StageTensor> backward_outputs(int micro, int chunk) = 0;
 
   // A split backward, for schedules that split it (zb-h1): backward_input computes what
   // backward_outputs returns (and everything else but the weight gradients that can wait);
   // backward_weight, later, the rest. Together they must give backward's gradients, bit for
   // bit. A model without them cannot run zb-h1 (run_pipeline refuses it).
   virtual bool can_split_backward() const { return false; }
-  virtual void backward_input(int micro);
-  virtual void backward_weight(int micro);
+  virtual void backward_input(int micro, int chunk);
+  virtual void backward_weight(int micro, int chunk);
+  // How many chunks this stage holds (run_pipeline checks it against the schedule's).
+  virtual int chunks() const { return 1; }
 
   // Note [Progress during compute]: the runner sets this before the schedule. A model that
   // calls it now and then inside forward/backward (GPTStage: between layers) keeps this
@@ -136,6 +154,6 @@ struct PipelineStats {
 // communicator may hold unmatched messages (a neighbour then ends at the comm timeout): end
 // the program, as the app does on any error.
 PipelineStats run_pipeline(PipeSchedule schedule, Communicator& pp, int stages, int stage,
-                           int micro_batches, PipelineStage& model);
+                           int micro_batches, PipelineStage& model, int chunks = 1);
 
 }  // namespace trident

@@ -168,6 +168,7 @@ class Trainer {
   std::unique_ptr<Communicator> solo_;  // the pp communicator when there is no grid
   Communicator* pp_comm_ = nullptr;
   PipeSchedule schedule_ = PipeSchedule::kOneFOneB;
+  int chunks_ = 1;  // parallel.virtual_stages (Note [Interleaved 1F1B])
   std::unique_ptr<MpiComm> grad_comm_;  // comm.grad_dtype bf16 on the CPU: the gradients' own
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<GPTStage> stage_;

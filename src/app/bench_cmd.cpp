@@ -186,13 +186,22 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
       int decimals;
     };
     const PipeSchedule schedule = parse_pipe_schedule(deck.parallel.schedule, "parallel.schedule");
-    const double model_bubble = bubble_model(schedule, pp, deck.train.accum);
+    const int chunks = deck.parallel.virtual_stages;
+    const double model_bubble = bubble_model(schedule, pp, deck.train.accum, chunks);
+    auto in_flight = [&](int st) {  // over the stage's chunks
+      int n = 0;
+      for (int c = 0; c < chunks; ++c)
+        n += max_in_flight(schedule, pp, st, deck.train.accum, chunks, c);
+      return n;
+    };
     for (int st = 0; st < pp && pp > 1; ++st)
-      fmt::print("bench: stage {} of {} ({}, {} micro-batches): bubble {:.3f} (model {:.3f}), "
-                 "activations {:.1f} MiB for {} micro-batches in flight\n",
-                 st, pp, pipe_schedule_name(schedule), deck.train.accum, per_stage[2 * st],
-                 model_bubble, per_stage[2 * st + 1] / (1024.0 * 1024.0),
-                 max_in_flight(schedule, pp, st, deck.train.accum));
+      fmt::print("bench: stage {} of {} ({}{}, {} micro-batches): bubble {:.3f} (model {:.3f}), "
+                 "activations {:.1f} MiB for {} micro-batches{} in flight\n",
+                 st, pp, pipe_schedule_name(schedule),
+                 chunks > 1 ? fmt::format(" × {} chunks", chunks) : std::string(),
+                 deck.train.accum, per_stage[2 * st], model_bubble,
+                 per_stage[2 * st + 1] / (1024.0 * 1024.0), in_flight(st),
+                 chunks > 1 ? " (chunk passes)" : "");
     // The pipeline's bubble: idle stage-time over all stage-time, the mean of the stages'
     // (each runs the whole schedule). Stage 0's alone (`bubble`) also holds the imbalance of
     // the stages: the first waits for a slower last one in every steady-state F/B pair.

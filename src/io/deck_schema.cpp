@@ -121,11 +121,16 @@ const std::vector<Key>& table() {
        .field = at<&Deck::parallel, &ParallelConfig::sequence_parallel>(),
        .help = "split LayerNorm and residual regions along the sequence over tp ranks"},
       {.name = "parallel.schedule", .field = at<&Deck::parallel, &ParallelConfig::schedule>(),
-       .text = Text::kEnum, .choices = {"gpipe", "1f1b", "zb-h1"},
-       .help = "pipeline schedule (zb-h1: zero-bubble, split backward, train.recompute none); "
-               "train.accum micro-batches are the pipeline's micro-batches"},
+       .text = Text::kEnum, .choices = {"gpipe", "1f1b", "zb-h1", "interleaved"},
+       .help = "pipeline schedule (zb-h1: zero-bubble, split backward, train.recompute none; "
+               "interleaved: parallel.virtual_stages chunks per stage, train.accum a multiple "
+               "of parallel.pp); train.accum micro-batches are the pipeline's micro-batches"},
+      {.name = "parallel.virtual_stages",
+       .field = at<&Deck::parallel, &ParallelConfig::virtual_stages>(), .min = ge(1),
+       .help = "model chunks per pipeline stage (parallel.schedule interleaved); 1 otherwise"},
       {.name = "parallel.stage_layers", .field = at<&Deck::parallel, &ParallelConfig::stage_layers>(),
-       .help = "blocks per pipeline stage, comma-separated (e.g. \"3,1\"); empty: balanced"},
+       .help = "blocks per pipeline stage, comma-separated (e.g. \"3,1\"); with "
+               "parallel.virtual_stages, per virtual stage (chunk·pp + stage); empty: balanced"},
       {.name = "parallel.zero", .field = at<&Deck::parallel, &ParallelConfig::zero>(), .min = ge(0),
        .max = le(2),
        .help = "ZeRO stage: 0 replicates AdamW's state; 1 shards it over dp (reduce-scatter, "

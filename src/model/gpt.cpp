@@ -55,7 +55,7 @@ void GPT::build_param_table() {
   if (stage_.has_head) t.head_uses = {param_index("lnfw"), t.lnfb_index, t.wte_index};
   t.layers.clear();
   for (int i = 0; i < stage_.num_layers; ++i) {
-    const int l = stage_.first_layer + i;
+    const int l = stage_.global_layer(i);
     auto name = [l](const char* s) { return fmt::format("h{}.{}", l, s); };
     auto off = [&](const char* s) { return param(name(s)).offset; };
     auto ready = [&](const char* s) { return int(&param(name(s)) - infos_.data()); };
@@ -123,7 +123,9 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, int 
   s.T = T;
   float* P = params_.data();
 
-  if (stage_.has_embedding) {
+  // The slot's chunk (StageSpec): its blocks, and the embedding or the head if it has them.
+  const int begin = stage_.chunk_begin(s.chunk), end = begin + stage_.chunk_size(s.chunk);
+  if (embedding_chunk(s)) {
     TRIDENT_CHECK(inputs != nullptr, "the first stage needs the input tokens");
     be_.copy(s.inputs.data(), inputs, size_t(N) * sizeof(int32_t));
     if (param_use_) param_use_(table_.embedding_uses);
@@ -131,7 +133,7 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, int 
     embedding_forward(s.encoded.data(), s.inputs.data(), B, T);
   }
   const float* residual = s.encoded.data();
-  for (int i = 0; i < stage_.num_layers; ++i) {
+  for (int i = begin; i < end; ++i) {
     progress();
     if (param_use_) param_use_(table_.layers[size_t(i)].uses);
     Phase ph(be_, phases_, table_.layers[size_t(i)].forward_phase);
@@ -139,7 +141,7 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, int 
     block_forward(block(P, i), a, residual, B, T);
     residual = a.residual3;
   }
-  if (!stage_.has_head) return 0.0f;
+  if (!head_chunk(s)) return 0.0f;
   if (param_use_) param_use_(table_.head_uses);
   Phase ph(be_, phases_, table_.forward_head);
   Slot& h = head(s);

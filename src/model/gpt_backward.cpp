@@ -32,6 +32,19 @@
 
 namespace trident {
 
+// A chunk's parameters are a run of the ready list (gpt_param_layout): from the head's (last
+// chunk) or its last block's first, through its first block's last (or the list's end on chunk
+// 0, which ends it: the embedding's).
+int GPT::first_ready(const Slot& s) const {
+  const int end = stage_.chunk_begin(s.chunk) + stage_.chunk_size(s.chunk);
+  return head_chunk(s) || end == 0 ? 0 : table_.layers[size_t(end) - 1].uses.front();
+}
+
+int GPT::last_ready(const Slot& s) const {
+  if (s.chunk == 0) return int(infos_.size()) - 1;
+  return table_.layers[size_t(stage_.chunk_begin(s.chunk))].ready_ln1;
+}
+
 void GPT::backward(int slot, float dloss_scale, const float* dstage_output, float* dstage_input,
                    const GradReadyFn& on_ready, const EmbeddingRowSink* sink,
                    bool last_micro_batch) {
@@ -72,7 +85,10 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale,
   // part goes to a sink), else after the embedding.
   const int wte_index = table_.wte_index;
   const bool wte_after_head = stage_.has_head && (!stage_.has_embedding || sink);
-  int next_ready = 0;
+  // The slot's chunk (StageSpec): its blocks, and its run of the ready list.
+  const int begin = stage_.chunk_begin(s.chunk), end = begin + stage_.chunk_size(s.chunk);
+  const bool has_head = head_chunk(s), has_embedding = embedding_chunk(s);
+  int next_ready = first_ready(s);
   auto ready_through = [&](int last) {
     if (!on_ready) return;
     for (; next_ready <= last; ++next_ready)
@@ -85,10 +101,10 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale,
     return a.dfull.data();
   };
 
-  const int L = stage_.num_layers;
+  const int L = stage_.num_layers;  // LayerNorm partial sums: 2 per local block, then lnf's
   const float* last_residual =
-      L > 0 ? block_acts(slot, L - 1).residual3 : s.encoded.data();
-  if (stage_.has_head) {
+      end > begin ? block_acts(slot, end - 1).residual3 : s.encoded.data();
+  if (has_head) {
     TRIDENT_CHECK(s.has_targets, "backward() needs a forward() with targets first");
     Phase ph(be_, phases_, table_.backward_head);
     // Mean over the N tokens of this micro-batch, times the caller's scale (1/accum).
@@ -112,11 +128,11 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale,
     be_.copy(a.dresidual.data(), dstage_output, size_t(Nr) * C * sizeof(float));
   }
 
-  for (int i = L - 1; i >= 0; --i) {
+  for (int i = end - 1; i >= begin; --i) {
     progress();
     const LayerTable& lt = table_.layers[size_t(i)];
     Phase ph(be_, phases_, lt.backward_phase);
-    const float* residual_in = i == 0 ? s.encoded.data() : block_acts(slot, i - 1).residual3;
+    const float* residual_in = i == begin ? s.encoded.data() : block_acts(slot, i - 1).residual3;
     recompute_block(slot, i, residual_in);
     const BlockActs act = block_acts(slot, i);
     const BlockWeights w = block(P, i);
@@ -156,10 +172,10 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale,
     ready_through(lt.ready_ln1);
     be_.add(dres, dres, a.dbuf_c2.data(), size_t(Nr) * C);  // now w.r.t. the block's input
   }
-  if (!stage_.has_embedding) {
+  if (!has_embedding) {
     TRIDENT_CHECK(dstage_input != nullptr, "a stage after the first must return its input gradient");
     be_.copy(dstage_input, a.dresidual.data(), size_t(Nr) * C * sizeof(float));
-    ready_through(int(infos_.size()) - 1);  // the rest of this stage's list
+    ready_through(last_ready(s));  // the rest of this chunk's run of the list
     return;
   }
   keep_copy(s.encoded.data(), a.dresidual.data(), size_t(Nr) * C);
@@ -181,7 +197,10 @@ void GPT::backward_weight(int slot, const GradReadyFn& on_ready, const Embedding
   // As in backward_pass: the same ready order, and wte reported on its own.
   const int wte_index = table_.wte_index;
   const bool wte_after_head = stage_.has_head && (!stage_.has_embedding || sink);
-  int next_ready = 0;
+  // The slot's chunk (StageSpec): its blocks, and its run of the ready list.
+  const int begin = stage_.chunk_begin(s.chunk), end = begin + stage_.chunk_size(s.chunk);
+  const bool has_head = head_chunk(s), has_embedding = embedding_chunk(s);
+  int next_ready = first_ready(s);
   auto ready_through = [&](int last) {
     if (!on_ready) return;
     for (; next_ready <= last; ++next_ready)
@@ -194,11 +213,11 @@ void GPT::backward_weight(int slot, const GradReadyFn& on_ready, const Embedding
     return scratch_.dfull.data();
   };
 
-  if (stage_.has_head) {  // the head's gradients are final since B
+  if (has_head) {  // the head's gradients are final since B
     if (wte_after_head && on_ready) on_ready(wte_index);
     ready_through(table_.lnfb_index);
   }
-  for (int i = stage_.num_layers - 1; i >= 0; --i) {
+  for (int i = end - 1; i >= begin; --i) {
     progress();
     const LayerTable& lt = table_.layers[size_t(i)];
     Phase ph(be_, phases_, lt.weight_phase);
@@ -216,8 +235,8 @@ void GPT::backward_weight(int slot, const GradReadyFn& on_ready, const Embedding
     be_.matmul_backward(nullptr, dw.qkvw, dw.qkvb, act.qkv, act.ln1, w.qkvw, N, C, 3 * Cl);
     ready_through(lt.ready_ln1);
   }
-  if (!stage_.has_embedding) {
-    ready_through(int(infos_.size()) - 1);
+  if (!has_embedding) {
+    ready_through(last_ready(s));
     return;
   }
   Phase ph(be_, phases_, table_.weight_embedding);

@@ -55,31 +55,67 @@ size_t ParamInfo::global_index(size_t local) const {
   return local;
 }
 
-StageSpec pipeline_stage(int layers, int stages, int stage, const std::vector<int>& stage_layers) {
+int StageSpec::chunk_begin(int chunk) const {
+  int begin = 0;
+  for (int c = 0; c < chunk; ++c) begin += chunk_layers[size_t(c)];
+  return chunk_layers.empty() ? 0 : begin;
+}
+
+int StageSpec::chunk_size(int chunk) const {
+  return chunk_layers.empty() ? num_layers : chunk_layers[size_t(chunk)];
+}
+
+int StageSpec::global_layer(int local) const {
+  if (chunk_layers.empty()) return first_layer + local;
+  for (size_t c = 0; c < chunk_layers.size(); ++c) {
+    if (local < chunk_layers[c]) return chunk_first[c] + local;
+    local -= chunk_layers[c];
+  }
+  internal_error(__FILE__, __LINE__, "StageSpec::global_layer past the stage's layers");
+}
+
+StageSpec pipeline_stage(int layers, int stages, int stage, const std::vector<int>& stage_layers,
+                         int chunks) {
   StageSpec s;
   s.has_embedding = stage == 0;
   s.has_head = stage == stages - 1;
-  if (stages > layers)
-    input_error("parallel.pp={}: more pipeline stages than model.layers {}", stages, layers);
-  if (stage_layers.empty()) {
-    const int base = layers / stages, extra = layers % stages;
-    s.first_layer = stage * base + std::min(stage, extra);
-    s.num_layers = base + (stage < extra ? 1 : 0);
-    return s;
+  const int parts = stages * chunks;  // virtual stages, c·stages + stage
+  if (parts > layers) {
+    if (chunks == 1)
+      input_error("parallel.pp={}: more pipeline stages than model.layers {}", stages, layers);
+    input_error("parallel.pp={} × parallel.virtual_stages={}: {} model chunks but model.layers "
+                "is {}", stages, chunks, parts, layers);
   }
-  if (int(stage_layers.size()) != stages)
-    input_error("parallel.stage_layers: {} entries for parallel.pp={} stages",
-                stage_layers.size(), stages);
-  int64_t total = 0;  // wide: "2147483647,1" must be refused, not overflow
-  for (int n : stage_layers) {
-    if (n < 1) input_error("parallel.stage_layers: every stage needs at least one layer, got {}", n);
-    total += n;
+  std::vector<int> counts = stage_layers;
+  if (counts.empty()) {
+    const int base = layers / parts, extra = layers % parts;
+    for (int v = 0; v < parts; ++v) counts.push_back(base + (v < extra ? 1 : 0));
+  } else {
+    if (int(counts.size()) != parts)
+      input_error("parallel.stage_layers: {} entries for {} {}", counts.size(), parts,
+                  chunks == 1 ? fmt::format("stages (parallel.pp={})", stages)
+                              : fmt::format("virtual stages (parallel.pp={} × "
+                                            "parallel.virtual_stages={})", stages, chunks));
+    int64_t total = 0;  // wide: "2147483647,1" must be refused, not overflow
+    for (int n : counts) {
+      if (n < 1)
+        input_error("parallel.stage_layers: every stage needs at least one layer, got {}", n);
+      total += n;
+    }
+    if (total != layers)
+      input_error("parallel.stage_layers: the stages hold {} layers but model.layers is {}",
+                  total, layers);
   }
-  if (total != layers)
-    input_error("parallel.stage_layers: the stages hold {} layers but model.layers is {}", total,
-                layers);
-  for (int i = 0; i < stage; ++i) s.first_layer += stage_layers[i];
-  s.num_layers = stage_layers[stage];
+  std::vector<int> first(size_t(parts), 0);
+  for (int v = 1; v < parts; ++v) first[size_t(v)] = first[size_t(v) - 1] + counts[size_t(v) - 1];
+  s.first_layer = first[size_t(stage)];
+  s.num_layers = 0;
+  for (int c = 0; c < chunks; ++c) s.num_layers += counts[size_t(c * stages + stage)];
+  if (chunks == 1) return s;
+  for (int c = 0; c < chunks; ++c) {
+    s.chunk_first.push_back(first[size_t(c * stages + stage)]);
+    s.chunk_layers.push_back(counts[size_t(c * stages + stage)]);
+  }
   return s;
 }
 
@@ -93,8 +129,7 @@ Recompute parse_recompute(const std::string& text) {
 std::vector<ParamInfo> gpt_param_layout(const GPTConfig& cfg, int tp, int tp_rank,
                                         StageSpec stage) {
   const int C = cfg.channels;
-  const int first = stage.first_layer;
-  const int last = stage.num_layers < 0 ? cfg.layers : first + stage.num_layers;
+  if (stage.num_layers < 0) stage.num_layers = cfg.layers - stage.first_layer;
   std::vector<ParamInfo> out;
   size_t offset = 0;
   auto add = [&](std::string name, std::vector<int> global, Shard shard, bool decay, int layer) {
@@ -125,7 +160,9 @@ std::vector<ParamInfo> gpt_param_layout(const GPTConfig& cfg, int tp, int tp_ran
     add("lnfw", {C}, Shard::kReplicated, false, -1);
     add("lnfb", {C}, Shard::kReplicated, false, -1);
   }
-  for (int l = last - 1; l >= first; --l) {
+  // With chunks, the last chunk's blocks come first: its backward runs first.
+  for (int i = stage.num_layers - 1; i >= 0; --i) {
+    const int l = stage.global_layer(i);
     auto n = [l](const char* s) { return fmt::format("h{}.{}", l, s); };
     add(n("fcprojw"), {C, 4 * C}, Shard::kColumns, true, l);
     add(n("fcprojb"), {C}, Shard::kReplicated, false, l);

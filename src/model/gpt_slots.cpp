@@ -29,6 +29,19 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   TRIDENT_CHECK(options.slots >= 1, "slots {}", options.slots);
   check_tensor_parallel(cfg, tp_.size, tp_.sequence_parallel, T);
   if (stage_.num_layers < 0) stage_.num_layers = cfg.layers - stage_.first_layer;
+  // Slots by chunk (StageSpec): one chunk holds them all unless the options divide them.
+  std::vector<int> chunk_slots = options.chunk_slots;
+  if (chunk_slots.empty()) chunk_slots = {options.slots};
+  TRIDENT_CHECK(int(chunk_slots.size()) == stage_.chunks(), "{} chunk slot counts for {} chunks",
+                chunk_slots.size(), stage_.chunks());
+  chunk_slot_base_ = {0};
+  for (int n : chunk_slots) {
+    TRIDENT_CHECK(n >= 1, "a chunk with {} slots", n);
+    chunk_slot_base_.push_back(chunk_slot_base_.back() + n);
+  }
+  TRIDENT_CHECK(chunk_slot_base_.back() == options.slots, "chunk slots add up to {}, not {}",
+                chunk_slot_base_.back(), options.slots);
+  TRIDENT_CHECK(!options.shared_head || stage_.chunks() == 1, "shared head buffers with chunks");
   if (tp_.size == 1) tp_.sequence_parallel = false;
   rows_divisor_ = tp_.sequence_parallel ? tp_.size : 1;
   size_t total = infos_.back().offset + infos_.back().count;
@@ -52,20 +65,22 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   const size_t C = cfg.channels, tps = tp_.size;
   const size_t NHl = cfg.heads / tps, Cl = C / tps, Vl = cfg.padded_vocab / tps;
   const size_t N = size_t(B) * T, Nr = N / rows_divisor_;
-  const size_t L = stage_.num_layers;
   block_sizes_ = block_sizes();
   const std::array<size_t, kBlockBuffers>& sizes = block_sizes_;
   const std::array<bool, kBlockBuffers> kept = block_kept();
   slots_.resize(options.slots);
   shared_head_ = options.shared_head;
-  for (Slot& s : slots_) {
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
+    while (int(i) >= chunk_slot_base_[size_t(s.chunk) + 1]) ++s.chunk;
+    const size_t L = size_t(stage_.chunk_size(s.chunk));  // the chunk's blocks only
     s.encoded = floats(Nr * C);
     s.blocks.resize(sizes.size());
     for (size_t k = 0; k < sizes.size(); ++k)
       if (kept[k]) s.blocks[k] = floats(L * sizes[k]);
     s.inputs = BackendBuffer<int32_t>(be_, N);
     s.targets = BackendBuffer<int32_t>(be_, N);
-    if (stage_.has_head && (!shared_head_ || &s == &slots_[0])) {
+    if (head_chunk(s) && (!shared_head_ || i == 0)) {
       s.lnf = floats(N * C);
       s.lnf_mean = floats(Nr);
       s.lnf_rstd = floats(Nr);
@@ -120,10 +135,12 @@ std::array<bool, GPT::kBlockBuffers> GPT::block_kept() const {
 
 GPT::BlockActs GPT::block_acts(int slot, int local_layer) {
   Slot& s = slots_[slot];
+  // The slot holds its chunk's blocks only, from the chunk's first local layer.
+  const size_t within = size_t(local_layer - stage_.chunk_begin(s.chunk));
   float* p[kBlockBuffers];
   for (size_t k = 0; k < kBlockBuffers; ++k)
     p[k] = s.blocks[k].empty() ? recompute_[k].data()
-                               : s.blocks[k].data() + size_t(local_layer) * block_sizes_[k];
+                               : s.blocks[k].data() + within * block_sizes_[k];
   return {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11], p[12]};
 }
 
@@ -145,8 +162,9 @@ void GPT::recompute_block(int slot, int local_layer, const float* residual_in) {
 
 const float* GPT::stage_output(int slot) const {
   const Slot& s = slots_[slot];
-  const size_t per_layer = s.blocks[12].size() / std::max(1, stage_.num_layers);
-  return s.blocks[12].data() + size_t(stage_.num_layers - 1) * per_layer;
+  const int layers = stage_.chunk_size(s.chunk);
+  const size_t per_layer = s.blocks[12].size() / std::max(1, layers);
+  return s.blocks[12].data() + size_t(layers - 1) * per_layer;
 }
 
 size_t GPT::activation_bytes() const {

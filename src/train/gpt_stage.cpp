@@ -28,6 +28,7 @@ GPTStage::~GPTStage() { model_.set_progress({}); }
 void GPTStage::begin_step(const StepInputs& in) {
   in_ = in;
   loss_sum_ = forward_ms_ = backward_ms_ = 0;
+  reducing_ = false;
   // The buffers depend on the micro-batch shape only: allocated when it first appears or
   // changes, never per step. All are per slot, like the model's activations: micro-batch m
   // uses them from its forward to its backward, and m + slots's forward comes after that.
@@ -38,18 +39,22 @@ void GPTStage::begin_step(const StepInputs& in) {
   boundary_ = boundary;
   const StageSpec& st = model_.stage();
   const bool needs_tokens = st.has_embedding || st.has_head;  // a middle stage reads none
+  // With several chunks every kind of boundary occurs on every stage (the first stage's
+  // later chunks receive, the last stage's earlier ones send).
+  const bool receives = !st.has_embedding || st.chunks() > 1;
+  const bool sends = !st.has_head || st.chunks() > 1;
   per_slot(inputs_, slots_, needs_tokens, tokens);
   per_slot(targets_, slots_, needs_tokens, tokens);
-  per_slot(doutput_, slots_, !st.has_head, boundary);
+  per_slot(doutput_, slots_, sends, boundary);
   // One sent gradient per slot suffices: micro-batch m's forward starts only once the send of
   // m − slots's gradient has completed (Note [Slot reuse] in pipeline_runner.cpp).
-  per_slot(dinput_, slots_, !st.has_embedding, boundary);
+  per_slot(dinput_, slots_, receives, boundary);
   // Note [Stage transfers on a device]: the received gradients (doutput_) and the sent ones
   // (dinput_) are host buffers already, which the model copies from and to; the activations
   // need host copies of their own.
   const bool device = model_.backend().is_device();
-  per_slot(input_host_, slots_, device && !st.has_embedding, boundary);
-  per_slot(output_host_, slots_, device && !st.has_head, boundary);
+  per_slot(input_host_, slots_, device && receives, boundary);
+  per_slot(output_host_, slots_, device && sends, boundary);
 }
 
 uint64_t GPTStage::first_sample(const StepInputs& in, int micro) {
@@ -68,49 +73,55 @@ StageTensor GPTStage::boundary(const char* name, float* data) const {
   return {name, {in_.micro_batch, rows_per_seq, model_.config().channels}, data};
 }
 
-std::vector<StageTensor> GPTStage::forward_inputs(int micro) {
-  if (!input_host_.empty()) return {boundary("hidden", input_host_[slot(micro)].data())};
-  return {boundary("hidden", model_.stage_input(slot(micro)))};
+std::vector<StageTensor> GPTStage::forward_inputs(int micro, int chunk) {
+  if (!input_host_.empty()) return {boundary("hidden", input_host_[slot(micro, chunk)].data())};
+  return {boundary("hidden", model_.stage_input(slot(micro, chunk)))};
 }
 
-void GPTStage::forward(int micro) {
+void GPTStage::forward(int micro, int chunk) {
   const auto t0 = std::chrono::steady_clock::now();
   const int B = in_.micro_batch, T = in_.seq_len;
   const uint64_t g0 = first_sample(in_, micro);  // Note [Sample order] (gpt_stage.h)
   if (!input_host_.empty())  // the received activations, into the device's stage input
-    model_.backend().copy(model_.stage_input(slot(micro)), input_host_[slot(micro)].data(),
+    model_.backend().copy(model_.stage_input(slot(micro, chunk)), input_host_[slot(micro, chunk)].data(),
                           boundary_floats() * sizeof(float));
-  const StageSpec& st = model_.stage();
-  const bool needs_tokens = st.has_embedding || st.has_head;
-  int32_t* inputs = needs_tokens ? inputs_[slot(micro)].data() : nullptr;
-  int32_t* targets = needs_tokens ? targets_[slot(micro)].data() : nullptr;
+  const bool embeds = embedding_chunk(chunk), heads = head_chunk(chunk);
+  const bool needs_tokens = embeds || heads;
+  int32_t* inputs = needs_tokens ? inputs_[slot(micro, chunk)].data() : nullptr;
+  int32_t* targets = needs_tokens ? targets_[slot(micro, chunk)].data() : nullptr;
   if (needs_tokens) order_.fill(g0, B, inputs, targets);
-  loss_sum_ += model_.forward(slot(micro), inputs, st.has_head ? targets : nullptr, B, T);
+  loss_sum_ += model_.forward(slot(micro, chunk), inputs, heads ? targets : nullptr, B, T);
   forward_ms_ += ms_since(t0);
 }
 
-std::vector<StageTensor> GPTStage::forward_outputs(int micro) {
+std::vector<StageTensor> GPTStage::forward_outputs(int micro, int chunk) {
   if (!output_host_.empty()) {
     // A copy to host memory has completed when copy() returns (Note [Backend memory]).
-    float* host = output_host_[slot(micro)].data();
-    model_.backend().copy(host, model_.stage_output(slot(micro)), boundary_floats() * sizeof(float));
+    float* host = output_host_[slot(micro, chunk)].data();
+    model_.backend().copy(host, model_.stage_output(slot(micro, chunk)), boundary_floats() * sizeof(float));
     return {boundary("hidden", host)};
   }
-  return {boundary("hidden", const_cast<float*>(model_.stage_output(slot(micro))))};
+  return {boundary("hidden", const_cast<float*>(model_.stage_output(slot(micro, chunk))))};
 }
 
-std::vector<StageTensor> GPTStage::backward_inputs(int micro) {
-  return {boundary("dhidden", doutput_[slot(micro)].data())};
+std::vector<StageTensor> GPTStage::backward_inputs(int micro, int chunk) {
+  return {boundary("dhidden", doutput_[slot(micro, chunk)].data())};
 }
 
 GradReadyFn GPTStage::begin_reduction(bool last) {
   if (!reducer_) return {};
-  // Gradient accumulation: only the last micro-batch's backward reduces (and overlaps).
+  // Gradient accumulation: only the last micro-batch's backward reduces (and overlaps). With
+  // several chunks each chunk's last backward reports its own parameters, and the step
+  // reduces from the first of them on (the reducer waits for each bucket's parameters).
+  if (reducing_) return last ? GradReadyFn([this](int i) { reducer_->grad_ready(i); })
+                             : GradReadyFn();
   reducer_->begin_step(last);
+  reducing_ = last;
+  if (!last) return {};
   return [this](int i) { reducer_->grad_ready(i); };
 }
 
-const EmbeddingRowSink* GPTStage::sink_for(int micro) {
+const EmbeddingRowSink* GPTStage::sink_for(int micro, int chunk) {
   if (!sink_) return nullptr;
   if (before_backward) before_backward(micro);
   return sink_;
@@ -126,40 +137,40 @@ float GPTStage::dloss_scale() const {
   return 1.0f / (float(in_.accum) * float(in_.dp_size));
 }
 
-void GPTStage::backward(int micro) {
+void GPTStage::backward(int micro, int chunk) {
   const auto t0 = std::chrono::steady_clock::now();
   const bool last = micro == in_.accum - 1;
   const GradReadyFn on_ready = begin_reduction(last);
-  const EmbeddingRowSink* sink = sink_for(micro);
-  model_.backward(slot(micro), dloss_scale(), received_gradient(micro), sent_gradient(micro),
+  const EmbeddingRowSink* sink = sink_for(micro, chunk);
+  model_.backward(slot(micro, chunk), dloss_scale(), received_gradient(micro, chunk), sent_gradient(micro, chunk),
                   on_ready, sink, last);
   backward_ms_ += ms_since(t0);
 }
 
-void GPTStage::backward_input(int micro) {
+void GPTStage::backward_input(int micro, int chunk) {
   const auto t0 = std::chrono::steady_clock::now();
-  model_.backward_input(slot(micro), dloss_scale(), received_gradient(micro),
-                        sent_gradient(micro), micro == in_.accum - 1);
+  model_.backward_input(slot(micro, chunk), dloss_scale(), received_gradient(micro, chunk),
+                        sent_gradient(micro, chunk), micro == in_.accum - 1);
   backward_ms_ += ms_since(t0);
 }
 
-void GPTStage::backward_weight(int micro) {
+void GPTStage::backward_weight(int micro, int chunk) {
   const auto t0 = std::chrono::steady_clock::now();
   const GradReadyFn on_ready = begin_reduction(micro == in_.accum - 1);
-  model_.backward_weight(slot(micro), on_ready, sink_for(micro));
+  model_.backward_weight(slot(micro, chunk), on_ready, sink_for(micro, chunk));
   backward_ms_ += ms_since(t0);
 }
 
-const float* GPTStage::received_gradient(int micro) const {
-  return model_.stage().has_head ? nullptr : doutput_[slot(micro)].data();
+const float* GPTStage::received_gradient(int micro, int chunk) const {
+  return head_chunk(chunk) ? nullptr : doutput_[slot(micro, chunk)].data();
 }
 
-float* GPTStage::sent_gradient(int micro) {
-  return model_.stage().has_embedding ? nullptr : dinput_[slot(micro)].data();
+float* GPTStage::sent_gradient(int micro, int chunk) {
+  return embedding_chunk(chunk) ? nullptr : dinput_[slot(micro, chunk)].data();
 }
 
-std::vector<StageTensor> GPTStage::backward_outputs(int micro) {
-  return {boundary("dhidden", dinput_[slot(micro)].data())};
+std::vector<StageTensor> GPTStage::backward_outputs(int micro, int chunk) {
+  return {boundary("dhidden", dinput_[slot(micro, chunk)].data())};
 }
 
 }  // namespace trident

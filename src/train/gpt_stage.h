@@ -38,31 +38,38 @@ class GPTStage : public PipelineStage {
   double backward_ms() const { return backward_ms_; }
   // For the sink: this micro-batch's input tokens (valid from its forward to its backward),
   // and the row map the trainer fills.
-  const std::vector<int32_t>& inputs(int micro) const { return inputs_[slot(micro)]; }
+  const std::vector<int32_t>& inputs(int micro) const { return inputs_[slot(micro, 0)]; }
   std::vector<int32_t>& row_of_input() { return row_of_input_; }
   std::function<void(int micro)> before_backward;  // trainer hook (fills row_of_input)
 
-  std::vector<StageTensor> forward_inputs(int micro) override;
-  void forward(int micro) override;
-  std::vector<StageTensor> forward_outputs(int micro) override;
-  std::vector<StageTensor> backward_inputs(int micro) override;
-  void backward(int micro) override;
-  std::vector<StageTensor> backward_outputs(int micro) override;
+  std::vector<StageTensor> forward_inputs(int micro, int chunk) override;
+  void forward(int micro, int chunk) override;
+  std::vector<StageTensor> forward_outputs(int micro, int chunk) override;
+  std::vector<StageTensor> backward_inputs(int micro, int chunk) override;
+  void backward(int micro, int chunk) override;
+  std::vector<StageTensor> backward_outputs(int micro, int chunk) override;
   // zb-h1 (Note [Split backward] in model/gpt_backward.cpp); the model refuses it with
   // recomputation, and so does the Trainer, earlier, with the deck keys named.
   bool can_split_backward() const override { return true; }
-  void backward_input(int micro) override;
-  void backward_weight(int micro) override;
+  void backward_input(int micro, int chunk) override;
+  void backward_weight(int micro, int chunk) override;
+  int chunks() const override { return model_.stage().chunks(); }
 
  private:
-  int slot(int micro) const { return micro % slots_; }
+  int slot(int micro, int chunk) const { return model_.slot_for(chunk, micro); }
+  bool embedding_chunk(int chunk) const { return model_.stage().has_embedding && chunk == 0; }
+  bool head_chunk(int chunk) const {
+    return model_.stage().has_head && chunk == model_.stage().chunks() - 1;
+  }
+
   StageTensor boundary(const char* name, float* data) const;
   // The reducer's hook for this micro-batch's gradient-ready events (empty without dp).
   GradReadyFn begin_reduction(bool last);
-  const EmbeddingRowSink* sink_for(int micro);  // fills the row map first
+  const EmbeddingRowSink* sink_for(int micro, int chunk);  // fills the row map first
   float dloss_scale() const;
-  const float* received_gradient(int micro) const;  // null on the last stage
-  float* sent_gradient(int micro);                  // null on the first stage
+  const float* received_gradient(int micro, int chunk) const;  // null on the last stage
+  float* sent_gradient(int micro, int chunk);                  // null on the first stage
+  bool reducing_ = false;  // this step's reducing begin_step was called (Note in begin_reduction)
 
   GPT& model_;
   const SampleOrder& order_;

@@ -16,12 +16,14 @@
 // shapes) and throws an Error naming both sides on any difference *before* posting the tensor
 // receives — so a shape mismatch is reported as such, never as an MPI truncation error.
 //
-// Tags: tag = ((m mod 512)·2 + direction)·32 + part, part 0 the header and 1 + i tensor i, so
-// the forward and backward messages of one micro-batch never pair with each other or with
-// another micro-batch's; the largest tag, 32752, is below 32767, the smallest MPI_TAG_UB an MPI
-// library may have. Micro-batches 512 apart share tags, which is safe: between one pair of
-// ranks both sides issue one direction's messages in micro-batch order, and MPI does not let
-// messages with the same source, tag and communicator overtake each other.
+// Tags: tag = ((u mod 512)·2 + direction)·32 + part, u = m·chunks + chunk (the receiving
+// chunk; u = m with one chunk), part 0 the header and 1 + i tensor i, so the forward and
+// backward messages of one micro-batch and chunk never pair with each other or with another
+// one's; the largest tag, 32752, is below 32767, the smallest MPI_TAG_UB an MPI library may
+// have. Units 512 apart share tags, which is safe: between one pair of ranks both sides issue
+// one direction's messages of one chunk in micro-batch order, and MPI does not let messages
+// with the same source, tag and communicator overtake each other. Headers carry the virtual
+// stage (chunk·stages + stage; the stage itself with one chunk) as the sending stage.
 //
 // Progress: sends and receives are nonblocking (Note [Pre-posted receives]). Open MPI has no
 // progress thread, so a pending transfer moves only while this rank is inside MPI: the runner
@@ -43,11 +45,11 @@
 
 namespace trident {
 
-void PipelineStage::backward_input(int) {
+void PipelineStage::backward_input(int, int) {
   internal_error(__FILE__, __LINE__, "PipelineStage::backward_input called on a stage that "
                  "does not split its backward");
 }
-void PipelineStage::backward_weight(int) {
+void PipelineStage::backward_weight(int, int) {
   internal_error(__FILE__, __LINE__, "PipelineStage::backward_weight called on a stage that "
                  "does not split its backward");
 }
@@ -74,8 +76,9 @@ static_assert((kTagMicroPeriod * 2 - 1) * kTagParts + kTagParts - 1 <= 32767);
 
 enum Direction { kForwardDir = 0, kBackwardDir = 1 };
 
-int message_tag(Direction dir, int micro, int part) {
-  return ((micro % kTagMicroPeriod) * 2 + dir) * kTagParts + part;
+// `unit` = micro·chunks + chunk (the micro-batch itself with one chunk).
+int message_tag(Direction dir, int unit, int part) {
+  return ((unit % kTagMicroPeriod) * 2 + dir) * kTagParts + part;
 }
 
 int64_t name_hash(const std::string& name) {
@@ -209,14 +212,14 @@ void check_received(const std::vector<TensorDesc>& expected,
 // A started boundary message: the header lives here until its send completed.
 struct PendingSend {
   Direction dir;
-  int micro;
+  int micro, chunk;
   std::unique_ptr<Header> header;
   std::vector<Work> works;
 };
 
 // A posted boundary receive: its header's and its tensors' receives, started together.
 struct PostedReceive {
-  int micro = -1;  // -1: none posted
+  int micro = -1, chunk = 0;  // micro -1: none posted
   std::unique_ptr<Header> header;
   Work header_work;
   std::vector<Work> works;
@@ -227,52 +230,61 @@ struct PostedReceive {
 // next action that needs one, and it is posted as soon as its buffers are free — so the
 // neighbour's header and tensors move (rendezvous included) while this stage is still busy
 // with the actions before, and the header is checked when the action starts, with no extra
-// round trip. Forward receives are posted in micro-batch order: that of forward(m) once the
-// previous one was consumed and, for m ≥ k, micro-batch m − k is through its whole backward
-// and its backward send completed (its slot is free; Note [Slot reuse]). Backward receives
-// likewise, that of backward(m) once forward(m) returned. One ahead, not all: a receive's
-// comm timeout runs from when it is posted, and one posted a whole step early could time out
-// in a long step where no message is late.
+// round trip. Forward receives are posted in the order of the actions that need them: that of
+// forward(m) (of a chunk) once the previous one was consumed and, for m ≥ k, micro-batch m − k
+// of that chunk is through its whole backward and its backward send completed (its slot is
+// free; Note [Slot reuse]). Backward receives likewise, that of backward(m) once forward(m)
+// returned. One ahead, not all: a receive's comm timeout runs from when it is posted, and one
+// posted a whole step early could time out in a long step where no message is late.
 class StageRunner {
  public:
-  StageRunner(Communicator& pp, int stages, int stage, int micro_batches, int in_flight,
-              bool split, PipelineStage& model)
-      : pp_(pp), stages_(stages), stage_(stage), micro_batches_(micro_batches),
-        in_flight_(in_flight), split_(split), model_(model),
-        forwarded_(size_t(micro_batches), 0), backwarded_(size_t(micro_batches), 0) {}
+  StageRunner(Communicator& pp, int stages, int stage, int micro_batches, int chunks,
+              std::vector<int> in_flight, bool split, const std::vector<PipeAction>& actions,
+              PipelineStage& model)
+      : pp_(pp), stages_(stages), stage_(stage), micro_batches_(micro_batches), chunks_(chunks),
+        in_flight_(std::move(in_flight)), split_(split), model_(model),
+        forwarded_(size_t(micro_batches) * chunks, 0),
+        backwarded_(size_t(micro_batches) * chunks, 0) {
+    for (const PipeAction& a : actions) {
+      if (a.kind == PipeAction::Kind::kForward && !first(a.chunk))
+        receives_[kForwardDir].push_back(a);
+      if (a.kind == PipeAction::Kind::kBackward && !last(a.chunk))
+        receives_[kBackwardDir].push_back(a);
+    }
+  }
 
   void run_action(const PipeAction& a) {
     poll_sends();
+    const int m = a.micro, c = a.chunk;
     if (a.kind == PipeAction::Kind::kForward) {
       // Note [Slot reuse]: micro-batch m − in_flight's backward outputs may share buffers with
-      // micro-batch m (slot m mod in_flight; GPTStage's sent gradients do), so their send must
-      // end before m's receive starts.
+      // micro-batch m (slot m mod in_flight of the chunk; GPTStage's sent gradients do), so
+      // their send must end before m's receive starts.
       // It ends once the previous stage started backward(m − in_flight), which it does without
       // waiting for this stage's later work, so waiting here cannot deadlock.
-      if (a.micro >= in_flight_) complete_sends(kBackwardDir, a.micro - in_flight_);
+      if (m >= in_flight(c)) complete_sends(kBackwardDir, m - in_flight(c), c);
       post_receives();
-      if (stage_ > 0) complete_receive(kForwardDir, a.micro, stage_ - 1);
+      if (!first(c)) complete_receive(kForwardDir, m, c);
       post_receives();
-      timed_compute([&] { model_.forward(a.micro); });
-      forwarded_[size_t(a.micro)] = 1;
-      if (stage_ < stages_ - 1)
-        send(kForwardDir, a.micro, stage_ + 1, model_.forward_outputs(a.micro));
+      timed_compute([&] { model_.forward(m, c); });
+      done(forwarded_, m, c) = 1;
+      if (!last(c)) send(kForwardDir, m, c, model_.forward_outputs(m, c));
     } else if (a.kind == PipeAction::Kind::kBackward) {
       // The forward outputs' buffers belong to the model again once backward starts.
-      complete_sends(kForwardDir, a.micro);
+      complete_sends(kForwardDir, m, c);
       post_receives();
-      if (stage_ < stages_ - 1) complete_receive(kBackwardDir, a.micro, stage_ + 1);
+      if (!last(c)) complete_receive(kBackwardDir, m, c);
       post_receives();
       timed_compute([&] {
-        if (split_) model_.backward_input(a.micro);
-        else model_.backward(a.micro);
+        if (split_) model_.backward_input(m, c);
+        else model_.backward(m, c);
       });
-      if (!split_) backwarded_[size_t(a.micro)] = 1;
-      if (stage_ > 0) send(kBackwardDir, a.micro, stage_ - 1, model_.backward_outputs(a.micro));
+      if (!split_) done(backwarded_, m, c) = 1;
+      if (!first(c)) send(kBackwardDir, m, c, model_.backward_outputs(m, c));
     } else {
       TRIDENT_CHECK(split_, "pipeline: a weight pass in a schedule that does not split backward");
-      timed_compute([&] { model_.backward_weight(a.micro); });
-      backwarded_[size_t(a.micro)] = 1;
+      timed_compute([&] { model_.backward_weight(m, c); });
+      done(backwarded_, m, c) = 1;
     }
     post_receives();
   }
@@ -290,8 +302,7 @@ class StageRunner {
     for (Direction dir : {kForwardDir, kBackwardDir}) {
       PostedReceive& r = posted_[dir];
       if (r.micro < 0) continue;
-      const int src = dir == kForwardDir ? stage_ - 1 : stage_ + 1;
-      naming("receiving", dir, r.micro, src, [&] {
+      naming("receiving", dir, r.micro, r.chunk, [&] {
         r.header_work.test();
         for (Work& w : r.works) w.test();
       });
@@ -301,6 +312,31 @@ class StageRunner {
   PipelineStats& stats() { return stats_; }
 
  private:
+  // Virtual stages (Note [Interleaved 1F1B]): chunk c of this stage is c·stages + stage; its
+  // neighbours are the next and previous ranks of pp, around the ring.
+  int virtual_stage(int chunk) const { return chunk * stages_ + stage_; }
+  bool first(int chunk) const { return virtual_stage(chunk) == 0; }
+  bool last(int chunk) const { return virtual_stage(chunk) == stages_ * chunks_ - 1; }
+  int next_rank() const { return (stage_ + 1) % stages_; }
+  int prev_rank() const { return (stage_ + stages_ - 1) % stages_; }
+  // The chunk on the neighbouring virtual stage that a message of `chunk` goes to or comes
+  // from: the same one, or the next (previous) one across the ring's wrap.
+  int chunk_after(int chunk) const { return chunk + (stage_ == stages_ - 1); }
+  int chunk_before(int chunk) const { return chunk - (stage_ == 0); }
+  int in_flight(int chunk) const { return in_flight_[size_t(chunk)]; }
+  char& done(std::vector<char>& flags, int micro, int chunk) {
+    return flags[size_t(chunk) * micro_batches_ + micro];
+  }
+  // The peer virtual stage and its rank for a message of (dir, chunk) sent or received here.
+  int peer_rank(Direction dir, bool sending) const {
+    return (dir == kForwardDir) == sending ? next_rank() : prev_rank();
+  }
+  int peer_stage(Direction dir, int chunk, bool sending) const {
+    return (dir == kForwardDir) == sending ? virtual_stage(chunk) + 1 : virtual_stage(chunk) - 1;
+  }
+  // The unit of a message's tag is the receiver's (micro, chunk).
+  int unit(int micro, int receiving_chunk) const { return micro * chunks_ + receiving_chunk; }
+
   template <typename F>
   void timed_compute(F&& f) {
     const auto t0 = CommClock::now();
@@ -308,51 +344,60 @@ class StageRunner {
     stats_.compute_ms += ms_since(t0);
   }
 
-  void send(Direction dir, int micro, int dest, const std::vector<StageTensor>& tensors) {
-    check_tensors(tensors, stage_, dir, micro, dir == kForwardDir ? "forward output"
-                                                                  : "backward output");
-    PendingSend p{dir, micro, std::make_unique<Header>(encode_header(tensors, dir, micro, stage_)),
-                  {}};
-    p.works.push_back(pp_.send(p.header->data(), kHeaderWords, dest, message_tag(dir, micro, 0)));
+  void send(Direction dir, int micro, int chunk, const std::vector<StageTensor>& tensors) {
+    const int vs = virtual_stage(chunk);
+    check_tensors(tensors, vs, dir, micro, dir == kForwardDir ? "forward output"
+                                                              : "backward output");
+    const int dest = peer_rank(dir, true);
+    const int u = unit(micro, dir == kForwardDir ? chunk_after(chunk) : chunk_before(chunk));
+    PendingSend p{dir, micro, chunk,
+                  std::make_unique<Header>(encode_header(tensors, dir, micro, vs)), {}};
+    p.works.push_back(pp_.send(p.header->data(), kHeaderWords, dest, message_tag(dir, u, 0)));
     for (size_t i = 0; i < tensors.size(); ++i) {
       const size_t n = tensors[i].count();
       if (n == 0) continue;
       p.works.push_back(pp_.send(tensors[i].data, n, dest,
-                                 message_tag(dir, micro, static_cast<int>(i) + 1)));
+                                 message_tag(dir, u, static_cast<int>(i) + 1)));
       stats_.bytes_sent += n * sizeof(float);
     }
     ++stats_.messages_sent;
     pending_.push_back(std::move(p));
   }
 
-  bool send_pending(Direction dir, int micro) const {
-    return std::any_of(pending_.begin(), pending_.end(),
-                       [&](const PendingSend& p) { return p.dir == dir && p.micro == micro; });
+  bool send_pending(Direction dir, int micro, int chunk) const {
+    return std::any_of(pending_.begin(), pending_.end(), [&](const PendingSend& p) {
+      return p.dir == dir && p.micro == micro && p.chunk == chunk;
+    });
   }
 
   // Note [Pre-posted receives]: posts what may be posted now.
   void post_receives() {
-    PostedReceive& fwd = posted_[kForwardDir];
-    if (stage_ > 0 && fwd.micro < 0 && next_post_[kForwardDir] < micro_batches_) {
-      const int m = next_post_[kForwardDir];
-      const int prev = m - in_flight_;
-      if (prev < 0 || (backwarded_[size_t(prev)] && !send_pending(kBackwardDir, prev)))
-        post(kForwardDir, m, stage_ - 1, model_.forward_inputs(m));
-    }
-    PostedReceive& bwd = posted_[kBackwardDir];
-    if (stage_ < stages_ - 1 && bwd.micro < 0 && next_post_[kBackwardDir] < micro_batches_) {
-      const int m = next_post_[kBackwardDir];
-      if (forwarded_[size_t(m)]) post(kBackwardDir, m, stage_ + 1, model_.backward_inputs(m));
+    for (Direction dir : {kForwardDir, kBackwardDir}) {
+      if (posted_[dir].micro >= 0 || next_post_[dir] >= receives_[dir].size()) continue;
+      const PipeAction& a = receives_[dir][next_post_[dir]];
+      if (dir == kForwardDir) {
+        const int prev = a.micro - in_flight(a.chunk);
+        if (prev >= 0 && (!done(backwarded_, prev, a.chunk) ||
+                          send_pending(kBackwardDir, prev, a.chunk)))
+          continue;
+        post(dir, a.micro, a.chunk, model_.forward_inputs(a.micro, a.chunk));
+      } else {
+        if (!done(forwarded_, a.micro, a.chunk)) continue;
+        post(dir, a.micro, a.chunk, model_.backward_inputs(a.micro, a.chunk));
+      }
     }
   }
 
-  void post(Direction dir, int micro, int src, const std::vector<StageTensor>& tensors) {
-    check_tensors(tensors, stage_, dir, micro, dir == kForwardDir ? "forward input"
-                                                                  : "backward input");
+  void post(Direction dir, int micro, int chunk, const std::vector<StageTensor>& tensors) {
+    check_tensors(tensors, virtual_stage(chunk), dir, micro,
+                  dir == kForwardDir ? "forward input" : "backward input");
+    const int src = peer_rank(dir, false);
+    const int u = unit(micro, chunk);
     PostedReceive& r = posted_[dir];
     r.micro = micro;
+    r.chunk = chunk;
     r.header = std::make_unique<Header>();
-    r.header_work = pp_.recv(r.header->data(), kHeaderWords, src, message_tag(dir, micro, 0));
+    r.header_work = pp_.recv(r.header->data(), kHeaderWords, src, message_tag(dir, u, 0));
     r.expected.clear();
     r.works.clear();
     for (size_t i = 0; i < tensors.size(); ++i) {
@@ -360,49 +405,53 @@ class StageRunner {
       const size_t n = tensors[i].count();
       if (n == 0) continue;
       r.works.push_back(pp_.recv(tensors[i].data, n, src,
-                                 message_tag(dir, micro, static_cast<int>(i) + 1)));
+                                 message_tag(dir, u, static_cast<int>(i) + 1)));
       stats_.bytes_received += n * sizeof(float);
     }
     ++next_post_[dir];
   }
 
-  // Waits for the posted receive of `micro`. The header is checked before the tensors are
-  // waited for, so a shape mismatch is reported as such (the tensors' receives, posted with
+  // Waits for the posted receive of (micro, chunk). The header is checked before the tensors
+  // are waited for, so a shape mismatch is reported as such (the tensors' receives, posted with
   // this stage's sizes, may have failed with a truncation; they are abandoned with the Error).
-  void complete_receive(Direction dir, int micro, int src) {
+  void complete_receive(Direction dir, int micro, int chunk) {
     PostedReceive& r = posted_[dir];
-    TRIDENT_CHECK(r.micro == micro, "pipeline: stage {} needs the {} of micro-batch {}, but the "
-                  "receive posted is for micro-batch {}", stage_, what_moves(dir), micro, r.micro);
+    const int vs = virtual_stage(chunk), src = peer_stage(dir, chunk, false);
+    TRIDENT_CHECK(r.micro == micro && r.chunk == chunk,
+                  "pipeline: stage {} needs the {} of micro-batch {}, but the receive posted "
+                  "is for micro-batch {} of chunk {}", vs, what_moves(dir), micro, r.micro,
+                  r.chunk);
     const auto t0 = CommClock::now();
-    wait_naming(r.header_work, "receiving", dir, micro, src);
-    check_received(r.expected, decode_header(*r.header, stage_, src, dir, micro), stage_, src,
-                   dir, micro);
-    for (Work& w : r.works) wait_naming(w, "receiving", dir, micro, src);
+    wait_naming(r.header_work, "receiving", dir, micro, chunk);
+    check_received(r.expected, decode_header(*r.header, vs, src, dir, micro), vs, src, dir,
+                   micro);
+    for (Work& w : r.works) wait_naming(w, "receiving", dir, micro, chunk);
     stats_.wait_ms += ms_since(t0);
     r.micro = -1;
   }
 
   // Work::wait, with a failure (e.g. the comm timeout when a neighbour stopped) saying which
   // boundary message this stage was waiting for.
-  void wait_naming(Work& w, const char* doing, Direction dir, int micro, int peer) {
-    naming(doing, dir, micro, peer, [&] { w.wait(); });
+  void wait_naming(Work& w, const char* doing, Direction dir, int micro, int chunk) {
+    naming(doing, dir, micro, chunk, [&] { w.wait(); });
   }
 
   template <typename F>
-  void naming(const char* doing, Direction dir, int micro, int peer, F&& f) {
+  void naming(const char* doing, Direction dir, int micro, int chunk, F&& f) {
     try {
       f();
     } catch (const Error& e) {
+      const bool sending = doing[0] == 's';
       throw Error(fmt::format("pipeline: stage {} {} the {} of micro-batch {} {} stage {}: {}",
-                              stage_, doing, what_moves(dir), micro,
-                              doing[0] == 'r' ? "from" : "to", peer, e.what()),
+                              virtual_stage(chunk), doing, what_moves(dir), micro,
+                              sending ? "to" : "from", peer_stage(dir, chunk, sending),
+                              e.what()),
                   e.code());
     }
   }
 
   void wait_send(PendingSend& p) {
-    const int peer = p.dir == kForwardDir ? stage_ + 1 : stage_ - 1;
-    for (Work& w : p.works) wait_naming(w, "sending", p.dir, p.micro, peer);
+    for (Work& w : p.works) wait_naming(w, "sending", p.dir, p.micro, p.chunk);
   }
 
   // Drives progress on every pending send and drops the completed ones.
@@ -414,10 +463,10 @@ class StageRunner {
     });
   }
 
-  void complete_sends(Direction dir, int micro) {
+  void complete_sends(Direction dir, int micro, int chunk) {
     const auto t0 = CommClock::now();
     std::erase_if(pending_, [&](PendingSend& p) {
-      if (p.dir != dir || p.micro != micro) return false;
+      if (p.dir != dir || p.micro != micro || p.chunk != chunk) return false;
       wait_send(p);
       return true;
     });
@@ -425,35 +474,43 @@ class StageRunner {
   }
 
   Communicator& pp_;
-  const int stages_, stage_, micro_batches_, in_flight_;
+  const int stages_, stage_, micro_batches_, chunks_;
+  const std::vector<int> in_flight_;  // by chunk
   const bool split_;
   PipelineStage& model_;
   std::vector<PendingSend> pending_;
-  PostedReceive posted_[2];     // by Direction
-  int next_post_[2] = {0, 0};   // the next micro-batch to post a receive for, by Direction
-  std::vector<char> forwarded_, backwarded_;  // backwarded_: through the whole backward
+  std::vector<PipeAction> receives_[2];  // by Direction: the actions that receive, in order
+  PostedReceive posted_[2];              // by Direction
+  size_t next_post_[2] = {0, 0};         // the next of receives_ to post, by Direction
+  std::vector<char> forwarded_, backwarded_;  // [chunk][micro]; backwarded_: whole backward
   PipelineStats stats_;
 };
 
 }  // namespace
 
 PipelineStats run_pipeline(PipeSchedule schedule, Communicator& pp, int stages, int stage,
-                           int micro_batches, PipelineStage& model) {
+                           int micro_batches, PipelineStage& model, int chunks) {
   TRIDENT_CHECK(pp.size() == stages && pp.rank() == stage,
                 "run_pipeline for stage {} of {} on communicator '{}' where this rank is {} of {}",
                 stage, stages, pp.name(), pp.rank(), pp.size());
+  TRIDENT_CHECK(model.chunks() == chunks, "run_pipeline with {} chunks for a stage holding {}",
+                chunks, model.chunks());
   const bool split = splits_backward(schedule);
   if (split && !model.can_split_backward())
     input_error("parallel.schedule: {} splits each backward into its input and weight parts, "
                 "which this model's pipeline stage does not provide; use 1f1b",
                 pipe_schedule_name(schedule));
   const auto t0 = CommClock::now();
-  StageRunner runner(pp, stages, stage, micro_batches,
-                     max_in_flight(schedule, stages, stage, micro_batches), split, model);
+  const std::vector<PipeAction> actions =
+      pipeline_actions(schedule, stages, stage, micro_batches, chunks);
+  std::vector<int> in_flight;
+  for (int c = 0; c < chunks; ++c)
+    in_flight.push_back(max_in_flight(schedule, stages, stage, micro_batches, chunks, c));
+  StageRunner runner(pp, stages, stage, micro_batches, chunks, std::move(in_flight), split,
+                     actions, model);
   model.set_transfer_progress([&runner] { runner.progress(); });
   try {
-    for (const PipeAction& a : pipeline_actions(schedule, stages, stage, micro_batches))
-      runner.run_action(a);
+    for (const PipeAction& a : actions) runner.run_action(a);
     runner.complete_all_sends();
   } catch (...) {
     model.set_transfer_progress({});

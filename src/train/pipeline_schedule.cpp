@@ -31,6 +31,24 @@
 // s more awaiting W, so every stage holds p — the peak 1F1B already has on stage 0 — and at
 // most s + 1 micro-batches' weight-pass inputs (max_awaiting_weight). W's run in micro-batch
 // order, so gradients accumulate in 1F1B's order and the two are bitwise equal.
+//
+// Note [Interleaved 1F1B]: Megatron's virtual stages (Narayanan et al. 2021, section 2.2).
+// Stage s of p holds v model chunks; chunk c is virtual stage c·p + s, so a micro-batch goes
+// through stages 0 .. p−1 v times, and a forward pass of one chunk costs 1/v of 1F1B's. Stage
+// s runs the m·v chunk passes in groups of p micro-batches: its k-th forward is chunk
+// (k mod p·v) / p of micro-batch (k / p·v)·p + k mod p, its k-th backward the same with the
+// chunks in reverse (v − 1 − that). It starts with min((p − s − 1)·2 + (v − 1)·p, m·v)
+// forwards (Megatron's warm-up), then alternates one forward / one backward, then runs the
+// remaining backwards:
+//
+//     stage 0 of 2, v 2, m 4:  F0.0 F1.0 F0.1 F1.1 F2.0 B0.1 F3.0 B1.1 F2.1 B0.0 F3.1 B1.0
+//                              B2.1 B3.1 B2.0 B3.0            (Fm.c: micro-batch m, chunk c)
+//
+// The bubble shrinks by v: (p−1)/(v·m + p − 1) (bubble_model; the unit-cost replay in
+// test_pipeline_schedule.cpp gives exactly that), for p − 1 more boundary crossings per
+// micro-batch and, on stage 0, (p − 1)/(p·v) more activation memory than 1F1B. m must be a
+// multiple of p. Each chunk's forwards and backwards run in micro-batch order, so every
+// parameter's gradient accumulates in 1F1B's order: bitwise the same results.
 #include <algorithm>
 
 #include "trident/check.h"
@@ -42,7 +60,9 @@ PipeSchedule parse_pipe_schedule(const std::string& text, const std::string& key
   if (text == "gpipe") return PipeSchedule::kGPipe;
   if (text == "1f1b") return PipeSchedule::kOneFOneB;
   if (text == "zb-h1") return PipeSchedule::kZeroBubbleH1;
-  input_error("{}: unknown pipeline schedule '{}'; allowed: gpipe, 1f1b, zb-h1", key, text);
+  if (text == "interleaved") return PipeSchedule::kInterleaved;
+  input_error("{}: unknown pipeline schedule '{}'; allowed: gpipe, 1f1b, zb-h1, interleaved", key,
+              text);
 }
 
 const char* pipe_schedule_name(PipeSchedule s) {
@@ -50,6 +70,7 @@ const char* pipe_schedule_name(PipeSchedule s) {
     case PipeSchedule::kGPipe: return "gpipe";
     case PipeSchedule::kOneFOneB: return "1f1b";
     case PipeSchedule::kZeroBubbleH1: return "zb-h1";
+    case PipeSchedule::kInterleaved: return "interleaved";
   }
   return "?";
 }
@@ -58,10 +79,41 @@ bool splits_backward(PipeSchedule schedule) { return schedule == PipeSchedule::k
 
 namespace {
 
-void check_schedule_args(int stages, int stage, int micro_batches) {
-  TRIDENT_CHECK(stages >= 1 && stage >= 0 && stage < stages && micro_batches >= 1,
-                "pipeline schedule for stage {} of {} with {} micro-batches", stage, stages,
-                micro_batches);
+void check_schedule_args(PipeSchedule schedule, int stages, int stage, int micro_batches,
+                         int chunks = 1) {
+  TRIDENT_CHECK(stages >= 1 && stage >= 0 && stage < stages && micro_batches >= 1 && chunks >= 1,
+                "pipeline schedule for stage {} of {} with {} micro-batches and {} chunks", stage,
+                stages, micro_batches, chunks);
+  TRIDENT_CHECK(schedule == PipeSchedule::kInterleaved || chunks == 1,
+                "{} with {} chunks", pipe_schedule_name(schedule), chunks);
+  TRIDENT_CHECK(schedule != PipeSchedule::kInterleaved || micro_batches % stages == 0,
+                "interleaved with {} micro-batches on {} stages", micro_batches, stages);
+}
+
+// Note [Interleaved 1F1B].
+std::vector<PipeAction> interleaved_actions(int stages, int stage, int micro_batches,
+                                            int chunks) {
+  using Kind = PipeAction::Kind;
+  const int p = stages, v = chunks, total = micro_batches * chunks;
+  const int warmup = std::min((p - stage - 1) * 2 + (v - 1) * p, total);
+  auto chunk_of = [&](int k, bool forward) {
+    const int c = (k % (p * v)) / p;
+    return forward ? c : v - 1 - c;
+  };
+  auto micro_of = [&](int k) { return (k / (p * v)) * p + k % p; };
+  auto forward = [&](int k) { return PipeAction{Kind::kForward, micro_of(k), chunk_of(k, true)}; };
+  auto backward = [&](int k) {
+    return PipeAction{Kind::kBackward, micro_of(k), chunk_of(k, false)};
+  };
+  std::vector<PipeAction> actions;
+  actions.reserve(2 * size_t(total));
+  for (int k = 0; k < warmup; ++k) actions.push_back(forward(k));
+  for (int i = 0; i < total - warmup; ++i) {
+    actions.push_back(forward(warmup + i));
+    actions.push_back(backward(i));
+  }
+  for (int k = total - warmup; k < total; ++k) actions.push_back(backward(k));
+  return actions;
 }
 
 int warmup_forwards(int stages, int stage, int micro_batches) {
@@ -71,8 +123,10 @@ int warmup_forwards(int stages, int stage, int micro_batches) {
 }  // namespace
 
 std::vector<PipeAction> pipeline_actions(PipeSchedule schedule, int stages, int stage,
-                                         int micro_batches) {
-  check_schedule_args(stages, stage, micro_batches);
+                                         int micro_batches, int chunks) {
+  check_schedule_args(schedule, stages, stage, micro_batches, chunks);
+  if (schedule == PipeSchedule::kInterleaved)
+    return interleaved_actions(stages, stage, micro_batches, chunks);
   using Kind = PipeAction::Kind;
   std::vector<PipeAction> actions;
   actions.reserve(2 * static_cast<size_t>(micro_batches));
@@ -100,25 +154,60 @@ std::vector<PipeAction> pipeline_actions(PipeSchedule schedule, int stages, int 
   return actions;
 }
 
-int max_in_flight(PipeSchedule schedule, int stages, int stage, int micro_batches) {
-  check_schedule_args(stages, stage, micro_batches);
+int max_in_flight(PipeSchedule schedule, int stages, int stage, int micro_batches, int chunks,
+                  int chunk) {
+  check_schedule_args(schedule, stages, stage, micro_batches, chunks);
+  TRIDENT_CHECK(chunk >= 0 && chunk < chunks, "chunk {} of {}", chunk, chunks);
+  if (schedule == PipeSchedule::kInterleaved) {
+    int alive = 0, most = 0;
+    for (const PipeAction& a : interleaved_actions(stages, stage, micro_batches, chunks)) {
+      if (a.chunk != chunk) continue;
+      alive += a.kind == PipeAction::Kind::kForward ? 1 : -1;
+      most = std::max(most, alive);
+    }
+    return most;
+  }
   if (schedule == PipeSchedule::kGPipe) return micro_batches;
   if (schedule == PipeSchedule::kZeroBubbleH1) return std::min(stages, micro_batches);
   return std::min(stages - stage, micro_batches);
 }
 
 int max_awaiting_weight(PipeSchedule schedule, int stages, int stage, int micro_batches) {
-  check_schedule_args(stages, stage, micro_batches);
+  check_schedule_args(schedule, stages, stage, micro_batches);
   if (!splits_backward(schedule)) return 0;
   return std::min(stage + 1, micro_batches);
 }
 
-double bubble_model(PipeSchedule schedule, int stages, int micro_batches) {
-  check_schedule_args(stages, 0, micro_batches);
-  const double p = stages, m = micro_batches;
-  if (!splits_backward(schedule)) return (p - 1) / (m + p - 1);
+double bubble_model(PipeSchedule schedule, int stages, int micro_batches, int chunks) {
+  check_schedule_args(schedule, stages, 0, micro_batches, chunks);
+  const double p = stages, m = micro_batches, v = chunks;
+  if (!splits_backward(schedule)) return (p - 1) / (v * m + p - 1);
   const double makespan = m >= p ? 3 * m + p - 1 : 2 * m + 2 * p - 1;
   return 1 - 3 * m / makespan;
+}
+
+void check_pipe_schedule(PipeSchedule schedule, int stages, int micro_batches, int chunks,
+                         int layers) {
+  if (schedule != PipeSchedule::kInterleaved) {
+    if (chunks != 1)
+      input_error("parallel.virtual_stages: {} needs parallel.schedule: interleaved (it is {})",
+                  chunks, pipe_schedule_name(schedule));
+    return;
+  }
+  if (stages < 2)
+    input_error("parallel.schedule: interleaved needs parallel.pp ≥ 2 (it is {})", stages);
+  if (chunks < 2)
+    input_error("parallel.schedule: interleaved needs parallel.virtual_stages ≥ 2 (it is {}); "
+                "with one chunk per stage use 1f1b", chunks);
+  if (micro_batches % stages != 0)
+    input_error("parallel.schedule: interleaved runs micro-batches in groups of parallel.pp: "
+                "train.accum {} is not a multiple of parallel.pp {} (use {} or {})",
+                micro_batches, stages, micro_batches / stages * stages,
+                (micro_batches / stages + 1) * stages);
+  if (layers < stages * chunks)
+    input_error("parallel.schedule: interleaved with parallel.pp {} × parallel.virtual_stages {} "
+                "= {} model chunks, but model.layers is {}: each chunk needs a block", stages,
+                chunks, stages * chunks, layers);
 }
 
 }  // namespace trident

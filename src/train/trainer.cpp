@@ -103,10 +103,17 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
   if (ctx_.backend->is_device() && options.tp.size > 1 && !ctx_.tp_device)
     internal_error(__FILE__, __LINE__, "a device backend with tp > 1 needs a device communicator");
   check_tensor_parallel(cfg, options.tp.size, options.tp.sequence_parallel, T);
-  options.stage = pipeline_stage(cfg.layers, pp_size_, pp_rank_,
-                                 parse_stage_layers(deck_.parallel.stage_layers));
   schedule_ = parse_pipe_schedule(deck_.parallel.schedule, "parallel.schedule");
-  options.slots = max_in_flight(schedule_, pp_size_, pp_rank_, deck_.train.accum);
+  chunks_ = deck_.parallel.virtual_stages;
+  check_pipe_schedule(schedule_, pp_size_, deck_.train.accum, chunks_, cfg.layers);
+  options.stage = pipeline_stage(cfg.layers, pp_size_, pp_rank_,
+                                 parse_stage_layers(deck_.parallel.stage_layers), chunks_);
+  options.slots = 0;
+  for (int c = 0; c < chunks_; ++c) {
+    options.chunk_slots.push_back(
+        max_in_flight(schedule_, pp_size_, pp_rank_, deck_.train.accum, chunks_, c));
+    options.slots += options.chunk_slots.back();
+  }
   options.recompute = parse_recompute(deck_.train.recompute);
   // Note [Split backward] (model/gpt_backward.cpp): the last stage of zb-h1 holds p slots but
   // runs each micro-batch's B right after its F, so one set of head buffers serves them all.
@@ -421,7 +428,8 @@ StepStats Trainer::train_step(int step) {
   const bool use_sink = use_sink_;
   const OpRecord rows_union = use_sink ? collect_step_rows(step) : OpRecord{};
   stage_->begin_step({step, B, T, accum, dp_size_, dp_rank_});
-  const PipelineStats ps = run_pipeline(schedule_, *pp_comm_, pp_size_, pp_rank_, accum, *stage_);
+  const PipelineStats ps =
+      run_pipeline(schedule_, *pp_comm_, pp_size_, pp_rank_, accum, *stage_, chunks_);
   s.forward_ms = stage_->forward_ms();
   s.backward_ms = stage_->backward_ms();
   s.pipeline_ms = ps.total_ms;
@@ -577,24 +585,32 @@ double Trainer::sharded_grad_sum_squares() {
 }
 
 double Trainer::validation_forward(int micro, int B, int T) {
-  // Forward only, stage by stage (no schedule needed): receive, forward, send.
+  // Forward only, stage by stage (no schedule needed): receive, forward, send — once per
+  // chunk with interleaved stages, around the ring (Note [Interleaved 1F1B]).
   valid_order_->fill(uint64_t(micro) * B, B, inputs_.data(), targets_.data());
   const StageSpec& st = model_->stage();
   const size_t boundary = model_->boundary_rows(B, T) * size_t(model_->config().channels);
   // Any tag of the runner's range would do: validation runs between steps, when every pipeline
   // message has been received, so nothing is left to match it by mistake. 0, within the 32767
-  // every MPI guarantees.
+  // every MPI guarantees. The chunks' messages follow each other in order.
   constexpr int kTag = 0;
   Backend& be = *ctx_.backend;
-  if (!st.has_embedding) {  // host MPI: through a host view on a device backend
-    HostView<float> in(be, model_->stage_input(0), boundary, /*load=*/false);
-    pp_comm_->recv(in.data(), boundary, pp_rank_ - 1, kTag).wait();
-    in.commit();
-  }
-  const double loss = model_->forward(0, inputs_.data(), st.has_head ? targets_.data() : nullptr, B, T);
-  if (!st.has_head) {
-    HostView<const float> out(be, model_->stage_output(0), boundary, /*load=*/true);
-    pp_comm_->send(out.data(), boundary, pp_rank_ + 1, kTag).wait();
+  const int chunks = st.chunks();
+  const int prev = (pp_rank_ + pp_size_ - 1) % pp_size_, next = (pp_rank_ + 1) % pp_size_;
+  double loss = 0.0;
+  for (int c = 0; c < chunks; ++c) {
+    const int slot = model_->slot_for(c, 0);
+    const bool first = st.has_embedding && c == 0, last = st.has_head && c == chunks - 1;
+    if (!first) {  // host MPI: through a host view on a device backend
+      HostView<float> in(be, model_->stage_input(slot), boundary, /*load=*/false);
+      pp_comm_->recv(in.data(), boundary, prev, kTag).wait();
+      in.commit();
+    }
+    loss = model_->forward(slot, inputs_.data(), last ? targets_.data() : nullptr, B, T);
+    if (!last) {
+      HostView<const float> out(be, model_->stage_output(slot), boundary, /*load=*/true);
+      pp_comm_->send(out.data(), boundary, next, kTag).wait();
+    }
   }
   return st.has_head ? loss : 0.0;
 }

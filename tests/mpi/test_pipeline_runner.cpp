@@ -67,13 +67,13 @@ class ToyStage : public PipelineStage {
   }
   void expect_only_hidden() { only_hidden_ = true; }
 
-  std::vector<StageTensor> forward_inputs(int m) override {
+  std::vector<StageTensor> forward_inputs(int m, int) override {
     const int k = m % slots_;
     if (m == wrong_micro_) return {{"hidden", wrong_shape_, wrong_buffer_.data()}, aux(in_a_[k])};
     if (only_hidden_) return {hidden(in_h_[k])};
     return {hidden(in_h_[k]), aux(in_a_[k])};
   }
-  void forward(int m) override {
+  void forward(int m, int) override {
     log_.push_back({PipeAction::Kind::kForward, m});
     const int k = m % slots_;
     if (stage_ == 0) {
@@ -85,22 +85,22 @@ class ToyStage : public PipelineStage {
     seen_[m] = in_h_[k];
     seen_[m].insert(seen_[m].end(), in_a_[k].begin(), in_a_[k].end());
   }
-  std::vector<StageTensor> forward_outputs(int m) override {
+  std::vector<StageTensor> forward_outputs(int m, int) override {
     return {hidden(out_h_[m % slots_]), aux(out_a_[m % slots_])};
   }
-  std::vector<StageTensor> backward_inputs(int m) override {
+  std::vector<StageTensor> backward_inputs(int m, int) override {
     return {hidden(dout_h_[m % slots_]), aux(dout_a_[m % slots_])};
   }
-  void backward(int m) override {
+  void backward(int m, int) override {
     log_.push_back({PipeAction::Kind::kBackward, m});
     backward_part(m, true);
   }
   bool can_split_backward() const override { return true; }
-  void backward_input(int m) override {
+  void backward_input(int m, int) override {
     log_.push_back({PipeAction::Kind::kBackward, m});
     backward_part(m, false);
   }
-  void backward_weight(int m) override {
+  void backward_weight(int m, int) override {
     log_.push_back({PipeAction::Kind::kWeight, m});
     const int k = m % slots_;
     for (size_t i = 0; i < dout_h_[k].size(); ++i) dw_ += dout_h_[k][i] * kept_h_[k][i];
@@ -126,7 +126,7 @@ class ToyStage : public PipelineStage {
     // The forward outputs' buffers are the model's again (the runner completed their send).
     std::fill(out_h_[k].begin(), out_h_[k].end(), -1e30f);
   }
-  std::vector<StageTensor> backward_outputs(int m) override {
+  std::vector<StageTensor> backward_outputs(int m, int) override {
     return {hidden(in_h_[m % slots_]), aux(in_a_[m % slots_])};
   }
 
@@ -257,12 +257,12 @@ TEST(Pipeline, MoreMicroBatchesThanTheTagPeriod) {
 // A stage without backward_input/backward_weight is refused zb-h1 before anything moves.
 class UnsplitStage : public PipelineStage {
  public:
-  std::vector<StageTensor> forward_inputs(int) override { return {}; }
-  void forward(int) override {}
-  std::vector<StageTensor> forward_outputs(int) override { return {}; }
-  std::vector<StageTensor> backward_inputs(int) override { return {}; }
-  void backward(int) override {}
-  std::vector<StageTensor> backward_outputs(int) override { return {}; }
+  std::vector<StageTensor> forward_inputs(int, int) override { return {}; }
+  void forward(int, int) override {}
+  std::vector<StageTensor> forward_outputs(int, int) override { return {}; }
+  std::vector<StageTensor> backward_inputs(int, int) override { return {}; }
+  void backward(int, int) override {}
+  std::vector<StageTensor> backward_outputs(int, int) override { return {}; }
 };
 
 TEST(Pipeline, ZeroBubbleNeedsASplitBackward) {

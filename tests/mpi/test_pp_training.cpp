@@ -113,6 +113,42 @@ TEST(Pipeline, ZeroBubbleH1IsBitwise1F1BAndEqualsOneRank) {
   }
 }
 
+// Note [Interleaved 1F1B] (train/pipeline_schedule.cpp): each chunk's passes run in
+// micro-batch order, so every gradient accumulates in 1F1B's order — but the stages hold other
+// layers (stage 0 of 2: blocks 0 and 2, not 0 and 1), so the gradient norm's per-stage partial
+// sums differ and the comparison is within the usual bounds, not bitwise: against 1f1b and
+// against one rank, at pp 2 and 4, with tp and sequence parallelism, with dp, with uneven
+// chunks.
+TEST(Pipeline, InterleavedEqualsOneFOneBAndOneRank) {
+  const int world = world_size();
+  auto both = [&](int dp, int tp, int pp, std::vector<std::string> extra) {
+    SCOPED_TRACE(fmt::format("dp {} tp {} pp {} {}", dp, tp, pp, fmt::join(extra, " ")));
+    std::vector<std::string> il = extra, one_f = extra;
+    il.push_back("parallel.schedule=interleaved");
+    il.push_back("parallel.virtual_stages=2");
+    one_f.push_back("parallel.schedule=1f1b");
+    const Result r = train_layout(dp, tp, pp, il);
+    expect_close(r, train_layout(dp, tp, pp, one_f));
+    return r;
+  };
+  const std::vector<std::string> eight = {"model.layers=8", "train.accum=8"};
+  if (world == 2) {
+    expect_close(both(1, 1, 2, {}), reference(1));
+    const std::vector<std::string> six = {"model.layers=6"};
+    std::vector<std::string> uneven = six;
+    for (const char* k : {"parallel.schedule=interleaved", "parallel.virtual_stages=2",
+                          "parallel.stage_layers=2,1,1,2"})
+      uneven.push_back(k);
+    expect_close(train_layout(1, 1, 2, uneven), train(deck(six), nullptr, 10));
+  }
+  if (world == 4) {
+    expect_close(both(1, 1, 4, eight), train(deck(eight), nullptr, 10));
+    expect_close(both(1, 2, 2, {"parallel.sequence_parallel=true"}), reference(1));
+    expect_close(both(2, 1, 2, {}), reference(2));
+  }
+  if (world == 8) expect_close(both(2, 2, 2, {}), reference(2));
+}
+
 TEST(Pipeline, ZeroBubbleH1RefusesRecompute) {
   try {
     train(deck({"parallel.schedule=zb-h1", "train.recompute=mlp"}), nullptr, 1);

@@ -170,34 +170,40 @@ TEST(PipeSchedule, EveryMicroBatchOnceInOrderAndInFlightMatches) {
 }
 
 // All stages at once, as run_pipeline runs them: sends never block; a forward waits for the
-// previous stage's forward of that micro-batch and, from micro-batch k = max_in_flight on, for
-// the previous stage to have posted the receive of backward(m − k)'s gradients (Note [Slot
-// reuse] in pipeline_runner.cpp); a backward waits for the next stage's backward. Each round
-// every stage runs as many actions as it can; a round without progress is a deadlock.
+// previous (virtual) stage's forward of that micro-batch and, from micro-batch k =
+// max_in_flight on, for the previous stage to have posted the receive of backward(m − k)'s
+// gradients (Note [Slot reuse] in pipeline_runner.cpp); a backward waits for the next
+// stage's backward. Each round every stage runs as many actions as it can; a round without
+// progress is a deadlock. With chunks (interleaved), chunk c of stage st is virtual stage
+// c·stages + st, and the neighbours are virtual stages.
 bool actions_complete(PipeSchedule s, const std::vector<std::vector<PipeAction>>& actions,
-                      int micro) {
-  const int stages = static_cast<int>(actions.size());
+                      int micro, int chunks = 1) {
+  const int stages = static_cast<int>(actions.size()), virtual_stages = stages * chunks;
   auto index_of = [&](int st, PipeAction a) {
     return static_cast<size_t>(
         std::find(actions[st].begin(), actions[st].end(), a) - actions[st].begin());
   };
-  std::vector<std::vector<char>> fwd_done(stages, std::vector<char>(micro, 0));
-  std::vector<std::vector<char>> bwd_done(stages, std::vector<char>(micro, 0));
+  // By virtual stage.
+  std::vector<std::vector<char>> fwd_done(virtual_stages, std::vector<char>(micro, 0));
+  std::vector<std::vector<char>> bwd_done(virtual_stages, std::vector<char>(micro, 0));
   std::vector<size_t> next(stages, 0);
   for (bool progress = true; progress;) {
     progress = false;
     for (int st = 0; st < stages; ++st) {
-      const int k = max_in_flight(s, stages, st, micro);
       while (next[st] < actions[st].size()) {
         const PipeAction& a = actions[st][next[st]];
+        const int vs = a.chunk * stages + st;
+        const int k = max_in_flight(s, stages, st, micro, chunks, a.chunk);
         const bool forward = a.kind == PipeAction::Kind::kForward;
-        bool ready = forward ? st == 0 || fwd_done[st - 1][a.micro]
-                             : st == stages - 1 || bwd_done[st + 1][a.micro];
-        if (forward && st > 0 && a.micro >= k)
-          ready = ready && next[st - 1] >= index_of(st - 1, {PipeAction::Kind::kBackward,
-                                                             a.micro - k});
+        bool ready = forward ? vs == 0 || fwd_done[vs - 1][a.micro]
+                             : vs == virtual_stages - 1 || bwd_done[vs + 1][a.micro];
+        if (forward && vs > 0 && a.micro >= k) {
+          const int prev = (vs - 1) % stages, prev_chunk = (vs - 1) / stages;
+          ready = ready && next[prev] >= index_of(prev, {PipeAction::Kind::kBackward,
+                                                         a.micro - k, prev_chunk});
+        }
         if (!ready) break;
-        (forward ? fwd_done : bwd_done)[st][a.micro] = 1;
+        if (a.kind != PipeAction::Kind::kWeight) (forward ? fwd_done : bwd_done)[vs][a.micro] = 1;
         ++next[st];
         progress = true;
       }
@@ -208,10 +214,11 @@ bool actions_complete(PipeSchedule s, const std::vector<std::vector<PipeAction>>
   return true;
 }
 
-bool schedule_completes(PipeSchedule s, int stages, int micro) {
+bool schedule_completes(PipeSchedule s, int stages, int micro, int chunks = 1) {
   std::vector<std::vector<PipeAction>> actions;
-  for (int st = 0; st < stages; ++st) actions.push_back(pipeline_actions(s, stages, st, micro));
-  return actions_complete(s, actions, micro);
+  for (int st = 0; st < stages; ++st)
+    actions.push_back(pipeline_actions(s, stages, st, micro, chunks));
+  return actions_complete(s, actions, micro, chunks);
 }
 
 TEST(PipeSchedule, NoDeadlockForAnyStagesAndMicroBatches) {
@@ -228,17 +235,27 @@ TEST(PipeSchedule, NoDeadlockForAnyStagesAndMicroBatches) {
       for (int micro = 1; micro <= 20; ++micro)
         EXPECT_TRUE(schedule_completes(s, stages, micro))
             << pipe_schedule_name(s) << " stages " << stages << " micro " << micro;
+  for (int stages = 2; stages <= 6; ++stages)
+    for (int chunks = 2; chunks <= 4; ++chunks)
+      for (int micro = stages; micro <= 4 * stages; micro += stages)
+        EXPECT_TRUE(schedule_completes(PipeSchedule::kInterleaved, stages, micro, chunks))
+            << "interleaved stages " << stages << " chunks " << chunks << " micro " << micro;
 }
 
 // All stages' actions as a list schedule with pass costs F, B, W (an unsplit backward costs
-// B + W): each starts when its stage is free and, for F and B, when the neighbour's pass of
-// that micro-batch it depends on ended. Returns the makespan; transfers cost nothing.
-double makespan(PipeSchedule s, int stages, int micro, double f, double b, double w) {
+// B + W; a chunk's passes 1/chunks of them): each starts when its stage is free and, for F
+// and B, when the neighbour's pass of that micro-batch it depends on ended. Returns the
+// makespan; transfers cost nothing.
+double makespan(PipeSchedule s, int stages, int micro, double f, double b, double w,
+                int chunks = 1) {
   using Kind = PipeAction::Kind;
   std::vector<std::vector<PipeAction>> actions;
-  for (int st = 0; st < stages; ++st) actions.push_back(pipeline_actions(s, stages, st, micro));
-  const double backward = splits_backward(s) ? b : b + w;
-  std::vector<std::vector<double>> fwd_end(stages, std::vector<double>(micro, -1));
+  for (int st = 0; st < stages; ++st)
+    actions.push_back(pipeline_actions(s, stages, st, micro, chunks));
+  const double backward = (splits_backward(s) ? b : b + w) / chunks;
+  f /= chunks;
+  const int virtual_stages = stages * chunks;
+  std::vector<std::vector<double>> fwd_end(virtual_stages, std::vector<double>(micro, -1));
   std::vector<std::vector<double>> bwd_end = fwd_end;
   std::vector<double> free_at(stages, 0);
   std::vector<size_t> next(stages, 0);
@@ -247,19 +264,20 @@ double makespan(PipeSchedule s, int stages, int micro, double f, double b, doubl
     for (int st = 0; st < stages; ++st) {
       for (; next[st] < actions[st].size(); ++next[st], progress = true) {
         const PipeAction& a = actions[st][next[st]];
+        const int vs = a.chunk * stages + st;
         double ready = free_at[st], cost = w;
         if (a.kind == Kind::kForward) {
-          if (st > 0 && fwd_end[st - 1][a.micro] < 0) break;
-          if (st > 0) ready = std::max(ready, fwd_end[st - 1][a.micro]);
+          if (vs > 0 && fwd_end[vs - 1][a.micro] < 0) break;
+          if (vs > 0) ready = std::max(ready, fwd_end[vs - 1][a.micro]);
           cost = f;
         } else if (a.kind == Kind::kBackward) {
-          if (st < stages - 1 && bwd_end[st + 1][a.micro] < 0) break;
-          if (st < stages - 1) ready = std::max(ready, bwd_end[st + 1][a.micro]);
+          if (vs < virtual_stages - 1 && bwd_end[vs + 1][a.micro] < 0) break;
+          if (vs < virtual_stages - 1) ready = std::max(ready, bwd_end[vs + 1][a.micro]);
           cost = backward;
         }
         free_at[st] = ready + cost;
-        if (a.kind == Kind::kForward) fwd_end[st][a.micro] = free_at[st];
-        if (a.kind == Kind::kBackward) bwd_end[st][a.micro] = free_at[st];
+        if (a.kind == Kind::kForward) fwd_end[vs][a.micro] = free_at[st];
+        if (a.kind == Kind::kBackward) bwd_end[vs][a.micro] = free_at[st];
       }
     }
   }
@@ -296,6 +314,105 @@ TEST(PipeSchedule, BubbleModelIsTheUnitCostReplays) {
   EXPECT_NEAR(bubble_model(PipeSchedule::kZeroBubbleH1, 4, 8), 3.0 / 27, 1e-12);
 }
 
+// "F0.1" is micro-batch 0 of chunk 1.
+std::string chunk_text(const std::vector<PipeAction>& actions) {
+  std::string s;
+  for (const PipeAction& a : actions) {
+    if (!s.empty()) s += ' ';
+    s += (a.kind == PipeAction::Kind::kForward ? 'F' : 'B') + std::to_string(a.micro) + "." +
+         std::to_string(a.chunk);
+  }
+  return s;
+}
+
+std::string interleaved_text(int stages, int stage, int micro, int chunks) {
+  return chunk_text(pipeline_actions(PipeSchedule::kInterleaved, stages, stage, micro, chunks));
+}
+
+TEST(PipeSchedule, InterleavedTwoStagesTwoChunks) {
+  // Warm-up (p − s − 1)·2 + (v − 1)·p: 4 on stage 0, 2 on stage 1; forwards in groups of p
+  // micro-batches through chunk 0 then chunk 1, backwards through chunk 1 then chunk 0.
+  EXPECT_EQ(interleaved_text(2, 0, 4, 2),
+            "F0.0 F1.0 F0.1 F1.1 F2.0 B0.1 F3.0 B1.1 F2.1 B0.0 F3.1 B1.0 B2.1 B3.1 B2.0 B3.0");
+  EXPECT_EQ(interleaved_text(2, 1, 4, 2),
+            "F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 F2.0 B0.0 F3.0 B1.0 F2.1 B2.1 F3.1 B3.1 B2.0 B3.0");
+  EXPECT_EQ(interleaved_text(2, 0, 8, 2),
+            "F0.0 F1.0 F0.1 F1.1 F2.0 B0.1 F3.0 B1.1 F2.1 B0.0 F3.1 B1.0 F4.0 B2.1 F5.0 B3.1 "
+            "F4.1 B2.0 F5.1 B3.0 F6.0 B4.1 F7.0 B5.1 F6.1 B4.0 F7.1 B5.0 B6.1 B7.1 B6.0 B7.0");
+  EXPECT_EQ(interleaved_text(2, 1, 8, 2),
+            "F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 F2.0 B0.0 F3.0 B1.0 F2.1 B2.1 F3.1 B3.1 F4.0 B2.0 "
+            "F5.0 B3.0 F4.1 B4.1 F5.1 B5.1 F6.0 B4.0 F7.0 B5.0 F6.1 B6.1 F7.1 B7.1 B6.0 B7.0");
+}
+
+TEST(PipeSchedule, InterleavedFourStagesTwoChunks) {
+  // m = 4 on stage 0: the warm-up (10) covers every forward.
+  EXPECT_EQ(interleaved_text(4, 0, 4, 2),
+            "F0.0 F1.0 F2.0 F3.0 F0.1 F1.1 F2.1 F3.1 B0.1 B1.1 B2.1 B3.1 B0.0 B1.0 B2.0 B3.0");
+  EXPECT_EQ(interleaved_text(4, 3, 4, 2),
+            "F0.0 F1.0 F2.0 F3.0 F0.1 B0.1 F1.1 B1.1 F2.1 B2.1 F3.1 B3.1 B0.0 B1.0 B2.0 B3.0");
+  EXPECT_EQ(interleaved_text(4, 0, 8, 2),
+            "F0.0 F1.0 F2.0 F3.0 F0.1 F1.1 F2.1 F3.1 F4.0 F5.0 F6.0 B0.1 F7.0 B1.1 F4.1 B2.1 "
+            "F5.1 B3.1 F6.1 B0.0 F7.1 B1.0 B2.0 B3.0 B4.1 B5.1 B6.1 B7.1 B4.0 B5.0 B6.0 B7.0");
+  EXPECT_EQ(interleaved_text(4, 3, 8, 2),
+            "F0.0 F1.0 F2.0 F3.0 F0.1 B0.1 F1.1 B1.1 F2.1 B2.1 F3.1 B3.1 F4.0 B0.0 F5.0 B1.0 "
+            "F6.0 B2.0 F7.0 B3.0 F4.1 B4.1 F5.1 B5.1 F6.1 B6.1 F7.1 B7.1 B4.0 B5.0 B6.0 B7.0");
+}
+
+TEST(PipeSchedule, InterleavedEveryChunkPassOnceInOrder) {
+  for (int p = 2; p <= 5; ++p)
+    for (int v = 2; v <= 3; ++v)
+      for (int m = p; m <= 3 * p; m += p)
+        for (int st = 0; st < p; ++st) {
+          const auto actions = pipeline_actions(PipeSchedule::kInterleaved, p, st, m, v);
+          SCOPED_TRACE(fmt::format("p {} v {} m {} stage {}: {}", p, v, m, st, chunk_text(actions)));
+          ASSERT_EQ(actions.size(), 2u * m * v);
+          std::vector<int> next(2 * size_t(v), 0);  // per (kind, chunk): the next micro-batch
+          std::vector<int> alive(size_t(v), 0), most(size_t(v), 0);
+          for (const PipeAction& a : actions) {
+            ASSERT_TRUE(a.chunk >= 0 && a.chunk < v);
+            const bool fwd = a.kind == PipeAction::Kind::kForward;
+            ASSERT_EQ(a.micro, next[size_t(2 * a.chunk + (fwd ? 0 : 1))]++);
+            alive[size_t(a.chunk)] += fwd ? 1 : -1;
+            ASSERT_GE(alive[size_t(a.chunk)], 0) << "a backward before its forward";
+            most[size_t(a.chunk)] = std::max(most[size_t(a.chunk)], alive[size_t(a.chunk)]);
+          }
+          for (int c = 0; c < v; ++c)
+            EXPECT_EQ(max_in_flight(PipeSchedule::kInterleaved, p, st, m, v, c), most[size_t(c)]);
+        }
+}
+
+TEST(PipeSchedule, InterleavedBubbleIsOneFOneBsOverV) {
+  // Narayanan et al. 2021: the bubble time shrinks by v, (p−1)/(v·m + p − 1) of the step.
+  for (int p = 2; p <= 6; ++p)
+    for (int v = 2; v <= 4; ++v)
+      for (int m = p; m <= 3 * p; m += p) {
+        SCOPED_TRACE(fmt::format("p {} v {} m {}", p, v, m));
+        const double span = makespan(PipeSchedule::kInterleaved, p, m, 1, 1, 1, v);
+        EXPECT_NEAR(span, 3.0 * m + 3.0 * (p - 1) / v, 1e-9);
+        EXPECT_NEAR(bubble_model(PipeSchedule::kInterleaved, p, m, v), 1 - 3.0 * m / span, 1e-12);
+      }
+  EXPECT_NEAR(bubble_model(PipeSchedule::kInterleaved, 4, 8, 2), 3.0 / 19, 1e-12);
+}
+
+TEST(PipeSchedule, BadInterleavedShapesAreRefused) {
+  auto refused = [](PipeSchedule s, int p, int m, int v, int layers, const char* words) {
+    try {
+      check_pipe_schedule(s, p, m, v, layers);
+      ADD_FAILURE() << "no error for " << words;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ExitCode::kBadInput);
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  refused(PipeSchedule::kOneFOneB, 2, 4, 2, 8, "parallel.virtual_stages: 2 needs parallel.schedule: interleaved");
+  refused(PipeSchedule::kInterleaved, 4, 6, 2, 8, "train.accum 6 is not a multiple of parallel.pp 4 (use 4 or 8)");
+  refused(PipeSchedule::kInterleaved, 4, 8, 2, 6, "= 8 model chunks, but model.layers is 6");
+  refused(PipeSchedule::kInterleaved, 1, 4, 2, 8, "needs parallel.pp ≥ 2");
+  refused(PipeSchedule::kInterleaved, 2, 4, 1, 8, "needs parallel.virtual_stages ≥ 2");
+  EXPECT_NO_THROW(check_pipe_schedule(PipeSchedule::kInterleaved, 4, 8, 2, 8));
+  EXPECT_NO_THROW(check_pipe_schedule(PipeSchedule::kOneFOneB, 4, 6, 1, 4));
+}
+
 TEST(PipeSchedule, MaxInFlight) {
   EXPECT_EQ(max_in_flight(PipeSchedule::kZeroBubbleH1, 4, 0, 8), 4);
   EXPECT_EQ(max_in_flight(PipeSchedule::kZeroBubbleH1, 4, 3, 8), 4);
@@ -312,22 +429,24 @@ TEST(PipeSchedule, ParseAndName) {
   EXPECT_EQ(parse_pipe_schedule("gpipe", "parallel.schedule"), PipeSchedule::kGPipe);
   EXPECT_EQ(parse_pipe_schedule("1f1b", "parallel.schedule"), PipeSchedule::kOneFOneB);
   EXPECT_EQ(parse_pipe_schedule("zb-h1", "parallel.schedule"), PipeSchedule::kZeroBubbleH1);
+  EXPECT_EQ(parse_pipe_schedule("interleaved", "parallel.schedule"), PipeSchedule::kInterleaved);
   EXPECT_STREQ(pipe_schedule_name(PipeSchedule::kGPipe), "gpipe");
   EXPECT_STREQ(pipe_schedule_name(PipeSchedule::kOneFOneB), "1f1b");
   for (PipeSchedule s :
        {PipeSchedule::kGPipe, PipeSchedule::kOneFOneB, PipeSchedule::kZeroBubbleH1})
     EXPECT_EQ(parse_pipe_schedule(pipe_schedule_name(s), "k"), s);
   try {
-    parse_pipe_schedule("interleaved", "parallel.schedule");
+    parse_pipe_schedule("zb-v", "parallel.schedule");
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ExitCode::kBadInput);
     const std::string msg = e.what();
     EXPECT_NE(msg.find("parallel.schedule"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("interleaved"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("zb-v"), std::string::npos) << msg;
     EXPECT_NE(msg.find("gpipe"), std::string::npos) << msg;
     EXPECT_NE(msg.find("1f1b"), std::string::npos) << msg;
     EXPECT_NE(msg.find("zb-h1"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("interleaved"), std::string::npos) << msg;
   }
 }
 
