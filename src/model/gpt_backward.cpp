@@ -31,6 +31,29 @@
 #include "trident/model.h"
 
 namespace trident {
+namespace {
+
+// Reports parameters ready in the list's order (Note [Parameter table]) from `first` on,
+// skipping wte, which is reported on its own (wte()).
+class ReadyWalk {
+ public:
+  ReadyWalk(const GradReadyFn& on_ready, int first, int wte_index)
+      : on_ready_(on_ready), next_(first), wte_(wte_index) {}
+  void through(int last) {
+    if (!on_ready_) return;
+    for (; next_ <= last; ++next_)
+      if (next_ != wte_) on_ready_(next_);
+  }
+  void wte() const {
+    if (on_ready_) on_ready_(wte_);
+  }
+
+ private:
+  const GradReadyFn& on_ready_;
+  int next_, wte_;
+};
+
+}  // namespace
 
 // A chunk's parameters are a run of the ready list (gpt_param_layout): from the head's (last
 // chunk) or its last block's first, through its first block's last (or the list's end on chunk
@@ -83,17 +106,11 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale,
   // the indices of the parameter table (Note [Parameter table]). wte is reported on its own:
   // right after the LM head when that is its only contribution on this stage (or the sparse
   // part goes to a sink), else after the embedding.
-  const int wte_index = table_.wte_index;
   const bool wte_after_head = stage_.has_head && (!stage_.has_embedding || sink);
   // The slot's chunk (StageSpec): its blocks, and its run of the ready list.
   const int begin = stage_.chunk_begin(s.chunk), end = begin + stage_.chunk_size(s.chunk);
   const bool has_head = head_chunk(s), has_embedding = embedding_chunk(s);
-  int next_ready = first_ready(s);
-  auto ready_through = [&](int last) {
-    if (!on_ready) return;
-    for (; next_ready <= last; ++next_ready)
-      if (next_ready != wte_index) on_ready(next_ready);
-  };
+  ReadyWalk ready(on_ready, first_ready(s), table_.wte_index);
   // The gradient w.r.t. the residual stream on all N rows (gathered with sequence parallelism).
   auto dresidual_all_rows = [&]() -> const float* {
     if (rows_divisor_ == 1) return a.dresidual.data();
@@ -115,14 +132,14 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale,
     Slot& h = head(s);
     be_.matmul_backward(nullptr, G + table_.wte, nullptr, h.logits.data(), h.lnf.data(),
                         P + table_.wte, N, C, Vl);
-    if (wte_after_head && on_ready) on_ready(wte_index);
+    if (wte_after_head) ready.wte();
     be_.matmul_backward(a.dbuf_c.data(), nullptr, nullptr, h.logits.data(), h.lnf.data(),
                         P + table_.wte, N, C, Vl);
     layernorm_gathered_backward(a.dresidual.data(), G + table_.lnfw, G + table_.lnfb,
                                 a.dbuf_c.data(), last_residual, P + table_.lnfw,
                                 h.lnf_mean.data(), h.lnf_rstd.data(), B, T, C, 2 * L,
                                 last_micro_batch);
-    ready_through(table_.lnfb_index);
+    ready.through(table_.lnfb_index);
   } else {
     TRIDENT_CHECK(dstage_output != nullptr, "a stage before the last needs its output gradient");
     be_.copy(a.dresidual.data(), dstage_output, size_t(Nr) * C * sizeof(float));
@@ -143,39 +160,39 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale,
     keep_copy(act.residual3, dres, size_t(Nr) * C);
     be_.matmul_backward(a.dbuf_4c.data(), grad(dw.fcprojw), grad(dw.fcprojb), dout,
                         act.fch_gelu, w.fcprojw, N, 4 * Cl, C);
-    ready_through(lt.ready_fcproj);
+    ready.through(lt.ready_fcproj);
     be_.gelu_backward(a.dbuf_4c2.data(), act.fch, a.dbuf_4c.data(), size_t(N) * 4 * Cl);
     keep_copy(act.fch, a.dbuf_4c2.data(), size_t(N) * 4 * Cl);
     be_.matmul_backward(a.dbuf_c.data(), grad(dw.fcw), grad(dw.fcb), a.dbuf_4c2.data(), act.ln2,
                         w.fcw, N, C, 4 * Cl);
-    ready_through(lt.ready_fc);
+    ready.through(lt.ready_fc);
     layernorm_gathered_backward(a.dbuf_c2.data(), dw.ln2w, dw.ln2b, a.dbuf_c.data(),
                                 act.residual2, w.ln2w, act.ln2_mean, act.ln2_rstd, B, T, C,
                                 2 * i + 1, last_micro_batch);
-    ready_through(lt.ready_ln2);
+    ready.through(lt.ready_ln2);
     be_.add(dres, dres, a.dbuf_c2.data(), size_t(Nr) * C);  // now w.r.t. residual2
 
     dout = dresidual_all_rows();
     keep_copy(act.residual2, dres, size_t(Nr) * C);
     be_.matmul_backward(a.dbuf_c.data(), grad(dw.attprojw), grad(dw.attprojb), dout, act.atty,
                         w.attprojw, N, Cl, C);
-    ready_through(lt.ready_attproj);
+    ready.through(lt.ready_attproj);
     be_.attention_backward(a.dbuf_3c.data(), a.datt.data(), a.dbuf_c.data(), act.qkv, act.atty,
                            act.att, B, T, Cl, NHl);
     keep_copy(act.qkv, a.dbuf_3c.data(), size_t(N) * 3 * Cl);
     be_.matmul_backward(a.dbuf_c.data(), grad(dw.qkvw), grad(dw.qkvb), a.dbuf_3c.data(), act.ln1,
                         w.qkvw, N, C, 3 * Cl);
-    ready_through(lt.ready_qkv);
+    ready.through(lt.ready_qkv);
     layernorm_gathered_backward(a.dbuf_c2.data(), dw.ln1w, dw.ln1b, a.dbuf_c.data(), residual_in,
                                 w.ln1w, act.ln1_mean, act.ln1_rstd, B, T, C, 2 * i,
                                 last_micro_batch);
-    ready_through(lt.ready_ln1);
+    ready.through(lt.ready_ln1);
     be_.add(dres, dres, a.dbuf_c2.data(), size_t(Nr) * C);  // now w.r.t. the block's input
   }
   if (!has_embedding) {
     TRIDENT_CHECK(dstage_input != nullptr, "a stage after the first must return its input gradient");
     be_.copy(dstage_input, a.dresidual.data(), size_t(Nr) * C * sizeof(float));
-    ready_through(last_ready(s));  // the rest of this chunk's run of the list
+    ready.through(last_ready(s));  // the rest of this chunk's run of the list
     return;
   }
   keep_copy(s.encoded.data(), a.dresidual.data(), size_t(Nr) * C);
@@ -184,8 +201,8 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale,
   // gradient]): into the sink's compact rows, or into wte's gradient, which is final only now.
   Phase ph(be_, phases_, table_.backward_embedding);
   embedding_backward(dresidual_all_rows(), s.inputs.data(), sink, B, T);
-  ready_through(table_.wpe_index);
-  if (!wte_after_head && on_ready) on_ready(wte_index);
+  ready.through(table_.wpe_index);
+  if (!wte_after_head) ready.wte();
 }
 
 void GPT::backward_weight(int slot, const GradReadyFn& on_ready, const EmbeddingRowSink* sink) {
@@ -195,17 +212,10 @@ void GPT::backward_weight(int slot, const GradReadyFn& on_ready, const Embedding
   float* P = params_.data();
   float* G = grads_.data();
   // As in backward_pass: the same ready order, and wte reported on its own.
-  const int wte_index = table_.wte_index;
   const bool wte_after_head = stage_.has_head && (!stage_.has_embedding || sink);
-  // The slot's chunk (StageSpec): its blocks, and its run of the ready list.
   const int begin = stage_.chunk_begin(s.chunk), end = begin + stage_.chunk_size(s.chunk);
   const bool has_head = head_chunk(s), has_embedding = embedding_chunk(s);
-  int next_ready = first_ready(s);
-  auto ready_through = [&](int last) {
-    if (!on_ready) return;
-    for (; next_ready <= last; ++next_ready)
-      if (next_ready != wte_index) on_ready(next_ready);
-  };
+  ReadyWalk ready(on_ready, first_ready(s), table_.wte_index);
   // A kept output gradient of this rank's rows, on all N rows (Note [Split backward]).
   auto all_rows = [&](const float* local) -> const float* {
     if (rows_divisor_ == 1) return local;
@@ -214,8 +224,8 @@ void GPT::backward_weight(int slot, const GradReadyFn& on_ready, const Embedding
   };
 
   if (has_head) {  // the head's gradients are final since B
-    if (wte_after_head && on_ready) on_ready(wte_index);
-    ready_through(table_.lnfb_index);
+    if (wte_after_head) ready.wte();
+    ready.through(table_.lnfb_index);
   }
   for (int i = end - 1; i >= begin; --i) {
     progress();
@@ -226,23 +236,23 @@ void GPT::backward_weight(int slot, const GradReadyFn& on_ready, const Embedding
     const BlockWeights dw = block(G, i);
     be_.matmul_backward(nullptr, dw.fcprojw, dw.fcprojb, all_rows(act.residual3), act.fch_gelu,
                         w.fcprojw, N, 4 * Cl, C);
-    ready_through(lt.ready_fcproj);
+    ready.through(lt.ready_fcproj);
     be_.matmul_backward(nullptr, dw.fcw, dw.fcb, act.fch, act.ln2, w.fcw, N, C, 4 * Cl);
-    ready_through(lt.ready_ln2);  // ln2's gradients were final after B
+    ready.through(lt.ready_ln2);  // ln2's gradients were final after B
     be_.matmul_backward(nullptr, dw.attprojw, dw.attprojb, all_rows(act.residual2), act.atty,
                         w.attprojw, N, Cl, C);
-    ready_through(lt.ready_attproj);
+    ready.through(lt.ready_attproj);
     be_.matmul_backward(nullptr, dw.qkvw, dw.qkvb, act.qkv, act.ln1, w.qkvw, N, C, 3 * Cl);
-    ready_through(lt.ready_ln1);
+    ready.through(lt.ready_ln1);
   }
   if (!has_embedding) {
-    ready_through(last_ready(s));
+    ready.through(last_ready(s));
     return;
   }
   Phase ph(be_, phases_, table_.weight_embedding);
   embedding_backward(all_rows(s.encoded.data()), s.inputs.data(), sink, B, T);
-  ready_through(table_.wpe_index);
-  if (!wte_after_head && on_ready) on_ready(wte_index);
+  ready.through(table_.wpe_index);
+  if (!wte_after_head) ready.wte();
 }
 
 }  // namespace trident

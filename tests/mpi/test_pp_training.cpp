@@ -80,6 +80,21 @@ TEST(Pipeline, GPipeAnd1F1BAreBitwiseIdentical) {
   expect_bitwise(one_f, gpipe);
 }
 
+// Trains the layout with `extra` plus `schedule`, and with `extra` under 1f1b; checks that
+// they agree (bitwise, or within expect_close's bounds) and returns the first.
+Result against_1f1b(int dp, int tp, int pp, const std::vector<std::string>& extra,
+                    const std::vector<std::string>& schedule, bool bitwise) {
+  SCOPED_TRACE(fmt::format("dp {} tp {} pp {} {} {}", dp, tp, pp, fmt::join(schedule, " "),
+                           fmt::join(extra, " ")));
+  std::vector<std::string> with = extra, one_f = extra;
+  with.insert(with.end(), schedule.begin(), schedule.end());
+  one_f.push_back("parallel.schedule=1f1b");
+  const Result r = train_layout(dp, tp, pp, with);
+  if (bitwise) expect_bitwise(r, train_layout(dp, tp, pp, one_f));
+  else expect_close(r, train_layout(dp, tp, pp, one_f));
+  return r;
+}
+
 // Note [Split backward] (model/gpt_backward.cpp): B then W is backward's bits, W's run in
 // micro-batch order, so zb-h1 equals 1f1b bitwise — with tp and sequence parallelism (W
 // gathers the kept rows again), with dp (the reducer's events come from W), on one stage
@@ -88,13 +103,7 @@ TEST(Pipeline, GPipeAnd1F1BAreBitwiseIdentical) {
 TEST(Pipeline, ZeroBubbleH1IsBitwise1F1BAndEqualsOneRank) {
   const int world = world_size();
   auto both = [&](int dp, int tp, int pp, std::vector<std::string> extra) {
-    SCOPED_TRACE(fmt::format("dp {} tp {} pp {} {}", dp, tp, pp, fmt::join(extra, " ")));
-    std::vector<std::string> zb = extra, one_f = extra;
-    zb.push_back("parallel.schedule=zb-h1");
-    one_f.push_back("parallel.schedule=1f1b");
-    const Result z = train_layout(dp, tp, pp, zb);
-    expect_bitwise(z, train_layout(dp, tp, pp, one_f));
-    return z;
+    return against_1f1b(dp, tp, pp, extra, {"parallel.schedule=zb-h1"}, /*bitwise=*/true);
   };
   {
     SCOPED_TRACE("one rank");
@@ -122,14 +131,9 @@ TEST(Pipeline, ZeroBubbleH1IsBitwise1F1BAndEqualsOneRank) {
 TEST(Pipeline, InterleavedEqualsOneFOneBAndOneRank) {
   const int world = world_size();
   auto both = [&](int dp, int tp, int pp, std::vector<std::string> extra) {
-    SCOPED_TRACE(fmt::format("dp {} tp {} pp {} {}", dp, tp, pp, fmt::join(extra, " ")));
-    std::vector<std::string> il = extra, one_f = extra;
-    il.push_back("parallel.schedule=interleaved");
-    il.push_back("parallel.virtual_stages=2");
-    one_f.push_back("parallel.schedule=1f1b");
-    const Result r = train_layout(dp, tp, pp, il);
-    expect_close(r, train_layout(dp, tp, pp, one_f));
-    return r;
+    return against_1f1b(dp, tp, pp, extra,
+                        {"parallel.schedule=interleaved", "parallel.virtual_stages=2"},
+                        /*bitwise=*/false);
   };
   const std::vector<std::string> eight = {"model.layers=8", "train.accum=8"};
   if (world == 2) {
