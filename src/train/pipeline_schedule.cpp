@@ -49,6 +49,8 @@
 // micro-batch and, on stage 0, (p − 1)/(p·v) more activation memory than 1F1B. m must be a
 // multiple of p. Each chunk's forwards and backwards run in micro-batch order, so every
 // parameter's gradient accumulates in 1F1B's order: bitwise the same results.
+#include <fmt/format.h>
+
 #include <algorithm>
 
 #include "trident/check.h"
@@ -199,11 +201,12 @@ void check_pipe_schedule(PipeSchedule schedule, int stages, int micro_batches, i
   if (chunks < 2)
     input_error("parallel.schedule: interleaved needs parallel.virtual_stages ≥ 2 (it is {}); "
                 "with one chunk per stage use 1f1b", chunks);
-  if (micro_batches % stages != 0)
+  if (micro_batches % stages != 0) {
+    const int below = micro_batches / stages * stages, above = below + stages;
     input_error("parallel.schedule: interleaved runs micro-batches in groups of parallel.pp: "
-                "train.accum {} is not a multiple of parallel.pp {} (use {} or {})",
-                micro_batches, stages, micro_batches / stages * stages,
-                (micro_batches / stages + 1) * stages);
+                "train.accum {} is not a multiple of parallel.pp {} (use {})", micro_batches,
+                stages, below > 0 ? fmt::format("{} or {}", below, above) : fmt::format("{}", above));
+  }
   if (layers < stages * chunks)
     input_error("parallel.schedule: interleaved with parallel.pp {} × parallel.virtual_stages {} "
                 "= {} model chunks, but model.layers is {}: each chunk needs a block", stages,

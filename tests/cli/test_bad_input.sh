@@ -70,6 +70,12 @@ expect tp-not-dividing-heads "parallel.tp.*heads" -- "${mpi[@]}" "$bin" train de
 expect sp-not-dividing-seq "seq_len 63 is not divisible" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set parallel.tp=2 --set parallel.sequence_parallel=true --set model.seq_len=63
 expect two-ranks-bad-deck "rank 0.*train.lr" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set train.lr=-1
 expect two-ranks-bad-data "rank 0.*data.train.*truncated.bin" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set data.train=truncated.bin
+# Pipeline schedules (Note [Interleaved 1F1B], Note [Split backward]).
+expect virtual-without-interleaved "parallel.virtual_stages: 2 needs parallel.schedule: interleaved" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set parallel.pp=2 --set parallel.virtual_stages=2
+il=(--set parallel.pp=2 --set parallel.schedule=interleaved --set parallel.virtual_stages=2)
+expect interleaved-accum "train.accum 3 is not a multiple of parallel.pp 2 \(use 2 or 4\)" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" "${il[@]}" --set train.accum=3
+expect interleaved-layers "4 model chunks, but model.layers is 3" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" "${il[@]}" --set model.layers=3 --set train.accum=2
+expect zb-with-recompute "zb-h1 keeps .* train.recompute: full drops" -- "$bin" train deck.yaml "${common[@]}" --set parallel.schedule=zb-h1 --set train.recompute=full
 # ZeRO (Note [ZeRO-1] in src/train/zero.h): a stage out of range, a combination the sharded
 # optimizer cannot do.
 expect zero-out-of-range "parallel.zero" -- "$bin" train deck.yaml "${common[@]}" --set parallel.zero=3

@@ -406,6 +406,7 @@ TEST(PipeSchedule, BadInterleavedShapesAreRefused) {
   };
   refused(PipeSchedule::kOneFOneB, 2, 4, 2, 8, "parallel.virtual_stages: 2 needs parallel.schedule: interleaved");
   refused(PipeSchedule::kInterleaved, 4, 6, 2, 8, "train.accum 6 is not a multiple of parallel.pp 4 (use 4 or 8)");
+  refused(PipeSchedule::kInterleaved, 4, 2, 2, 8, "train.accum 2 is not a multiple of parallel.pp 4 (use 4)");
   refused(PipeSchedule::kInterleaved, 4, 8, 2, 6, "= 8 model chunks, but model.layers is 6");
   refused(PipeSchedule::kInterleaved, 1, 4, 2, 8, "needs parallel.pp ≥ 2");
   refused(PipeSchedule::kInterleaved, 2, 4, 1, 8, "needs parallel.virtual_stages ≥ 2");
