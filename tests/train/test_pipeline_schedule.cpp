@@ -91,6 +91,22 @@ TEST(PipeSchedule, ZeroBubbleH1TwoAndFourStagesFourMicroBatches) {
   EXPECT_EQ(actions_text(s, 1, 0, 2), "F0 B0 W0 F1 B1 W1");
 }
 
+TEST(PipeSchedule, OneFOneBFourStagesFourMicroBatches) {
+  const auto s = PipeSchedule::kOneFOneB;
+  EXPECT_EQ(actions_text(s, 4, 0, 4), "F0 F1 F2 F3 B0 B1 B2 B3");
+  EXPECT_EQ(actions_text(s, 4, 1, 4), "F0 F1 F2 B0 F3 B1 B2 B3");
+  EXPECT_EQ(actions_text(s, 4, 2, 4), "F0 F1 B0 F2 B1 F3 B2 B3");
+  EXPECT_EQ(actions_text(s, 4, 3, 4), "F0 B0 F1 B1 F2 B2 F3 B3");
+}
+
+TEST(PipeSchedule, ZeroBubbleH1TwoStagesEightMicroBatches) {
+  const auto s = PipeSchedule::kZeroBubbleH1;
+  EXPECT_EQ(actions_text(s, 2, 0, 8),
+            "F0 F1 B0 W0 F2 B1 W1 F3 B2 W2 F4 B3 W3 F5 B4 W4 F6 B5 W5 F7 B6 W6 B7 W7");
+  EXPECT_EQ(actions_text(s, 2, 1, 8),
+            "F0 B0 F1 B1 W0 F2 B2 W1 F3 B3 W2 F4 B4 W3 F5 B5 W4 F6 B6 W5 F7 B7 W6 W7");
+}
+
 TEST(PipeSchedule, OneFOneBTwoStages) {
   const auto s = PipeSchedule::kOneFOneB;
   EXPECT_EQ(actions_text(s, 2, 0, 4), "F0 F1 B0 F2 B1 F3 B2 B3");
