@@ -41,6 +41,7 @@ std::string pname(const LlmcTensor& t, int l) {
 }  // namespace
 
 GPTConfig read_llmc_config(const std::string& path) {
+  if (is_safetensors(path)) return read_safetensors_config(path);
   std::ifstream f(path, std::ios::binary);
   if (!f) input_error("model.init_from: cannot open {}", path);
   int32_t h[256] = {};
@@ -49,8 +50,8 @@ GPTConfig read_llmc_config(const std::string& path) {
     input_error("model.init_from: {}: file is {} bytes, shorter than the 1024-byte header", path,
                 f.gcount());
   if (h[0] != kMagic)
-    input_error("model.init_from: {}: bad magic {} (an llm.c GPT-2 checkpoint has {})", path,
-                h[0], kMagic);
+    input_error("model.init_from: {}: bad magic {} (an llm.c GPT-2 checkpoint has {}; a "
+                "safetensors file, a JSON header after its 8-byte length)", path, h[0], kMagic);
   if (h[1] != kVersion)
     input_error("model.init_from: {}: version {} not supported (need {}, fp32 with padded vocab)",
                 path, h[1], kVersion);
@@ -86,6 +87,7 @@ GPTConfig read_llmc_config(const std::string& path) {
 }
 
 void load_llmc_weights(GPT& model, const std::string& path) {
+  if (is_safetensors(path)) return load_safetensors_weights(model, path);
   const GPTConfig file_cfg = read_llmc_config(path);
   const GPTConfig& cfg = model.config();
   TRIDENT_CHECK(file_cfg.layers == cfg.layers && file_cfg.channels == cfg.channels &&
