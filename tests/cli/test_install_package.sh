@@ -6,6 +6,7 @@
 #     the package names no path of the source or build tree;
 #   - the example compiles against the prefix's headers, not the source tree's;
 #   - it passes its own check against one rank as tp 2 and as pp 2;
+#   - with the CUDA backend built, a program using trident::cuda builds and runs;
 #   - a version the package does not offer (find_package(trident 9.9)) is refused.
 # usage: test_install_package.sh TRIDENT_BINARY SOURCE_DIR SCRATCH_DIR
 # (the build directory is the binary's; every target must be built: `cmake --install` copies them)
@@ -56,6 +57,45 @@ for layout in "--tp 2" "--pp 2"; do
     fail "own_model $layout on 2 ranks: exit $rc"; tail -5 run.log
   fi
 done
+
+# A CUDA build's package also has trident::cuda: a program that includes both CUDA headers
+# (cuda_runtime.h, nccl.h through nccl_comm.h) and makes a CUDA backend where a GPU is usable
+# compiles and links against it; it runs without a GPU too (and says why there is none).
+if [ -e "$prefix/lib/libtrident_cuda.a" ]; then
+  mkdir -p cuda_app
+  cat >cuda_app/CMakeLists.txt <<'EOF'
+cmake_minimum_required(VERSION 3.25)
+project(cuda_app LANGUAGES CXX)
+set(CMAKE_CXX_STANDARD 20)
+find_package(trident REQUIRED)
+add_executable(cuda_app main.cpp)
+target_link_libraries(cuda_app PRIVATE trident::cuda trident::train)
+EOF
+  cat >cuda_app/main.cpp <<'EOF'
+#include <cstdio>
+#include <string>
+
+#include "trident/cuda_backend.h"
+#include "trident/nccl_comm.h"
+
+int main() {
+  std::string reason;
+  if (!trident::cuda_device_available(&reason)) {
+    std::printf("cuda_app: no usable GPU: %s\n", reason.c_str());
+    return 0;
+  }
+  auto backend = trident::make_cuda_backend();
+  std::printf("cuda_app: CUDA backend made, stream %p\n", trident::cuda_compute_stream(*backend));
+  return 0;
+}
+EOF
+  if cmake -S cuda_app -B cuda_app/build "${generator[@]}" -DCMAKE_PREFIX_PATH="$prefix" >cuda_app.log 2>&1 \
+     && cmake --build cuda_app/build -j 2 >>cuda_app.log 2>&1 && cuda_app/build/cuda_app >>cuda_app.log 2>&1; then
+    ok "trident::cuda: a program built against it runs: $(grep -m1 '^cuda_app:' cuda_app.log)"
+  else
+    fail "trident::cuda from the package:"; tail -15 cuda_app.log
+  fi
+fi
 
 # The version file: an interface version the package does not have is refused.
 mkdir -p wants_9
