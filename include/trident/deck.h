@@ -36,7 +36,7 @@ struct ModelConfig {
   int heads = 4;
   int vocab = 256;        // real vocabulary; the model pads it to a multiple of 128
   int seq_len = 64;
-  std::string init_from;  // llm.c GPT-2 checkpoint; its shape replaces the deck's
+  std::string init_from;  // GPT-2 weights (llm.c or safetensors); its shape replaces the deck's
 
   bool operator==(const ModelConfig&) const = default;
 };

@@ -381,10 +381,23 @@ class GPT {
 
 // llm.c's GPT-2 checkpoint (int32[256] header: magic 20240326, version 3, maxT, V, L, NH, C, Vp;
 // then fp32 tensors in llm.c's order). read_llmc_config checks the header (input_error on any
-// mismatch); load_llmc_weights copies the tensors into the model, whose config must match.
+// mismatch); load_llmc_weights copies the tensors into the model (what its tp rank and pipeline
+// stage holds), whose config must match. Both are model.init_from's readers: a file that
+// is_safetensors() goes to the safetensors functions below instead.
 GPTConfig read_llmc_config(const std::string& path);
 void load_llmc_weights(GPT& model, const std::string& path);
-// Writes the model in the same format (tests, and handing weights to llm.c).
+// Writes the model in the same format (`trident export`, tests, handing weights to llm.c).
 void save_llmc_weights(GPT& model, const std::string& path);
+
+// Hugging Face GPT-2 weights as safetensors (Note [GPT-2 safetensors] in
+// model/safetensors.cpp): names, [in, out] Conv1D weights, the real vocabulary's wte rows.
+// is_safetensors: by the .safetensors extension, or a JSON header after the length. read_ checks
+// the whole header against GPT-2 and the file (input_error naming the file and tensor); load_
+// fills the model, whose shape must be the file's; save_ writes the whole model (one rank) and
+// returns the bytes written.
+bool is_safetensors(const std::string& path);
+GPTConfig read_safetensors_config(const std::string& path);
+void load_safetensors_weights(GPT& model, const std::string& path);
+size_t save_safetensors_weights(GPT& model, const std::string& path);
 
 }  // namespace trident

@@ -31,6 +31,13 @@ struct GenerateArgs {
   uint64_t seed = 1;
 };
 
+struct ExportArgs {
+  DeckArgs deck;
+  std::string checkpoint;  // empty: the deck's own weights (model.init_from or the seed's)
+  std::string format;      // llmc | safetensors
+  std::string out;
+};
+
 // blas: main's check of the OpenBLAS kernel, for the header (trident/blas_core.h).
 int run_train(const DeckArgs& args, const BlasCoreCheck& blas);
 // SIGTERM and SIGUSR1 only ask train to stop at the next step boundary (Note [Stop signals]).
@@ -38,6 +45,7 @@ int run_train(const DeckArgs& args, const BlasCoreCheck& blas);
 void install_stop_signal_handlers();
 int run_eval(const DeckArgs& args, const std::string& checkpoint);
 int run_generate(const GenerateArgs& args);
+int run_export(const ExportArgs& args);
 int run_ckpt_verify(const std::string& path);
 int run_ckpt_inspect(const std::string& path);
 int run_bench(const BenchArgs& args, const BlasCoreCheck& blas);

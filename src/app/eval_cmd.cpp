@@ -1,11 +1,13 @@
-// `trident eval DECK --ckpt PATH` (validation loss, in the deck's layout) and
-// `trident generate DECK --ckpt PATH --prompt TEXT` (sampling, one rank).
+// The commands that use a trained model: `trident eval DECK --ckpt PATH` (validation loss, in
+// the deck's layout), `trident generate DECK --ckpt PATH --prompt TEXT` (sampling, one rank)
+// and `trident export DECK [--ckpt PATH] --format llmc|safetensors OUT` (GPT-2 weights out).
 #include <mpi.h>
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <random>
 
 #include "app/backend_factory.h"
@@ -28,19 +30,31 @@ struct Loaded {
   std::string path;
 };
 
-Loaded load_for_inference(const DeckArgs& args, const std::string& checkpoint) {
+// `whole`: one rank holds the whole model on the host, whatever layout the deck names (the
+// checkpoint loads in any layout). An empty `checkpoint`: the deck's own weights.
+Loaded load_for_inference(const DeckArgs& args, const std::string& checkpoint,
+                          bool whole = false) {
   Loaded l;
-  setup_step([&] { l.deck = load_deck(args.deck, args.overrides); });
+  setup_step([&] {
+    l.deck = load_deck(args.deck, args.overrides);
+    if (!whole) return;
+    ParallelConfig& p = l.deck.parallel;
+    p.dp = p.tp = p.pp = 1;
+    p.stage_layers.clear();
+    p.sequence_parallel = false;
+    p.zero = 0;
+    l.deck.run.backend = "cpu";
+  });
   setup_step([&] { l.grid = make_grid(l.deck); });
   setup_step([&] {
-    l.path = resolve_checkpoint(checkpoint);
+    if (!checkpoint.empty()) l.path = resolve_checkpoint(checkpoint);
     l.backend = make_backend(l.deck);
     l.device_comms = make_device_comms(l.deck, *l.backend, *l.grid);
     l.trainer = std::make_unique<Trainer>(
         l.deck, TrainContext{l.backend.get(), 0.0, l.grid.get(), nullptr, l.device_comms.dp.get(),
                                     l.device_comms.tp.get()});
   });
-  setup_step([&] { l.meta = l.trainer->load(l.path); });
+  if (!l.path.empty()) setup_step([&] { l.meta = l.trainer->load(l.path); });
   return l;
 }
 
@@ -97,6 +111,39 @@ int run_generate(const GenerateArgs& args) {
     out.push_back(char(next));
   }
   fmt::print("{}{}\n", args.prompt, out);
+  return 0;
+}
+
+// Note [Export on one rank]: export loads the whole model on one rank, in the host's memory
+// (the HDF5 checkpoint loads in any layout), and writes it with save_llmc_weights or
+// save_safetensors_weights. One rank holds GPT-2 1.5B's fp32 weights (6 GB) easily; a model
+// too large for one host would need each rank to write its shard's slices, which neither
+// format's single-file writer does here.
+int run_export(const ExportArgs& args) {
+  setup_step([] {
+    int world = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    if (world != 1)
+      input_error("export runs on one rank (it got {}); the checkpoint loads in any layout", world);
+  });
+  Loaded l = load_for_inference(args.deck, args.checkpoint, /*whole=*/true);
+  GPT& model = l.trainer->model();
+  size_t bytes = 0;
+  if (args.format == "llmc") {
+    save_llmc_weights(model, args.out);
+    bytes = std::filesystem::file_size(args.out);
+  } else {
+    bytes = save_safetensors_weights(model, args.out);
+  }
+  const GPTConfig& cfg = model.config();
+  const std::string from =
+      l.path.empty() ? (l.deck.model.init_from.empty()
+                            ? fmt::format("the deck's initialisation (seed {})", l.deck.train.seed)
+                            : l.deck.model.init_from)
+                     : fmt::format("checkpoint {} (step {})", l.path, l.meta.step);
+  fmt::print("export: {} -> {} ({}, {} bytes): layers={} d_model={} heads={} vocab={} "
+             "max_seq_len={}\n", from, args.out, args.format, bytes, cfg.layers, cfg.channels,
+             cfg.heads, cfg.vocab, cfg.max_seq_len);
   return 0;
 }
 

@@ -103,6 +103,20 @@ int main(int argc, char** argv) {
   generate->add_option("--set", gen_args.deck.overrides, "override one deck key: a.b=value")
       ->take_all()->allow_extra_args(false);
 
+  ExportArgs export_args;
+  auto* export_cmd = app.add_subcommand(
+      "export", "write a checkpoint's GPT-2 weights as llm.c's checkpoint or Hugging Face "
+                "safetensors (one rank)");
+  export_cmd->add_option("deck", export_args.deck.deck, "YAML input deck (the model)")->required();
+  export_cmd->add_option("out", export_args.out, "file to write")->required();
+  export_cmd->add_option("--ckpt", export_args.checkpoint,
+                         "checkpoint directory (or checkpoint.dir: its latest); without it, the "
+                         "deck's own weights (model.init_from, or its seed's initialisation)");
+  export_cmd->add_option("--format", export_args.format, "llmc | safetensors")
+      ->required()->check(CLI::IsMember({"llmc", "safetensors"}));
+  export_cmd->add_option("--set", export_args.deck.overrides, "override one deck key: a.b=value")
+      ->take_all()->allow_extra_args(false);
+
   std::string ckpt_path;
   auto* ckpt = app.add_subcommand("ckpt", "checkpoint tools");
   ckpt->require_subcommand(1);
@@ -151,6 +165,7 @@ int main(int argc, char** argv) {
     if (*bench) rc = run_bench(bench_args, blas);
     if (*eval) rc = run_eval(eval_args, eval_ckpt);
     if (*generate) rc = run_generate(gen_args);
+    if (*export_cmd) rc = run_export(export_args);
     if (*verify) rc = run_ckpt_verify(ckpt_path);
     if (*inspect) rc = run_ckpt_inspect(ckpt_path);
     MPI_Finalize();

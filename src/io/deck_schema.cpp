@@ -42,7 +42,8 @@ const std::vector<Key>& table() {
        .help = "context length in tokens"},
       {.name = "model.init_from", .field = at<&Deck::model, &ModelConfig::init_from>(),
        .text = Text::kPath,
-       .help = "llm.c GPT-2 checkpoint to start from (its shape replaces model.*); empty: random"},
+       .help = "GPT-2 weights to start from: llm.c's checkpoint or Hugging Face safetensors "
+               "(its shape replaces model.*); empty: random"},
 
       {.name = "train.micro_batch", .field = at<&Deck::train, &TrainConfig::micro_batch>(),
        .min = ge(1), .help = "sequences per micro-batch on each data-parallel rank"},

@@ -4,11 +4,14 @@
 //   wte[Vp,C] wpe[maxT,C] ln1w[L,C] ln1b[L,C] qkvw[L,3C,C] qkvb[L,3C] attprojw[L,C,C]
 //   attprojb[L,C] ln2w[L,C] ln2b[L,C] fcw[L,4C,C] fcb[L,4C] fcprojw[L,C,4C] fcprojb[L,C]
 //   lnfw[C] lnfb[C]
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "trident/check.h"
@@ -38,6 +41,7 @@ std::string pname(const LlmcTensor& t, int l) {
 }  // namespace
 
 GPTConfig read_llmc_config(const std::string& path) {
+  if (is_safetensors(path)) return read_safetensors_config(path);
   std::ifstream f(path, std::ios::binary);
   if (!f) input_error("model.init_from: cannot open {}", path);
   int32_t h[256] = {};
@@ -46,8 +50,8 @@ GPTConfig read_llmc_config(const std::string& path) {
     input_error("model.init_from: {}: file is {} bytes, shorter than the 1024-byte header", path,
                 f.gcount());
   if (h[0] != kMagic)
-    input_error("model.init_from: {}: bad magic {} (an llm.c GPT-2 checkpoint has {})", path,
-                h[0], kMagic);
+    input_error("model.init_from: {}: bad magic {} (an llm.c GPT-2 checkpoint has {}; a "
+                "safetensors file, a JSON header after its 8-byte length)", path, h[0], kMagic);
   if (h[1] != kVersion)
     input_error("model.init_from: {}: version {} not supported (need {}, fp32 with padded vocab)",
                 path, h[1], kVersion);
@@ -83,6 +87,7 @@ GPTConfig read_llmc_config(const std::string& path) {
 }
 
 void load_llmc_weights(GPT& model, const std::string& path) {
+  if (is_safetensors(path)) return load_safetensors_weights(model, path);
   const GPTConfig file_cfg = read_llmc_config(path);
   const GPTConfig& cfg = model.config();
   TRIDENT_CHECK(file_cfg.layers == cfg.layers && file_cfg.channels == cfg.channels &&
@@ -92,9 +97,20 @@ void load_llmc_weights(GPT& model, const std::string& path) {
   f.seekg(1024);
   std::vector<float> global;
   HostView<float> host(model.backend(), model.params(), model.num_params(), /*load=*/false);
+  // A pipeline stage holds some of the tensors: the others are skipped in the file.
+  std::unordered_map<std::string, const ParamInfo*> held;
+  for (const ParamInfo& p : model.params_info()) held[p.name] = &p;
+  const std::vector<ParamInfo> whole = gpt_param_layout(file_cfg);
+  std::unordered_map<std::string, const ParamInfo*> in_file;
+  for (const ParamInfo& p : whole) in_file[p.name] = &p;
   for (const LlmcTensor& t : kOrder) {
     for (int l = 0; l < (t.per_layer ? cfg.layers : 1); ++l) {
-      const ParamInfo& p = model.param(pname(t, l));
+      const auto it = held.find(pname(t, l));
+      if (it == held.end()) {
+        f.seekg(std::streamoff(in_file.at(pname(t, l))->count * 4), std::ios::cur);
+        continue;
+      }
+      const ParamInfo& p = *it->second;
       // The file holds the global tensor; wte has the file's padded rows (which may differ
       // from this run's padding, e.g. for tensor parallelism: extra rows are zero).
       const size_t cols = p.global_shape.size() > 1 ? size_t(p.global_shape[1]) : 1;
@@ -126,7 +142,7 @@ void save_llmc_weights(GPT& model, const std::string& path) {
   h[6] = cfg.channels;
   h[7] = cfg.padded_vocab;
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  TRIDENT_CHECK(bool(f), "cannot write {}", path);
+  if (!f) input_error("export: cannot write {}: {}", path, std::strerror(errno));
   f.write(reinterpret_cast<const char*>(h), sizeof(h));
   HostView<float> host(model.backend(), model.params(), model.num_params(), /*load=*/true);
   for (const LlmcTensor& t : kOrder)
@@ -135,7 +151,8 @@ void save_llmc_weights(GPT& model, const std::string& path) {
       f.write(reinterpret_cast<const char*>(host.data() + p.offset),
               std::streamsize(p.count * 4));
     }
-  TRIDENT_CHECK(bool(f), "write failed: {}", path);
+  f.flush();
+  if (!f) input_error("export: write failed: {}: {}", path, std::strerror(errno));
 }
 
 }  // namespace trident

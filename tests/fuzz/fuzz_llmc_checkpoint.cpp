@@ -12,6 +12,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string& path = fuzz::write_input(data, size, ".llmc");
   GPTConfig cfg;
   if (!fuzz::accepts([&] { cfg = read_llmc_config(path); })) return 0;
+  // A safetensors header (model/safetensors.cpp) is checked against its own tensor table.
+  if (is_safetensors(path)) return 0;
   size_t bytes = 1024;
   for (const ParamInfo& p : gpt_param_layout(cfg)) bytes += p.count * sizeof(float);
   if (bytes != size) fuzz::finding("an accepted header does not match the file size", path);
