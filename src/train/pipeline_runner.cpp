@@ -495,6 +495,9 @@ PipelineStats run_pipeline(PipeSchedule schedule, Communicator& pp, int stages, 
                 stage, stages, pp.name(), pp.rank(), pp.size());
   TRIDENT_CHECK(model.chunks() == chunks, "run_pipeline with {} chunks for a stage holding {}",
                 chunks, model.chunks());
+  if (schedule == PipeSchedule::kInterleaved && chunks < 2)
+    input_error("parallel.schedule: interleaved needs stages of 2 or more model chunks "
+                "(PipelineStage::chunks(), parallel.virtual_stages), not {}; use 1f1b", chunks);
   const bool split = splits_backward(schedule);
   if (split && !model.can_split_backward())
     input_error("parallel.schedule: {} splits each backward into its input and weight parts, "

@@ -277,6 +277,15 @@ TEST(Pipeline, ZeroBubbleNeedsASplitBackward) {
         << e.what();
   }
   EXPECT_NO_THROW(run_pipeline(PipeSchedule::kOneFOneB, self, 1, 0, 2, model));
+  // Interleaved needs a stage of several chunks.
+  try {
+    run_pipeline(PipeSchedule::kInterleaved, self, 1, 0, 2, model);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kBadInput);
+    EXPECT_NE(std::string(e.what()).find("interleaved needs stages of 2 or more"),
+              std::string::npos) << e.what();
+  }
 }
 
 TEST(Pipeline, OneStageSendsNothing) {
