@@ -4,10 +4,8 @@
 // whole, every token below the vocab, and sample like any other.
 #include <algorithm>
 #include <fstream>
-#include <vector>
 
-#include "fuzz_support.h"
-#include "trident/data.h"
+#include "fuzz_dataset.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace trident;
@@ -24,17 +22,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   std::unique_ptr<TokenDataset> ds;
   if (!fuzz::accepts([&] { ds = TokenDataset::open(idx, vocab, "data.train"); })) return 0;
-  std::vector<int32_t> tokens(ds->n_tokens());
-  ds->read(0, tokens.size(), tokens.data());
-  for (size_t i = 0; i < tokens.size(); ++i)
-    if (tokens[i] < 0 || tokens[i] >= vocab)
-      fuzz::finding("an accepted dataset has a token outside the vocab", ds->describe());
-  const int seq_len = 1 + static_cast<int>(tokens.size() % 7);
-  if (tokens.size() >= static_cast<size_t>(seq_len) + 1) {
-    SampleOrder order(*ds, seq_len, /*shuffle=*/data[0] & 1, /*seed=*/size);
-    std::vector<int32_t> in(seq_len), target(seq_len);
-    for (size_t g = 0; g < 2 * order.num_samples(); ++g) order.fill(g, 1, in.data(), target.data());
-  }
-  (void)ds->describe();
+  fuzz::check_reads_back(*ds, vocab, /*shuffle=*/data[0] & 1, /*seed=*/size);
   return 0;
 }

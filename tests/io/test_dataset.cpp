@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "scratch_dir.h"
 #include "trident/check.h"
 #include "trident/data.h"
 
@@ -23,19 +24,9 @@ using trident::TokenDataset;
 namespace {
 
 // A fresh directory per test, removed afterwards.
-class DatasetTest : public ::testing::Test {
+class DatasetTest : public trident::testing::ScratchDirTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           ("trident_test_dataset_" + std::to_string(::getpid()) + "_" + info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string file(const std::string& name) const { return (dir_ / name).string(); }
-
-  fs::path dir_;
+  DatasetTest() : ScratchDirTest("trident_test_dataset_") {}
 };
 
 std::vector<unsigned char> slurp(const std::string& path) {

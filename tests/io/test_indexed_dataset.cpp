@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "scratch_dir.h"
 #include "trident/check.h"
 #include "trident/data.h"
 
@@ -25,19 +26,9 @@ namespace {
 
 const char* kPython = "/usr/bin/python3";
 
-class IndexedDatasetTest : public ::testing::Test {
+class IndexedDatasetTest : public trident::testing::ScratchDirTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           ("trident_test_indexed_" + std::to_string(::getpid()) + "_" + info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string file(const std::string& name) const { return (dir_ / name).string(); }
-
-  fs::path dir_;
+  IndexedDatasetTest() : ScratchDirTest("trident_test_indexed_") {}
 };
 
 std::string fixture() { return std::string(TRIDENT_SOURCE_DIR) + "/tests/data/indexed/handmade"; }

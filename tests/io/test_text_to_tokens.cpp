@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "scratch_dir.h"
 #include "trident/data.h"
 
 namespace fs = std::filesystem;
@@ -25,22 +26,13 @@ namespace {
 
 const char* kPython = "/usr/bin/python3";
 
-class TextToTokensTest : public ::testing::Test {
+class TextToTokensTest : public trident::testing::ScratchDirTest {
  protected:
+  TextToTokensTest() : ScratchDirTest("trident_test_text_to_tokens_") {}
   void SetUp() override {
     if (::access(kPython, X_OK) != 0) GTEST_SKIP() << kPython << " not found: cannot run the tool";
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           ("trident_test_text_to_tokens_" + std::to_string(::getpid()) + "_" + info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+    ScratchDirTest::SetUp();
   }
-  void TearDown() override {
-    if (!dir_.empty()) fs::remove_all(dir_);
-  }
-  std::string file(const std::string& name) const { return (dir_ / name).string(); }
-
-  fs::path dir_;
 };
 
 std::string tool() { return std::string(TRIDENT_SOURCE_DIR) + "/tools/text_to_tokens.py"; }
