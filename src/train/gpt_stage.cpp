@@ -83,7 +83,8 @@ void GPTStage::forward(int micro, int chunk) {
   const int B = in_.micro_batch, T = in_.seq_len;
   const uint64_t g0 = first_sample(in_, micro);  // Note [Sample order] (gpt_stage.h)
   if (!input_host_.empty())  // the received activations, into the device's stage input
-    model_.backend().copy(model_.stage_input(slot(micro, chunk)), input_host_[slot(micro, chunk)].data(),
+    model_.backend().copy(model_.stage_input(slot(micro, chunk)),
+                          input_host_[slot(micro, chunk)].data(),
                           boundary_floats() * sizeof(float));
   const bool embeds = embedding_chunk(chunk), heads = head_chunk(chunk);
   const bool needs_tokens = embeds || heads;
@@ -98,7 +99,8 @@ std::vector<StageTensor> GPTStage::forward_outputs(int micro, int chunk) {
   if (!output_host_.empty()) {
     // A copy to host memory has completed when copy() returns (Note [Backend memory]).
     float* host = output_host_[slot(micro, chunk)].data();
-    model_.backend().copy(host, model_.stage_output(slot(micro, chunk)), boundary_floats() * sizeof(float));
+    model_.backend().copy(host, model_.stage_output(slot(micro, chunk)),
+                          boundary_floats() * sizeof(float));
     return {boundary("hidden", host)};
   }
   return {boundary("hidden", const_cast<float*>(model_.stage_output(slot(micro, chunk))))};
@@ -113,15 +115,15 @@ GradReadyFn GPTStage::begin_reduction(bool last) {
   // Gradient accumulation: only the last micro-batch's backward reduces (and overlaps). With
   // several chunks each chunk's last backward reports its own parameters, and the step
   // reduces from the first of them on (the reducer waits for each bucket's parameters).
-  if (reducing_) return last ? GradReadyFn([this](int i) { reducer_->grad_ready(i); })
-                             : GradReadyFn();
-  reducer_->begin_step(last);
-  reducing_ = last;
+  if (!reducing_) {
+    reducer_->begin_step(last);
+    reducing_ = last;
+  }
   if (!last) return {};
   return [this](int i) { reducer_->grad_ready(i); };
 }
 
-const EmbeddingRowSink* GPTStage::sink_for(int micro, int chunk) {
+const EmbeddingRowSink* GPTStage::sink_for(int micro) {
   if (!sink_) return nullptr;
   if (before_backward) before_backward(micro);
   return sink_;
@@ -141,9 +143,9 @@ void GPTStage::backward(int micro, int chunk) {
   const auto t0 = std::chrono::steady_clock::now();
   const bool last = micro == in_.accum - 1;
   const GradReadyFn on_ready = begin_reduction(last);
-  const EmbeddingRowSink* sink = sink_for(micro, chunk);
-  model_.backward(slot(micro, chunk), dloss_scale(), received_gradient(micro, chunk), sent_gradient(micro, chunk),
-                  on_ready, sink, last);
+  const EmbeddingRowSink* sink = sink_for(micro);
+  model_.backward(slot(micro, chunk), dloss_scale(), received_gradient(micro, chunk),
+                  sent_gradient(micro, chunk), on_ready, sink, last);
   backward_ms_ += ms_since(t0);
 }
 
@@ -157,7 +159,7 @@ void GPTStage::backward_input(int micro, int chunk) {
 void GPTStage::backward_weight(int micro, int chunk) {
   const auto t0 = std::chrono::steady_clock::now();
   const GradReadyFn on_ready = begin_reduction(micro == in_.accum - 1);
-  model_.backward_weight(slot(micro, chunk), on_ready, sink_for(micro, chunk));
+  model_.backward_weight(slot(micro, chunk), on_ready, sink_for(micro));
   backward_ms_ += ms_since(t0);
 }
 

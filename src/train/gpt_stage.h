@@ -65,7 +65,7 @@ class GPTStage : public PipelineStage {
   StageTensor boundary(const char* name, float* data) const;
   // The reducer's hook for this micro-batch's gradient-ready events (empty without dp).
   GradReadyFn begin_reduction(bool last);
-  const EmbeddingRowSink* sink_for(int micro, int chunk);  // fills the row map first
+  const EmbeddingRowSink* sink_for(int micro);  // fills the row map first
   float dloss_scale() const;
   const float* received_gradient(int micro, int chunk) const;  // null on the last stage
   float* sent_gradient(int micro, int chunk);                  // null on the first stage
