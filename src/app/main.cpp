@@ -132,6 +132,36 @@ int main(int argc, char** argv) {
   grid->add_option("--tp", tp, "tensor-parallel size")->check(CLI::PositiveNumber);
   grid->add_option("--pp", pp, "pipeline-parallel size")->check(CLI::PositiveNumber);
 
+  PlanArgs plan_args;
+  CalibrateArgs calibrate_args;
+  bool calibrate = false;
+  auto* plan = app.add_subcommand(
+      "plan", "predict step time and memory of layouts and rank them (no MPI); --calibrate "
+              "measures this machine into a hardware file (under mpirun for the link)");
+  plan->add_option("deck", plan_args.deck.deck, "YAML input deck (the model)");
+  plan->add_option("--set", plan_args.deck.overrides, "override one deck key: a.b=value")
+      ->take_all()->allow_extra_args(false);
+  plan->add_option("--hardware", plan_args.hardware, "inputs/hardware/NAME.yaml, or a path");
+  plan->add_option("--gpus", plan_args.gpus, "devices (ranks) to plan for")
+      ->check(CLI::PositiveNumber);
+  plan->add_option("--global-batch", plan_args.global_batch, "sequences per step")
+      ->check(CLI::PositiveNumber);
+  plan->add_option("--layout", plan_args.layout,
+                   "one layout: dp=..,tp=..,pp=..,v=..,micro=..,zero=..,recompute=..");
+  plan->add_flag("--json", plan_args.json, "one JSON object per layout");
+  plan->add_option("--top", plan_args.top, "layouts printed")->check(CLI::PositiveNumber);
+  plan->add_option("--png", plan_args.png, "draw the top layouts' predicted step split");
+  plan->add_flag("--calibrate", calibrate, "measure this machine; write a hardware file");
+  plan->add_option("--out", calibrate_args.out, "--calibrate: the file to write");
+  plan->add_option("--name", calibrate_args.name, "--calibrate: the description's name");
+  plan->add_option("--threads", calibrate_args.threads, "--calibrate: threads (0: all cores)")
+      ->check(CLI::NonNegativeNumber);
+  plan->add_option("--emulate-gbps", calibrate_args.emulate_gbps,
+                   "--calibrate: measure the emulated link too (comm.emulate_gbps)")
+      ->check(CLI::NonNegativeNumber);
+  plan->add_option("--emulate-latency-us", calibrate_args.emulate_latency_us,
+                   "--calibrate: the emulated link's latency")->check(CLI::NonNegativeNumber);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -142,6 +172,11 @@ int main(int argc, char** argv) {
 
   try {
     if (*grid) return run_grid(world, dp, tp, pp);
+    if (*plan && !calibrate) {
+      if (plan_args.deck.deck.empty() || plan_args.hardware.empty())
+        input_error("trident plan needs a deck and --hardware NAME (or --calibrate)");
+      return run_plan(plan_args);
+    }
     // Training commands are MPI programs; MPI_THREAD_MULTIPLE because the communication thread
     // and the compute thread both call MPI (on different communicators).
     // Open MPI's nonblocking all-reduce (what the communication thread uses) defaults to a
@@ -168,6 +203,7 @@ int main(int argc, char** argv) {
     if (*export_cmd) rc = run_export(export_args);
     if (*verify) rc = run_ckpt_verify(ckpt_path);
     if (*inspect) rc = run_ckpt_inspect(ckpt_path);
+    if (*plan && calibrate) rc = run_calibrate(calibrate_args, blas);
     MPI_Finalize();
     return rc;
   } catch (const AgreedFailure& f) {

@@ -1,0 +1,130 @@
+// `trident plan`: a performance model of one training step, per rank, for any layout, and the
+// hardware descriptions it runs against (inputs/hardware/*.yaml).
+//
+// The model (Note [Plan model] in src/plan/model.cpp) is written once: the command, the docs
+// (docs/plan.md) and the tests all call predict(). Every term has a name and is printed.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "trident/deck.h"
+
+namespace trident {
+
+// ---- Hardware (src/plan/hardware.cpp, Note [Hardware files]) -------------------------------
+
+// Achieved GEMM rate for GEMMs whose smallest dimension (M, N or K) is min_dim. Between points
+// the rate is interpolated in log(min_dim); outside, the nearest point's rate holds.
+struct GemmPoint {
+  int min_dim = 0;
+  double tflops = 0;  // per device (cpu: per core), achieved
+};
+
+struct LinkSpec {
+  double gbytes_per_s = 0;  // achieved bus bandwidth per device, one direction (GB = 1e9 B)
+  double latency_us = 0;    // per message / per ring hop
+};
+
+struct Hardware {
+  std::string name;              // the file's `name:`
+  std::string path;              // where it was read from
+  std::string kind = "gpu";      // gpu | cpu
+  int devices_per_node = 8;      // gpu: GPUs per node; cpu: cores per node (one device = a core)
+  std::string dtype = "bf16";    // what trident computes in there: bf16 (mixed) | fp32
+  double peak_tflops = 0;        // per device at dtype, dense: MFU's denominator (vendor's)
+  std::vector<GemmPoint> gemm;   // ascending min_dim, at least one point
+  double attention_tflops = 0;   // fused attention's achieved rate; 0: as GEMMs + memory traffic
+  double memory_gbytes_per_s = 0;  // achieved device (cpu: node) memory bandwidth
+  double memory_gb = 0;          // capacity per device (cpu: per node), GB = 1e9 B
+  LinkSpec intra_node;           // NVLink / shared memory
+  LinkSpec inter_node;           // InfiniBand / TCP, per device
+  // Fraction by which compute slows while a collective overlaps it (cpu: the communication
+  // thread's work runs on the compute cores; gpu: SMs the collective kernels take).
+  double overlap_slowdown = 0;
+  std::vector<std::string> sources;  // where each figure comes from (cited, or "measured ...")
+};
+
+// Reads and checks a hardware file; bad input throws trident::Error (exit 2) naming the key.
+Hardware load_hardware(const std::string& path);
+// NAME or a path: a path that exists is read; otherwise inputs/hardware/NAME.yaml, looked up in
+// $TRIDENT_HARDWARE_DIR, then beside the executable (../inputs/hardware), then in the source
+// tree the binary was built from. Unknown names list the files that are there.
+Hardware find_hardware(const std::string& name_or_path);
+// The YAML text of a description (what --calibrate writes; reads back with load_hardware).
+std::string hardware_to_yaml(const Hardware& hw);
+// The achieved GEMM rate (FLOP/s per device) for an M×N×K GEMM (interpolated, see GemmPoint).
+double gemm_flops_per_s(const Hardware& hw, double m, double n, double k);
+
+// ---- Layouts and predictions (src/plan/model.cpp) -----------------------------------------
+
+struct PlanLayout {
+  int dp = 1, tp = 1, pp = 1;
+  int v = 1;                       // virtual stages per pipeline stage (interleaved)
+  int micro_batch = 1;
+  int accum = 1;                   // micro-batches per step per dp rank (global / (dp·micro))
+  int zero = 0;                    // 0 | 1 | 2
+  std::string recompute = "none";  // none | mlp | full
+  std::string schedule = "1f1b";   // gpipe | 1f1b | zb-h1 | interleaved
+  bool sequence_parallel = false;
+  int threads = 1;                 // cpu: threads per rank (run.threads)
+  int world() const { return dp * tp * pp; }
+};
+
+// The model's shape and what the deck says about the run (emulated link, overlap, buckets).
+struct PlanModel {
+  int layers = 0, d_model = 0, heads = 0, vocab = 0, seq_len = 0;
+  int padded_vocab = 0;            // vocab rounded up as the model does (128·tp per layout)
+  bool overlap = true;             // comm.overlap
+  double bucket_mb = 25, first_bucket_mb = 1;
+  double emulate_gbps = 0, emulate_latency_us = 0;  // comm.emulate_*: the dp link instead
+  static PlanModel from_deck(const Deck& deck);
+};
+
+// One named term of a prediction: seconds of the step, or bytes per rank.
+struct PlanTerm {
+  std::string name;
+  double value = 0;
+};
+
+struct Prediction {
+  PlanLayout layout;
+  std::vector<PlanTerm> time;      // seconds per step on the slowest rank; sum = step_s
+  std::vector<PlanTerm> memory;    // bytes on the rank that holds the most; sum = memory_bytes
+  double step_s = 0;
+  double tokens_per_s = 0;
+  double model_flops_per_step = 0;  // 6·N·tokens + attention, no recompute (bench's FLOP count)
+  double tflops_per_gpu = 0;       // model_flops_per_step / step_s / world / 1e12
+  double mfu = 0;                  // tflops_per_gpu / peak_tflops
+  double memory_bytes = 0;
+  bool fits = false;
+  std::string why_not;             // empty when the layout is valid and fits
+  double term(const std::string& name) const;  // a time or memory term by name (0 if absent)
+};
+
+// Predicts one layout. A layout the trainer would refuse (heads not divisible by tp, more
+// stages than layers, ...) comes back with fits = false and why_not saying so.
+Prediction predict(const PlanModel& model, const PlanLayout& layout, const Hardware& hw);
+
+// Every layout of `gpus` ranks for global_batch sequences per step, predicted, best first
+// (fitting ones by tokens/s, then the rest).
+struct PlanSearch {
+  int gpus = 1;
+  int global_batch = 0;            // sequences per step
+  std::vector<int> micro_batches = {1, 2, 4, 8};
+  std::vector<std::string> recompute = {"none", "mlp", "full"};
+  std::vector<int> zero = {0, 1, 2};
+  std::vector<std::string> schedules = {"1f1b", "interleaved", "zb-h1"};
+  int max_v = 4;
+  int threads = 1;                 // cpu
+};
+std::vector<Prediction> rank_layouts(const PlanModel& model, const Hardware& hw,
+                                     const PlanSearch& search);
+
+// "dp=2,tp=1,pp=2,v=1,micro=4,zero=1,recompute=none[,schedule=..,sp=..,accum=..,threads=..]";
+// missing keys take the defaults (accum from global_batch when given). Bad keys throw (exit 2).
+PlanLayout parse_layout(const std::string& text, int global_batch);
+std::string format_layout(const PlanLayout& layout);
+
+}  // namespace trident
