@@ -69,6 +69,7 @@ struct PlanLayout {
   std::string schedule = "1f1b";   // gpipe | 1f1b | zb-h1 | interleaved
   bool sequence_parallel = false;
   int threads = 1;                 // cpu: threads per rank (run.threads)
+  int ranks_per_node = 0;          // 0: devices_per_node (gpu), devices_per_node/threads (cpu)
   int world() const { return dp * tp * pp; }
 };
 
@@ -79,6 +80,7 @@ struct PlanModel {
   bool overlap = true;             // comm.overlap
   double bucket_mb = 25, first_bucket_mb = 1;
   double emulate_gbps = 0, emulate_latency_us = 0;  // comm.emulate_*: the dp link instead
+  int grad_comm_bytes = 4;         // comm.grad_dtype: fp32 4, bf16 2
   static PlanModel from_deck(const Deck& deck);
 };
 
@@ -92,6 +94,7 @@ struct Prediction {
   PlanLayout layout;
   std::vector<PlanTerm> time;      // seconds per step on the slowest rank; sum = step_s
   std::vector<PlanTerm> memory;    // bytes on the rank that holds the most; sum = memory_bytes
+  std::vector<PlanTerm> info;      // not part of the sums: whole collectives, bubble fraction
   double step_s = 0;
   double tokens_per_s = 0;
   double model_flops_per_step = 0;  // 6·N·tokens + attention, no recompute (bench's FLOP count)

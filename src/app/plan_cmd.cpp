@@ -1,10 +1,183 @@
-// `trident plan DECK --hardware NAME --gpus N`. Stub: being written.
+// `trident plan DECK --hardware NAME --gpus N`: ranks the layouts that fit, or evaluates one
+// (--layout), with the model of src/plan/ (Note [Plan model]). No MPI, no allocation of the
+// model: it runs on a laptop for a 1000-GPU job.
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
 #include "app/commands.h"
 #include "trident/check.h"
 #include "trident/plan.h"
 
 namespace trident {
+namespace {
 
-int run_plan(const PlanArgs& args) { input_error("{}: trident plan not implemented", args.deck.deck); }
+nlohmann::json to_json(const Prediction& p, const Hardware& hw) {
+  const PlanLayout& l = p.layout;
+  nlohmann::json j = {{"dp", l.dp},
+                      {"tp", l.tp},
+                      {"pp", l.pp},
+                      {"v", l.v},
+                      {"micro_batch", l.micro_batch},
+                      {"accum", l.accum},
+                      {"zero", l.zero},
+                      {"recompute", l.recompute},
+                      {"schedule", l.schedule},
+                      {"sequence_parallel", l.sequence_parallel},
+                      {"hardware", hw.name},
+                      {"step_s", p.step_s},
+                      {"tokens_per_s", p.tokens_per_s},
+                      {"tflops_per_gpu", p.tflops_per_gpu},
+                      {"mfu", p.mfu},
+                      {"memory_gb_per_rank", p.memory_bytes / 1e9},
+                      {"fits", p.fits}};
+  if (!p.why_not.empty()) j["why_not"] = p.why_not;
+  for (const PlanTerm& t : p.time) j["time_s"][t.name] = t.value;
+  for (const PlanTerm& t : p.memory) j["memory_bytes"][t.name] = t.value;
+  for (const PlanTerm& t : p.info) j["info"][t.name] = t.value;
+  return j;
+}
+
+// The step's split as "gemm 61% bubble 12% ...", largest first, terms of at least 1%.
+std::string split(const Prediction& p) {
+  std::vector<PlanTerm> t = p.time;
+  std::sort(t.begin(), t.end(), [](const PlanTerm& a, const PlanTerm& b) {
+    return a.value > b.value;
+  });
+  std::string s;
+  for (const PlanTerm& x : t)
+    if (x.value >= 0.01 * p.step_s) s += fmt::format("{} {:.0f}%  ", x.name, 100 * x.value / p.step_s);
+  return s;
+}
+
+void print_one(const Prediction& p, const Hardware& hw) {
+  fmt::print("layout {} on {} ({} rank{})\n", format_layout(p.layout), hw.name,
+             p.layout.world(), p.layout.world() > 1 ? "s" : "");
+  if (!p.why_not.empty()) fmt::print("  does not fit: {}\n", p.why_not);
+  if (p.step_s > 0)
+    fmt::print("  step {:.4g} s  {:.4g} tokens/s  {:.4g} TFLOP/s per rank  MFU {:.1f}%\n",
+               p.step_s, p.tokens_per_s, p.tflops_per_gpu, 100 * p.mfu);
+  for (const PlanTerm& t : p.time)
+    fmt::print("  time    {:<24} {:>12.4g} s  {:>5.1f}%\n", t.name, t.value,
+               p.step_s > 0 ? 100 * t.value / p.step_s : 0.0);
+  for (const PlanTerm& t : p.memory)
+    fmt::print("  memory  {:<24} {:>12.4g} GB\n", t.name, t.value / 1e9);
+  fmt::print("  memory  {:<24} {:>12.4g} GB per rank (capacity {:.4g} GB per {})\n", "total",
+             p.memory_bytes / 1e9, hw.memory_gb, hw.kind == "cpu" ? "node" : "device");
+  for (const PlanTerm& t : p.info) fmt::print("  info    {:<24} {:>12.4g}\n", t.name, t.value);
+}
+
+// Why the best wins over the runner-up: the terms that differ most.
+std::string why_best(const Prediction& a, const Prediction& b) {
+  std::vector<std::pair<double, std::string>> d;
+  for (const PlanTerm& t : a.time) d.push_back({b.term(t.name) - t.value, t.name});
+  std::sort(d.begin(), d.end(), [](const auto& x, const auto& y) {
+    return std::abs(x.first) > std::abs(y.first);
+  });
+  std::string s = fmt::format("{:.1f}% faster than #2 ({}): ",
+                              100 * (b.step_s / a.step_s - 1), format_layout(b.layout));
+  for (size_t i = 0; i < d.size() && i < 3; ++i)
+    if (d[i].first != 0)
+      s += fmt::format("{}{} {:+.3g} s", i ? ", " : "", d[i].second, -d[i].first);
+  return s + " per step against it";
+}
+
+// tools/plot_plan.py beside the executable's source tree or $TRIDENT_SOURCE_DIR.
+std::string plot_script() {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  for (const fs::path& p : {exe.parent_path().parent_path() / "tools/plot_plan.py",
+                            fs::path(TRIDENT_SOURCE_DIR) / "tools/plot_plan.py"})
+    if (fs::exists(p, ec)) return p.string();
+  return {};
+}
+
+void draw_png(const std::vector<Prediction>& top, const Hardware& hw, const std::string& png) {
+  const std::string script = plot_script();
+  if (script.empty()) input_error("--png: tools/plot_plan.py not found beside the build");
+  const std::string data = png + ".jsonl";
+  {
+    std::ofstream out(data);
+    for (const Prediction& p : top) out << to_json(p, hw).dump() << "\n";
+    if (!out) input_error("--png: cannot write {}", data);
+  }
+  const std::string cmd = fmt::format("/usr/bin/python3 '{}' '{}' --out '{}'", script, data, png);
+  if (std::system(cmd.c_str()) != 0)
+    input_error("--png: {} failed (it needs python3-matplotlib)", cmd);
+  fmt::print("plan: wrote {} (data {})\n", png, data);
+}
+
+}  // namespace
+
+int run_plan(const PlanArgs& args) {
+  const Deck deck = load_deck(args.deck.deck, args.deck.overrides);
+  const Hardware hw = find_hardware(args.hardware);
+  const PlanModel model = PlanModel::from_deck(deck);
+  const int deck_dp = deck.parallel.dp > 0 ? deck.parallel.dp : 1;
+  const int global_batch = args.global_batch > 0
+                               ? args.global_batch
+                               : deck.train.micro_batch * deck.train.accum * deck_dp;
+  const int threads = hw.kind == "cpu" ? deck.run.threads : 1;
+
+  if (!args.layout.empty()) {
+    PlanLayout layout = parse_layout(args.layout, global_batch);
+    if (layout.threads == 1) layout.threads = threads;
+    if (args.gpus > 0 && args.gpus != layout.world())
+      input_error("--layout: dp·tp·pp = {} but --gpus is {}", layout.world(), args.gpus);
+    const Prediction p = predict(model, layout, hw);
+    if (p.step_s <= 0)  // a layout trident refuses: bad input
+      input_error("--layout {}: {}", args.layout, p.why_not);
+    if (args.json)
+      fmt::print("{}\n", to_json(p, hw).dump());
+    else
+      print_one(p, hw);
+    if (!args.png.empty()) draw_png({p}, hw, args.png);
+    return 0;
+  }
+
+  if (args.gpus <= 0) input_error("trident plan: --gpus N (or --layout) is needed");
+  PlanSearch search;
+  search.gpus = args.gpus;
+  search.global_batch = global_batch;
+  search.threads = threads;
+  const std::vector<Prediction> ranked = rank_layouts(model, hw, search);
+  if (ranked.empty())
+    input_error("trident plan: no layout of {} ranks runs {} sequences per step (the global "
+                "batch must be a multiple of dp·micro_batch; heads {} must divide by tp)",
+                args.gpus, global_batch, model.heads);
+  const size_t top = std::min(ranked.size(), size_t(args.top));
+  if (args.json) {
+    for (size_t i = 0; i < top; ++i) fmt::print("{}\n", to_json(ranked[i], hw).dump());
+  } else {
+    size_t fitting = 0;
+    for (const Prediction& p : ranked) fitting += p.fits;
+    fmt::print("plan: {} ({} layers, d_model {}, {} heads, seq {}), {} on {} ({} rank{}), "
+               "global batch {} sequences; {} layouts, {} fit\n",
+               deck.source, model.layers, model.d_model, model.heads, model.seq_len, hw.name,
+               hw.path, args.gpus, args.gpus > 1 ? "s" : "", global_batch, ranked.size(),
+               fitting);
+    fmt::print("{:>3}  {:<70} {:>11} {:>9} {:>6} {:>9}  {}\n", "#", "layout", "tokens/s",
+               "TFLOP/s", "MFU", "GB/rank", "step split");
+    for (size_t i = 0; i < top; ++i) {
+      const Prediction& p = ranked[i];
+      fmt::print("{:>3}  {:<70} {:>11.4g} {:>9.4g} {:>5.1f}% {:>9.3g}  {}{}\n", i + 1,
+                 format_layout(p.layout), p.tokens_per_s, p.tflops_per_gpu, 100 * p.mfu,
+                 p.memory_bytes / 1e9, p.fits ? "" : "[does not fit] ", split(p));
+    }
+    if (ranked.size() > 1 && ranked[0].fits && ranked[1].fits)
+      fmt::print("best: {}\n", why_best(ranked[0], ranked[1]));
+    else if (!ranked[0].fits)
+      fmt::print("plan: no layout fits in {:.4g} GB per {}\n", hw.memory_gb,
+                 hw.kind == "cpu" ? "node" : "device");
+  }
+  if (!args.png.empty())
+    draw_png({ranked.begin(), ranked.begin() + std::min<size_t>(top, 8)}, hw, args.png);
+  return 0;
+}
 
 }  // namespace trident

@@ -1,28 +1,295 @@
-// The plan model (Note [Plan model]). Stub: being written.
+// The plan model: the time of one training step and the memory of one rank, for a layout on a
+// hardware description (trident/plan.h).
+//
+// Note [Plan model]
+// ~~~~~~~~~~~~~~~~~
+// One micro-batch of one pipeline stage is costed op by op, as trident runs it (src/model/):
+//   gemm          every linear layer's forward GEMM and backward's two (dX, dW), each at the
+//                 hardware's achieved rate for its smallest dimension (Hardware::gemm);
+//   attention     fused (attention_tflops > 0: the causal half of QKᵀ and PV, forward 1×,
+//                 backward 2.5× — dQ, dK, dV and the recomputed scores); or unfused
+//                 (attention_tflops = 0: the full square products as GEMMs of min dimension
+//                 head_dim, plus the score matrix through memory: written, read, written by
+//                 the softmax, twice more in backward);
+//   memory_bound  LayerNorm, GELU, residual adds, the embedding, cross-entropy: bytes read and
+//                 written / the rank's memory bandwidth (a CPU node's bandwidth is shared by its
+//                 ranks);
+//   tp_comm       Megatron's two all-reduces per block in forward and two in backward (with
+//                 sequence parallelism an all-gather and a reduce-scatter each: the same ring
+//                 volume), on the link the tp group sits on; not overlapped;
+//   pp_p2p        one activation send per chunk boundary forward, one gradient back;
+//   recompute     mlp: fc and GELU again in backward; full: the block's whole forward again.
+// A step is accum micro-batches through the pipeline: busy = m·t_mb on the slowest stage,
+// and the schedule's idle share (bubble_model in trident/pipeline.h, the same function bench
+// prints) adds bubble = busy·f/(1−f). Then what the data-parallel reduction leaves exposed:
+// the all-reduce (ZeRO: reduce-scatter) hides under the last micro-batch's backward, the
+// bucket that becomes ready last never hides, and compute under it runs overlap_slowdown
+// slower; ZeRO's parameter all-gather hides under the next step's first forward. Last the
+// optimizer, memory-bound over the rank's (ZeRO: shard's) parameters.
+// Every term is named and the time terms add up to step_s exactly.
+//
+// Approximations, stated: layers are costed alike (no per-layer imbalance beyond the
+// embedding and head); the bubble uses the slowest stage's micro-batch time for every stage;
+// kernel launch overheads and the CPU's thread scaling (taken as linear) are not modelled.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "plan/plan_parts.h"
 #include "trident/check.h"
-#include "trident/plan.h"
+#include "trident/comm.h"
+#include "trident/model.h"
+#include "trident/pipeline.h"
 
 namespace trident {
+namespace {
+
+// Ring collectives over n ranks: bytes of the whole buffer, the link's bus bandwidth.
+double ring_seconds(LinkOp op, double bytes, int n, const LinkSpec& link) {
+  if (n <= 1 || bytes <= 0) return 0;
+  const double bw = link.gbytes_per_s * 1e9, lat = link.latency_us * 1e-6;
+  switch (op) {
+    case LinkOp::kAllReduce:
+      return 2.0 * (n - 1) / n * bytes / bw + 2.0 * (n - 1) * lat;
+    case LinkOp::kReduceScatter:
+    case LinkOp::kAllGather:
+      return double(n - 1) / n * bytes / bw + (n - 1) * lat;
+    default:
+      return bytes / bw + lat;
+  }
+}
+
+}  // namespace
 
 PlanModel PlanModel::from_deck(const Deck& deck) {
   PlanModel m;
   m.layers = deck.model.layers;
+  m.d_model = deck.model.d_model;
+  m.heads = deck.model.heads;
+  m.vocab = deck.model.vocab;
+  m.seq_len = deck.model.seq_len;
+  m.padded_vocab = GPTConfig::pad_vocab(m.vocab, deck.parallel.tp);
+  m.overlap = deck.comm.overlap;
+  m.bucket_mb = deck.comm.bucket_mb;
+  m.first_bucket_mb = deck.comm.first_bucket_mb;
+  m.emulate_gbps = deck.comm.emulate_gbps;
+  m.emulate_latency_us = deck.comm.emulate_latency_us;
+  m.grad_comm_bytes = deck.comm.grad_dtype == "bf16" ? 2 : 4;
   return m;
 }
+
 double Prediction::term(const std::string& name) const {
-  for (const auto& t : time) if (t.name == name) return t.value;
-  for (const auto& t : memory) if (t.name == name) return t.value;
+  for (const auto* list : {&time, &memory, &info})
+    for (const PlanTerm& t : *list)
+      if (t.name == name) return t.value;
   return 0;
 }
-Prediction predict(const PlanModel&, const PlanLayout& layout, const Hardware&) {
+
+RankPlace rank_place(const PlanLayout& l, const Hardware& hw) {
+  RankPlace r;
+  const bool cpu = hw.kind == "cpu";
+  const int per_node = l.ranks_per_node > 0 ? l.ranks_per_node
+                       : cpu               ? std::max(1, hw.devices_per_node / l.threads)
+                                           : hw.devices_per_node;
+  r.ranks_per_node = per_node;
+  r.local_ranks = std::min(l.world(), per_node);
+  // A CPU rank computes on its threads, fewer when the node's ranks ask for more cores than
+  // it has (they then share them); a GPU rank on its device.
+  r.cores = cpu ? l.threads * std::min(1.0, double(hw.devices_per_node) /
+                                                (double(r.local_ranks) * l.threads))
+                : 1.0;
+  r.memory_bw = hw.memory_gbytes_per_s * 1e9 / (cpu ? r.local_ranks : 1);
+  r.peak_flops = hw.peak_tflops * 1e12 * r.cores;
+  // Rank order: tp fastest, then dp, then pp (trident/grid.h). A group inside one node uses
+  // the intra-node link.
+  r.tp_link = l.tp <= per_node ? hw.intra_node : hw.inter_node;
+  r.dp_link = l.tp * l.dp <= per_node ? hw.intra_node : hw.inter_node;
+  r.pp_link = l.world() <= per_node ? hw.intra_node : hw.inter_node;
+  return r;
+}
+
+StageCost stage_cost(const PlanModel& m, const PlanLayout& l, const Hardware& hw,
+                     const RankPlace& place, const StageSpec& stage) {
+  StageCost c;
+  const double B = l.micro_batch, T = m.seq_len, C = m.d_model, NH = m.heads;
+  const double tp = l.tp, N = B * T, hd = C / NH;
+  const double rows = l.sequence_parallel && l.tp > 1 ? N / tp : N;  // LayerNorm/residual rows
+  const double E = hw.dtype == "fp32" ? 4 : 2;                         // activation bytes
+  const double Vl = double(padded_vocab(m, l)) / tp;
+  auto gemm = [&](double M, double Nn, double K) {
+    return 2 * M * Nn * K / (gemm_flops_per_s(hw, M, Nn, K) * place.cores);
+  };
+  // Forward y[M×out] = x[M×in]·Wᵀ; backward dx = dy·W and dW = dyᵀ·x.
+  auto linear_f = [&](double out, double in) { return gemm(N, out, in); };
+  auto linear_b = [&](double out, double in) { return gemm(N, in, out) + gemm(out, in, N); };
+  auto mem = [&](double elements) { return elements * E / place.memory_bw; };
+
+  // One block, forward and backward, per part.
+  const double qkv = 3 * C / tp, proj_in = C / tp, fc = 4 * C / tp;
+  const double block_gemm_f =
+      linear_f(qkv, C) + linear_f(C, proj_in) + linear_f(fc, C) + linear_f(C, fc);
+  const double block_gemm_b =
+      linear_b(qkv, C) + linear_b(C, proj_in) + linear_b(fc, C) + linear_b(C, fc);
+  const double heads_local = NH / tp;
+  double att_f = 0, att_b = 0, att_mem_f = 0, att_mem_b = 0;
+  if (hw.attention_tflops > 0) {
+    const double flops = 2 * 2 * B * heads_local * T * T * hd / 2;  // causal half
+    att_f = flops / (hw.attention_tflops * 1e12 * place.cores);
+    att_b = 2.5 * att_f;
+  } else {
+    const double per_head = gemm(T, T, hd) + gemm(T, hd, T);  // QKᵀ, PV
+    att_f = B * heads_local * per_head;
+    att_b = 2 * att_f;
+    const double scores = B * heads_local * T * T;
+    att_mem_f = mem(3 * scores);
+    att_mem_b = mem(6 * scores);
+  }
+  // Elementwise traffic per block (elements read + written): LayerNorm 2× in, 1× out each;
+  // residual adds 2 in, 1 out; GELU 1 in, 1 out over 4C/tp. Backward about twice that.
+  const double block_mem_f = mem(2 * 3 * rows * C + 2 * 3 * rows * C + 2 * N * fc) + att_mem_f;
+  const double block_mem_b = mem(2 * (2 * 3 * rows * C + 2 * 3 * rows * C + 2 * N * fc)) +
+                             att_mem_b;
+  // Two all-reduces of the block's [N, C] activations forward, two backward.
+  const double tp_one = ring_seconds(LinkOp::kAllReduce, N * C * E, l.tp, place.tp_link);
+  const double block_tp = 2 * tp_one;
+
+  const double layers = stage.num_layers;
+  c.gemm = layers * (block_gemm_f + block_gemm_b);
+  c.attention = layers * (att_f + att_b);
+  c.memory_bound = layers * (block_mem_f + block_mem_b);
+  c.tp_comm = layers * 2 * block_tp;
+  c.backward = layers * (block_gemm_b + att_b + block_mem_b + block_tp);
+  c.forward = layers * (block_gemm_f + att_f + block_mem_f + block_tp);
+  if (l.recompute == "mlp") {
+    c.recompute = layers * (linear_f(fc, C) + mem(2 * N * fc));
+  } else if (l.recompute == "full") {
+    c.recompute = layers * (block_gemm_f + att_f + block_mem_f + block_tp);
+  }
+  c.backward += c.recompute;
+  if (stage.has_embedding) {  // token + position rows summed; backward scatters them
+    const double e = mem(3 * N * C), eb = mem(3 * N * C);
+    c.memory_bound += e + eb;
+    c.forward += e;
+    c.backward += eb;
+  }
+  if (stage.has_head) {  // final LayerNorm, logits, vocab-parallel cross-entropy
+    const double g_f = linear_f(Vl, C), g_b = linear_b(Vl, C);
+    const double ce = mem(2 * 3 * rows * C) + mem(3 * N * Vl);  // LN; logits read, probs, grads
+    const double ceb = mem(2 * 3 * rows * C) + mem(2 * N * Vl);
+    const double tp_ce = 2 * ring_seconds(LinkOp::kAllReduce, N * 3 * 4, l.tp, place.tp_link);
+    c.gemm += g_f + g_b;
+    c.memory_bound += ce + ceb;
+    c.tp_comm += tp_ce;
+    c.forward += g_f + ce + tp_ce;
+    c.backward += g_b + ceb;
+  }
+  // Per micro-batch and chunk, the activation arrives from the previous stage and its gradient
+  // from the next: one transfer each on this stage's path (trident sends fp32 StageTensors).
+  if (l.pp > 1) {
+    const double one = ring_seconds(LinkOp::kSendRecv, rows * C * 4, 2, place.pp_link);
+    c.pp_p2p = 2.0 * stage.chunks() * one;
+    c.forward += c.pp_p2p / 2;
+    c.backward += c.pp_p2p / 2;
+  }
+  return c;
+}
+
+Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) {
   Prediction p;
-  p.layout = layout;
+  p.layout = l;
+  p.why_not = layout_problem(m, l);
+  const RankPlace place = rank_place(l, hw);
+  p.memory = memory_terms(m, l, hw);
+  for (const PlanTerm& t : p.memory) p.memory_bytes += t.value;
+  const double capacity = hw.memory_gb * 1e9 / (hw.kind == "cpu" ? place.local_ranks : 1);
+  if (p.why_not.empty() && p.memory_bytes > capacity)
+    p.why_not = fmt::format("needs {:.1f} GB per rank, has {:.1f} GB", p.memory_bytes / 1e9,
+                            capacity / 1e9);
+  p.fits = p.why_not.empty();
+  if (!p.fits && !layout_problem(m, l).empty()) return p;  // not a layout trident can run
+
+  // The slowest stage sets the pace (embedding on the first, head on the last).
+  const int chunks = l.schedule == "interleaved" ? l.v : 1;
+  StageCost slow;
+  double slow_mb = -1, first_backward = 0, first_forward = 0;
+  for (int s : {0, l.pp - 1}) {
+    const StageSpec spec = pipeline_stage(m.layers, l.pp, s, {}, chunks);
+    const StageCost c = stage_cost(m, l, hw, place, spec);
+    const double t = c.forward + c.backward;
+    if (t > slow_mb) slow_mb = t, slow = c;
+    if (s == 0) first_backward = c.backward, first_forward = c.forward;
+  }
+  const double micro = l.accum;
+  const double f = l.pp > 1 ? bubble_model(parse_pipe_schedule(l.schedule, "schedule"), l.pp,
+                                           l.accum, chunks)
+                            : 0.0;
+  const double busy = micro * slow_mb;
+  const double bubble = f < 1 ? busy * f / (1 - f) : 0;
+
+  // Data parallelism over the rank's gradients.
+  const double params_local = stage_params(m, l, 0);
+  const double grad_bytes = params_local * m.grad_comm_bytes;
+  auto dp_seconds = [&](LinkOp op, double bytes) {
+    if (l.dp <= 1) return 0.0;
+    if (m.emulate_gbps > 0)
+      return emulated_link_seconds(op, size_t(bytes), l.dp, m.emulate_gbps,
+                                   m.emulate_latency_us);
+    return ring_seconds(op, bytes, l.dp, place.dp_link);
+  };
+  const LinkOp reduce_op = l.zero > 0 ? LinkOp::kReduceScatter : LinkOp::kAllReduce;
+  const double reduce = dp_seconds(reduce_op, grad_bytes);
+  const double last_bucket =
+      dp_seconds(reduce_op, std::min(grad_bytes, m.first_bucket_mb * 1024 * 1024));
+  const double gather = l.zero > 0 ? dp_seconds(LinkOp::kAllGather, params_local *
+                                                                        (hw.dtype == "fp32" ? 4 : 2))
+                                   : 0.0;
+  double reduce_exposed = reduce, gather_exposed = gather, slowdown = 0;
+  if (m.overlap && l.dp > 1) {
+    const double window = first_backward;  // stage 0's last backward: the step's last compute
+    reduce_exposed = std::max(last_bucket, reduce - window);
+    slowdown = hw.overlap_slowdown * std::min(reduce, window);
+    if (l.zero > 0) {
+      const double first_gather = dp_seconds(LinkOp::kAllGather, m.first_bucket_mb * 1024 * 1024);
+      gather_exposed = std::max(std::min(first_gather, gather), gather - first_forward);
+      slowdown += hw.overlap_slowdown * std::min(gather, first_forward);
+    }
+  }
+  // AdamW over the rank's (ZeRO: its shard's) parameters: fp32 reads p, g, m, v and writes p,
+  // m, v (28 B/param); mixed precision also reads the fp32 master and writes the bf16 copy
+  // (34 B). The global norm reads the gradients once more (4 B).
+  const double opt_params = l.zero > 0 ? params_local / l.dp : params_local;
+  const double optimizer = opt_params * (hw.dtype == "fp32" ? 32.0 : 38.0) / place.memory_bw;
+
+  const double scale = micro;
+  p.time = {{"gemm", scale * slow.gemm},
+            {"attention", scale * slow.attention},
+            {"memory_bound", scale * slow.memory_bound},
+            {"tp_comm", scale * slow.tp_comm},
+            {"pp_p2p", scale * slow.pp_p2p},
+            {"recompute", scale * slow.recompute},
+            {"bubble", bubble},
+            {l.zero > 0 ? "reduce_scatter_exposed" : "dp_allreduce_exposed", reduce_exposed},
+            {"all_gather_exposed", gather_exposed},
+            {"overlap_slowdown", slowdown},
+            {"optimizer", optimizer}};
+  for (const PlanTerm& t : p.time) p.step_s += t.value;
+  p.info = {{"dp_reduce_s", reduce},
+            {"dp_all_gather_s", gather},
+            {"bubble_fraction", f},
+            {"micro_batch_s", slow_mb},
+            {"rank_cores", place.cores}};
+  const double tokens = double(l.micro_batch) * l.accum * l.dp * m.seq_len;
+  GPTConfig cfg;
+  cfg.layers = m.layers;
+  cfg.channels = m.d_model;
+  cfg.heads = m.heads;
+  cfg.vocab = m.vocab;
+  p.model_flops_per_step = cfg.train_flops_per_token(m.seq_len) * tokens;
+  p.tokens_per_s = tokens / p.step_s;
+  p.tflops_per_gpu = p.model_flops_per_step / p.step_s / l.world() / 1e12;
+  p.mfu = p.tflops_per_gpu * 1e12 / place.peak_flops;
   return p;
 }
-std::vector<Prediction> rank_layouts(const PlanModel&, const Hardware&, const PlanSearch&) {
-  return {};
-}
-PlanLayout parse_layout(const std::string&, int) { return {}; }
-std::string format_layout(const PlanLayout&) { return {}; }
 
 }  // namespace trident

@@ -1,0 +1,148 @@
+// The plan model's memory per rank and its parameter count (Note [Plan memory]).
+//
+// Note [Plan memory]
+// ~~~~~~~~~~~~~~~~~~
+// Bytes on the pipeline stage that holds the most (the first: most micro-batches in flight and
+// the embedding; or the last: the head's logits), by what trident allocates (src/model/
+// gpt_slots.cpp, src/train/trainer.cpp):
+//   params      the stage's parameters of one tp rank: fp32 4 B; bf16 2 B (the master copy is
+//               optimizer state);
+//   grads       fp32 4 B per parameter (mixed precision keeps fp32 main gradients too); ZeRO-1
+//               adds the reduced shard (1/dp); ZeRO-2 keeps only the shard plus two buckets in
+//               flight (Megatron's and DeepSpeed's accounting, Rajbhandari et al. 2020 §5);
+//   optimizer   AdamW's m and v, 8 B per parameter, plus the 4 B fp32 master with bf16;
+//               ZeRO-1 and -2 keep 1/dp of it;
+//   activations per micro-batch slot, as GPT's constructor allocates them: the 13 buffers of
+//               each block that the recompute mode keeps (block_sizes, block_kept), the
+//               block input, token ids, and on the head's chunk the final LayerNorm, logits
+//               and losses; slots = max_in_flight of the schedule (trident/pipeline.h), the
+//               same function the trainer sizes them with;
+//   scratch     buffers shared by all slots: the recomputed block's dropped buffers, the
+//               backward's gradient buffers and the attention scratch.
+// Sizes are elements × E, E = 4 B for fp32 and 2 B for bf16 activations (LayerNorm
+// statistics and token ids stay 4 B). Per layer and micro-batch this is, without parallelism,
+// 16·b·s·h·E + the attention state: with E = 2 that is 32·sbh against Korthikanti et al.
+// 2022's 34·sbh + 5·a·s²·b (they also keep dropout masks; the attention state here is the
+// b·a·s² probabilities unfused, or b·a·s statistics with fused attention).
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "plan/plan_parts.h"
+#include "trident/check.h"
+#include "trident/pipeline.h"
+
+namespace trident {
+
+int padded_vocab(const PlanModel& m, const PlanLayout& l) {
+  return GPTConfig::pad_vocab(m.vocab, l.tp);
+}
+
+double stage_params(const PlanModel& m, const PlanLayout& l, int s) {
+  const int chunks = l.schedule == "interleaved" ? l.v : 1;
+  const StageSpec stage = pipeline_stage(m.layers, l.pp, s, {}, chunks);
+  const double C = m.d_model, tp = l.tp;
+  // Per block (gpt_param_layout): qkv 3C·C/tp + 3C/tp, attproj C·C/tp + C, fc 4C·C/tp + 4C/tp,
+  // fcproj C·4C/tp + C, two LayerNorms 4C.
+  const double block = 12 * C * C / tp + 7 * C / tp + 6 * C;
+  double n = stage.num_layers * block;
+  const double wte = double(padded_vocab(m, l)) / tp * C;
+  if (stage.has_embedding) n += double(m.seq_len) * C + wte;  // wpe (max_seq_len = seq_len)
+  if (stage.has_head) n += 2 * C + (stage.has_embedding ? 0 : wte);
+  return n;
+}
+
+std::string layout_problem(const PlanModel& m, const PlanLayout& l) {
+  if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.v < 1 || l.micro_batch < 1 || l.accum < 1)
+    return "sizes must be at least 1";
+  if (l.zero < 0 || l.zero > 2) return fmt::format("zero={}: must be 0, 1 or 2", l.zero);
+  try {
+    GPTConfig cfg;
+    cfg.layers = m.layers;
+    cfg.channels = m.d_model;
+    cfg.heads = m.heads;
+    cfg.vocab = m.vocab;
+    cfg.padded_vocab = padded_vocab(m, l);
+    cfg.max_seq_len = m.seq_len;
+    check_tensor_parallel(cfg, l.tp, l.sequence_parallel, m.seq_len);
+    const PipeSchedule schedule = parse_pipe_schedule(l.schedule, "schedule");
+    check_pipe_schedule(schedule, l.pp, l.accum, l.v, m.layers);
+    if (l.pp > 1 || l.v > 1) (void)pipeline_stage(m.layers, l.pp, 0, {}, l.v);
+    parse_recompute(l.recompute);
+    if (splits_backward(schedule) && l.recompute != "none")
+      return fmt::format("schedule {} needs recompute=none", l.schedule);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return {};
+}
+
+std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, const Hardware& hw) {
+  if (!layout_problem(m, l).empty()) return {};
+  const bool fp32 = hw.dtype == "fp32";
+  const double E = fp32 ? 4 : 2;
+  const double B = l.micro_batch, T = m.seq_len, C = m.d_model, tp = l.tp;
+  const double N = B * T, Cl = C / tp, NHl = double(m.heads) / tp;
+  const bool sp = l.sequence_parallel && l.tp > 1;
+  const double Nr = sp ? N / tp : N, Vl = double(padded_vocab(m, l)) / tp;
+  const bool fused = hw.attention_tflops > 0;
+  const double att_saved = fused ? B * NHl * T : B * NHl * T * T;
+  const double att_scratch = fused ? 4 * N * Cl : att_saved;  // flash backward: dq accumulators
+  // block_sizes() in element counts, with their bytes (stats 4 B).
+  const double sizes[13] = {N * C, Nr, Nr, N * 3 * Cl, att_saved, N * Cl, Nr * C,
+                            N * C, Nr, Nr, N * 4 * Cl, N * 4 * Cl, Nr * C};
+  const bool stat[13] = {false, true, true, false, fused, false, false,
+                         false, true, true, false, false, false};
+  bool kept[13];
+  std::fill(kept, kept + 13, l.recompute != "full");
+  if (l.recompute == "mlp") kept[10] = kept[11] = false;
+  if (l.recompute == "full") kept[12] = true;
+  auto bytes = [&](int k) { return sizes[k] * (stat[k] ? 4 : E); };
+
+  const PipeSchedule schedule = parse_pipe_schedule(l.schedule, "schedule");
+  const int chunks = schedule == PipeSchedule::kInterleaved ? l.v : 1;
+  std::vector<PlanTerm> best;
+  double best_total = -1;
+  for (int s : {0, l.pp - 1}) {
+    const StageSpec stage = pipeline_stage(m.layers, l.pp, s, {}, chunks);
+    const double params = stage_params(m, l, s);
+    double acts = 0;
+    int slots_total = 0;
+    for (int c = 0; c < chunks; ++c) {
+      const int slots = max_in_flight(schedule, l.pp, s, l.accum, chunks, c);
+      slots_total += slots;
+      double per_slot = Nr * C * E + 2 * N * 4;  // encoded input; inputs, targets (int32)
+      for (int k = 0; k < 13; ++k)
+        if (kept[k]) per_slot += stage.chunk_size(c) * bytes(k);
+      acts += slots * per_slot;
+      const bool head = stage.has_head && c == chunks - 1;
+      if (head) {
+        const int head_slots = splits_backward(schedule) ? 1 : slots;
+        acts += head_slots * (N * C * E + 2 * Nr * 4 + N * Vl * E + N * 4);
+      }
+    }
+    double scratch = 0;
+    for (int k = 0; k < 13; ++k)
+      if (!kept[k] || (k == 12 && l.recompute == "full")) scratch += bytes(k);
+    scratch += E * (4 * N * C + 3 * Nr * C + N * 3 * Cl + 2 * N * 4 * Cl) + att_scratch * E +
+               4 * (2.0 * stage.num_layers + 1) * 2 * C;
+    if (stage.has_head && l.tp > 1) scratch += 4 * (N * 3 + tp * N * 3);
+    const double shard = l.zero > 0 ? params / l.dp : 0;
+    double grads = params * 4 + shard * 4;
+    if (l.zero == 2)
+      grads = shard * 4 + std::min(params * 4, 2 * m.bucket_mb * 1024 * 1024);
+    const double optimizer = (l.zero > 0 ? shard : params) * (fp32 ? 8 : 12);
+    std::vector<PlanTerm> terms = {{"params", params * (fp32 ? 4 : 2)},
+                                   {"grads", grads},
+                                   {"optimizer", optimizer},
+                                   {"activations", acts},
+                                   {"scratch", scratch}};
+    double total = 0;
+    for (const PlanTerm& t : terms) total += t.value;
+    if (total > best_total) best_total = total, best = terms;
+    (void)slots_total;
+  }
+  return best;
+}
+
+}  // namespace trident

@@ -1,0 +1,41 @@
+// The plan model's parts, shared by its files and its tests (not installed).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "trident/model.h"
+#include "trident/plan.h"
+
+namespace trident {
+
+// Where a rank sits and what it gets of its node.
+struct RankPlace {
+  int ranks_per_node = 1;
+  int local_ranks = 1;        // ranks of this layout on one node
+  double cores = 1;           // cpu: cores this rank computes on (shared ones count partly)
+  double memory_bw = 0;       // B/s this rank gets
+  double peak_flops = 0;      // MFU's denominator for this rank
+  LinkSpec tp_link, dp_link, pp_link;
+};
+RankPlace rank_place(const PlanLayout& layout, const Hardware& hw);
+
+// One micro-batch on one pipeline stage, seconds (Note [Plan model]).
+struct StageCost {
+  double gemm = 0, attention = 0, memory_bound = 0, tp_comm = 0, pp_p2p = 0, recompute = 0;
+  double forward = 0, backward = 0;  // the same split by pass (recompute is in backward)
+};
+StageCost stage_cost(const PlanModel& model, const PlanLayout& layout, const Hardware& hw,
+                     const RankPlace& place, const StageSpec& stage);
+
+// The vocabulary as the model pads it for this layout's tp.
+int padded_vocab(const PlanModel& model, const PlanLayout& layout);
+// Parameters on pipeline stage `stage` of one tp rank (gpt_param_layout's count, in closed form).
+double stage_params(const PlanModel& model, const PlanLayout& layout, int stage);
+// Why trident would refuse the layout (the trainer's own checks); empty if it runs.
+std::string layout_problem(const PlanModel& model, const PlanLayout& layout);
+// Bytes per rank on the stage that holds the most (src/plan/memory.cpp, Note [Plan memory]).
+std::vector<PlanTerm> memory_terms(const PlanModel& model, const PlanLayout& layout,
+                                   const Hardware& hw);
+
+}  // namespace trident

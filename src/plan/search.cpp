@@ -1,0 +1,138 @@
+// Layouts as text, and the search over them (trident/plan.h).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <map>
+
+#include "plan/plan_parts.h"
+#include "trident/check.h"
+
+namespace trident {
+namespace {
+
+std::vector<int> divisors(int n) {
+  std::vector<int> d;
+  for (int i = 1; i <= n; ++i)
+    if (n % i == 0) d.push_back(i);
+  return d;
+}
+
+int parse_positive(const std::string& key, const std::string& value, int min) {
+  int v = 0;
+  const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+  if (ec != std::errc() || end != value.data() + value.size() || v < min)
+    input_error("--layout: {}={} must be an integer ≥ {}", key, value, min);
+  return v;
+}
+
+}  // namespace
+
+PlanLayout parse_layout(const std::string& text, int global_batch) {
+  PlanLayout l;
+  bool accum_given = false;
+  size_t begin = 0;
+  while (begin <= text.size()) {
+    size_t end = text.find(',', begin);
+    if (end == std::string::npos) end = text.size();
+    const std::string item = text.substr(begin, end - begin);
+    begin = end + 1;
+    if (item.empty()) {
+      if (end == text.size()) break;
+      continue;
+    }
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos) input_error("--layout: \"{}\" is not key=value", item);
+    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    if (key == "dp") l.dp = parse_positive(key, value, 1);
+    else if (key == "tp") l.tp = parse_positive(key, value, 1);
+    else if (key == "pp") l.pp = parse_positive(key, value, 1);
+    else if (key == "v") l.v = parse_positive(key, value, 1);
+    else if (key == "micro") l.micro_batch = parse_positive(key, value, 1);
+    else if (key == "accum") l.accum = parse_positive(key, value, 1), accum_given = true;
+    else if (key == "zero") {
+      l.zero = parse_positive(key, value, 0);
+      if (l.zero > 2) input_error("--layout: zero={} must be 0, 1 or 2", value);
+    } else if (key == "recompute") {
+      if (value != "none" && value != "mlp" && value != "full")
+        input_error("--layout: recompute={} must be none, mlp or full", value);
+      l.recompute = value;
+    } else if (key == "schedule") {
+      if (value != "gpipe" && value != "1f1b" && value != "zb-h1" && value != "interleaved")
+        input_error("--layout: schedule={} must be gpipe, 1f1b, zb-h1 or interleaved", value);
+      l.schedule = value;
+    } else if (key == "sp") {
+      if (value != "0" && value != "1" && value != "true" && value != "false")
+        input_error("--layout: sp={} must be true or false", value);
+      l.sequence_parallel = value == "1" || value == "true";
+    } else if (key == "threads") l.threads = parse_positive(key, value, 1);
+    else if (key == "node") l.ranks_per_node = parse_positive(key, value, 1);
+    else
+      input_error("--layout: unknown key \"{}\" (keys: dp tp pp v micro accum zero recompute "
+                  "schedule sp threads node)", key);
+  }
+  if (l.v > 1 && l.schedule == "1f1b") l.schedule = "interleaved";
+  if (!accum_given && global_batch > 0) {
+    const int per_step = l.dp * l.micro_batch;
+    if (global_batch % per_step != 0)
+      input_error("--layout: the global batch {} is not a multiple of dp·micro = {}",
+                  global_batch, per_step);
+    l.accum = global_batch / per_step;
+  }
+  return l;
+}
+
+std::string format_layout(const PlanLayout& l) {
+  std::string s = fmt::format("dp={},tp={},pp={},v={},micro={},accum={},zero={},recompute={}",
+                              l.dp, l.tp, l.pp, l.v, l.micro_batch, l.accum, l.zero, l.recompute);
+  if (l.pp > 1) s += ",schedule=" + l.schedule;
+  if (l.tp > 1) s += fmt::format(",sp={}", l.sequence_parallel ? 1 : 0);
+  if (l.threads > 1) s += fmt::format(",threads={}", l.threads);
+  if (l.ranks_per_node > 0) s += fmt::format(",node={}", l.ranks_per_node);
+  return s;
+}
+
+std::vector<Prediction> rank_layouts(const PlanModel& m, const Hardware& hw,
+                                     const PlanSearch& search) {
+  std::vector<Prediction> out;
+  const int gpus = search.gpus;
+  for (int tp : divisors(gpus))
+    for (int pp : divisors(gpus / tp)) {
+      const int dp = gpus / (tp * pp);
+      if (pp > m.layers || m.heads % tp != 0) continue;
+      for (int micro : search.micro_batches) {
+        if (search.global_batch % (dp * micro) != 0) continue;
+        const int accum = search.global_batch / (dp * micro);
+        std::vector<std::pair<std::string, int>> schedules = {{"1f1b", 1}};
+        if (pp > 1)
+          for (const std::string& s : search.schedules) {
+            if (s == "interleaved")
+              for (int v = 2; v <= search.max_v; ++v) schedules.push_back({s, v});
+            else if (s != "1f1b")
+              schedules.push_back({s, 1});
+          }
+        for (const auto& [schedule, v] : schedules)
+          for (const std::string& recompute : search.recompute)
+            for (int zero : search.zero) {
+              if (dp == 1 && zero > 0) continue;
+              for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
+                PlanLayout l;
+                l.dp = dp, l.tp = tp, l.pp = pp, l.v = v, l.micro_batch = micro;
+                l.accum = accum, l.zero = zero, l.recompute = recompute;
+                l.schedule = schedule, l.sequence_parallel = sp == 1;
+                l.threads = search.threads;
+                if (!layout_problem(m, l).empty()) continue;
+                out.push_back(predict(m, l, hw));
+              }
+            }
+      }
+    }
+  std::stable_sort(out.begin(), out.end(), [](const Prediction& a, const Prediction& b) {
+    if (a.fits != b.fits) return a.fits;
+    if (a.tokens_per_s != b.tokens_per_s) return a.tokens_per_s > b.tokens_per_s;
+    return a.memory_bytes < b.memory_bytes;
+  });
+  return out;
+}
+
+}  // namespace trident

@@ -1,0 +1,201 @@
+// The plan model's terms against hand calculations (Note [Plan model]), and its memory
+// against what GPT allocates.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "plan/plan_parts.h"
+#include "trident/backend.h"
+#include "trident/check.h"
+#include "trident/model.h"
+#include "trident/pipeline.h"
+
+namespace trident {
+namespace {
+
+// A machine with round numbers: every GEMM at 1 TFLOP/s, 100 GB/s memory, 10 GB/s links
+// without latency, no overlap cost.
+Hardware round_machine(const std::string& dtype = "fp32") {
+  Hardware hw;
+  hw.name = "round";
+  hw.kind = "gpu";
+  hw.devices_per_node = 8;
+  hw.dtype = dtype;
+  hw.peak_tflops = 2;
+  hw.gemm = {{64, 1.0}};
+  hw.memory_gbytes_per_s = 100;
+  hw.memory_gb = 80;
+  hw.intra_node = {10, 0};
+  hw.inter_node = {10, 0};
+  return hw;
+}
+
+PlanModel small_model() {
+  PlanModel m;
+  m.layers = 2;
+  m.d_model = 64;
+  m.heads = 2;
+  m.vocab = 128;
+  m.seq_len = 16;
+  m.padded_vocab = 128;
+  return m;
+}
+
+TEST(PlanModel, GemmTermIsSeventyTwoNC2PerLayerPlusTheHead) {
+  const PlanModel m = small_model();
+  PlanLayout l;
+  l.micro_batch = 2;
+  const Prediction p = predict(m, l, round_machine());
+  ASSERT_TRUE(p.fits) << p.why_not;
+  // Per block forward 2·N·(3C² + C² + 4C² + 4C²) = 24·N·C², backward twice that; the head
+  // 2·N·V·C forward, twice that backward. N = 2·16 = 32, C = 64, V = 128, L = 2.
+  const double N = 32, C = 64, V = 128;
+  const double flops = 72 * N * C * C * 2 + 6 * N * V * C;  // 20,447,232
+  EXPECT_DOUBLE_EQ(flops, 20447232.0);
+  EXPECT_NEAR(p.term("gemm"), flops / 1e12, 1e-15);
+}
+
+TEST(PlanModel, TensorParallelAllReducesOnTheRing) {
+  const PlanModel m = small_model();
+  PlanLayout l;
+  l.tp = 2;
+  l.micro_batch = 2;
+  const Prediction p = predict(m, l, round_machine());
+  ASSERT_TRUE(p.fits) << p.why_not;
+  // Two all-reduces per block forward and two backward of N·C fp32 values; a ring over 2
+  // ranks moves 2·(n−1)/n = 1 times the buffer: 32·64·4 B / 10 GB/s each. The head adds two
+  // all-reduces of N·3 floats (the vocab-parallel softmax statistics).
+  const double one = 32.0 * 64 * 4 / 10e9, ce = 32.0 * 3 * 4 / 10e9;
+  EXPECT_NEAR(p.term("tp_comm"), 2 * 4 * one + 2 * ce, 1e-15);
+}
+
+TEST(PlanModel, OneFOneBBubbleIsPMinusOneOverM) {
+  const PlanModel m = small_model();
+  PlanLayout l;
+  l.pp = 2;
+  l.accum = 4;
+  const Prediction p = predict(m, l, round_machine());
+  ASSERT_TRUE(p.fits) << p.why_not;
+  // (p−1)/(m+p−1) = 1/5 of the step idle: bubble = busy·(1/5)/(4/5) = busy/4, and busy is
+  // m = 4 micro-batches of the slowest stage.
+  const double busy = 4 * p.term("micro_batch_s");
+  EXPECT_NEAR(p.term("bubble"), busy / 4, 1e-15);
+  EXPECT_DOUBLE_EQ(p.term("bubble_fraction"), 0.2);
+}
+
+TEST(PlanModel, AllReduceWithoutOverlapIsAllExposed) {
+  PlanModel m = small_model();
+  m.overlap = false;
+  PlanLayout l;
+  l.dp = 4;
+  const Prediction p = predict(m, l, round_machine());
+  ASSERT_TRUE(p.fits) << p.why_not;
+  // 2·(d−1)/d = 1.5 times the rank's fp32 gradients over 10 GB/s.
+  const double params = stage_params(m, l, 0);
+  EXPECT_NEAR(p.term("dp_allreduce_exposed"), 1.5 * params * 4 / 10e9, 1e-15);
+  EXPECT_DOUBLE_EQ(p.term("overlap_slowdown"), 0);
+}
+
+TEST(PlanModel, OverlapHidesTheAllReduceUnderBackwardButNotTheLastBucket) {
+  PlanModel m = small_model();
+  Hardware hw = round_machine();
+  hw.inter_node = hw.intra_node = {1000, 0};  // fast: the backward hides all but a bucket
+  PlanLayout l;
+  l.dp = 4;
+  const Prediction p = predict(m, l, hw);
+  const double params = stage_params(m, l, 0);
+  const double bucket = std::min(params * 4, m.first_bucket_mb * 1024 * 1024);
+  EXPECT_NEAR(p.term("dp_allreduce_exposed"), 1.5 * bucket / 1000e9, 1e-15);
+}
+
+TEST(PlanModel, TimeTermsAddUpToTheStep) {
+  const PlanModel m = small_model();
+  PlanLayout l;
+  l.dp = 2, l.pp = 2, l.accum = 4, l.zero = 1, l.recompute = "full";
+  const Prediction p = predict(m, l, round_machine());
+  ASSERT_TRUE(p.fits) << p.why_not;
+  double sum = 0;
+  for (const PlanTerm& t : p.time) sum += t.value;
+  EXPECT_DOUBLE_EQ(sum, p.step_s);
+  EXPECT_GT(p.term("recompute"), 0);
+  EXPECT_NEAR(p.tokens_per_s, 2 * 4 * 16 / p.step_s, 1e-9 * p.tokens_per_s);
+}
+
+TEST(PlanModel, ParameterCountIsTheModelsLayout) {
+  PlanModel m = small_model();
+  m.layers = 5;
+  m.vocab = 300;  // padded to 384 (tp 1), 512 (tp 2: 256·2)
+  for (int tp : {1, 2})
+    for (int pp : {1, 2, 3}) {
+      PlanLayout l;
+      l.tp = tp, l.pp = pp;
+      for (int s = 0; s < pp; ++s) {
+        GPTConfig cfg;
+        cfg.layers = m.layers, cfg.channels = m.d_model, cfg.heads = m.heads;
+        cfg.vocab = m.vocab, cfg.padded_vocab = GPTConfig::pad_vocab(m.vocab, tp);
+        cfg.max_seq_len = m.seq_len;
+        size_t count = 0;
+        for (const ParamInfo& p : gpt_param_layout(cfg, tp, 0, pipeline_stage(5, pp, s, {})))
+          count += p.count;
+        EXPECT_DOUBLE_EQ(stage_params(m, l, s), double(count)) << "tp " << tp << " pp " << pp
+                                                               << " stage " << s;
+      }
+    }
+}
+
+TEST(PlanModel, ActivationMemoryIsWhatTheModelAllocates) {
+  const PlanModel m = small_model();
+  auto backend = make_cpu_backend(1);
+  for (const char* recompute : {"none", "mlp", "full"}) {
+    PlanLayout l;
+    l.micro_batch = 2;
+    l.recompute = recompute;
+    const std::vector<PlanTerm> mem = memory_terms(m, l, round_machine("fp32"));
+    double acts = 0, params = 0;
+    for (const PlanTerm& t : mem) {
+      if (t.name == "activations" || t.name == "scratch") acts += t.value;
+      if (t.name == "params") params = t.value;
+    }
+    GPTConfig cfg;
+    cfg.layers = m.layers, cfg.channels = m.d_model, cfg.heads = m.heads, cfg.vocab = m.vocab;
+    cfg.padded_vocab = 128, cfg.max_seq_len = m.seq_len;
+    GPTOptions options;
+    options.recompute = parse_recompute(recompute);
+    GPT gpt(cfg, *backend, 2, m.seq_len, options);
+    EXPECT_DOUBLE_EQ(acts, double(gpt.activation_bytes())) << recompute;
+    EXPECT_DOUBLE_EQ(params, double(gpt.num_params() * sizeof(float))) << recompute;
+  }
+}
+
+TEST(PlanModel, RefusedLayoutsSayWhy) {
+  const PlanModel m = small_model();
+  PlanLayout l;
+  l.tp = 3;  // heads 2
+  EXPECT_NE(layout_problem(m, l).find("parallel.tp"), std::string::npos) << layout_problem(m, l);
+  l = {};
+  l.pp = 3;  // 2 layers
+  EXPECT_NE(layout_problem(m, l).find("more pipeline stages"), std::string::npos);
+  l = {};
+  l.pp = 2, l.accum = 2, l.schedule = "zb-h1", l.recompute = "full";
+  EXPECT_NE(layout_problem(m, l).find("recompute"), std::string::npos);
+}
+
+TEST(PlanLayoutText, ParsesAndFormatsAndNamesBadKeys) {
+  const PlanLayout l = parse_layout("dp=2,tp=2,pp=2,v=2,micro=4,zero=1,recompute=mlp", 64);
+  EXPECT_EQ(l.dp, 2);
+  EXPECT_EQ(l.v, 2);
+  EXPECT_EQ(l.schedule, "interleaved");  // v > 1 means the interleaved schedule
+  EXPECT_EQ(l.accum, 8);                 // 64 / (dp 2 · micro 4)
+  EXPECT_EQ(parse_layout(format_layout(l), 0).accum, 8);
+  for (const char* bad : {"dq=2", "dp=0", "zero=3", "recompute=some", "dp=2,micro=3"}) {
+    try {
+      parse_layout(bad, 64);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ExitCode::kBadInput) << bad;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace trident
