@@ -121,6 +121,8 @@ struct PlanSearch {
   std::vector<std::string> schedules = {"1f1b", "interleaved", "zb-h1"};
   int max_v = 4;
   int threads = 1;                 // cpu
+  std::vector<int> tp, pp;         // only these sizes (empty: every divisor)
+  std::vector<int> sequence_parallel = {0, 1};  // with tp > 1
 };
 std::vector<Prediction> rank_layouts(const PlanModel& model, const Hardware& hw,
                                      const PlanSearch& search);

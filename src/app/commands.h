@@ -60,6 +60,10 @@ struct PlanArgs {
   bool json = false;           // one JSON object per layout instead of the table
   int top = 10;                // layouts printed
   std::string png;             // a PNG of the top layouts' predicted step split
+  // Restrict the search (empty: everything): sizes and options to try.
+  std::vector<int> tp, pp, micro, zero, sp;
+  std::vector<std::string> recompute, schedules;
+  int max_v = 4;
 };
 // No MPI: a model evaluated on one process (src/plan/, Note [Plan model]).
 int run_plan(const PlanArgs& args);

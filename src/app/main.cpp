@@ -151,6 +151,20 @@ int main(int argc, char** argv) {
   plan->add_flag("--json", plan_args.json, "one JSON object per layout");
   plan->add_option("--top", plan_args.top, "layouts printed")->check(CLI::PositiveNumber);
   plan->add_option("--png", plan_args.png, "draw the top layouts' predicted step split");
+  plan->add_option("--tp", plan_args.tp, "search: only these tp sizes")->delimiter(',');
+  plan->add_option("--pp", plan_args.pp, "search: only these pp sizes")->delimiter(',');
+  plan->add_option("--micro", plan_args.micro, "search: micro-batch sizes (default 1,2,4,8)")
+      ->delimiter(',')->check(CLI::PositiveNumber);
+  plan->add_option("--zero", plan_args.zero, "search: ZeRO stages (default 0,1,2)")
+      ->delimiter(',')->check(CLI::Range(0, 2));
+  plan->add_option("--sp", plan_args.sp, "search: sequence parallelism 0,1 with tp > 1")
+      ->delimiter(',')->check(CLI::Range(0, 1));
+  plan->add_option("--recompute", plan_args.recompute, "search: none,mlp,full")
+      ->delimiter(',')->check(CLI::IsMember({"none", "mlp", "full"}));
+  plan->add_option("--schedules", plan_args.schedules, "search: 1f1b,interleaved,zb-h1,gpipe")
+      ->delimiter(',')->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb-h1"}));
+  plan->add_option("--max-v", plan_args.max_v, "search: most virtual stages (interleaved)")
+      ->check(CLI::PositiveNumber);
   plan->add_flag("--calibrate", calibrate, "measure this machine; write a hardware file");
   plan->add_option("--out", calibrate_args.out, "--calibrate: the file to write");
   plan->add_option("--name", calibrate_args.name, "--calibrate: the description's name");

@@ -145,6 +145,14 @@ int run_plan(const PlanArgs& args) {
   search.gpus = args.gpus;
   search.global_batch = global_batch;
   search.threads = threads;
+  if (!args.tp.empty()) search.tp = args.tp;
+  if (!args.pp.empty()) search.pp = args.pp;
+  if (!args.micro.empty()) search.micro_batches = args.micro;
+  if (!args.zero.empty()) search.zero = args.zero;
+  if (!args.sp.empty()) search.sequence_parallel = args.sp;
+  if (!args.recompute.empty()) search.recompute = args.recompute;
+  if (!args.schedules.empty()) search.schedules = args.schedules;
+  search.max_v = args.max_v;
   const std::vector<Prediction> ranked = rank_layouts(model, hw, search);
   if (ranked.empty())
     input_error("trident plan: no layout of {} ranks runs {} sequences per step (the global "

@@ -96,10 +96,14 @@ std::vector<Prediction> rank_layouts(const PlanModel& m, const Hardware& hw,
                                      const PlanSearch& search) {
   std::vector<Prediction> out;
   const int gpus = search.gpus;
+  auto allowed = [](const std::vector<int>& only, int x) {
+    return only.empty() || std::find(only.begin(), only.end(), x) != only.end();
+  };
   for (int tp : divisors(gpus))
     for (int pp : divisors(gpus / tp)) {
       const int dp = gpus / (tp * pp);
       if (pp > m.layers || m.heads % tp != 0) continue;
+      if (!allowed(search.tp, tp) || !allowed(search.pp, pp)) continue;
       for (int micro : search.micro_batches) {
         if (search.global_batch % (dp * micro) != 0) continue;
         const int accum = search.global_batch / (dp * micro);
@@ -115,7 +119,9 @@ std::vector<Prediction> rank_layouts(const PlanModel& m, const Hardware& hw,
           for (const std::string& recompute : search.recompute)
             for (int zero : search.zero) {
               if (dp == 1 && zero > 0) continue;
-              for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
+              for (int sp : search.sequence_parallel) {
+                if (sp == 1 && tp == 1) continue;
+                if (sp == 0 && tp > 1 && !allowed(search.sequence_parallel, 0)) continue;
                 PlanLayout l;
                 l.dp = dp, l.tp = tp, l.pp = pp, l.v = v, l.micro_batch = micro;
                 l.accum = accum, l.zero = zero, l.recompute = recompute;

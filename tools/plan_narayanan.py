@@ -1,0 +1,129 @@
+#!/usr/bin/python3
+"""trident plan against Narayanan et al. 2021, Table 1 (docs/plan.md, "Against published
+results").
+
+    tools/plan_narayanan.py --trident build/trident [--hardware dgx-a100-80gb] [--out T.md]
+                            [--max-error 0.15]
+
+For every row of the paper's weak-scaling table (GPT models of 1.7B to 1T parameters on
+DGX A100 nodes, their tp, pp and GPU counts and batch sizes) the planner searches what the
+table leaves open, the micro-batch (1, 2, 4, 8) and the schedule (1F1B, interleaved), with
+what Megatron had in 2021 fixed: full activation recomputation, no ZeRO, no sequence
+parallelism, gradients all-reduced after backward (inputs/plan/megatron-gpt.yaml). Its best
+fitting layout's step time becomes TFLOP/s per GPU with the paper's own FLOP count,
+F = 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) (its equation 3, recomputation included).
+
+Then the layout picker: for the 18.4B and 145.6B rows the whole search (every tp, pp,
+micro-batch, schedule; recompute and ZeRO as above) ranks the layouts, and the paper's
+(tp, pp) must be among the top three (tp, pp) pairs (each pair by its best micro-batch and
+schedule). Exits 1 if a row misses by more than --max-error or
+the picker check fails.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+# Table 1 of arXiv 2104.04473: parameters (billions), heads, hidden, layers, tp, pp, GPUs,
+# batch size, achieved TFLOP/s per GPU.
+ROWS = [
+    (1.7, 24, 2304, 24, 1, 1, 32, 512, 137),
+    (3.6, 32, 3072, 30, 2, 1, 64, 512, 138),
+    (7.5, 32, 4096, 36, 4, 1, 128, 512, 142),
+    (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135),
+    (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138),
+    (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140),
+    (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148),
+    (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155),
+    (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163),
+    (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163),
+]
+PICKER_ROWS = (18.4, 145.6)
+SEQ, VOCAB = 2048, 51200
+
+
+def paper_flops(batch, layers, hidden):
+    s, l, h, v = SEQ, layers, hidden, VOCAB
+    return 96.0 * batch * s * l * h * h * (1 + s / (6.0 * h) + v / (16.0 * l * h))
+
+
+def run_plan(args, heads, hidden, layers, gpus, batch, extra):
+    cmd = [args.trident, "plan", args.deck, "--hardware", args.hardware, "--gpus", str(gpus),
+           "--global-batch", str(batch), "--json", "--top", str(args.top),
+           "--set", f"model.layers={layers}", "--set", f"model.d_model={hidden}",
+           "--set", f"model.heads={heads}", "--recompute", "full", "--zero", "0", "--sp", "0",
+           "--schedules", "1f1b,interleaved", "--micro", "1,2,4,8", *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"plan_narayanan: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr}")
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--trident", required=True)
+    ap.add_argument("--hardware", default="dgx-a100-80gb")
+    ap.add_argument("--deck", default=os.path.join(here, "..", "inputs", "plan",
+                                                   "megatron-gpt.yaml"))
+    ap.add_argument("--top", type=int, default=400)
+    ap.add_argument("--max-error", type=float, default=0.15)
+    ap.add_argument("--out", help="also write the tables (markdown) here")
+    args = ap.parse_args()
+
+    lines = ["| model | tp | pp | GPUs | batch | paper TFLOP/s | predicted | error | micro-batch, "
+             "schedule | largest predicted terms |", "|---|---|---|---|---|---|---|---|---|---|"]
+    worst, failed = 0.0, False
+    for params, heads, hidden, layers, tp, pp, gpus, batch, paper in ROWS:
+        print(f"plan_narayanan: {params}B ...", flush=True)
+        ranked = run_plan(args, heads, hidden, layers, gpus, batch,
+                          ["--tp", str(tp), "--pp", str(pp)])
+        best = next((p for p in ranked if p["fits"]), None)
+        if best is None:
+            lines.append(f"| {params}B | {tp} | {pp} | {gpus} | {batch} | {paper} | does not "
+                         f"fit | | | {ranked[0].get('why_not', '') if ranked else ''} |")
+            failed = True
+            continue
+        predicted = paper_flops(batch, layers, hidden) / best["step_s"] / gpus / 1e12
+        err = predicted / paper - 1
+        worst = max(worst, abs(err))
+        failed |= abs(err) > args.max_error
+        sched = best["schedule"] + (f" v={best['v']}" if best["v"] > 1 else "")
+        split = sorted(best["time_s"].items(), key=lambda kv: -kv[1])[:4]
+        lines.append(f"| {params}B | {tp} | {pp} | {gpus} | {batch} | {paper} | {predicted:.0f} "
+                     f"| {100 * err:+.1f}% | {best['micro_batch']}, {sched if pp > 1 else '-'} | "
+                     + ", ".join(f"{k} {100 * v / best['step_s']:.0f}%" for k, v in split) + " |")
+    lines.append(f"\nworst row: {100 * worst:.1f}% (limit {100 * args.max_error:.0f}%)\n")
+
+    lines += ["| model | GPUs | paper's (tp, pp) | its rank | planner's top three (tp, pp, micro, "
+              "schedule: predicted TFLOP/s) |", "|---|---|---|---|---|"]
+    for params, heads, hidden, layers, tp, pp, gpus, batch, paper in ROWS:
+        if params not in PICKER_ROWS:
+            continue
+        print(f"plan_narayanan: layout picker, {params}B on {gpus} GPUs ...", flush=True)
+        ranked, seen = [], set()  # the best layout of each (tp, pp), best first
+        for p in run_plan(args, heads, hidden, layers, gpus, batch, []):
+            if p["fits"] and (p["tp"], p["pp"]) not in seen:
+                seen.add((p["tp"], p["pp"]))
+                ranked.append(p)
+        rank = next((i + 1 for i, p in enumerate(ranked) if p["tp"] == tp and p["pp"] == pp),
+                    None)
+        failed |= rank is None or rank > 3
+        top = "; ".join(
+            f"({p['tp']}, {p['pp']}, {p['micro_batch']}, {p['schedule']}"
+            f"{' v=' + str(p['v']) if p['v'] > 1 else ''}: "
+            f"{paper_flops(batch, layers, hidden) / p['step_s'] / gpus / 1e12:.0f})"
+            for p in ranked[:3])
+        lines.append(f"| {params}B | {gpus} | ({tp}, {pp}) | {rank if rank else '> top'} "
+                     f"| {top} |")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

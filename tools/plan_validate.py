@@ -1,0 +1,131 @@
+#!/usr/bin/python3
+"""Predicted against measured: `trident plan --layout` next to `trident bench` for a list of
+layouts on this machine (docs/plan.md, "On this machine").
+
+    tools/plan_validate.py --trident build/trident --hardware inputs/hardware/this-machine.yaml \
+        [--cases default|quick] [--rounds 1] [--max-median 0.10 --max-worst 0.20] [--out T.md]
+
+Each case is a deck, a rank count, deck overrides and the layout the planner is given (the
+same layout in the planner's words). bench's median step time and its memory figures are
+compared with the prediction's step_s and memory terms. With --rounds > 1 the cases run
+interleaved, round by round, and each case's median over rounds is used. Exits 1 when the
+median or the worst step-time error is above the limits.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+# (name, deck, ranks, overrides, layout for the planner)
+CASES = [
+    ("tiny 1 rank, 2 threads", "gpt-tiny.yaml", 1, ["run.threads=2"], "threads=2"),
+    ("tiny dp=2", "gpt-tiny.yaml", 2, ["run.threads=1"], "dp=2"),
+    ("tiny tp=2", "gpt-tiny.yaml", 2, ["run.threads=1", "parallel.tp=2"], "tp=2"),
+    ("tiny pp=2, 4 micro-batches", "gpt-tiny.yaml", 2,
+     ["run.threads=1", "parallel.pp=2", "train.accum=4", "train.micro_batch=2"],
+     "pp=2,micro=2,accum=4"),
+    ("tiny dp=4 on 2 cores", "gpt-tiny.yaml", 4, ["run.threads=1"], "dp=4,node=4"),
+    ("tiny dp=2 pp=2 on 2 cores", "gpt-tiny.yaml", 4,
+     ["run.threads=1", "parallel.pp=2", "train.accum=2", "train.micro_batch=4"],
+     "dp=2,pp=2,micro=4,accum=2,node=4"),
+    ("tiny dp=2, 1 Gbit/s link", "gpt-tiny.yaml", 2,
+     ["run.threads=1", "comm.emulate_gbps=1", "comm.emulate_latency_us=50"], "dp=2"),
+    ("124M 1 rank, 2 threads", "gpt2-124m.yaml", 1, ["run.threads=2"], "micro=4,threads=2"),
+    ("124M dp=2", "gpt2-124m.yaml", 2, ["run.threads=1"], "dp=2,micro=4"),
+    ("124M dp=2, 1 Gbit/s link", "gpt2-124m.yaml", 2,
+     ["run.threads=1", "comm.emulate_gbps=1", "comm.emulate_latency_us=50"], "dp=2,micro=4"),
+    ("124M tp=2", "gpt2-124m.yaml", 2, ["run.threads=1", "parallel.tp=2"], "tp=2,micro=4"),
+    ("124M pp=2, 2 micro-batches", "gpt2-124m.yaml", 2,
+     ["run.threads=1", "parallel.pp=2", "train.accum=2", "train.micro_batch=2"],
+     "pp=2,micro=2,accum=2"),
+]
+QUICK = ["tiny 1 rank, 2 threads", "tiny dp=2", "tiny pp=2, 4 micro-batches",
+         "tiny dp=2, 1 Gbit/s link"]
+
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1", "OMPI_MCA_mpi_yield_when_idle": "1"}
+MIB = 1024.0 * 1024.0
+
+
+def bench(args, deck, ranks, overrides, out_dir):
+    cmd = ["mpirun", "-n", str(ranks), args.trident, "bench", deck, "--steps", str(args.steps),
+           "--set", f"run.out_dir={out_dir}", *[x for o in overrides for x in ("--set", o)]]
+    env = dict(os.environ, **MPI_ENV)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"plan_validate: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr}")
+    with open(os.path.join(out_dir, "bench.json")) as f:
+        return json.load(f)
+
+
+def plan(args, deck, overrides, layout):
+    cmd = [args.trident, "plan", deck, "--hardware", args.hardware, "--layout", layout, "--json",
+           *[x for o in overrides for x in ("--set", o)]]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"plan_validate: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--trident", required=True)
+    ap.add_argument("--hardware", required=True)
+    ap.add_argument("--inputs", default=os.path.join(os.path.dirname(__file__), "..", "inputs"))
+    ap.add_argument("--cases", default="default", choices=["default", "quick"])
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--max-median", type=float, default=0.10)
+    ap.add_argument("--max-worst", type=float, default=0.20)
+    ap.add_argument("--out", help="also write the table (markdown) here")
+    args = ap.parse_args()
+    cases = [c for c in CASES if args.cases == "default" or c[0] in QUICK]
+
+    measured = {c[0]: [] for c in cases}
+    memory = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            for name, deck, ranks, overrides, layout in cases:
+                print(f"plan_validate: round {r + 1}/{args.rounds}: {name} ...", flush=True)
+                b = bench(args, os.path.join(args.inputs, deck), ranks, overrides,
+                          os.path.join(tmp, "run"))
+                measured[name].append(b["ms_per_step"] / 1000.0)
+                memory[name] = b
+    rows, errors = [], []
+    for name, deck, ranks, overrides, layout in cases:
+        p = plan(args, os.path.join(args.inputs, deck), overrides, layout)
+        m = statistics.median(measured[name])
+        err = p["step_s"] / m - 1
+        errors.append(abs(err))
+        b = memory[name]
+        mem_pred = p["memory_bytes"]
+        mem_meas = (b["param_mib"] + b["grad_mib"] + b["optimizer_mib"] + b["activation_mib"]) * MIB
+        mem_p = sum(mem_pred.values())
+        split = sorted(p["time_s"].items(), key=lambda kv: -kv[1])[:3]
+        rows.append((name, ranks, p["step_s"] * 1e3, m * 1e3, 100 * err, mem_p / MIB,
+                     mem_meas / MIB, 100 * (mem_p / mem_meas - 1),
+                     ", ".join(f"{k} {100 * v / p['step_s']:.0f}%" for k, v in split)))
+    head = ("| case | ranks | predicted ms | measured ms | error | predicted MiB | bench MiB "
+            "| memory error | largest predicted terms |\n|---|---|---|---|---|---|---|---|---|")
+    lines = [head] + [f"| {r[0]} | {r[1]} | {r[2]:.1f} | {r[3]:.1f} | {r[4]:+.1f}% | {r[5]:.1f} "
+                      f"| {r[6]:.1f} | {r[7]:+.1f}% | {r[8]} |" for r in rows]
+    med, worst = statistics.median(errors), max(errors)
+    lines.append(f"\nstep time: median |error| {100 * med:.1f}%, worst {100 * worst:.1f}% over "
+                 f"{len(rows)} layouts ({args.rounds} round(s) of {args.steps} timed steps)")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    if med > args.max_median or worst > args.max_worst:
+        print(f"plan_validate: FAIL: median {100 * med:.1f}% (limit {100 * args.max_median:.0f}%)"
+              f", worst {100 * worst:.1f}% (limit {100 * args.max_worst:.0f}%)")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
