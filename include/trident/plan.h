@@ -52,6 +52,9 @@ Hardware load_hardware(const std::string& path);
 // $TRIDENT_HARDWARE_DIR, then beside the executable (../inputs/hardware), then in the source
 // tree the binary was built from. Unknown names list the files that are there.
 Hardware find_hardware(const std::string& name_or_path);
+// The source tree's inputs/hardware, where `trident plan --calibrate` writes by default (the
+// tree trident_plan was built from; its TRIDENT_SOURCE_DIR).
+std::string source_hardware_dir();
 // The YAML text of a description (what --calibrate writes; reads back with load_hardware).
 std::string hardware_to_yaml(const Hardware& hw);
 // The achieved GEMM rate (FLOP/s per device) for an M×N×K GEMM (interpolated, see GemmPoint).
