@@ -318,6 +318,13 @@ double mem_total_gb() {
   input_error("/proc/meminfo: no MemTotal line");
 }
 
+// The 1-minute load average: other work on the cores lowers every figure, so the file says it.
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string one;
+  return in >> one ? one : "unknown";
+}
+
 std::string today() {
   const std::time_t now = std::time(nullptr);
   char text[32];
@@ -350,8 +357,10 @@ int run_calibrate(const CalibrateArgs& args, const BlasCoreCheck& blas) {
       input_error("--out {}: directory {} does not exist", path, dir.string());
   });
 
-  progress(lead, "{}, {} cores online, {} rank(s), {} thread(s) for memory; OpenBLAS core {}",
-           cpu_model(), cores, size, threads, blas.chosen.empty() ? "unknown" : blas.chosen);
+  const std::string load = load_average();
+  progress(lead, "{}, {} cores online, {} rank(s), {} thread(s) for memory; OpenBLAS core {}; "
+           "load average {} before measuring", cpu_model(), cores, size, threads,
+           blas.chosen.empty() ? "unknown" : blas.chosen, load);
   Hardware hw;
   hw.name = name;
   hw.kind = "cpu";
@@ -440,8 +449,9 @@ int run_calibrate(const CalibrateArgs& args, const BlasCoreCheck& blas) {
                                        isa_name(blas.cpu_isa), blas.chosen),
                   ExitCode::kInternal);
     hw.sources.push_back(fmt::format("measured by trident plan --calibrate on {}, {}, {} thread(s) "
-                                     "for memory, {} rank(s), OpenBLAS core {}", today(),
-                                     cpu_model(), threads, size, blas.chosen));
+                                     "for memory, {} rank(s), OpenBLAS core {}, load average {} "
+                                     "before measuring (other work lowers every figure)", today(),
+                                     cpu_model(), threads, size, blas.chosen, load));
     hw.sources.push_back("gemm: single-thread d x d x d products through CpuBackend::"
                          "matmul_forward, runs of >= 20 ms, best run; peak_tflops = best point");
     hw.sources.push_back(fmt::format("memory_gbytes_per_s: STREAM triad, {} threads, 3 x 64 MiB "
