@@ -9,7 +9,8 @@
 //    only ever slows a run). The product is checked against a naive loop before any timing.
 //    peak_tflops is the best point: a core's measured peak, as bench measures its own.
 //  - memory_gbytes_per_s: a STREAM triad a = b + s·c over three 64 MiB double arrays (far
-//    beyond any cache) on all threads, counted as STREAM does (24 bytes per element).
+//    beyond any cache) on all threads, counted as STREAM does (24 bytes per element), with
+//    rank 0 let out of mpirun's one-core binding for it (a node figure).
 //  - intra_node: trident's MpiComm ring all-reduce between the ranks (MPI_Iallreduce, libnbc's
 //    ring as main selects it), timed as nccl-tests times: the slowest rank's time, busbw =
 //    algbw · 2(n−1)/n. The latency is a one-float all-reduce's time / 2(n−1) (per ring hop);
@@ -18,11 +19,13 @@
 //  - inter_node: the same through the emulated link (MpiComm::set_emulated_link) when
 //    --emulate-gbps is given; otherwise a copy of intra_node (one node; sources says so).
 //  - overlap_slowdown: 1 − (GEMM rate while this rank's communication thread runs all-reduces)
-//    / (GEMM rate alone), windows alternated and the best of each kept. With one rank there is
+//    / (GEMM rate alone), windows alternated and the best of each kept, inside rank 0's binding
+//    (mpirun's default: one core, shared by both threads, as in training). With one rank there is
 //    no peer: a thread copying 16 MiB buffers stands in for the transport's copies.
 // Ranks other than 0 wait in a barrier that sleeps (quiet_barrier), so rank 0's single-thread
 // and all-thread figures see idle cores. Only rank 0 writes the file.
 #include <mpi.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -178,6 +181,35 @@ double measure_triad(int threads, size_t n) {
   for (size_t i = 0; i < n; i += n / 97 + 1)
     TRIDENT_CHECK(a[i] == b[i] + s * c[i], "calibration: triad element {} is wrong", i);
   return 24.0 * double(n) / best / 1e9;
+}
+
+// mpirun binds each rank to one core by default, and threads inherit their creator's mask; the
+// triad is a node figure, so while it runs this thread may use every online core (restored after).
+class AllCoresWhileAlive {
+ public:
+  explicit AllCoresWhileAlive(int cores) {
+    saved_ok_ = sched_getaffinity(0, sizeof saved_, &saved_) == 0;
+    cpu_set_t all;
+    CPU_ZERO(&all);
+    for (int c = 0; c < cores && c < CPU_SETSIZE; ++c) CPU_SET(c, &all);
+    sched_setaffinity(0, sizeof all, &all);  // refused (cgroup): the triad runs where allowed
+  }
+  ~AllCoresWhileAlive() {
+    if (saved_ok_) sched_setaffinity(0, sizeof saved_, &saved_);
+  }
+  AllCoresWhileAlive(const AllCoresWhileAlive&) = delete;
+  AllCoresWhileAlive& operator=(const AllCoresWhileAlive&) = delete;
+
+ private:
+  cpu_set_t saved_;
+  bool saved_ok_ = false;
+};
+
+// Cores this thread may run on (mpirun's binding): the overlap figure is measured inside it, as
+// a training rank's compute and communication threads run.
+int allowed_cores() {
+  cpu_set_t set;
+  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
 }
 
 // One thread's memcpy rate (GB/s, bytes copied): the single-rank stand-in for a transport.
@@ -358,6 +390,7 @@ int run_calibrate(const CalibrateArgs& args, const BlasCoreCheck& blas) {
   });
 
   const std::string load = load_average();
+  const int bound = allowed_cores();
   progress(lead, "{}, {} cores online, {} rank(s), {} thread(s) for memory; OpenBLAS core {}; "
            "load average {} before measuring", cpu_model(), cores, size, threads,
            blas.chosen.empty() ? "unknown" : blas.chosen, load);
@@ -379,7 +412,10 @@ int run_calibrate(const CalibrateArgs& args, const BlasCoreCheck& blas) {
     }
     for (const GemmPoint& p : hw.gemm) hw.peak_tflops = std::max(hw.peak_tflops, p.tflops);
     const size_t n = size_t(8) << 20;  // 64 MiB of doubles per array
-    hw.memory_gbytes_per_s = round_sig(measure_triad(threads, n));
+    {
+      AllCoresWhileAlive widen(cores);
+      hw.memory_gbytes_per_s = round_sig(measure_triad(threads, n));
+    }
     progress(lead, "memory triad, {} threads, 3 x 64 MiB: {:.2f} GB/s (best of 10)", threads,
              hw.memory_gbytes_per_s);
   }
@@ -437,8 +473,9 @@ int run_calibrate(const CalibrateArgs& args, const BlasCoreCheck& blas) {
            hw.overlap_slowdown);
   notes.push_back(fmt::format(
       "overlap_slowdown: 1 - (single-thread 512^3 GEMM rate while {}) / (rate alone), best of 2 "
-      "windows of 0.4 s each", comm ? "rank 0's communication thread runs 16 MiB all-reduces"
-                                    : "a thread copies 16 MiB buffers (one rank, no peer)"));
+      "windows of 0.4 s each, inside rank 0's binding ({} core(s) allowed), as a training rank "
+      "runs", comm ? "rank 0's communication thread runs 16 MiB all-reduces"
+                   : "a thread copies 16 MiB buffers (one rank, no peer)", bound));
 
   setup_step([&] {
     if (!lead) return;
