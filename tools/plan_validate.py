@@ -21,23 +21,23 @@ import tempfile
 
 # (name, deck, ranks, overrides, layout for the planner)
 CASES = [
-    ("tiny 1 rank, 2 threads", "gpt-tiny.yaml", 1, ["run.threads=2"], "threads=2"),
-    ("tiny dp=2", "gpt-tiny.yaml", 2, ["run.threads=1"], "dp=2"),
-    ("tiny tp=2", "gpt-tiny.yaml", 2, ["run.threads=1", "parallel.tp=2"], "tp=2"),
+    ("tiny 1 rank, 2 threads", "gpt-tiny.yaml", 1, ["run.threads=2"], "accum=1,threads=2"),
+    ("tiny dp=2", "gpt-tiny.yaml", 2, ["run.threads=1"], "dp=2,accum=1"),
+    ("tiny tp=2", "gpt-tiny.yaml", 2, ["run.threads=1", "parallel.tp=2"], "tp=2,accum=1"),
     ("tiny pp=2, 4 micro-batches", "gpt-tiny.yaml", 2,
      ["run.threads=1", "parallel.pp=2", "train.accum=4", "train.micro_batch=2"],
      "pp=2,micro=2,accum=4"),
-    ("tiny dp=4 on 2 cores", "gpt-tiny.yaml", 4, ["run.threads=1"], "dp=4,node=4"),
+    ("tiny dp=4 on 2 cores", "gpt-tiny.yaml", 4, ["run.threads=1"], "dp=4,accum=1,node=4"),
     ("tiny dp=2 pp=2 on 2 cores", "gpt-tiny.yaml", 4,
      ["run.threads=1", "parallel.pp=2", "train.accum=2", "train.micro_batch=4"],
      "dp=2,pp=2,micro=4,accum=2,node=4"),
     ("tiny dp=2, 1 Gbit/s link", "gpt-tiny.yaml", 2,
-     ["run.threads=1", "comm.emulate_gbps=1", "comm.emulate_latency_us=50"], "dp=2"),
-    ("124M 1 rank, 2 threads", "gpt2-124m.yaml", 1, ["run.threads=2"], "micro=4,threads=2"),
-    ("124M dp=2", "gpt2-124m.yaml", 2, ["run.threads=1"], "dp=2,micro=4"),
+     ["run.threads=1", "comm.emulate_gbps=1", "comm.emulate_latency_us=50"], "dp=2,accum=1"),
+    ("124M 1 rank, 2 threads", "gpt2-124m.yaml", 1, ["run.threads=2"], "micro=4,accum=1,threads=2"),
+    ("124M dp=2", "gpt2-124m.yaml", 2, ["run.threads=1"], "dp=2,micro=4,accum=1"),
     ("124M dp=2, 1 Gbit/s link", "gpt2-124m.yaml", 2,
-     ["run.threads=1", "comm.emulate_gbps=1", "comm.emulate_latency_us=50"], "dp=2,micro=4"),
-    ("124M tp=2", "gpt2-124m.yaml", 2, ["run.threads=1", "parallel.tp=2"], "tp=2,micro=4"),
+     ["run.threads=1", "comm.emulate_gbps=1", "comm.emulate_latency_us=50"], "dp=2,micro=4,accum=1"),
+    ("124M tp=2", "gpt2-124m.yaml", 2, ["run.threads=1", "parallel.tp=2"], "tp=2,micro=4,accum=1"),
     ("124M pp=2, 2 micro-batches", "gpt2-124m.yaml", 2,
      ["run.threads=1", "parallel.pp=2", "train.accum=2", "train.micro_batch=2"],
      "pp=2,micro=2,accum=2"),
@@ -81,11 +81,19 @@ def main():
     ap.add_argument("--max-median", type=float, default=0.10)
     ap.add_argument("--max-worst", type=float, default=0.20)
     ap.add_argument("--out", help="also write the table (markdown) here")
+    ap.add_argument("--measured", help="JSON file: bench results are saved here, and read "
+                    "instead of running bench when it exists (to re-predict only)")
     args = ap.parse_args()
     cases = [c for c in CASES if args.cases == "default" or c[0] in QUICK]
 
     measured = {c[0]: [] for c in cases}
     memory = {}
+    if args.measured and os.path.exists(args.measured):
+        with open(args.measured) as f:
+            saved = json.load(f)
+        measured, memory = saved["measured"], saved["bench"]
+        cases = [c for c in cases if c[0] in measured]
+        args.rounds = 0
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             for name, deck, ranks, overrides, layout in cases:
@@ -94,6 +102,9 @@ def main():
                           os.path.join(tmp, "run"))
                 measured[name].append(b["ms_per_step"] / 1000.0)
                 memory[name] = b
+    if args.measured and args.rounds > 0:
+        with open(args.measured, "w") as f:
+            json.dump({"measured": measured, "bench": memory}, f)
     rows, errors = [], []
     for name, deck, ranks, overrides, layout in cases:
         p = plan(args, os.path.join(args.inputs, deck), overrides, layout)

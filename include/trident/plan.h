@@ -37,12 +37,25 @@ struct Hardware {
   std::vector<GemmPoint> gemm;   // ascending min_dim, at least one point
   double attention_tflops = 0;   // fused attention's achieved rate; 0: as GEMMs + memory traffic
   double memory_gbytes_per_s = 0;  // achieved device (cpu: node) memory bandwidth
+  // The elementwise kernels' rate (LayerNorm, GELU: cpu per core, measured); 0: they run at
+  // memory_gbytes_per_s.
+  double elementwise_gbytes_per_s = 0;
+  // AdamW's rate at 32 B per parameter (cpu: per core, measured); 0: memory_gbytes_per_s.
+  double optimizer_gbytes_per_s = 0;
+  // Measured forward + backward of a model / the sum of its per-op terms (cpu: calibrated on a
+  // small GPT); compute terms are divided by it. 1: the terms are the whole story.
+  double compute_efficiency = 1;
   double memory_gb = 0;          // capacity per device (cpu: per node), GB = 1e9 B
   LinkSpec intra_node;           // NVLink / shared memory
   LinkSpec inter_node;           // InfiniBand / TCP, per device
   // Fraction by which compute slows while a collective overlaps it (cpu: the communication
   // thread's work runs on the compute cores; gpu: SMs the collective kernels take).
   double overlap_slowdown = 0;
+  // cpu: a core's share of its single-thread GEMM rate when every core of the node computes at
+  // once (shared vector units or memory, lower turbo); 1: cores scale linearly.
+  double core_scaling = 1;
+  // cpu: one rank's GEMM rate with a thread on every core / (cores × its single-thread rate).
+  double thread_scaling = 1;
   std::vector<std::string> sources;  // where each figure comes from (cited, or "measured ...")
 };
 
@@ -132,7 +145,9 @@ std::vector<Prediction> rank_layouts(const PlanModel& model, const Hardware& hw,
 
 // "dp=2,tp=1,pp=2,v=1,micro=4,zero=1,recompute=none[,schedule=..,sp=..,accum=..,threads=..]";
 // missing keys take the defaults (accum from global_batch when given). Bad keys throw (exit 2).
-PlanLayout parse_layout(const std::string& text, int global_batch);
+// Keys not in `text` keep their value in `defaults` (the deck's layout, for trident plan).
+PlanLayout parse_layout(const std::string& text, int global_batch,
+                        const PlanLayout& defaults = {});
 std::string format_layout(const PlanLayout& layout);
 
 }  // namespace trident

@@ -3,11 +3,17 @@
 //
 // Note [Calibration]
 // What is measured, and how, so that the figures are what a training step gets:
-//  - gemm points: single-thread products through the CPU backend's own matmul_forward (OpenBLAS
-//    as the backend drives it, Note [GEMM threading]) for d×d×d at d = 32 … 2048; a run repeats
-//    the product until it lasts ≥ 20 ms, and the best of several runs counts (a neighbour's load
-//    only ever slows a run). The product is checked against a naive loop before any timing.
-//    peak_tflops is the best point: a core's measured peak, as bench measures its own.
+//  - gemm points: one linear layer as training runs it, through the CPU backend's own
+//    matmul_forward and matmul_backward (OpenBLAS as the backend drives it, Note [GEMM
+//    threading]), [4d, d] → 4d at d = 32 … 1024 (d the smallest dimension), one thread; a run
+//    repeats the layer until it lasts ≥ 20 ms and the MEDIAN run counts: the best run (the
+//    first calibration's choice) was 1.5-2× what whole training steps got on a shared VM
+//    (docs/plan.md). matmul_forward is checked against a naive loop before any timing.
+//    peak_tflops is the best point (the MFU denominator per core).
+//  - elementwise_gbytes_per_s: trident's LayerNorm and GELU kernels on one thread, counted as
+//    the plan model counts their traffic (median).
+//  - thread_scaling, core_scaling: the d = 512 layer on a thread per core in one process, and
+//    on one thread in every rank at once, against one thread alone.
 //  - memory_gbytes_per_s: a STREAM triad a = b + s·c over three 64 MiB double arrays (far
 //    beyond any cache) on all threads, counted as STREAM does (24 bytes per element), with
 //    rank 0 let out of mpirun's one-core binding for it (a node figure).
@@ -46,6 +52,7 @@
 #include "trident/check.h"
 #include "trident/comm.h"
 #include "trident/peak_check.h"
+#include "trident/model.h"
 #include "trident/plan.h"
 
 namespace trident {
@@ -147,6 +154,124 @@ GemmRate time_gemm(Backend& be, int d, double budget_s) {
     if (++rate.runs >= 3 && seconds_since(start) > budget_s) return rate;
     if (rate.runs >= 20) return rate;
   }
+}
+
+// A linear layer as training on a CPU runs it: forward y[N,8d] = x[N,2d]·Wᵀ (+ bias) and
+// backward's dx and dW (matmul_backward), with N = d tokens the smallest dimension (CPU
+// micro-batches are small; the MLP is 4× wider than the model). FLOP/s of
+// the 6·N·d·4d operations, the MEDIAN of the runs (a training step sees the typical rate, not
+// the best; Note [Calibration]).
+GemmRate time_linear(Backend& be, int d, double budget_s) {
+  const size_t N = size_t(d), C = size_t(2) * d, OC = size_t(8) * d;
+  auto filled = [&](size_t n, float scale) {
+    BackendBuffer<float> b(be, n);
+    std::vector<float> host(n);
+    for (size_t i = 0; i < n; ++i) host[i] = float(i % 11) * scale - 0.05f;
+    be.copy(b.data(), host.data(), n * sizeof(float));
+    return b;
+  };
+  // Training's operands come from memory, not from cache: a model's weights and activations
+  // are far larger than it. The layer runs over enough copies to pass 128 MiB, in turn.
+  struct Layer {
+    BackendBuffer<float> x, w, bias, y, dy, dx, dw, db;
+  };
+  const size_t bytes = 4 * (2 * N * C + 2 * OC * C + 2 * N * OC + 2 * OC);
+  const size_t copies = std::max<size_t>(1, (size_t(128) << 20) / bytes);
+  std::vector<Layer> layers;
+  for (size_t i = 0; i < copies; ++i)
+    layers.push_back({filled(N * C, 0.01f), filled(OC * C, 0.02f), filled(OC, 0.01f),
+                      filled(N * OC, 0.0f), filled(N * OC, 0.01f), filled(N * C, 0.0f),
+                      filled(OC * C, 0.0f), filled(OC, 0.0f)});
+  size_t next = 0;
+  auto layer = [&] {
+    Layer& l = layers[next++ % copies];
+    be.matmul_forward(l.y.data(), l.x.data(), l.w.data(), l.bias.data(), int(N), int(C), int(OC));
+    be.matmul_backward(l.dx.data(), l.dw.data(), l.db.data(), l.dy.data(), l.x.data(),
+                       l.w.data(), int(N), int(C), int(OC));
+  };
+  auto t0 = Clock::now();
+  for (size_t i = 0; i < copies; ++i) layer();  // first touch
+  const double once = std::max(seconds_since(t0) / double(copies), 1e-7);
+  const int reps = std::max(int(copies), int(std::ceil(0.02 / once)));
+  std::vector<double> rates;
+  const auto start = Clock::now();
+  while (rates.size() < 3 || (seconds_since(start) < budget_s && rates.size() < 15)) {
+    t0 = Clock::now();
+    for (int r = 0; r < reps; ++r) layer();
+    rates.push_back(6.0 * double(N) * C * OC * reps / seconds_since(t0));
+  }
+  std::sort(rates.begin(), rates.end());
+  return {rates[rates.size() / 2], int(rates.size())};
+}
+
+// trident's own elementwise ops on one thread, as the plan model counts their traffic
+// (Note [Plan model]): LayerNorm forward 3 values per element (2 passes in, 1 out), GELU
+// forward 2 and backward 3, over [1024, 768] and its 4× MLP width. Median of 7 runs, GB/s.
+double measure_elementwise(Backend& be) {
+  const int N = 1024, C = 768;
+  const size_t n = size_t(N) * C, n4 = 4 * n;
+  BackendBuffer<float> x(be, n4), y(be, n4), dy(be, n4), w(be, C), b(be, C), mean(be, N), rstd(be, N);
+  std::vector<float> host(n4);
+  for (size_t i = 0; i < n4; ++i) host[i] = float(i % 17) * 0.05f - 0.4f;
+  be.copy(x.data(), host.data(), n4 * sizeof(float));
+  be.copy(dy.data(), host.data(), n4 * sizeof(float));
+  be.copy(w.data(), host.data(), C * sizeof(float));
+  be.copy(b.data(), host.data(), C * sizeof(float));
+  const double bytes = 4.0 * (3.0 * n + 2.0 * n4 + 3.0 * n4);
+  std::vector<double> rates;
+  for (int run = 0; run < 8; ++run) {
+    const auto t0 = Clock::now();
+    be.layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+    be.gelu_forward(y.data(), x.data(), n4);
+    be.gelu_backward(y.data(), x.data(), dy.data(), n4);
+    if (run > 0) rates.push_back(bytes / seconds_since(t0) / 1e9);  // the first warms up
+  }
+  std::sort(rates.begin(), rates.end());
+  return rates[rates.size() / 2];
+}
+
+// The whole model code against the per-op terms: forward and backward of a small GPT (4
+// layers, d_model 512, 8 heads, vocabulary 8192, 4 × 128 tokens) through GPT on one thread,
+// median of 5 after a warm-up, seconds. What the per-op terms miss (calls between the ops,
+// cache misses between them, the cross-entropy's exp) shows as compute_efficiency
+// (Note [Plan model]).
+double time_small_gpt(Backend& be, PlanModel& shape, int& B) {
+  GPTConfig cfg;
+  cfg.layers = 4, cfg.channels = 512, cfg.heads = 8, cfg.vocab = 8192;
+  cfg.padded_vocab = GPTConfig::pad_vocab(cfg.vocab), cfg.max_seq_len = 128;
+  B = 4;
+  const int T = 128;
+  GPT gpt(cfg, be, B, T, GPTOptions{});
+  gpt.init_weights(7);
+  std::vector<int32_t> tokens(size_t(B) * T), targets(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(i * 2654435761u % 8192), targets[i] = int32_t((i * 40503u + 11) % 8192);
+  std::vector<double> times;
+  for (int run = 0; run < 6; ++run) {
+    const auto t0 = Clock::now();
+    gpt.forward(tokens.data(), targets.data(), B, T);
+    gpt.backward(1.0f);
+    if (run > 0) times.push_back(seconds_since(t0));
+  }
+  std::sort(times.begin(), times.end());
+  shape.layers = cfg.layers, shape.d_model = cfg.channels, shape.heads = cfg.heads;
+  shape.vocab = cfg.vocab, shape.seq_len = T, shape.padded_vocab = cfg.padded_vocab;
+  return times[times.size() / 2];
+}
+
+// AdamW over 16 Mi parameters on one thread, as the plan model counts it (32 B per
+// parameter), median of 5, GB/s.
+double measure_optimizer(Backend& be) {
+  const size_t n = size_t(16) << 20;
+  BackendBuffer<float> p(be, n), m(be, n), v(be, n), g(be, n);
+  std::vector<double> rates;
+  for (int run = 0; run < 6; ++run) {
+    const auto t0 = Clock::now();
+    be.adamw_update(p.data(), m.data(), v.data(), g.data(), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f,
+                    run + 1, 1.0f);
+    if (run > 0) rates.push_back(32.0 * n / seconds_since(t0) / 1e9);
+  }
+  std::sort(rates.begin(), rates.end());
+  return rates[rates.size() / 2];
 }
 
 // ---- Memory ----------------------------------------------------------------------------------
@@ -331,6 +456,20 @@ OverlapRates measure_overlap(Backend& be, MpiComm* comm, MPI_Comm world) {
   return rates;
 }
 
+// Every rank computes 512³ GEMMs on one thread at the same time: the mean rate over the ranks
+// against rank 0's rate alone (Hardware::core_scaling). Best of two windows.
+double measure_core_scaling(Backend& be, MPI_Comm world, int size, double alone) {
+  GemmOperands ops(be, 512);
+  double best = 0;
+  for (int round = 0; round < 2; ++round) {
+    TRIDENT_MPI(MPI_Barrier(world));
+    double rate = gemm_window(be, ops, 0.4), sum = 0;
+    TRIDENT_MPI(MPI_Allreduce(&rate, &sum, 1, MPI_DOUBLE, MPI_SUM, world));
+    best = std::max(best, sum / size);
+  }
+  return std::clamp(best / alone, 0.01, 1.0);
+}
+
 // ---- The description -------------------------------------------------------------------------
 
 std::string cpu_model() {
@@ -404,13 +543,45 @@ int run_calibrate(const CalibrateArgs& args, const BlasCoreCheck& blas) {
   std::unique_ptr<Backend> single = make_cpu_backend(1);
   if (lead) {
     validate_matmul(*single);
-    for (int d : {32, 64, 128, 256, 512, 1024, 2048}) {
-      const GemmRate r = time_gemm(*single, d, d >= 1024 ? 1.0 : 0.4);
+    for (int d : {32, 64, 128, 256, 512, 1024}) {
+      const GemmRate r = time_linear(*single, d, d >= 512 ? 1.0 : 0.4);
       hw.gemm.push_back({d, round_sig(r.flops / 1e12)});
-      progress(lead, "gemm {0}x{0}x{0}, 1 thread: {1:.1f} GFLOP/s (best of {2} runs)", d,
-               r.flops / 1e9, r.runs);
+      progress(lead, "linear layer [{}, {}] -> {}, forward and backward, 1 thread: {:.1f} "
+               "GFLOP/s (median of {} runs)", d, 2 * d, 8 * d, r.flops / 1e9, r.runs);
+    }
+    hw.elementwise_gbytes_per_s = round_sig(measure_elementwise(*single));
+    progress(lead, "elementwise: LayerNorm and GELU forward and backward, 1 thread: {:.2f} GB/s "
+             "(median of 7)", hw.elementwise_gbytes_per_s);
+    hw.optimizer_gbytes_per_s = round_sig(measure_optimizer(*single));
+    progress(lead, "optimizer: AdamW over 16 Mi parameters, 1 thread: {:.2f} GB/s at 32 B per "
+             "parameter (median of 5)", hw.optimizer_gbytes_per_s);
+    if (cores > 1) {  // the same 1024³ product on a thread per core, in this one process
+      std::unique_ptr<Backend> all = make_cpu_backend(cores);
+      AllCoresWhileAlive widen(cores);
+      const GemmRate wide = time_linear(*all, 512, 1.0);
+      const double one = hw.gemm[4].tflops * 1e12;  // the same layer on one thread
+      hw.thread_scaling = round_sig(std::clamp(wide.flops / (cores * one), 0.01, 1.0));
+      progress(lead, "linear layer [512, 1024] -> 4096, {} threads: {:.1f} GFLOP/s: {:.2f} of {} "
+               "times one thread", cores, wide.flops / 1e9, hw.thread_scaling, cores);
     }
     for (const GemmPoint& p : hw.gemm) hw.peak_tflops = std::max(hw.peak_tflops, p.tflops);
+    {  // after the GEMM points, before anything depends on compute_efficiency
+      PlanModel shape;
+      int B = 0;
+      const double measured = time_small_gpt(*single, shape, B);
+      Hardware probe = hw;
+      probe.memory_gbytes_per_s = 1e6;  // not measured yet; the kernels' own rates hold
+      probe.memory_gb = 1e6;
+      probe.intra_node = probe.inter_node = {1, 0};
+      PlanLayout one;
+      one.micro_batch = B;
+      const Prediction p = predict(shape, one, probe);
+      const double modelled = p.term("forward_s") + p.term("backward_s");
+      hw.compute_efficiency = round_sig(std::clamp(modelled / measured, 0.05, 1.0));
+      progress(lead, "small GPT (4 x 512, 8192 words, 4 x 128 tokens), forward and backward, 1 "
+               "thread: {:.1f} ms measured, {:.1f} ms from the per-op terms: compute_efficiency "
+               "{:.2f}", 1e3 * measured, 1e3 * modelled, hw.compute_efficiency);
+    }
     const size_t n = size_t(8) << 20;  // 64 MiB of doubles per array
     {
       AllCoresWhileAlive widen(cores);
@@ -471,6 +642,20 @@ int run_calibrate(const CalibrateArgs& args, const BlasCoreCheck& blas) {
            comm ? "this rank's communication thread running all-reduces"
                 : "a thread copying 16 MiB buffers (one rank)",
            hw.overlap_slowdown);
+  notes.push_back(fmt::format("thread_scaling: the d = 512 linear layer on {} threads in one "
+                              "process / ({} x its 1-thread rate), medians", cores, cores));
+  if (size >= 2) {
+    const double alone = overlap.alone > 0 ? overlap.alone : 1;  // rank 0's is the one written
+    hw.core_scaling = round_sig(measure_core_scaling(*single, world, size, alone));
+    progress(lead, "cores: {} ranks computing 512x512x512 GEMMs at once get {:.2f} of one "
+             "alone each", size, hw.core_scaling);
+    notes.push_back(fmt::format(
+        "core_scaling: the mean single-thread 512^3 GEMM rate of {} ranks computing at once / "
+        "rank 0's rate alone, best of 2 windows of 0.4 s", size));
+  } else {
+    notes.push_back("core_scaling: NOT measured (one rank): 1 assumed; calibrate under mpirun "
+                    "-n <cores> to measure it");
+  }
   notes.push_back(fmt::format(
       "overlap_slowdown: 1 - (single-thread 512^3 GEMM rate while {}) / (rate alone), best of 2 "
       "windows of 0.4 s each, inside rank 0's binding ({} core(s) allowed), as a training rank "
@@ -489,8 +674,16 @@ int run_calibrate(const CalibrateArgs& args, const BlasCoreCheck& blas) {
                                      "for memory, {} rank(s), OpenBLAS core {}, load average {} "
                                      "before measuring (other work lowers every figure)", today(),
                                      cpu_model(), threads, size, blas.chosen, load));
-    hw.sources.push_back("gemm: single-thread d x d x d products through CpuBackend::"
-                         "matmul_forward, runs of >= 20 ms, best run; peak_tflops = best point");
+    hw.sources.push_back("gemm: a linear layer [4d, d] -> 4d, forward and backward "
+                         "(CpuBackend::matmul_forward, matmul_backward), 1 thread, runs of >= 20 "
+                         "ms, median run; peak_tflops = best point");
+    hw.sources.push_back("compute_efficiency: the per-op terms' forward + backward of a small "
+                         "GPT (4 layers, d_model 512, 8 heads, vocabulary 8192, 4 x 128 tokens) / "
+                         "its time through trident's GPT on 1 thread, median of 5");
+    hw.sources.push_back("optimizer_gbytes_per_s: CpuBackend adamw_update over 16 Mi parameters, "
+                         "1 thread, 32 B per parameter, median of 5");
+    hw.sources.push_back("elementwise_gbytes_per_s: CpuBackend layernorm_forward, gelu_forward, "
+                         "gelu_backward over [1024, 768] and [1024, 3072], 1 thread, median of 7");
     hw.sources.push_back(fmt::format("memory_gbytes_per_s: STREAM triad, {} threads, 3 x 64 MiB "
                                      "double arrays, 24 bytes per element, best of 10", threads));
     hw.sources.push_back("memory_gb: /proc/meminfo MemTotal");

@@ -125,8 +125,20 @@ int run_plan(const PlanArgs& args) {
   const int threads = hw.kind == "cpu" ? deck.run.threads : 1;
 
   if (!args.layout.empty()) {
-    PlanLayout layout = parse_layout(args.layout, global_batch);
-    if (layout.threads == 1) layout.threads = threads;
+    // Keys the text leaves out keep the deck's values.
+    PlanLayout defaults;
+    defaults.dp = deck_dp;
+    defaults.tp = deck.parallel.tp;
+    defaults.pp = deck.parallel.pp;
+    defaults.v = deck.parallel.virtual_stages;
+    defaults.micro_batch = deck.train.micro_batch;
+    defaults.accum = deck.train.accum;
+    defaults.zero = deck.parallel.zero;
+    defaults.recompute = deck.train.recompute;
+    defaults.schedule = deck.parallel.schedule;
+    defaults.sequence_parallel = deck.parallel.sequence_parallel;
+    defaults.threads = threads;
+    const PlanLayout layout = parse_layout(args.layout, args.global_batch, defaults);
     if (args.gpus > 0 && args.gpus != layout.world())
       input_error("--layout: dp·tp·pp = {} but --gpus is {}", layout.world(), args.gpus);
     const Prediction p = predict(model, layout, hw);

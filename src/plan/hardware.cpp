@@ -41,6 +41,15 @@ namespace trident {
 //   inter_node           map, required       the same for the network, per device
 //   overlap_slowdown     in [0, 1), default 0  fraction by which compute slows while a
 //                                              collective overlaps it
+//   core_scaling         in (0, 1], default 1  cpu: a core's share of its single-thread GEMM
+//                                              rate when all the node's cores compute at once
+//   elementwise_gbytes_per_s ≥ 0, default 0  the elementwise kernels' rate (cpu: per core);
+//                                              0: memory_gbytes_per_s
+//   optimizer_gbytes_per_s ≥ 0, default 0    AdamW's rate at 32 B per parameter (cpu: per
+//                                              core); 0: memory_gbytes_per_s
+//   compute_efficiency   in (0, 1], default 1  measured forward + backward / the per-op terms
+//   thread_scaling       in (0, 1], default 1  cpu: one rank's GEMM rate with a thread on
+//                                              every core / (cores × one thread's rate)
 //   sources              list of strings, required, not empty: where each figure comes from
 // A link's gbytes_per_s is the achieved ring bus bandwidth per device in one direction, what
 // nccl-tests calls busbw (algbw · 2(n−1)/n for all-reduce); latency_us is the cost of one ring
@@ -54,7 +63,7 @@ namespace {
 constexpr std::string_view kTopKeys[] = {
     "name",  "kind",          "devices_per_node", "dtype",      "peak_tflops",
     "gemm",  "attention_tflops", "memory_gbytes_per_s", "memory_gb", "intra_node",
-    "inter_node", "overlap_slowdown", "sources"};
+    "inter_node", "overlap_slowdown", "core_scaling", "thread_scaling", "elementwise_gbytes_per_s", "optimizer_gbytes_per_s", "compute_efficiency", "sources"};
 constexpr std::string_view kLinkKeys[] = {"gbytes_per_s", "latency_us"};
 constexpr std::string_view kGemmKeys[] = {"min_dim", "tflops"};
 
@@ -229,6 +238,34 @@ Hardware parse(const YAML::Node& root, const std::string& path) {
     if (hw.overlap_slowdown < 0 || hw.overlap_slowdown >= 1)
       r.fail(o, "overlap_slowdown", fmt::format("must be in [0, 1), got {}", hw.overlap_slowdown));
   }
+  if (const YAML::Node o = root["core_scaling"]) {
+    hw.core_scaling = r.number(o, "core_scaling");
+    if (hw.core_scaling <= 0 || hw.core_scaling > 1)
+      r.fail(o, "core_scaling", fmt::format("must be in (0, 1], got {}", hw.core_scaling));
+  }
+  if (const YAML::Node o = root["elementwise_gbytes_per_s"]) {
+    hw.elementwise_gbytes_per_s = r.number(o, "elementwise_gbytes_per_s");
+    if (hw.elementwise_gbytes_per_s < 0)
+      r.fail(o, "elementwise_gbytes_per_s",
+             fmt::format("must be ≥ 0, got {}", hw.elementwise_gbytes_per_s));
+  }
+  if (const YAML::Node o = root["optimizer_gbytes_per_s"]) {
+    hw.optimizer_gbytes_per_s = r.number(o, "optimizer_gbytes_per_s");
+    if (hw.optimizer_gbytes_per_s < 0)
+      r.fail(o, "optimizer_gbytes_per_s",
+             fmt::format("must be ≥ 0, got {}", hw.optimizer_gbytes_per_s));
+  }
+  if (const YAML::Node o = root["compute_efficiency"]) {
+    hw.compute_efficiency = r.number(o, "compute_efficiency");
+    if (hw.compute_efficiency <= 0 || hw.compute_efficiency > 1)
+      r.fail(o, "compute_efficiency",
+             fmt::format("must be in (0, 1], got {}", hw.compute_efficiency));
+  }
+  if (const YAML::Node o = root["thread_scaling"]) {
+    hw.thread_scaling = r.number(o, "thread_scaling");
+    if (hw.thread_scaling <= 0 || hw.thread_scaling > 1)
+      r.fail(o, "thread_scaling", fmt::format("must be in (0, 1], got {}", hw.thread_scaling));
+  }
   hw.sources = r.sources(root);
   return hw;
 }
@@ -309,10 +346,11 @@ std::string hardware_to_yaml(const Hardware& hw) {
       "attention_tflops: {}\nmemory_gbytes_per_s: {}\nmemory_gb: {}\n"
       "intra_node: {{gbytes_per_s: {}, latency_us: {}}}\n"
       "inter_node: {{gbytes_per_s: {}, latency_us: {}}}\n"
-      "overlap_slowdown: {}\nsources:\n",
+      "overlap_slowdown: {}\ncore_scaling: {}\nthread_scaling: {}\nelementwise_gbytes_per_s: {}\noptimizer_gbytes_per_s: {}\ncompute_efficiency: {}\nsources:\n",
       hw.attention_tflops, hw.memory_gbytes_per_s, hw.memory_gb, hw.intra_node.gbytes_per_s,
       hw.intra_node.latency_us, hw.inter_node.gbytes_per_s, hw.inter_node.latency_us,
-      hw.overlap_slowdown);
+      hw.overlap_slowdown, hw.core_scaling, hw.thread_scaling, hw.elementwise_gbytes_per_s,
+      hw.optimizer_gbytes_per_s, hw.compute_efficiency);
   for (const std::string& s : hw.sources) out += fmt::format("  - {}\n", quote(s));
   return out;
 }

@@ -21,7 +21,8 @@
 //   recompute     mlp: fc and GELU again in backward; full: the block's whole forward again.
 // A step is accum micro-batches through the pipeline: busy = m·t_mb on the slowest stage,
 // and the schedule's idle share (bubble_model in trident/pipeline.h, the same function bench
-// prints) adds bubble = busy·f/(1−f). Then what the data-parallel reduction leaves exposed:
+// prints) adds bubble = m·t̄·f/(1−f), t̄ the other stages' mean micro-batch time (the fill and
+// drain run through them; for equal stages this is busy·f/(1−f)). Then what the data-parallel reduction leaves exposed:
 // the all-reduce (ZeRO: reduce-scatter) hides under the last micro-batch's backward, the
 // bucket that becomes ready last never hides, and compute under it runs overlap_slowdown
 // slower; ZeRO's parameter all-gather hides under the next step's first forward. Last the
@@ -96,9 +97,20 @@ RankPlace rank_place(const PlanLayout& l, const Hardware& hw) {
   r.local_ranks = std::min(l.world(), per_node);
   // A CPU rank computes on its threads, fewer when the node's ranks ask for more cores than
   // it has (they then share them); a GPU rank on its device.
-  r.cores = cpu ? l.threads * std::min(1.0, double(hw.devices_per_node) /
-                                                (double(r.local_ranks) * l.threads))
-                : 1.0;
+  // With b of its c cores busy, each core gives 1 − (1 − core_scaling)·(b − 1)/(c − 1) of its
+  // rate alone (core_scaling when all compute).
+  // A rank's own threads scale by thread_scaling instead (same interpolation over its threads).
+  r.cores = 1.0;
+  if (cpu) {
+    const double c = hw.devices_per_node, asked = double(r.local_ranks) * l.threads;
+    const double busy = std::min(asked, c);
+    auto share = [&](double scaling, double n) {
+      return c > 1 ? 1 - (1 - scaling) * (n - 1) / (c - 1) : 1.0;
+    };
+    const double threads = std::min<double>(l.threads, c);
+    const double per_core = share(hw.core_scaling, busy / threads) * share(hw.thread_scaling, threads);
+    r.cores = l.threads * std::min(1.0, c / asked) * per_core;
+  }
   r.memory_bw = hw.memory_gbytes_per_s * 1e9 / (cpu ? r.local_ranks : 1);
   r.peak_flops = hw.peak_tflops * 1e12 * r.cores;
   // Rank order: tp fastest, then dp, then pp (trident/grid.h). A group inside one node uses
@@ -117,13 +129,21 @@ StageCost stage_cost(const PlanModel& m, const PlanLayout& l, const Hardware& hw
   const double rows = l.sequence_parallel && l.tp > 1 ? N / tp : N;  // LayerNorm/residual rows
   const double E = hw.dtype == "fp32" ? 4 : 2;                         // activation bytes
   const double Vl = double(padded_vocab(m, l)) / tp;
+  const double eff = hw.compute_efficiency;  // measured / per-op terms (Hardware)
   auto gemm = [&](double M, double Nn, double K) {
-    return 2 * M * Nn * K / (gemm_flops_per_s(hw, M, Nn, K) * place.cores);
+    return 2 * M * Nn * K / (gemm_flops_per_s(hw, M, Nn, K) * place.cores * eff);
   };
   // Forward y[M×out] = x[M×in]·Wᵀ; backward dx = dy·W and dW = dyᵀ·x.
   auto linear_f = [&](double out, double in) { return gemm(N, out, in); };
   auto linear_b = [&](double out, double in) { return gemm(N, in, out) + gemm(out, in, N); };
-  auto mem = [&](double elements) { return elements * E / place.memory_bw; };
+  // Elementwise kernels: at their measured rate (cpu: per core, on the rank's cores) but never
+  // above the rank's share of memory bandwidth.
+  const double elementwise_bw =
+      hw.elementwise_gbytes_per_s > 0
+          ? std::min(place.memory_bw,
+                     hw.elementwise_gbytes_per_s * 1e9 * (hw.kind == "cpu" ? place.cores : 1.0))
+          : place.memory_bw;
+  auto mem = [&](double elements) { return elements * E / (elementwise_bw * eff); };
 
   // One block, forward and backward, per part.
   const double qkv = 3 * C / tp, proj_in = C / tp, fc = 4 * C / tp;
@@ -135,7 +155,7 @@ StageCost stage_cost(const PlanModel& m, const PlanLayout& l, const Hardware& hw
   double att_f = 0, att_b = 0, att_mem_f = 0, att_mem_b = 0;
   if (hw.attention_tflops > 0) {
     const double flops = 2 * 2 * B * heads_local * T * T * hd / 2;  // causal half
-    att_f = flops / (hw.attention_tflops * 1e12 * place.cores);
+    att_f = flops / (hw.attention_tflops * 1e12 * place.cores * eff);
     att_b = 2.5 * att_f;
   } else {
     const double per_head = gemm(T, T, hd) + gemm(T, hd, T);  // QKᵀ, PV
@@ -199,7 +219,18 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
   Prediction p;
   p.layout = l;
   p.why_not = layout_problem(m, l);
-  const RankPlace place = rank_place(l, hw);
+  RankPlace place = rank_place(l, hw);
+  const int chunks = l.schedule == "interleaved" ? l.v : 1;
+  const double f = l.pp > 1 && layout_problem(m, l).empty()
+                       ? bubble_model(parse_pipe_schedule(l.schedule, "schedule"), l.pp, l.accum,
+                                      chunks)
+                       : 0.0;
+  // More CPU threads than cores: the ranks time-share them, and a rank idle in the pipeline's
+  // bubble yields its core (mpi_yield_when_idle), so only the busy share 1 − f competes.
+  if (hw.kind == "cpu") {
+    const double asked = double(place.local_ranks) * l.threads, c = hw.devices_per_node;
+    if (asked > c) place.cores *= std::min(1 / (1 - f), asked / c);
+  }
   p.memory = memory_terms(m, l, hw);
   for (const PlanTerm& t : p.memory) p.memory_bytes += t.value;
   const double capacity = hw.memory_gb * 1e9 / (hw.kind == "cpu" ? place.local_ranks : 1);
@@ -209,23 +240,27 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
   p.fits = p.why_not.empty();
   if (!p.fits && !layout_problem(m, l).empty()) return p;  // not a layout trident can run
 
-  // The slowest stage sets the pace (embedding on the first, head on the last).
-  const int chunks = l.schedule == "interleaved" ? l.v : 1;
+  // The slowest stage sets the pace (embedding on the first, head on the last). The bubble is
+  // the schedule's idle share for equal stages, f/(1−f)·m micro-batch times, taken of the
+  // OTHER stages' mean: the fill and drain pass once through each of them while the slowest
+  // stage runs its m micro-batches (1F1B on 2 stages: t₀ + m·t₁ when stage 1 is slower).
   StageCost slow;
-  double slow_mb = -1, first_backward = 0, first_forward = 0;
-  for (int s : {0, l.pp - 1}) {
+  double slow_mb = -1, first_backward = 0, first_forward = 0, sum_mb = 0;
+  const std::vector<int> probes = l.pp > 2 ? std::vector<int>{0, 1, l.pp - 1}
+                                           : std::vector<int>{0, l.pp - 1};
+  for (size_t i = 0; i < probes.size() && (i == 0 || l.pp > 1); ++i) {
+    const int s = probes[i];
     const StageSpec spec = pipeline_stage(m.layers, l.pp, s, {}, chunks);
     const StageCost c = stage_cost(m, l, hw, place, spec);
     const double t = c.forward + c.backward;
+    sum_mb += s == 1 && l.pp > 2 ? (l.pp - 2) * t : t;  // stage 1 stands for the middle ones
     if (t > slow_mb) slow_mb = t, slow = c;
     if (s == 0) first_backward = c.backward, first_forward = c.forward;
   }
   const double micro = l.accum;
-  const double f = l.pp > 1 ? bubble_model(parse_pipe_schedule(l.schedule, "schedule"), l.pp,
-                                           l.accum, chunks)
-                            : 0.0;
   const double busy = micro * slow_mb;
-  const double bubble = f < 1 ? busy * f / (1 - f) : 0;
+  const double others_mb = l.pp > 1 ? (sum_mb - slow_mb) / (l.pp - 1) : 0;
+  const double bubble = f < 1 ? micro * others_mb * f / (1 - f) : 0;
 
   // Data parallelism over the rank's gradients.
   const double params_local = stage_params(m, l, 0);
@@ -259,7 +294,12 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
   // m, v (28 B/param); mixed precision also reads the fp32 master and writes the bf16 copy
   // (34 B). The global norm reads the gradients once more (4 B).
   const double opt_params = l.zero > 0 ? params_local / l.dp : params_local;
-  const double optimizer = opt_params * (hw.dtype == "fp32" ? 32.0 : 38.0) / place.memory_bw;
+  const double opt_bw =
+      hw.optimizer_gbytes_per_s > 0
+          ? std::min(place.memory_bw,
+                     hw.optimizer_gbytes_per_s * 1e9 * (hw.kind == "cpu" ? place.cores : 1.0))
+          : place.memory_bw;
+  const double optimizer = opt_params * (hw.dtype == "fp32" ? 32.0 : 38.0) / opt_bw;
 
   const double scale = micro;
   p.time = {{"gemm", scale * slow.gemm},
@@ -278,6 +318,8 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
             {"dp_all_gather_s", gather},
             {"bubble_fraction", f},
             {"micro_batch_s", slow_mb},
+            {"forward_s", micro * slow.forward},
+            {"backward_s", micro * slow.backward},
             {"rank_cores", place.cores}};
   const double tokens = double(l.micro_batch) * l.accum * l.dp * m.seq_len;
   GPTConfig cfg;

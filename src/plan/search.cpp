@@ -28,8 +28,8 @@ int parse_positive(const std::string& key, const std::string& value, int min) {
 
 }  // namespace
 
-PlanLayout parse_layout(const std::string& text, int global_batch) {
-  PlanLayout l;
+PlanLayout parse_layout(const std::string& text, int global_batch, const PlanLayout& defaults) {
+  PlanLayout l = defaults;
   bool accum_given = false;
   size_t begin = 0;
   while (begin <= text.size()) {
@@ -72,6 +72,7 @@ PlanLayout parse_layout(const std::string& text, int global_batch) {
                   "schedule sp threads node)", key);
   }
   if (l.v > 1 && l.schedule == "1f1b") l.schedule = "interleaved";
+  if (l.v == 1 && l.schedule == "interleaved") l.schedule = "1f1b";
   if (!accum_given && global_batch > 0) {
     const int per_step = l.dp * l.micro_batch;
     if (global_batch % per_step != 0)

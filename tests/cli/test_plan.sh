@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# `trident plan` end to end (issue 16, docs/plan.md). First --calibrate on 2 ranks with an
+# emulated link: it prints its progress with units, writes a cpu description that carries
+# every key with positive figures (Note [Hardware files]), and refuses a bad --out with exit 2.
+# Then the planner on that file: the ranked table, --json's keys, --png, exit 2 naming the key
+# for a bad hardware file, an unknown hardware name and a layout trident refuses; and last
+# predictions against `trident bench` for a few layouts (tools/plan_validate.py --cases quick)
+# within the tolerance stated below. About 90 s on 2 cores.
+# usage: test_plan.sh TRIDENT_BINARY SOURCE_DIR SCRATCH_DIR
+source "$(dirname "$0")/lib.sh" "$@"
+
+out=$scratch/hw.yaml
+log=$(mpirun -n 2 "$bin" plan --calibrate --name cli-test --out "$out" --emulate-gbps 1 2>&1); rc=$?
+echo "$log"
+[ $rc -eq 0 ] && ok "calibrate exits 0" || fail "calibrate exit status $rc"
+[ -s "$out" ] && ok "wrote $out" || fail "no file at $out"
+grep -q "calibrate: wrote $out" <<<"$log" && ok "prints the written path" || fail "no 'wrote' line"
+grep -qE "linear layer \[1024, 2048\] -> 8192, forward and backward, 1 thread: [0-9.]+ GFLOP/s" <<<"$log" && ok "gemm progress with units" \
+  || fail "no gemm progress line in GFLOP/s"
+grep -qE "memory triad.*: [0-9.]+ GB/s" <<<"$log" && ok "memory progress with units" \
+  || fail "no memory progress line in GB/s"
+grep -qE "emulated link \(1 Gbit/s" <<<"$log" && ok "measures the emulated link" \
+  || fail "no emulated-link line"
+
+# The file itself: every key, kind cpu, positive numbers, ascending GEMM points, the emulated
+# link near its 1 Gbit/s = 0.125 GB/s (the emulation is a floor, never faster).
+if "$py" - "$out" <<'PY'
+import sys, yaml
+d = yaml.safe_load(open(sys.argv[1]))
+keys = {"name", "kind", "devices_per_node", "dtype", "peak_tflops", "gemm", "attention_tflops",
+        "memory_gbytes_per_s", "memory_gb", "intra_node", "inter_node", "overlap_slowdown",
+        "core_scaling", "thread_scaling", "elementwise_gbytes_per_s", "optimizer_gbytes_per_s", "compute_efficiency", "sources"}
+assert set(d) == keys, f"keys differ: {set(d) ^ keys}"
+assert d["name"] == "cli-test" and d["kind"] == "cpu" and d["dtype"] == "fp32", d
+assert d["devices_per_node"] >= 1
+dims = [p["min_dim"] for p in d["gemm"]]
+assert dims == [32, 64, 128, 256, 512, 1024], dims
+assert all(p["tflops"] > 0 for p in d["gemm"]) and d["peak_tflops"] == max(p["tflops"] for p in d["gemm"])
+for k in ("memory_gbytes_per_s", "memory_gb"):
+    assert d[k] > 0, (k, d[k])
+for link in ("intra_node", "inter_node"):
+    assert d[link]["gbytes_per_s"] > 0 and d[link]["latency_us"] >= 0, d[link]
+assert 0.05 < d["inter_node"]["gbytes_per_s"] <= 0.126, d["inter_node"]
+assert 0 <= d["overlap_slowdown"] < 1
+assert 0 < d["core_scaling"] <= 1 and 0 < d["thread_scaling"] <= 1, d
+assert any("measured by trident plan --calibrate" in s for s in d["sources"]), d["sources"]
+PY
+then ok "the file has every key and plausible figures"; else fail "the file's contents"; fi
+
+# A directory that does not exist: exit 2 with one message naming --out.
+err=$(mpirun -n 2 "$bin" plan --calibrate --out "$scratch/no/such/dir/hw.yaml" 2>&1 >/dev/null); rc=$?
+[ $rc -eq 2 ] && ok "bad --out exits 2" || fail "bad --out: exit status $rc, expected 2: $err"
+grep -q -- "--out .*no/such/dir" <<<"$err" && ok "the message names --out" || fail "message: $err"
+
+# The planner on the file just written.
+tiny=$src/inputs/gpt-tiny.yaml
+table=$("$bin" plan "$tiny" --hardware "$out" --gpus 2 --global-batch 16 2>&1); rc=$?
+echo "$table" | head -8
+[ $rc -eq 0 ] && ok "plan exits 0" || fail "plan exit status $rc: $table"
+grep -qE "^ +1  dp=" <<<"$table" && ok "ranks layouts" || fail "no ranked table"
+grep -q "^best: " <<<"$table" && ok "says why the best wins" || fail "no 'best:' line"
+"$bin" plan "$tiny" --hardware "$out" --gpus 2 --global-batch 16 --json --top 3 > plan.jsonl
+if "$py" - plan.jsonl <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert len(rows) == 3, len(rows)
+keys = {"dp", "tp", "pp", "v", "micro_batch", "zero", "recompute", "step_s", "tokens_per_s",
+        "tflops_per_gpu", "mfu", "memory_gb_per_rank", "fits"}
+for r in rows:
+    assert keys <= set(r), keys - set(r)
+    assert r["dp"] * r["tp"] * r["pp"] == 2 and 0 < r["mfu"] <= 1, r
+    assert abs(sum(r["time_s"].values()) - r["step_s"]) <= 1e-9 * r["step_s"], r
+    assert abs(r["tokens_per_s"] - 16 * 64 / r["step_s"]) <= 1e-6 * r["tokens_per_s"], r
+assert rows[0]["tokens_per_s"] >= rows[1]["tokens_per_s"] >= rows[2]["tokens_per_s"]
+PY
+then ok "--json: one object per layout with the documented keys, best first"; else fail "--json"; fi
+"$bin" plan "$tiny" --hardware "$out" --gpus 2 --global-batch 16 --top 4 --png plan.png >/dev/null 2>&1
+[ -s plan.png ] && [ "$(head -c 4 plan.png | tail -c 3)" = PNG ] && ok "--png draws" || fail "no PNG"
+
+expect_bad() {  # WHAT PATTERN COMMAND...: exit 2 and a message matching PATTERN
+  local what=$1 pattern=$2; shift 2
+  local err rc
+  err=$("$@" 2>&1 >/dev/null); rc=$?
+  [ $rc -eq 2 ] && grep -qE -- "$pattern" <<<"$err" && ok "$what: exit 2 naming $pattern" \
+    || fail "$what: exit $rc, expected 2 with '$pattern': $err"
+}
+sed 's/^peak_tflops:.*/peak_tflops: -1/' "$out" > bad.yaml
+expect_bad "bad hardware file" "peak_tflops" "$bin" plan "$tiny" --hardware bad.yaml --gpus 2
+expect_bad "unknown hardware" "no-such-machine" "$bin" plan "$tiny" --hardware no-such-machine --gpus 2
+expect_bad "refused layout" "parallel.tp" "$bin" plan "$tiny" --hardware "$out" --layout tp=3
+expect_bad "unknown layout key" "dq" "$bin" plan "$tiny" --hardware "$out" --layout dq=2
+expect_bad "layout against --gpus" "--gpus" "$bin" plan "$tiny" --hardware "$out" --layout dp=2 --gpus 4
+
+# Predicted against measured on this machine, with the file calibrated just now. Tolerance
+# (docs/plan.md, "On this machine"): each layout within 35% and the median within 20%. The
+# documented validation's targets are 10% / 20% over 12 layouts with interleaved rounds; a
+# CI machine is shared and the test runs one round of four layouts, so it checks that the
+# model has not gone wrong (a missing or doubled term is a factor of 2), not its last digits.
+if "$py" "$src/tools/plan_validate.py" --trident "$bin" --hardware "$out" --cases quick \
+     --max-median 0.20 --max-worst 0.35; then
+  ok "predictions within the stated tolerance of bench"
+else
+  fail "predictions against bench"
+fi
+finish
