@@ -96,8 +96,8 @@ def main():
                      + ", ".join(f"{k} {100 * v / best['step_s']:.0f}%" for k, v in split) + " |")
     lines.append(f"\nworst row: {100 * worst:.1f}% (limit {100 * args.max_error:.0f}%)\n")
 
-    lines += ["| model | GPUs | paper's (tp, pp) | its rank | planner's top three (tp, pp, micro, "
-              "schedule: predicted TFLOP/s) |", "|---|---|---|---|---|"]
+    lines += ["| model | GPUs | paper's (tp, pp) | its rank | its best layout's TFLOP/s | planner's "
+              "top three (tp, pp, micro, schedule: predicted TFLOP/s) |", "|---|---|---|---|---|---|"]
     for params, heads, hidden, layers, tp, pp, gpus, batch, paper in ROWS:
         if params not in PICKER_ROWS:
             continue
@@ -115,8 +115,10 @@ def main():
             f"{' v=' + str(p['v']) if p['v'] > 1 else ''}: "
             f"{paper_flops(batch, layers, hidden) / p['step_s'] / gpus / 1e12:.0f})"
             for p in ranked[:3])
+        own = (paper_flops(batch, layers, hidden) / ranked[rank - 1]["step_s"] / gpus / 1e12
+               if rank else float("nan"))
         lines.append(f"| {params}B | {gpus} | ({tp}, {pp}) | {rank if rank else '> top'} "
-                     f"| {top} |")
+                     f"| {own:.0f} | {top} |")
     text = "\n".join(lines)
     print(text)
     if args.out:

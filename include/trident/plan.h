@@ -42,8 +42,8 @@ struct Hardware {
   double elementwise_gbytes_per_s = 0;
   // AdamW's rate at 32 B per parameter (cpu: per core, measured); 0: memory_gbytes_per_s.
   double optimizer_gbytes_per_s = 0;
-  // Measured forward + backward of a model / the sum of its per-op terms (cpu: calibrated on a
-  // small GPT); compute terms are divided by it. 1: the terms are the whole story.
+  // The sum of a model's per-op terms / its measured forward + backward (cpu: calibrated on a
+  // small GPT), in (0, 2]; compute terms are divided by it. 1: the terms are the whole story.
   double compute_efficiency = 1;
   double memory_gb = 0;          // capacity per device (cpu: per node), GB = 1e9 B
   LinkSpec intra_node;           // NVLink / shared memory
