@@ -18,17 +18,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def label(p):
-    parts = [f"dp{p['dp']} tp{p['tp']} pp{p['pp']}"]
-    if p["v"] > 1:
-        parts.append(f"v{p['v']}")
-    parts.append(f"mb{p['micro_batch']}")
-    if p["zero"]:
-        parts.append(f"z{p['zero']}")
+    first = f"dp{p['dp']} tp{p['tp']} pp{p['pp']}" + (f" v{p['v']}" if p["v"] > 1 else "")
+    second = [f"mb{p['micro_batch']}", f"zero{p['zero']}"]
     if p["recompute"] != "none":
-        parts.append(f"rc:{p['recompute']}")
+        second.append(f"rc {p['recompute']}")
+    lines = [first, " ".join(second)]
     if p["pp"] > 1:
-        parts.append(p["schedule"])
-    return " ".join(parts) + f"\n{p['tokens_per_s']:.3g} tok/s"
+        lines.append(p["schedule"])
+    return "\n".join(lines) + f"\n{p['tokens_per_s']:.3g} tok/s"
 
 
 def main():

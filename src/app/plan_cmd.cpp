@@ -78,6 +78,10 @@ std::string why_best(const Prediction& a, const Prediction& b) {
   std::sort(d.begin(), d.end(), [](const auto& x, const auto& y) {
     return std::abs(x.first) > std::abs(y.first);
   });
+  if (b.step_s - a.step_s <= 1e-9 * a.step_s)
+    return fmt::format("ties with #2 ({}) at {:.4g} s per step and holds {:.3g} GB per rank "
+                       "against its {:.3g} GB", format_layout(b.layout), a.step_s,
+                       a.memory_bytes / 1e9, b.memory_bytes / 1e9);
   std::string s = fmt::format("{:.1f}% faster than #2 ({}): ",
                               100 * (b.step_s / a.step_s - 1), format_layout(b.layout));
   for (size_t i = 0; i < d.size() && i < 3; ++i)
