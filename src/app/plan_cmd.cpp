@@ -122,6 +122,10 @@ int run_plan(const PlanArgs& args) {
   const Deck deck = load_deck(args.deck.deck, args.deck.overrides);
   const Hardware hw = find_hardware(args.hardware);
   const PlanModel model = PlanModel::from_deck(deck);
+  if (!deck.model.init_from.empty() && !args.json)
+    fmt::print("plan: model.init_from is set ({}); the plan uses the deck's model.* shape "
+               "({} layers, d_model {}, {} heads, vocab {}), not the file's: set them to match\n",
+               deck.model.init_from, model.layers, model.d_model, model.heads, model.vocab);
   const int deck_dp = deck.parallel.dp > 0 ? deck.parallel.dp : 1;
   const int global_batch = args.global_batch > 0
                                ? args.global_batch

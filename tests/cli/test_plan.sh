@@ -78,6 +78,10 @@ then ok "--json: one object per layout with the documented keys, best first"; el
 "$bin" plan "$tiny" --hardware "$out" --gpus 2 --global-batch 16 --top 4 --png plan.png >/dev/null 2>&1
 [ -s plan.png ] && [ "$(head -c 4 plan.png | tail -c 3)" = PNG ] && ok "--png draws" || fail "no PNG"
 
+note=$("$bin" plan "$tiny" --hardware "$out" --layout dp=1 --set model.init_from=weights.bin 2>&1)
+grep -q "model.init_from is set" <<<"$note" && ok "says it plans the deck's shape, not init_from's" \
+  || fail "no note about model.init_from: $note"
+
 expect_bad() {  # WHAT PATTERN COMMAND...: exit 2 and a message matching PATTERN
   local what=$1 pattern=$2; shift 2
   local err rc
