@@ -92,7 +92,6 @@ struct PlanLayout {
 // The model's shape and what the deck says about the run (emulated link, overlap, buckets).
 struct PlanModel {
   int layers = 0, d_model = 0, heads = 0, vocab = 0, seq_len = 0;
-  int padded_vocab = 0;            // vocab rounded up as the model does (128·tp per layout)
   bool overlap = true;             // comm.overlap
   double bucket_mb = 25, first_bucket_mb = 1;
   double emulate_gbps = 0, emulate_latency_us = 0;  // comm.emulate_*: the dp link instead

@@ -209,20 +209,30 @@ double measure_elementwise(Backend& be) {
 }
 
 // The whole model code against the per-op terms: forward and backward of a small GPT (4
-// layers, d_model 512, 8 heads, vocabulary 8192, 4 × 128 tokens) through GPT on one thread,
-// median of 5 after a warm-up, seconds. What the per-op terms miss (calls between the ops,
-// cache misses between them, the cross-entropy's exp) shows as compute_efficiency
-// (Note [Plan model]).
-double time_small_gpt(Backend& be, PlanModel& shape, int& B) {
+// layers, d_model 512, 8 heads, vocabulary 8192, 4 × 128 tokens) through GPT, median of 5
+// after a warm-up, seconds. What the per-op terms miss (calls between the ops, cache misses
+// between them, the cross-entropy's exp) shows as compute_efficiency (Note [Plan model]).
+constexpr int kSmallGptBatch = 4;
+PlanModel small_gpt_shape() {
+  PlanModel shape;
+  shape.layers = 4, shape.d_model = 512, shape.heads = 8, shape.vocab = 8192, shape.seq_len = 128;
+  return shape;
+}
+
+double time_small_gpt(Backend& be) {
+  const PlanModel shape = small_gpt_shape();
   GPTConfig cfg;
-  cfg.layers = 4, cfg.channels = 512, cfg.heads = 8, cfg.vocab = 8192;
-  cfg.padded_vocab = GPTConfig::pad_vocab(cfg.vocab), cfg.max_seq_len = 128;
-  B = 4;
-  const int T = 128;
+  cfg.layers = shape.layers, cfg.channels = shape.d_model, cfg.heads = shape.heads;
+  cfg.vocab = shape.vocab, cfg.padded_vocab = GPTConfig::pad_vocab(shape.vocab);
+  cfg.max_seq_len = shape.seq_len;
+  const int B = kSmallGptBatch, T = shape.seq_len;
   GPT gpt(cfg, be, B, T, GPTOptions{});
   gpt.init_weights(7);
   std::vector<int32_t> tokens(size_t(B) * T), targets(tokens.size());
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(i * 2654435761u % 8192), targets[i] = int32_t((i * 40503u + 11) % 8192);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = int32_t(i * 2654435761u % uint32_t(shape.vocab));
+    targets[i] = int32_t((i * 40503u + 11) % uint32_t(shape.vocab));
+  }
   std::vector<double> times;
   for (int run = 0; run < 6; ++run) {
     const auto t0 = Clock::now();
@@ -231,8 +241,6 @@ double time_small_gpt(Backend& be, PlanModel& shape, int& B) {
     if (run > 0) times.push_back(seconds_since(t0));
   }
   std::sort(times.begin(), times.end());
-  shape.layers = cfg.layers, shape.d_model = cfg.channels, shape.heads = cfg.heads;
-  shape.vocab = cfg.vocab, shape.seq_len = T, shape.padded_vocab = cfg.padded_vocab;
   return times[times.size() / 2];
 }
 
@@ -328,8 +336,9 @@ double measure_copy(size_t bytes) {
   return double(bytes) / best / 1e9;
 }
 
-// One round of the compute figures (Note [Calibration]), into hw: the linear-layer points,
-// the elementwise and AdamW rates, compute_efficiency and thread_scaling.
+// One round of the compute figures (Note [Calibration]): the linear-layer points, the
+// elementwise and AdamW rates, and the small GPT's time on one thread and on all of them
+// (compute_efficiency and thread_scaling come from the rounds' medians).
 struct ComputeRound {
   std::vector<GemmPoint> gemm;
   double elementwise_gbytes_per_s = 0, optimizer_gbytes_per_s = 0;
@@ -344,30 +353,25 @@ void measure_compute_round(Backend& single, int cores, ComputeRound& hw) {
   }
   hw.elementwise_gbytes_per_s = measure_elementwise(single);
   hw.optimizer_gbytes_per_s = measure_optimizer(single);
-  PlanModel shape;
-  int B = 0;
-  hw.small_gpt_s = time_small_gpt(single, shape, B);
+  hw.small_gpt_s = time_small_gpt(single);
   if (cores > 1) {  // the same model on a thread per core, in this one process
     std::unique_ptr<Backend> all = make_cpu_backend(cores);
     AllCoresWhileAlive widen(cores);
-    hw.small_gpt_all_threads_s = time_small_gpt(*all, shape, B);
+    hw.small_gpt_all_threads_s = time_small_gpt(*all);
   }
 }
 
 // compute_efficiency: the per-op terms of the small GPT with hw's (final) figures against its
 // measured time (Note [Calibration]).
 double compute_efficiency_of(const Hardware& hw, double measured_s) {
-  PlanModel shape;
-  shape.layers = 4, shape.d_model = 512, shape.heads = 8, shape.vocab = 8192, shape.seq_len = 128;
-  shape.padded_vocab = GPTConfig::pad_vocab(8192);
   Hardware probe = hw;
   probe.memory_gbytes_per_s = 1e6;  // the kernels' own rates hold
   probe.memory_gb = 1e6;
   probe.intra_node = probe.inter_node = {1, 0};
   probe.compute_efficiency = 1;
   PlanLayout one;
-  one.micro_batch = 4;
-  const Prediction p = predict(shape, one, probe);
+  one.micro_batch = kSmallGptBatch;
+  const Prediction p = predict(small_gpt_shape(), one, probe);
   return std::clamp((p.term("forward_s") + p.term("backward_s")) / measured_s, 0.05, 2.0);
 }
 

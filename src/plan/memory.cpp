@@ -38,6 +38,17 @@ int padded_vocab(const PlanModel& m, const PlanLayout& l) {
   return GPTConfig::pad_vocab(m.vocab, l.tp);
 }
 
+GPTConfig gpt_config(const PlanModel& m, const PlanLayout& l) {
+  GPTConfig cfg;
+  cfg.layers = m.layers;
+  cfg.channels = m.d_model;
+  cfg.heads = m.heads;
+  cfg.vocab = m.vocab;
+  cfg.padded_vocab = padded_vocab(m, l);
+  cfg.max_seq_len = m.seq_len;
+  return cfg;
+}
+
 double stage_params(const PlanModel& m, const PlanLayout& l, int s) {
   const int chunks = l.schedule == "interleaved" ? l.v : 1;
   const StageSpec stage = pipeline_stage(m.layers, l.pp, s, {}, chunks);
@@ -57,14 +68,7 @@ std::string layout_problem(const PlanModel& m, const PlanLayout& l) {
     return "sizes must be at least 1";
   if (l.zero < 0 || l.zero > 2) return fmt::format("zero={}: must be 0, 1 or 2", l.zero);
   try {
-    GPTConfig cfg;
-    cfg.layers = m.layers;
-    cfg.channels = m.d_model;
-    cfg.heads = m.heads;
-    cfg.vocab = m.vocab;
-    cfg.padded_vocab = padded_vocab(m, l);
-    cfg.max_seq_len = m.seq_len;
-    check_tensor_parallel(cfg, l.tp, l.sequence_parallel, m.seq_len);
+    check_tensor_parallel(gpt_config(m, l), l.tp, l.sequence_parallel, m.seq_len);
     const PipeSchedule schedule = parse_pipe_schedule(l.schedule, "schedule");
     check_pipe_schedule(schedule, l.pp, l.accum, l.v, m.layers);
     if (l.pp > 1 || l.v > 1) (void)pipeline_stage(m.layers, l.pp, 0, {}, l.v);
@@ -103,7 +107,8 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
   const int chunks = schedule == PipeSchedule::kInterleaved ? l.v : 1;
   std::vector<PlanTerm> best;
   double best_total = -1;
-  for (int s : {0, l.pp - 1}) {
+  const std::vector<int> stages = l.pp > 1 ? std::vector<int>{0, l.pp - 1} : std::vector<int>{0};
+  for (int s : stages) {
     const StageSpec stage = pipeline_stage(m.layers, l.pp, s, {}, chunks);
     const double params = stage_params(m, l, s);
     double acts = 0;

@@ -70,7 +70,6 @@ PlanModel PlanModel::from_deck(const Deck& deck) {
   m.heads = deck.model.heads;
   m.vocab = deck.model.vocab;
   m.seq_len = deck.model.seq_len;
-  m.padded_vocab = GPTConfig::pad_vocab(m.vocab, deck.parallel.tp);
   m.overlap = deck.comm.overlap;
   m.bucket_mb = deck.comm.bucket_mb;
   m.first_bucket_mb = deck.comm.first_bucket_mb;
@@ -121,6 +120,11 @@ RankPlace rank_place(const PlanLayout& l, const Hardware& hw) {
   return r;
 }
 
+double kernel_bandwidth(const Hardware& hw, const RankPlace& place, double gbytes_per_s) {
+  if (gbytes_per_s <= 0) return place.memory_bw;
+  return std::min(place.memory_bw, gbytes_per_s * 1e9 * (hw.kind == "cpu" ? place.cores : 1.0));
+}
+
 StageCost stage_cost(const PlanModel& m, const PlanLayout& l, const Hardware& hw,
                      const RankPlace& place, const StageSpec& stage) {
   StageCost c;
@@ -136,13 +140,7 @@ StageCost stage_cost(const PlanModel& m, const PlanLayout& l, const Hardware& hw
   // Forward y[M×out] = x[M×in]·Wᵀ; backward dx = dy·W and dW = dyᵀ·x.
   auto linear_f = [&](double out, double in) { return gemm(N, out, in); };
   auto linear_b = [&](double out, double in) { return gemm(N, in, out) + gemm(out, in, N); };
-  // Elementwise kernels: at their measured rate (cpu: per core, on the rank's cores) but never
-  // above the rank's share of memory bandwidth.
-  const double elementwise_bw =
-      hw.elementwise_gbytes_per_s > 0
-          ? std::min(place.memory_bw,
-                     hw.elementwise_gbytes_per_s * 1e9 * (hw.kind == "cpu" ? place.cores : 1.0))
-          : place.memory_bw;
+  const double elementwise_bw = kernel_bandwidth(hw, place, hw.elementwise_gbytes_per_s);
   auto mem = [&](double elements) { return elements * E / (elementwise_bw * eff); };
 
   // One block, forward and backward, per part.
@@ -219,12 +217,12 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
   Prediction p;
   p.layout = l;
   p.why_not = layout_problem(m, l);
+  if (!p.why_not.empty()) return p;  // not a layout trident can run: fits = false, no times
   RankPlace place = rank_place(l, hw);
   const int chunks = l.schedule == "interleaved" ? l.v : 1;
-  const double f = l.pp > 1 && layout_problem(m, l).empty()
-                       ? bubble_model(parse_pipe_schedule(l.schedule, "schedule"), l.pp, l.accum,
-                                      chunks)
-                       : 0.0;
+  const double f = l.pp > 1 ? bubble_model(parse_pipe_schedule(l.schedule, "schedule"), l.pp,
+                                           l.accum, chunks)
+                            : 0.0;
   // More CPU threads than cores: the ranks time-share them, and a rank idle in the pipeline's
   // bubble yields its core (mpi_yield_when_idle), so only the busy share 1 − f competes.
   if (hw.kind == "cpu") {
@@ -234,11 +232,10 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
   p.memory = memory_terms(m, l, hw);
   for (const PlanTerm& t : p.memory) p.memory_bytes += t.value;
   const double capacity = hw.memory_gb * 1e9 / (hw.kind == "cpu" ? place.local_ranks : 1);
-  if (p.why_not.empty() && p.memory_bytes > capacity)
+  if (p.memory_bytes > capacity)
     p.why_not = fmt::format("needs {:.1f} GB per rank, has {:.1f} GB", p.memory_bytes / 1e9,
                             capacity / 1e9);
-  p.fits = p.why_not.empty();
-  if (!p.fits && !layout_problem(m, l).empty()) return p;  // not a layout trident can run
+  p.fits = p.why_not.empty();  // a layout that does not fit is still timed
 
   // The slowest stage sets the pace (embedding on the first, head on the last). The bubble is
   // the schedule's idle share for equal stages, f/(1−f)·m micro-batch times, taken of the
@@ -246,10 +243,10 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
   // stage runs its m micro-batches (1F1B on 2 stages: t₀ + m·t₁ when stage 1 is slower).
   StageCost slow;
   double slow_mb = -1, first_backward = 0, first_forward = 0, sum_mb = 0;
-  const std::vector<int> probes = l.pp > 2 ? std::vector<int>{0, 1, l.pp - 1}
-                                           : std::vector<int>{0, l.pp - 1};
-  for (size_t i = 0; i < probes.size() && (i == 0 || l.pp > 1); ++i) {
-    const int s = probes[i];
+  const std::vector<int> probes = l.pp > 2   ? std::vector<int>{0, 1, l.pp - 1}
+                                  : l.pp == 2 ? std::vector<int>{0, 1}
+                                              : std::vector<int>{0};
+  for (int s : probes) {
     const StageSpec spec = pipeline_stage(m.layers, l.pp, s, {}, chunks);
     const StageCost c = stage_cost(m, l, hw, place, spec);
     const double t = c.forward + c.backward;
@@ -258,7 +255,6 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
     if (s == 0) first_backward = c.backward, first_forward = c.forward;
   }
   const double micro = l.accum;
-  const double busy = micro * slow_mb;
   const double others_mb = l.pp > 1 ? (sum_mb - slow_mb) / (l.pp - 1) : 0;
   const double bubble = f < 1 ? micro * others_mb * f / (1 - f) : 0;
 
@@ -294,20 +290,15 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
   // m, v (28 B/param); mixed precision also reads the fp32 master and writes the bf16 copy
   // (34 B). The global norm reads the gradients once more (4 B).
   const double opt_params = l.zero > 0 ? params_local / l.dp : params_local;
-  const double opt_bw =
-      hw.optimizer_gbytes_per_s > 0
-          ? std::min(place.memory_bw,
-                     hw.optimizer_gbytes_per_s * 1e9 * (hw.kind == "cpu" ? place.cores : 1.0))
-          : place.memory_bw;
+  const double opt_bw = kernel_bandwidth(hw, place, hw.optimizer_gbytes_per_s);
   const double optimizer = opt_params * (hw.dtype == "fp32" ? 32.0 : 38.0) / opt_bw;
 
-  const double scale = micro;
-  p.time = {{"gemm", scale * slow.gemm},
-            {"attention", scale * slow.attention},
-            {"memory_bound", scale * slow.memory_bound},
-            {"tp_comm", scale * slow.tp_comm},
-            {"pp_p2p", scale * slow.pp_p2p},
-            {"recompute", scale * slow.recompute},
+  p.time = {{"gemm", micro * slow.gemm},
+            {"attention", micro * slow.attention},
+            {"memory_bound", micro * slow.memory_bound},
+            {"tp_comm", micro * slow.tp_comm},
+            {"pp_p2p", micro * slow.pp_p2p},
+            {"recompute", micro * slow.recompute},
             {"bubble", bubble},
             {l.zero > 0 ? "reduce_scatter_exposed" : "dp_allreduce_exposed", reduce_exposed},
             {"all_gather_exposed", gather_exposed},
@@ -322,12 +313,7 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
             {"backward_s", micro * slow.backward},
             {"rank_cores", place.cores}};
   const double tokens = double(l.micro_batch) * l.accum * l.dp * m.seq_len;
-  GPTConfig cfg;
-  cfg.layers = m.layers;
-  cfg.channels = m.d_model;
-  cfg.heads = m.heads;
-  cfg.vocab = m.vocab;
-  p.model_flops_per_step = cfg.train_flops_per_token(m.seq_len) * tokens;
+  p.model_flops_per_step = gpt_config(m, l).train_flops_per_token(m.seq_len) * tokens;
   p.tokens_per_s = tokens / p.step_s;
   p.tflops_per_gpu = p.model_flops_per_step / p.step_s / l.world() / 1e12;
   p.mfu = p.tflops_per_gpu * 1e12 / place.peak_flops;

@@ -30,6 +30,11 @@ StageCost stage_cost(const PlanModel& model, const PlanLayout& layout, const Har
 
 // The vocabulary as the model pads it for this layout's tp.
 int padded_vocab(const PlanModel& model, const PlanLayout& layout);
+// The model's GPTConfig for this layout (max_seq_len = seq_len, vocabulary padded for its tp).
+GPTConfig gpt_config(const PlanModel& model, const PlanLayout& layout);
+// A kernel's bandwidth on this rank: its measured rate (gbytes_per_s; cpu: per core, on the
+// rank's cores), never above the rank's share of memory bandwidth; 0: that share.
+double kernel_bandwidth(const Hardware& hw, const RankPlace& place, double gbytes_per_s);
 // Parameters on pipeline stage `stage` of one tp rank (gpt_param_layout's count, in closed form).
 double stage_params(const PlanModel& model, const PlanLayout& layout, int stage);
 // Why trident would refuse the layout (the trainer's own checks); empty if it runs.

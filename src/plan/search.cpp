@@ -128,8 +128,9 @@ std::vector<Prediction> rank_layouts(const PlanModel& m, const Hardware& hw,
                 l.accum = accum, l.zero = zero, l.recompute = recompute;
                 l.schedule = schedule, l.sequence_parallel = sp == 1;
                 l.threads = search.threads;
-                if (!layout_problem(m, l).empty()) continue;
-                out.push_back(predict(m, l, hw));
+                Prediction p = predict(m, l, hw);
+                if (p.step_s <= 0) continue;  // a layout trident refuses (p.why_not says why)
+                out.push_back(std::move(p));
               }
             }
       }

@@ -37,7 +37,6 @@ PlanModel small_model() {
   m.heads = 2;
   m.vocab = 128;
   m.seq_len = 16;
-  m.padded_vocab = 128;
   return m;
 }
 
