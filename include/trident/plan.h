@@ -114,7 +114,7 @@ struct Prediction {
   double tokens_per_s = 0;
   double model_flops_per_step = 0;  // 6·N·tokens + attention, no recompute (bench's FLOP count)
   double tflops_per_gpu = 0;       // model_flops_per_step / step_s / world / 1e12
-  double mfu = 0;                  // tflops_per_gpu / peak_tflops
+  double mfu = 0;                  // tflops_per_gpu / the rank's peak; NaN if above 1 (a bug)
   double memory_bytes = 0;
   bool fits = false;
   std::string why_not;             // empty when the layout is valid and fits

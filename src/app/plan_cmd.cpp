@@ -11,6 +11,7 @@
 
 #include "app/commands.h"
 #include "trident/check.h"
+#include "trident/peak_check.h"
 #include "trident/plan.h"
 
 namespace trident {
@@ -59,8 +60,8 @@ void print_one(const Prediction& p, const Hardware& hw) {
              p.layout.world(), p.layout.world() > 1 ? "s" : "");
   if (!p.why_not.empty()) fmt::print("  does not fit: {}\n", p.why_not);
   if (p.step_s > 0)
-    fmt::print("  step {:.4g} s  {:.4g} tokens/s  {:.4g} TFLOP/s per rank  MFU {:.1f}%\n",
-               p.step_s, p.tokens_per_s, p.tflops_per_gpu, 100 * p.mfu);
+    fmt::print("  step {:.4g} s  {:.4g} tokens/s  {:.4g} TFLOP/s per rank  MFU {}\n", p.step_s,
+               p.tokens_per_s, p.tflops_per_gpu, format_mfu_percent(p.mfu));
   for (const PlanTerm& t : p.time)
     fmt::print("  time    {:<24} {:>12.4g} s  {:>5.1f}%\n", t.name, t.value,
                p.step_s > 0 ? 100 * t.value / p.step_s : 0.0);
@@ -193,8 +194,9 @@ int run_plan(const PlanArgs& args) {
                "TFLOP/s", "MFU", "GB/rank", "step split");
     for (size_t i = 0; i < top; ++i) {
       const Prediction& p = ranked[i];
-      fmt::print("{:>3}  {:<70} {:>11.4g} {:>9.4g} {:>5.1f}% {:>9.3g}  {}{}\n", i + 1,
-                 format_layout(p.layout), p.tokens_per_s, p.tflops_per_gpu, 100 * p.mfu,
+      fmt::print("{:>3}  {:<70} {:>11.4g} {:>9.4g} {:>6} {:>9.3g}  {}{}\n", i + 1,
+                 format_layout(p.layout), p.tokens_per_s, p.tflops_per_gpu,
+                 format_mfu_percent(p.mfu),
                  p.memory_bytes / 1e9, p.fits ? "" : "[does not fit] ", split(p));
     }
     if (ranked.size() > 1 && ranked[0].fits && ranked[1].fits)

@@ -41,6 +41,7 @@
 #include "trident/check.h"
 #include "trident/comm.h"
 #include "trident/model.h"
+#include "trident/peak_check.h"
 #include "trident/pipeline.h"
 
 namespace trident {
@@ -86,7 +87,7 @@ double Prediction::term(const std::string& name) const {
   return 0;
 }
 
-RankPlace rank_place(const PlanLayout& l, const Hardware& hw) {
+RankPlace rank_place(const PlanLayout& l, const Hardware& hw, double busy_fraction) {
   RankPlace r;
   const bool cpu = hw.kind == "cpu";
   const int per_node = l.ranks_per_node > 0 ? l.ranks_per_node
@@ -108,7 +109,10 @@ RankPlace rank_place(const PlanLayout& l, const Hardware& hw) {
     };
     const double threads = std::min<double>(l.threads, c);
     const double per_core = share(hw.core_scaling, busy / threads) * share(hw.thread_scaling, threads);
-    r.cores = l.threads * std::min(1.0, c / asked) * per_core;
+    // More threads than cores: the ranks time-share them, and a rank idle in the pipeline's
+    // bubble yields its core (mpi_yield_when_idle), so only the busy share competes.
+    const double competing = asked * std::max(std::min(busy_fraction, 1.0), std::min(1.0, c / asked));
+    r.cores = l.threads * std::min(1.0, c / competing) * per_core;
   }
   r.memory_bw = hw.memory_gbytes_per_s * 1e9 / (cpu ? r.local_ranks : 1);
   r.peak_flops = hw.peak_tflops * 1e12 * r.cores;
@@ -134,8 +138,10 @@ StageCost stage_cost(const PlanModel& m, const PlanLayout& l, const Hardware& hw
   const double E = hw.dtype == "fp32" ? 4 : 2;                         // activation bytes
   const double Vl = double(padded_vocab(m, l)) / tp;
   const double eff = hw.compute_efficiency;  // measured / per-op terms (Hardware)
+  // A rate scaled by compute_efficiency stays at or below the peak: nothing runs faster.
+  const double peak = hw.peak_tflops * 1e12;
   auto gemm = [&](double M, double Nn, double K) {
-    return 2 * M * Nn * K / (gemm_flops_per_s(hw, M, Nn, K) * place.cores * eff);
+    return 2 * M * Nn * K / (std::min(gemm_flops_per_s(hw, M, Nn, K) * eff, peak) * place.cores);
   };
   // Forward y[M×out] = x[M×in]·Wᵀ; backward dx = dy·W and dW = dyᵀ·x.
   auto linear_f = [&](double out, double in) { return gemm(N, out, in); };
@@ -153,7 +159,7 @@ StageCost stage_cost(const PlanModel& m, const PlanLayout& l, const Hardware& hw
   double att_f = 0, att_b = 0, att_mem_f = 0, att_mem_b = 0;
   if (hw.attention_tflops > 0) {
     const double flops = 2 * 2 * B * heads_local * T * T * hd / 2;  // causal half
-    att_f = flops / (hw.attention_tflops * 1e12 * place.cores * eff);
+    att_f = flops / (std::min(hw.attention_tflops * 1e12 * eff, peak) * place.cores);
     att_b = 2.5 * att_f;
   } else {
     const double per_head = gemm(T, T, hd) + gemm(T, hd, T);  // QKᵀ, PV
@@ -218,17 +224,11 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
   p.layout = l;
   p.why_not = layout_problem(m, l);
   if (!p.why_not.empty()) return p;  // not a layout trident can run: fits = false, no times
-  RankPlace place = rank_place(l, hw);
   const int chunks = l.schedule == "interleaved" ? l.v : 1;
   const double f = l.pp > 1 ? bubble_model(parse_pipe_schedule(l.schedule, "schedule"), l.pp,
                                            l.accum, chunks)
                             : 0.0;
-  // More CPU threads than cores: the ranks time-share them, and a rank idle in the pipeline's
-  // bubble yields its core (mpi_yield_when_idle), so only the busy share 1 − f competes.
-  if (hw.kind == "cpu") {
-    const double asked = double(place.local_ranks) * l.threads, c = hw.devices_per_node;
-    if (asked > c) place.cores *= std::min(1 / (1 - f), asked / c);
-  }
+  const RankPlace place = rank_place(l, hw, 1 - f);  // its peak_flops counts the same cores
   p.memory = memory_terms(m, l, hw);
   for (const PlanTerm& t : p.memory) p.memory_bytes += t.value;
   const double capacity = hw.memory_gb * 1e9 / (hw.kind == "cpu" ? place.local_ranks : 1);
@@ -316,7 +316,8 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
   p.model_flops_per_step = gpt_config(m, l).train_flops_per_token(m.seq_len) * tokens;
   p.tokens_per_s = tokens / p.step_s;
   p.tflops_per_gpu = p.model_flops_per_step / p.step_s / l.world() / 1e12;
-  p.mfu = p.tflops_per_gpu * 1e12 / place.peak_flops;
+  // MFU as train and bench report it: never above 1 (NaN, printed n/a, if it came out so).
+  p.mfu = mfu_or_nan(p.tflops_per_gpu * 1e12, place.peak_flops);
   return p;
 }
 

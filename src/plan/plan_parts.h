@@ -18,7 +18,9 @@ struct RankPlace {
   double peak_flops = 0;      // MFU's denominator for this rank
   LinkSpec tp_link, dp_link, pp_link;
 };
-RankPlace rank_place(const PlanLayout& layout, const Hardware& hw);
+// busy_fraction: of the step a rank computes (1 − the pipeline's bubble share); oversubscribed
+// CPU ranks yield their cores for the rest.
+RankPlace rank_place(const PlanLayout& layout, const Hardware& hw, double busy_fraction = 1);
 
 // One micro-batch on one pipeline stage, seconds (Note [Plan model]).
 struct StageCost {

@@ -129,6 +129,27 @@ TEST(PlanModel, TimeTermsAddUpToTheStep) {
   EXPECT_NEAR(p.tokens_per_s, 2 * 4 * 16 / p.step_s, 1e-9 * p.tokens_per_s);
 }
 
+TEST(PlanModel, NoRateAboveThePeakAndMfuAgainstTheSameCores) {
+  const PlanModel m = small_model();
+  Hardware hw = round_machine();
+  hw.peak_tflops = 1;           // the GEMM point is at the peak
+  hw.compute_efficiency = 2;    // would make GEMMs run at 2 TFLOP/s: capped at the peak
+  PlanLayout l;
+  l.micro_batch = 2;
+  const Prediction p = predict(m, l, hw);
+  EXPECT_NEAR(p.term("gemm"), 20447232.0 / 1e12, 1e-15);  // the hand count above, at 1 TFLOP/s
+  EXPECT_LE(p.mfu, 1.0);
+  // Four single-thread ranks on two cores in a pipeline: MFU is against the cores the rank
+  // gets (rank_cores), the same its compute is timed on.
+  hw = round_machine();
+  hw.kind = "cpu", hw.devices_per_node = 2;
+  l = {};
+  l.dp = 2, l.pp = 2, l.accum = 2, l.ranks_per_node = 4;
+  const Prediction q = predict(m, l, hw);
+  ASSERT_TRUE(q.fits) << q.why_not;
+  EXPECT_NEAR(q.mfu, q.tflops_per_gpu / (hw.peak_tflops * q.term("rank_cores")), 1e-12);
+}
+
 TEST(PlanModel, ParameterCountIsTheModelsLayout) {
   PlanModel m = small_model();
   m.layers = 5;
