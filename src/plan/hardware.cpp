@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <set>
 #include <string_view>
 #include <system_error>
@@ -142,6 +143,16 @@ class HardwareReader {
     return v;
   }
 
+  // A number in an interval, "[0, 1)" style; refused with the interval in the message.
+  double in_range(const YAML::Node& node, std::string_view key, double lo, bool lo_closed,
+                  double hi, bool hi_closed) const {
+    const double v = number(node, key);
+    if (!((lo_closed ? v >= lo : v > lo) && (hi_closed ? v <= hi : v < hi)))
+      fail(node, key, fmt::format("must be in {}{}, {}{}, got {}", lo_closed ? "[" : "(", lo, hi,
+                                  hi_closed ? "]" : ")", v));
+    return v;
+  }
+
   double non_negative(const YAML::Node& node, std::string_view key) const {
     const double v = number(node, key);
     if (v < 0) fail(node, key, fmt::format("must be >= 0, got {}", v));
@@ -234,39 +245,27 @@ Hardware parse(const YAML::Node& root, const std::string& path) {
   hw.memory_gb = r.positive(r.required(root, "", "memory_gb"), "memory_gb");
   hw.intra_node = r.link(root, "intra_node");
   hw.inter_node = r.link(root, "inter_node");
-  if (const YAML::Node o = root["overlap_slowdown"]) {
-    hw.overlap_slowdown = r.number(o, "overlap_slowdown");
-    if (hw.overlap_slowdown < 0 || hw.overlap_slowdown >= 1)
-      r.fail(o, "overlap_slowdown", fmt::format("must be in [0, 1), got {}", hw.overlap_slowdown));
-  }
-  if (const YAML::Node o = root["core_scaling"]) {
-    hw.core_scaling = r.number(o, "core_scaling");
-    if (hw.core_scaling <= 0 || hw.core_scaling > 1)
-      r.fail(o, "core_scaling", fmt::format("must be in (0, 1], got {}", hw.core_scaling));
-  }
-  if (const YAML::Node o = root["elementwise_gbytes_per_s"]) {
-    hw.elementwise_gbytes_per_s = r.number(o, "elementwise_gbytes_per_s");
-    if (hw.elementwise_gbytes_per_s < 0)
-      r.fail(o, "elementwise_gbytes_per_s",
-             fmt::format("must be ≥ 0, got {}", hw.elementwise_gbytes_per_s));
-  }
-  if (const YAML::Node o = root["optimizer_gbytes_per_s"]) {
-    hw.optimizer_gbytes_per_s = r.number(o, "optimizer_gbytes_per_s");
-    if (hw.optimizer_gbytes_per_s < 0)
-      r.fail(o, "optimizer_gbytes_per_s",
-             fmt::format("must be ≥ 0, got {}", hw.optimizer_gbytes_per_s));
-  }
-  if (const YAML::Node o = root["compute_efficiency"]) {
-    hw.compute_efficiency = r.number(o, "compute_efficiency");
-    if (hw.compute_efficiency <= 0 || hw.compute_efficiency > 2)
-      r.fail(o, "compute_efficiency",
-             fmt::format("must be in (0, 2], got {}", hw.compute_efficiency));
-  }
-  if (const YAML::Node o = root["thread_scaling"]) {
-    hw.thread_scaling = r.number(o, "thread_scaling");
-    if (hw.thread_scaling <= 0 || hw.thread_scaling > 1)
-      r.fail(o, "thread_scaling", fmt::format("must be in (0, 1], got {}", hw.thread_scaling));
-  }
+  // The optional figures with their defaults (struct Hardware) and allowed intervals.
+  struct OptionalFigure {
+    const char* key;
+    double Hardware::*field;
+    double lo;
+    bool lo_closed;
+    double hi;
+    bool hi_closed;
+  };
+  constexpr double kNoLimit = std::numeric_limits<double>::infinity();
+  for (const OptionalFigure& o : {
+           OptionalFigure{"overlap_slowdown", &Hardware::overlap_slowdown, 0, true, 1, false},
+           OptionalFigure{"core_scaling", &Hardware::core_scaling, 0, false, 1, true},
+           OptionalFigure{"thread_scaling", &Hardware::thread_scaling, 0, false, 1, true},
+           OptionalFigure{"compute_efficiency", &Hardware::compute_efficiency, 0, false, 2, true},
+           OptionalFigure{"elementwise_gbytes_per_s", &Hardware::elementwise_gbytes_per_s, 0,
+                          true, kNoLimit, false},
+           OptionalFigure{"optimizer_gbytes_per_s", &Hardware::optimizer_gbytes_per_s, 0, true,
+                          kNoLimit, false}})
+    if (const YAML::Node n = root[o.key])
+      hw.*o.field = r.in_range(n, o.key, o.lo, o.lo_closed, o.hi, o.hi_closed);
   hw.sources = r.sources(root);
   return hw;
 }
