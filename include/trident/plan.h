@@ -68,6 +68,9 @@ Hardware find_hardware(const std::string& name_or_path);
 // The source tree's inputs/hardware, where `trident plan --calibrate` writes by default (the
 // tree trident_plan was built from; its TRIDENT_SOURCE_DIR).
 std::string source_hardware_dir();
+// `sub` (e.g. "tools/plot_plan.py") beside the executable (<exe>/../sub), then in the source
+// tree; the first that exists, or "" if neither does.
+std::string find_in_tree(const std::string& sub);
 // The YAML text of a description (what --calibrate writes; reads back with load_hardware).
 std::string hardware_to_yaml(const Hardware& hw);
 // The achieved GEMM rate (FLOP/s per device) for an M×N×K GEMM (interpolated, see GemmPoint).

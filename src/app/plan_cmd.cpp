@@ -5,7 +5,6 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -91,19 +90,8 @@ std::string why_best(const Prediction& a, const Prediction& b) {
   return s + " per step against it";
 }
 
-// tools/plot_plan.py beside the executable's source tree or $TRIDENT_SOURCE_DIR.
-std::string plot_script() {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  for (const fs::path& p : {exe.parent_path().parent_path() / "tools/plot_plan.py",
-                            fs::path(TRIDENT_SOURCE_DIR) / "tools/plot_plan.py"})
-    if (fs::exists(p, ec)) return p.string();
-  return {};
-}
-
 void draw_png(const std::vector<Prediction>& top, const Hardware& hw, const std::string& png) {
-  const std::string script = plot_script();
+  const std::string script = find_in_tree("tools/plot_plan.py");
   if (script.empty()) input_error("--png: tools/plot_plan.py not found beside the build");
   const std::string data = png + ".jsonl";
   {

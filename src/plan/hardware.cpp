@@ -272,14 +272,26 @@ Hardware parse(const YAML::Node& root, const std::string& path) {
 
 namespace fs = std::filesystem;
 
+// The trees trident's files are looked for in: beside the executable (<exe>/..), then the
+// source tree it was built from.
+std::vector<fs::path> tree_roots() {
+  std::vector<fs::path> roots;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) roots.push_back((exe.parent_path() / "..").lexically_normal());
+#ifdef TRIDENT_SOURCE_DIR
+  roots.emplace_back(TRIDENT_SOURCE_DIR);
+#else
+  roots.emplace_back(".");
+#endif
+  return roots;
+}
+
 // Where NAME.yaml is looked for, in order (see find_hardware in trident/plan.h).
 std::vector<fs::path> hardware_dirs() {
   std::vector<fs::path> dirs;
   if (const char* env = std::getenv("TRIDENT_HARDWARE_DIR"); env && *env) dirs.emplace_back(env);
-  std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) dirs.push_back((exe.parent_path() / ".." / "inputs" / "hardware").lexically_normal());
-  dirs.emplace_back(source_hardware_dir());
+  for (const fs::path& root : tree_roots()) dirs.push_back(root / "inputs" / "hardware");
   return dirs;
 }
 
@@ -325,12 +337,13 @@ Hardware find_hardware(const std::string& name_or_path) {
               listing.empty() ? "none" : listing);
 }
 
-std::string source_hardware_dir() {
-#ifdef TRIDENT_SOURCE_DIR
-  return (fs::path(TRIDENT_SOURCE_DIR) / "inputs" / "hardware").string();
-#else
-  return "inputs/hardware";
-#endif
+std::string source_hardware_dir() { return (tree_roots().back() / "inputs" / "hardware").string(); }
+
+std::string find_in_tree(const std::string& sub) {
+  std::error_code ec;
+  for (const fs::path& root : tree_roots())
+    if (fs::exists(root / sub, ec)) return (root / sub).string();
+  return {};
 }
 
 std::string hardware_to_yaml(const Hardware& hw) {

@@ -3,7 +3,7 @@
 
 #include <algorithm>
 #include <charconv>
-#include <map>
+#include <sstream>
 
 #include "plan/plan_parts.h"
 #include "trident/check.h"
@@ -31,16 +31,10 @@ int parse_positive(const std::string& key, const std::string& value, int min) {
 PlanLayout parse_layout(const std::string& text, int global_batch, const PlanLayout& defaults) {
   PlanLayout l = defaults;
   bool accum_given = false;
-  size_t begin = 0;
-  while (begin <= text.size()) {
-    size_t end = text.find(',', begin);
-    if (end == std::string::npos) end = text.size();
-    const std::string item = text.substr(begin, end - begin);
-    begin = end + 1;
-    if (item.empty()) {
-      if (end == text.size()) break;
-      continue;
-    }
+  std::stringstream items(text);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    if (item.empty()) continue;
     const size_t eq = item.find('=');
     if (eq == std::string::npos) input_error("--layout: \"{}\" is not key=value", item);
     const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
