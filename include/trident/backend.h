@@ -19,6 +19,8 @@
 #include <utility>
 #include <vector>
 
+#include "trident/check.h"
+
 namespace trident {
 
 // AdamW's bias correction 1 / (1 - beta^t) at (1-based) step t, in double: the one formula
@@ -54,6 +56,15 @@ class Backend {
   // tied embedding's gradient can be reduced while dinp is computed).
   virtual void matmul_backward(float* dinp, float* dw, float* dbias, const float* dout,
                                const float* inp, const float* w, int N, int C, int OC) = 0;
+  // Rows [r, r + rows) of matmul_backward's dw, for dw = that layer's dw + r·C and dout = its
+  // dout + r (rows ld floats apart, ld = the layer's OC): dw[rows,C] += doutᵀ · inp, each element
+  // the same dot product over the N rows (Note [Head gradient in pieces], trident/buckets.h).
+  // Host backends only: the trainer asks for pieces only there.
+  virtual void matmul_backward_weight_rows(float* dw, const float* dout, int ld,
+                                           const float* inp, int N, int C, int rows) {
+    (void)dw, (void)dout, (void)ld, (void)inp, (void)N, (void)C, (void)rows;
+    internal_error(__FILE__, __LINE__, "matmul_backward_weight_rows: not on this backend");
+  }
 
   // Causal multi-head self-attention. qkv [B,T,3C] holds q|k|v, each [NH, C/NH] per token;
   // out is [B,T,C]. `att` saves what backward needs, attention_saved_floats() of it (CPU: the

@@ -117,8 +117,10 @@ struct TensorParallel {
 // d_model % tp, and with sequence parallelism seq_len % tp.
 void check_tensor_parallel(const GPTConfig& cfg, int tp, bool sequence_parallel, int seq_len);
 
-// Called by backward() with a parameter's index once its gradient is final.
-using GradReadyFn = std::function<void(int param_index)>;
+// Called by backward() with a parameter's index once its gradient is final, and the piece:
+// 0, except for wte's head gradient in pieces (GPTOptions::wte_piece_rows), which reports
+// pieces 0..K-1 of wte, each once its rows are final.
+using GradReadyFn = std::function<void(int param_index, int piece)>;
 
 // Note [Tied embedding gradient]: wte gets two gradient contributions — a dense one from the
 // LM head at the very start of backward and a sparse one (only the rows of the batch's tokens)
@@ -158,6 +160,11 @@ struct GPTOptions {
   // ready order, and the buffer's size with the padding. Empty: contiguous, unpadded.
   std::vector<size_t> param_offsets;
   size_t param_total = 0;
+  // Note [Head gradient in pieces] (trident/buckets.h): row boundaries of wte's local slice
+  // [0, ..., padded_vocab / tp] in which the LM head computes and reports its gradient, when
+  // that is final after the head (no embedding on this stage, or an EmbeddingRowSink). Empty:
+  // one piece.
+  std::vector<int> wte_piece_rows;
 };
 
 class GPT {
@@ -368,6 +375,7 @@ class GPT {
   StageSpec stage_;
   Recompute recompute_mode_ = Recompute::kNone;
   bool shared_head_ = false;
+  std::vector<int> wte_piece_rows_;   // GPTOptions::wte_piece_rows; empty: one piece
   std::vector<int> chunk_slot_base_;  // [chunks + 1]: each chunk's first slot, then the total
   bool head_chunk(const Slot& s) const {
     return stage_.has_head && s.chunk == stage_.chunks() - 1;

@@ -160,6 +160,8 @@ class Trainer {
   TrainContext ctx_;
   std::unique_ptr<GPT> model_;
   const ParamInfo* wte_ = nullptr;  // the tied embedding, if this stage holds it
+  // Per parameter, its first unit in the reducer's list, then the total (GradUnits::first).
+  std::vector<int> unit_first_;
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<TokenDataset> train_data_, valid_data_;
   std::unique_ptr<SampleOrder> train_order_, valid_order_;

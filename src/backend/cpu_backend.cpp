@@ -52,6 +52,10 @@ class CpuBackend final : public Backend {
                        const float* w, int N, int C, int OC) override {
     cpu::matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC, threads_);
   }
+  void matmul_backward_weight_rows(float* dw, const float* dout, int ld, const float* inp, int N,
+                                   int C, int rows) override {
+    cpu::matmul_backward_weight_rows(dw, dout, ld, inp, N, C, rows, threads_);
+  }
 
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
                          int NH) override {

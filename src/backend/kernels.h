@@ -37,6 +37,11 @@ void matmul_forward(Real* out, const Real* inp, const Real* w, const Real* bias,
 template <typename Real>
 void matmul_backward(Real* dinp, Real* dw, Real* dbias, const Real* dout, const Real* inp,
                      const Real* w, int N, int C, int OC, int threads);
+// matmul_backward's dw GEMM on rows [r, r + rows) of dw: dw, dout offset by the caller, dout's
+// rows ld apart (Backend::matmul_backward_weight_rows).
+template <typename Real>
+void matmul_backward_weight_rows(Real* dw, const Real* dout, int ld, const Real* inp, int N, int C,
+                                 int rows, int threads);
 
 // ---- attention.cpp: causal multi-head attention, qkv [B,T,3C], att [B,NH,T,T]
 template <typename Real>

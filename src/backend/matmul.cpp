@@ -44,11 +44,19 @@ void matmul_backward(Real* dinp, Real* dw, Real* dbias, const Real* dout, const 
   }
 }
 
+template <typename Real>
+void matmul_backward_weight_rows(Real* dw, const Real* dout, int ld, const Real* inp, int N, int C,
+                                 int rows, int threads) {
+  gemm(Trans::kYes, Trans::kNo, rows, C, N, dout, ld, inp, C, Real(1), dw, C, threads);
+}
+
 #define TRIDENT_INSTANTIATE(Real)                                                                 \
   template void matmul_forward<Real>(Real*, const Real*, const Real*, const Real*, int, int, int, \
                                      int);                                                        \
   template void matmul_backward<Real>(Real*, Real*, Real*, const Real*, const Real*, const Real*, \
-                                      int, int, int, int);
+                                      int, int, int, int);                                \
+  template void matmul_backward_weight_rows<Real>(Real*, const Real*, int, const Real*, int, int,  \
+                                                  int, int);
 TRIDENT_INSTANTIATE(float)
 TRIDENT_INSTANTIATE(double)
 #undef TRIDENT_INSTANTIATE

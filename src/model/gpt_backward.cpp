@@ -26,6 +26,8 @@
 // calls on the same values as backward, in the same order per parameter, so B then W gives
 // backward's gradients bit for bit (test_pp_training, zb-h1 against 1f1b). Gradient-ready
 // events come from W. Recomputation is refused: what it drops, W would need again.
+#include <algorithm>
+
 #include "model/gpt_phase.h"
 #include "trident/check.h"
 #include "trident/model.h"
@@ -34,23 +36,27 @@ namespace trident {
 namespace {
 
 // Reports parameters ready in the list's order (Note [Parameter table]) from `first` on,
-// skipping wte, which is reported on its own (wte()).
+// skipping wte, which is reported on its own: whole (wte(): all its pieces) or piece by piece
+// (wte_piece) when the head computes it in pieces (Note [Head gradient in pieces]).
 class ReadyWalk {
  public:
-  ReadyWalk(const GradReadyFn& on_ready, int first, int wte_index)
-      : on_ready_(on_ready), next_(first), wte_(wte_index) {}
+  ReadyWalk(const GradReadyFn& on_ready, int first, int wte_index, int wte_pieces)
+      : on_ready_(on_ready), next_(first), wte_(wte_index), pieces_(wte_pieces) {}
   void through(int last) {
     if (!on_ready_) return;
     for (; next_ <= last; ++next_)
-      if (next_ != wte_) on_ready_(next_);
+      if (next_ != wte_) on_ready_(next_, 0);
   }
   void wte() const {
-    if (on_ready_) on_ready_(wte_);
+    for (int k = 0; k < pieces_; ++k) wte_piece(k);
+  }
+  void wte_piece(int k) const {
+    if (on_ready_) on_ready_(wte_, k);
   }
 
  private:
   const GradReadyFn& on_ready_;
-  int next_, wte_;
+  int next_, wte_, pieces_;
 };
 
 }  // namespace
@@ -110,7 +116,8 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale,
   // The slot's chunk (StageSpec): its blocks, and its run of the ready list.
   const int begin = stage_.chunk_begin(s.chunk), end = begin + stage_.chunk_size(s.chunk);
   const bool has_head = head_chunk(s), has_embedding = embedding_chunk(s);
-  ReadyWalk ready(on_ready, first_ready(s), table_.wte_index);
+  ReadyWalk ready(on_ready, first_ready(s), table_.wte_index,
+                  std::max(1, int(wte_piece_rows_.size()) - 1));
   // The gradient w.r.t. the residual stream on all N rows (gathered with sequence parallelism).
   auto dresidual_all_rows = [&]() -> const float* {
     if (rows_divisor_ == 1) return a.dresidual.data();
@@ -130,9 +137,20 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale,
     // (the rest of backward's critical path) is computed. B computes it too: the logits
     // buffer may be shared by all slots (Note [Split backward]).
     Slot& h = head(s);
-    be_.matmul_backward(nullptr, G + table_.wte, nullptr, h.logits.data(), h.lnf.data(),
-                        P + table_.wte, N, C, Vl);
-    if (wte_after_head) ready.wte();
+    if (wte_after_head && !wte_piece_rows_.empty()) {
+      // Note [Head gradient in pieces]: the same GEMM, a slice of its rows at a time, each
+      // reported (and so reduced) as soon as it is computed.
+      for (size_t k = 0; k + 1 < wte_piece_rows_.size(); ++k) {
+        const int r0 = wte_piece_rows_[k], rows = wte_piece_rows_[k + 1] - r0;
+        be_.matmul_backward_weight_rows(G + table_.wte + size_t(r0) * C, h.logits.data() + r0,
+                                        Vl, h.lnf.data(), N, C, rows);
+        ready.wte_piece(int(k));
+      }
+    } else {
+      be_.matmul_backward(nullptr, G + table_.wte, nullptr, h.logits.data(), h.lnf.data(),
+                          P + table_.wte, N, C, Vl);
+      if (wte_after_head) ready.wte();
+    }
     be_.matmul_backward(a.dbuf_c.data(), nullptr, nullptr, h.logits.data(), h.lnf.data(),
                         P + table_.wte, N, C, Vl);
     layernorm_gathered_backward(a.dresidual.data(), G + table_.lnfw, G + table_.lnfb,
@@ -215,7 +233,8 @@ void GPT::backward_weight(int slot, const GradReadyFn& on_ready, const Embedding
   const bool wte_after_head = stage_.has_head && (!stage_.has_embedding || sink);
   const int begin = stage_.chunk_begin(s.chunk), end = begin + stage_.chunk_size(s.chunk);
   const bool has_head = head_chunk(s), has_embedding = embedding_chunk(s);
-  ReadyWalk ready(on_ready, first_ready(s), table_.wte_index);
+  ReadyWalk ready(on_ready, first_ready(s), table_.wte_index,
+                  std::max(1, int(wte_piece_rows_.size()) - 1));
   // A kept output gradient of this rank's rows, on all N rows (Note [Split backward]).
   auto all_rows = [&](const float* local) -> const float* {
     if (rows_divisor_ == 1) return local;

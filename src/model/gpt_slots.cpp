@@ -70,6 +70,13 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   const std::array<bool, kBlockBuffers> kept = block_kept();
   slots_.resize(options.slots);
   shared_head_ = options.shared_head;
+  wte_piece_rows_ = options.wte_piece_rows;  // Note [Head gradient in pieces]
+  if (!wte_piece_rows_.empty())
+    TRIDENT_CHECK(stage_.has_head && wte_piece_rows_.size() >= 2 && wte_piece_rows_.front() == 0 &&
+                      wte_piece_rows_.back() == int(Vl) &&
+                      std::is_sorted(wte_piece_rows_.begin(), wte_piece_rows_.end()),
+                  "wte pieces must be increasing row bounds from 0 to {} on a stage with the head",
+                  Vl);
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
     while (int(i) >= chunk_slot_base_[size_t(s.chunk) + 1]) ++s.chunk;

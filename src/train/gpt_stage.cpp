@@ -17,8 +17,12 @@ void per_slot(std::vector<std::vector<T>>& buffers, int slots, bool needed, size
 }  // namespace
 
 GPTStage::GPTStage(GPT& model, const SampleOrder& order, GradReducer* reducer,
-                   EmbeddingRowSink* sink)
-    : model_(model), order_(order), reducer_(reducer), sink_(sink), slots_(model.num_slots()) {
+                   EmbeddingRowSink* sink, std::vector<int> unit_first)
+    : model_(model), order_(order), reducer_(reducer), unit_first_(std::move(unit_first)),
+      sink_(sink), slots_(model.num_slots()) {
+  TRIDENT_CHECK(!reducer_ || unit_first_.size() == model_.params_info().size() + 1,
+                "GPTStage: {} unit indices for {} parameters", unit_first_.size(),
+                model_.params_info().size());
   // Note [Progress during compute] (trident/pipeline.h): between the model's layers.
   model_.set_progress([this] { progress_transfers(); });
 }
@@ -120,7 +124,7 @@ GradReadyFn GPTStage::begin_reduction(bool last) {
     reducing_ = last;
   }
   if (!last) return {};
-  return [this](int i) { reducer_->grad_ready(i); };
+  return [this](int i, int piece) { reducer_->grad_ready(unit_first_[size_t(i)] + piece); };
 }
 
 const EmbeddingRowSink* GPTStage::sink_for(int micro) {

@@ -26,7 +26,10 @@ class GPTStage : public PipelineStage {
   // row set] in train/embedding_rows.h) reads the same positions.
   static uint64_t first_sample(const StepInputs& in, int micro);
   // `reducer` may be null (dp = 1); `sink` is used on a stage with both embedding and head.
-  GPTStage(GPT& model, const SampleOrder& order, GradReducer* reducer, EmbeddingRowSink* sink);
+  // unit_first: per model parameter, its first unit in the reducer's list (GradUnits::first in
+  // train/zero.h: wte may be in pieces); empty when there is no reducer.
+  GPTStage(GPT& model, const SampleOrder& order, GradReducer* reducer, EmbeddingRowSink* sink,
+           std::vector<int> unit_first = {});
   ~GPTStage() override;
   GPTStage(const GPTStage&) = delete;
   GPTStage& operator=(const GPTStage&) = delete;
@@ -74,6 +77,7 @@ class GPTStage : public PipelineStage {
   GPT& model_;
   const SampleOrder& order_;
   GradReducer* reducer_;
+  std::vector<int> unit_first_;
   EmbeddingRowSink* sink_;
   int slots_;
   StepInputs in_;

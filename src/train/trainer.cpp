@@ -141,17 +141,34 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
   };
   const size_t first_bucket_bytes = mib(deck_.comm.first_bucket_mb);
   const size_t bucket_bytes = mib(deck_.comm.bucket_mb);
-  std::vector<char> alone;  // Note [Padded buckets]: wte with pp > 1
+  // Note [Head gradient in pieces] (trident/buckets.h): where wte's head gradient is final
+  // right after the head (the row sink: pp 1, a host backend) and is reduced, it is computed
+  // and reduced in pieces of about a bucket. The pieces align to 16·dp floats whatever the
+  // ZeRO stage, so zero 0, 1 and 2 run the same GEMMs.
+  const bool whole_embedding = options.stage.has_embedding && options.stage.has_head;
+  if (dp_size_ > 1 && whole_embedding && !ctx_.backend->is_device())
+    options.wte_piece_rows =
+        head_gradient_pieces(cfg.padded_vocab / options.tp.size, cfg.channels, sizeof(float),
+                             bucket_bytes, size_t(dp_size_) * 16);
+  std::vector<char> alone;  // Note [Padded buckets]: wte with pp > 1, and wte's pieces
   BucketLayout layout;      // the reducer rebuilds it from the same sizes and checks
   if (sharded_) {
-    std::vector<size_t> counts;
-    for (const ParamInfo& p : gpt_param_layout(cfg, options.tp.size, options.tp.rank, options.stage)) {
-      counts.push_back(p.count);
-      alone.push_back(pp_size_ > 1 && p.name == "wte");
-    }
-    layout = padded_bucket_layout(counts, sizeof(float), first_bucket_bytes, bucket_bytes,
+    const GradUnits units =
+        grad_units(gpt_param_layout(cfg, options.tp.size, options.tp.rank, options.stage),
+                   options.wte_piece_rows, cfg.channels);
+    for (size_t u = 0; u < units.units.size(); ++u)
+      alone.push_back((pp_size_ > 1 && units.units[u].name == "wte") || units.pieces[u]);
+    layout = padded_bucket_layout(units.counts(), sizeof(float), first_bucket_bytes, bucket_bytes,
                                   size_t(dp_size_), alone);
-    options.param_offsets = layout.param_offsets;
+    // A parameter starts where its first unit does; wte's pieces must follow each other with
+    // no padding between (head_gradient_pieces aligns them so).
+    for (size_t i = 0; i + 1 < units.first.size(); ++i) {
+      const size_t u0 = size_t(units.first[i]), u1 = size_t(units.first[i + 1]);
+      options.param_offsets.push_back(layout.param_offsets[u0]);
+      for (size_t u = u0 + 1; u < u1; ++u)
+        TRIDENT_CHECK(layout.param_offsets[u] == layout.param_offsets[u - 1] + units.units[u - 1].count,
+                      "padding inside the pieces of {}", units.units[u].name);
+    }
     options.param_total = layout.total;
   }
 
@@ -179,10 +196,20 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
   inputs_.resize(size_t(B) * T);
   targets_.resize(size_t(B) * T);
 
-  const bool whole_embedding = options.stage.has_embedding && options.stage.has_head;
   if (dp_size_ > 1) {
+    // The reducer's parameters: the model's, wte in its pieces (Note [Head gradient in pieces]).
+    const GradUnits units =
+        grad_units(model_->params_info(), options.wte_piece_rows, cfg.channels);
+    unit_first_ = units.first;
     std::vector<GradParam> params;
-    for (const ParamInfo& p : model_->params_info()) params.push_back({p.name, p.offset, p.count});
+    for (size_t u = 0; u < units.units.size(); ++u) {
+      const ParamInfo& p = units.units[u];
+      std::string name = p.name;
+      if (units.pieces[u])
+        name = fmt::format("{}[rows {}..{}]", p.name, (p.offset - wte_->offset) / size_t(cfg.channels),
+                           (p.offset - wte_->offset + p.count) / size_t(cfg.channels));
+      params.push_back({std::move(name), p.offset, p.count});
+    }
     GradReducerOptions opt;
     opt.first_bucket_bytes = first_bucket_bytes;
     opt.bucket_bytes = bucket_bytes;
@@ -217,7 +244,7 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
       opt.shard_grads = shard_grads_.data();
       opt.release_reduced = release_grads_;
       opt.alone = alone;
-      opt.gather_order = forward_gather_order(model_->params_info(), layout.buckets);
+      opt.gather_order = forward_gather_order(units.units, layout.buckets);
     }
     reducer_ = std::make_unique<GradReducer>(*reduce_comm, model_->grads(), std::move(params), opt);
     if (sharded_) {
@@ -225,7 +252,9 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
       owned_runs_ = merge_pieces(owned_);
       // Note [Gathers before use]: forward waits for the buckets it is about to read.
       model_->set_param_use([this](const std::vector<int>& indices) {
-        for (int i : indices) reducer_->wait_gathered(reducer_->bucket_of_param(size_t(i)));
+        for (int i : indices)
+          for (int u = unit_first_[size_t(i)]; u < unit_first_[size_t(i) + 1]; ++u)
+            reducer_->wait_gathered(reducer_->bucket_of_param(size_t(u)));
       });
     }
   }
@@ -234,7 +263,7 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
   use_sink_ = reducer_ && whole_embedding && !ctx_.backend->is_device();
   const bool use_sink = use_sink_;
   stage_ = std::make_unique<GPTStage>(*model_, *train_order_, reducer_.get(),
-                                      use_sink ? &sink_ : nullptr);
+                                      use_sink ? &sink_ : nullptr, unit_first_);
   if (use_sink) {
     step_rows_ = std::make_unique<StepRowSet>(model_->vocab_begin(), model_->vocab_end());
     // A step has at most one row per token it reads, and no more than the slice: reserved
@@ -369,16 +398,20 @@ void Trainer::add_embedding_rows() {
     }
     return;
   }
-  const size_t b = reducer_->bucket_of_param(size_t(wte_ - model_->params_info().data()));
-  const size_t n = reducer_->shard_count(b);
-  const size_t lo = reducer_->buckets()[b].offset + size_t(dp_rank_) * n, hi = lo + n;
-  float* shard = shard_grads_.data() + reducer_->shard_offset(b);
-  for (size_t k = 0; k < rows.size(); ++k) {
-    const size_t start = wte_->offset + (size_t(rows[k]) - v0) * C;
-    const size_t begin = std::max(lo, start), end = std::min(hi, start + C);
-    if (begin >= end) continue;
-    float* g = shard + (begin - lo);
-    be.add(g, g, row_grads_.data() + k * C + (begin - start), end - begin);
+  // wte's buckets: one, or one per piece (Note [Head gradient in pieces]); a row lies in one.
+  const size_t wte_index = size_t(wte_ - model_->params_info().data());
+  for (int u = unit_first_[wte_index]; u < unit_first_[wte_index + 1]; ++u) {
+    const size_t b = reducer_->bucket_of_param(size_t(u));
+    const size_t n = reducer_->shard_count(b);
+    const size_t lo = reducer_->buckets()[b].offset + size_t(dp_rank_) * n, hi = lo + n;
+    float* shard = shard_grads_.data() + reducer_->shard_offset(b);
+    for (size_t k = 0; k < rows.size(); ++k) {
+      const size_t start = wte_->offset + (size_t(rows[k]) - v0) * C;
+      const size_t begin = std::max(lo, start), end = std::min(hi, start + C);
+      if (begin >= end) continue;
+      float* g = shard + (begin - lo);
+      be.add(g, g, row_grads_.data() + k * C + (begin - start), end - begin);
+    }
   }
 }
 
@@ -387,7 +420,9 @@ void Trainer::reduce_tied_embedding() {
   if (sharded_) {
     // wte has a bucket of its own on both stages (Note [Padded buckets]), so this rank's shard
     // is the same slice of wte on the first and the last stage.
-    const size_t b = reducer_->bucket_of_param(size_t(wte_ - model_->params_info().data()));
+    // pp > 1: wte is one unit (no pieces), so one bucket.
+    const size_t wte_index = size_t(wte_ - model_->params_info().data());
+    const size_t b = reducer_->bucket_of_param(size_t(unit_first_[wte_index]));
     HostView<float> g(*ctx_.backend, shard_grads_.data() + reducer_->shard_offset(b),
                       reducer_->shard_count(b), /*load=*/true);
     ctx_.grid->embedding().all_reduce(g.data(), reducer_->shard_count(b)).wait();

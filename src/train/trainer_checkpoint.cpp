@@ -129,22 +129,36 @@ std::vector<ShardTensor> Trainer::checkpoint_tensors(float* params, float* m, fl
       out.push_back(std::move(t));
     }
   // ZeRO: each rank saves (and loads) the pieces of m and v it owns.
+  // A parameter in several buckets (wte's head gradient in pieces, Note [Head gradient in
+  // pieces] in trident/buckets.h) has a piece in each, next to each other in the shard: one
+  // tensor whose blocks are the pieces' in shard order.
   if (sharded_)
-    for (const Source& src : {sources[1], sources[2]})
+    for (const Source& src : {sources[1], sources[2]}) {
+      size_t prev_param = SIZE_MAX, prev_end = 0;  // the last tensor's piece, in the shard
       for (const OwnedPiece& piece : owned_) {
         const ParamInfo& p = model_->params_info()[piece.param];
+        std::vector<ShardBlock> blocks = range_blocks(
+            p, model_->config().vocab, piece.flat - p.offset, piece.flat - p.offset + piece.count);
+        if (blocks.empty()) continue;
+        if (piece.param == prev_param) {
+          TRIDENT_CHECK(piece.shard == prev_end, "the shard's pieces of {} are not adjacent", p.name);
+          out.back().blocks.insert(out.back().blocks.end(), blocks.begin(), blocks.end());
+          prev_end = piece.shard + piece.count;
+          continue;
+        }
+        prev_param = piece.param;
+        prev_end = piece.shard + piece.count;
         ShardTensor t;
         t.name = src.prefix + p.name;
         t.global_shape.assign(p.global_shape.begin(), p.global_shape.end());
         if (p.name == "wte") t.global_shape[0] = model_->config().vocab;
-        t.blocks = range_blocks(p, model_->config().vocab, piece.flat - p.offset,
-                                piece.flat - p.offset + piece.count);
-        if (t.blocks.empty()) continue;
+        t.blocks = std::move(blocks);
         t.data = src.base + piece.shard;
         t.owner = (p.shard != Shard::kReplicated || tp_rank == 0) &&
                   (p.name != "wte" || stage.has_head);
         out.push_back(std::move(t));
       }
+    }
   return out;
 }
 

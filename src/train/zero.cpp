@@ -8,15 +8,45 @@
 
 namespace trident {
 
+std::vector<size_t> GradUnits::counts() const {
+  std::vector<size_t> out;
+  for (const ParamInfo& u : units) out.push_back(u.count);
+  return out;
+}
+
+GradUnits grad_units(const std::vector<ParamInfo>& params, const std::vector<int>& wte_rows,
+                     int channels) {
+  GradUnits g;
+  for (const ParamInfo& p : params) {
+    g.first.push_back(int(g.units.size()));
+    if (p.name != "wte" || wte_rows.size() < 3) {
+      g.units.push_back(p);
+      g.pieces.push_back(0);
+      continue;
+    }
+    for (size_t k = 0; k + 1 < wte_rows.size(); ++k) {
+      ParamInfo u = p;
+      u.offset = p.offset + size_t(wte_rows[k]) * size_t(channels);
+      u.count = size_t(wte_rows[k + 1] - wte_rows[k]) * size_t(channels);
+      g.units.push_back(u);
+      g.pieces.push_back(1);
+    }
+  }
+  g.first.push_back(int(g.units.size()));
+  return g;
+}
+
 std::vector<OwnedPiece> owned_pieces(const std::vector<ParamInfo>& params,
                                      const GradReducer& reducer, int dp_rank) {
+  // Parameters and buckets both run through the buffer in order: one pass over each.
   std::vector<OwnedPiece> out;
   const std::vector<Bucket>& buckets = reducer.buckets();
+  size_t first = 0;  // the first parameter that may reach into the current shard
   for (size_t b = 0; b < buckets.size(); ++b) {
     const size_t n = reducer.shard_count(b);
     const size_t lo = buckets[b].offset + size_t(dp_rank) * n, hi = lo + n;
-    for (size_t i = buckets[b].first_param; i < buckets[b].first_param + buckets[b].num_params;
-         ++i) {
+    while (first < params.size() && params[first].offset + params[first].count <= lo) ++first;
+    for (size_t i = first; i < params.size() && params[i].offset < hi; ++i) {
       const ParamInfo& p = params[i];
       const size_t begin = std::max(lo, p.offset), end = std::min(hi, p.offset + p.count);
       if (begin >= end) continue;

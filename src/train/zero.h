@@ -75,8 +75,23 @@ struct OwnedPiece {
   bool decay = false;
 };
 
+// The gradient reducer's parameters ("units"): the model's, in ready order, except that wte's
+// head gradient in pieces (Note [Head gradient in pieces], trident/buckets.h) is one unit per
+// row piece, each a copy of wte's ParamInfo with the piece's offset and count. The model
+// reports (parameter i, piece k) ready; the reducer's index for it is first[i] + k.
+struct GradUnits {
+  std::vector<ParamInfo> units;
+  std::vector<int> first;  // per parameter, and the total at the end (size params + 1)
+  std::vector<char> pieces;  // per unit: one of several pieces of a parameter
+  std::vector<size_t> counts() const;
+};
+// wte_rows: the row bounds of wte's pieces (GPTOptions::wte_piece_rows), empty for one.
+GradUnits grad_units(const std::vector<ParamInfo>& params, const std::vector<int>& wte_rows,
+                     int channels);
+
 // Every parameter's part of this dp rank's shard of every bucket, in buffer order (parameters
-// with no element in it are left out; padding belongs to no parameter).
+// with no element in it are left out; padding belongs to no parameter). OwnedPiece::param is
+// an index into `params` (the model's), whatever units the buckets were made of.
 std::vector<OwnedPiece> owned_pieces(const std::vector<ParamInfo>& params,
                                      const GradReducer& reducer, int dp_rank);
 // Neighbouring pieces with the same decay merged (contiguous in both buffers): AdamW's calls.
@@ -84,6 +99,7 @@ std::vector<OwnedPiece> merge_pieces(const std::vector<OwnedPiece>& pieces);
 
 // Buckets in the order forward first reads their parameters: the embedding (wte, wpe) first,
 // then block by block, then the final LayerNorm and the head (Note [Gathers before use]).
+// `params`: the reducer's units (GradUnits::units), which the buckets index.
 std::vector<size_t> forward_gather_order(const std::vector<ParamInfo>& params,
                                          const std::vector<Bucket>& buckets);
 

@@ -141,7 +141,7 @@ TEST(GptBackward, ReadyEventsCoverEveryParameterOnceAfterItsGradient) {
   m.forward(in.data(), tg.data(), 2, 8);
   std::vector<int> order;
   std::vector<std::vector<float>> snapshot;
-  m.backward(1.0f, [&](int i) {
+  m.backward(1.0f, [&](int i, int) {
     order.push_back(i);
     const ParamInfo& p = m.params_info()[i];
     snapshot.emplace_back(m.grads() + p.offset, m.grads() + p.offset + p.count);
@@ -183,7 +183,7 @@ TEST(GptBackward, EmbeddingRowSinkSplitsTheTiedGradient) {
   m.zero_grads();
   m.forward(in.data(), tg.data(), 2, 8);
   std::vector<int> order;
-  m.backward(1.0f, [&](int i) { order.push_back(i); }, &sink);
+  m.backward(1.0f, [&](int i, int) { order.push_back(i); }, &sink);
   ASSERT_EQ(order.front(), 0) << "wte must be ready first with a sink";
   ASSERT_EQ(order.size(), m.params_info().size());
   float* dwte = m.grads() + m.param("wte").offset;
@@ -193,6 +193,42 @@ TEST(GptBackward, EmbeddingRowSinkSplitsTheTiedGradient) {
   for (float g : plain) maxabs = std::max(maxabs, std::abs(g));
   for (size_t i = 0; i < plain.size(); ++i)
     ASSERT_NEAR(m.grads()[i], plain[i], 1e-6f * maxabs) << i;
+}
+
+// Note [Head gradient in pieces]: the head's dwte computed a slice of rows at a time is the same
+// GEMM on a slice of its output (each element the same dot product over the same 16 tokens), so
+// every gradient must be bitwise the whole GEMM's; and each piece is reported once, in order,
+// right after the LM head (before lnfb), the rest of the list as without pieces.
+TEST(GptBackward, HeadGradientInPiecesIsBitwiseTheWholeAndReportedPieceByPiece) {
+  GPTConfig c = tiny_config();
+  auto be = make_cpu_backend(1);
+  auto in = random_tokens(16, c.vocab, 3), tg = random_tokens(16, c.vocab, 4);
+  std::vector<int32_t> row_of_input(in.size());
+  for (size_t i = 0; i < in.size(); ++i) row_of_input[i] = int32_t(i);  // one row per input
+  std::vector<float> row_grads(in.size() * c.channels);
+  std::vector<std::vector<float>> grads;
+  std::vector<std::vector<std::pair<int, int>>> orders;
+  const std::vector<int> whole, pieces{0, 7, 30, c.padded_vocab};  // uneven on purpose
+  for (const std::vector<int>* rows : {&whole, &pieces}) {
+    GPTOptions opt;
+    opt.wte_piece_rows = *rows;
+    GPT m(c, *be, 2, 8, opt);
+    m.init_weights(5);
+    m.zero_grads();
+    std::fill(row_grads.begin(), row_grads.end(), 0.0f);
+    EmbeddingRowSink sink{row_of_input.data(), row_grads.data()};
+    m.forward(in.data(), tg.data(), 2, 8);
+    orders.emplace_back();
+    m.backward(1.0f, [&](int i, int k) { orders.back().push_back({i, k}); }, &sink);
+    grads.emplace_back(m.grads(), m.grads() + m.num_params());
+  }
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  for (size_t i = 0; i < grads[0].size(); ++i) ASSERT_EQ(grads[1][i], grads[0][i]) << i;
+  const int wte = 0;  // first in ready order with a sink (the test above)
+  std::vector<std::pair<int, int>> expected = orders[0];
+  ASSERT_EQ(expected.front(), std::make_pair(wte, 0));
+  expected.insert(expected.begin() + 1, {{wte, 1}, {wte, 2}});
+  EXPECT_EQ(orders[1], expected);
 }
 
 // Recomputation re-runs the same ops on the same inputs: gradients must be bitwise those of
@@ -266,7 +302,7 @@ TEST(GptBackward, ReadyEventsArriveDuringTheirPhase) {
   std::vector<std::string> before;  // per parameter: the last phase ended before its report
   before.resize(m.params_info().size());
   std::vector<int> order;
-  m.backward(1.0f, [&](int i) {
+  m.backward(1.0f, [&](int i, int) {
     order.push_back(i);
     before[size_t(i)] = last_phase;
   });

@@ -90,6 +90,11 @@ class StrictDeviceBackend final : public Backend {
     Open open(*this);
     cpu_->matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC);
   }
+  void matmul_backward_weight_rows(float* dw, const float* dout, int ld, const float* inp, int N,
+                                   int C, int rows) override {
+    Open open(*this);
+    cpu_->matmul_backward_weight_rows(dw, dout, ld, inp, N, C, rows);
+  }
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
                          int NH) override {
     Open open(*this);
