@@ -9,7 +9,7 @@
 //     w.wait();                             // or poll w.test()
 //
 // A communicator is used by one thread at a time (Note [One thread per communicator] in
-// grad_reducer.cpp; the one exception is mark_compute_ready, Note [Gradient-ready events]);
+// trident/grad_reducer.h; the one exception is mark_compute_ready, Note [Gradient-ready events]);
 // different communicators may be used by different threads at once.
 // A Work must not outlive its communicator, and its buffers must stay alive until it completed.
 #pragma once

@@ -14,8 +14,61 @@
 // on the communicator's compute stream (Note [Gradient-ready events] in trident/comm.h); after
 // finish() returns, work enqueued on that stream sees the averaged gradients.
 //
-// The thread's contract (who calls MPI, in what order, how errors travel) is the comment at the
-// top of src/comm/grad_reducer.cpp.
+//
+// The communication thread's contract
+//
+// Who calls MPI (or NCCL). Between begin_step(true) and the end of finish() only the reducer's
+//   thread touches the dp communicator (Note [One thread per communicator]): it starts each
+//   bucket's all-reduce (an average, or a sum of pre-divided gradients) and polls it. The
+//   compute thread never calls MPI on dp: grad_ready, add_extra and finish only push events
+//   (begin, "parameter i is ready", extra buffer, finish) into a queue under a mutex, and
+//   finish() then sleeps on a condition variable. The one dp call the compute thread makes is
+//   mark_compute_ready (Note [Gradient-ready events] in trident/comm.h), which only records an
+//   event on the compute stream and returns null on a host communicator. Tensor-parallel
+//   collectives run on the compute thread at the same time, on other communicators — hence
+//   MPI_THREAD_MULTIPLE.
+// In what order. Note [Same buckets, same order]: MPI pairs the collectives of a communicator
+//   by the order in which they are started, so every rank must start the same all-reduces in
+//   the same order, or they pair up wrongly (wrong sums or a hang). The buckets are a pure
+//   function of the parameter sizes and byte limits, identical on every rank; the thread keeps
+//   a pending count per bucket and starts bucket b once its count is zero and buckets 0..b-1
+//   were started, whatever order the events came in. Extra buffers follow the last bucket, in
+//   the order they were added. Several all-reduces may be in flight at once.
+// Why a thread. So the reduction of late layers overlaps the backward of early ones
+//   (overlap = true). With overlap = false the thread does the same, but starts nothing until
+//   finish() is called: the same calls on the same slices, so the results are bitwise equal.
+// Where the average is taken. With GradReducerOptions::average, a host communicator (MpiComm)
+//   sums, then divides the slice on this thread when the sum completes
+//   (Communicator::start_all_reduce_op); a device communicator (NcclComm) averages on the
+//   device (ncclAvg, or the bf16 cast back), so this thread never touches device memory.
+//   Without it the caller has divided already (Note [Average in the loss seed]) and the
+//   thread only sums: one pass over the gradients fewer on the compute cores.
+// On the GPU path it only enqueues. Each ready event carries the compute-stream mark taken in
+//   grad_ready; before starting a bucket the thread calls order_after(mark of the bucket's last
+//   ready parameter) — the compute stream is in order, so that mark covers the whole bucket —
+//   and the communication stream waits for it on the device, then NCCL runs the bucket. Polling
+//   (below) is then a cudaEventQuery per bucket; the host never blocks on the GPU before
+//   finish(), and finish() makes the compute stream wait for the communication stream
+//   (compute_waits_for_comm) so the optimizer, enqueued next, reads reduced gradients.
+// How progress is driven. Open MPI has no asynchronous progress thread: a nonblocking
+//   collective advances only while some thread is inside MPI. So while anything is in flight
+//   the thread loops: MPI_Test on every in-flight request (Work::test), then a pause on its
+//   condition variable, woken early by a new event: 200 µs while backward runs beside it (Note
+//   [Polling beside compute]); after finish() yields, then 10–200 µs sleeps (progress_backoff);
+//   when only an emulated link is left, until its end. With nothing in flight it sleeps until
+//   an event arrives, so it takes no core from compute.
+// How errors travel. Anything thrown on the thread (an MPI error; a timeout after
+//   comm.timeout_s, naming the communicator, the rank and the bucket; a parameter that never
+//   became ready) is stored as an exception_ptr and ends the step: work still in flight is
+//   abandoned, the next grad_ready/add_extra rethrows it, and finish() rethrows it. A
+//   parameter missing on every rank is found at finish(), after the buckets before it
+//   completed, so every rank throws the same error naming it and nothing hangs. Missing on one
+//   rank only, that rank throws the same; the others' bucket cannot complete and they end at
+//   the timeout, naming the bucket.
+//
+// Note [One thread per communicator]: MPI_THREAD_MULTIPLE allows concurrent calls, but two
+// threads starting collectives on one communicator would start them in a racy order, breaking
+// Note [Same buckets, same order]. So each communicator has one user at a time.
 #pragma once
 
 #include <cstddef>
@@ -72,6 +125,11 @@ struct GradReducerOptions {
   // handed back to the kernel, so the buffer is all zero again after the step and holds memory
   // only while backward writes it.
   bool release_reduced = false;
+  // Note [Bounded gradient memory] (with release_reduced and overlap): grad_ready blocks the
+  // compute thread while more than this many bytes of complete buckets wait for their
+  // reduce-scatter's release, so backward writes no further gradients until the link has taken
+  // some; 0: no bound. The full buffer then holds at most this plus the buckets being written.
+  size_t max_held_bytes = 0;
 };
 
 // One all-reduce of a step: a bucket or an extra buffer.
@@ -102,6 +160,8 @@ struct ReduceStats {
   // With release_reduced: the most bytes of the full gradient buffer found resident (mincore)
   // right before a bucket was released; 0 without.
   size_t grad_resident_peak_bytes = 0;
+  // Note [Bounded gradient memory]: the compute thread's time blocked in grad_ready.
+  double held_wait_ms = 0;
   std::vector<BucketRecord> records;  // in launch order
 };
 

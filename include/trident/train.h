@@ -68,6 +68,7 @@ struct StepStats {
   double gather_comm_ms = 0.0, gather_exposed_ms = 0.0;
   double comm_cpu_ms = 0.0;     // CPU time of the dp communication thread (ReduceStats)
   size_t grad_resident_bytes = 0;  // ZeRO-2: peak resident bytes of the full gradient buffer
+  double held_wait_ms = 0.0;    // ZeRO-2: backward blocked by Note [Bounded gradient memory]
   long comm_polls = 0;          // its tests of in-flight all-reduces (each one enters MPI)
   double tp_comm_ms = 0.0;      // waiting in tensor-parallel collectives (compute thread)
   // Pipeline (this stage): time in the schedule, and the part spent waiting for neighbours.

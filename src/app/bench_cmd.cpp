@@ -87,7 +87,7 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
     metrics = std::make_unique<JsonlWriter>((out_dir / deck.log.jsonl).string());
   }
   std::vector<double> ms, fwd, bwd, opt, comm, comm_cpu, exposed, overlap, tp_comm, bubble, gather,
-      gather_exposed;
+      gather_exposed, held_wait;
   // Per-op device time (device backends): measured on one extra step after the timed ones, so
   // the events around every op do not slow the timed steps.
   const int total_steps = args.warmup_steps + args.steps;
@@ -127,8 +127,8 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
                  i + 1, timed ? "timed" : "warm-up", s.ms_per_step, s.forward_ms, s.backward_ms,
                  s.optimizer_ms, s.comm_ms, s.exposed_comm_ms, s.comm_cpu_ms, s.comm_polls,
                  deck.parallel.zero > 0
-                     ? fmt::format(", all-gather {:.1f}, exposed {:.1f}", s.gather_comm_ms,
-                                   s.gather_exposed_ms)
+                     ? fmt::format(", all-gather {:.1f}, exposed {:.1f}, held wait {:.1f}",
+                                   s.gather_comm_ms, s.gather_exposed_ms, s.held_wait_ms)
                      : std::string(),
                  s.loss);
       std::fflush(stdout);
@@ -143,6 +143,7 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
     exposed.push_back(s.exposed_comm_ms);
     gather.push_back(s.gather_comm_ms);
     gather_exposed.push_back(s.gather_exposed_ms);
+    held_wait.push_back(s.held_wait_ms);
     overlap.push_back(s.overlap);
     tp_comm.push_back(s.tp_comm_ms);
     bubble.push_back(s.pipeline_ms > 0 ? s.pipeline_wait_ms / s.pipeline_ms : 0.0);
@@ -230,6 +231,7 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
         {"overlap", median(overlap), 3},
         {"gather_comm_ms", median(gather), 2},
         {"gather_exposed_ms", median(gather_exposed), 2},
+        {"held_wait_ms", median(held_wait), 2},
         {"tp_comm_ms", median(tp_comm), 2},
         {"bubble", median(bubble), 3},
         {"bubble_mean", bubble_mean, 3},

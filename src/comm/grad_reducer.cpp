@@ -1,59 +1,7 @@
 // GradReducer: bucketed data-parallel gradient averaging on a communication thread.
 //
-// The communication thread's contract
-//
-// Who calls MPI (or NCCL). Between begin_step(true) and the end of finish() only the reducer's
-//   thread touches the dp communicator (Note [One thread per communicator]): it starts each
-//   bucket's all-reduce (an average, or a sum of pre-divided gradients) and polls it. The
-//   compute thread never calls MPI on dp: grad_ready, add_extra and finish only push events
-//   (begin, "parameter i is ready", extra buffer, finish) into a queue under a mutex, and
-//   finish() then sleeps on a condition variable. The one dp call the compute thread makes is
-//   mark_compute_ready (Note [Gradient-ready events] in trident/comm.h), which only records an
-//   event on the compute stream and returns null on a host communicator. Tensor-parallel
-//   collectives run on the compute thread at the same time, on other communicators — hence
-//   MPI_THREAD_MULTIPLE.
-// In what order. Note [Same buckets, same order]: MPI pairs the collectives of a communicator
-//   by the order in which they are started, so every rank must start the same all-reduces in
-//   the same order, or they pair up wrongly (wrong sums or a hang). The buckets are a pure
-//   function of the parameter sizes and byte limits, identical on every rank; the thread keeps
-//   a pending count per bucket and starts bucket b once its count is zero and buckets 0..b-1
-//   were started, whatever order the events came in. Extra buffers follow the last bucket, in
-//   the order they were added. Several all-reduces may be in flight at once.
-// Why a thread. So the reduction of late layers overlaps the backward of early ones
-//   (overlap = true). With overlap = false the thread does the same, but starts nothing until
-//   finish() is called: the same calls on the same slices, so the results are bitwise equal.
-// Where the average is taken. With GradReducerOptions::average, a host communicator (MpiComm)
-//   sums, then divides the slice on this thread when the sum completes
-//   (Communicator::start_all_reduce_op); a device communicator (NcclComm) averages on the
-//   device (ncclAvg, or the bf16 cast back), so this thread never touches device memory.
-//   Without it the caller has divided already (Note [Average in the loss seed]) and the
-//   thread only sums: one pass over the gradients fewer on the compute cores.
-// On the GPU path it only enqueues. Each ready event carries the compute-stream mark taken in
-//   grad_ready; before starting a bucket the thread calls order_after(mark of the bucket's last
-//   ready parameter) — the compute stream is in order, so that mark covers the whole bucket —
-//   and the communication stream waits for it on the device, then NCCL runs the bucket. Polling
-//   (below) is then a cudaEventQuery per bucket; the host never blocks on the GPU before
-//   finish(), and finish() makes the compute stream wait for the communication stream
-//   (compute_waits_for_comm) so the optimizer, enqueued next, reads reduced gradients.
-// How progress is driven. Open MPI has no asynchronous progress thread: a nonblocking
-//   collective advances only while some thread is inside MPI. So while anything is in flight
-//   the thread loops: MPI_Test on every in-flight request (Work::test), then a pause on its
-//   condition variable, woken early by a new event: 200 µs while backward runs beside it (Note
-//   [Polling beside compute]); after finish() yields, then 10–200 µs sleeps (progress_backoff);
-//   when only an emulated link is left, until its end. With nothing in flight it sleeps until
-//   an event arrives, so it takes no core from compute.
-// How errors travel. Anything thrown on the thread (an MPI error; a timeout after
-//   comm.timeout_s, naming the communicator, the rank and the bucket; a parameter that never
-//   became ready) is stored as an exception_ptr and ends the step: work still in flight is
-//   abandoned, the next grad_ready/add_extra rethrows it, and finish() rethrows it. A
-//   parameter missing on every rank is found at finish(), after the buckets before it
-//   completed, so every rank throws the same error naming it and nothing hangs. Missing on one
-//   rank only, that rank throws the same; the others' bucket cannot complete and they end at
-//   the timeout, naming the bucket.
-//
-// Note [One thread per communicator]: MPI_THREAD_MULTIPLE allows concurrent calls, but two
-// threads starting collectives on one communicator would start them in a racy order, breaking
-// Note [Same buckets, same order]. So each communicator has one user at a time.
+// The communication thread's contract (who calls MPI, in what order, why a thread, how
+// progress is driven, how errors travel) is in trident/grad_reducer.h.
 #include "trident/grad_reducer.h"
 
 #include <fmt/format.h>
@@ -154,6 +102,8 @@ struct GradReducer::State {
   bool step_open = false;
   bool step_reduces = false;
   std::vector<char> marked;
+  std::vector<size_t> unmarked;  // per bucket: its parameters not yet marked ready this step
+  double held_wait_ms = 0;       // Note [Bounded gradient memory]
   ReduceStats finished_stats;
   double gather_wait_ms = 0;  // waiting in wait_gathered since the last take_gather_stats
 
@@ -171,6 +121,11 @@ struct GradReducer::State {
   std::vector<char> gathered;         // per bucket: its parameters are complete here
   GatherStats published_gather;       // the last completed round, until taken
   std::atomic<bool> compute_waiting{false};  // the compute thread waits for a gather
+  // Note [Bounded gradient memory]: bytes of complete buckets not yet released; the compute
+  // thread adds, the thread subtracts on release (and clears on failure), under `mutex`.
+  size_t max_held_bytes = 0;
+  size_t held_bytes = 0;
+  std::condition_variable released_cv;
 
   // Communication thread only.
   struct InFlight {
@@ -369,6 +324,13 @@ struct GradReducer::State {
         std::max(building.grad_resident_peak_bytes,
                  resident_bytes(grads, grads_total * sizeof(float), page_scratch));
     release_host_floats(grads + buckets[b].offset, buckets[b].count);
+    if (max_held_bytes > 0) {
+      {
+        std::lock_guard lock(mutex);
+        held_bytes -= std::min(held_bytes, buckets[b].count * sizeof(float));
+      }
+      released_cv.notify_all();
+    }
   }
 
   size_t reduces_in_flight() const {
@@ -542,6 +504,7 @@ struct GradReducer::State {
     }
     step_done_cv.notify_all();
     gather_cv.notify_all();
+    released_cv.notify_all();
   }
 };
 
@@ -627,6 +590,9 @@ void GradReducer::init_sharded(const GradReducerOptions& options) {
   s.buckets = layout.buckets;
   s.shard_grads = options.shard_grads;
   s.release_reduced = options.release_reduced;
+  // Note [Bounded gradient memory]: without overlap nothing is released before finish(), so a
+  // bound would wait forever; it applies with overlap only.
+  s.max_held_bytes = s.release_reduced && s.overlap ? options.max_held_bytes : 0;
   s.grads_total = layout.total;
   // Note [ZeRO-2 on the host]: the released buckets are written again every step; and the
   // buffer starts released (its allocation zeroed, so touched, every page), or the first step's
@@ -676,8 +642,12 @@ void GradReducer::begin_step(bool reduce) {
   if (!reduce) return;
   if (s.shard_grads) wait_all_gathered();  // the thread is done with the last round
   std::fill(s.marked.begin(), s.marked.end(), 0);
+  s.unmarked.resize(s.buckets.size());
+  for (size_t b = 0; b < s.buckets.size(); ++b) s.unmarked[b] = s.buckets[b].num_params;
+  s.held_wait_ms = 0;
   {
     std::lock_guard lock(s.mutex);
+    s.held_bytes = 0;  // every bucket of the last step was released (or the step failed)
     s.error = nullptr;
     s.failed.store(false, std::memory_order_release);
     s.step_done = false;
@@ -702,7 +672,24 @@ void GradReducer::grad_ready(int param_index) {
   Event e(EventKind::kReady);
   e.param = i;
   e.mark = s.dp.mark_compute_ready();  // after the gradient's kernels were enqueued
-  s.post(std::move(e));
+  const size_t b = s.bucket_of_param[i];
+  const bool completes = --s.unmarked[b] == 0;
+  if (!completes || s.max_held_bytes == 0) {
+    s.post(std::move(e));
+    return;
+  }
+  // Note [Bounded gradient memory]: the bucket counts as held from now until its release; then
+  // wait (the thread can always go on: every held bucket is complete, and the buckets before it
+  // are too, so it can start and finish them without this thread).
+  std::unique_lock lock(s.mutex);
+  s.held_bytes += s.buckets[b].count * sizeof(float);
+  s.events.push_back(std::move(e));
+  s.wake_thread.notify_one();
+  if (s.held_bytes <= s.max_held_bytes) return;
+  const auto t0 = CommClock::now();
+  s.released_cv.wait(lock, [&] { return s.held_bytes <= s.max_held_bytes || s.error; });
+  s.held_wait_ms += std::chrono::duration<double, std::milli>(CommClock::now() - t0).count();
+  if (s.error) std::rethrow_exception(s.error);
 }
 
 void GradReducer::add_extra(float* data, size_t count, std::string name) {
@@ -732,6 +719,7 @@ void GradReducer::finish() {
   s.step_done_cv.wait(lock, [&] { return s.step_done; });
   if (s.error) std::rethrow_exception(s.error);
   s.finished_stats = s.published_stats;
+  s.finished_stats.held_wait_ms = s.held_wait_ms;
   lock.unlock();
   // The thread is done with dp until the next begin_step, so this thread may use it: work
   // enqueued on the compute stream from now on (the optimizer) runs after the reductions.

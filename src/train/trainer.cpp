@@ -243,6 +243,9 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
       reduce_comm = grad_comm_.get();
       opt.shard_grads = shard_grads_.data();
       opt.release_reduced = release_grads_;
+      // Note [Bounded gradient memory] (train/zero.h): one bucket on the wire while the next
+      // is written.
+      opt.max_held_bytes = release_grads_ ? bucket_bytes : 0;
       opt.alone = alone;
       opt.gather_order = forward_gather_order(units.units, layout.buckets);
     }
@@ -482,6 +485,7 @@ StepStats Trainer::train_step(int step) {
     s.comm_cpu_ms = rs.thread_cpu_ms;
     s.comm_polls = rs.progress_polls;
     s.grad_resident_bytes = rs.grad_resident_peak_bytes;
+    s.held_wait_ms = rs.held_wait_ms;
     grad_resident_peak_ = std::max(grad_resident_peak_, rs.grad_resident_peak_bytes);
     s.overlap = s.comm_ms > 0 ? std::max(0.0, 1.0 - s.exposed_comm_ms / s.comm_ms) : 0.0;
     if (ctx_.trace) {

@@ -46,6 +46,22 @@
 // would have to wait until the previous micro-batch's reduce-scatter of a bucket has read it
 // before writing that bucket again; it is not built (docs/decisions.md, "ZeRO").
 //
+// Note [Bounded gradient memory]
+// Releasing each bucket after its reduce-scatter bounds nothing by itself: backward writes
+// gradients as fast as it computes them, and behind a slow link (or a communication thread
+// that shares the core) many complete buckets wait their turn, all resident — at dp 4 on 2
+// cores, 4 × 7.5 MiB pieces of wte's and a few blocks' buckets (210 MiB of a 472 MiB buffer
+// measured at the peak before wte was split). So with ZeRO-2 and overlap, grad_ready blocks
+// the compute thread once the complete, unreleased buckets exceed one bucket (comm.bucket_mb):
+// at most one bucket is queued or on the wire while backward writes the next; the full buffer
+// holds about two buckets plus the one being written at any time, whatever the link's speed.
+// The cost is backward waiting where the link is slower than compute: ReduceStats::
+// held_wait_ms (bench: held_wait_ms), inside backward_ms. DeepSpeed's ZeRO-2 bounds its
+// gradient buffers the same way (two reduce buckets of reduce_bucket_size, waited for before
+// reuse). The thread can always go on: a held bucket is complete, and with one chunk per stage
+// the buckets before it are too; so the wait cannot deadlock. Without overlap nothing is
+// released before finish(), so there is no bound.
+//
 // Note [Gathers before use]
 // The gathers are started right after the optimizer, all at once, in forward order (the bucket
 // holding the embedding first, then the blocks from first to last, the head last); MPI pairs

@@ -314,6 +314,32 @@ TEST(Zero, Stage2GivesTheGradientPagesBack) {
   }
 }
 
+// Note [Bounded gradient memory]: behind a link much slower than backward, ZeRO-2 without a
+// bound would hold every bucket (the test above: the whole buffer on a small model); with it,
+// backward waits, and the full buffer never holds more than the bound (one bucket) plus the
+// bucket that tipped it and the one being written, plus the partial pages each released bucket
+// keeps (2 per bucket). The figures: d_model 128, 4 layers (3.3 MB of gradient), 0.25 MiB
+// buckets (13), a 0.1 Gbit/s emulated link (21 ms per bucket, against ~1 ms of backward each).
+TEST(Zero, Stage2BoundsTheGradientsItHolds) {
+  ProcessGrid grid(make_layout(world_size(), 0, 1, 1));
+  auto be = make_cpu_backend(1);
+  Trainer t(deck({"parallel.zero=2", "model.d_model=128", "comm.bucket_mb=0.25",
+                  "comm.first_bucket_mb=0.25", "comm.emulate_gbps=0.1", "train.accum=1"}),
+            TrainContext{be.get(), 1e9, &grid, nullptr});
+  const size_t bytes = t.model().num_params() * sizeof(float), page = 4096;
+  size_t largest = 0;
+  for (const Bucket& b : t.reducer()->buckets()) largest = std::max(largest, b.count * sizeof(float));
+  const size_t buckets = t.reducer()->buckets().size();
+  ASSERT_GE(buckets, 8u);
+  StepStats st;
+  for (int step = 0; step < 2; ++step) st = t.train_step(step);
+  const size_t bound = size_t(0.25 * 1024 * 1024);
+  EXPECT_GT(st.held_wait_ms, 0.0) << "backward never waited: the bound was not in force";
+  EXPECT_LE(st.grad_resident_bytes, bound + 2 * largest + 2 * buckets * page)
+      << "of " << bytes << " bytes";
+  EXPECT_LT(st.grad_resident_bytes, bytes / 2);
+}
+
 // Note [Non-finite steps] over dp, with and without ZeRO: every rank takes the skip (no rank
 // waits in a collective the others skipped), and the sharded runs still equal the replicated
 // one — the dropped update leaves the shards and the gathered parameters as they were.
