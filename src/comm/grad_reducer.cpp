@@ -251,7 +251,7 @@ struct GradReducer::State {
       return;
     }
     if (e.kind == EventKind::kGather) {
-      start_gathers(e.data);
+      start_gathers(e.data, e.mark.get());
       return;
     }
     if (!active) return;  // leftovers of a step that already failed
@@ -282,7 +282,10 @@ struct GradReducer::State {
 
   // Note [Gathers before use]: every bucket's all-gather, in forward order, all in flight at
   // once (MPI pairs them by start order, identical on every rank).
-  void start_gathers(float* params) {
+  // `after`: the compute stream's mark taken after the optimizer was enqueued (null on the host):
+  // on a device the communication stream waits for it, so the gathers send updated shards.
+  void start_gathers(float* params, const ComputeMark* after) {
+    dp.order_after(after);
     gather_building = GatherStats{};
     gathering = true;
     gathers_left = gather_order.size();
@@ -737,6 +740,7 @@ void GradReducer::start_param_gather(float* params) {
     std::fill(s.gathered.begin(), s.gathered.end(), 0);
     Event e(EventKind::kGather);
     e.data = params;
+    e.mark = s.dp.mark_compute_ready();  // after the optimizer's kernels (device communicators)
     s.events.push_back(std::move(e));
   }
   s.wake_thread.notify_one();

@@ -126,10 +126,10 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
 
   // Note [ZeRO-1] (train/zero.h). Refused before anything is allocated.
   const int zero = deck_.parallel.zero;
-  if (zero > 0 && ctx_.backend->is_device())
-    input_error("parallel.zero: {} needs run.backend cpu: the cuda backend has no sharded "
-                "optimizer yet (its NCCL reduce-scatter and all-gather are not wired to it)",
-                zero);
+  if (zero == 2 && ctx_.backend->is_device())
+    input_error("parallel.zero: 2 needs run.backend cpu: ZeRO-2 gives each reduced bucket's "
+                "host pages back (Note [ZeRO-2 on the host]); a device needs a pool of bucket "
+                "buffers, which is not built. parallel.zero: 1 works on the device");
   if (zero > 0 && deck_.comm.grad_dtype == "bf16")
     input_error("parallel.zero: {} with comm.grad_dtype bf16: the bf16 path compresses "
                 "all-reduces only, not the sharded optimizer's reduce-scatter; use fp32", zero);
@@ -233,14 +233,18 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
       grad_comm_->set_bf16_sums(true);
       reduce_comm = grad_comm_.get();
     }
-    if (sharded_) {
+    if (sharded_ && !ctx_.backend->is_device()) {
       // Note [ZeRO-1]: the thread keeps a communicator of its own across steps (its gathers
-      // run during the next forward); MPI_Comm_dup is collective over dp, as above.
+      // run during the next forward); MPI_Comm_dup is collective over dp, as above. A device
+      // backend's reducer communicator (dp_device) is its own already: the compute thread's
+      // dp calls (loss, norm) are host MPI on grid.dp().
       grad_comm_ = MpiComm::duplicate(dp.raw(), "dp (ZeRO)");
       grad_comm_->set_timeout(dp.timeout());
       if (deck_.comm.emulate_gbps > 0)
         grad_comm_->set_emulated_link(deck_.comm.emulate_gbps, deck_.comm.emulate_latency_us);
       reduce_comm = grad_comm_.get();
+    }
+    if (sharded_) {
       opt.shard_grads = shard_grads_.data();
       opt.release_reduced = release_grads_;
       // Note [Bounded gradient memory] (train/zero.h): one bucket on the wire while the next

@@ -34,6 +34,7 @@ run: {threads: 1}
 struct Outcome {
   std::vector<double> losses;
   double val = 0;
+  size_t optimizer_floats = 0, model_floats = 0;  // AdamW's state per moment; the model's
 };
 
 Outcome train(Backend& be, const Deck& d, ProcessGrid& grid, Communicator* dp,
@@ -42,6 +43,8 @@ Outcome train(Backend& be, const Deck& d, ProcessGrid& grid, Communicator* dp,
   Outcome o;
   for (int s = 0; s < d.train.steps; ++s) o.losses.push_back(t.train_step(s).loss);
   o.val = t.validate();
+  o.optimizer_floats = t.optimizer().size();
+  o.model_floats = t.model().num_params();
   return o;
 }
 
@@ -62,6 +65,27 @@ void expect_layout_matches_cpu(int dp, int tp, int pp, std::vector<std::string> 
   for (size_t i = 0; i < want.losses.size(); ++i)
     EXPECT_NEAR(got.losses[i], want.losses[i], 1e-5 * std::abs(want.losses[i])) << "step " << i + 1;
   EXPECT_NEAR(got.val, want.val, 1e-5 * std::abs(want.val));
+  // Sharded where the CPU run is: AdamW holds 1/dp of the model on both (ZeRO), all of it on
+  // both otherwise.
+  EXPECT_EQ(got.optimizer_floats, want.optimizer_floats);
+  if (d.parallel.zero > 0 && dp > 1) EXPECT_LE(got.optimizer_floats * dp, got.model_floats);
+}
+// ZeRO-1 on a device backend (Note [ZeRO-1] in train/zero.h): the reduce-scatters and the
+// parameter all-gathers run through the device communicator (here the strict one, as NcclComm
+// would on a GPU), the shards and AdamW's moments live in device memory, and every host access
+// goes through a copy. It must train as the CPU's ZeRO-1 does, in every layout with dp 2;
+// the bound is the other layouts' 1e-5 (the device reduces wte whole, the CPU in dense part and
+// rows). A sharded code path that read a shard or a gathered bucket on the host would crash.
+TEST(DeviceDiscipline, ZeroOneInEveryDataParallelLayout) {
+  const int world = world_size();
+  if (world == 2) {
+    expect_layout_matches_cpu(2, 1, 1, {"parallel.zero=1"});
+  } else if (world == 4) {
+    expect_layout_matches_cpu(2, 1, 2, {"parallel.zero=1"});
+    expect_layout_matches_cpu(2, 2, 1, {"parallel.zero=1", "parallel.sequence_parallel=true"});
+  } else {
+    GTEST_SKIP() << "dp 2 layouts for 2 and 4 ranks";
+  }
 }
 
 TEST(DeviceDiscipline, EveryLayout) {

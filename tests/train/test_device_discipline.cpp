@@ -65,19 +65,22 @@ TEST(DeviceDiscipline, TrainingTouchesBackendMemoryOnlyThroughCopies) {
   EXPECT_EQ(got.logits, want.logits);
 }
 
-// A sharded optimizer is host code for now (Note [ZeRO-1] in train/zero.h): a device backend
-// refuses parallel.zero before allocating anything, naming the key and the backend.
-TEST(DeviceDiscipline, ZeroIsRefusedOnADeviceBackend) {
+// ZeRO-2's page release is host memory only (Note [ZeRO-2 on the host] in train/zero.h): a
+// device backend refuses parallel.zero 2 before allocating anything, naming the key and the
+// backend. ZeRO-1 is accepted there (with dp 1 it is zero 0; over dp, test_pp_device_discipline).
+TEST(DeviceDiscipline, ZeroTwoIsRefusedOnADeviceBackend) {
   testing::StrictDeviceBackend strict;
   Deck d = small_deck();
-  d.parallel.zero = 1;
+  d.parallel.zero = 2;
   try {
     Trainer t(d, TrainContext{&strict, 1e9});
-    FAIL() << "parallel.zero 1 was accepted on a device backend";
+    FAIL() << "parallel.zero 2 was accepted on a device backend";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("parallel.zero: 1 needs run.backend cpu"),
+    EXPECT_NE(std::string(e.what()).find("parallel.zero: 2 needs run.backend cpu"),
               std::string::npos) << e.what();
   }
+  d.parallel.zero = 1;
+  EXPECT_NO_THROW(Trainer(d, TrainContext{&strict, 1e9}));
 }
 
 // The strict backend does catch a direct access (the test above would pass vacuously if it
