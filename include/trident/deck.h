@@ -108,6 +108,9 @@ struct ParallelConfig {
   int virtual_stages = 1;              // model chunks per stage (interleaved)
   std::string stage_layers;            // blocks per (virtual) stage, e.g. "3,1"; empty: balanced
   int zero = 0;                        // ZeRO stage (Note [ZeRO-1] in train/zero.h)
+  // ZeRO-2 with train.accum > 1 (Note [ZeRO-2 and accumulation] in train/zero.h): "step"
+  // reduce-scatters once, on the last micro-batch; "micro_batch" after every one.
+  std::string zero_reduce = "step";
 
   bool operator==(const ParallelConfig&) const = default;
 };

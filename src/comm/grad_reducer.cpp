@@ -95,6 +95,7 @@ struct GradReducer::State {
   size_t shard_total = 0;
   std::vector<size_t> gather_order;
   bool release_reduced = false;  // ZeRO-2 on the host
+  bool accumulate_shards = false;  // this round adds to the shard (begin_step's accumulate)
   size_t grads_total = 0;        // elements of the flat gradient buffer
   std::vector<unsigned char> page_scratch;  // resident_bytes's, this thread's
 
@@ -235,6 +236,7 @@ struct GradReducer::State {
   void handle(Event& e) {
     if (e.kind == EventKind::kBegin) {
       active = true;
+      accumulate_shards = e.param != 0;
       finishing = false;
       pending.assign(buckets.size(), 0);
       for (size_t b = 0; b < buckets.size(); ++b) pending[b] = buckets[b].num_params;
@@ -354,6 +356,13 @@ struct GradReducer::State {
       // Note [ZeRO-1]: one reduce-scatter per bucket, not split (Note [Message size] would cut
       // the bucket into pieces whose shards are no longer one slice per rank).
       const auto b = size_t(bucket);
+      if (accumulate_shards) {
+        // Note [ZeRO-2 and accumulation] (train/zero.h): the shard's sum so far joins this
+        // rank's own block of the bucket before the reduce-scatter (host memory: ZeRO-2).
+        float* own = data + size_t(dp.rank()) * shard_count[b];
+        const float* sum = shard_grads + shard_offset[b];
+        for (size_t k = 0; k < shard_count[b]; ++k) own[k] += sum[k];
+      }
       in_flight.push_back({dp.reduce_scatter(data, shard_grads + shard_offset[b], shard_count[b]),
                            building.records.size()});
       building.records.push_back(std::move(r));
@@ -646,7 +655,7 @@ GradReducer::~GradReducer() {
   state_->thread.join();
 }
 
-void GradReducer::begin_step(bool reduce) {
+void GradReducer::begin_step(bool reduce, bool accumulate_shards) {
   State& s = *state_;
   TRIDENT_CHECK(!(s.step_open && s.step_reduces) || s.failed.load(std::memory_order_acquire),
                 "GradReducer::begin_step({}) while a reducing step is open: call finish() first",
@@ -665,7 +674,11 @@ void GradReducer::begin_step(bool reduce) {
     s.error = nullptr;
     s.failed.store(false, std::memory_order_release);
     s.step_done = false;
-    s.events.push_back(Event(EventKind::kBegin));
+    TRIDENT_CHECK(!accumulate_shards || (s.shard_grads && s.release_reduced),
+                  "GradReducer: accumulating into the shards needs ZeRO-2 on the host");
+    Event e(EventKind::kBegin);
+    e.param = accumulate_shards ? 1 : 0;
+    s.events.push_back(std::move(e));
   }
   s.wake_thread.notify_one();
 }

@@ -137,6 +137,12 @@ const std::vector<Key>& table() {
        .help = "ZeRO stage: 0 replicates AdamW's state; 1 shards it over dp (reduce-scatter, "
                "then all-gather of the parameters); 2 also releases each reduced bucket's "
                "gradients"},
+      {.name = "parallel.zero_reduce",
+       .field = at<&Deck::parallel, &ParallelConfig::zero_reduce>(), .text = Text::kEnum,
+       .choices = {"step", "micro_batch"},
+       .help = "with parallel.zero 2 and train.accum > 1: reduce-scatter the gradients once per "
+               "step, accumulated over the micro-batches (Megatron), or after every micro-batch "
+               "into the shard, holding less (DeepSpeed)"},
 
       {.name = "comm.overlap", .field = at<&Deck::comm, &CommConfig::overlap>(),
        .help = "overlap the gradient all-reduce with the backward pass"},

@@ -1,5 +1,6 @@
 #include "train/gpt_stage.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "core/elapsed.h"
@@ -33,6 +34,7 @@ void GPTStage::begin_step(const StepInputs& in) {
   in_ = in;
   loss_sum_ = forward_ms_ = backward_ms_ = 0;
   reducing_ = false;
+  earlier_rounds_ = ReduceStats{};
   // The buffers depend on the micro-batch shape only: allocated when it first appears or
   // changes, never per step. All are per slot, like the model's activations: micro-batch m
   // uses them from its forward to its backward, and m + slots's forward comes after that.
@@ -114,8 +116,32 @@ std::vector<StageTensor> GPTStage::backward_inputs(int micro, int chunk) {
   return {boundary("dhidden", doutput_[slot(micro, chunk)].data())};
 }
 
-GradReadyFn GPTStage::begin_reduction(bool last) {
+GradReadyFn GPTStage::begin_reduction(int micro) {
   if (!reducer_) return {};
+  const auto ready = [this](int i, int piece) {
+    reducer_->grad_ready(unit_first_[size_t(i)] + piece);
+  };
+  if (each_micro_batch_) {
+    // Note [ZeRO-2 and accumulation]: the previous micro-batch's round ends here, before this
+    // backward writes the buckets it released (its tail overlapped this micro-batch's forward).
+    if (reducing_) {
+      reducer_->finish();
+      const ReduceStats& r = reducer_->stats();
+      ReduceStats& e = earlier_rounds_;
+      e.comm_ms += r.comm_ms;
+      e.exposed_comm_ms += r.exposed_comm_ms;
+      e.thread_cpu_ms += r.thread_cpu_ms;
+      e.progress_polls += r.progress_polls;
+      e.held_wait_ms += r.held_wait_ms;
+      e.bytes += r.bytes;
+      e.grad_resident_peak_bytes = std::max(e.grad_resident_peak_bytes, r.grad_resident_peak_bytes);
+      e.records.insert(e.records.end(), r.records.begin(), r.records.end());
+    }
+    reducer_->begin_step(true, /*accumulate_shards=*/micro > 0);
+    reducing_ = true;
+    return ready;
+  }
+  const bool last = micro == in_.accum - 1;
   // Gradient accumulation: only the last micro-batch's backward reduces (and overlaps). With
   // several chunks each chunk's last backward reports its own parameters, and the step
   // reduces from the first of them on (the reducer waits for each bucket's parameters).
@@ -124,7 +150,7 @@ GradReadyFn GPTStage::begin_reduction(bool last) {
     reducing_ = last;
   }
   if (!last) return {};
-  return [this](int i, int piece) { reducer_->grad_ready(unit_first_[size_t(i)] + piece); };
+  return ready;
 }
 
 const EmbeddingRowSink* GPTStage::sink_for(int micro) {
@@ -145,8 +171,10 @@ float GPTStage::dloss_scale() const {
 
 void GPTStage::backward(int micro, int chunk) {
   const auto t0 = std::chrono::steady_clock::now();
-  const bool last = micro == in_.accum - 1;
-  const GradReadyFn on_ready = begin_reduction(last);
+  // Reduced after every micro-batch, each one's gradients are final when it ends (the tp
+  // partial sums of the LayerNorms included).
+  const bool last = micro == in_.accum - 1 || each_micro_batch_;
+  const GradReadyFn on_ready = begin_reduction(micro);
   const EmbeddingRowSink* sink = sink_for(micro);
   model_.backward(slot(micro, chunk), dloss_scale(), received_gradient(micro, chunk),
                   sent_gradient(micro, chunk), on_ready, sink, last);
@@ -162,7 +190,7 @@ void GPTStage::backward_input(int micro, int chunk) {
 
 void GPTStage::backward_weight(int micro, int chunk) {
   const auto t0 = std::chrono::steady_clock::now();
-  const GradReadyFn on_ready = begin_reduction(micro == in_.accum - 1);
+  const GradReadyFn on_ready = begin_reduction(micro);
   model_.backward_weight(slot(micro, chunk), on_ready, sink_for(micro));
   backward_ms_ += ms_since(t0);
 }

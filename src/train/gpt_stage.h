@@ -39,6 +39,11 @@ class GPTStage : public PipelineStage {
   double loss_sum() const { return loss_sum_; }
   double forward_ms() const { return forward_ms_; }
   double backward_ms() const { return backward_ms_; }
+  // Note [ZeRO-2 and accumulation] (train/zero.h): reduce after every micro-batch's backward,
+  // each round finished before the next backward writes the gradients again; the step's
+  // rounds before the last (the caller finishes the last) are summed in earlier_rounds().
+  void reduce_every_micro_batch(bool on) { each_micro_batch_ = on; }
+  const ReduceStats& earlier_rounds() const { return earlier_rounds_; }
   // For the sink: this micro-batch's input tokens (valid from its forward to its backward),
   // and the row map the trainer fills.
   const std::vector<int32_t>& inputs(int micro) const { return inputs_[slot(micro, 0)]; }
@@ -67,12 +72,14 @@ class GPTStage : public PipelineStage {
 
   StageTensor boundary(const char* name, float* data) const;
   // The reducer's hook for this micro-batch's gradient-ready events (empty without dp).
-  GradReadyFn begin_reduction(bool last);
+  GradReadyFn begin_reduction(int micro);
   const EmbeddingRowSink* sink_for(int micro);  // fills the row map first
   float dloss_scale() const;
   const float* received_gradient(int micro, int chunk) const;  // null on the last stage
   float* sent_gradient(int micro, int chunk);                  // null on the first stage
   bool reducing_ = false;  // this step's reducing begin_step was called (Note in begin_reduction)
+  bool each_micro_batch_ = false;  // Note [ZeRO-2 and accumulation] (train/zero.h)
+  ReduceStats earlier_rounds_;     // this step's rounds before the last, summed
 
   GPT& model_;
   const SampleOrder& order_;

@@ -133,6 +133,12 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
   if (zero > 0 && deck_.comm.grad_dtype == "bf16")
     input_error("parallel.zero: {} with comm.grad_dtype bf16: the bf16 path compresses "
                 "all-reduces only, not the sharded optimizer's reduce-scatter; use fp32", zero);
+  if (deck_.parallel.zero_reduce == "micro_batch" &&
+      (zero != 2 || chunks_ > 1 || splits_backward(schedule_)))
+    input_error("parallel.zero_reduce: micro_batch needs parallel.zero 2 (got {}), one chunk per "
+                "stage (parallel.virtual_stages {}) and a schedule whose backward is one pass "
+                "(parallel.schedule {}); use parallel.zero_reduce: step",
+                zero, chunks_, deck_.parallel.schedule);
   sharded_ = zero > 0 && dp_size_ > 1;
   release_grads_ = sharded_ && zero == 2;  // Note [ZeRO-2 on the host] (train/zero.h)
   auto mib = [](double mb) {
@@ -271,6 +277,7 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
   const bool use_sink = use_sink_;
   stage_ = std::make_unique<GPTStage>(*model_, *train_order_, reducer_.get(),
                                       use_sink ? &sink_ : nullptr, unit_first_);
+  stage_->reduce_every_micro_batch(release_grads_ && deck_.parallel.zero_reduce == "micro_batch");
   if (use_sink) {
     step_rows_ = std::make_unique<StepRowSet>(model_->vocab_begin(), model_->vocab_end());
     // A step has at most one row per token it reads, and no more than the slice: reserved
@@ -481,20 +488,23 @@ StepStats Trainer::train_step(int step) {
     if (use_sink) reducer_->add_extra(row_grads_.data(), row_grads_.size(), "wte rows");
     reducer_->finish();  // gradients are now the dp average
     const ReduceStats& rs = reducer_->stats();
+    const ReduceStats& early = stage_->earlier_rounds();  // Note [ZeRO-2 and accumulation]
     // The row set's union ran before the pipeline with nothing to overlap it: comm and
     // exposed alike (it ended before any bucket started, so the spans simply add).
     const double rows_ms = use_sink ? rows_union.ms() : 0.0;
-    s.comm_ms = rs.comm_ms + rows_ms;
-    s.exposed_comm_ms = rs.exposed_comm_ms + rows_ms;
-    s.comm_cpu_ms = rs.thread_cpu_ms;
-    s.comm_polls = rs.progress_polls;
-    s.grad_resident_bytes = rs.grad_resident_peak_bytes;
-    s.held_wait_ms = rs.held_wait_ms;
-    grad_resident_peak_ = std::max(grad_resident_peak_, rs.grad_resident_peak_bytes);
+    s.comm_ms = rs.comm_ms + early.comm_ms + rows_ms;
+    s.exposed_comm_ms = rs.exposed_comm_ms + early.exposed_comm_ms + rows_ms;
+    s.comm_cpu_ms = rs.thread_cpu_ms + early.thread_cpu_ms;
+    s.comm_polls = rs.progress_polls + early.progress_polls;
+    s.grad_resident_bytes = std::max(rs.grad_resident_peak_bytes, early.grad_resident_peak_bytes);
+    s.held_wait_ms = rs.held_wait_ms + early.held_wait_ms;
+    grad_resident_peak_ = std::max(grad_resident_peak_, s.grad_resident_bytes);
     s.overlap = s.comm_ms > 0 ? std::max(0.0, 1.0 - s.exposed_comm_ms / s.comm_ms) : 0.0;
     if (ctx_.trace) {
       if (use_sink)
         ctx_.trace->span("all-reduce", "wte row set", rows_union.start, rows_union.end, "comm");
+      for (const BucketRecord& r : early.records)
+        ctx_.trace->span("all-reduce", r.name, r.start_ms, r.end_ms, "comm");
       for (const BucketRecord& r : rs.records)
         ctx_.trace->span("all-reduce", r.name, r.start_ms, r.end_ms, "comm");
     }

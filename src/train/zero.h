@@ -38,13 +38,23 @@
 // the buffer keeps its address range; only its memory comes and goes. This is host memory
 // only (a device allocation cannot give pages back like this: there it would be a pool of
 // bucket buffers), hence the refusal on device backends.
-// With train.accum > 1 the gradients accumulate in the full buffer over the micro-batches and
-// are reduce-scattered on the last one, as Megatron does: so they are resident from the first
-// micro-batch's backward to the end of the step, and ZeRO-2's saving is between steps. The
-// other way — reduce-scatter every micro-batch into the shard, releasing each bucket between
-// micro-batches — holds less, but sends accum times the bytes, and a micro-batch's backward
-// would have to wait until the previous micro-batch's reduce-scatter of a bucket has read it
-// before writing that bucket again; it is not built (docs/decisions.md, "ZeRO").
+// With train.accum > 1, Note [ZeRO-2 and accumulation] below.
+//
+// Note [ZeRO-2 and accumulation]
+// parallel.zero_reduce: step (the default, Megatron's way): the gradients accumulate in the
+// full buffer over the micro-batches and are reduce-scattered on the last one, so they are
+// resident from the first micro-batch's backward to the end of the step, and ZeRO-2's saving
+// is between steps. micro_batch (DeepSpeed's way): every micro-batch's backward is a reducing
+// round; each bucket is reduce-scattered and released as in a step, and the rounds after the
+// first add to the shard (the thread adds the shard's sum so far into this rank's own block of
+// the bucket before its reduce-scatter, GradReducer::begin_step's accumulate_shards). The
+// buffer is zero again after each round, so the next micro-batch writes into released pages;
+// GPTStage finishes a round at the start of the next backward, so a round's tail overlaps the
+// next micro-batch's forward, and no backward writes a bucket its previous round still reads.
+// Each micro-batch's gradients are then final when its backward ends, so the model is told so
+// (last_micro_batch: the tp partial sums of the LayerNorms are reduced every micro-batch). It
+// holds at most the bound's buckets at any time, but sends accum times the bytes; measured in
+// docs/perf.md. It needs one chunk per stage and a one-pass backward (no zb-h1).
 //
 // Note [Bounded gradient memory]
 // Releasing each bucket after its reduce-scatter bounds nothing by itself: backward writes
