@@ -14,7 +14,6 @@
 // on the communicator's compute stream (Note [Gradient-ready events] in trident/comm.h); after
 // finish() returns, work enqueued on that stream sees the averaged gradients.
 //
-//
 // The communication thread's contract
 //
 // Who calls MPI (or NCCL). Between begin_step(true) and the end of finish() only the reducer's
@@ -52,7 +51,8 @@
 //   (compute_waits_for_comm) so the optimizer, enqueued next, reads reduced gradients.
 // How progress is driven. Open MPI has no asynchronous progress thread: a nonblocking
 //   collective advances only while some thread is inside MPI. So while anything is in flight
-//   the thread loops: MPI_Test on every in-flight request (Work::test), then a pause on its
+//   the thread loops: MPI_Test on the in-flight requests (Work::test, in start order: Note [One
+//   progress call per poll] in src/comm/grad_reducer.cpp), then a pause on its
 //   condition variable, woken early by a new event: 200 µs while backward runs beside it (Note
 //   [Polling beside compute]); after finish() yields, then 10–200 µs sleeps (progress_backoff);
 //   when only an emulated link is left, until its end. With nothing in flight it sleeps until
@@ -163,6 +163,11 @@ struct ReduceStats {
   // Note [Bounded gradient memory]: the compute thread's time blocked in grad_ready.
   double held_wait_ms = 0;
   std::vector<BucketRecord> records;  // in launch order
+
+  // A later reducing round of the same step joins this one (Note [ZeRO-2 and accumulation] in
+  // train/zero.h: a round per micro-batch): times, bytes and polls add, the resident peak is
+  // the larger, records follow; finish_called_ms is the later round's.
+  ReduceStats& operator+=(const ReduceStats& later);
 };
 
 // The parameter all-gathers of one ZeRO round (launched after an optimizer step), and the

@@ -399,7 +399,7 @@ struct GradReducer::State {
     return next_bucket + next_extra > launched_before;
   }
 
-  // Tests every in-flight all-reduce (a completed one is already averaged). True if any did.
+  // Tests the in-flight work (a completed all-reduce is already averaged). True if any ended.
   // Note [One progress call per poll]: every test of an in-flight operation is an MPI_Test,
   // and every MPI_Test runs Open MPI's whole progress engine (all sockets, all of libnbc's
   // schedules), whatever request it names. Testing each of k operations in flight ran it k
@@ -408,9 +408,9 @@ struct GradReducer::State {
   // thread tests in start order and stops at the first one still running: one progress call
   // per wake-up while the oldest is unfinished, one more per completion (970–1070 per step
   // there). The thread's CPU time stayed ~100–110 ms per step: it is the sockets' copying and
-  // the kernel's TCP work, not the calls (docs/scaling.md). Operations on one communicator finish about in start order (they share
-  // its links and libnbc advances them in turn), so a later one that finished first is seen
-  // when those before it are: a delay in its stats and its ZeRO-2 release, never a missed
+  // the kernel's TCP work, not the calls (docs/scaling.md). Operations on one communicator
+  // finish about in start order (they share its links and libnbc advances them in turn), so
+  // a later one that finished first is seen when those before it are: a delay in its stats and its ZeRO-2 release, never a missed
   // completion; the timeout is checked on the oldest, which has waited longest. An operation
   // whose transfer is done and that waits only for its emulated link does not stop the walk:
   // stopping there left the later ones untested, so the thread saw no link end to sleep to
@@ -530,6 +530,20 @@ struct GradReducer::State {
     released_cv.notify_all();
   }
 };
+
+ReduceStats& ReduceStats::operator+=(const ReduceStats& later) {
+  reduced = reduced || later.reduced;
+  comm_ms += later.comm_ms;
+  exposed_comm_ms += later.exposed_comm_ms;
+  finish_called_ms = later.finish_called_ms;
+  bytes += later.bytes;
+  thread_cpu_ms += later.thread_cpu_ms;
+  progress_polls += later.progress_polls;
+  grad_resident_peak_bytes = std::max(grad_resident_peak_bytes, later.grad_resident_peak_bytes);
+  held_wait_ms += later.held_wait_ms;
+  records.insert(records.end(), later.records.begin(), later.records.end());
+  return *this;
+}
 
 // ---- the compute thread's side ----
 

@@ -126,16 +126,7 @@ GradReadyFn GPTStage::begin_reduction(int micro) {
     // backward writes the buckets it released (its tail overlapped this micro-batch's forward).
     if (reducing_) {
       reducer_->finish();
-      const ReduceStats& r = reducer_->stats();
-      ReduceStats& e = earlier_rounds_;
-      e.comm_ms += r.comm_ms;
-      e.exposed_comm_ms += r.exposed_comm_ms;
-      e.thread_cpu_ms += r.thread_cpu_ms;
-      e.progress_polls += r.progress_polls;
-      e.held_wait_ms += r.held_wait_ms;
-      e.bytes += r.bytes;
-      e.grad_resident_peak_bytes = std::max(e.grad_resident_peak_bytes, r.grad_resident_peak_bytes);
-      e.records.insert(e.records.end(), r.records.begin(), r.records.end());
+      earlier_rounds_ += reducer_->stats();
     }
     reducer_->begin_step(true, /*accumulate_shards=*/micro > 0);
     reducing_ = true;

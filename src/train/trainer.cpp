@@ -487,24 +487,30 @@ StepStats Trainer::train_step(int step) {
   if (reducer_) {
     if (use_sink) reducer_->add_extra(row_grads_.data(), row_grads_.size(), "wte rows");
     reducer_->finish();  // gradients are now the dp average
-    const ReduceStats& rs = reducer_->stats();
-    const ReduceStats& early = stage_->earlier_rounds();  // Note [ZeRO-2 and accumulation]
+    // The step's rounds: one, or one per micro-batch (Note [ZeRO-2 and accumulation]), joined
+    // only then (a copy of every record, which the usual one round does without).
+    ReduceStats joined;
+    const ReduceStats* rounds = &reducer_->stats();
+    if (stage_->earlier_rounds().reduced) {
+      joined = stage_->earlier_rounds();
+      joined += *rounds;
+      rounds = &joined;
+    }
+    const ReduceStats& rs = *rounds;
     // The row set's union ran before the pipeline with nothing to overlap it: comm and
     // exposed alike (it ended before any bucket started, so the spans simply add).
     const double rows_ms = use_sink ? rows_union.ms() : 0.0;
-    s.comm_ms = rs.comm_ms + early.comm_ms + rows_ms;
-    s.exposed_comm_ms = rs.exposed_comm_ms + early.exposed_comm_ms + rows_ms;
-    s.comm_cpu_ms = rs.thread_cpu_ms + early.thread_cpu_ms;
-    s.comm_polls = rs.progress_polls + early.progress_polls;
-    s.grad_resident_bytes = std::max(rs.grad_resident_peak_bytes, early.grad_resident_peak_bytes);
-    s.held_wait_ms = rs.held_wait_ms + early.held_wait_ms;
-    grad_resident_peak_ = std::max(grad_resident_peak_, s.grad_resident_bytes);
+    s.comm_ms = rs.comm_ms + rows_ms;
+    s.exposed_comm_ms = rs.exposed_comm_ms + rows_ms;
+    s.comm_cpu_ms = rs.thread_cpu_ms;
+    s.comm_polls = rs.progress_polls;
+    s.grad_resident_bytes = rs.grad_resident_peak_bytes;
+    s.held_wait_ms = rs.held_wait_ms;
+    grad_resident_peak_ = std::max(grad_resident_peak_, rs.grad_resident_peak_bytes);
     s.overlap = s.comm_ms > 0 ? std::max(0.0, 1.0 - s.exposed_comm_ms / s.comm_ms) : 0.0;
     if (ctx_.trace) {
       if (use_sink)
         ctx_.trace->span("all-reduce", "wte row set", rows_union.start, rows_union.end, "comm");
-      for (const BucketRecord& r : early.records)
-        ctx_.trace->span("all-reduce", r.name, r.start_ms, r.end_ms, "comm");
       for (const BucketRecord& r : rs.records)
         ctx_.trace->span("all-reduce", r.name, r.start_ms, r.end_ms, "comm");
     }
