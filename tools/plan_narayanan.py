@@ -18,6 +18,11 @@ micro-batch, schedule; recompute and ZeRO as above) ranks the layouts, and the p
 (tp, pp) must be among the top three (tp, pp) pairs (each pair by its best micro-batch and
 schedule). Exits 1 if a row misses by more than --max-error or
 the picker check fails.
+
+Last, the paper's own comparison of (tp, pp) pairs, its Figure 13: a 162.2B model on 64 GPUs
+(data parallelism 1), (tp, pp) from (2, 32) to (32, 2), two batch sizes, where (8, 8) is best.
+Printed for information (not checked): the figure's shape and batch sizes are not in its
+caption as read here, so the shape is derived (see FIG13) and the batch sizes are 32 and 128.
 """
 import argparse
 import json
@@ -40,6 +45,11 @@ ROWS = [
     (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163),
 ]
 PICKER_ROWS = (18.4, 145.6)
+# Figure 13's model, "162.2 billion parameters": hidden 20480 and 32 layers give
+# 12·l·h²·(1 + 13/(12h)) + (V + s)·h = 162.2e9, and 32 layers allow pp = 32 (one layer per
+# stage), the figure's deepest pipeline. 128 heads (head dim 160) is an assumption.
+FIG13 = dict(heads=128, hidden=20480, layers=32, gpus=64, batches=(32, 128),
+             pairs=((2, 32), (4, 16), (8, 8), (16, 4), (32, 2)))
 SEQ, VOCAB = 2048, 51200
 
 
@@ -119,6 +129,21 @@ def main():
                if rank else float("nan"))
         lines.append(f"| {params}B | {gpus} | ({tp}, {pp}) | {rank if rank else '> top'} "
                      f"| {own:.0f} | {top} |")
+    lines += ["", "| Figure 13 (162.2B, 64 GPUs) | " + " | ".join(
+        f"(tp {t}, pp {p})" for t, p in FIG13["pairs"]) + " | planner's best pair |",
+              "|---|" + "---|" * (len(FIG13["pairs"]) + 1)]
+    for batch in FIG13["batches"]:
+        print(f"plan_narayanan: Figure 13, batch {batch} ...", flush=True)
+        flops = paper_flops(batch, FIG13["layers"], FIG13["hidden"])
+        per_pair = {}
+        for t, p in FIG13["pairs"]:
+            ranked = [r for r in run_plan(args, FIG13["heads"], FIG13["hidden"], FIG13["layers"],
+                                          FIG13["gpus"], batch, ["--tp", str(t), "--pp", str(p)])
+                      if r["fits"]]
+            per_pair[(t, p)] = flops / ranked[0]["step_s"] / FIG13["gpus"] / 1e12 if ranked else 0
+        best = max(per_pair, key=per_pair.get)
+        lines.append(f"| batch {batch}: predicted TFLOP/s per GPU | " + " | ".join(
+            f"{per_pair[k]:.0f}" for k in FIG13["pairs"]) + f" | ({best[0]}, {best[1]}) |")
     text = "\n".join(lines)
     print(text)
     if args.out:

@@ -10,10 +10,17 @@ same layout in the planner's words). bench's median step time and its memory fig
 compared with the prediction's step_s and memory terms. With --rounds > 1 the cases run
 interleaved, round by round, and each case's median over rounds is used. Exits 1 when the
 median or the worst step-time error is above the limits.
+
+With --calibrate-each-round every round starts with its own calibration (`mpirun -n 2 trident
+plan --calibrate --emulate-gbps 1 --emulate-latency-us 50`, about 15 s), each bench of the
+round is predicted with the file calibrated minutes before it, and a case's error is the
+median over rounds of predicted/measured: on a machine whose speed drifts from one minute to
+the next this compares the model with the machine as it was, not as it was at another time.
 """
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -60,8 +67,17 @@ def bench(args, deck, ranks, overrides, out_dir):
         return json.load(f)
 
 
-def plan(args, deck, overrides, layout):
-    cmd = [args.trident, "plan", deck, "--hardware", args.hardware, "--layout", layout, "--json",
+def calibrate(args, out):
+    cmd = ["mpirun", "-n", "2", args.trident, "plan", "--calibrate", "--name", "this-machine",
+           "--emulate-gbps", "1", "--emulate-latency-us", "50", "--out", out]
+    proc = subprocess.run(cmd, env=dict(os.environ, **MPI_ENV), capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"plan_validate: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr}")
+    return out
+
+
+def plan(args, deck, overrides, layout, hardware):
+    cmd = [args.trident, "plan", deck, "--hardware", hardware, "--layout", layout, "--json",
            *[x for o in overrides for x in ("--set", o)]]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -72,7 +88,11 @@ def plan(args, deck, overrides, layout):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--trident", required=True)
-    ap.add_argument("--hardware", required=True)
+    ap.add_argument("--hardware", help="the hardware file (required without "
+                    "--calibrate-each-round)")
+    ap.add_argument("--calibrate-each-round", action="store_true",
+                    help="calibrate at the start of every round and predict that round's "
+                         "benches with it")
     ap.add_argument("--inputs", default=os.path.join(os.path.dirname(__file__), "..", "inputs"))
     ap.add_argument("--cases", default="default", choices=["default", "quick"])
     ap.add_argument("--rounds", type=int, default=1)
@@ -86,9 +106,16 @@ def main():
     ap.add_argument("--measured", help="JSON file: bench results are saved here, and read "
                     "instead of running bench when it exists (to re-predict only)")
     args = ap.parse_args()
+    if not args.hardware and not args.calibrate_each_round:
+        ap.error("--hardware is required without --calibrate-each-round")
+    if args.calibrate_each_round and args.measured:
+        ap.error("--measured re-predicts with one --hardware; not with --calibrate-each-round")
     cases = [c for c in CASES if args.cases == "default" or c[0] in QUICK]
 
     measured = {c[0]: [] for c in cases}
+    # --calibrate-each-round: each round's prediction (its own calibration) and its ratio
+    preds_by_round = {c[0]: [] for c in cases}
+    ratios_by_round = {c[0]: [] for c in cases}
     memory = {}
     if args.measured and os.path.exists(args.measured):
         with open(args.measured) as f:
@@ -96,30 +123,50 @@ def main():
         measured, memory = saved["measured"], saved["bench"]
         cases = [c for c in cases if c[0] in measured]
         args.rounds = 0
-    with tempfile.TemporaryDirectory() as tmp:
-        for r in range(args.rounds):
-            for name, deck, ranks, overrides, layout in cases:
-                print(f"plan_validate: round {r + 1}/{args.rounds}: {name} ...", flush=True)
-                b = bench(args, os.path.join(args.inputs, deck), ranks, overrides,
-                          os.path.join(tmp, "run"))
-                measured[name].append(b["ms_per_step"] / 1000.0)
-                memory[name] = b
+    tmpdir = tempfile.TemporaryDirectory()  # removed when the script ends
+    tmp = tmpdir.name
+    for r in range(args.rounds):
+        hardware = args.hardware
+        if args.calibrate_each_round:
+            print(f"plan_validate: round {r + 1}/{args.rounds}: calibrating ...", flush=True)
+            hardware = calibrate(args, os.path.join(tmp, f"hardware-{r + 1}.yaml"))
+        for name, deck, ranks, overrides, layout in cases:
+            print(f"plan_validate: round {r + 1}/{args.rounds}: {name} ...", flush=True)
+            b = bench(args, os.path.join(args.inputs, deck), ranks, overrides,
+                      os.path.join(tmp, "run"))
+            measured[name].append(b["ms_per_step"] / 1000.0)
+            memory[name] = b
+            if args.calibrate_each_round:
+                p = plan(args, os.path.join(args.inputs, deck), overrides, layout, hardware)
+                preds_by_round[name].append(p["step_s"])
+                ratios_by_round[name].append(p["step_s"] / measured[name][-1])
+    if args.calibrate_each_round and args.rounds > 0:
+        # Memory and the split come from the last round's file (a case's time and error are its
+        # rounds' medians); the file is kept beside the table as the machine's latest.
+        args.hardware = os.path.join(tmp, "hardware-last.yaml")
+        os.replace(hardware, args.hardware)
+        if args.out:
+            shutil.copy(args.hardware, os.path.splitext(args.out)[0] + ".hardware.yaml")
     if args.measured and args.rounds > 0:
         with open(args.measured, "w") as f:
             json.dump({"measured": measured, "bench": memory}, f)
     rows, errors, ratios = [], [], []
     for name, deck, ranks, overrides, layout in cases:
-        p = plan(args, os.path.join(args.inputs, deck), overrides, layout)
+        p = plan(args, os.path.join(args.inputs, deck), overrides, layout, args.hardware)
         m = statistics.median(measured[name])
         err = p["step_s"] / m - 1
+        predicted = p["step_s"]
+        if ratios_by_round[name]:  # each round against its own calibration
+            err = statistics.median(ratios_by_round[name]) - 1
+            predicted = statistics.median(preds_by_round[name])
         errors.append(abs(err))
-        ratios.append(p["step_s"] / m)
+        ratios.append(1 + err)
         b = memory[name]
         mem_pred = p["memory_bytes"]
         mem_meas = (b["param_mib"] + b["grad_mib"] + b["optimizer_mib"] + b["activation_mib"]) * MIB
         mem_p = sum(mem_pred.values())
         split = sorted(p["time_s"].items(), key=lambda kv: -kv[1])[:3]
-        rows.append((name, ranks, p["step_s"] * 1e3, m * 1e3, 100 * err, mem_p / MIB,
+        rows.append((name, ranks, predicted * 1e3, m * 1e3, 100 * err, mem_p / MIB,
                      mem_meas / MIB, 100 * (mem_p / mem_meas - 1),
                      ", ".join(f"{k} {100 * v / p['step_s']:.0f}%" for k, v in split)))
     head = ("| case | ranks | predicted ms | measured ms | error | predicted MiB | bench MiB "

@@ -19,6 +19,8 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -218,6 +220,8 @@ std::chrono::microseconds progress_backoff(int idle_polls);
 
 constexpr double kDefaultCommTimeoutSeconds = 300.0;
 
+class MpiWork;  // one MpiComm operation (src/comm/mpi_comm.cpp)
+
 // Host buffers over an MPI communicator, with nonblocking MPI calls (MPI_Iallreduce, ...).
 // Open MPI has no asynchronous progress thread: a started operation advances only while some
 // thread is inside MPI, so Work::wait() drives it with MPI_Test and short sleeps, and a poller
@@ -247,8 +251,10 @@ class MpiComm : public Communicator {
   // Emulate a slower link: every operation completes no earlier than `start + model time`
   // (emulated_link_seconds), where start is when it was started or, if an earlier operation
   // of this communicator still holds the emulated link, when that one's time ends (the link
-  // carries one operation at a time). The waiting thread sleeps; the cores stay free.
-  // gbps <= 0 turns emulation off.
+  // carries one operation at a time). Note [Paced link]: an operation's MPI call is posted
+  // only when its turn on the emulated link comes, so its copies and sums happen while the
+  // link carries it, as a NIC's queue would send it. The waiting thread sleeps; the cores
+  // stay free. gbps <= 0 turns emulation off.
   void set_emulated_link(double gbps, double latency_us);
   bool link_emulated() const { return link_gbps_ > 0; }
 
@@ -270,6 +276,12 @@ class MpiComm : public Communicator {
 
   // Used by this communicator's Work objects.
   void note_completed(const OpRecord& record);
+  // Note [Paced link]: posts, in start order, every queued operation whose turn on the
+  // emulated link has come; forget_unposted drops an abandoned one from the queue.
+  void post_due();
+  void forget_unposted(const MpiWork* work);
+  // Makes an operation's MPI call(s), into the given requests (one slot per request).
+  using Post = std::function<void(MPI_Request* requests)>;
   // A bf16 staging buffer of at least n elements, and its return once the operation is done;
   // grow-only and reused, so a step in steady state allocates nothing.
   std::vector<uint16_t>* take_staging(size_t n);
@@ -293,9 +305,8 @@ class MpiComm : public Communicator {
     float* out;
     size_t count;
   };
-  Work make_work(const char* op, LinkOp link_op, size_t bytes, MPI_Request request,
-                 CommClock::time_point start, Staged staged = {});
-  Work make_work(const char* op, LinkOp link_op, size_t bytes, std::vector<MPI_Request> requests,
+  // The operation's MPI calls are `post`, made now or, on an emulated link, at its turn.
+  Work make_work(const char* op, LinkOp link_op, size_t bytes, size_t requests, Post post,
                  CommClock::time_point start, Staged staged = {});
 
   MPI_Comm comm_ = MPI_COMM_NULL;
@@ -304,6 +315,7 @@ class MpiComm : public Communicator {
   double timeout_s_ = kDefaultCommTimeoutSeconds;
   double link_gbps_ = 0, link_latency_us_ = 0;
   CommClock::time_point link_free_at_{};
+  std::deque<MpiWork*> unposted_;  // Note [Paced link]: in start order
   bool recording_ = false;
   std::vector<OpRecord> records_;
   MPI_Op bf16_op_ = MPI_OP_NULL;

@@ -95,13 +95,28 @@ void pause_for(int idle_polls) {
   else std::this_thread::sleep_for(pause);
 }
 
+}  // namespace
+
+// Note [Paced link]
+// ~~~~~~~~~~~~~~~~~
+// On an emulated link an operation completes at its turn's end (set_emulated_link), but the
+// bytes themselves move over shared memory in a few milliseconds. Posted at once, every
+// bucket's copies and sums ran as soon as backward produced it, all inside backward, while
+// the emulated link still had them queued: 130 ms of a core per GPT-2 124M step taken from
+// backward that a real link spreads over its whole transfer (a NIC sends a queued message when
+// the earlier ones are out; TCP copies as the socket drains). So the MPI call is posted when
+// the operation's turn on the link begins, and its work happens while the link carries it.
+// Operations are posted in start order (MPI pairs collectives by it: Note [Same buckets, same
+// order]), whichever Work is tested first; without emulation everything is posted at once.
 class MpiWork final : public Work::Impl {
  public:
   // One operation may be several MPI requests (a reduce-scatter: Note [Reduce-scatter as
-  // reduces]); it is complete when all are.
-  MpiWork(MpiComm* comm, const char* op, size_t bytes, std::vector<MPI_Request> requests,
-          CommClock::time_point start, CommClock::time_point link_done)
-      : comm_(comm), requests_(std::move(requests)), link_done_(link_done) {
+  // reduces]); it is complete when all are. `post` makes the MPI calls, at post_at or later.
+  MpiWork(MpiComm* comm, const char* op, size_t bytes, size_t requests, MpiComm::Post post,
+          CommClock::time_point start, CommClock::time_point post_at,
+          CommClock::time_point link_done)
+      : comm_(comm), requests_(requests, MPI_REQUEST_NULL), post_(std::move(post)),
+        post_at_(post_at), link_done_(link_done) {
     record_.op = op;
     record_.bytes = bytes;
     record_.start = start;
@@ -115,11 +130,23 @@ class MpiWork final : public Work::Impl {
   }
 
   ~MpiWork() override {
+    if (!posted_) comm_->forget_unposted(this);
     if (staged_ != nullptr && transport_done_) comm_->give_staging(staged_);
+  }
+
+  CommClock::time_point post_at() const { return post_at_; }
+  void post() {
+    post_(requests_.data());
+    post_ = nullptr;
+    posted_ = true;
   }
 
   bool test() override {
     if (complete_) return true;
+    if (!posted_) {
+      comm_->post_due();
+      if (!posted_) return false;  // waiting for its turn on the emulated link
+    }
     if (!transport_done_) {
       int flag = 0;
       TRIDENT_MPI(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &flag,
@@ -147,7 +174,8 @@ class MpiWork final : public Work::Impl {
 
   void wait() override {
     for (int idle = 0; !test(); ++idle) {
-      if (transport_done_) std::this_thread::sleep_until(link_done_);
+      if (!posted_) std::this_thread::sleep_until(post_at_);
+      else if (transport_done_) std::this_thread::sleep_until(link_done_);
       else pause_for(idle);
     }
   }
@@ -155,14 +183,17 @@ class MpiWork final : public Work::Impl {
   const OpRecord& record() const override { return record_; }
 
   CommClock::time_point idle_until() const override {
+    if (!posted_) return post_at_;
     return transport_done_ && !complete_ ? link_done_ : CommClock::time_point::min();
   }
 
  private:
   MpiComm* comm_;
   std::vector<MPI_Request> requests_;
-  CommClock::time_point link_done_;
+  MpiComm::Post post_;
+  CommClock::time_point post_at_, link_done_;
   OpRecord record_;
+  bool posted_ = false;
   bool transport_done_ = false;
   bool complete_ = false;
   // An abandoned (timed-out) operation keeps its staging buffer: MPI may still write it.
@@ -170,8 +201,6 @@ class MpiWork final : public Work::Impl {
   float* out_ = nullptr;
   size_t n_ = 0;
 };
-
-}  // namespace
 
 MpiComm::MpiComm(MPI_Comm comm, std::string name) : comm_(comm), name_(std::move(name)) {
   TRIDENT_CHECK(comm != MPI_COMM_NULL, "MpiComm '{}' from MPI_COMM_NULL", name_);
@@ -237,41 +266,58 @@ void MpiComm::note_completed(const OpRecord& record) {
   if (recording_) records_.push_back(record);
 }
 
-Work MpiComm::make_work(const char* op, LinkOp link_op, size_t bytes, MPI_Request request,
-                        CommClock::time_point start, Staged staged) {
-  return make_work(op, link_op, bytes, std::vector<MPI_Request>{request}, start, staged);
+void MpiComm::post_due() {
+  const auto now = CommClock::now();
+  while (!unposted_.empty() && unposted_.front()->post_at() <= now) {
+    MpiWork* work = unposted_.front();
+    unposted_.pop_front();
+    work->post();
+  }
 }
 
-Work MpiComm::make_work(const char* op, LinkOp link_op, size_t bytes,
-                        std::vector<MPI_Request> requests, CommClock::time_point start,
-                        Staged staged) {
-  CommClock::time_point link_done = start;
+void MpiComm::forget_unposted(const MpiWork* work) {
+  std::erase(unposted_, work);
+}
+
+Work MpiComm::make_work(const char* op, LinkOp link_op, size_t bytes, size_t requests, Post post,
+                        CommClock::time_point start, Staged staged) {
+  CommClock::time_point post_at = start, link_done = start;
   if (link_gbps_ > 0) {
     // The emulated link carries one operation at a time: this one starts when it is free.
     const double s = emulated_link_seconds(link_op, bytes, size_, link_gbps_, link_latency_us_);
-    link_done = std::max(start, link_free_at_) +
+    post_at = std::max(start, link_free_at_);
+    link_done = post_at +
                 std::chrono::duration_cast<CommClock::duration>(std::chrono::duration<double>(s));
     link_free_at_ = link_done;
   }
-  auto work = std::make_unique<MpiWork>(this, op, bytes, std::move(requests), start, link_done);
+  auto work = std::make_unique<MpiWork>(this, op, bytes, requests, std::move(post), start,
+                                        post_at, link_done);
   if (staged.buffer != nullptr) work->set_staged(staged.buffer, staged.out, staged.count);
+  // Note [Paced link]: behind the queue, or posted now (which also posts any queued one due).
+  unposted_.push_back(work.get());
+  post_due();
   return Work(std::move(work));
 }
 
 Work MpiComm::start_all_reduce(void* data, size_t count, ElemType type) {
   const auto start = CommClock::now();
-  MPI_Request req;
   if (bf16_op_ != MPI_OP_NULL && type == ElemType::kFloat32) {  // Note [bf16 gradient compression]
     std::vector<uint16_t>* staged = take_staging(count);
     bf16::from_float(static_cast<const float*>(data), staged->data(), count);
-    TRIDENT_MPI(MPI_Iallreduce(MPI_IN_PLACE, staged->data(), mpi_count(count, "all_reduce"),
-                               MPI_UINT16_T, bf16_op_, comm_, &req));
-    return make_work("all_reduce", LinkOp::kAllReduce, count * 2, req, start,
-                     {staged, static_cast<float*>(data), count});
+    const int n = mpi_count(count, "all_reduce");
+    return make_work(
+        "all_reduce", LinkOp::kAllReduce, count * 2, 1,
+        [buf = staged->data(), n, op = bf16_op_, comm = comm_](MPI_Request* req) {
+          TRIDENT_MPI(MPI_Iallreduce(MPI_IN_PLACE, buf, n, MPI_UINT16_T, op, comm, req));
+        },
+        start, {staged, static_cast<float*>(data), count});
   }
-  TRIDENT_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, mpi_count(count, "all_reduce"), mpi_type(type),
-                             MPI_SUM, comm_, &req));
-  return make_work("all_reduce", LinkOp::kAllReduce, count * elem_bytes(type), req, start);
+  const int n = mpi_count(count, "all_reduce");
+  return make_work("all_reduce", LinkOp::kAllReduce, count * elem_bytes(type), 1,
+                   [data, n, t = mpi_type(type), comm = comm_](MPI_Request* req) {
+                     TRIDENT_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, n, t, MPI_SUM, comm, req));
+                   },
+                   start);
 }
 
 Work MpiComm::start_all_reduce_op(void* data, size_t count, ElemType type, ReduceOp op,
@@ -284,10 +330,12 @@ Work MpiComm::start_all_reduce_op(void* data, size_t count, ElemType type, Reduc
                    fmt::format("all_reduce bitwise OR of {} on communicator '{}': integers only",
                                elem_type_name(type), name_));
   const auto start = CommClock::now();
-  MPI_Request req;
-  TRIDENT_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, mpi_count(count, "all_reduce"), mpi_type(type),
-                             MPI_BOR, comm_, &req));
-  return make_work("all_reduce", LinkOp::kAllReduce, count * elem_bytes(type), req, start);
+  const int n = mpi_count(count, "all_reduce");
+  return make_work("all_reduce", LinkOp::kAllReduce, count * elem_bytes(type), 1,
+                   [data, n, t = mpi_type(type), comm = comm_](MPI_Request* req) {
+                     TRIDENT_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, n, t, MPI_BOR, comm, req));
+                   },
+                   start);
 }
 
 // Note [Reduce-scatter as reduces]: Open MPI's nonblocking MPI_Ireduce_scatter_block (libnbc)
@@ -303,20 +351,22 @@ constexpr size_t kReducePiece = size_t(4) << 20;  // floats: 16 MiB (Note [Messa
 Work MpiComm::start_reduce_scatter(const void* send, void* recv, size_t recv_count,
                                    ElemType type) {
   const auto start = CommClock::now();
-  const size_t esize = elem_bytes(type);
-  std::vector<MPI_Request> requests;
-  for (int root = 0; root < size_; ++root) {
-    const char* block = static_cast<const char*>(send) + size_t(root) * recv_count * esize;
-    for (size_t done = 0; done < recv_count; done += kReducePiece) {
-      const size_t n = std::min(recv_count - done, kReducePiece);
-      void* out = root == rank_ ? static_cast<char*>(recv) + done * esize : nullptr;
-      requests.emplace_back();
-      TRIDENT_MPI(MPI_Ireduce(block + done * esize, out, mpi_count(n, "reduce_scatter"),
-                              mpi_type(type), MPI_SUM, root, comm_, &requests.back()));
+  mpi_count(std::min(recv_count, kReducePiece), "reduce_scatter");
+  const size_t pieces = (recv_count + kReducePiece - 1) / kReducePiece;
+  auto post = [send = static_cast<const char*>(send), recv = static_cast<char*>(recv), recv_count,
+               esize = elem_bytes(type), t = mpi_type(type), size = size_, rank = rank_,
+               comm = comm_](MPI_Request* req) {
+    for (int root = 0; root < size; ++root) {
+      const char* block = send + size_t(root) * recv_count * esize;
+      for (size_t done = 0; done < recv_count; done += kReducePiece) {
+        const int n = static_cast<int>(std::min(recv_count - done, kReducePiece));
+        void* out = root == rank ? recv + done * esize : nullptr;
+        TRIDENT_MPI(MPI_Ireduce(block + done * esize, out, n, t, MPI_SUM, root, comm, req++));
+      }
     }
-  }
-  return make_work("reduce_scatter", LinkOp::kReduceScatter, recv_count * size_ * esize,
-                   std::move(requests), start);
+  };
+  return make_work("reduce_scatter", LinkOp::kReduceScatter, recv_count * size_ * elem_bytes(type),
+                   size_t(size_) * pieces, std::move(post), start);
 }
 
 Work MpiComm::start_all_gather(const void* send, void* recv, size_t send_count, ElemType type) {
@@ -324,10 +374,11 @@ Work MpiComm::start_all_gather(const void* send, void* recv, size_t send_count, 
   const int n = mpi_count(send_count, "all_gather");
   // send == this rank's block of recv means in place.
   const bool in_place = send == static_cast<const char*>(recv) + rank_ * send_count * elem_bytes(type);
-  MPI_Request req;
-  TRIDENT_MPI(MPI_Iallgather(in_place ? MPI_IN_PLACE : send, n, mpi_type(type), recv, n,
-                             mpi_type(type), comm_, &req));
-  return make_work("all_gather", LinkOp::kAllGather, send_count * size_ * elem_bytes(type), req,
+  return make_work("all_gather", LinkOp::kAllGather, send_count * size_ * elem_bytes(type), 1,
+                   [send = in_place ? MPI_IN_PLACE : send, recv, n, t = mpi_type(type),
+                    comm = comm_](MPI_Request* req) {
+                     TRIDENT_MPI(MPI_Iallgather(send, n, t, recv, n, t, comm, req));
+                   },
                    start);
 }
 
@@ -335,27 +386,36 @@ Work MpiComm::start_broadcast(void* data, size_t count, ElemType type, int root)
   TRIDENT_CHECK(root >= 0 && root < size_, "broadcast root {} on '{}' of size {}", root, name_,
                 size_);
   const auto start = CommClock::now();
-  MPI_Request req;
-  TRIDENT_MPI(MPI_Ibcast(data, mpi_count(count, "broadcast"), mpi_type(type), root, comm_, &req));
-  return make_work("broadcast", LinkOp::kBroadcast, count * elem_bytes(type), req, start);
+  const int n = mpi_count(count, "broadcast");
+  return make_work("broadcast", LinkOp::kBroadcast, count * elem_bytes(type), 1,
+                   [data, n, t = mpi_type(type), root, comm = comm_](MPI_Request* req) {
+                     TRIDENT_MPI(MPI_Ibcast(data, n, t, root, comm, req));
+                   },
+                   start);
 }
 
 Work MpiComm::start_send(const void* data, size_t count, ElemType type, int dest, int tag) {
   TRIDENT_CHECK(dest >= 0 && dest < size_, "send to rank {} on '{}' of size {}", dest, name_,
                 size_);
   const auto start = CommClock::now();
-  MPI_Request req;
-  TRIDENT_MPI(MPI_Isend(data, mpi_count(count, "send"), mpi_type(type), dest, tag, comm_, &req));
-  return make_work("send", LinkOp::kSendRecv, count * elem_bytes(type), req, start);
+  const int n = mpi_count(count, "send");
+  return make_work("send", LinkOp::kSendRecv, count * elem_bytes(type), 1,
+                   [data, n, t = mpi_type(type), dest, tag, comm = comm_](MPI_Request* req) {
+                     TRIDENT_MPI(MPI_Isend(data, n, t, dest, tag, comm, req));
+                   },
+                   start);
 }
 
 Work MpiComm::start_recv(void* data, size_t count, ElemType type, int src, int tag) {
   TRIDENT_CHECK(src >= 0 && src < size_, "recv from rank {} on '{}' of size {}", src, name_,
                 size_);
   const auto start = CommClock::now();
-  MPI_Request req;
-  TRIDENT_MPI(MPI_Irecv(data, mpi_count(count, "recv"), mpi_type(type), src, tag, comm_, &req));
-  return make_work("recv", LinkOp::kSendRecv, count * elem_bytes(type), req, start);
+  const int n = mpi_count(count, "recv");
+  return make_work("recv", LinkOp::kSendRecv, count * elem_bytes(type), 1,
+                   [data, n, t = mpi_type(type), src, tag, comm = comm_](MPI_Request* req) {
+                     TRIDENT_MPI(MPI_Irecv(data, n, t, src, tag, comm, req));
+                   },
+                   start);
 }
 
 }  // namespace trident

@@ -116,10 +116,13 @@ RankPlace rank_place(const PlanLayout& l, const Hardware& hw, double busy_fracti
   }
   r.memory_bw = hw.memory_gbytes_per_s * 1e9 / (cpu ? r.local_ranks : 1);
   r.peak_flops = hw.peak_tflops * 1e12 * r.cores;
-  // Rank order: tp fastest, then dp, then pp (trident/grid.h). A group inside one node uses
-  // the intra-node link.
-  r.tp_link = l.tp <= per_node ? hw.intra_node : hw.inter_node;
-  r.dp_link = l.tp * l.dp <= per_node ? hw.intra_node : hw.inter_node;
+  // Rank order: tp fastest, then dp, then pp (trident/grid.h). A group of consecutive ranks
+  // stays inside a node only when its size divides the node's ranks (or the whole job is one
+  // node): tp = 6 on 8-GPU nodes puts ranks 6..11 on two nodes, so that ring runs at the
+  // inter-node link's pace. A dp group is tp-strided: inside a node when tp·dp is.
+  auto inside = [&](int span) { return l.world() <= per_node || per_node % span == 0; };
+  r.tp_link = inside(l.tp) ? hw.intra_node : hw.inter_node;
+  r.dp_link = inside(l.tp * l.dp) ? hw.intra_node : hw.inter_node;
   r.pp_link = l.world() <= per_node ? hw.intra_node : hw.inter_node;
   return r;
 }

@@ -265,6 +265,52 @@ TEST(MpiComm, EmulatedLinkMakesAllReduceTakeTheModelTime) {
                 comm->size(), model * 1e3, took * 1e3);
 }
 
+// Note [Paced link]: an operation queued behind another on the emulated link is not posted to
+// MPI (its buffer stays untouched, however much progress is driven) until its turn; and
+// operations are posted in start order whichever is waited for first, so ranks that wait in
+// different orders still pair the same collectives (distinct sizes and values would show a
+// wrong pairing as wrong sums or an MPI error).
+TEST(MpiComm, PacedLinkPostsEachOperationAtItsTurnInStartOrder) {
+  auto comm = world_comm("paced");
+  comm->set_timeout(30);
+  const double gbps = 1.0, latency_us = 50;
+  comm->set_emulated_link(gbps, latency_us);
+  const int n = comm->size();
+  std::vector<float> a(1 << 20, 1.0f), b(1 << 19, 2.0f), c(1 << 18, 3.0f);
+  const double model_a = emulated_link_seconds(LinkOp::kAllReduce, a.size() * 4, n, gbps, latency_us);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const auto t0 = CommClock::now();
+  Work wa = comm->all_reduce(a.data(), a.size());
+  Work wb = comm->all_reduce(b.data(), b.size());
+  Work wc = comm->all_reduce(c.data(), c.size());
+  EXPECT_GT(wb.idle_until(), CommClock::now());  // waiting for its turn, not for progress
+  // Drive progress for half of a's turn: a's bytes move, b's must not.
+  while (seconds_since(t0) < 0.5 * model_a) {
+    wa.test();
+    wb.test();
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  EXPECT_EQ(b[12345], 2.0f) << "b was posted before a's turn on the link ended";
+  if (comm->rank() == 0) {
+    wc.wait();
+    wb.wait();
+    wa.wait();
+  } else {
+    wa.wait();
+    wb.wait();
+    wc.wait();
+  }
+  EXPECT_EQ(a[777], 1.0f * n);
+  EXPECT_EQ(b[777], 2.0f * n);
+  EXPECT_EQ(c[777], 3.0f * n);
+  // c's turn came after a's and b's: the three took at least the three model times.
+  const double model_all = model_a +
+      emulated_link_seconds(LinkOp::kAllReduce, b.size() * 4, n, gbps, latency_us) +
+      emulated_link_seconds(LinkOp::kAllReduce, c.size() * 4, n, gbps, latency_us);
+  EXPECT_GE(seconds_since(t0), model_all * (1 - 1e-9));
+  comm->set_emulated_link(0, 0);
+}
+
 // Not a check, a measurement (printed by rank 0): the real all-reduce on this machine, next to
 // the blocking MPI_Allreduce, reported like nccl-tests (algbw = bytes / time,
 // busbw = algbw · 2(n−1)/n).

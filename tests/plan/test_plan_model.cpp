@@ -68,6 +68,30 @@ TEST(PlanModel, TensorParallelAllReducesOnTheRing) {
   EXPECT_NEAR(p.term("tp_comm"), 2 * 4 * one + 2 * ce, 1e-15);
 }
 
+// Rank order puts tp's ranks next to each other: on 8-device nodes a group of 2, 4 or 8 stays
+// in a node, a group of 6 (ranks 6..11) or 16 does not and runs at the inter-node link; a dp
+// group is inside a node when tp·dp divides the node.
+TEST(PlanModel, GroupsThatDoNotDivideTheNodeUseTheInterNodeLink) {
+  Hardware hw = round_machine();
+  hw.intra_node = {300, 0};
+  hw.inter_node = {25, 0};
+  auto place = [&](int dp, int tp, int pp) {
+    PlanLayout l;
+    l.dp = dp, l.tp = tp, l.pp = pp;
+    return rank_place(l, hw);
+  };
+  EXPECT_EQ(place(4, 4, 2).tp_link.gbytes_per_s, 300);
+  EXPECT_EQ(place(4, 8, 2).tp_link.gbytes_per_s, 300);
+  EXPECT_EQ(place(4, 6, 2).tp_link.gbytes_per_s, 25);
+  EXPECT_EQ(place(4, 16, 2).tp_link.gbytes_per_s, 25);
+  EXPECT_EQ(place(2, 4, 4).dp_link.gbytes_per_s, 300);  // tp·dp = 8: one node
+  EXPECT_EQ(place(3, 2, 4).dp_link.gbytes_per_s, 25);   // tp·dp = 6: straddles
+  EXPECT_EQ(place(4, 4, 2).dp_link.gbytes_per_s, 25);   // tp·dp = 16
+  EXPECT_EQ(place(1, 6, 1).tp_link.gbytes_per_s, 300);  // the whole job in one node
+  EXPECT_EQ(place(2, 2, 2).pp_link.gbytes_per_s, 300);
+  EXPECT_EQ(place(2, 2, 4).pp_link.gbytes_per_s, 25);
+}
+
 TEST(PlanModel, OneFOneBBubbleIsPMinusOneOverM) {
   const PlanModel m = small_model();
   PlanLayout l;
