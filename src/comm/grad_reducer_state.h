@@ -1,0 +1,177 @@
+// GradReducer's state, shared by its two sides (internal to src/comm/):
+//   grad_reducer.cpp         the compute thread's calls (grad_ready, finish, the ZeRO gathers'
+//                            waits), which only post events and wait on condition variables;
+//   grad_reducer_thread.cpp  the communication thread: its loop, the buckets' launches, the
+//                            polling, the ZeRO release and gathers, the step's end and errors.
+// The contract between them is in trident/grad_reducer.h.
+#pragma once
+#include <time.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "trident/grad_reducer.h"
+
+namespace trident {
+namespace reducer {
+
+enum class EventKind { kBegin, kReady, kExtra, kFinish, kGather };
+
+struct Event {
+  explicit Event(EventKind k) : kind(k), time(CommClock::now()) {}
+  EventKind kind;
+  CommClock::time_point time;  // when the compute thread posted it
+  size_t param = 0;            // kReady
+  float* data = nullptr;       // kExtra; kGather: the parameters
+  size_t count = 0;
+  std::string name;
+  // kReady, kExtra: where the compute stream was (null on host communicators).
+  std::shared_ptr<const ComputeMark> mark;
+};
+
+struct ExtraBuffer {
+  float* data;
+  size_t count;
+  std::string name;
+  double added_ms;
+  std::shared_ptr<const ComputeMark> mark;
+};
+
+// CPU time the calling thread has used, in ms (its own clock, not the wall).
+inline double thread_cpu_ms() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return double(t.tv_sec) * 1e3 + double(t.tv_nsec) * 1e-6;
+}
+
+}  // namespace reducer
+
+struct GradReducer::State {
+  // Fixed at construction; read by both threads.
+  Communicator& dp;
+  float* grads;
+  std::vector<GradParam> params;
+  std::vector<Bucket> buckets;  // offsets into grads
+  std::vector<std::string> bucket_names;
+  std::vector<size_t> bucket_of_param;
+  bool overlap;
+  size_t max_message;  // floats per all-reduce call (Note [Message size])
+  ReduceOp reduce_op;  // kAvg, or kSum of gradients divided by dp already
+  CommClock::time_point origin;
+  // Note [ZeRO-1]: with shard_grads, bucket b is reduce-scattered into
+  // shard_grads + shard_offset[b] (shard_count[b] elements) and all-gathered after the update.
+  float* shard_grads = nullptr;
+  std::vector<size_t> shard_count, shard_offset;
+  size_t shard_total = 0;
+  std::vector<size_t> gather_order;
+  bool release_reduced = false;  // ZeRO-2 on the host
+  bool accumulate_shards = false;  // this round adds to the shard (begin_step's accumulate)
+  size_t grads_total = 0;        // elements of the flat gradient buffer
+  std::vector<unsigned char> page_scratch;  // resident_bytes's, this thread's
+
+  // Compute thread only.
+  bool step_open = false;
+  bool step_reduces = false;
+  std::vector<char> marked;
+  std::vector<size_t> unmarked;  // per bucket: its parameters not yet marked ready this step
+  double held_wait_ms = 0;       // Note [Bounded gradient memory]
+  ReduceStats finished_stats;
+  double gather_wait_ms = 0;  // waiting in wait_gathered since the last take_gather_stats
+
+  // Shared, under `mutex`.
+  std::mutex mutex;
+  std::condition_variable wake_thread;
+  std::condition_variable step_done_cv;
+  std::deque<reducer::Event> events;
+  bool shutdown = false;
+  bool step_done = false;
+  std::exception_ptr error;
+  ReduceStats published_stats;
+  std::atomic<bool> failed{false};  // error != nullptr, readable without the lock
+  std::condition_variable gather_cv;  // a bucket was gathered, or the thread failed
+  std::vector<char> gathered;         // per bucket: its parameters are complete here
+  GatherStats published_gather;       // the last completed round, until taken
+  std::atomic<bool> compute_waiting{false};  // the compute thread waits for a gather
+  // Note [Bounded gradient memory]: bytes of complete buckets not yet released; the compute
+  // thread adds, the thread subtracts on release (and clears on failure), under `mutex`.
+  size_t max_held_bytes = 0;
+  size_t held_bytes = 0;
+  std::condition_variable released_cv;
+
+  // Communication thread only.
+  struct InFlight {
+    Work work;
+    size_t record;          // index into building.records (gathers: gather_building.records)
+    int gather_bucket = -1;  // >= 0: the all-gather of this bucket's parameters
+  };
+  bool active = false;     // a reducing step is running and has not ended
+  bool finishing = false;  // finish() was called
+  CommClock::time_point finish_time;
+  std::vector<size_t> pending;
+  std::vector<char> seen;
+  std::vector<double> ready_ms;
+  std::vector<std::shared_ptr<const ComputeMark>> ready_mark;  // of the bucket's last ready param
+  size_t next_bucket = 0;
+  std::vector<reducer::ExtraBuffer> extras;
+  size_t next_extra = 0;
+  std::vector<InFlight> in_flight;
+  ReduceStats building;
+  double step_cpu_start_ms = 0;  // this thread's CPU clock at the step's begin event
+  bool gathering = false;        // a parameter all-gather round is in flight
+  size_t gathers_left = 0;
+  GatherStats gather_building;
+
+  std::thread thread;
+
+  State(Communicator& dp_, float* grads_, std::vector<GradParam> params_, bool overlap_,
+        size_t max_message_, ReduceOp reduce_op_, CommClock::time_point origin_)
+      : dp(dp_), grads(grads_), params(std::move(params_)), overlap(overlap_),
+        max_message(max_message_), reduce_op(reduce_op_), origin(origin_) {}
+
+  double ms(CommClock::time_point t) const {
+    return std::chrono::duration<double, std::milli>(t - origin).count();
+  }
+
+  void post(reducer::Event event) {
+    {
+      std::lock_guard lock(mutex);
+      events.push_back(std::move(event));
+    }
+    wake_thread.notify_one();
+  }
+
+  [[noreturn]] void rethrow_error() {
+    std::exception_ptr e;
+    {
+      std::lock_guard lock(mutex);
+      e = error;
+    }
+    std::rethrow_exception(e);
+  }
+
+
+  // ---- the communication thread (grad_reducer_thread.cpp) ----
+  void run();
+  CommClock::time_point next_poll(int idle_polls) const;
+  void handle(reducer::Event& e);
+  void start_gathers(float* params, const ComputeMark* after);
+  void end_gather_round(size_t last_bucket);
+  void release_bucket(size_t b);
+  size_t reduces_in_flight() const;
+  void start(float* data, size_t count, std::string name, int bucket, double ready,
+             const ComputeMark* mark);
+  bool launch_ready();
+  bool poll_in_flight();
+  void end_step_if_done();
+  [[noreturn]] void throw_never_ready();
+  void fail_step(std::exception_ptr e);
+};
+
+}  // namespace trident

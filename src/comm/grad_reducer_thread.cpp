@@ -1,0 +1,396 @@
+// GradReducer's communication thread: the loop that turns the compute thread's events into
+// bucketed all-reduces (or ZeRO's reduce-scatters and all-gathers) and drives their progress.
+// The contract it keeps is in trident/grad_reducer.h; the state it shares with the compute
+// thread is in grad_reducer_state.h.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+
+#include "comm/grad_reducer_state.h"
+#include "comm/host_pages.h"
+#include "trident/check.h"
+
+namespace trident {
+
+namespace {
+
+constexpr std::chrono::microseconds kPollBesideCompute{200};  // Note [Polling beside compute]
+
+// Union of [start, end] intervals, in ms.
+double union_ms(std::vector<std::pair<double, double>> intervals) {
+  std::sort(intervals.begin(), intervals.end());
+  double total = 0, open_start = 0, open_end = 0;
+  bool open = false;
+  for (auto [s, e] : intervals) {
+    if (open && s <= open_end) {
+      open_end = std::max(open_end, e);
+      continue;
+    }
+    if (open) total += open_end - open_start;
+    open = true;
+    open_start = s;
+    open_end = e;
+  }
+  if (open) total += open_end - open_start;
+  return total;
+}
+
+}  // namespace
+
+using reducer::Event;
+using reducer::EventKind;
+using reducer::ExtraBuffer;
+using reducer::thread_cpu_ms;
+
+void GradReducer::State::run() {
+  std::vector<Event> batch;
+  int idle_polls = 0;
+  for (;;) {
+    CommClock::time_point poll_at = CommClock::time_point::max();
+    if (!in_flight.empty()) {
+      poll_at = next_poll(idle_polls);
+      if (poll_at == CommClock::time_point::min()) std::this_thread::yield();
+    }
+    {
+      std::unique_lock lock(mutex);
+      auto news = [&] { return shutdown || !events.empty(); };
+      if (in_flight.empty()) wake_thread.wait(lock, news);
+      else if (poll_at != CommClock::time_point::min()) wake_thread.wait_until(lock, poll_at, news);
+      if (shutdown) return;  // anything in flight is abandoned (see ~GradReducer)
+      batch.assign(std::make_move_iterator(events.begin()), std::make_move_iterator(events.end()));
+      events.clear();
+    }
+    try {
+      for (Event& e : batch) handle(e);
+      batch.clear();
+      if (active || gathering) {
+        // A newly started all-reduce needs prompt tests for its first rounds: reset the backoff.
+        const bool launched = active && launch_ready();
+        const bool completed = poll_in_flight();
+        idle_polls = launched || completed ? 0 : idle_polls + 1;
+        if (active) end_step_if_done();
+      }
+    } catch (...) {
+      batch.clear();
+      fail_step(std::current_exception());
+    }
+  }
+}
+
+// When to test the in-flight work again: min() = right away (after a yield).
+CommClock::time_point GradReducer::State::next_poll(int idle_polls) const {
+  const auto now = CommClock::now();
+  auto idle_until = CommClock::time_point::max();
+  for (const InFlight& f : in_flight) idle_until = std::min(idle_until, f.work.idle_until());
+  if (idle_until > now) return idle_until;  // only emulated links left: sleep to the first end
+  // Note [Polling beside compute]: before finish() the compute thread is running backward on
+  // the same cores, and every wake-up of this thread preempts it; so it tests every 200 µs at
+  // most (a 16 MiB piece takes >= 1.3 ms even at 100 Gbit/s, so this delays a completion by
+  // a small fraction of it). Once finish() was called the compute thread sleeps, and eager
+  // polling costs it nothing.
+  if (!finishing && !compute_waiting.load(std::memory_order_relaxed))
+    return now + kPollBesideCompute;
+  const auto pause = progress_backoff(idle_polls);
+  return pause.count() == 0 ? CommClock::time_point::min() : now + pause;
+}
+
+void GradReducer::State::handle(Event& e) {
+  if (e.kind == EventKind::kBegin) {
+    active = true;
+    accumulate_shards = e.param != 0;
+    finishing = false;
+    pending.assign(buckets.size(), 0);
+    for (size_t b = 0; b < buckets.size(); ++b) pending[b] = buckets[b].num_params;
+    seen.assign(params.size(), 0);
+    ready_ms.assign(buckets.size(), 0);
+    ready_mark.assign(buckets.size(), nullptr);
+    next_bucket = 0;
+    extras.clear();
+    next_extra = 0;
+    in_flight.clear();
+    building = ReduceStats{};
+    building.reduced = true;
+    step_cpu_start_ms = thread_cpu_ms();
+    return;
+  }
+  if (e.kind == EventKind::kGather) {
+    start_gathers(e.data, e.mark.get());
+    return;
+  }
+  if (!active) return;  // leftovers of a step that already failed
+  switch (e.kind) {
+    case EventKind::kReady: {
+      seen[e.param] = 1;
+      const size_t b = bucket_of_param[e.param];
+      TRIDENT_CHECK(pending[b] > 0, "bucket {} counted more ready parameters than it has", b);
+      if (--pending[b] == 0) {
+        // Events arrive in the order grad_ready was called, which is the compute stream's
+        // order, so this last mark covers every earlier parameter of the bucket.
+        ready_ms[b] = ms(e.time);
+        ready_mark[b] = std::move(e.mark);
+      }
+      break;
+    }
+    case EventKind::kExtra:
+      extras.push_back({e.data, e.count, std::move(e.name), ms(e.time), std::move(e.mark)});
+      break;
+    case EventKind::kFinish:
+      finishing = true;
+      finish_time = e.time;
+      break;
+    case EventKind::kBegin:
+    case EventKind::kGather: break;
+  }
+}
+
+// Note [Gathers before use]: every bucket's all-gather, in forward order, all in flight at
+// once (MPI pairs them by start order, identical on every rank).
+// `after`: the compute stream's mark taken after the optimizer was enqueued (null on the host):
+// on a device the communication stream waits for it, so the gathers send updated shards.
+void GradReducer::State::start_gathers(float* params, const ComputeMark* after) {
+  dp.order_after(after);
+  gather_building = GatherStats{};
+  gathering = true;
+  gathers_left = gather_order.size();
+  const auto r = size_t(dp.rank());
+  for (size_t b : gather_order) {
+    BucketRecord rec;
+    rec.name = bucket_names[b];
+    rec.bucket = static_cast<int>(b);
+    rec.bytes = buckets[b].count * sizeof(float);
+    rec.start_ms = ms(CommClock::now());
+    rec.ready_ms = rec.start_ms;
+    float* bucket = params + buckets[b].offset;
+    in_flight.push_back({dp.all_gather(bucket + r * shard_count[b], bucket, shard_count[b]),
+                         gather_building.records.size(), static_cast<int>(b)});
+    gather_building.records.push_back(std::move(rec));
+  }
+  if (gathers_left == 0) end_gather_round(SIZE_MAX);
+}
+
+// The round's figures are published before its last bucket is marked gathered, so a compute
+// thread that saw every bucket gathered also finds them.
+void GradReducer::State::end_gather_round(size_t last_bucket) {
+  std::vector<std::pair<double, double>> busy;
+  for (const BucketRecord& r : gather_building.records) {
+    busy.emplace_back(r.start_ms, r.end_ms);
+    gather_building.bytes += r.bytes;
+  }
+  gather_building.comm_ms = union_ms(std::move(busy));
+  gather_building.gathered = true;
+  gathering = false;
+  std::lock_guard lock(mutex);
+  published_gather = std::move(gather_building);
+  if (last_bucket < gathered.size()) gathered[last_bucket] = 1;
+}
+
+// Note [ZeRO-2 on the host]: the bucket's reduce-scatter no longer reads its slice.
+void GradReducer::State::release_bucket(size_t b) {
+  building.grad_resident_peak_bytes =
+      std::max(building.grad_resident_peak_bytes,
+               resident_bytes(grads, grads_total * sizeof(float), page_scratch));
+  release_host_floats(grads + buckets[b].offset, buckets[b].count);
+  if (max_held_bytes > 0) {
+    {
+      std::lock_guard lock(mutex);
+      held_bytes -= std::min(held_bytes, buckets[b].count * sizeof(float));
+    }
+    released_cv.notify_all();
+  }
+}
+
+size_t GradReducer::State::reduces_in_flight() const {
+  return size_t(std::count_if(in_flight.begin(), in_flight.end(),
+                              [](const InFlight& f) { return f.gather_bucket < 0; }));
+}
+
+void GradReducer::State::start(float* data, size_t count, std::string name, int bucket,
+                               double ready, const ComputeMark* mark) {
+  BucketRecord r;
+  r.name = std::move(name);
+  r.bucket = bucket;
+  r.bytes = count * sizeof(float);
+  r.ready_ms = ready;
+  r.start_ms = ms(CommClock::now());
+  dp.order_after(mark);  // Note [Gradient-ready events]; nothing on a host communicator
+  if (shard_grads && bucket >= 0) {
+    // Note [ZeRO-1]: one reduce-scatter per bucket, not split (Note [Message size] would cut
+    // the bucket into pieces whose shards are no longer one slice per rank).
+    const auto b = size_t(bucket);
+    if (accumulate_shards) {
+      // Note [ZeRO-2 and accumulation] (train/zero.h): the shard's sum so far joins this
+      // rank's own block of the bucket before the reduce-scatter (host memory: ZeRO-2).
+      float* own = data + size_t(dp.rank()) * shard_count[b];
+      const float* sum = shard_grads + shard_offset[b];
+      for (size_t k = 0; k < shard_count[b]; ++k) own[k] += sum[k];
+    }
+    in_flight.push_back({dp.reduce_scatter(data, shard_grads + shard_offset[b], shard_count[b]),
+                         building.records.size()});
+    building.records.push_back(std::move(r));
+    return;
+  }
+  // Note [Message size]: pieces of at most max_message floats, one record for all of them.
+  size_t done = 0;
+  do {
+    const size_t n = std::min(count - done, max_message);
+    in_flight.push_back({dp.all_reduce(data + done, n, reduce_op, r.name),
+                         building.records.size()});
+    done += n;
+  } while (done < count);
+  building.records.push_back(std::move(r));
+}
+
+// Starts every bucket (then extra) whose turn has come. True if it started any.
+bool GradReducer::State::launch_ready() {
+  if (!overlap && !finishing) return false;
+  const size_t launched_before = next_bucket + next_extra;
+  while (next_bucket < buckets.size() && pending[next_bucket] == 0) {
+    const Bucket& b = buckets[next_bucket];
+    start(grads + b.offset, b.count, bucket_names[next_bucket], static_cast<int>(next_bucket),
+          ready_ms[next_bucket], ready_mark[next_bucket].get());
+    ready_mark[next_bucket] = nullptr;  // its event is no longer needed
+    ++next_bucket;
+  }
+  if (next_bucket == buckets.size())
+    for (; next_extra < extras.size(); ++next_extra) {
+      ExtraBuffer& x = extras[next_extra];
+      start(x.data, x.count, x.name, -1, x.added_ms, x.mark.get());
+      x.mark = nullptr;
+    }
+  return next_bucket + next_extra > launched_before;
+}
+
+// Tests the in-flight work (a completed all-reduce is already averaged). True if any ended.
+// Note [One progress call per poll]: every test of an in-flight operation is an MPI_Test,
+// and every MPI_Test runs Open MPI's whole progress engine (all sockets, all of libnbc's
+// schedules), whatever request it names. Testing each of k operations in flight ran it k
+// times per wake-up (on 2 emulated nodes at 1 Gbit/s, with a dozen buckets queued behind the
+// slow link, 3500–3900 tests per step). One run of the engine advances them all, so the
+// thread tests in start order and stops at the first one still running: one progress call
+// per wake-up while the oldest is unfinished, one more per completion (970–1070 per step
+// there). The thread's CPU time stayed ~100–110 ms per step: it is the sockets' copying and
+// the kernel's TCP work, not the calls (docs/scaling.md). Operations on one communicator
+// finish about in start order (they share its links and libnbc advances them in turn), so
+// a later one that finished first is seen when those before it are: a delay in its stats and
+// its ZeRO-2 release, never a missed completion; the timeout is checked on the oldest, which
+// has waited longest. An operation
+// whose transfer is done and that waits only for its emulated link does not stop the walk:
+// stopping there left the later ones untested, so the thread saw no link end to sleep to
+// and polled through the whole step (bench-overlap: 260 ms of its CPU per step, not 130).
+bool GradReducer::State::poll_in_flight() {
+  bool any = false;
+  for (size_t i = 0; i < in_flight.size();) {
+    InFlight& f = in_flight[i];
+    bool done = false;
+    try {
+      ++building.progress_polls;
+      done = f.work.test();
+    } catch (const Error& e) {
+      const BucketRecord& r = f.gather_bucket >= 0 ? gather_building.records[f.record]
+                                                   : building.records[f.record];
+      throw Error(fmt::format("GradReducer: {} ({} bytes) on dp rank {} of {}: {}", r.name,
+                              r.bytes, dp.rank(), dp.size(), e.what()),
+                  e.code());
+    }
+    if (!done) {
+      // Note [One progress call per poll]: stop at the first whose transfer is unfinished. One
+      // whose bytes have arrived and that only waits out an emulated link (idle_until) needs
+      // no progress: go on, so the later ones' transfers are seen to end too and the thread
+      // can sleep to the first link's end (next_poll) instead of polling.
+      if (f.work.idle_until() == CommClock::time_point::min()) break;
+      ++i;
+      continue;
+    }
+    any = true;
+    if (f.gather_bucket >= 0) {
+      gather_building.records[f.record].end_ms = ms(CommClock::now());
+      const auto b = size_t(f.gather_bucket);
+      in_flight.erase(in_flight.begin() + static_cast<std::ptrdiff_t>(i));
+      if (--gathers_left == 0) {
+        end_gather_round(b);  // published with the last bucket's flag, under one lock
+      } else {
+        std::lock_guard lock(mutex);
+        gathered[b] = 1;
+      }
+      gather_cv.notify_all();
+      continue;
+    }
+    // Of a record's pieces, the last to complete sets its end.
+    building.records[f.record].end_ms = ms(CommClock::now());
+    const int bucket = building.records[f.record].bucket;
+    in_flight.erase(in_flight.begin() + static_cast<std::ptrdiff_t>(i));
+    if (release_reduced && bucket >= 0) release_bucket(size_t(bucket));
+  }
+  return any;
+}
+
+void GradReducer::State::end_step_if_done() {
+  if (!finishing) return;
+  if (next_bucket < buckets.size()) {
+    // Every event up to finish() was handled, so this bucket can no longer become ready.
+    // Wait for the buckets already started (every rank started the same ones), then fail.
+    if (reduces_in_flight() == 0) throw_never_ready();
+    return;
+  }
+  if (next_extra < extras.size() || reduces_in_flight() > 0) return;
+
+  std::vector<std::pair<double, double>> busy;
+  double last_end = ms(finish_time);
+  for (const BucketRecord& r : building.records) {
+    busy.emplace_back(r.start_ms, r.end_ms);
+    building.bytes += r.bytes;
+    last_end = std::max(last_end, r.end_ms);
+  }
+  building.comm_ms = union_ms(std::move(busy));
+  building.finish_called_ms = ms(finish_time);
+  building.exposed_comm_ms = last_end - building.finish_called_ms;
+  building.thread_cpu_ms = thread_cpu_ms() - step_cpu_start_ms;
+  active = false;
+  finishing = false;
+  {
+    std::lock_guard lock(mutex);
+    published_stats = std::move(building);
+    step_done = true;
+  }
+  step_done_cv.notify_all();
+}
+
+void GradReducer::State::throw_never_ready() {
+  std::vector<std::string> missing;
+  size_t first = params.size();
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (seen[i]) continue;
+    if (first == params.size()) first = i;
+    if (missing.size() < 8) missing.push_back(fmt::format("'{}'", params[i].name));
+  }
+  const size_t num_missing =
+      static_cast<size_t>(std::count(seen.begin(), seen.end(), char{0}));
+  TRIDENT_CHECK(first < params.size(), "bucket {} pending but every parameter was ready",
+                next_bucket);
+  internal_error(
+      __FILE__, __LINE__,
+      fmt::format("GradReducer: parameter '{}' (ready index {}) never became ready in this "
+                  "step, so {} of {} could not be reduced (dp rank {} of {}); {} parameter(s) "
+                  "missing: {}{}",
+                  params[first].name, first, bucket_names[bucket_of_param[first]],
+                  buckets.size(), dp.rank(), dp.size(), num_missing,
+                  fmt::join(missing, ", "), num_missing > missing.size() ? ", ..." : ""));
+}
+
+void GradReducer::State::fail_step(std::exception_ptr e) {
+  active = false;
+  gathering = false;
+  in_flight.clear();  // abandoned: an MPI collective cannot be cancelled
+  {
+    std::lock_guard lock(mutex);
+    if (!error) error = e;
+    failed.store(true, std::memory_order_release);
+    step_done = true;
+  }
+  step_done_cv.notify_all();
+  gather_cv.notify_all();
+  released_cv.notify_all();
+}
+
+}  // namespace trident
