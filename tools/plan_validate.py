@@ -57,7 +57,11 @@ MIB = 1024.0 * 1024.0
 
 
 def bench(args, deck, ranks, overrides, out_dir):
-    cmd = ["mpirun", "-n", str(ranks), args.trident, "bench", deck, "--steps", str(args.steps),
+    # A rank of several threads needs their cores: mpirun binds up to 2 ranks to one core each
+    # by default, and 2 threads on one core ran at half speed (Note [Threads and binding]).
+    threaded = any(o.startswith("run.threads=") and o != "run.threads=1" for o in overrides)
+    cmd = ["mpirun", "-n", str(ranks), *(["--bind-to", "none"] if threaded else []),
+           args.trident, "bench", deck, "--steps", str(args.steps),
            "--set", f"run.out_dir={out_dir}", *[x for o in overrides for x in ("--set", o)]]
     env = dict(os.environ, **MPI_ENV)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)

@@ -61,6 +61,7 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
   });
   Trainer& trainer = *trainer_ptr;
   const double nominal = backend->nominal_peak_flops();
+  const CoreCheck cores = check_rank_cores(deck);  // Note [Threads and binding]
   if (lead) {
     if (backend->is_device())
       fmt::print("bench: measured cuBLASLt bf16 GEMM peak {:.1f} TFLOP/s (8192³, fp32 "
@@ -73,6 +74,7 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
                  "blas_core={}\n",
                  peak / 1e9, backend->threads(), blas.chosen);
     if (const std::string n = blas_core_note(blas); !n.empty()) fmt::print("bench: {}\n", n);
+    if (!cores.warning.empty()) fmt::print("bench: WARNING: {}\n", cores.warning);
   }
   const GPTConfig& cfg = trainer.model_config();
 
@@ -252,6 +254,7 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
         {"pp", pp, -1},
         {"zero", deck.parallel.zero, -1},
         {"threads", backend->threads(), -1},
+        {"cores", cores.cores, -1},  // the fewest any rank may run on (Note [Threads and binding])
         {"backend", backend->name(), -1},
         {"blas_core", blas.chosen, -1}};
     nlohmann::ordered_json summary;

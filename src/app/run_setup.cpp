@@ -1,11 +1,14 @@
 #include "app/run_setup.h"
 
 #include <mpi.h>
+#include <sched.h>
 
 #include <climits>
 #include <cmath>
 #include <filesystem>
 #include <functional>
+
+#include <fmt/format.h>
 
 #include "trident/check.h"
 
@@ -92,6 +95,23 @@ nlohmann::json step_record(const StepStats& s) {
     j["skips_in_a_row"] = s.skips_in_a_row;
   }
   return j;
+}
+
+CoreCheck check_rank_cores(const Deck& deck) {
+  CoreCheck c;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  int mine = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : INT_MAX;
+  TRIDENT_MPI(MPI_Allreduce(MPI_IN_PLACE, &mine, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+  c.cores = mine;
+  if (deck.run.backend != "cpu" || mine >= deck.run.threads) return c;
+  c.warning = fmt::format(
+      "run.threads is {} but a rank may run on only {} core(s) (its CPU affinity: mpirun binds "
+      "each rank to one core by default with up to 2 ranks, Slurm to --cpus-per-task), so its "
+      "threads share cores and run at about {}/{} of their speed; launch with mpirun "
+      "--bind-to none (or --map-by slot:PE={}), or srun --cpus-per-task={}",
+      deck.run.threads, mine, mine, deck.run.threads, deck.run.threads, deck.run.threads);
+  return c;
 }
 
 }  // namespace trident

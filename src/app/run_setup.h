@@ -38,6 +38,19 @@ std::unique_ptr<ProcessGrid> make_grid(const Deck& deck);
 // log.trace is empty.
 std::unique_ptr<TraceWriter> make_trace(const Deck& deck, const ProcessGrid& grid);
 
+// Note [Threads and binding]: a CPU rank's run.threads run on the cores its affinity allows.
+// mpirun binds each rank to one core by default when there are at most two ranks (Open MPI
+// 4.1: --bind-to core; above two, to a socket), and Slurm to its --cpus-per-task; then a rank
+// asked for 2 threads runs both on one core, at half speed, and nothing says so. So train and
+// bench count every rank's allowed cores (sched_getaffinity), agree over the world, print the
+// fewest as cores= beside threads=, and warn, naming the launch fix, when a rank has fewer
+// cores than threads. Collective over MPI_COMM_WORLD; a device backend is not checked.
+struct CoreCheck {
+  int cores = 0;        // the fewest cores any rank may run on
+  std::string warning;  // empty when every rank has a core per thread
+};
+CoreCheck check_rank_cores(const Deck& deck);
+
 // One step's line of metrics.jsonl (train and bench write the same fields; README lists them).
 nlohmann::json step_record(const StepStats& s);
 

@@ -192,6 +192,7 @@ int run_train(const DeckArgs& args, const BlasCoreCheck& blas) {
   const fs::path out_dir = deck.run.out_dir;
   const fs::path metrics_path = out_dir / deck.log.jsonl;
   std::unique_ptr<JsonlWriter> metrics;
+  const CoreCheck cores = check_rank_cores(deck);  // Note [Threads and binding]
   if (lead) {
     fs::create_directories(metrics_path.parent_path());
     fs::create_directories(out_dir);
@@ -202,14 +203,15 @@ int run_train(const DeckArgs& args, const BlasCoreCheck& blas) {
     fmt::print(
         "model: {} layers, d_model {}, {} heads, vocab {} (padded {}), {:.2f} M parameters\n"
         "batch: {} tokens/step ({} micro-batch x {} seq x {} accum x {} dp), {} steps\n"
-        "ranks: {} (dp {} x tp {} x pp {}), backend {} with {} threads per rank, GEMM peak "
-        "{:.1f} GFLOP/s per rank, blas_core={}\n",
+        "ranks: {} (dp {} x tp {} x pp {}), backend {} with {} threads per rank on {} allowed "
+        "core(s), GEMM peak {:.1f} GFLOP/s per rank, blas_core={}\n",
         shape.layers, shape.channels, shape.heads, shape.vocab, shape.padded_vocab,
         trainer.model().num_params() / 1e6, trainer.tokens_per_step(), deck.train.micro_batch,
         deck.model.seq_len, deck.train.accum, trainer.dp_size(), deck.train.steps,
         grid->world_size(), grid->layout().dp, grid->layout().tp, grid->layout().pp,
-        backend->name(), backend->threads(), peak.measured_flops / 1e9, blas.chosen);
+        backend->name(), backend->threads(), cores.cores, peak.measured_flops / 1e9, blas.chosen);
     if (const std::string n = blas_core_note(blas); !n.empty()) fmt::print("{}\n", n);
+    if (!cores.warning.empty()) fmt::print("WARNING: {}\n", cores.warning);
     if (!peak.problem.empty()) fmt::print("WARNING: {}\n", peak.problem);
   }
 
