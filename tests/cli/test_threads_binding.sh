@@ -8,7 +8,7 @@
 #   3. train's header says "on 1 allowed core(s)" and warns, under the same binding.
 # usage: test_threads_binding.sh TRIDENT_BINARY SOURCE_DIR SCRATCH_DIR
 source "$(dirname "$0")/lib.sh" "$@"
-cores=$(nproc)
+cores=$($py -c "import os; print(len(os.sched_getaffinity(0)))")  # nproc honours OMP_NUM_THREADS
 if [ "$cores" -lt 2 ]; then
   echo "skip: one core here, so no binding can leave a thread without its own core"
   exit 77
