@@ -316,13 +316,6 @@ class AllCoresWhileAlive {
   bool saved_ok_ = false;
 };
 
-// Cores this thread may run on (mpirun's binding): the overlap figure is measured inside it, as
-// a training rank's compute and communication threads run.
-int allowed_cores() {
-  cpu_set_t set;
-  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
-}
-
 // One thread's memcpy rate (GB/s, bytes copied): the single-rank stand-in for a transport.
 double measure_copy(size_t bytes) {
   std::vector<char> src(bytes, 1), dst(bytes, 0);
@@ -554,6 +547,8 @@ int run_calibrate(const CalibrateArgs& args, const BlasCoreCheck& blas) {
   });
 
   const std::string load = load_average();
+  // mpirun's binding of this rank: the overlap figure is measured inside it, as a training
+  // rank's compute and communication threads run.
   const int bound = allowed_cores();
   progress(lead, "{}, {} cores online, {} rank(s), {} thread(s) for memory; OpenBLAS core {}; "
            "load average {} before measuring", cpu_model(), cores, size, threads,

@@ -97,11 +97,15 @@ nlohmann::json step_record(const StepStats& s) {
   return j;
 }
 
+int allowed_cores() {
+  cpu_set_t set;
+  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+}
+
 CoreCheck check_rank_cores(const Deck& deck) {
   CoreCheck c;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  int mine = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : INT_MAX;
+  int mine = allowed_cores();
+  if (mine == 0) mine = INT_MAX;  // unknown here: another rank's count stands
   TRIDENT_MPI(MPI_Allreduce(MPI_IN_PLACE, &mine, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
   c.cores = mine;
   if (deck.run.backend != "cpu" || mine >= deck.run.threads) return c;

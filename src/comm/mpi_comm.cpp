@@ -347,11 +347,11 @@ Work MpiComm::start_all_reduce_op(void* data, size_t count, ElemType type, Reduc
 // its buffer and sums only its own block, as a ring reduce-scatter does, and the scratch
 // buffers stay small enough to be reused from the heap. One Work holds all the requests.
 constexpr size_t kReducePiece = size_t(4) << 20;  // floats: 16 MiB (Note [Message size])
+static_assert(kReducePiece <= size_t(INT_MAX), "a reduce piece's count is an MPI int");
 
 Work MpiComm::start_reduce_scatter(const void* send, void* recv, size_t recv_count,
                                    ElemType type) {
   const auto start = CommClock::now();
-  mpi_count(std::min(recv_count, kReducePiece), "reduce_scatter");
   const size_t pieces = (recv_count + kReducePiece - 1) / kReducePiece;
   auto post = [send = static_cast<const char*>(send), recv = static_cast<char*>(recv), recv_count,
                esize = elem_bytes(type), t = mpi_type(type), size = size_, rank = rank_,
