@@ -7,10 +7,12 @@
 // cuDNN's documentation describes fused attention (dims always [B, NH, rows, cols]):
 //   forward:  S = Q·Kᵀ → ·scale → causal select(row ≥ col ? S : -huge) → softmax as
 //             max, sub, exp, sum, log+max (= Stats, fp32 lse) and div (P, bf16) → O = P·V
-//   backward: Dsum = Σ_d dO⊙O (·1); P = exp(mask(scale·Q·Kᵀ) − Stats); dV = Pᵀ·dO;
-//             dS = scale · P ⊙ (dO·Vᵀ (·1) − Dsum); dK = dSᵀ·Q; dQ = dS·K (through an fp32
-//             accumulator in the workspace, zeroed before each run, then cast).
-// The "·1" multiplies are where dropout would go; the engine's pattern expects them. Kᵀ, Vᵀ,
+//   backward: Dsum = Σ_d dO⊙O (an fp32 tensor in the workspace); P = exp(mask(scale·Q·Kᵀ) −
+//             Stats); dV = Pᵀ·dO; dS = scale · P ⊙ (dO·Vᵀ − Dsum); dK = dSᵀ·Q; dQ = dS·K
+//             (through an fp32 accumulator in the workspace, zeroed before each run, then
+//             cast). That is the pattern cuDNN's frontend builds; kBackwardVariants also keeps
+//             this file's first graph (a virtual Dsum, "·1" multiplies where dropout would go,
+//             an F16x16-reordered accumulator) as a fallback, tried if cuDNN refuses it. Kᵀ, Vᵀ,
 // Pᵀ and dSᵀ are strided views (a transpose is a stride swap, or a reshape node for virtual
 // tensors), so the packed [B,T,3,NH,HS] qkv buffer is used in place.
 //
@@ -193,7 +195,7 @@ class GraphBuilder {
 
 // Tensor uids bound at execution.
 enum Uid : int64_t {
-  kQ = 1, kK, kV, kO, kStats, kScale, kMaskValue, kOne, kdO, kdQ, kdK, kdV, kdQAccum
+  kQ = 1, kK, kV, kO, kStats, kScale, kMaskValue, kOne, kdO, kdQ, kdK, kdV, kdQAccum, kDsum
 };
 
 // An execution plan and the workspace it needs.
@@ -202,6 +204,9 @@ struct Plan {
   cudnnBackendDescriptor_t plan = nullptr;
   int64_t workspace = 0;      // cuDNN's own
   int64_t dq_accum_bytes = 0;  // backward: the fp32 dQ accumulator placed after it
+  int64_t dsum_bytes = 0;      // backward: the fp32 row sums Σ dO⊙O, after the accumulator
+  bool uses_one = false;       // backward: binds the ·1 scalar (kOne)
+  std::string variant;         // backward: which of kBackwardVariants was planned
 };
 
 // Tries the heuristics' engine configs in order; the first that finalizes becomes the plan.
@@ -300,11 +305,28 @@ void build_forward(Plan& p, cudnnHandle_t handle, const Shape& s) {
   choose_plan(p, handle, g.finish(handle));
 }
 
-// with_accumulator: dQ = dS·K into an fp32 accumulator (F16x16 reordered, in the workspace) then
-// cast — the layout cuDNN 9's default (non-deterministic) dQ path expects; without it dQ is
-// written directly, which selects the engine's other variant.
-void build_backward(Plan& p, cudnnHandle_t handle, const Shape& s, bool with_accumulator) {
+// The backward graphs tried, in order (Note [cuDNN SDPA graph]). The first is the pattern
+// cuDNN's frontend builds for SDPA backward (its scaled_dot_product_flash_attention_backward):
+// the row sums Σ dO⊙O written to a real fp32 tensor in the workspace, no ·1 nodes without
+// dropout, and dQ accumulated in fp32 (workspace) then cast. The other two are the graph this
+// file first had (a virtual row sum, ·1 nodes, an F16x16-reordered accumulator, or dQ written
+// directly): kept as fallbacks, since no GPU has yet said which one its cuDNN takes.
+struct BackwardVariant {
+  const char* name;
+  bool real_dsum;      // Σ dO⊙O in the workspace (else virtual)
+  bool times_one;      // the ·1 nodes after the row sum and after dO·Vᵀ
+  bool accumulator;    // dQ through an fp32 accumulator in the workspace
+  bool reorder_f16x16; // that accumulator with CUDNN_TENSOR_REORDERING_F16x16
+};
+constexpr BackwardVariant kBackwardVariants[] = {
+    {"documented (real row sum, fp32 dQ accumulator)", true, false, true, false},
+    {"virtual row sum, ·1 nodes, F16x16 dQ accumulator", false, true, true, true},
+    {"virtual row sum, ·1 nodes, dQ direct", false, true, false, false},
+};
+
+void build_backward(Plan& p, cudnnHandle_t handle, const Shape& s, const BackwardVariant& v) {
   GraphBuilder g(p.descs);
+  p.variant = v.name;
   auto q = g.tensor(kQ, CUDNN_DATA_BFLOAT16, s.qkv_dims(), s.qkv_strides());
   auto kt = g.tensor(kK, CUDNN_DATA_BFLOAT16, {s.B, s.NH, s.HS, s.T}, s.qkv_t_strides());
   auto vt = g.tensor(kV, CUDNN_DATA_BFLOAT16, {s.B, s.NH, s.HS, s.T}, s.qkv_t_strides());
@@ -316,16 +338,27 @@ void build_backward(Plan& p, cudnnHandle_t handle, const Shape& s, bool with_acc
   auto dv = g.tensor(kdV, CUDNN_DATA_BFLOAT16, s.qkv_dims(), s.qkv_strides());
   auto scale = g.scalar(kScale);
   auto mask_value = g.scalar(kMaskValue);
-  auto one = g.scalar(kOne);
+  cudnnBackendDescriptor_t one = nullptr;
+  if (v.times_one) one = g.scalar(kOne);
+  p.uses_one = v.times_one;
   const Dims transposed_scores_strides = {s.NH * s.T * s.T, s.T * s.T, 1, s.T};
 
   // Dsum = rowsum(dO ⊙ O)
   auto do_o = g.virt(CUDNN_DATA_FLOAT, s.qkv_dims(),
                      {s.NH * s.T * s.HS, s.T * s.HS, s.NH * s.HS, 1});
   g.pointwise(CUDNN_POINTWISE_MUL, dout, o, nullptr, do_o);
-  auto row_dot = g.virt(CUDNN_DATA_FLOAT, s.rows());
-  g.reduction(CUDNN_REDUCE_TENSOR_ADD, do_o, row_dot);
-  auto dsum = g.pointwise_new(CUDNN_POINTWISE_MUL, row_dot, one, CUDNN_DATA_FLOAT, s.rows());
+  cudnnBackendDescriptor_t dsum;
+  if (v.real_dsum) {
+    dsum = g.tensor(kDsum, CUDNN_DATA_FLOAT, s.rows(), packed_strides(s.rows()));
+    g.reduction(CUDNN_REDUCE_TENSOR_ADD, do_o, dsum);
+    p.dsum_bytes = s.B * s.NH * s.T * int64_t(sizeof(float));
+  } else {
+    auto row_dot = g.virt(CUDNN_DATA_FLOAT, s.rows());
+    g.reduction(CUDNN_REDUCE_TENSOR_ADD, do_o, row_dot);
+    dsum = v.times_one
+               ? g.pointwise_new(CUDNN_POINTWISE_MUL, row_dot, one, CUDNN_DATA_FLOAT, s.rows())
+               : row_dot;
+  }
 
   // P = exp(masked scores − Stats); dV = Pᵀ·dO
   auto masked = masked_scores(g, s, q, kt, scale, mask_value);
@@ -340,8 +373,8 @@ void build_backward(Plan& p, cudnnHandle_t handle, const Shape& s, bool with_acc
   // dS = scale · P ⊙ (dO·Vᵀ − Dsum); dK = dSᵀ·Q
   auto dp = g.virt(CUDNN_DATA_FLOAT, s.scores());
   g.matmul(dout, vt, dp);
-  auto dp1 = g.pointwise_new(CUDNN_POINTWISE_MUL, dp, one, CUDNN_DATA_FLOAT, s.scores());
-  auto dp2 = g.pointwise_new(CUDNN_POINTWISE_SUB, dp1, dsum, CUDNN_DATA_FLOAT, s.scores());
+  if (v.times_one) dp = g.pointwise_new(CUDNN_POINTWISE_MUL, dp, one, CUDNN_DATA_FLOAT, s.scores());
+  auto dp2 = g.pointwise_new(CUDNN_POINTWISE_SUB, dp, dsum, CUDNN_DATA_FLOAT, s.scores());
   auto ds0 = g.pointwise_new(CUDNN_POINTWISE_MUL, dp2, probs, CUDNN_DATA_FLOAT, s.scores());
   auto ds = g.pointwise_new(CUDNN_POINTWISE_MUL, ds0, scale, CUDNN_DATA_FLOAT, s.scores());
   auto ds_t = g.virt(CUDNN_DATA_BFLOAT16, s.scores(), transposed_scores_strides);
@@ -351,9 +384,11 @@ void build_backward(Plan& p, cudnnHandle_t handle, const Shape& s, bool with_acc
   // dQ = dS·K, K being Kᵀ seen back through a reshape
   auto k = g.virt(CUDNN_DATA_BFLOAT16, s.qkv_dims(), s.qkv_strides());
   g.reshape(kt, k);
-  if (with_accumulator) {
+  if (v.accumulator) {
     auto accum = g.tensor(kdQAccum, CUDNN_DATA_FLOAT, s.qkv_dims(), packed_strides(s.qkv_dims()),
-                          false, false, CUDNN_TENSOR_REORDERING_F16x16);
+                          false, false,
+                          v.reorder_f16x16 ? CUDNN_TENSOR_REORDERING_F16x16
+                                           : CUDNN_TENSOR_REORDERING_NONE);
     g.matmul(ds, k, accum);
     g.pointwise(CUDNN_POINTWISE_IDENTITY, accum, nullptr, nullptr, dq);
     p.dq_accum_bytes = s.B * s.NH * s.T * s.HS * int64_t(sizeof(float));
@@ -373,6 +408,7 @@ struct CudnnAttention::Impl {
     bool ok = false;
     std::string why;
     std::unique_ptr<Plan> forward, backward;
+    std::string backward_refusals;  // the backward graphs tried before the planned one
   };
   std::map<std::tuple<int, int, int, int>, Entry> plans;  // (B, T, C, NH)
   void* workspace = nullptr;
@@ -393,16 +429,23 @@ struct CudnnAttention::Impl {
     try {
       e.forward = std::make_unique<Plan>();
       build_forward(*e.forward, handle, s);
+      // Each backward graph in turn; the refusals of those before the one planned are kept
+      // (backward_refusals), and all of them are the reason when none is planned.
       step = "backward";
-      try {
-        e.backward = std::make_unique<Plan>();
-        build_backward(*e.backward, handle, s, true);
-      } catch (const Error& with_accumulator) {
-        step = fmt::format("backward (with the dQ accumulator: {}; without)",
-                           with_accumulator.what());
-        e.backward = std::make_unique<Plan>();
-        build_backward(*e.backward, handle, s, false);
+      std::string refusals;
+      for (const BackwardVariant& v : kBackwardVariants) {
+        try {
+          e.backward = std::make_unique<Plan>();
+          build_backward(*e.backward, handle, s, v);
+          break;
+        } catch (const Error& refused) {
+          e.backward.reset();
+          refusals += fmt::format("{}[{}: {}]", refusals.empty() ? "" : "; ", v.name,
+                                  refused.what());
+        }
       }
+      if (!e.backward) throw Error("every backward graph refused: " + refusals, ExitCode::kInternal);
+      e.backward_refusals = refusals;
       e.ok = true;
     } catch (const Error& err) {
       e.why = fmt::format("cuDNN SDPA graph not built ({}): {}", step, err.what());
@@ -418,9 +461,10 @@ struct CudnnAttention::Impl {
     return e;
   }
 
-  // Workspace for a plan: cuDNN's part, then (backward) the dQ accumulator.
+  // Workspace for a plan: cuDNN's part, then (backward) the dQ accumulator and the row sums.
   void* workspace_for(const Plan& p) {
-    const size_t need = size_t(align_up(p.workspace, 256) + p.dq_accum_bytes);
+    const size_t need =
+        size_t(align_up(p.workspace, 256) + align_up(p.dq_accum_bytes, 256) + p.dsum_bytes);
     if (need > workspace_bytes) {
       if (workspace) TRIDENT_CUDA(cudaFree(workspace));
       workspace = nullptr;
@@ -440,6 +484,11 @@ struct CudnnAttention::Impl {
       uids.push_back(kdQAccum);
       ptrs.push_back(accum);
     }
+    if (p.dsum_bytes > 0) {  // written by the graph's reduction before it is read
+      uids.push_back(kDsum);
+      ptrs.push_back(static_cast<char*>(ws) + align_up(p.workspace, 256) +
+                     align_up(p.dq_accum_bytes, 256));
+    }
     Descriptors descs;
     cudnnBackendDescriptor_t pack = descs.make(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
     set(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, int64_t(uids.size()),
@@ -458,6 +507,14 @@ CudnnAttention::CudnnAttention(cudnnHandle_t handle) : impl_(std::make_unique<Im
 
 CudnnAttention::~CudnnAttention() {
   if (impl_->workspace) cudaFree(impl_->workspace);
+}
+
+std::string CudnnAttention::backward_graph(int B, int T, int C, int NH) {
+  const Impl::Entry& e = impl_->entry(B, T, C, NH);
+  if (!e.ok) return {};
+  return e.backward_refusals.empty()
+             ? e.backward->variant
+             : e.backward->variant + " (refused before it: " + e.backward_refusals + ")";
 }
 
 bool CudnnAttention::supported(int B, int T, int C, int NH, std::string* why) {
@@ -483,12 +540,12 @@ void CudnnAttention::backward(bf16* dqkv, const bf16* dout, const bf16* qkv, con
   float scale = 1.0f / std::sqrt(float(C / NH)), mask_value = std::numeric_limits<float>::lowest(),
         one = 1.0f;
   bf16* q = const_cast<bf16*>(qkv);
-  impl_->execute(*e.backward,
-                 {kQ, kK, kV, kO, kdO, kStats, kdQ, kdK, kdV, kScale, kMaskValue, kOne},
-                 {q, q + C, q + 2 * size_t(C), const_cast<bf16*>(out), const_cast<bf16*>(dout),
-                  const_cast<float*>(stats), dqkv, dqkv + C, dqkv + 2 * size_t(C), &scale,
-                  &mask_value, &one},
-                 stream);
+  std::vector<int64_t> uids = {kQ, kK, kV, kO, kdO, kStats, kdQ, kdK, kdV, kScale, kMaskValue};
+  std::vector<void*> ptrs = {q, q + C, q + 2 * size_t(C), const_cast<bf16*>(out),
+                             const_cast<bf16*>(dout), const_cast<float*>(stats), dqkv, dqkv + C,
+                             dqkv + 2 * size_t(C), &scale, &mask_value};
+  if (e.backward->uses_one) uids.push_back(kOne), ptrs.push_back(&one);
+  impl_->execute(*e.backward, std::move(uids), std::move(ptrs), stream);
 }
 
 }  // namespace trident::cuda

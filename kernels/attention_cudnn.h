@@ -22,6 +22,9 @@ class CudnnAttention {
   // Whether cuDNN builds a plan for this shape (forward and backward) on this GPU; `why` gets
   // cuDNN's reason when not. Cached per shape.
   bool supported(int B, int T, int C, int NH, std::string* why = nullptr);
+  // Which backward graph (Note [cuDNN SDPA graph]) was planned for the shape, with the
+  // refusals of those tried before it; "" if the shape has no plan.
+  std::string backward_graph(int B, int T, int C, int NH);
   // out [B,T,C] bf16; stats [B,NH,T] fp32 (log-sum-exp per row, saved for backward).
   void forward(bf16* out, float* stats, const bf16* qkv, int B, int T, int C, int NH,
                cudaStream_t stream);

@@ -381,20 +381,16 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Kernels need more than the default 48 KB of dynamic shared memory; opting in is per kernel.
-template <typename Kernel>
-void allow_smem(Kernel kernel, size_t bytes) {
-  TRIDENT_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    int(bytes)));
-}
-
+// The kernels need more than the default 48 KB of dynamic shared memory: allow_dynamic_smem
+// (launch.cuh), once per instantiation (the statics below are per template instance).
 template <int HS>
 void forward_hs(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
                 cudaStream_t stream) {
   constexpr int TILE = tile_for<HS>();
   const size_t smem = fwd_smem_floats<HS, TILE>() * sizeof(float);
   const float scale_log2 = kLog2e / std::sqrt(float(HS));
-  allow_smem(attention_fwd_kernel<HS, TILE>, smem);
+  static std::atomic<size_t> allowed{0};
+  allow_dynamic_smem(attention_fwd_kernel<HS, TILE>, smem, allowed);
   const dim3 grid(ceil_div(T, TILE), unsigned(B * NH));
   attention_fwd_kernel<HS, TILE><<<grid, kThreads, smem, stream>>>(out, lse, qkv, T, C, NH,
                                                                    scale_log2);
@@ -409,11 +405,12 @@ void backward_hs(float* dqkv, const float* D, const float* dout, const float* qk
   const float scale = 1.0f / std::sqrt(float(HS));
   const float scale_log2 = scale * kLog2e;
   const dim3 grid(ceil_div(T, TILE), unsigned(B * NH));
-  allow_smem(attention_bwd_dkdv_kernel<HS, TILE>, smem);
+  static std::atomic<size_t> allowed_dkdv{0}, allowed_dq{0};
+  allow_dynamic_smem(attention_bwd_dkdv_kernel<HS, TILE>, smem, allowed_dkdv);
   attention_bwd_dkdv_kernel<HS, TILE><<<grid, kThreads, smem, stream>>>(
       dqkv, dout, qkv, lse, D, T, C, NH, scale, scale_log2);
   TRIDENT_CUDA_LAUNCHED();
-  allow_smem(attention_bwd_dq_kernel<HS, TILE>, smem);
+  allow_dynamic_smem(attention_bwd_dq_kernel<HS, TILE>, smem, allowed_dq);
   attention_bwd_dq_kernel<HS, TILE><<<grid, kThreads, smem, stream>>>(
       dqkv, dout, qkv, lse, D, T, C, NH, scale, scale_log2);
   TRIDENT_CUDA_LAUNCHED();

@@ -118,13 +118,12 @@ __global__ void layernorm_bwd_finish_kernel(float* __restrict__ dw, float* __res
   if (db) db[c] += sum_db;
 }
 
-// Dynamic shared memory above the default 48 KB needs an opt-in per kernel.
+// Dynamic shared memory above the default 48 KB needs an opt-in per kernel, made once per size
+// (allow_dynamic_smem in launch.cuh; `allowed` is the call site's static).
 template <typename Kernel>
-void allow_smem(Kernel kernel, size_t bytes, int C) {
+void allow_smem(Kernel kernel, size_t bytes, int C, std::atomic<size_t>& allowed) {
   TRIDENT_CHECK(bytes <= kMaxSmem, "layernorm: C={} needs {} bytes of shared memory", C, bytes);
-  if (bytes > kDefaultSmem)
-    TRIDENT_CUDA(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+  if (bytes > kDefaultSmem) allow_dynamic_smem(kernel, bytes, allowed);
 }
 
 }  // namespace
@@ -135,7 +134,8 @@ void layernorm_forward_cuda(float* out, float* mean, float* rstd, const float* i
   if (N == 0) return;
   TRIDENT_CHECK(out && mean && rstd && inp && w && b, "{}: null pointer", __func__);
   const size_t smem = size_t(kRowsPerBlock) * C * sizeof(float);
-  allow_smem(layernorm_fwd_kernel, smem, C);
+  static std::atomic<size_t> allowed{0};
+  allow_smem(layernorm_fwd_kernel, smem, C, allowed);
   layernorm_fwd_kernel<<<ceil_div(size_t(N), kRowsPerBlock), kRowsPerBlock * kWarp, smem, stream>>>(
       out, mean, rstd, inp, w, b, N, C);
   TRIDENT_CUDA_LAUNCHED();
@@ -154,7 +154,8 @@ void layernorm_backward_cuda(float* dinp, float* dw, float* db, float* scratch, 
   if (dinp) {
     TRIDENT_CHECK(w, "{}: null w", __func__);
     const size_t smem = size_t(kRowsPerBlock) * 2 * C * sizeof(float);
-    allow_smem(layernorm_bwd_dinp_kernel, smem, C);
+    static std::atomic<size_t> allowed{0};
+    allow_smem(layernorm_bwd_dinp_kernel, smem, C, allowed);
     layernorm_bwd_dinp_kernel<<<ceil_div(size_t(N), kRowsPerBlock), kRowsPerBlock * kWarp, smem,
                                 stream>>>(dinp, dout, inp, w, mean, rstd, N, C);
     TRIDENT_CUDA_LAUNCHED();

@@ -141,6 +141,9 @@ class Backend {
   virtual double measure_gemm_peak_flops_brief() { return measure_gemm_peak_flops(); }
   // The vendor's dense peak for the backend's compute type (FLOP/s), 0 if none applies (CPU).
   virtual double nominal_peak_flops() const { return 0.0; }
+  // Which attention path ran, in words, once it has run (and, where the preferred one refused
+  // the shape, its reason): "" on backends with one path.
+  virtual std::string attention_note() const { return {}; }
 
   // Note [Backend memory]: every pointer given to the ops above lives in memory the backend
   // allocated. CPU: host memory. CUDA: device memory (cudaMalloc), which the host reaches only

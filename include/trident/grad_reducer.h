@@ -163,6 +163,11 @@ struct ReduceStats {
   // Note [Bounded gradient memory]: the compute thread's time blocked in grad_ready.
   double held_wait_ms = 0;
   std::vector<BucketRecord> records;  // in launch order
+  // Note [Ready order check]: the first bucket of the step whose parameters all became ready
+  // while an earlier bucket still waited for one (-1: the buckets became ready in order), and
+  // that earlier bucket. Buckets start in order, so every bucket from `ahead` on waited for
+  // `late`: the parameters are not laid out in the order backward finishes them.
+  int ahead_bucket = -1, late_bucket = -1;
 
   // A later reducing round of the same step joins this one (Note [ZeRO-2 and accumulation] in
   // train/zero.h: a round per micro-batch): times, bytes and polls add, the resident peak is

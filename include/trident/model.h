@@ -96,8 +96,12 @@ StageSpec pipeline_stage(int layers, int stages, int stage, const std::vector<in
                          int chunks = 1);
 
 // The parameter list in ready (= buffer) order for one tp rank and pipeline stage.
+// wte_after_head matters only on a stage with both the embedding and the head (Note [Tied
+// embedding gradient]): true puts wte first, where its gradient is final when the sparse rows
+// go to an EmbeddingRowSink; false puts it last, after wpe, where it is final when the
+// embedding's backward adds the rows into it (a device backend, which has no sink).
 std::vector<ParamInfo> gpt_param_layout(const GPTConfig& cfg, int tp_size = 1, int tp_rank = 0,
-                                        StageSpec stage = {});
+                                        StageSpec stage = {}, bool wte_after_head = true);
 
 // Activation recomputation: keep everything (none), recompute the MLP's hidden activations
 // in backward (mlp), or keep only each block's input and recompute the whole block (full).
@@ -165,6 +169,10 @@ struct GPTOptions {
   // that is final after the head (no embedding on this stage, or an EmbeddingRowSink). Empty:
   // one piece.
   std::vector<int> wte_piece_rows;
+  // gpt_param_layout's wte_after_head: where wte sits in the ready list on a stage with both
+  // the embedding and the head. The Trainer sets it false when it reduces over dp without an
+  // EmbeddingRowSink, so that the buckets are in the order their gradients become final.
+  bool wte_after_head = true;
 };
 
 class GPT {

@@ -78,6 +78,10 @@ struct StepStats {
   // the update was dropped. skips_in_a_row counts this one.
   bool skipped = false;
   int skips_in_a_row = 0;
+  // Something the run should say once (the first step it happens, on every rank of the dp
+  // group alike): the gradient buckets did not become ready in order (Note [Ready order
+  // check]). Empty on every other step.
+  std::string warning;
 };
 
 // What a run needs besides the deck: the backend and the measured peak used for MFU.
@@ -179,6 +183,7 @@ class Trainer {
   std::unique_ptr<StepRowSet> step_rows_;  // with use_sink_
   std::vector<float> row_grads_;          // capacity: the most rows a step can have
   bool use_sink_ = false;  // Note [Tied embedding gradient]
+  bool ready_order_warned_ = false;  // Note [Ready order check]: said once per run
   // ZeRO (Note [ZeRO-1] in train/zero.h); empty and unused at parallel.zero 0 or dp 1.
   int skips_in_a_row_ = 0;         // Note [Non-finite steps]
   std::vector<int> fault_nan_steps_;  // TRIDENT_FAULT_NAN_STEPS: 1-based steps to poison

@@ -49,10 +49,14 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
   // (check_gemm_peak): a peak implausible for the hardware gives no MFU, not a wrong one.
   double peak = 0;
   int node_ranks = 1;
+  // Device memory this run takes (device backends): free before the model, less the least
+  // free after any step (cudaMemGetInfo; scratch only grows, so after-step samples see it).
+  size_t free_before = 0, least_free = SIZE_MAX;
   setup_step([&] {
     backend = make_backend(deck);
     node_ranks = ranks_on_this_node();
     peak = backend->measure_gemm_peak_flops();
+    free_before = backend->is_device() ? backend->free_memory_bytes() : 0;
     device_comms = make_device_comms(deck, *backend, *grid);
     trace = make_trace(deck, *grid);
     trainer_ptr =
@@ -97,6 +101,8 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
     const bool op_step = i == total_steps;
     backend->set_op_timing(op_step);
     StepStats s = trainer.train_step(i);
+    if (lead && !s.warning.empty()) fmt::print("WARNING: {}\n", s.warning);
+    if (backend->is_device()) least_free = std::min(least_free, backend->free_memory_bytes());
     if (op_step) {
       const auto layers = backend->take_range_times_ms();
       const auto ops = backend->take_op_times_ms();
@@ -241,6 +247,9 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
         {"activation_mb", trainer.model().activation_bytes() / (1024.0 * 1024.0), 1},
         {"activation_max_stage_mb", activation_max / (1024.0 * 1024.0), 1},
         {"schedule", pipe_schedule_name(schedule), -1},
+        {"device_used_mib", backend->is_device() && least_free <= free_before
+                                ? nlohmann::json((free_before - least_free) / mib)
+                                : nlohmann::json(), 1},
         {"param_mib", memory.params / mib, 1},
         {"grad_mib", memory.grads / mib, 1},
         {"grad_resident_mib", memory.grads_resident / mib, 1},
@@ -267,6 +276,9 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
                                                      : f.value.dump();
       line += fmt::format(" {}={}", f.key, text);
     }
+    summary["attention"] = backend->attention_note();
+    if (!backend->attention_note().empty())
+      fmt::print("bench: attention: {}\n", backend->attention_note());
     summary["warmup_steps"] = args.warmup_steps;
     summary["timed_steps"] = args.steps;
     std::ofstream(out_dir / "bench.json") << summary.dump(1) << "\n";

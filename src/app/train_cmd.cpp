@@ -227,6 +227,7 @@ int run_train(const DeckArgs& args, const BlasCoreCheck& blas) {
     if (deck.train.val_every > 0 && (s.step % deck.train.val_every == 0 || last_step))
       s.val_loss = trainer.validate();
     if (lead) {
+      if (!s.warning.empty()) fmt::print("WARNING: {}\n", s.warning);
       // The trainer leaves out an MFU above 1: the peak it is measured against was too low.
       if (ctx.peak_flops > 0 && std::isnan(s.mfu) && !mfu_warned) {
         mfu_warned = true;

@@ -31,6 +31,7 @@ ReduceStats& ReduceStats::operator+=(const ReduceStats& later) {
   grad_resident_peak_bytes = std::max(grad_resident_peak_bytes, later.grad_resident_peak_bytes);
   held_wait_ms += later.held_wait_ms;
   records.insert(records.end(), later.records.begin(), later.records.end());
+  if (ahead_bucket < 0) ahead_bucket = later.ahead_bucket, late_bucket = later.late_bucket;
   return *this;
 }
 

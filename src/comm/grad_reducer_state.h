@@ -119,6 +119,7 @@ struct GradReducer::State {
   std::vector<double> ready_ms;
   std::vector<std::shared_ptr<const ComputeMark>> ready_mark;  // of the bucket's last ready param
   size_t next_bucket = 0;
+  size_t first_incomplete = 0;  // the lowest bucket with a parameter not yet ready
   std::vector<reducer::ExtraBuffer> extras;
   size_t next_extra = 0;
   std::vector<InFlight> in_flight;

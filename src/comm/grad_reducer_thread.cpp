@@ -106,6 +106,7 @@ void GradReducer::State::handle(Event& e) {
     ready_ms.assign(buckets.size(), 0);
     ready_mark.assign(buckets.size(), nullptr);
     next_bucket = 0;
+    first_incomplete = 0;
     extras.clear();
     next_extra = 0;
     in_flight.clear();
@@ -129,6 +130,17 @@ void GradReducer::State::handle(Event& e) {
         // order, so this last mark covers every earlier parameter of the bucket.
         ready_ms[b] = ms(e.time);
         ready_mark[b] = std::move(e.mark);
+        // Note [Ready order check]
+        // ~~~~~~~~~~~~~~~~~~~~~~~~
+        // Buckets start in index order (Note [Same buckets, same order]), so a bucket that is
+        // complete while an earlier one is not waits for it. The layout is meant to make that
+        // impossible (gpt_param_layout lists parameters in the order backward finishes them);
+        // where it does happen, the step says which bucket held the others back and the
+        // Trainer warns once, as PyTorch DDP logs its bucket rebuild.
+        if (b > first_incomplete && building.ahead_bucket < 0)
+          building.ahead_bucket = int(b), building.late_bucket = int(first_incomplete);
+        while (first_incomplete < buckets.size() && pending[first_incomplete] == 0)
+          ++first_incomplete;
       }
       break;
     }

@@ -146,13 +146,16 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale,
                                         Vl, h.lnf.data(), N, C, rows);
         ready.wte_piece(int(k));
       }
-    } else {
+    } else if (wte_after_head) {
       be_.matmul_backward(nullptr, G + table_.wte, nullptr, h.logits.data(), h.lnf.data(),
                           P + table_.wte, N, C, Vl);
-      if (wte_after_head) ready.wte();
+      ready.wte();
     }
-    be_.matmul_backward(a.dbuf_c.data(), nullptr, nullptr, h.logits.data(), h.lnf.data(),
-                        P + table_.wte, N, C, Vl);
+    // The head's input gradient. Where wte is not reported here (final only after the
+    // embedding), the same call computes its dW: one GEMM call, so a device casts the [N, V]
+    // logit gradient to bf16 once rather than twice (the same GEMMs, the same bits).
+    be_.matmul_backward(a.dbuf_c.data(), wte_after_head ? nullptr : G + table_.wte, nullptr,
+                        h.logits.data(), h.lnf.data(), P + table_.wte, N, C, Vl);
     layernorm_gathered_backward(a.dresidual.data(), G + table_.lnfw, G + table_.lnfb,
                                 a.dbuf_c.data(), last_residual, P + table_.lnfw,
                                 h.lnf_mean.data(), h.lnf_rstd.data(), B, T, C, 2 * L,

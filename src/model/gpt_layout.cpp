@@ -127,7 +127,7 @@ Recompute parse_recompute(const std::string& text) {
 }
 
 std::vector<ParamInfo> gpt_param_layout(const GPTConfig& cfg, int tp, int tp_rank,
-                                        StageSpec stage) {
+                                        StageSpec stage, bool wte_after_head) {
   const int C = cfg.channels;
   if (stage.num_layers < 0) stage.num_layers = cfg.layers - stage.first_layer;
   std::vector<ParamInfo> out;
@@ -154,9 +154,11 @@ std::vector<ParamInfo> gpt_param_layout(const GPTConfig& cfg, int tp, int tp_ran
   };
   // Ready order: the LM head's dense wte gradient, the final LayerNorm, blocks last to first
   // (each in its own backward order), the position embedding — and wte there instead on a
-  // first stage without the head, where its (sparse) gradient is final only at the very end.
+  // first stage without the head, or with it but without a sink (wte_after_head false), where
+  // its (sparse) gradient is final only at the very end.
+  const bool wte_first = stage.has_head && (!stage.has_embedding || wte_after_head);
+  if (wte_first) add("wte", {cfg.padded_vocab, C}, Shard::kRows, true, -1);
   if (stage.has_head) {
-    add("wte", {cfg.padded_vocab, C}, Shard::kRows, true, -1);
     add("lnfw", {C}, Shard::kReplicated, false, -1);
     add("lnfb", {C}, Shard::kReplicated, false, -1);
   }
@@ -179,7 +181,7 @@ std::vector<ParamInfo> gpt_param_layout(const GPTConfig& cfg, int tp, int tp_ran
   }
   if (stage.has_embedding) {
     add("wpe", {cfg.max_seq_len, C}, Shard::kReplicated, true, -1);
-    if (!stage.has_head) add("wte", {cfg.padded_vocab, C}, Shard::kRows, true, -1);
+    if (!wte_first) add("wte", {cfg.padded_vocab, C}, Shard::kRows, true, -1);
   }
   return out;
 }

@@ -21,7 +21,8 @@ namespace trident {
 
 GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions options)
     : cfg_(cfg), be_(backend), maxB_(B), maxT_(T),
-      infos_(gpt_param_layout(cfg, options.tp.size, options.tp.rank, options.stage)),
+      infos_(gpt_param_layout(cfg, options.tp.size, options.tp.rank, options.stage,
+                              options.wte_after_head)),
       tp_(options.tp), stage_(options.stage), recompute_mode_(options.recompute) {
   TRIDENT_CHECK(T <= cfg.max_seq_len, "T {} > max_seq_len {}", T, cfg.max_seq_len);
   TRIDENT_CHECK(cfg.channels % cfg.heads == 0, "C {} % NH {}", cfg.channels, cfg.heads);
@@ -102,11 +103,13 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
     if (!kept[k] || full_output) recompute_[k] = floats(sizes[k]);
   }
   Scratch& a = scratch_;
-  a.full_c = floats(N * C);
-  a.stage = floats(N * C);
+  // Only tensor parallelism uses these: the partial sums before a tp reduction, and with
+  // sequence parallelism the collectives' staging and the gathered gradient (at GPT-2 1.5B,
+  // B 16 × 1024, 100 MB each that tp 1 would allocate and never touch).
+  if (tps > 1) a.full_c = floats(N * C);
+  if (tp_.sequence_parallel) a.stage = floats(N * C), a.dfull = floats(N * C);
   a.ln_out = floats(Nr * C);
   a.dresidual = floats(Nr * C);
-  a.dfull = floats(N * C);
   a.dbuf_c = floats(N * C);
   a.dbuf_c2 = floats(Nr * C);
   a.dbuf_3c = floats(N * 3 * Cl);

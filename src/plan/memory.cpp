@@ -129,7 +129,10 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
     double scratch = 0;
     for (int k = 0; k < 13; ++k)
       if (!kept[k] || (k == 12 && l.recompute == "full")) scratch += bytes(k);
-    scratch += E * (4 * N * C + 3 * Nr * C + N * 3 * Cl + 2 * N * 4 * Cl) + att_scratch * E +
+    // dbuf_c; full_c with tp > 1; stage and dfull with sequence parallelism (gpt_slots.cpp).
+    const double tp_bufs = (l.tp > 1 ? 1 : 0) + (l.tp > 1 && l.sequence_parallel ? 2 : 0);
+    scratch += E * ((1 + tp_bufs) * N * C + 3 * Nr * C + N * 3 * Cl + 2 * N * 4 * Cl) +
+               att_scratch * E +
                4 * (2.0 * stage.num_layers + 1) * 2 * C;
     if (stage.has_head && l.tp > 1) scratch += 4 * (N * 3 + tp * N * 3);
     const double shard = l.zero > 0 ? params / l.dp : 0;

@@ -152,7 +152,13 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
   // and reduced in pieces of about a bucket. The pieces align to 16·dp floats whatever the
   // ZeRO stage, so zero 0, 1 and 2 run the same GEMMs.
   const bool whole_embedding = options.stage.has_embedding && options.stage.has_head;
-  if (dp_size_ > 1 && whole_embedding && !ctx_.backend->is_device())
+  // Note [Tied embedding gradient]: the row sink needs both halves on this stage (pp = 1); the
+  // row collection is host code, so a device backend reduces wte whole, after the embedding's
+  // backward, and wte then goes last in the ready list: laid out first, its bucket would be
+  // ready last, and since buckets start in order none would start before backward ends.
+  use_sink_ = dp_size_ > 1 && whole_embedding && !ctx_.backend->is_device();
+  options.wte_after_head = dp_size_ == 1 || use_sink_;
+  if (use_sink_)
     options.wte_piece_rows =
         head_gradient_pieces(cfg.padded_vocab / options.tp.size, cfg.channels, sizeof(float),
                              bucket_bytes, size_t(dp_size_) * 16);
@@ -160,7 +166,8 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
   BucketLayout layout;      // the reducer rebuilds it from the same sizes and checks
   if (sharded_) {
     const GradUnits units =
-        grad_units(gpt_param_layout(cfg, options.tp.size, options.tp.rank, options.stage),
+        grad_units(gpt_param_layout(cfg, options.tp.size, options.tp.rank, options.stage,
+                                    options.wte_after_head),
                    options.wte_piece_rows, cfg.channels);
     for (size_t u = 0; u < units.units.size(); ++u)
       alone.push_back((pp_size_ > 1 && units.units[u].name == "wte") || units.pieces[u]);
@@ -271,10 +278,7 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
       });
     }
   }
-  // Note [Tied embedding gradient]: the split needs both halves on this stage (pp = 1). The
-  // row collection is host code, so a device backend reduces wte whole, after the embedding.
-  use_sink_ = reducer_ && whole_embedding && !ctx_.backend->is_device();
-  const bool use_sink = use_sink_;
+  const bool use_sink = use_sink_;  // decided above, with the ready order
   stage_ = std::make_unique<GPTStage>(*model_, *train_order_, reducer_.get(),
                                       use_sink ? &sink_ : nullptr, unit_first_);
   stage_->reduce_every_micro_batch(release_grads_ && deck_.parallel.zero_reduce == "micro_batch");
@@ -313,7 +317,8 @@ void Trainer::check_memory_plan(const GPTConfig& cfg, int B, int T, const GPTOpt
   }
   size_t param_floats = options.param_total;
   if (param_floats == 0)
-    for (const ParamInfo& p : gpt_param_layout(cfg, options.tp.size, options.tp.rank, options.stage))
+    for (const ParamInfo& p : gpt_param_layout(cfg, options.tp.size, options.tp.rank, options.stage,
+                                               options.wte_after_head))
       param_floats += p.count;
   const size_t shard_floats = sharded_ ? param_floats / size_t(dp_size_) : 0;
   const double params = double(param_floats) * 4, shard = double(shard_floats) * 4;
@@ -508,6 +513,16 @@ StepStats Trainer::train_step(int step) {
     s.held_wait_ms = rs.held_wait_ms;
     grad_resident_peak_ = std::max(grad_resident_peak_, rs.grad_resident_peak_bytes);
     s.overlap = s.comm_ms > 0 ? std::max(0.0, 1.0 - s.exposed_comm_ms / s.comm_ms) : 0.0;
+    if (rs.ahead_bucket >= 0 && !ready_order_warned_) {  // Note [Ready order check]
+      ready_order_warned_ = true;
+      s.warning = fmt::format(
+          "the gradient buckets did not become ready in order (step {}): {} was complete while "
+          "{} still waited, and buckets start in order, so it and every later bucket waited "
+          "for that one; overlap is lost. The parameters are not laid out in the order "
+          "backward finishes them (gpt_param_layout)", s.step,
+          reducer_->bucket_name(size_t(rs.ahead_bucket)),
+          reducer_->bucket_name(size_t(rs.late_bucket)));
+    }
     if (ctx_.trace) {
       if (use_sink)
         ctx_.trace->span("all-reduce", "wte row set", rows_union.start, rows_union.end, "comm");

@@ -17,6 +17,7 @@
 
 #include "backend_test_util.h"
 #include "gpu_test_util.h"
+#include "source_file.h"
 #include "trident/cuda_backend.h"
 #include "trident/deck.h"
 #include "trident/train.h"
@@ -27,7 +28,7 @@ namespace {
 Deck tiny_deck(const std::vector<std::string>& overrides) {
   std::vector<std::string> all = {"train.steps=50", "train.val_every=0"};
   all.insert(all.end(), overrides.begin(), overrides.end());
-  return load_deck(std::string(TRIDENT_SOURCE_DIR) + "/inputs/gpt-tiny.yaml", all);
+  return load_deck(testing::source_file("inputs/gpt-tiny.yaml"), all);
 }
 
 struct GpuRun {

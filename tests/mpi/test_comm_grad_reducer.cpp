@@ -240,6 +240,35 @@ TEST(GradReducer, ShuffledReadyOrderStillLaunchesInBucketOrder) {
   }
 }
 
+// Note [Ready order check]: parameters marked in ready order leave the check quiet; the first
+// one marked last holds every bucket back, and the step names it and the first bucket that
+// waited (the events reach the thread in the order grad_ready was called, so this does not
+// depend on timing). The reduction is still right.
+TEST(GradReducer, ReadyOrderCheckNamesTheBucketThatHeldTheOthersBack) {
+  auto comm = dp_comm();
+  const auto params = make_params();
+  const auto initial = make_grads(total_count(params), comm->rank(), true);
+  const auto expected = reference_average(initial, *comm);
+  for (bool overlap : {true, false}) {
+    auto grads = initial;
+    GradReducer reducer(*comm, grads.data(), params, options(kLimits[1], overlap));
+    run_step(reducer, params.size());
+    EXPECT_EQ(reducer.stats().ahead_bucket, -1) << "in order, overlap " << overlap;
+    EXPECT_EQ(reducer.stats().late_bucket, -1);
+    grads = initial;
+    reducer.begin_step(true);
+    for (size_t i = 1; i < params.size(); ++i) reducer.grad_ready(static_cast<int>(i));
+    reducer.grad_ready(0);  // as wte was on a device backend, laid out first, final last
+    reducer.finish();
+    EXPECT_EQ(reducer.stats().ahead_bucket, 1) << "overlap " << overlap;
+    EXPECT_EQ(reducer.stats().late_bucket, 0);
+    EXPECT_TRUE(bitwise_equal(grads, expected));
+    grads = initial;
+    run_step(reducer, params.size());  // each step is judged on its own
+    EXPECT_EQ(reducer.stats().ahead_bucket, -1);
+  }
+}
+
 // A host communicator that hands out numbered compute marks and logs the ordering calls, as a
 // device communicator sees them (Note [Gradient-ready events]).
 class MarkingComm : public MpiComm {

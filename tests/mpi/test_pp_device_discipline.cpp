@@ -12,6 +12,7 @@
 
 #include "strict_device_backend.h"
 #include "train_harness.h"
+#include "trident/grad_reducer.h"
 
 namespace trident {
 namespace {
@@ -85,6 +86,50 @@ TEST(DeviceDiscipline, ZeroOneInEveryDataParallelLayout) {
     expect_layout_matches_cpu(2, 2, 1, {"parallel.zero=1", "parallel.sequence_parallel=true"});
   } else {
     GTEST_SKIP() << "dp 2 layouts for 2 and 4 ranks";
+  }
+}
+
+// Note [Ready order check] on a device backend, which has no row sink (Note [Tied embedding
+// gradient]): wte's gradient is final only after the embedding's backward, so the Trainer lays
+// it out last. Then the buckets become ready in order (the check stays quiet), wte's is the
+// last bucket, and the first bucket starts while backward still runs. Laid out first, as it
+// was, wte's bucket 0 was ready last and held every bucket back until backward ended (this
+// test then fails on all three). The CPU run (with the sink) is checked alike.
+TEST(DeviceDiscipline, DataParallelBucketsStartDuringBackward) {
+  if (world_size() != 2) GTEST_SKIP() << "dp 2 on 2 ranks";
+  ProcessGrid grid(make_layout(2, 2, 1, 1));
+  const Deck d = deck(1, 1, {"model.layers=8", "model.d_model=128", "model.seq_len=64",
+                             "comm.first_bucket_mb=0.05", "comm.bucket_mb=0.2"});
+  auto cpu = make_cpu_backend(1);
+  testing::StrictDeviceBackend strict;
+  testing::StrictDeviceComm dp_comm(strict, grid.dp());
+  for (Backend* be : {static_cast<Backend*>(cpu.get()), static_cast<Backend*>(&strict)}) {
+    SCOPED_TRACE(be->is_device() ? "strict device backend" : "CPU backend");
+    Trainer t(d, TrainContext{be, 1e9, &grid, nullptr, be->is_device() ? &dp_comm : nullptr});
+    for (int step = 0; step < 2; ++step) {
+      const StepStats s = t.train_step(step);
+      EXPECT_EQ(s.warning, "") << "step " << step + 1;
+      const ReduceStats& rs = t.reducer()->stats();
+      EXPECT_EQ(rs.ahead_bucket, -1) << "step " << step + 1 << ": bucket " << rs.ahead_bucket
+                                     << " waited for bucket " << rs.late_bucket;
+      std::vector<const BucketRecord*> buckets;
+      for (const BucketRecord& r : rs.records)
+        if (r.bucket >= 0) buckets.push_back(&r);
+      ASSERT_GE(buckets.size(), 4u);
+      const BucketRecord& last = *buckets.back();
+      if (be->is_device())  // the CPU's sink makes wte ready after the head, first
+        EXPECT_NE(last.name.find("wte"), std::string::npos) << last.name;
+      // Bucket 0 was started before the first block's gradients (the last bucket but one)
+      // were ready: during backward, a whole model's backward before its end. Laid out first,
+      // wte was bucket 0, ready after that bucket, and bucket 0 cannot start before it is
+      // ready. (When later buckets start depends here on the strict communicator, which
+      // reduces one bucket at a time, and on the thread getting one of the 2 cores.)
+      const BucketRecord& first_block = *buckets[buckets.size() - 2];
+      EXPECT_LT(buckets[0]->start_ms, first_block.ready_ms)
+          << buckets[0]->name << " started at " << buckets[0]->start_ms << " ms, "
+          << first_block.name << " was ready at " << first_block.ready_ms << " ms";
+      EXPECT_LT(buckets[1]->ready_ms, first_block.ready_ms) << buckets[1]->name;
+    }
   }
 }
 

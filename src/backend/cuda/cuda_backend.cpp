@@ -15,6 +15,7 @@
 #include <cctype>
 #include <cstring>
 #include <map>
+#include <set>
 #include <vector>
 #include <memory>
 #include <string>
@@ -238,7 +239,13 @@ class CudaBackend final : public Backend {
   }
   void set_op_timing(bool on) override { timing_ = on; }
   std::vector<DeviceTime> take_op_times_ms() override { return op_times_.take(stream_); }
-  std::vector<DeviceTime> take_range_times_ms() override { return layer_times_.take(stream_); }
+  // The layer phases, then one row for the fp32 -> bf16 casts (and the two bf16 -> fp32 ones
+  // after cuDNN's attention): device time inside the ops above, which the bf16 path removes.
+  std::vector<DeviceTime> take_range_times_ms() override {
+    std::vector<DeviceTime> out = layer_times_.take(stream_);
+    for (DeviceTime& t : cast_times_.take(stream_)) out.push_back(t);
+    return out;
+  }
 
   // --- layers ---------------------------------------------------------------------------
   void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
@@ -306,7 +313,7 @@ class CudaBackend final : public Backend {
       bf16* qkv16 = to_bf16(stage_a_, qkv, size_t(B) * T * 3 * C);
       bf16* out16 = stage_b_.of<bf16>(size_t(B) * T * C);
       cudnn_attention_->forward(out16, att, qkv16, B, T, C, NH, stream_);
-      cuda::cast_bf16_to_f32_cuda(out, out16, 1.0f, size_t(B) * T * C, stream_);
+      to_f32(out, out16, size_t(B) * T * C);
       return;
     }
     cuda::flash_attention_forward_cuda(out, att, qkv, B, T, C, NH, stream_);
@@ -322,7 +329,7 @@ class CudaBackend final : public Backend {
       bf16* dout16 = to_bf16(stage_c_, dout, n1);
       bf16* dqkv16 = stage_d_.of<bf16>(n3);
       cudnn_attention_->backward(dqkv16, dout16, qkv16, out16, att, B, T, C, NH, stream_);
-      cuda::cast_bf16_to_f32_cuda(dqkv, dqkv16, 1.0f, n3, stream_);
+      to_f32(dqkv, dqkv16, n3);
       return;
     }
     cuda::flash_attention_backward_cuda(dqkv, scratch, dout, qkv, out, att, B, T, C, NH,
@@ -451,13 +458,32 @@ class CudaBackend final : public Backend {
   double nominal_peak_flops() const override { return sm_ == 90 ? 989e12 : 0.0; }
 
  private:
+  // A cast's device time when op timing is on (take_range_times_ms), nested in its op's.
+  struct CastSpan {
+    explicit CastSpan(CudaBackend& be) : be_(be), timed_(be.timing_) {
+      if (timed_) be_.cast_times_.push("casts (within the ops)", be_.stream_);
+    }
+    ~CastSpan() {
+      if (timed_) be_.cast_times_.pop(be_.stream_);
+    }
+    CudaBackend& be_;
+    bool timed_;
+  };
   bf16* to_bf16(Scratch& stage, const float* x, size_t n) {
     bf16* out = stage.of<bf16>(n);
+    CastSpan span(*this);
     cuda::cast_f32_to_bf16_cuda(out, x, n, stream_);
     return out;
   }
+  void to_f32(float* out, const bf16* x, size_t n) {
+    CastSpan span(*this);
+    cuda::cast_bf16_to_f32_cuda(out, x, 1.0f, n, stream_);
+  }
   bool use_cudnn(int B, int T, int C, int NH) {
-    if (attention_mode_ == "flash") return false;
+    if (attention_mode_ == "flash") {
+      if (attention_note_.empty()) attention_note_ = "flash kernel, fp32 (run.attention: flash)";
+      return false;
+    }
     std::string why;
     const bool ok = cudnn_attention_->supported(B, T, C, NH, &why);
     if (attention_mode_ == "cudnn" && !ok)
@@ -466,13 +492,30 @@ class CudaBackend final : public Backend {
     if (!ok && !cuda::flash_attention_supported(C / NH))
       input_error("attention with head size {} has neither a cuDNN plan ({}) nor a flash "
                   "kernel (head sizes 32, 64, 128)", C / NH, why);
+    // Said once per shape class: a refusal under run.attention auto falls back to the fp32
+    // flash kernel in both directions, which costs a GPT-2 step a lot, so it must be visible.
+    if (!ok && refused_said_.insert(fmt::format("{} {} {} {}", B, T, C, NH)).second)
+      fmt::print(stderr, "cuda backend: cuDNN has no fused-attention plan for B={} T={} C={} "
+                 "NH={} ({}); that attention runs on the fp32 flash kernel\n", B, T, C, NH, why);
+    if (size_t(B) * T >= largest_attention_tokens_) {
+      largest_attention_tokens_ = size_t(B) * T;  // the note is the largest shape's (training's)
+      attention_note_ = ok ? fmt::format("cuDNN fused SDPA, bf16 (B={} T={} C={} NH={}; backward "
+                                         "graph: {})", B, T, C, NH,
+                                         cudnn_attention_->backward_graph(B, T, C, NH))
+                           : fmt::format("flash kernel, fp32 (B={} T={} C={} NH={}): cuDNN "
+                                         "refused: {}", B, T, C, NH, why);
+    }
     return ok;
   }
+  std::string attention_note() const override { return attention_note_; }
 
   int device_ = 0;
   int sm_ = 0;
   std::string device_name_;
   std::string attention_mode_;
+  std::string attention_note_;            // attention_note()
+  size_t largest_attention_tokens_ = 0;   // B·T of the note
+  std::set<std::string> refused_said_;    // shapes whose cuDNN refusal was printed
   cudaStream_t stream_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;
   std::unique_ptr<cuda::LtGemm> gemm_;
@@ -481,7 +524,7 @@ class CudaBackend final : public Backend {
   double* host_double_ = nullptr;
   bool timing_ = false;
   EventPool events_;
-  SpanTimer op_times_{events_}, layer_times_{events_};
+  SpanTimer op_times_{events_}, layer_times_{events_}, cast_times_{events_};
 };
 
 }  // namespace
