@@ -127,6 +127,13 @@ class Backend {
 
   // Σ x² in double (for the global gradient norm).
   virtual double sum_squares(const float* x, size_t n) = 0;
+  // out[i] = Σ xs[i]² over ns[i] elements, for i < count (host out): the norm's per-tensor
+  // sums with tp or pp > 1. A device waits once for all of them, where sum_squares waits per
+  // call. The default calls sum_squares for each, in order.
+  virtual void sum_squares_each(const float* const* xs, const size_t* ns, size_t count,
+                                double* out) {
+    for (size_t i = 0; i < count; ++i) out[i] = sum_squares(xs[i], ns[i]);
+  }
   // x *= s
   virtual void scale(float* x, float s, size_t n) = 0;
   // AdamW step t (1-based) with decoupled weight decay on params[n], on the gradients times

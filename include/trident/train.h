@@ -184,6 +184,14 @@ class Trainer {
   std::vector<float> row_grads_;          // capacity: the most rows a step can have
   bool use_sink_ = false;  // Note [Tied embedding gradient]
   bool ready_order_warned_ = false;  // Note [Ready order check]: said once per run
+  // The gradient norm's tensors (or ZeRO pieces), resolved on the first step: pointers, counts,
+  // whether replicated over tp, and the per-tensor sums (Backend::sum_squares_each).
+  struct NormLists {
+    std::vector<const float*> ptrs;
+    std::vector<size_t> counts;
+    std::vector<char> replicated;
+    std::vector<double> sums;
+  } norm_;
   // ZeRO (Note [ZeRO-1] in train/zero.h); empty and unused at parallel.zero 0 or dp 1.
   int skips_in_a_row_ = 0;         // Note [Non-finite steps]
   std::vector<int> fault_nan_steps_;  // TRIDENT_FAULT_NAN_STEPS: 1-based steps to poison

@@ -618,12 +618,20 @@ double Trainer::global_grad_sum_squares() {
   // and one wait instead of one per tensor).
   if (model_->tensor_parallel().size == 1 && pp_size_ == 1)
     return be.sum_squares(model_->grads(), model_->num_params());
-  double sharded = 0.0, replicated = 0.0;
-  for (const ParamInfo& p : model_->params_info()) {
-    if (skip_wte && &p == wte_) continue;
-    const double ss = be.sum_squares(model_->grads() + p.offset, p.count);
-    (p.shard == Shard::kReplicated ? replicated : sharded) += ss;
-  }
+  // Per tensor (replicated ones apart), all in one call: one wait on a device. The lists are
+  // the parameters', built once.
+  if (norm_.ptrs.empty())
+    for (const ParamInfo& p : model_->params_info()) {
+      if (skip_wte && &p == wte_) continue;
+      norm_.ptrs.push_back(model_->grads() + p.offset);
+      norm_.counts.push_back(p.count);
+      norm_.replicated.push_back(p.shard == Shard::kReplicated);
+    }
+  norm_.sums.resize(norm_.ptrs.size());
+  be.sum_squares_each(norm_.ptrs.data(), norm_.counts.data(), norm_.ptrs.size(), norm_.sums.data());
+  double sharded = 0.0, replicated = 0.0;  // added in the parameters' order, as before
+  for (size_t i = 0; i < norm_.sums.size(); ++i)
+    (norm_.replicated[i] ? replicated : sharded) += norm_.sums[i];
   if (model_->tensor_parallel().size > 1) ctx_.grid->tp().all_reduce(&sharded, 1).wait();
   double total = sharded + replicated;
   if (pp_size_ > 1) pp_comm_->all_reduce(&total, 1).wait();
@@ -645,12 +653,17 @@ double Trainer::sharded_grad_sum_squares() {
   Backend& be = *ctx_.backend;
   const bool skip_wte = pp_size_ > 1 && !model_->stage().has_head;
   const size_t wte_index = wte_ ? size_t(wte_ - model_->params_info().data()) : SIZE_MAX;
+  if (norm_.ptrs.empty())  // this rank's pieces, listed once (one wait on a device)
+    for (const OwnedPiece& piece : owned_) {
+      if (skip_wte && piece.param == wte_index) continue;
+      norm_.ptrs.push_back(shard_grads_.data() + piece.shard);
+      norm_.counts.push_back(piece.count);
+      norm_.replicated.push_back(model_->params_info()[piece.param].shard == Shard::kReplicated);
+    }
+  norm_.sums.resize(norm_.ptrs.size());
+  be.sum_squares_each(norm_.ptrs.data(), norm_.counts.data(), norm_.ptrs.size(), norm_.sums.data());
   double parts[2] = {0.0, 0.0};  // sharded over tp, replicated
-  for (const OwnedPiece& piece : owned_) {
-    if (skip_wte && piece.param == wte_index) continue;
-    const double ss = be.sum_squares(shard_grads_.data() + piece.shard, piece.count);
-    parts[model_->params_info()[piece.param].shard == Shard::kReplicated ? 1 : 0] += ss;
-  }
+  for (size_t i = 0; i < norm_.sums.size(); ++i) parts[norm_.replicated[i] ? 1 : 0] += norm_.sums[i];
   ctx_.grid->dp().all_reduce(parts, 2).wait();
   if (model_->tensor_parallel().size > 1) ctx_.grid->tp().all_reduce(&parts[0], 1).wait();
   double total = parts[0] + parts[1];

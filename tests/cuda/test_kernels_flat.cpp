@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "kernel_checks_flat.h"
+#include "trident/cuda_backend.h"
 
 namespace trident::testing {
 namespace {
@@ -85,6 +86,29 @@ TEST(KernelSumSquares, IsDeterministic) {
   cuda::sum_squares_cuda(result.get() + 1, scratch.get(), d_x.get(), x.size(), nullptr);
   const std::vector<double> r = result.download();
   EXPECT_EQ(std::memcmp(&r[0], &r[1], sizeof(double)), 0) << r[0] << " vs " << r[1];
+}
+
+// Backend::sum_squares_each (the norm with tp or pp > 1: one wait for every tensor) gives each
+// buffer's sum bitwise as one sum_squares call on it does (the same kernels on the same data),
+// for an empty buffer, one off float4 alignment and one spanning many blocks.
+TEST(KernelSumSquares, EachEqualsOneCallPerBuffer) {
+  TRIDENT_REQUIRE_GPU();
+  std::mt19937 rng(61);
+  const std::vector<float> x = random_floats(2000003, rng);
+  auto gpu = make_cuda_backend();
+  float* d = static_cast<float*>(gpu->allocate(x.size() * sizeof(float)));
+  gpu->copy(d, x.data(), x.size() * sizeof(float));
+  const std::vector<const float*> xs = {d, d + 1, d + 5, d + 1000};
+  const std::vector<size_t> ns = {0, 37, 1000003, 999000};
+  std::vector<double> each(xs.size(), -1.0);
+  gpu->sum_squares_each(xs.data(), ns.data(), xs.size(), each.data());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double one = gpu->sum_squares(xs[i], ns[i]);
+    EXPECT_EQ(std::memcmp(&each[i], &one, sizeof(double)), 0)
+        << "buffer " << i << " (n " << ns[i] << "): " << each[i] << " vs " << one;
+  }
+  EXPECT_EQ(each[0], 0.0);
+  gpu->release(d);
 }
 
 }  // namespace

@@ -406,6 +406,18 @@ class CudaBackend final : public Backend {
     synchronize();
     return *host_double_;
   }
+  // Each sum into its own device double, then one copy of them all and one wait.
+  void sum_squares_each(const float* const* xs, const size_t* ns, size_t count,
+                        double* out) override {
+    if (count == 0) return;
+    Op op(*this, "grad norm");
+    double* results = norm_scratch_.of<double>(count + cuda::sum_squares_scratch_doubles());
+    for (size_t i = 0; i < count; ++i)
+      cuda::sum_squares_cuda(results + i, results + count, xs[i], ns[i], stream_);
+    TRIDENT_CUDA(cudaMemcpyAsync(out, results, count * sizeof(double), cudaMemcpyDeviceToHost,
+                                 stream_));
+    synchronize();  // `out` may be pageable: the copy is complete only after this
+  }
   void scale(float* x, float s, size_t n) override {
     Op op(*this, "grad clip");
     cuda::scale_cuda(x, s, n, stream_);
