@@ -86,6 +86,9 @@ class Work {
   CommClock::time_point idle_until() const {
     return impl_ ? impl_->idle_until() : CommClock::time_point::min();
   }
+  // The implementation, for the communicator that made it (Communicator::device_span); null
+  // for an empty Work.
+  const Impl* impl() const { return impl_.get(); }
 
  private:
   std::unique_ptr<Impl> impl_;
@@ -161,6 +164,30 @@ class Communicator {
   virtual std::shared_ptr<const ComputeMark> mark_compute_ready() { return nullptr; }
   virtual void order_after(const ComputeMark* mark) { (void)mark; }
   virtual void compute_waits_for_comm() {}
+
+  // Note [Device time of an operation]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // On a device communicator an OpRecord's host times say when the operation was enqueued and
+  // when a poll noticed it complete; the GPU ran it somewhere in between, and the host runs
+  // ahead of the GPU, so spans and "exposed" time built from them mean little there. These
+  // give device times instead, in ms after an `origin` mark on the compute stream:
+  //  - mark_compute_time(): a timed mark on the compute stream (compute thread; null on a
+  //    host communicator, the default);
+  //  - device_span(w, origin, ...): the device start and end of completed Work `w` (the
+  //    user thread); false where there is no device time;
+  //  - mark_elapsed_ms(origin, mark, ...): `mark` after `origin` (waits until `mark` is
+  //    reached); false without device time.
+  // The GradReducer times a step with them when mark_compute_time gives a mark.
+  virtual std::shared_ptr<const ComputeMark> mark_compute_time() { return nullptr; }
+  virtual bool device_span(const Work& w, const ComputeMark& origin, double* start_ms,
+                           double* end_ms) {
+    (void)w, (void)origin, (void)start_ms, (void)end_ms;
+    return false;
+  }
+  virtual bool mark_elapsed_ms(const ComputeMark& origin, const ComputeMark& mark, double* ms) {
+    (void)origin, (void)mark, (void)ms;
+    return false;
+  }
 
  protected:
   // The sum.

@@ -140,10 +140,17 @@ struct BucketRecord {
   double ready_ms = 0;  // its last parameter became ready (extra: it was added)
   double start_ms = 0;  // the all-reduce was started
   double end_ms = 0;    // it completed and the slice was averaged
+  // Note [Device time of an operation]: its start and end on the device, in ms after the
+  // step's begin_step on the compute stream; -1 on a host communicator.
+  double device_start_ms = -1, device_end_ms = -1;
 };
 
 struct ReduceStats {
   bool reduced = false;  // false after a begin_step(false) step
+  // comm_ms and exposed_comm_ms below are device times (Note [Device time of an operation]):
+  // the union of the records' device spans, and how far the last ended after the compute
+  // stream reached finish() (the end of backward). Else (host communicators) host times.
+  bool device_timed = false;
   // Wall time during which at least one of this step's all-reduces was in flight: the union
   // of the [start, end] intervals (not their sum, which would count overlapping buckets twice).
   double comm_ms = 0;

@@ -77,6 +77,11 @@ class NcclComm final : public Communicator {
   std::shared_ptr<const ComputeMark> mark_compute_ready() override;
   void order_after(const ComputeMark* mark) override;
   void compute_waits_for_comm() override;
+  // Note [Device time of an operation] (trident/comm.h): CUDA events, timed.
+  std::shared_ptr<const ComputeMark> mark_compute_time() override;
+  bool device_span(const Work& w, const ComputeMark& origin, double* start_ms,
+                   double* end_ms) override;
+  bool mark_elapsed_ms(const ComputeMark& origin, const ComputeMark& later, double* ms) override;
 
   // Used by this communicator's Work objects.
   void bind_device() const;

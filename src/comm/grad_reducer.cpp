@@ -31,6 +31,7 @@ ReduceStats& ReduceStats::operator+=(const ReduceStats& later) {
   grad_resident_peak_bytes = std::max(grad_resident_peak_bytes, later.grad_resident_peak_bytes);
   held_wait_ms += later.held_wait_ms;
   records.insert(records.end(), later.records.begin(), later.records.end());
+  device_timed = device_timed && later.device_timed;
   if (ahead_bucket < 0) ahead_bucket = later.ahead_bucket, late_bucket = later.late_bucket;
   return *this;
 }
@@ -182,6 +183,7 @@ void GradReducer::begin_step(bool reduce, bool accumulate_shards) {
                   "GradReducer: accumulating into the shards needs ZeRO-2 on the host");
     Event e(EventKind::kBegin);
     e.param = accumulate_shards ? 1 : 0;
+    e.mark = s.dp.mark_compute_time();  // Note [Device time of an operation]; null on a host
     s.events.push_back(std::move(e));
   }
   s.wake_thread.notify_one();
@@ -245,7 +247,9 @@ void GradReducer::finish() {
     s.finished_stats = ReduceStats{};
     return;
   }
-  s.post(Event(EventKind::kFinish));
+  Event e(EventKind::kFinish);
+  e.mark = s.dp.mark_compute_time();  // the end of backward on the compute stream, if timed
+  s.post(std::move(e));
   std::unique_lock lock(s.mutex);
   s.step_done_cv.wait(lock, [&] { return s.step_done; });
   if (s.error) std::rethrow_exception(s.error);

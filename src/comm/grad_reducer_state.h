@@ -114,6 +114,9 @@ struct GradReducer::State {
   bool active = false;     // a reducing step is running and has not ended
   bool finishing = false;  // finish() was called
   CommClock::time_point finish_time;
+  // Note [Device time of an operation]: the step's origin and its end of backward on the
+  // compute stream (null on a host communicator).
+  std::shared_ptr<const ComputeMark> step_origin, backward_end;
   std::vector<size_t> pending;
   std::vector<char> seen;
   std::vector<double> ready_ms;
@@ -171,6 +174,7 @@ struct GradReducer::State {
   bool launch_ready();
   bool poll_in_flight();
   void end_step_if_done();
+  void time_on_device();  // Note [Device time of an operation]
   [[noreturn]] void throw_never_ready();
   void fail_step(std::exception_ptr e);
 };

@@ -112,6 +112,8 @@ void GradReducer::State::handle(Event& e) {
     in_flight.clear();
     building = ReduceStats{};
     building.reduced = true;
+    step_origin = std::move(e.mark);
+    backward_end = nullptr;
     step_cpu_start_ms = thread_cpu_ms();
     return;
   }
@@ -150,6 +152,7 @@ void GradReducer::State::handle(Event& e) {
     case EventKind::kFinish:
       finishing = true;
       finish_time = e.time;
+      backward_end = std::move(e.mark);
       break;
     case EventKind::kBegin:
     case EventKind::kGather: break;
@@ -328,8 +331,15 @@ bool GradReducer::State::poll_in_flight() {
       gather_cv.notify_all();
       continue;
     }
-    // Of a record's pieces, the last to complete sets its end.
-    building.records[f.record].end_ms = ms(CommClock::now());
+    // Of a record's pieces, the last to complete sets its end (on the device: the first
+    // piece's start, the last one's end).
+    BucketRecord& rec = building.records[f.record];
+    rec.end_ms = ms(CommClock::now());
+    double d0 = 0, d1 = 0;
+    if (step_origin && dp.device_span(f.work, *step_origin, &d0, &d1)) {
+      rec.device_start_ms = rec.device_start_ms < 0 ? d0 : std::min(rec.device_start_ms, d0);
+      rec.device_end_ms = std::max(rec.device_end_ms, d1);
+    }
     const int bucket = building.records[f.record].bucket;
     in_flight.erase(in_flight.begin() + static_cast<std::ptrdiff_t>(i));
     if (release_reduced && bucket >= 0) release_bucket(size_t(bucket));
@@ -357,6 +367,7 @@ void GradReducer::State::end_step_if_done() {
   building.comm_ms = union_ms(std::move(busy));
   building.finish_called_ms = ms(finish_time);
   building.exposed_comm_ms = last_end - building.finish_called_ms;
+  time_on_device();
   building.thread_cpu_ms = thread_cpu_ms() - step_cpu_start_ms;
   active = false;
   finishing = false;
@@ -366,6 +377,25 @@ void GradReducer::State::end_step_if_done() {
     step_done = true;
   }
   step_done_cv.notify_all();
+}
+
+// Note [Device time of an operation]: with a timed origin and end of backward and a device
+// span for every record, the step's comm_ms and exposed_comm_ms are the device's.
+void GradReducer::State::time_on_device() {
+  double backward_end_ms = 0;
+  if (!step_origin || !backward_end ||
+      !dp.mark_elapsed_ms(*step_origin, *backward_end, &backward_end_ms))
+    return;
+  std::vector<std::pair<double, double>> busy;
+  double last_end = backward_end_ms;
+  for (const BucketRecord& r : building.records) {
+    if (r.device_start_ms < 0 || r.device_end_ms < 0) return;  // not all timed: keep host times
+    busy.emplace_back(r.device_start_ms, r.device_end_ms);
+    last_end = std::max(last_end, r.device_end_ms);
+  }
+  building.comm_ms = union_ms(std::move(busy));
+  building.exposed_comm_ms = last_end - backward_end_ms;
+  building.device_timed = true;
 }
 
 void GradReducer::State::throw_never_ready() {

@@ -301,6 +301,61 @@ class MarkingComm : public MpiComm {
   std::atomic<int> compute_waits_{0};
 };
 
+// Note [Device time of an operation]: a communicator that says when each operation ran on
+// "the device" (here: operation k from 10·k to 10·k + 4 ms after the step's origin, the end of
+// backward at 12 ms) has the step's comm_ms and exposed_comm_ms computed from those times, not
+// the host's. n one-parameter buckets: comm_ms = 4·n (disjoint spans), exposed = 10·(n−1) + 4 −
+// 12. A host communicator keeps host times (device_timed false), as every other test here.
+class DeviceTimedComm : public MarkingComm {
+ public:
+  using MarkingComm::MarkingComm;
+  std::shared_ptr<const ComputeMark> mark_compute_time() override {  // compute thread
+    return std::make_shared<Mark>(timed_marks_++ == 0 ? 0 : 12);     // origin, then the end
+  }
+  bool device_span(const Work&, const ComputeMark& origin, double* start_ms,
+                   double* end_ms) override {
+    EXPECT_EQ(static_cast<const Mark&>(origin).seq, 0) << "spans are measured from the origin";
+    *start_ms = 10.0 * ops_;
+    *end_ms = 10.0 * ops_++ + 4.0;
+    return true;
+  }
+  bool mark_elapsed_ms(const ComputeMark& origin, const ComputeMark& later, double* ms) override {
+    *ms = static_cast<const Mark&>(later).seq - static_cast<const Mark&>(origin).seq;
+    return true;
+  }
+
+ private:
+  std::atomic<int> timed_marks_{0};
+  int ops_ = 0;  // the reducer's thread only
+};
+
+TEST(GradReducer, DeviceTimesReplaceHostTimesWhereTheCommunicatorHasThem) {
+  auto host = dp_comm();
+  MPI_Comm raw = MPI_COMM_NULL;
+  TRIDENT_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &raw));
+  DeviceTimedComm comm(raw, "dp (device-timed)");
+  const auto params = make_params();
+  auto grads = make_grads(total_count(params), comm.rank(), true);
+  const auto expected = reference_average(grads, comm);
+  GradReducer reducer(comm, grads.data(), params, options(kLimits[1], true));
+  run_step(reducer, params.size());
+  const ReduceStats& st = reducer.stats();
+  const size_t n = reducer.buckets().size();
+  ASSERT_EQ(st.records.size(), n);
+  EXPECT_TRUE(st.device_timed);
+  EXPECT_DOUBLE_EQ(st.comm_ms, 4.0 * n);
+  EXPECT_DOUBLE_EQ(st.exposed_comm_ms, 10.0 * (n - 1) + 4.0 - 12.0);
+  for (size_t k = 0; k < n; ++k) {
+    EXPECT_DOUBLE_EQ(st.records[k].device_start_ms, 10.0 * k);
+    EXPECT_DOUBLE_EQ(st.records[k].device_end_ms, 10.0 * k + 4.0);
+  }
+  EXPECT_TRUE(bitwise_equal(grads, expected));
+  GradReducer on_host(*host, grads.data(), params, options(kLimits[1], true));
+  run_step(on_host, params.size());
+  EXPECT_FALSE(on_host.stats().device_timed);
+  EXPECT_EQ(on_host.stats().records[0].device_start_ms, -1);
+}
+
 TEST(GradReducer, EachBucketWaitsForItsLastReadyMark) {
   MPI_Comm raw = MPI_COMM_NULL;
   TRIDENT_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &raw));

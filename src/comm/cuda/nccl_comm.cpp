@@ -11,7 +11,10 @@
 //    CUDA) and the elapsed time; either ends in ncclCommAbort, which stops the kernels, and an
 //    Error naming the operation, the communicator and the rank.
 // The OpRecord's end is when test() first saw the event complete, so it over-estimates the
-// operation by up to one poll interval (the poller's backoff, at most 200 µs).
+// operation by up to one poll interval (the poller's backoff, at most 200 µs), and its start is
+// when the host enqueued it, which may be long before the GPU ran it. The device's own times
+// come from two timed events around each operation (Note [Device time of an operation] in
+// trident/comm.h); the GradReducer reports those.
 #include "trident/nccl_comm.h"
 
 #include <fmt/format.h>
@@ -69,14 +72,17 @@ class EventMark final : public ComputeMark {
 
 class NcclWork final : public Work::Impl {
  public:
-  NcclWork(NcclComm* comm, const char* op, size_t bytes, cudaEvent_t done,
+  NcclWork(NcclComm* comm, const char* op, size_t bytes, cudaEvent_t began, cudaEvent_t done,
            CommClock::time_point start)
-      : comm_(comm), done_(done) {
+      : comm_(comm), began_(began), done_(done) {
     record_.op = op;
     record_.bytes = bytes;
     record_.start = start;
   }
-  ~NcclWork() override { cudaEventDestroy(done_); }
+  ~NcclWork() override {
+    cudaEventDestroy(began_);
+    cudaEventDestroy(done_);
+  }
   NcclWork(const NcclWork&) = delete;
   NcclWork& operator=(const NcclWork&) = delete;
 
@@ -111,6 +117,10 @@ class NcclWork final : public Work::Impl {
   }
 
   const OpRecord& record() const override { return record_; }
+  // Note [Device time of an operation]: both events are on the communication stream, timed.
+  cudaEvent_t began() const { return began_; }
+  cudaEvent_t done() const { return done_; }
+  bool complete() const { return complete_; }
 
  private:
   [[noreturn]] void fail(const std::string& what) const {
@@ -121,7 +131,7 @@ class NcclWork final : public Work::Impl {
   }
 
   NcclComm* comm_;
-  cudaEvent_t done_;
+  cudaEvent_t began_, done_;
   OpRecord record_;
   bool complete_ = false;
 };
@@ -268,18 +278,21 @@ Work NcclComm::launch(const char* op, size_t bytes, std::string_view label, Enqu
                                op, name_, rank_, size_));
   bind_device();
   const auto start = CommClock::now();
-  cudaEvent_t done = nullptr;
+  cudaEvent_t began = nullptr, done = nullptr;  // timed: Note [Device time of an operation]
   {
     const double mb = static_cast<double>(bytes) / 1e6;
     NvtxRange range(label.empty() ? fmt::format("{} ({:.1f} MB)", op, mb)
                                   : fmt::format("{} {} ({:.1f} MB)", op, label, mb));
     try {
+      TRIDENT_CUDA(cudaEventCreate(&began));
+      TRIDENT_CUDA(cudaEventRecord(began, stream_));
       enqueue();
       wait_while_in_progress(op);
-      TRIDENT_CUDA(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+      TRIDENT_CUDA(cudaEventCreate(&done));
       TRIDENT_CUDA(cudaEventRecord(done, stream_));
     } catch (const Error& e) {
       // A half-enqueued operation leaves the peers waiting: abort, so nothing hangs here.
+      if (began) cudaEventDestroy(began);
       if (done) cudaEventDestroy(done);
       abort();
       throw Error(fmt::format("{} on NCCL communicator '{}' (rank {} of {}): {}", op, name_,
@@ -287,7 +300,7 @@ Work NcclComm::launch(const char* op, size_t bytes, std::string_view label, Enqu
                   e.code());
     }
   }
-  return Work(std::make_unique<NcclWork>(this, op, bytes, done, start));
+  return Work(std::make_unique<NcclWork>(this, op, bytes, began, done, start));
 }
 
 Work NcclComm::start_all_reduce(void* data, size_t count, ElemType type) {
@@ -384,6 +397,50 @@ void NcclComm::order_after(const ComputeMark* mark) {
                 "kind of communicator", name_);
   bind_device();
   TRIDENT_CUDA(cudaStreamWaitEvent(stream_, event_mark->event, 0));
+}
+
+// ---- device time: Note [Device time of an operation] ----
+
+// Called on the compute thread, as mark_compute_ready, but with a timed event.
+std::shared_ptr<const ComputeMark> NcclComm::mark_compute_time() {
+  bind_device();
+  auto mark = std::make_shared<EventMark>();
+  TRIDENT_CUDA(cudaEventCreate(&mark->event));
+  TRIDENT_CUDA(cudaEventRecord(mark->event, compute_stream_));
+  return mark;
+}
+
+// cudaEventElapsedTime of two recorded, completed, timed events; false if either is not yet
+// complete (then the caller keeps host times).
+static bool elapsed_ms(cudaEvent_t from, cudaEvent_t to, double* ms) {
+  float f = 0;
+  const cudaError_t rc = cudaEventElapsedTime(&f, from, to);
+  if (rc == cudaErrorNotReady) {
+    cudaGetLastError();
+    return false;
+  }
+  TRIDENT_CUDA(rc);
+  *ms = f;
+  return true;
+}
+
+bool NcclComm::device_span(const Work& w, const ComputeMark& origin, double* start_ms,
+                           double* end_ms) {
+  const auto* work = dynamic_cast<const NcclWork*>(w.impl());
+  const auto* mark = dynamic_cast<const EventMark*>(&origin);
+  if (!work || !mark || !work->complete()) return false;
+  bind_device();
+  return elapsed_ms(mark->event, work->began(), start_ms) &&
+         elapsed_ms(mark->event, work->done(), end_ms);
+}
+
+bool NcclComm::mark_elapsed_ms(const ComputeMark& origin, const ComputeMark& later, double* ms) {
+  const auto* from = dynamic_cast<const EventMark*>(&origin);
+  const auto* to = dynamic_cast<const EventMark*>(&later);
+  if (!from || !to) return false;
+  bind_device();
+  TRIDENT_CUDA(cudaEventSynchronize(to->event));  // the end of backward: reached by now, or soon
+  return elapsed_ms(from->event, to->event, ms);
 }
 
 void NcclComm::compute_waits_for_comm() {
