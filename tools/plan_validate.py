@@ -16,7 +16,13 @@ plan --calibrate --emulate-gbps 1 --emulate-latency-us 50`, about 15 s), each be
 round is predicted with the file calibrated minutes before it, and a case's error is the
 median over rounds of predicted/measured: on a machine whose speed drifts from one minute to
 the next this compares the model with the machine as it was, not as it was at another time.
+
+With --bracket the calibrations sit at every round boundary (rounds + 1 of them), and each
+bench is predicted with both calibrations around it, interpolated by time in log space
+(prediction = p_before^(1-t) * p_after^t, t the bench's position between the two calibrations):
+a drift between the calibrations is then followed as far as it is linear in time.
 """
+import time
 import argparse
 import json
 import os
@@ -97,6 +103,10 @@ def main():
     ap.add_argument("--calibrate-each-round", action="store_true",
                     help="calibrate at the start of every round and predict that round's "
                          "benches with it")
+    ap.add_argument("--bracket", action="store_true",
+                    help="calibrate at every round boundary and predict each bench from the two "
+                         "calibrations around it, interpolated by time (implies "
+                         "--calibrate-each-round)")
     ap.add_argument("--inputs", default=os.path.join(os.path.dirname(__file__), "..", "inputs"))
     ap.add_argument("--cases", default="default", choices=["default", "quick"])
     ap.add_argument("--rounds", type=int, default=1)
@@ -110,6 +120,8 @@ def main():
     ap.add_argument("--measured", help="JSON file: bench results are saved here, and read "
                     "instead of running bench when it exists (to re-predict only)")
     args = ap.parse_args()
+    if args.bracket:
+        args.calibrate_each_round = True
     if not args.hardware and not args.calibrate_each_round:
         ap.error("--hardware is required without --calibrate-each-round")
     if args.calibrate_each_round and args.measured:
@@ -129,21 +141,48 @@ def main():
         args.rounds = 0
     tmpdir = tempfile.TemporaryDirectory()  # removed when the script ends
     tmp = tmpdir.name
+    # --bracket: the calibrations (file, mid time) at the round boundaries, and every bench's
+    # (case, round, mid time, measured seconds), predicted once the calibration after it exists.
+    boundaries, benched = [], []
+
+    def timed_calibration(label, index):
+        print(f"plan_validate: {label}: calibrating ...", flush=True)
+        t0 = time.monotonic()
+        path = calibrate(args, os.path.join(tmp, f"hardware-{index}.yaml"))
+        return path, (t0 + time.monotonic()) / 2
+
+    if args.bracket and args.rounds > 0:
+        boundaries.append(timed_calibration("before round 1", 0))
     for r in range(args.rounds):
         hardware = args.hardware
-        if args.calibrate_each_round:
+        if args.calibrate_each_round and not args.bracket:
             print(f"plan_validate: round {r + 1}/{args.rounds}: calibrating ...", flush=True)
             hardware = calibrate(args, os.path.join(tmp, f"hardware-{r + 1}.yaml"))
         for name, deck, ranks, overrides, layout in cases:
             print(f"plan_validate: round {r + 1}/{args.rounds}: {name} ...", flush=True)
+            t0 = time.monotonic()
             b = bench(args, os.path.join(args.inputs, deck), ranks, overrides,
                       os.path.join(tmp, "run"))
             measured[name].append(b["ms_per_step"] / 1000.0)
             memory[name] = b
-            if args.calibrate_each_round:
+            if args.bracket:
+                benched.append((name, deck, overrides, layout, r, (t0 + time.monotonic()) / 2,
+                                measured[name][-1]))
+            elif args.calibrate_each_round:
                 p = plan(args, os.path.join(args.inputs, deck), overrides, layout, hardware)
                 preds_by_round[name].append(p["step_s"])
                 ratios_by_round[name].append(p["step_s"] / measured[name][-1])
+        if args.bracket:
+            boundaries.append(timed_calibration(f"after round {r + 1}", r + 1))
+            hardware = boundaries[-1][0]
+    for name, deck, overrides, layout, r, mid, m in benched:
+        (before, t_before), (after, t_after) = boundaries[r], boundaries[r + 1]
+        t = min(1.0, max(0.0, (mid - t_before) / (t_after - t_before)))
+        p0 = plan(args, os.path.join(args.inputs, deck), overrides, layout, before)["step_s"]
+        p1 = plan(args, os.path.join(args.inputs, deck), overrides, layout, after)["step_s"]
+        pred = p0 ** (1 - t) * p1 ** t
+        preds_by_round[name].append(pred)
+        ratios_by_round[name].append(pred / m)
     if args.calibrate_each_round and args.rounds > 0:
         # Memory and the split come from the last round's file (a case's time and error are its
         # rounds' medians); the file is kept beside the table as the machine's latest.
