@@ -198,6 +198,8 @@ enum Uid : int64_t {
   kQ = 1, kK, kV, kO, kStats, kScale, kMaskValue, kOne, kdO, kdQ, kdK, kdV, kdQAccum, kDsum
 };
 
+int64_t align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
+
 // An execution plan and the workspace it needs.
 struct Plan {
   Descriptors descs;
@@ -207,6 +209,10 @@ struct Plan {
   int64_t dsum_bytes = 0;      // backward: the fp32 row sums Σ dO⊙O, after the accumulator
   bool uses_one = false;       // backward: binds the ·1 scalar (kOne)
   std::string variant;         // backward: which of kBackwardVariants was planned
+  // The workspace's layout: cuDNN's part, the accumulator, the row sums, each 256-aligned.
+  int64_t accum_offset() const { return align_up(workspace, 256); }
+  int64_t dsum_offset() const { return accum_offset() + align_up(dq_accum_bytes, 256); }
+  int64_t workspace_bytes() const { return dsum_offset() + dsum_bytes; }
 };
 
 // Tries the heuristics' engine configs in order; the first that finalizes becomes the plan.
@@ -398,8 +404,6 @@ void build_backward(Plan& p, cudnnHandle_t handle, const Shape& s, const Backwar
   choose_plan(p, handle, g.finish(handle));
 }
 
-int64_t align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
-
 }  // namespace
 
 struct CudnnAttention::Impl {
@@ -463,8 +467,7 @@ struct CudnnAttention::Impl {
 
   // Workspace for a plan: cuDNN's part, then (backward) the dQ accumulator and the row sums.
   void* workspace_for(const Plan& p) {
-    const size_t need =
-        size_t(align_up(p.workspace, 256) + align_up(p.dq_accum_bytes, 256) + p.dsum_bytes);
+    const size_t need = size_t(p.workspace_bytes());
     if (need > workspace_bytes) {
       if (workspace) TRIDENT_CUDA(cudaFree(workspace));
       workspace = nullptr;
@@ -479,15 +482,14 @@ struct CudnnAttention::Impl {
     TRIDENT_CUDNN(cudnnSetStream(handle, stream));
     void* ws = workspace_for(p);
     if (p.dq_accum_bytes > 0) {
-      void* accum = static_cast<char*>(ws) + align_up(p.workspace, 256);
+      void* accum = static_cast<char*>(ws) + p.accum_offset();
       TRIDENT_CUDA(cudaMemsetAsync(accum, 0, size_t(p.dq_accum_bytes), stream));
       uids.push_back(kdQAccum);
       ptrs.push_back(accum);
     }
     if (p.dsum_bytes > 0) {  // written by the graph's reduction before it is read
       uids.push_back(kDsum);
-      ptrs.push_back(static_cast<char*>(ws) + align_up(p.workspace, 256) +
-                     align_up(p.dq_accum_bytes, 256));
+      ptrs.push_back(static_cast<char*>(ws) + p.dsum_offset());
     }
     Descriptors descs;
     cudnnBackendDescriptor_t pack = descs.make(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);

@@ -2,6 +2,7 @@
 // validation, metrics.
 #pragma once
 
+#include <array>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -153,6 +154,10 @@ class Trainer {
   double global_grad_sum_squares();
   // The same from this rank's ZeRO shard (Note [ZeRO-1]).
   double sharded_grad_sum_squares();
+  // The norm's per-tensor lists (norm_), once at construction; their Σ g², {sharded over tp,
+  // replicated}.
+  void build_norm_lists();
+  std::array<double, 2> norm_parts();
   void poison_gradient();  // Note [Non-finite steps]
   // Refuses (input_error on every rank) a model that cannot fit: Note [Memory plan].
   void check_memory_plan(const GPTConfig& cfg, int B, int T, const GPTOptions& options);
@@ -184,7 +189,7 @@ class Trainer {
   std::vector<float> row_grads_;          // capacity: the most rows a step can have
   bool use_sink_ = false;  // Note [Tied embedding gradient]
   bool ready_order_warned_ = false;  // Note [Ready order check]: said once per run
-  // The gradient norm's tensors (or ZeRO pieces), resolved on the first step: pointers, counts,
+  // The gradient norm's tensors (or ZeRO pieces), listed by build_norm_lists: pointers, counts,
   // whether replicated over tp, and the per-tensor sums (Backend::sum_squares_each).
   struct NormLists {
     std::vector<const float*> ptrs;

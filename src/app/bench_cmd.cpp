@@ -276,9 +276,9 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
                                                      : f.value.dump();
       line += fmt::format(" {}={}", f.key, text);
     }
-    summary["attention"] = backend->attention_note();
-    if (!backend->attention_note().empty())
-      fmt::print("bench: attention: {}\n", backend->attention_note());
+    const std::string attention = backend->attention_note();
+    summary["attention"] = attention;
+    if (!attention.empty()) fmt::print("bench: attention: {}\n", attention);
     summary["warmup_steps"] = args.warmup_steps;
     summary["timed_steps"] = args.steps;
     std::ofstream(out_dir / "bench.json") << summary.dump(1) << "\n";

@@ -301,6 +301,39 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
     model_->set_phase_recorder([this](const std::string& phase, auto b, auto e) {
       record("compute", phase, b, e);
     });
+  build_norm_lists();
+}
+
+// The gradient norm's tensors, listed once (Backend::sum_squares_each: one wait on a device).
+// Sharded tensors: each tp rank has a disjoint part, so their squares are summed over tp.
+// Replicated tensors are identical on every tp rank and counted once. Over pp every stage has
+// its own parameters, except the tied wte, held by the first and the last stage with the same
+// (summed) gradient: counted on the last stage only. With ZeRO, this rank's pieces of them.
+// One rank holding the whole model needs no list (one pass over the flat buffer).
+void Trainer::build_norm_lists() {
+  const bool skip_wte = pp_size_ > 1 && !model_->stage().has_head;
+  auto add = [&](const float* p, size_t n, const ParamInfo& info) {
+    if (skip_wte && &info == wte_) return;
+    norm_.ptrs.push_back(p);
+    norm_.counts.push_back(n);
+    norm_.replicated.push_back(info.shard == Shard::kReplicated);
+  };
+  if (sharded_) {
+    for (const OwnedPiece& piece : owned_)
+      add(shard_grads_.data() + piece.shard, piece.count, model_->params_info()[piece.param]);
+  } else if (model_->tensor_parallel().size > 1 || pp_size_ > 1) {
+    for (const ParamInfo& p : model_->params_info()) add(model_->grads() + p.offset, p.count, p);
+  }
+  norm_.sums.resize(norm_.ptrs.size());
+}
+
+// Σ g² of the listed tensors: {sharded over tp, replicated}, added in the list's order.
+std::array<double, 2> Trainer::norm_parts() {
+  ctx_.backend->sum_squares_each(norm_.ptrs.data(), norm_.counts.data(), norm_.ptrs.size(),
+                                 norm_.sums.data());
+  std::array<double, 2> parts = {0.0, 0.0};
+  for (size_t i = 0; i < norm_.sums.size(); ++i) parts[norm_.replicated[i] ? 1 : 0] += norm_.sums[i];
+  return parts;
 }
 
 // Note [Memory plan] (src/backend/counting_backend.cpp): what this rank will allocate — the
@@ -608,32 +641,13 @@ StepStats Trainer::train_step(int step) {
 }
 
 double Trainer::global_grad_sum_squares() {
-  // Sharded tensors: each tp rank has a disjoint part, so their squares are summed over tp.
-  // Replicated tensors are identical on every tp rank and counted once. Over pp every stage
-  // has its own parameters, except the tied wte, held by the first and the last stage with
-  // the same (summed) gradient: counted on the last stage only.
-  Backend& be = *ctx_.backend;
-  const bool skip_wte = pp_size_ > 1 && !model_->stage().has_head;
-  // One rank holds the whole model: one pass over the flat buffer (on a GPU one reduction
-  // and one wait instead of one per tensor).
+  // What is counted where: build_norm_lists. One rank holds the whole model: one pass over the
+  // flat buffer (on a GPU one reduction and one wait instead of one per tensor).
   if (model_->tensor_parallel().size == 1 && pp_size_ == 1)
-    return be.sum_squares(model_->grads(), model_->num_params());
-  // Per tensor (replicated ones apart), all in one call: one wait on a device. The lists are
-  // the parameters', built once.
-  if (norm_.ptrs.empty())
-    for (const ParamInfo& p : model_->params_info()) {
-      if (skip_wte && &p == wte_) continue;
-      norm_.ptrs.push_back(model_->grads() + p.offset);
-      norm_.counts.push_back(p.count);
-      norm_.replicated.push_back(p.shard == Shard::kReplicated);
-    }
-  norm_.sums.resize(norm_.ptrs.size());
-  be.sum_squares_each(norm_.ptrs.data(), norm_.counts.data(), norm_.ptrs.size(), norm_.sums.data());
-  double sharded = 0.0, replicated = 0.0;  // added in the parameters' order, as before
-  for (size_t i = 0; i < norm_.sums.size(); ++i)
-    (norm_.replicated[i] ? replicated : sharded) += norm_.sums[i];
-  if (model_->tensor_parallel().size > 1) ctx_.grid->tp().all_reduce(&sharded, 1).wait();
-  double total = sharded + replicated;
+    return ctx_.backend->sum_squares(model_->grads(), model_->num_params());
+  std::array<double, 2> parts = norm_parts();
+  if (model_->tensor_parallel().size > 1) ctx_.grid->tp().all_reduce(&parts[0], 1).wait();
+  double total = parts[0] + parts[1];
   if (pp_size_ > 1) pp_comm_->all_reduce(&total, 1).wait();
   return total;
 }
@@ -650,21 +664,8 @@ void Trainer::poison_gradient() {
 
 double Trainer::sharded_grad_sum_squares() {
   // As global_grad_sum_squares, from this rank's pieces; the partial sums are added over dp.
-  Backend& be = *ctx_.backend;
-  const bool skip_wte = pp_size_ > 1 && !model_->stage().has_head;
-  const size_t wte_index = wte_ ? size_t(wte_ - model_->params_info().data()) : SIZE_MAX;
-  if (norm_.ptrs.empty())  // this rank's pieces, listed once (one wait on a device)
-    for (const OwnedPiece& piece : owned_) {
-      if (skip_wte && piece.param == wte_index) continue;
-      norm_.ptrs.push_back(shard_grads_.data() + piece.shard);
-      norm_.counts.push_back(piece.count);
-      norm_.replicated.push_back(model_->params_info()[piece.param].shard == Shard::kReplicated);
-    }
-  norm_.sums.resize(norm_.ptrs.size());
-  be.sum_squares_each(norm_.ptrs.data(), norm_.counts.data(), norm_.ptrs.size(), norm_.sums.data());
-  double parts[2] = {0.0, 0.0};  // sharded over tp, replicated
-  for (size_t i = 0; i < norm_.sums.size(); ++i) parts[norm_.replicated[i] ? 1 : 0] += norm_.sums[i];
-  ctx_.grid->dp().all_reduce(parts, 2).wait();
+  std::array<double, 2> parts = norm_parts();
+  ctx_.grid->dp().all_reduce(parts.data(), 2).wait();
   if (model_->tensor_parallel().size > 1) ctx_.grid->tp().all_reduce(&parts[0], 1).wait();
   double total = parts[0] + parts[1];
   if (pp_size_ > 1) pp_comm_->all_reduce(&total, 1).wait();

@@ -19,6 +19,7 @@
 #include <vector>
 #include <memory>
 #include <string>
+#include <tuple>
 
 #include "attention_cudnn.h"
 #include "attention_flash.h"
@@ -504,12 +505,13 @@ class CudaBackend final : public Backend {
     if (!ok && !cuda::flash_attention_supported(C / NH))
       input_error("attention with head size {} has neither a cuDNN plan ({}) nor a flash "
                   "kernel (head sizes 32, 64, 128)", C / NH, why);
-    // Said once per shape class: a refusal under run.attention auto falls back to the fp32
-    // flash kernel in both directions, which costs a GPT-2 step a lot, so it must be visible.
-    if (!ok && refused_said_.insert(fmt::format("{} {} {} {}", B, T, C, NH)).second)
+    // Said once per shape: a refusal under run.attention auto falls back to the fp32 flash
+    // kernel in both directions, which costs a GPT-2 step a lot, so it must be visible. (A
+    // tuple key and a note rewritten only for a larger shape: nothing is formatted per op.)
+    if (!ok && refused_said_.insert({B, T, C, NH}).second)
       fmt::print(stderr, "cuda backend: cuDNN has no fused-attention plan for B={} T={} C={} "
                  "NH={} ({}); that attention runs on the fp32 flash kernel\n", B, T, C, NH, why);
-    if (size_t(B) * T >= largest_attention_tokens_) {
+    if (size_t(B) * T > largest_attention_tokens_) {
       largest_attention_tokens_ = size_t(B) * T;  // the note is the largest shape's (training's)
       attention_note_ = ok ? fmt::format("cuDNN fused SDPA, bf16 (B={} T={} C={} NH={}; backward "
                                          "graph: {})", B, T, C, NH,
@@ -527,7 +529,7 @@ class CudaBackend final : public Backend {
   std::string attention_mode_;
   std::string attention_note_;            // attention_note()
   size_t largest_attention_tokens_ = 0;   // B·T of the note
-  std::set<std::string> refused_said_;    // shapes whose cuDNN refusal was printed
+  std::set<std::tuple<int, int, int, int>> refused_said_;  // (B, T, C, NH) refusals printed
   cudaStream_t stream_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;
   std::unique_ptr<cuda::LtGemm> gemm_;
