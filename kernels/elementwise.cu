@@ -1,4 +1,5 @@
-// Elementwise ops: tanh-GELU forward/backward, add, scale, fp32 <-> bf16 casts.
+// Elementwise ops: tanh-GELU forward/backward (fp32, and bf16 in/out), add, scale, fp32 <-> bf16
+// casts.
 //
 // All memory-bound, one pass each. Grid-stride loops over float4 when every pointer is 16-byte
 // aligned (slices of the flat buffers need not be), then a scalar tail; otherwise all scalar.
@@ -64,6 +65,38 @@ __global__ void gelu_bwd_kernel(float* __restrict__ dinp, const float* __restric
                                                      gelu_grad(x.z, d.z), gelu_grad(x.w, d.w));
   }
   for (size_t i = 4 * r.n4 + r.start; i < n; i += r.stride) dinp[i] = gelu_grad(inp[i], dout[i]);
+}
+
+// The bf16 variants (Note [bf16 activations]): bf16 in and out, the same fp32 math, one rounding.
+// The vector path takes four values (two bf16 pairs, 8 bytes) per step.
+__global__ void gelu_fwd_bf16_kernel(bf16* __restrict__ out, const bf16* __restrict__ inp,
+                                     size_t n, bool vec) {
+  const Range4 r = range4(n, vec);
+  for (size_t i = r.start; i < r.n4; i += r.stride) {
+    const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(inp) + 2 * i;
+    const float2 lo = __bfloat1622float2(p[0]), hi = __bfloat1622float2(p[1]);
+    __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(out) + 2 * i;
+    o[0] = __floats2bfloat162_rn(gelu(lo.x), gelu(lo.y));
+    o[1] = __floats2bfloat162_rn(gelu(hi.x), gelu(hi.y));
+  }
+  for (size_t i = 4 * r.n4 + r.start; i < n; i += r.stride)
+    out[i] = __float2bfloat16(gelu(__bfloat162float(inp[i])));
+}
+
+__global__ void gelu_bwd_bf16_kernel(bf16* __restrict__ dinp, const bf16* __restrict__ inp,
+                                     const bf16* __restrict__ dout, size_t n, bool vec) {
+  const Range4 r = range4(n, vec);
+  for (size_t i = r.start; i < r.n4; i += r.stride) {
+    const __nv_bfloat162* x = reinterpret_cast<const __nv_bfloat162*>(inp) + 2 * i;
+    const __nv_bfloat162* d = reinterpret_cast<const __nv_bfloat162*>(dout) + 2 * i;
+    const float2 x_lo = __bfloat1622float2(x[0]), x_hi = __bfloat1622float2(x[1]);
+    const float2 d_lo = __bfloat1622float2(d[0]), d_hi = __bfloat1622float2(d[1]);
+    __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(dinp) + 2 * i;
+    o[0] = __floats2bfloat162_rn(gelu_grad(x_lo.x, d_lo.x), gelu_grad(x_lo.y, d_lo.y));
+    o[1] = __floats2bfloat162_rn(gelu_grad(x_hi.x, d_hi.x), gelu_grad(x_hi.y, d_hi.y));
+  }
+  for (size_t i = 4 * r.n4 + r.start; i < n; i += r.stride)
+    dinp[i] = __float2bfloat16(gelu_grad(__bfloat162float(inp[i]), __bfloat162float(dout[i])));
 }
 
 // No __restrict__: out may alias a or b (each element is read before it is written, by the same
@@ -132,6 +165,23 @@ void gelu_backward_cuda(float* dinp, const float* inp, const float* dout, size_t
   TRIDENT_CHECK(dinp && inp && dout, "{}: null pointer", __func__);
   const bool vec = aligned16(dinp) && aligned16(inp) && aligned16(dout);
   gelu_bwd_kernel<<<grid_for_vec(n, vec), kBlock, 0, stream>>>(dinp, inp, dout, n, vec);
+  TRIDENT_CUDA_LAUNCHED();
+}
+
+void gelu_forward_bf16_cuda(bf16* out, const bf16* inp, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  TRIDENT_CHECK(out && inp, "{}: null pointer", __func__);
+  const bool vec = aligned8(out) && aligned8(inp);
+  gelu_fwd_bf16_kernel<<<grid_for_vec(n, vec), kBlock, 0, stream>>>(out, inp, n, vec);
+  TRIDENT_CUDA_LAUNCHED();
+}
+
+void gelu_backward_bf16_cuda(bf16* dinp, const bf16* inp, const bf16* dout, size_t n,
+                             cudaStream_t stream) {
+  if (n == 0) return;
+  TRIDENT_CHECK(dinp && inp && dout, "{}: null pointer", __func__);
+  const bool vec = aligned8(dinp) && aligned8(inp) && aligned8(dout);
+  gelu_bwd_bf16_kernel<<<grid_for_vec(n, vec), kBlock, 0, stream>>>(dinp, inp, dout, n, vec);
   TRIDENT_CUDA_LAUNCHED();
 }
 

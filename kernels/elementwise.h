@@ -12,6 +12,10 @@ void gelu_forward_cuda(float* out, const float* inp, size_t n, cudaStream_t stre
 // dinp = gelu'(inp) * dout (assign).
 void gelu_backward_cuda(float* dinp, const float* inp, const float* dout, size_t n,
                         cudaStream_t stream);
+// bf16 in and out, fp32 math, each output rounded once (CPU twins: Backend::gelu_*_bf16).
+void gelu_forward_bf16_cuda(bf16* out, const bf16* inp, size_t n, cudaStream_t stream);
+void gelu_backward_bf16_cuda(bf16* dinp, const bf16* inp, const bf16* dout, size_t n,
+                             cudaStream_t stream);
 // out = a + b; out may alias a or b.
 void add_cuda(float* out, const float* a, const float* b, size_t n, cudaStream_t stream);
 // x *= s

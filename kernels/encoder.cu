@@ -2,13 +2,22 @@
 // backward is the vocab-parallel embedding's (vocab_parallel.cu) with the whole vocabulary.
 //
 // Note [Deterministic dwte]: a token can occur in many rows, so rows of dwte are not owned by
-// one (b,t) and atomicAdd would make the sum's order (and its rounding) vary run to run.
-// Instead, the block of row r first checks whether an earlier row holds the same token; if so it
-// exits, and otherwise it owns that token's dwte row: it walks rows r..N-1 in order and adds
-// every matching dout row, starting from the old dwte value. That is the CPU twin's order, so
-// the result is deterministic (and matches the CPU's additions). Cost: every block scans up to
-// N token ids (cheap, L2-resident); a token occurring k times costs its owner k row loads,
-// overlapped kWteBatch at a time, so a very frequent token still makes one long block.
+// one (b,t), and atomicAdd would make the order of a row's sum (and its rounding) vary run to
+// run. Instead (embedding_slice_backward_cuda in vocab_parallel.cu):
+//   1. key each row by its token (rows whose token is off the rank's slice get a key that sorts
+//      last and are skipped) and sort (key, row) pairs with CUB's radix sort, which is stable:
+//      the rows of one token stay in increasing row order;
+//   2. mark where a run of equal keys starts and compact the marks (cub::DeviceSelect), giving
+//      each distinct token its first position in the sorted order and, on the device, the
+//      number of runs;
+//   3. one block per (run, chunk of channels) adds the run's dout rows, in that order, onto the
+//      old dwte row: the CPU twin's additions in its order, so the result is deterministic and
+//      bitwise the CPU's. The run count stays on the device: the grid is its upper bound
+//      min(N, v1 - v0 + 1), capped, and blocks stride over the runs *num_runs says there are.
+// Cost: O(N) besides the sort of N pairs (a few passes over 8 bytes per row), where the scheme
+// before (each row's block scanning the earlier rows for its token) was O(N²) on repeated
+// tokens. A token occurring k times is still k dependent additions per channel (the order is
+// fixed), so its block loads kWteInFlight rows at a time to stay off one load's latency.
 #include <cstdint>
 
 #include <limits>
@@ -64,12 +73,16 @@ void encoder_forward_cuda(float* out, const int32_t* tokens, const float* wte, c
   TRIDENT_CUDA_LAUNCHED();
 }
 
-void encoder_backward_cuda(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                           int B, int T, int C, cudaStream_t stream) {
+size_t encoder_backward_scratch_bytes(int N) {
+  return embedding_backward_scratch_bytes(N, std::numeric_limits<int>::max());
+}
+
+void encoder_backward_cuda(float* dwte, float* dwpe, void* scratch, const float* dout,
+                           const int32_t* tokens, int B, int T, int C, cudaStream_t stream) {
   // The whole vocabulary is one slice: the vocab-parallel kernels (Note [Deterministic dwte]
-  // is theirs too) with v0 = 0 and no upper bound.
-  embedding_slice_backward_cuda(dwte, dwpe, dout, tokens, 0, std::numeric_limits<int>::max(), B,
-                                T, C, stream);
+  // is theirs too) with v0 = 0 and no upper bound (so the sort looks at 31 key bits).
+  embedding_slice_backward_cuda(dwte, dwpe, scratch, dout, tokens, 0,
+                                std::numeric_limits<int>::max(), B, T, C, stream);
 }
 
 }  // namespace trident::cuda

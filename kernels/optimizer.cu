@@ -86,6 +86,15 @@ __global__ void sum_squares_finish_kernel(double* __restrict__ result,
   if (threadIdx.x == 0) *result = total;
 }
 
+// One block: a micro-batch has at most a few ten thousand losses, and this runs once per
+// micro-batch, so one block's strided loop costs microseconds and needs no second pass.
+__global__ void add_mean_kernel(double* __restrict__ acc, const float* __restrict__ x, size_t n) {
+  double sum = 0.0;
+  for (size_t i = threadIdx.x; i < n; i += blockDim.x) sum += double(x[i]);
+  const double total = block_sum<double>(sum);
+  if (threadIdx.x == 0) *acc += double(float(total / double(n)));  // as forward() rounds it
+}
+
 constexpr unsigned kSumSquaresMaxBlocks = 1024;
 
 bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
@@ -111,6 +120,13 @@ void adamw_update_cuda(float* params, float* m, float* v, const float* grads, si
                    (!params_bf16 || aligned(params_bf16, 8));
   const unsigned grid = grid_for(vec ? (n + 3) / 4 : n, kBlock);
   adamw_update_kernel<<<grid, kBlock, 0, stream>>>(params, m, v, grads, params_bf16, n, c, vec);
+  TRIDENT_CUDA_LAUNCHED();
+}
+
+void add_mean_cuda(double* acc, const float* x, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  TRIDENT_CHECK(acc && x, "{}: null pointer", __func__);
+  add_mean_kernel<<<1, kBlock, 0, stream>>>(acc, x, n);
   TRIDENT_CUDA_LAUNCHED();
 }
 

@@ -16,6 +16,11 @@ void adamw_update_cuda(float* params, float* m, float* v, const float* grads, si
                        float beta1, float beta2, float eps, float weight_decay, int t,
                        float grad_scale, bf16* params_bf16, cudaStream_t stream);
 
+// *acc += float((Σ x in double) / n): one block, a fixed order (deterministic); acc is device
+// memory.
+// CPU twin: Backend::add_mean (the losses' mean, kept on the device until the step ends).
+void add_mean_cuda(double* acc, const float* x, size_t n, cudaStream_t stream);
+
 // Doubles of scratch sum_squares_cuda needs.
 size_t sum_squares_scratch_doubles();
 // *result (device) = Σ x² accumulated in double; deterministic (per-block partials in scratch,

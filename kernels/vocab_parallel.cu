@@ -1,12 +1,18 @@
 // The vocab-parallel embedding and loss (CPU twins: src/backend/vocab_parallel.cpp, Note
 // [Vocab-parallel ops]). All five are deterministic: no atomics, every sum in a fixed order.
 //
-// Row-wise throughout: one block per token row (the rows are long: C up to 1600 channels, Vl up
-// to ~50k logits), so a row's index is blockIdx.x and only the product row·width needs 64 bits.
+// Row-wise except dwte: one block per token row (the rows are long: C up to 1600 channels, Vl
+// up to ~50k logits), so a row's index is blockIdx.x and only the product row·width needs 64
+// bits. dwte sorts the rows by token first (CUB's radix sort) and sums each token's rows.
 // The softmax sums and the combine run in double, as the CPU does: they feed log S and every
 // probability, and double keeps them within rounding of the twin whatever the logits' range.
 // The fp64 cost is small next to reading the logits (an H200 has plenty of fp64 throughput).
+#include <algorithm>
+#include <bit>
 #include <cstdint>
+
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_select.cuh>
 
 #include "reduce.cuh"
 #include "vocab_parallel.h"
@@ -44,83 +50,123 @@ __global__ void slice_bwd_wpe_kernel(float* __restrict__ dwpe, const float* __re
   }
 }
 
-constexpr int kWtePerThread = 4;                  // channels per thread
-constexpr int kWteChunk = kBlock * kWtePerThread;  // channels per block (blockIdx.y)
-constexpr int kWteWarps = kBlock / kWarp;
-constexpr int kWteBatch = 4;  // matching rows loaded together before they are added in order
+// The dwte backward of Note [Deterministic dwte] (encoder.cu): sort the rows by token, find
+// the runs of equal tokens, add each run's dout rows in row order.
 
-// Note [Deterministic dwte] (encoder.cu), restricted to this rank's tokens: the block of the
-// first row holding a token of [v0, v1) owns that token's dwte_slice row and adds the dout rows
-// of all its occurrences in row order, starting from the old value: the CPU twin's additions,
-// in its order. Rows with a token off this rank, or a token seen earlier, exit at once.
-// Grid: (N rows, channel chunks of kWteChunk).
+// Sort key of a row: its row of dwte_slice, or `off_slice` = v1 - v0 (sorts after every real
+// key) when its token is not on this rank; value: the row index itself.
+__global__ void dwte_keys_kernel(uint32_t* __restrict__ keys, int* __restrict__ row_ids,
+                                 const int32_t* __restrict__ tokens, int v0, int v1, int N) {
+  const int n = blockIdx.x * blockDim.x + threadIdx.x;
+  if (n >= N) return;
+  const int tok = tokens[n];
+  keys[n] = tok >= v0 && tok < v1 ? uint32_t(tok - v0) : uint32_t(v1 - v0);
+  row_ids[n] = n;
+}
+
+// run_marks[i] = i where a run of equal sorted keys starts, else -1 (DeviceSelect keeps i >= 0).
+__global__ void dwte_run_marks_kernel(int* __restrict__ run_marks,
+                                      const uint32_t* __restrict__ sorted_keys, int N) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= N) return;
+  run_marks[i] = i == 0 || sorted_keys[i] != sorted_keys[i - 1] ? i : -1;
+}
+
+struct IsRunStart {
+  __host__ __device__ bool operator()(int mark) const { return mark >= 0; }
+};
+
+constexpr int kWteBlock = 128;     // channels per block (blockIdx.y chunks), one per thread
+constexpr int kWteTile = kWteBlock;  // row ids staged in shared memory at a time, one per thread
+constexpr int kWteInFlight = 32;   // dout rows loaded together before they are added in order
+constexpr unsigned kMaxRunBlocks = 1024;  // blockIdx.x; more runs than this are strided over
+static_assert(kWteTile % kWteInFlight == 0, "a batch never straddles two tiles");
+
+// Grid (run blocks, channel chunks). Block x takes runs x, x + gridDim.x, ... of the
+// *num_runs found on the device; a block with no run left exits, and so does the run of
+// off-slice rows (always the last). For its run, the thread of channel c starts from the old
+// dwte value and adds dout[row][c] for the run's rows in sorted order, which the stable sort
+// left increasing: the CPU twin's additions, in its order. The row ids come through shared
+// memory a tile at a time (the next tile's ids load while this one is added), and kWteInFlight
+// rows' loads are issued before their adds, so a frequent token's long run is not bound by one
+// load's latency. Every branch on the run is block-uniform, so the __syncthreads are safe.
 __global__ void slice_bwd_wte_kernel(float* __restrict__ dwte_slice,
                                      const float* __restrict__ dout,
-                                     const int32_t* __restrict__ tokens, int v0, int v1, int N,
-                                     int C) {
-  __shared__ int match_rows[kBlock];  // this chunk's matching rows, increasing
-  __shared__ int warp_matches[kWteWarps];
-  const int row = blockIdx.x;
-  const int tok = tokens[row];
-  if (tok < v0 || tok >= v1) return;  // block-uniform: every thread reads the same token
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-
-  for (int j0 = 0; j0 < row; j0 += kBlock) {  // an earlier row owns it? (block-uniform exit)
-    const int j = j0 + int(threadIdx.x);
-    if (__syncthreads_or(j < row && tokens[j] == tok)) return;
-  }
-
-  const int c0 = blockIdx.y * kWteChunk + threadIdx.x;
-  float* w = dwte_slice + size_t(tok - v0) * C;
-  float acc[kWtePerThread];
+                                     const uint32_t* __restrict__ sorted_keys,
+                                     const int* __restrict__ sorted_rows,
+                                     const int* __restrict__ run_starts,
+                                     const int* __restrict__ num_runs_found, uint32_t off_slice,
+                                     int N, int C) {
+  __shared__ int tile_rows[kWteTile];
+  const int num_runs = *num_runs_found;
+  const int c = blockIdx.y * kWteBlock + threadIdx.x;
+  const int c_load = min(c, C - 1);
+  for (int run = blockIdx.x; run < num_runs; run += gridDim.x) {
+    const int begin = run_starts[run];
+    const int end = run + 1 < num_runs ? run_starts[run + 1] : N;
+    const uint32_t key = sorted_keys[begin];
+    if (key == off_slice) continue;
+    float* w = dwte_slice + size_t(key) * C;
+    float acc = c < C ? w[c] : 0.0f;
+    int next = int(threadIdx.x) < end - begin ? sorted_rows[begin + threadIdx.x] : 0;
+    for (int t0 = begin; t0 < end; t0 += kWteTile) {
+      const int n = min(kWteTile, end - t0);
+      __syncthreads();  // the previous tile (or run) is done with tile_rows
+      tile_rows[threadIdx.x] = next;
+      __syncthreads();
+      if (end - t0 - kWteTile > int(threadIdx.x)) next = sorted_rows[t0 + kWteTile + threadIdx.x];
+      for (int i = 0; i < n; i += kWteInFlight) {
+        // Loads without branches, so that all kWteInFlight are in flight at once: a slot past
+        // the tile's end reloads its last row (an L1 hit), a channel past C reads channel C-1;
+        // neither is added.
+        float x[kWteInFlight];
 #pragma unroll
-  for (int k = 0; k < kWtePerThread; ++k) {
-    const int c = c0 + k * kBlock;
-    acc[k] = c < C ? w[c] : 0.0f;
-  }
-  for (int j0 = row; j0 < N; j0 += kBlock) {
-    // Compact this chunk's matching rows into match_rows in increasing order: a match's slot is
-    // the number of matches in earlier warps plus those in lower lanes of its own warp.
-    const int j = j0 + int(threadIdx.x);
-    const bool same = j < N && tokens[j] == tok;
-    const unsigned bits = __ballot_sync(0xffffffffu, same);
-    if (lane == 0) warp_matches[warp] = __popc(bits);
-    __syncthreads();
-    int before = 0, total = 0;
-    for (int wi = 0; wi < kWteWarps; ++wi) {
-      before += wi < warp ? warp_matches[wi] : 0;
-      total += warp_matches[wi];
-    }
-    if (same) match_rows[before + __popc(bits & ((1u << lane) - 1u))] = j;
-    __syncthreads();
-    for (int i = 0; i < total; i += kWteBatch) {
-      float x[kWteBatch][kWtePerThread];
+        for (int r = 0; r < kWteInFlight; ++r)
+          x[r] = dout[size_t(tile_rows[min(i + r, n - 1)]) * C + c_load];
+        // Skipped, not added as 0: -0.0f + 0.0f is +0.0f, which the CPU would not produce.
 #pragma unroll
-      for (int r = 0; r < kWteBatch; ++r) {
-        const bool have = i + r < total;
-        const float* d = dout + size_t(have ? match_rows[i + r] : 0) * C;
-#pragma unroll
-        for (int k = 0; k < kWtePerThread; ++k) {
-          const int c = c0 + k * kBlock;
-          x[r][k] = have && c < C ? d[c] : 0.0f;
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < kWteBatch; ++r) {
-        if (i + r < total) {
-#pragma unroll
-          for (int k = 0; k < kWtePerThread; ++k) acc[k] += x[r][k];
-        }
+        for (int r = 0; r < kWteInFlight; ++r)
+          if (i + r < n) acc += x[r];
       }
     }
-    __syncthreads();  // match_rows and warp_matches are rewritten by the next chunk
-  }
-#pragma unroll
-  for (int k = 0; k < kWtePerThread; ++k) {
-    const int c = c0 + k * kBlock;
-    if (c < C) w[c] = acc[k];
+    if (c < C) w[c] = acc;
   }
 }
+
+// The scratch of the dwte sort, carved in this order, every piece 256-byte aligned (as
+// cudaMalloc's base is, and as CUB wants its temporary storage). One definition for both the
+// size the caller allocates and the pointers the launcher uses.
+struct DwteScratch {
+  static constexpr size_t kAlign = 256;
+  int key_bits = 0;  // the sort looks at key bits [0, key_bits): enough for off_slice
+  size_t keys = 0, row_ids = 0, sorted_keys = 0, sorted_rows = 0, run_marks = 0, run_starts = 0,
+         num_runs = 0, temp = 0, temp_bytes = 0, total = 0;
+
+  DwteScratch(int N, int vocab_rows) {
+    if (N <= 0 || vocab_rows <= 0) return;
+    key_bits = std::bit_width(uint32_t(vocab_rows));
+    size_t sort_bytes = 0, select_bytes = 0;
+    TRIDENT_CUDA(cub::DeviceRadixSort::SortPairs(
+        nullptr, sort_bytes, static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
+        static_cast<const int*>(nullptr), static_cast<int*>(nullptr), N, 0, key_bits));
+    TRIDENT_CUDA(cub::DeviceSelect::If(nullptr, select_bytes, static_cast<int*>(nullptr),
+                                       static_cast<int*>(nullptr), static_cast<int*>(nullptr), N,
+                                       IsRunStart{}));
+    temp_bytes = std::max(sort_bytes, select_bytes);  // the two run one after the other
+    const size_t ints = size_t(N) * sizeof(int);
+    for (size_t* piece : {&keys, &row_ids, &sorted_keys, &sorted_rows, &run_marks, &run_starts})
+      *piece = take(ints);
+    num_runs = take(sizeof(int));
+    temp = take(temp_bytes);
+  }
+
+ private:
+  size_t take(size_t bytes) {
+    const size_t at = total;
+    total += (bytes + kAlign - 1) / kAlign * kAlign;
+    return at;
+  }
+};
 
 // stats[n] = (max_j<live x, Σ_j<live exp(x - max) in double, x[target - v0] or 0).
 // live == 0 gives (-inf, 0, 0): block_max of nothing is -inf, the sum has no terms.
@@ -198,10 +244,15 @@ void embedding_slice_forward_cuda(float* out, const int32_t* tokens, const float
   TRIDENT_CUDA_LAUNCHED();
 }
 
-void embedding_slice_backward_cuda(float* dwte_slice, float* dwpe, const float* dout,
-                                   const int32_t* tokens, int v0, int v1, int B, int T, int C,
-                                   cudaStream_t stream) {
+size_t embedding_backward_scratch_bytes(int N, int vocab_rows) {
+  return DwteScratch(N, vocab_rows).total;
+}
+
+void embedding_slice_backward_cuda(float* dwte_slice, float* dwpe, void* scratch,
+                                   const float* dout, const int32_t* tokens, int v0, int v1,
+                                   int B, int T, int C, cudaStream_t stream) {
   TRIDENT_CHECK(B >= 0 && T >= 0 && C >= 0, "{}: B={} T={} C={}", __func__, B, T, C);
+  TRIDENT_CHECK(v0 >= 0 && v1 >= v0, "{}: vocabulary slice [{}, {})", __func__, v0, v1);
   const int N = B * T;
   if (N == 0 || C == 0) return;
   TRIDENT_CHECK(dout, "{}: null dout", __func__);
@@ -210,12 +261,41 @@ void embedding_slice_backward_cuda(float* dwte_slice, float* dwpe, const float* 
     slice_bwd_wpe_kernel<<<grid_for(work, kBlock), kBlock, 0, stream>>>(dwpe, dout, B, T, C);
     TRIDENT_CUDA_LAUNCHED();
   }
-  if (dwte_slice && v1 > v0) {
-    TRIDENT_CHECK(tokens, "{}: null tokens", __func__);
-    const dim3 grid(unsigned(N), ceil_div(size_t(C), kWteChunk));
-    slice_bwd_wte_kernel<<<grid, kBlock, 0, stream>>>(dwte_slice, dout, tokens, v0, v1, N, C);
-    TRIDENT_CUDA_LAUNCHED();
-  }
+  if (!dwte_slice || v1 == v0) return;
+  TRIDENT_CHECK(tokens && scratch, "{}: null tokens or scratch", __func__);
+  // Row indices plus a tile stay far from INT_MAX, so the kernels' int arithmetic cannot wrap.
+  TRIDENT_CHECK(N <= (1 << 30), "{}: {} rows, at most 2^30", __func__, N);
+  const DwteScratch layout(N, v1 - v0);
+  char* base = static_cast<char*>(scratch);
+  auto* keys = reinterpret_cast<uint32_t*>(base + layout.keys);
+  auto* row_ids = reinterpret_cast<int*>(base + layout.row_ids);
+  auto* sorted_keys = reinterpret_cast<uint32_t*>(base + layout.sorted_keys);
+  auto* sorted_rows = reinterpret_cast<int*>(base + layout.sorted_rows);
+  auto* run_marks = reinterpret_cast<int*>(base + layout.run_marks);
+  auto* run_starts = reinterpret_cast<int*>(base + layout.run_starts);
+  auto* num_runs = reinterpret_cast<int*>(base + layout.num_runs);
+  void* temp = base + layout.temp;
+
+  const unsigned row_blocks = ceil_div(size_t(N), kBlock);
+  dwte_keys_kernel<<<row_blocks, kBlock, 0, stream>>>(keys, row_ids, tokens, v0, v1, N);
+  TRIDENT_CUDA_LAUNCHED();
+  // Stable: rows of one token stay in increasing order.
+  size_t temp_bytes = layout.temp_bytes;
+  TRIDENT_CUDA(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys, sorted_keys, row_ids,
+                                               sorted_rows, N, 0, layout.key_bits, stream));
+  dwte_run_marks_kernel<<<row_blocks, kBlock, 0, stream>>>(run_marks, sorted_keys, N);
+  TRIDENT_CUDA_LAUNCHED();
+  temp_bytes = layout.temp_bytes;
+  TRIDENT_CUDA(cub::DeviceSelect::If(temp, temp_bytes, run_marks, run_starts, num_runs, N,
+                                     IsRunStart{}, stream));
+  // At most min(N, v1 - v0 + 1) runs (the +1: the off-slice rows); how many is known only on
+  // the device, so the grid is that bound (capped) and the kernel reads *num_runs.
+  const size_t run_bound = std::min(size_t(N), size_t(v1 - v0) + 1);
+  const dim3 grid(unsigned(std::min<size_t>(run_bound, kMaxRunBlocks)), ceil_div(size_t(C), kWteBlock));
+  slice_bwd_wte_kernel<<<grid, kWteBlock, 0, stream>>>(dwte_slice, dout, sorted_keys, sorted_rows,
+                                                       run_starts, num_runs, uint32_t(v1 - v0), N,
+                                                       C);
+  TRIDENT_CUDA_LAUNCHED();
 }
 
 void crossentropy_slice_stats_cuda(float* stats, const float* logits, const int32_t* targets,

@@ -5,6 +5,7 @@
 // vocabulary.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "cuda_check.h"
@@ -15,11 +16,18 @@ namespace trident::cuda {
 void embedding_slice_forward_cuda(float* out, const int32_t* tokens, const float* wte_slice,
                                   const float* wpe, int v0, int v1, int B, int T, int C,
                                   cudaStream_t stream);
-// dwte_slice[tok-v0,:] += dout[n,:] for tokens in [v0,v1); dwpe[t,:] += Σ_b dout[b,t,:] when
-// dwpe is non-null. Deterministic (no float atomics).
-void embedding_slice_backward_cuda(float* dwte_slice, float* dwpe, const float* dout,
-                                   const int32_t* tokens, int v0, int v1, int B, int T, int C,
-                                   cudaStream_t stream);
+// Bytes of scratch embedding_slice_backward_cuda needs for N token rows and a slice of
+// vocab_rows = v1 - v0 wte rows (the sort's keys, its row order, the runs and CUB's temporary
+// storage). Host-only; asks CUB for its temporary sizes, so it needs a current device.
+size_t embedding_backward_scratch_bytes(int N, int vocab_rows);
+// dwte_slice[tok-v0,:] += dout[n,:] for tokens in [v0,v1), n in increasing order (the CPU
+// twin's additions: bitwise its result); dwpe[t,:] += Σ_b dout[b,t,:] when dwpe is non-null.
+// Deterministic (no float atomics; Note [Deterministic dwte] in encoder.cu). `scratch` holds
+// embedding_backward_scratch_bytes(B*T, v1-v0) bytes; unused (may be null) without dwte_slice.
+// Asynchronous on `stream`: nothing is copied to the host.
+void embedding_slice_backward_cuda(float* dwte_slice, float* dwpe, void* scratch,
+                                   const float* dout, const int32_t* tokens, int v0, int v1,
+                                   int B, int T, int C, cudaStream_t stream);
 // stats[n] = (max over the live columns, Σ exp(x - max) (accumulated in double, stored as
 // float), x[targets[n]-v0] when 0 <= targets[n]-v0 < live else 0).
 void crossentropy_slice_stats_cuda(float* stats, const float* logits, const int32_t* targets,

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "trident/bfloat16.h"
 #include "trident/check.h"
 
 namespace trident {
@@ -125,6 +126,62 @@ class Backend {
   virtual void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
                          size_t row_bytes, size_t rows);
 
+  // --- bf16 activations (Note [bf16 activations] in src/backend/bf16_ops.cpp) -------------
+  // The ops of the model's bf16 path (GPTOptions::precision): activations that feed GEMMs,
+  // attention and GELU are bf16; the residual stream, its gradient (plus a bf16 copy for the
+  // GEMMs), LayerNorm statistics, losses, weights and weight gradients stay fp32. Each op means
+  // its fp32 op on the widened bf16 inputs, every bf16 output rounded once (to nearest even)
+  // at the end, fp32 accumulation throughout. The definitions here compute exactly that on the
+  // host (slowly: they are the CPU twin the device kernels are tested against, and the CPU
+  // model tests' bf16 runs); a device backend overrides every one. Gradient rules as above.
+  // out = bf16(inp)
+  virtual void cast_to_bf16(bfloat16* out, const float* inp, size_t n);
+  virtual void layernorm_forward_bf16(bfloat16* out, float* mean, float* rstd, const float* inp,
+                                      const float* w, const float* b, int N, int C);
+  // dresidual += LayerNorm's input gradient for dout = d(out) (the residual stream's
+  // gradient collects it in place); then dresidual16 = bf16(dresidual) when non-null (the copy
+  // the next GEMMs read); dw += ...; db += ...
+  virtual void layernorm_backward_add_bf16(float* dresidual, bfloat16* dresidual16, float* dw,
+                                           float* db, const bfloat16* dout, const float* inp,
+                                           const float* w, const float* mean, const float* rstd,
+                                           int N, int C);
+  // out[N,OC] = bf16(inp · wᵀ + bias) (bias fp32, may be null).
+  virtual void matmul_forward_bf16(bfloat16* out, const bfloat16* inp, const bfloat16* w,
+                                   const float* bias, int N, int C, int OC);
+  // out[N,OC] = residual + inp · wᵀ + bias, in fp32 (out may alias residual): a row-parallel
+  // linear layer and the residual add after it in one op.
+  virtual void matmul_forward_add_bf16(float* out, const float* residual, const bfloat16* inp,
+                                       const bfloat16* w, const float* bias, int N, int C,
+                                       int OC);
+  // dinp = bf16(dout · w); dw += doutᵀ · inp; dbias += column sums of dout. Null: skipped.
+  virtual void matmul_backward_bf16(bfloat16* dinp, float* dw, float* dbias,
+                                    const bfloat16* dout, const bfloat16* inp, const bfloat16* w,
+                                    int N, int C, int OC);
+  // As attention_forward/backward (the same `att` and scratch sizes), on bf16 q|k|v.
+  virtual void attention_forward_bf16(bfloat16* out, float* att, const bfloat16* qkv, int B,
+                                      int T, int C, int NH);
+  virtual void attention_backward_bf16(bfloat16* dqkv, float* scratch, const bfloat16* dout,
+                                       const bfloat16* qkv, const bfloat16* out,
+                                       const float* att, int B, int T, int C, int NH);
+  virtual void gelu_forward_bf16(bfloat16* out, const bfloat16* inp, size_t n);
+  virtual void gelu_backward_bf16(bfloat16* dinp, const bfloat16* inp, const bfloat16* dout,
+                                  size_t n);
+  // The fused classifier: from bf16 logits [N,Vp], losses[n] = -log softmax(logits)[target]
+  // (fp32) and, in the same pass, in place, logits = bf16(dloss · (probs - onehot(target)))
+  // (padded columns 0). Forward and backward of the loss at once: the probabilities are never
+  // stored in bf16 (p ≈ 1 would round to 1 and lose the target's gradient).
+  virtual void crossentropy_fused_bf16(float* losses, bfloat16* logits_to_dlogits,
+                                       const int32_t* targets, float dloss, int N, int V,
+                                       int Vp);
+
+  // *acc += float((Σ x, in double) / n), with acc a double in backend memory: a micro-batch's
+  // mean loss, rounded to float as forward() returns it, kept on a device until the step ends
+  // (GPT::forward_accumulate). The definition here sums in order.
+  virtual void add_mean(double* acc, const float* x, size_t n) {
+    double sum = 0.0;
+    for (size_t i = 0; i < n; ++i) sum += x[i];
+    *acc += double(float(sum / double(n)));
+  }
   // Σ x² in double (for the global gradient norm).
   virtual double sum_squares(const float* x, size_t n) = 0;
   // out[i] = Σ xs[i]² over ns[i] elements, for i < count (host out): the norm's per-tensor

@@ -86,6 +86,7 @@ struct RunConfig {
   std::string out_dir;                 // default: runs/<deck file stem>
   std::string backend = "cpu";         // cpu | cuda
   std::string attention = "auto";      // cuda: auto | cudnn | flash
+  std::string precision = "fp32";     // activations: fp32 | bf16 (cuda; Note [bf16 activations])
 
   bool operator==(const RunConfig&) const = default;
 };

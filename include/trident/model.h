@@ -108,6 +108,13 @@ std::vector<ParamInfo> gpt_param_layout(const GPTConfig& cfg, int tp_size = 1, i
 enum class Recompute { kNone, kMlp, kFull };
 Recompute parse_recompute(const std::string& text);  // "none" | "mlp" | "full"
 
+// The activations' storage type (run.precision): fp32 everywhere, or bf16 for what the GEMMs,
+// attention and GELU read (Note [bf16 activations] in src/backend/bf16_ops.cpp). bf16 runs with
+// tp = 1, an unsplit backward and the head's gradient in one piece (check_precision).
+enum class Precision { kFp32, kBf16 };
+Precision parse_precision(const std::string& text);  // "fp32" | "bf16"
+const char* precision_name(Precision p);
+
 // Tensor parallelism for one model replica: the tp communicator (null for tp = 1) and whether
 // the LayerNorm/residual regions are split along the sequence (Megatron's sequence parallelism).
 struct TensorParallel {
@@ -173,6 +180,10 @@ struct GPTOptions {
   // the embedding and the head. The Trainer sets it false when it reduces over dp without an
   // EmbeddingRowSink, so that the buckets are in the order their gradients become final.
   bool wte_after_head = true;
+  Precision precision = Precision::kFp32;
+  // bf16: the loss seed backward will be given (its dloss_scale), which the fused classifier
+  // needs already in forward (Note [bf16 activations]); GPT::set_dloss_scale changes it.
+  float dloss_scale = 1.0f;
 };
 
 class GPT {
@@ -200,6 +211,12 @@ class GPT {
   float forward(const int32_t* inputs, const int32_t* targets, int B, int T) {
     return forward(0, inputs, targets, B, T);
   }
+  // The same forward, its loss added to the model's loss sum instead of returned: on a device
+  // the mean stays in device memory (Backend::add_mean), so a micro-batch's forward does not
+  // wait for the device; take_loss_sum() reads the sum once, waiting then, and zeroes it. On a
+  // host it sums forward's returns (the bits a caller summing them in double gets).
+  void forward_accumulate(int slot, const int32_t* inputs, const int32_t* targets, int B, int T);
+  double take_loss_sum();
   // Backward of slot's last forward: of (dloss_scale × mean loss) on the last stage, of
   // dstage_output [Nr,C] (the next stage's gradient of stage_output) elsewhere. Writes
   // dstage_input [Nr,C] (=) on stages after the first. Gradients are ACCUMULATED into grads()
@@ -247,7 +264,10 @@ class GPT {
 
   // Logits [B,T,Vp/tp] (this rank's vocab slice) of slot 0's last forward without targets, in
   // backend memory (synchronize the backend before reading them on the host).
-  const float* logits() const { return slots_[0].logits.data(); }
+  const float* logits() const;
+  Precision precision() const { return precision_; }
+  // bf16: the dloss_scale the next backwards will be given (GPTOptions::dloss_scale).
+  void set_dloss_scale(float s) { dloss_scale_ = s; }
   Backend& backend() { return be_; }
   const TensorParallel& tensor_parallel() const { return tp_; }
   // This rank's vocabulary slice [begin, end) of the padded vocabulary.
@@ -266,6 +286,22 @@ class GPT {
         *ln2_rstd, *fch, *fch_gelu, *residual3;
   };
   static constexpr size_t kBlockBuffers = 13;  // the members of BlockActs
+  // The same buffers on the bf16 path: those the GEMMs, attention and GELU read are bf16.
+  struct BlockActs16 {
+    bfloat16* ln1;
+    float *ln1_mean, *ln1_rstd;
+    bfloat16 *qkv;
+    float* att;
+    bfloat16* atty;
+    float* residual2;
+    bfloat16* ln2;
+    float *ln2_mean, *ln2_rstd;
+    bfloat16 *fch, *fch_gelu;
+    float* residual3;
+  };
+  // Which of BlockActs' buffers BlockActs16 holds in bf16.
+  static constexpr std::array<bool, kBlockBuffers> kBf16Buffer = {
+      true, false, false, true, false, true, false, true, false, false, true, true, false};
   // Element counts of one block's buffers at the largest micro-batch, in BlockActs order.
   std::array<size_t, kBlockBuffers> block_sizes() const;
   // Which of them a slot keeps per block under the recompute mode.
@@ -279,9 +315,13 @@ class GPT {
     BackendBuffer<int32_t> inputs, targets;  // copied into backend memory by forward
     BackendBuffer<float> encoded;            // stage input: embedding output or received [Nr,C]
     std::vector<BackendBuffer<float>> blocks;  // [kept buffer][layer * size]
+    std::vector<BackendBuffer<bfloat16>> blocks16;  // bf16: the kBf16Buffer ones instead
     BackendBuffer<float> lnf, lnf_mean, lnf_rstd, logits, losses;
+    BackendBuffer<bfloat16> lnf16, logits16;  // bf16: instead of lnf and logits
+    float dloss = 0.0f;  // bf16: the seed the fused classifier used (Note [bf16 activations])
   };
   BlockActs block_acts(int slot, int local_layer);
+  BlockActs16 block_acts16(int slot, int local_layer);
   // The slot holding `s`'s head buffers: itself, or slot 0 (GPTOptions::shared_head).
   Slot& head(Slot& s) { return shared_head_ ? slots_[0] : s; }
   // Shared scratch: full-row partial sums, sequence-parallel staging, backward buffers.
@@ -290,6 +330,9 @@ class GPT {
     BackendBuffer<float> dresidual, dfull, dbuf_c, dbuf_c2, dbuf_3c, dbuf_4c, dbuf_4c2, datt,
         dln_partials;  // sequence parallelism: [2·layers + 1][2C] LayerNorm gradient partial sums
     BackendBuffer<float> ce_stats, ce_all;  // vocab-parallel loss: [N,3] and [tp,N,3]
+    // bf16: the residual gradient's bf16 copy [N,C] and the input gradients between the ops
+    // (instead of dbuf_c, dbuf_3c, dbuf_4c, dbuf_4c2).
+    BackendBuffer<bfloat16> dresidual16, d16_c, d16_3c, d16_4c, d16_4c2;
   };
   struct BlockWeights {
     float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw,
@@ -310,6 +353,7 @@ class GPT {
     // "forward block 3", "backward block 3", "weight block 3" (a split backward's W)
     std::string forward_phase, backward_phase, weight_phase;
     std::vector<int> uses;  // the block's parameter indices (for param_use_)
+    size_t span_begin = 0, span_end = 0;  // the block's span of the flat buffer (bf16 casts)
   };
   struct ParamTable {
     // Offsets of the non-block tensors, valid where this stage holds them.
@@ -332,6 +376,22 @@ class GPT {
                      int T);
   // Recomputes what the recompute mode dropped for block `local_layer` of `slot`.
   void recompute_block(int slot, int local_layer, const float* residual_in);
+  // The bf16 path (gpt_bf16.cpp; Note [bf16 activations]): a block's weights are cast to
+  // params16_ right before its forward, and backward reads that copy.
+  struct BlockWeights16 {
+    const bfloat16 *qkvw, *attprojw, *fcw, *fcprojw;
+  };
+  BlockWeights16 block16(int local_layer) const;
+  void cast_weights(size_t begin, size_t end);  // params16_[begin, end) = bf16(params_)
+  void block_forward_bf16(const BlockWeights& w, const BlockWeights16& w16,
+                          const BlockActs16& a, const float* residual_in, int B, int T);
+  void recompute_block_bf16(int slot, int local_layer, const float* residual_in);
+  float head_forward_bf16(Slot& s, const float* residual, const int32_t* targets, int B, int T);
+  void backward_bf16(int slot, float dloss_scale, const float* dstage_output,
+                     float* dstage_input, const GradReadyFn& on_ready,
+                     const EmbeddingRowSink* sink);
+  // The mean of the slot's per-token losses, read on the host.
+  float mean_loss(Slot& s, int N);
   // backward and backward_input (gpt_backward.cpp): the whole backward, or its B part.
   enum class BackwardPart { kWhole, kInput };
   void backward_pass(BackwardPart part, int slot, float dloss_scale, const float* dstage_output,
@@ -370,11 +430,17 @@ class GPT {
   std::vector<ParamInfo> infos_;
   std::unordered_map<std::string, int> index_by_name_;  // into infos_
   BackendBuffer<float> params_, grads_;  // Note [Backend memory]
+  BackendBuffer<bfloat16> params16_;     // bf16: the GEMMs' copy of the weights
   std::vector<Slot> slots_;
   std::vector<BackendBuffer<float>> recompute_;  // one block's dropped buffers
+  std::vector<BackendBuffer<bfloat16>> recompute16_;  // bf16: the kBf16Buffer ones
   std::array<size_t, kBlockBuffers> block_sizes_{};
   ParamTable table_;
   std::vector<float> losses_host_;  // device backends: the per-token losses, read on the host
+  // forward_accumulate: the device's sum of micro-batch mean losses, and the host's.
+  BackendBuffer<double> loss_sum_device_;
+  double loss_sum_host_ = 0.0;
+  bool defer_loss_ = false;  // inside forward_accumulate on a device: mean_loss returns 0
   Scratch scratch_;
   PhaseFn phases_;
   ParamUseFn param_use_;
@@ -382,6 +448,8 @@ class GPT {
   TensorParallel tp_;
   StageSpec stage_;
   Recompute recompute_mode_ = Recompute::kNone;
+  Precision precision_ = Precision::kFp32;
+  float dloss_scale_ = 1.0f;
   bool shared_head_ = false;
   std::vector<int> wte_piece_rows_;   // GPTOptions::wte_piece_rows; empty: one piece
   std::vector<int> chunk_slot_base_;  // [chunks + 1]: each chunk's first slot, then the total

@@ -80,6 +80,9 @@ int run_generate(const GenerateArgs& args) {
                 l.grid->world_size());
   GPT& model = l.trainer->model();
   const GPTConfig& cfg = model.config();
+  if (model.precision() != Precision::kFp32)
+    input_error("generate: run.precision bf16 keeps no fp32 logits to sample from; use --set "
+                "run.precision=fp32 (the checkpoint's weights are fp32 either way)");
   if (cfg.vocab > 256)
     input_error("generate: model.vocab {} is not byte-level; only byte-level (vocab 256) "
                 "models can turn text into tokens here", cfg.vocab);

@@ -2,25 +2,15 @@
 
 #include <cstring>
 
+#include "trident/bfloat16.h"
 #include "trident/check.h"
 
 namespace trident::bf16 {
 namespace {
 
-inline uint16_t round_one(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x0040u);  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
-
-inline float widen_one(uint16_t h) {
-  const uint32_t u = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+// The rounding of the model's bf16 activations (trident/bfloat16.h): one definition for both.
+inline uint16_t round_one(float f) { return ::trident::to_bfloat16(f).bits; }
+inline float widen_one(uint16_t h) { return ::trident::to_float(bfloat16{h}); }
 
 extern "C" void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
   const auto* a = static_cast<const uint16_t*>(in);

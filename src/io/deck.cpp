@@ -183,6 +183,20 @@ void validate(const DeckReader& r) {
   if (d.model.d_model % d.model.heads != 0)
     input_error("{}: model.d_model ({}) must be a multiple of model.heads ({})",
                 r.blame({"model.d_model", "model.heads"}), d.model.d_model, d.model.heads);
+  // Note [bf16 activations] (src/backend/bf16_ops.cpp): the CPU's bf16 ops exist as the
+  // kernels' test twin, slower than its fp32 ones, so a CPU run is refused rather than slowed.
+  if (d.run.precision == "bf16") {
+    if (d.run.backend != "cuda")
+      input_error("{}: run.precision bf16 needs run.backend cuda: the CPU backend computes in "
+                  "fp32 (its bf16 ops only emulate the GPU's rounding for tests, and are slower)",
+                  r.blame({"run.precision", "run.backend"}));
+    if (d.parallel.tp > 1)
+      input_error("{}: run.precision bf16 runs with parallel.tp 1 (got {}); use fp32 for tensor "
+                  "parallelism", r.blame({"run.precision", "parallel.tp"}), d.parallel.tp);
+    if (d.parallel.schedule == "zb-h1")
+      input_error("{}: run.precision bf16 does not split backward: use parallel.schedule 1f1b, "
+                  "gpipe or interleaved", r.blame({"run.precision", "parallel.schedule"}));
+  }
   // A checkpoint's shape replaces model.*, so these are checked against it when it is read.
   if (d.model.init_from.empty()) {
     if (d.model.heads % d.parallel.tp != 0)

@@ -111,6 +111,9 @@ const std::vector<Key>& table() {
       {.name = "run.attention", .field = at<&Deck::run, &RunConfig::attention>(),
        .text = Text::kEnum, .choices = {"auto", "cudnn", "flash"},
        .help = "cuda attention: cuDNN fused attention where it has a plan (auto), or force one"},
+      {.name = "run.precision", .field = at<&Deck::run, &RunConfig::precision>(),
+       .text = Text::kEnum, .choices = {"fp32", "bf16"},
+       .help = "activations: fp32, or bf16 for what the GEMMs read (cuda, tp 1)"},
 
       {.name = "parallel.dp", .field = at<&Deck::parallel, &ParallelConfig::dp>(), .min = ge(0),
        .help = "data-parallel ranks; 0: world size / (tp * pp)"},

@@ -70,6 +70,8 @@ void GPT::build_param_table() {
     lt.ready_qkv = ready("qkvb");
     lt.ready_ln1 = ready("ln1b");
     for (int k = ready("fcprojw"); k <= lt.ready_ln1; ++k) lt.uses.push_back(k);
+    lt.span_begin = infos_[size_t(lt.uses.front())].offset;  // ready order = buffer order
+    lt.span_end = infos_[size_t(lt.ready_ln1)].offset + infos_[size_t(lt.ready_ln1)].count;
     lt.forward_phase = fmt::format("forward block {}", l);
     lt.backward_phase = fmt::format("backward block {}", l);
     lt.weight_phase = fmt::format("weight block {}", l);
@@ -82,6 +84,28 @@ GPT::BlockWeights GPT::block(float* base, int local_layer) const {
   return {base + o.ln1w,     base + o.ln1b, base + o.qkvw, base + o.qkvb,
           base + o.attprojw, base + o.attprojb, base + o.ln2w, base + o.ln2b,
           base + o.fcw,      base + o.fcb,  base + o.fcprojw, base + o.fcprojb};
+}
+
+void GPT::forward_accumulate(int slot, const int32_t* inputs, const int32_t* targets, int B,
+                             int T) {
+  struct Deferred {  // reset even when forward throws
+    explicit Deferred(bool& flag, bool on) : flag_(flag) { flag_ = on; }
+    ~Deferred() { flag_ = false; }
+    bool& flag_;
+  } deferred(defer_loss_, be_.is_device() && stage_.has_head);
+  loss_sum_host_ += forward(slot, inputs, targets, B, T);
+}
+
+double GPT::take_loss_sum() {
+  double sum = loss_sum_host_;
+  loss_sum_host_ = 0.0;
+  if (!loss_sum_device_.empty()) {
+    double device = 0.0;
+    be_.copy(&device, loss_sum_device_.data(), sizeof(double));  // waits (Note [Backend memory])
+    be_.fill_zero(loss_sum_device_.data(), sizeof(double));
+    sum += device;
+  }
+  return sum;
 }
 
 void GPT::zero_grads() { be_.fill_zero(grads_.data(), grads_.size() * sizeof(float)); }
@@ -136,7 +160,15 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, int 
   for (int i = begin; i < end; ++i) {
     progress();
     if (param_use_) param_use_(table_.layers[size_t(i)].uses);
-    Phase ph(be_, phases_, table_.layers[size_t(i)].forward_phase);
+    const LayerTable& lt = table_.layers[size_t(i)];
+    Phase ph(be_, phases_, lt.forward_phase);
+    if (precision_ == Precision::kBf16) {
+      cast_weights(lt.span_begin, lt.span_end);  // after param_use_: ZeRO may gather them
+      const BlockActs16 a = block_acts16(slot, i);
+      block_forward_bf16(block(P, i), block16(i), a, residual, B, T);
+      residual = a.residual3;
+      continue;
+    }
     const BlockActs a = block_acts(slot, i);
     block_forward(block(P, i), a, residual, B, T);
     residual = a.residual3;
@@ -144,6 +176,7 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, int 
   if (!head_chunk(s)) return 0.0f;
   if (param_use_) param_use_(table_.head_uses);
   Phase ph(be_, phases_, table_.forward_head);
+  if (precision_ == Precision::kBf16) return head_forward_bf16(s, residual, targets, B, T);
   Slot& h = head(s);
   layernorm_gathered(h.lnf.data(), h.lnf_mean.data(), h.lnf_rstd.data(), residual,
                      P + table_.lnfw, P + table_.lnfb, B, T, C);

@@ -29,37 +29,11 @@
 #include <algorithm>
 
 #include "model/gpt_phase.h"
+#include "model/ready_walk.h"
 #include "trident/check.h"
 #include "trident/model.h"
 
 namespace trident {
-namespace {
-
-// Reports parameters ready in the list's order (Note [Parameter table]) from `first` on,
-// skipping wte, which is reported on its own: whole (wte(): all its pieces) or piece by piece
-// (wte_piece) when the head computes it in pieces (Note [Head gradient in pieces]).
-class ReadyWalk {
- public:
-  ReadyWalk(const GradReadyFn& on_ready, int first, int wte_index, int wte_pieces)
-      : on_ready_(on_ready), next_(first), wte_(wte_index), pieces_(wte_pieces) {}
-  void through(int last) {
-    if (!on_ready_) return;
-    for (; next_ <= last; ++next_)
-      if (next_ != wte_) on_ready_(next_, 0);
-  }
-  void wte() const {
-    for (int k = 0; k < pieces_; ++k) wte_piece(k);
-  }
-  void wte_piece(int k) const {
-    if (on_ready_) on_ready_(wte_, k);
-  }
-
- private:
-  const GradReadyFn& on_ready_;
-  int next_, wte_, pieces_;
-};
-
-}  // namespace
 
 // A chunk's parameters are a run of the ready list (gpt_param_layout): from the head's (last
 // chunk) or its last block's first, through its first block's last (or the list's end on chunk
@@ -77,6 +51,10 @@ int GPT::last_ready(const Slot& s) const {
 void GPT::backward(int slot, float dloss_scale, const float* dstage_output, float* dstage_input,
                    const GradReadyFn& on_ready, const EmbeddingRowSink* sink,
                    bool last_micro_batch) {
+  if (precision_ == Precision::kBf16) {  // tp 1: no sequence-parallel partial sums to hold
+    backward_bf16(slot, dloss_scale, dstage_output, dstage_input, on_ready, sink);
+    return;
+  }
   backward_pass(BackwardPart::kWhole, slot, dloss_scale, dstage_output, dstage_input, on_ready,
                 sink, last_micro_batch);
 }
@@ -85,6 +63,7 @@ void GPT::backward_input(int slot, float dloss_scale, const float* dstage_output
                          float* dstage_input, bool last_micro_batch) {
   TRIDENT_CHECK(recompute_mode_ == Recompute::kNone,
                 "a split backward with recomputation (Note [Split backward])");
+  TRIDENT_CHECK(precision_ == Precision::kFp32, "a split backward on the bf16 path");
   backward_pass(BackwardPart::kInput, slot, dloss_scale, dstage_output, dstage_input, {}, nullptr,
                 last_micro_batch);
 }

@@ -126,6 +126,14 @@ Recompute parse_recompute(const std::string& text) {
   input_error("train.recompute: must be one of none|mlp|full, got \"{}\"", text);
 }
 
+Precision parse_precision(const std::string& text) {
+  if (text == "fp32") return Precision::kFp32;
+  if (text == "bf16") return Precision::kBf16;
+  input_error("run.precision: must be one of fp32|bf16, got \"{}\"", text);
+}
+
+const char* precision_name(Precision p) { return p == Precision::kBf16 ? "bf16" : "fp32"; }
+
 std::vector<ParamInfo> gpt_param_layout(const GPTConfig& cfg, int tp, int tp_rank,
                                         StageSpec stage, bool wte_after_head) {
   const int C = cfg.channels;

@@ -23,12 +23,20 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
     : cfg_(cfg), be_(backend), maxB_(B), maxT_(T),
       infos_(gpt_param_layout(cfg, options.tp.size, options.tp.rank, options.stage,
                               options.wte_after_head)),
-      tp_(options.tp), stage_(options.stage), recompute_mode_(options.recompute) {
+      tp_(options.tp), stage_(options.stage), recompute_mode_(options.recompute),
+      precision_(options.precision), dloss_scale_(options.dloss_scale) {
   TRIDENT_CHECK(T <= cfg.max_seq_len, "T {} > max_seq_len {}", T, cfg.max_seq_len);
   TRIDENT_CHECK(cfg.channels % cfg.heads == 0, "C {} % NH {}", cfg.channels, cfg.heads);
   TRIDENT_CHECK(tp_.size == 1 || tp_.comm != nullptr, "tp {} without a communicator", tp_.size);
   TRIDENT_CHECK(options.slots >= 1, "slots {}", options.slots);
   check_tensor_parallel(cfg, tp_.size, tp_.sequence_parallel, T);
+  const bool bf16 = precision_ == Precision::kBf16;
+  // Note [bf16 activations]: the bf16 path is the one-GPU-per-replica model for now.
+  if (bf16 && tp_.size > 1)
+    input_error("run.precision bf16 runs with tensor parallelism 1 (this run has tp {}); use "
+                "run.precision fp32 for tp > 1", tp_.size);
+  if (bf16 && !options.wte_piece_rows.empty())
+    internal_error(__FILE__, __LINE__, "bf16 with the head's gradient in pieces");
   if (stage_.num_layers < 0) stage_.num_layers = cfg.layers - stage_.first_layer;
   // Slots by chunk (StageSpec): one chunk holds them all unless the options divide them.
   std::vector<int> chunk_slots = options.chunk_slots;
@@ -60,8 +68,10 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   }
   build_param_table();
   auto floats = [&](size_t n) { return BackendBuffer<float>(be_, n); };  // zeroed
+  auto halves = [&](size_t n) { return BackendBuffer<bfloat16>(be_, n); };  // zeroed
   params_ = floats(total);
   grads_ = floats(params_.size());
+  if (bf16) params16_ = halves(total);
 
   const size_t C = cfg.channels, tps = tp_.size;
   const size_t NHl = cfg.heads / tps, Cl = C / tps, Vl = cfg.padded_vocab / tps;
@@ -84,23 +94,39 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
     const size_t L = size_t(stage_.chunk_size(s.chunk));  // the chunk's blocks only
     s.encoded = floats(Nr * C);
     s.blocks.resize(sizes.size());
-    for (size_t k = 0; k < sizes.size(); ++k)
-      if (kept[k]) s.blocks[k] = floats(L * sizes[k]);
+    s.blocks16.resize(sizes.size());
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      if (!kept[k]) continue;
+      if (bf16 && kBf16Buffer[k])
+        s.blocks16[k] = halves(L * sizes[k]);
+      else
+        s.blocks[k] = floats(L * sizes[k]);
+    }
     s.inputs = BackendBuffer<int32_t>(be_, N);
     s.targets = BackendBuffer<int32_t>(be_, N);
     if (head_chunk(s) && (!shared_head_ || i == 0)) {
-      s.lnf = floats(N * C);
+      if (bf16)
+        s.lnf16 = halves(N * C), s.logits16 = halves(N * Vl);
+      else
+        s.lnf = floats(N * C), s.logits = floats(N * Vl);
       s.lnf_mean = floats(Nr);
       s.lnf_rstd = floats(Nr);
-      s.logits = floats(N * Vl);
       s.losses = floats(N);
     }
   }
-  if (stage_.has_head && be_.is_device()) losses_host_.resize(N);
+  if (stage_.has_head && be_.is_device()) {
+    losses_host_.resize(N);
+    loss_sum_device_ = BackendBuffer<double>(be_, 1);  // zeroed
+  }
   recompute_.resize(sizes.size());
+  recompute16_.resize(sizes.size());
   for (size_t k = 0; k < sizes.size(); ++k) {
     const bool full_output = k == 12 && recompute_mode_ == Recompute::kFull;  // recompute_block
-    if (!kept[k] || full_output) recompute_[k] = floats(sizes[k]);
+    if (kept[k] && !full_output) continue;
+    if (bf16 && kBf16Buffer[k])
+      recompute16_[k] = halves(sizes[k]);
+    else
+      recompute_[k] = floats(sizes[k]);
   }
   Scratch& a = scratch_;
   // Only tensor parallelism uses these: the partial sums before a tp reduction, and with
@@ -108,13 +134,21 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   // B 16 × 1024, 100 MB each that tp 1 would allocate and never touch).
   if (tps > 1) a.full_c = floats(N * C);
   if (tp_.sequence_parallel) a.stage = floats(N * C), a.dfull = floats(N * C);
-  a.ln_out = floats(Nr * C);
   a.dresidual = floats(Nr * C);
-  a.dbuf_c = floats(N * C);
-  a.dbuf_c2 = floats(Nr * C);
-  a.dbuf_3c = floats(N * 3 * Cl);
-  a.dbuf_4c = floats(N * 4 * Cl);
-  a.dbuf_4c2 = floats(N * 4 * Cl);
+  if (bf16) {  // tp 1: no LayerNorm staging; the gradients between ops are bf16
+    a.dresidual16 = halves(N * C);
+    a.d16_c = halves(N * C);
+    a.d16_3c = halves(N * 3 * Cl);
+    a.d16_4c = halves(N * 4 * Cl);
+    a.d16_4c2 = halves(N * 4 * Cl);
+  } else {
+    a.ln_out = floats(Nr * C);
+    a.dbuf_c = floats(N * C);
+    a.dbuf_c2 = floats(Nr * C);
+    a.dbuf_3c = floats(N * 3 * Cl);
+    a.dbuf_4c = floats(N * 4 * Cl);
+    a.dbuf_4c2 = floats(N * 4 * Cl);
+  }
   a.datt = floats(be_.attention_scratch_floats(B, T, int(Cl), int(NHl)));
   // Zero now and after every reduction (Note [Sequence-parallel LayerNorm gradients]).
   a.dln_partials = floats((2 * size_t(stage_.num_layers) + 1) * 2 * C);
@@ -154,8 +188,28 @@ GPT::BlockActs GPT::block_acts(int slot, int local_layer) {
   return {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11], p[12]};
 }
 
+GPT::BlockActs16 GPT::block_acts16(int slot, int local_layer) {
+  Slot& s = slots_[slot];
+  const size_t within = size_t(local_layer - stage_.chunk_begin(s.chunk));
+  float* f[kBlockBuffers] = {};
+  bfloat16* h[kBlockBuffers] = {};
+  for (size_t k = 0; k < kBlockBuffers; ++k) {
+    if (kBf16Buffer[k])
+      h[k] = s.blocks16[k].empty() ? recompute16_[k].data()
+                                   : s.blocks16[k].data() + within * block_sizes_[k];
+    else
+      f[k] = s.blocks[k].empty() ? recompute_[k].data()
+                                 : s.blocks[k].data() + within * block_sizes_[k];
+  }
+  return {h[0], f[1], f[2], h[3], f[4], h[5], f[6], h[7], f[8], f[9], h[10], h[11], f[12]};
+}
+
 void GPT::recompute_block(int slot, int local_layer, const float* residual_in) {
   if (recompute_mode_ == Recompute::kNone) return;
+  if (precision_ == Precision::kBf16) {
+    recompute_block_bf16(slot, local_layer, residual_in);
+    return;
+  }
   const Slot& s = slots_[slot];
   const int B = s.B, T = s.T, N = B * T;
   const int Cl = cfg_.channels / tp_.size;
@@ -178,19 +232,24 @@ const float* GPT::stage_output(int slot) const {
 }
 
 size_t GPT::activation_bytes() const {
-  size_t floats = 0;
+  size_t floats = 0, halves = 0;  // (inputs and targets: int32, as many bytes as floats)
   for (const Slot& s : slots_) {
     floats += s.encoded.size() + s.lnf.size() + s.lnf_mean.size() + s.lnf_rstd.size() +
               s.logits.size() + s.losses.size() + s.inputs.size() + s.targets.size();
+    halves += s.lnf16.size() + s.logits16.size();
     for (const auto& b : s.blocks) floats += b.size();
+    for (const auto& b : s.blocks16) halves += b.size();
   }
   for (const auto& b : recompute_) floats += b.size();
+  for (const auto& b : recompute16_) halves += b.size();
   const Scratch& a = scratch_;
   for (const auto* v : {&a.full_c, &a.stage, &a.ln_out, &a.dresidual, &a.dfull, &a.dbuf_c,
                         &a.dbuf_c2, &a.dbuf_3c, &a.dbuf_4c, &a.dbuf_4c2, &a.datt, &a.dln_partials,
                         &a.ce_stats, &a.ce_all})
     floats += v->size();
-  return floats * sizeof(float);
+  for (const auto* v : {&a.dresidual16, &a.d16_c, &a.d16_3c, &a.d16_4c, &a.d16_4c2})
+    halves += v->size();
+  return floats * sizeof(float) + halves * sizeof(bfloat16);
 }
 
 }  // namespace trident

@@ -80,6 +80,15 @@ float GPT::crossentropy_forward(Slot& slot, const int32_t* targets, int N) {
     tp_wait(tp_.comm->all_gather(mine, all, size_t(N) * 3));
     be_.crossentropy_slice_combine(losses, logits, all, tp_.size, live, N, Vl);
   }
+  return mean_loss(slot, N);
+}
+
+float GPT::mean_loss(Slot& slot, int N) {
+  const float* losses = head(slot).losses.data();
+  if (defer_loss_) {  // forward_accumulate on a device: no wait here
+    be_.add_mean(loss_sum_device_.data(), losses, size_t(N));
+    return 0.0f;
+  }
   // Note [Backend memory]: on a device, through a host buffer allocated with the model (a copy
   // to host memory has completed when copy() returns).
   const float* host = losses;

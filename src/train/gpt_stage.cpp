@@ -32,7 +32,7 @@ GPTStage::~GPTStage() { model_.set_progress({}); }
 
 void GPTStage::begin_step(const StepInputs& in) {
   in_ = in;
-  loss_sum_ = forward_ms_ = backward_ms_ = 0;
+  forward_ms_ = backward_ms_ = 0;  // the model's loss sum was taken (zeroed) by the last step
   reducing_ = false;
   earlier_rounds_ = ReduceStats{};
   // The buffers depend on the micro-batch shape only: allocated when it first appears or
@@ -97,7 +97,7 @@ void GPTStage::forward(int micro, int chunk) {
   int32_t* inputs = needs_tokens ? inputs_[slot(micro, chunk)].data() : nullptr;
   int32_t* targets = needs_tokens ? targets_[slot(micro, chunk)].data() : nullptr;
   if (needs_tokens) order_.fill(g0, B, inputs, targets);
-  loss_sum_ += model_.forward(slot(micro, chunk), inputs, heads ? targets : nullptr, B, T);
+  model_.forward_accumulate(slot(micro, chunk), inputs, heads ? targets : nullptr, B, T);
   forward_ms_ += ms_since(t0);
 }
 

@@ -36,7 +36,8 @@ class GPTStage : public PipelineStage {
 
   // Set before run_pipeline; losses collected over the step (last stage only).
   void begin_step(const StepInputs& in);
-  double loss_sum() const { return loss_sum_; }
+  // The step's summed micro-batch losses, read (on a device: waited for) once; then zero.
+  double take_loss_sum() { return model_.take_loss_sum(); }
   double forward_ms() const { return forward_ms_; }
   double backward_ms() const { return backward_ms_; }
   // Note [ZeRO-2 and accumulation] (train/zero.h): reduce after every micro-batch's backward,
@@ -58,7 +59,7 @@ class GPTStage : public PipelineStage {
   std::vector<StageTensor> backward_outputs(int micro, int chunk) override;
   // zb-h1 (Note [Split backward] in model/gpt_backward.cpp); the model refuses it with
   // recomputation, and so does the Trainer, earlier, with the deck keys named.
-  bool can_split_backward() const override { return true; }
+  bool can_split_backward() const override { return model_.precision() == Precision::kFp32; }
   void backward_input(int micro, int chunk) override;
   void backward_weight(int micro, int chunk) override;
   int chunks() const override { return model_.stage().chunks(); }
@@ -98,7 +99,7 @@ class GPTStage : public PipelineStage {
   std::vector<std::vector<float>> input_host_, output_host_;
   size_t boundary_floats() const;
   std::vector<int32_t> row_of_input_;
-  double loss_sum_ = 0, forward_ms_ = 0, backward_ms_ = 0;
+  double forward_ms_ = 0, backward_ms_ = 0;
 };
 
 }  // namespace trident

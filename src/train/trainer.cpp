@@ -115,6 +115,10 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
     options.slots += options.chunk_slots.back();
   }
   options.recompute = parse_recompute(deck_.train.recompute);
+  options.precision = parse_precision(deck_.run.precision);
+  // The seed every backward of this run gets (GPTStage::dloss_scale), which the bf16 fused
+  // classifier applies in forward (Note [bf16 activations]).
+  options.dloss_scale = 1.0f / (float(deck_.train.accum) * float(dp_size_));
   // Note [Split backward] (model/gpt_backward.cpp): the last stage of zb-h1 holds p slots but
   // runs each micro-batch's B right after its F, so one set of head buffers serves them all.
   options.shared_head = splits_backward(schedule_);
@@ -567,7 +571,7 @@ StepStats Trainer::train_step(int step) {
   reduce_tied_embedding();
 
   // The loss lives on the last stage: sum over pp (others contribute 0), then over dp.
-  double loss = stage_->loss_sum();
+  double loss = stage_->take_loss_sum();
   if (pp_size_ > 1) pp_comm_->all_reduce(&loss, 1).wait();
   if (dp_size_ > 1) ctx_.grid->dp().all_reduce(&loss, 1).wait();
   s.loss = loss / (accum * dp_size_);

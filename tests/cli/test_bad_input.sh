@@ -54,6 +54,10 @@ expect wrong-type "train.steps.*integer" -- "$bin" train deck.yaml "${common[@]}
 expect out-of-range "train.lr" -- "$bin" train deck.yaml "${common[@]}" --set train.lr=-1
 expect bad-set-syntax "expected key=value" -- "$bin" train deck.yaml --set model.layers
 expect bad-enum "train.lr_schedule" -- "$bin" train deck.yaml "${common[@]}" --set train.lr_schedule=linear
+# Note [bf16 activations]: bf16 is the GPU's; the CPU's bf16 ops are a test twin.
+expect bf16-on-cpu "run.precision bf16 needs run.backend cuda" -- "$bin" train deck.yaml "${common[@]}" --set run.precision=bf16
+expect bf16-with-tp "run.precision bf16 runs with parallel.tp 1" -- "$bin" train deck.yaml "${common[@]}" --set run.precision=bf16 --set run.backend=cuda --set parallel.tp=2
+expect bad-precision "run.precision" -- "$bin" train deck.yaml "${common[@]}" --set run.precision=fp16
 expect bad-nonfinite "train.nonfinite" -- "$bin" train deck.yaml "${common[@]}" --set train.nonfinite=ignore
 expect heads-not-dividing "heads" -- "$bin" train deck.yaml "${common[@]}" --set model.heads=3
 # Note [Memory plan]: refused before allocating, with the bytes per rank and the largest item.

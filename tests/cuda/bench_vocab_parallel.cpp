@@ -37,6 +37,7 @@ void BM_vocab_parallel(benchmark::State& state, Op op) {
   DeviceBuffer<float> rows(kN * kC), wte(size_t(kVl) * kC), wpe(size_t(kT) * kC),
       logits(kN * kVl), stats(2 * kN * 3), losses(kN);
   for (auto* b : {&rows, &wte, &wpe, &logits, &stats}) b->zero();
+  DeviceBuffer<unsigned char> scratch(cuda::embedding_backward_scratch_bytes(kN, kVl));
   cudaStream_t s = nullptr;
   double bytes = 0;  // the minimal traffic, read + written
   std::function<void()> launch;
@@ -47,7 +48,7 @@ void BM_vocab_parallel(benchmark::State& state, Op op) {
       break;
     case Op::kEmbeddingBackward:  // read dout twice (wte rows and wpe) + tokens; write both grads
       bytes = 4.0 * (2.0 * kN * kC + kN + double(kVl) * kC + 2.0 * kT * kC);
-      launch = [&] { cuda::embedding_slice_backward_cuda(wte.get(), wpe.get(), rows.get(), tokens.get(), 0, kVl, kB, kT, kC, s); };
+      launch = [&] { cuda::embedding_slice_backward_cuda(wte.get(), wpe.get(), scratch.get(), rows.get(), tokens.get(), 0, kVl, kB, kT, kC, s); };
       break;
     case Op::kStats:  // read the logits; write 3 floats per row
       bytes = 4.0 * (double(kN) * kVl + 3.0 * kN);

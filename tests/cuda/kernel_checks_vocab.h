@@ -60,8 +60,11 @@ inline EmbeddingSliceGrads run_embedding_slice_backward(const std::vector<float>
                                  bool with_wpe, int B, int T, int C) {
   DeviceBuffer<float> d_dwte(dwte), d_dwpe(dwpe), d_dout(dout);
   DeviceBuffer<int32_t> d_tok(tok);
+  DeviceBuffer<unsigned char> scratch(
+      cuda::embedding_backward_scratch_bytes(B * T, kSliceV1 - kSliceV0));
   cuda::embedding_slice_backward_cuda(d_dwte.get(), with_wpe ? d_dwpe.get() : nullptr,
-                                      d_dout.get(), d_tok.get(), kSliceV0, kSliceV1, B, T, C, nullptr);
+                                      scratch.get(), d_dout.get(), d_tok.get(), kSliceV0,
+                                      kSliceV1, B, T, C, nullptr);
   return {d_dwte.download(), d_dwpe.download()};
 }
 

@@ -35,6 +35,15 @@ TEST(KernelEncoder, BackwardMatchesCpu) {
                   fmt::format("B={} T={} C={} vocab={}", B, T, C, vocab));
 }
 
+// GPT-2 124M's shape with real-data-like repetition (Note [Deterministic dwte]): 32768 rows,
+// half of them one token. The sums are the CPU's additions in its order, so the fp32
+// tolerance (rounding of the same adds) holds however long a token's run is.
+TEST(KernelEncoder, BackwardWithGpt2LikeRepetitionMatchesCpu) {
+  TRIDENT_REQUIRE_GPU();
+  expect_within(check_encoder_backward(32, 1024, 768, 50304, true, true, 15, /*skewed=*/true),
+                "B=32 T=1024 C=768 vocab=50304, half the rows one token");
+}
+
 TEST(KernelEncoder, BackwardWithOneGradientNull) {
   TRIDENT_REQUIRE_GPU();
   expect_within(check_encoder_backward(2, 37, 96, 5, true, false, 13), "dwpe null");

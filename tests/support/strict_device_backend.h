@@ -52,7 +52,10 @@ class StrictDeviceBackend final : public Backend {
   void copy(void* dst, const void* src, size_t bytes) override {
     Open open(*this);
     if (bytes > 0 && dst != src) std::memmove(dst, src, bytes);
+    if (bytes > 0 && mine(src) && !mine(dst)) ++copies_to_host_;
   }
+  // Copies from backend memory to the host so far: each is a wait for the device on a GPU.
+  size_t copies_to_host() const { return copies_to_host_; }
   void fill_zero(void* p, size_t bytes) override {
     Open open(*this);
     if (bytes > 0) std::memset(p, 0, bytes);
@@ -163,6 +166,70 @@ class StrictDeviceBackend final : public Backend {
     Open open(*this);
     return cpu_->sum_squares(x, n);
   }
+  void add_mean(double* acc, const float* x, size_t n) override {
+    Open open(*this);
+    cpu_->add_mean(acc, x, n);
+  }
+  // The bf16 path's ops (Note [bf16 activations]): the CPU backend's host definitions.
+  void cast_to_bf16(bfloat16* out, const float* inp, size_t n) override {
+    Open open(*this);
+    cpu_->cast_to_bf16(out, inp, n);
+  }
+  void layernorm_forward_bf16(bfloat16* out, float* mean, float* rstd, const float* inp,
+                              const float* w, const float* b, int N, int C) override {
+    Open open(*this);
+    cpu_->layernorm_forward_bf16(out, mean, rstd, inp, w, b, N, C);
+  }
+  void layernorm_backward_add_bf16(float* dresidual, bfloat16* dresidual16, float* dw, float* db,
+                                   const bfloat16* dout, const float* inp, const float* w,
+                                   const float* mean, const float* rstd, int N,
+                                   int C) override {
+    Open open(*this);
+    cpu_->layernorm_backward_add_bf16(dresidual, dresidual16, dw, db, dout, inp, w, mean, rstd, N,
+                                      C);
+  }
+  void matmul_forward_bf16(bfloat16* out, const bfloat16* inp, const bfloat16* w,
+                           const float* bias, int N, int C, int OC) override {
+    Open open(*this);
+    cpu_->matmul_forward_bf16(out, inp, w, bias, N, C, OC);
+  }
+  void matmul_forward_add_bf16(float* out, const float* residual, const bfloat16* inp,
+                               const bfloat16* w, const float* bias, int N, int C,
+                               int OC) override {
+    Open open(*this);
+    cpu_->matmul_forward_add_bf16(out, residual, inp, w, bias, N, C, OC);
+  }
+  void matmul_backward_bf16(bfloat16* dinp, float* dw, float* dbias, const bfloat16* dout,
+                            const bfloat16* inp, const bfloat16* w, int N, int C,
+                            int OC) override {
+    Open open(*this);
+    cpu_->matmul_backward_bf16(dinp, dw, dbias, dout, inp, w, N, C, OC);
+  }
+  void attention_forward_bf16(bfloat16* out, float* att, const bfloat16* qkv, int B, int T,
+                              int C, int NH) override {
+    Open open(*this);
+    cpu_->attention_forward_bf16(out, att, qkv, B, T, C, NH);
+  }
+  void attention_backward_bf16(bfloat16* dqkv, float* scratch, const bfloat16* dout,
+                               const bfloat16* qkv, const bfloat16* out, const float* att,
+                               int B, int T, int C, int NH) override {
+    Open open(*this);
+    cpu_->attention_backward_bf16(dqkv, scratch, dout, qkv, out, att, B, T, C, NH);
+  }
+  void gelu_forward_bf16(bfloat16* out, const bfloat16* inp, size_t n) override {
+    Open open(*this);
+    cpu_->gelu_forward_bf16(out, inp, n);
+  }
+  void gelu_backward_bf16(bfloat16* dinp, const bfloat16* inp, const bfloat16* dout,
+                          size_t n) override {
+    Open open(*this);
+    cpu_->gelu_backward_bf16(dinp, inp, dout, n);
+  }
+  void crossentropy_fused_bf16(float* losses, bfloat16* logits, const int32_t* targets,
+                               float dloss, int N, int V, int Vp) override {
+    Open open(*this);
+    cpu_->crossentropy_fused_bf16(losses, logits, targets, dloss, N, V, Vp);
+  }
   void scale(float* x, float s, size_t n) override {
     Open open(*this);
     cpu_->scale(x, s, n);
@@ -195,6 +262,13 @@ class StrictDeviceBackend final : public Backend {
   };
 
  private:
+  bool mine(const void* p) const {
+    auto it = regions_.upper_bound(const_cast<void*>(p));
+    if (it == regions_.begin()) return false;
+    --it;
+    const char* base = static_cast<const char*>(it->first);
+    return static_cast<const char*>(p) < base + it->second;
+  }
   void protect(int prot) {
     for (auto& [p, bytes] : regions_) mprotect(p, bytes, prot);
   }
@@ -203,6 +277,7 @@ class StrictDeviceBackend final : public Backend {
   std::map<void*, size_t> regions_;
   std::mutex mutex_;
   int open_ = 0;
+  size_t copies_to_host_ = 0;
 };
 
 // A "device communicator" for the strict backend's memory: each operation runs to completion

@@ -32,8 +32,9 @@ struct Outcome {
   std::vector<float> params, logits;
 };
 
-Outcome train(Backend& be) {
-  const Deck d = small_deck();
+Outcome train(Backend& be, const std::string& precision = "fp32") {
+  Deck d = small_deck();
+  d.run.precision = precision;  // bf16: past the deck's refusal of a CPU run, for the test
   Trainer t(d, TrainContext{&be, 1e9});
   Outcome o;
   for (int s = 0; s < d.train.steps; ++s) {
@@ -44,6 +45,7 @@ Outcome train(Backend& be) {
   o.val = t.validate();
   HostView<float> p(be, t.model().params(), t.model().num_params(), /*load=*/true);
   o.params.assign(p.data(), p.data() + p.size());
+  if (precision != "fp32") return o;  // bf16 keeps no fp32 logits (generate refuses it)
   // Inference as `generate` does it: a forward without targets, then the logits on the host.
   std::vector<int32_t> prompt = {'t', 'r', 'i', 'd', 'e', 'n', 't'};
   t.model().forward(0, prompt.data(), nullptr, 1, int(prompt.size()));
@@ -63,6 +65,41 @@ TEST(DeviceDiscipline, TrainingTouchesBackendMemoryOnlyThroughCopies) {
   EXPECT_EQ(got.val, want.val);
   EXPECT_EQ(got.params, want.params);
   EXPECT_EQ(got.logits, want.logits);
+}
+
+// The bf16 path (Note [bf16 activations]) on the strict backend: its buffers, the bf16 weight
+// copy and the scratch are reached only through the ops and copies, with the CPU's bits.
+TEST(DeviceDiscipline, Bf16TrainingTouchesBackendMemoryOnlyThroughCopies) {
+  auto cpu = make_cpu_backend(1);
+  testing::StrictDeviceBackend strict;
+  const Outcome want = train(*cpu, "bf16");
+  const Outcome got = train(strict, "bf16");
+  EXPECT_EQ(got.losses, want.losses);
+  EXPECT_EQ(got.norms, want.norms);
+  EXPECT_EQ(got.val, want.val);
+  EXPECT_EQ(got.params, want.params);
+  const Outcome fp32 = train(*cpu);
+  EXPECT_NE(got.losses, fp32.losses);  // it did run the bf16 path
+}
+
+// The loss stays on the device until the step ends (GPT::forward_accumulate): a step reads
+// backend memory on the host as often with 4 micro-batches as with 1. Before, each
+// micro-batch's forward copied its losses to the host (a device wait per micro-batch).
+TEST(DeviceDiscipline, TheLossIsReadOncePerStepNotPerMicroBatch) {
+  auto reads_in_a_step = [](int accum) {
+    testing::StrictDeviceBackend strict;
+    Deck d = small_deck();
+    d.train.accum = accum;
+    d.train.val_every = 0;
+    Trainer t(d, TrainContext{&strict, 1e9});
+    t.train_step(0);  // the first step may read more (start-up)
+    const size_t before = strict.copies_to_host();
+    t.train_step(1);
+    return strict.copies_to_host() - before;
+  };
+  const size_t one = reads_in_a_step(1), four = reads_in_a_step(4);
+  EXPECT_EQ(one, four);
+  EXPECT_GE(one, 1u);  // the loss is read at all
 }
 
 // ZeRO-2's page release is host memory only (Note [ZeRO-2 on the host] in train/zero.h): a

@@ -7,8 +7,9 @@
 // backends. The tensor-core work runs in bf16: each GEMM casts its inputs (activations and
 // weights) to bf16 staging buffers and accumulates in fp32 into an fp32 output (cuBLASLt), and
 // cuDNN's fused attention takes bf16 q, k, v. The casts cost memory traffic (about 6 bytes per
-// element cast, ~5–10% of a GPT-2 step by the memory-bound count); bf16 activation storage is
-// the next step (docs/decisions.md).
+// element cast, ~5–10% of a GPT-2 step by the memory-bound count). run.precision bf16 is the
+// other design (Note [bf16 activations] in src/backend/bf16_ops.cpp): the *_bf16 ops below
+// read and write bf16 activations with no cast pass.
 #include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>
@@ -257,7 +258,10 @@ class CudaBackend final : public Backend {
   void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
                         int B, int T, int C) override {
     Op op(*this, "encoder bwd");
-    cuda::encoder_backward_cuda(dwte, dwpe, dout, tokens, B, T, C, stream_);
+    // The sort's keys, rows and runs (Note [Deterministic dwte]); only dwte needs them.
+    void* scratch = dwte ? reduce_scratch_.of<char>(cuda::encoder_backward_scratch_bytes(B * T))
+                         : nullptr;
+    cuda::encoder_backward_cuda(dwte, dwpe, scratch, dout, tokens, B, T, C, stream_);
   }
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
                          const float* b, int N, int C) override {
@@ -360,6 +364,120 @@ class CudaBackend final : public Backend {
     cuda::crossentropy_backward_cuda(probs_to_dlogits, targets, dloss, N, V, Vp, stream_);
   }
 
+  // --- bf16 activations (Note [bf16 activations] in src/backend/bf16_ops.cpp) -------------
+  // Native: every GEMM reads its bf16 operands as they are (no cast pass) and writes a bf16 D
+  // or adds into fp32; the row and elementwise kernels read and write bf16 directly. The op
+  // kinds are the fp32 ops' names, so the op-time table compares the two paths.
+  static_assert(sizeof(bfloat16) == sizeof(bf16) && alignof(bfloat16) <= alignof(bf16),
+                "trident::bfloat16 has __nv_bfloat16's layout (trident/bfloat16.h)");
+  static bf16* dev(bfloat16* p) { return reinterpret_cast<bf16*>(p); }
+  static const bf16* dev(const bfloat16* p) { return reinterpret_cast<const bf16*>(p); }
+  // The bf16 rounding of the attention fallback's fp32 outputs (timed with the casts).
+  void into_bf16(bf16* out, const float* x, size_t n) {
+    CastSpan span(*this);
+    cuda::cast_f32_to_bf16_cuda(out, x, n, stream_);
+  }
+
+  void cast_to_bf16(bfloat16* out, const float* inp, size_t n) override {
+    Op op(*this, "cast bf16");
+    cuda::cast_f32_to_bf16_cuda(dev(out), inp, n, stream_);
+  }
+  void layernorm_forward_bf16(bfloat16* out, float* mean, float* rstd, const float* inp,
+                              const float* w, const float* b, int N, int C) override {
+    Op op(*this, "layernorm fwd");
+    cuda::layernorm_forward_bf16_cuda(dev(out), mean, rstd, inp, w, b, N, C, stream_);
+  }
+  void layernorm_backward_add_bf16(float* dresidual, bfloat16* dresidual16, float* dw, float* db,
+                                   const bfloat16* dout, const float* inp, const float* w,
+                                   const float* mean, const float* rstd, int N,
+                                   int C) override {
+    Op op(*this, "layernorm bwd");
+    float* scratch = reduce_scratch_.of<float>(cuda::layernorm_backward_scratch_floats(N, C));
+    cuda::layernorm_backward_add_bf16_cuda(dresidual, dev(dresidual16), dw, db, scratch,
+                                           dev(dout), inp, w, mean, rstd, N, C, stream_);
+  }
+  void matmul_forward_bf16(bfloat16* out, const bfloat16* inp, const bfloat16* w,
+                           const float* bias, int N, int C, int OC) override {
+    Op op(*this, "matmul fwd");
+    // out[N,OC] = bf16(inp[N,C] · w[OC,C]ᵀ + bias)
+    gemm_->matmul_bf16(dev(out), dev(inp), dev(w), bias, N, OC, C, false, true, stream_);
+  }
+  void matmul_forward_add_bf16(float* out, const float* residual, const bfloat16* inp,
+                               const bfloat16* w, const float* bias, int N, int C,
+                               int OC) override {
+    Op op(*this, "matmul fwd");
+    // out[N,OC] = residual + inp[N,C] · w[OC,C]ᵀ + bias: the residual is cuBLASLt's C
+    gemm_->matmul_add(out, residual, dev(inp), dev(w), bias, N, OC, C, false, true, stream_);
+  }
+  void matmul_backward_bf16(bfloat16* dinp, float* dw, float* dbias, const bfloat16* dout,
+                            const bfloat16* inp, const bfloat16* w, int N, int C,
+                            int OC) override {
+    Op op(*this, "matmul bwd");
+    if (N == 0) return;  // dinp has no rows and dw, dbias gain nothing
+    if (dinp)  // dinp[N,C] = bf16(dout[N,OC] · w[OC,C])
+      gemm_->matmul_bf16(dev(dinp), dev(dout), dev(w), nullptr, N, C, OC, false, false, stream_);
+    if (dw)  // dw[OC,C] += dout[N,OC]ᵀ · inp[N,C]
+      gemm_->matmul(dw, dev(dout), dev(inp), nullptr, OC, C, N, true, false, 1.0f, stream_);
+    if (dbias) {
+      float* scratch = reduce_scratch_.of<float>(cuda::bias_backward_scratch_floats(N, OC));
+      cuda::bias_backward_bf16_cuda(dbias, scratch, dev(dout), N, OC, stream_);
+    }
+  }
+  // cuDNN's fused attention takes bf16 q|k|v and writes bf16 outputs: the tensors as they are.
+  // Where it has no plan for the shape (or run.attention is flash), the fp32 flash kernel on
+  // widened copies, its outputs rounded once: the op's definition, at the cost of the casts.
+  void attention_forward_bf16(bfloat16* out, float* att, const bfloat16* qkv, int B, int T,
+                              int C, int NH) override {
+    Op op(*this, "attention fwd");
+    if (use_cudnn(B, T, C, NH)) {
+      cudnn_attention_->forward(dev(out), att, dev(qkv), B, T, C, NH, stream_);
+      return;
+    }
+    const size_t n3 = size_t(B) * T * 3 * C, n1 = size_t(B) * T * C;
+    float* qkv32 = stage_a_.of<float>(n3);
+    float* out32 = stage_b_.of<float>(n1);
+    to_f32(qkv32, dev(qkv), n3);
+    cuda::flash_attention_forward_cuda(out32, att, qkv32, B, T, C, NH, stream_);
+    into_bf16(dev(out), out32, n1);
+  }
+  void attention_backward_bf16(bfloat16* dqkv, float* scratch, const bfloat16* dout,
+                               const bfloat16* qkv, const bfloat16* out, const float* att,
+                               int B, int T, int C, int NH) override {
+    Op op(*this, "attention bwd");
+    if (use_cudnn(B, T, C, NH)) {
+      cudnn_attention_->backward(dev(dqkv), dev(dout), dev(qkv), dev(out), att, B, T, C, NH,
+                                 stream_);
+      return;
+    }
+    const size_t n3 = size_t(B) * T * 3 * C, n1 = size_t(B) * T * C;
+    float* qkv32 = stage_a_.of<float>(n3);
+    float* out32 = stage_b_.of<float>(n1);
+    float* dout32 = stage_c_.of<float>(n1);
+    float* dqkv32 = stage_d_.of<float>(n3);
+    to_f32(qkv32, dev(qkv), n3);
+    to_f32(out32, dev(out), n1);
+    to_f32(dout32, dev(dout), n1);
+    cuda::flash_attention_backward_cuda(dqkv32, scratch, dout32, qkv32, out32, att, B, T, C, NH,
+                                        stream_);
+    into_bf16(dev(dqkv), dqkv32, n3);
+  }
+  void gelu_forward_bf16(bfloat16* out, const bfloat16* inp, size_t n) override {
+    Op op(*this, "gelu fwd");
+    cuda::gelu_forward_bf16_cuda(dev(out), dev(inp), n, stream_);
+  }
+  void gelu_backward_bf16(bfloat16* dinp, const bfloat16* inp, const bfloat16* dout,
+                          size_t n) override {
+    Op op(*this, "gelu bwd");
+    cuda::gelu_backward_bf16_cuda(dev(dinp), dev(inp), dev(dout), n, stream_);
+  }
+  // Forward and backward of the loss in one kernel: timed as the forward, its larger half.
+  void crossentropy_fused_bf16(float* losses, bfloat16* logits_to_dlogits, const int32_t* targets,
+                               float dloss, int N, int V, int Vp) override {
+    Op op(*this, "crossentropy fwd");
+    cuda::crossentropy_fused_bf16_cuda(losses, dev(logits_to_dlogits), targets, dloss, N, V, Vp,
+                                       stream_);
+  }
+
   // --- tensor parallelism (Note [Vocab-parallel ops]) -------------------------------------
   void embedding_slice_forward(float* out, const int32_t* tokens, const float* wte_slice,
                                const float* wpe, int v0, int v1, int B, int T, int C) override {
@@ -370,7 +488,11 @@ class CudaBackend final : public Backend {
                                 const int32_t* tokens, int v0, int v1, int B, int T,
                                 int C) override {
     Op op(*this, "embedding bwd");
-    cuda::embedding_slice_backward_cuda(dwte_slice, dwpe, dout, tokens, v0, v1, B, T, C,
+    void* scratch =
+        dwte_slice && v1 > v0
+            ? reduce_scratch_.of<char>(cuda::embedding_backward_scratch_bytes(B * T, v1 - v0))
+            : nullptr;
+    cuda::embedding_slice_backward_cuda(dwte_slice, dwpe, scratch, dout, tokens, v0, v1, B, T, C,
                                         stream_);
   }
   void crossentropy_slice_stats(float* stats, const float* logits, const int32_t* targets,
@@ -406,6 +528,10 @@ class CudaBackend final : public Backend {
                                  stream_));
     synchronize();
     return *host_double_;
+  }
+  void add_mean(double* acc, const float* x, size_t n) override {
+    Op op(*this, "loss sum");
+    cuda::add_mean_cuda(acc, x, n, stream_);
   }
   // Each sum into its own device double, then one copy of them all and one wait.
   void sum_squares_each(const float* const* xs, const size_t* ns, size_t count,

@@ -1,0 +1,149 @@
+// Note [bf16 activations]: the model's bf16 path (GPTOptions::precision, run.precision) stores
+// in bf16 what the tensor cores read — the LayerNorm outputs, q|k|v, the attention output,
+// the MLP's hidden activations, the logits, and the input gradients that feed the next GEMM —
+// so a GEMM reads its operands without a cast pass and every such buffer moves half the
+// bytes. What accumulates stays fp32: the residual stream and its gradient (each block adds to
+// them; bf16's 8-bit mantissa would lose the small updates), LayerNorm's mean and rstd, the
+// losses, the master weights, the weight gradients and AdamW's moments. The GEMMs read a bf16
+// copy of the weights, cast once per forward (GPT's params16).
+//
+// Every bf16 op is defined as its fp32 op on the widened inputs (widening is exact), with each
+// bf16 output rounded once at the end (to nearest, ties to even) and fp32 accumulation
+// throughout. That is what a tensor-core GEMM with fp32 accumulation and a bf16 epilogue
+// computes, up to the order of the sums, so these host definitions are the CPU twin of the
+// device kernels (tests/cuda) and let the CPU run the model's bf16 path in tests. They widen
+// into temporary fp32 buffers and call the backend's fp32 ops: correct, not fast. The CPU
+// refuses run.precision bf16 (it would only be slower than fp32); a device overrides them all.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "trident/backend.h"
+#include "trident/check.h"
+
+namespace trident {
+namespace {
+
+std::vector<float> widen(const bfloat16* x, size_t n) {
+  std::vector<float> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = to_float(x[i]);
+  return out;
+}
+
+void round_into(bfloat16* out, const float* x, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = to_bfloat16(x[i]);
+}
+
+void host_only(const Backend& be, const char* op) {
+  if (be.is_device())
+    internal_error(__FILE__, __LINE__,
+                   std::string(op) + ": the host definition was called on a device backend");
+}
+
+}  // namespace
+
+void Backend::cast_to_bf16(bfloat16* out, const float* inp, size_t n) {
+  host_only(*this, __func__);
+  round_into(out, inp, n);
+}
+
+void Backend::layernorm_forward_bf16(bfloat16* out, float* mean, float* rstd, const float* inp,
+                                     const float* w, const float* b, int N, int C) {
+  host_only(*this, __func__);
+  std::vector<float> y(size_t(N) * C);
+  layernorm_forward(y.data(), mean, rstd, inp, w, b, N, C);
+  round_into(out, y.data(), y.size());
+}
+
+void Backend::layernorm_backward_add_bf16(float* dresidual, bfloat16* dresidual16, float* dw,
+                                          float* db, const bfloat16* dout, const float* inp,
+                                          const float* w, const float* mean, const float* rstd,
+                                          int N, int C) {
+  host_only(*this, __func__);
+  const size_t n = size_t(N) * C;
+  const std::vector<float> d = widen(dout, n);
+  std::vector<float> dinp(n);
+  layernorm_backward(dinp.data(), dw, db, d.data(), inp, w, mean, rstd, N, C);
+  add(dresidual, dresidual, dinp.data(), n);
+  if (dresidual16) round_into(dresidual16, dresidual, n);
+}
+
+void Backend::matmul_forward_bf16(bfloat16* out, const bfloat16* inp, const bfloat16* w,
+                                  const float* bias, int N, int C, int OC) {
+  host_only(*this, __func__);
+  const std::vector<float> x = widen(inp, size_t(N) * C), wf = widen(w, size_t(OC) * C);
+  std::vector<float> y(size_t(N) * OC);
+  matmul_forward(y.data(), x.data(), wf.data(), bias, N, C, OC);
+  round_into(out, y.data(), y.size());
+}
+
+void Backend::matmul_forward_add_bf16(float* out, const float* residual, const bfloat16* inp,
+                                      const bfloat16* w, const float* bias, int N, int C,
+                                      int OC) {
+  host_only(*this, __func__);
+  const std::vector<float> x = widen(inp, size_t(N) * C), wf = widen(w, size_t(OC) * C);
+  std::vector<float> y(size_t(N) * OC);
+  matmul_forward(y.data(), x.data(), wf.data(), bias, N, C, OC);
+  add(out, residual, y.data(), y.size());
+}
+
+void Backend::matmul_backward_bf16(bfloat16* dinp, float* dw, float* dbias, const bfloat16* dout,
+                                   const bfloat16* inp, const bfloat16* w, int N, int C, int OC) {
+  host_only(*this, __func__);
+  const std::vector<float> d = widen(dout, size_t(N) * OC);
+  const std::vector<float> x = dw ? widen(inp, size_t(N) * C) : std::vector<float>();
+  const std::vector<float> wf = dinp ? widen(w, size_t(OC) * C) : std::vector<float>();
+  std::vector<float> dx(dinp ? size_t(N) * C : 0);
+  matmul_backward(dinp ? dx.data() : nullptr, dw, dbias, d.data(), dw ? x.data() : nullptr,
+                  dinp ? wf.data() : nullptr, N, C, OC);
+  if (dinp) round_into(dinp, dx.data(), dx.size());
+}
+
+void Backend::attention_forward_bf16(bfloat16* out, float* att, const bfloat16* qkv, int B, int T,
+                                     int C, int NH) {
+  host_only(*this, __func__);
+  const size_t n = size_t(B) * T * C;
+  const std::vector<float> q = widen(qkv, 3 * n);
+  std::vector<float> y(n);
+  attention_forward(y.data(), att, q.data(), B, T, C, NH);
+  round_into(out, y.data(), n);
+}
+
+void Backend::attention_backward_bf16(bfloat16* dqkv, float* scratch, const bfloat16* dout,
+                                      const bfloat16* qkv, const bfloat16* out, const float* att,
+                                      int B, int T, int C, int NH) {
+  host_only(*this, __func__);
+  const size_t n = size_t(B) * T * C;
+  const std::vector<float> d = widen(dout, n), q = widen(qkv, 3 * n), y = widen(out, n);
+  std::vector<float> dq(3 * n);
+  attention_backward(dq.data(), scratch, d.data(), q.data(), y.data(), att, B, T, C, NH);
+  round_into(dqkv, dq.data(), dq.size());
+}
+
+void Backend::gelu_forward_bf16(bfloat16* out, const bfloat16* inp, size_t n) {
+  host_only(*this, __func__);
+  const std::vector<float> x = widen(inp, n);
+  std::vector<float> y(n);
+  gelu_forward(y.data(), x.data(), n);
+  round_into(out, y.data(), n);
+}
+
+void Backend::gelu_backward_bf16(bfloat16* dinp, const bfloat16* inp, const bfloat16* dout,
+                                 size_t n) {
+  host_only(*this, __func__);
+  const std::vector<float> x = widen(inp, n), d = widen(dout, n);
+  std::vector<float> dx(n);
+  gelu_backward(dx.data(), x.data(), d.data(), n);
+  round_into(dinp, dx.data(), n);
+}
+
+void Backend::crossentropy_fused_bf16(float* losses, bfloat16* logits_to_dlogits,
+                                      const int32_t* targets, float dloss, int N, int V, int Vp) {
+  host_only(*this, __func__);
+  std::vector<float> x = widen(logits_to_dlogits, size_t(N) * Vp);
+  crossentropy_forward(losses, x.data(), targets, N, V, Vp);
+  crossentropy_backward(x.data(), targets, dloss, N, V, Vp);
+  round_into(logits_to_dlogits, x.data(), x.size());
+}
+
+}  // namespace trident

@@ -1,0 +1,183 @@
+// GPT-2's bf16 path (GPTOptions::precision; Note [bf16 activations] in
+// src/backend/bf16_ops.cpp): the same model and the same gradients as gpt.cpp and
+// gpt_backward.cpp, in the ops that read bf16 without a cast pass, with tp = 1. The residual
+// stream and its gradient stay fp32; the row-parallel linears add into the residual in their
+// own op (matmul_forward_add_bf16) and LayerNorm's backward adds into the residual gradient
+// (layernorm_backward_add_bf16), which also writes the bf16 copy the next GEMMs read. The loss
+// and its logit gradient are one pass in forward (crossentropy_fused_bf16), so backward starts
+// at the LM head's GEMMs. Gradient-ready events and the ready order are the fp32 path's.
+#include "model/gpt_phase.h"
+#include "model/ready_walk.h"
+#include "trident/check.h"
+#include "trident/model.h"
+
+namespace trident {
+
+const float* GPT::logits() const {
+  TRIDENT_CHECK(precision_ == Precision::kFp32,
+                "logits() on the bf16 path (its logits become the loss gradient in forward)");
+  return slots_[0].logits.data();
+}
+
+GPT::BlockWeights16 GPT::block16(int local_layer) const {
+  const BlockOffsets& o = table_.layers[size_t(local_layer)].offset;
+  const bfloat16* base = params16_.data();
+  return {base + o.qkvw, base + o.attprojw, base + o.fcw, base + o.fcprojw};
+}
+
+void GPT::cast_weights(size_t begin, size_t end) {
+  be_.cast_to_bf16(params16_.data() + begin, params_.data() + begin, end - begin);
+}
+
+void GPT::block_forward_bf16(const BlockWeights& w, const BlockWeights16& w16,
+                             const BlockActs16& a, const float* residual_in, int B, int T) {
+  const int C = cfg_.channels, NH = cfg_.heads, N = B * T;
+  be_.layernorm_forward_bf16(a.ln1, a.ln1_mean, a.ln1_rstd, residual_in, w.ln1w, w.ln1b, N, C);
+  be_.matmul_forward_bf16(a.qkv, a.ln1, w16.qkvw, w.qkvb, N, C, 3 * C);
+  be_.attention_forward_bf16(a.atty, a.att, a.qkv, B, T, C, NH);
+  be_.matmul_forward_add_bf16(a.residual2, residual_in, a.atty, w16.attprojw, w.attprojb, N, C,
+                              C);
+  be_.layernorm_forward_bf16(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w.ln2w, w.ln2b, N, C);
+  be_.matmul_forward_bf16(a.fch, a.ln2, w16.fcw, w.fcb, N, C, 4 * C);
+  be_.gelu_forward_bf16(a.fch_gelu, a.fch, size_t(N) * 4 * C);
+  be_.matmul_forward_add_bf16(a.residual3, a.residual2, a.fch_gelu, w16.fcprojw, w.fcprojb, N,
+                              4 * C, C);
+}
+
+// As recompute_block: the same ops on the same inputs (and the bf16 weights forward cast,
+// unchanged since), so the recomputed values are forward's bits.
+void GPT::recompute_block_bf16(int slot, int local_layer, const float* residual_in) {
+  const Slot& s = slots_[slot];
+  const int B = s.B, T = s.T, N = B * T, C = cfg_.channels;
+  const BlockWeights w = block(params_.data(), local_layer);
+  const BlockWeights16 w16 = block16(local_layer);
+  BlockActs16 a = block_acts16(slot, local_layer);
+  if (recompute_mode_ == Recompute::kMlp) {
+    be_.matmul_forward_bf16(a.fch, a.ln2, w16.fcw, w.fcb, N, C, 4 * C);
+    be_.gelu_forward_bf16(a.fch_gelu, a.fch, size_t(N) * 4 * C);
+    return;
+  }
+  a.residual3 = recompute_[12].data();  // the kept output is already there; do not rewrite it
+  block_forward_bf16(w, w16, a, residual_in, B, T);
+}
+
+float GPT::head_forward_bf16(Slot& s, const float* residual, const int32_t* targets, int B,
+                             int T) {
+  const int C = cfg_.channels, V = cfg_.vocab, Vp = cfg_.padded_vocab, N = B * T;
+  const float* P = params_.data();
+  Slot& h = head(s);
+  cast_weights(table_.wte, table_.wte + size_t(Vp) * C);
+  be_.layernorm_forward_bf16(h.lnf16.data(), h.lnf_mean.data(), h.lnf_rstd.data(), residual,
+                             P + table_.lnfw, P + table_.lnfb, N, C);
+  be_.matmul_forward_bf16(h.logits16.data(), h.lnf16.data(), params16_.data() + table_.wte,
+                          nullptr, N, C, Vp);
+  s.has_targets = targets != nullptr;
+  if (!targets) return 0.0f;  // bf16 logits stay for the caller (none reads them yet)
+  be_.copy(s.targets.data(), targets, size_t(N) * sizeof(int32_t));
+  // Backward's seed, applied here: the mean over the N tokens times the run's scale.
+  s.dloss = dloss_scale_ / float(N);
+  be_.crossentropy_fused_bf16(h.losses.data(), h.logits16.data(), s.targets.data(), s.dloss, N,
+                              V, Vp);
+  return mean_loss(s, N);
+}
+
+void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
+                        float* dstage_input, const GradReadyFn& on_ready,
+                        const EmbeddingRowSink* sink) {
+  Slot& s = slots_[slot];
+  const int B = s.B, T = s.T, N = B * T;
+  const int C = cfg_.channels, NH = cfg_.heads, Vp = cfg_.padded_vocab;
+  Scratch& a = scratch_;
+  const float* P = params_.data();
+  float* G = grads_.data();
+  const bfloat16* P16 = params16_.data();
+  float* dres = a.dresidual.data();      // w.r.t. the current block's output, fp32
+  bfloat16* dres16 = a.dresidual16.data();  // its bf16 copy, for the GEMMs
+  // As backward_pass: wte right after the head where that is its only contribution here (or
+  // the sparse part goes to a sink), else after the embedding. One piece (check in GPT()).
+  const bool wte_after_head = stage_.has_head && (!stage_.has_embedding || sink);
+  const int begin = stage_.chunk_begin(s.chunk), end = begin + stage_.chunk_size(s.chunk);
+  const bool has_head = head_chunk(s), has_embedding = embedding_chunk(s);
+  ReadyWalk ready(on_ready, first_ready(s), table_.wte_index, 1);
+
+  const float* last_residual =
+      end > begin ? block_acts16(slot, end - 1).residual3 : s.encoded.data();
+  if (has_head) {
+    TRIDENT_CHECK(s.has_targets, "backward() needs a forward() with targets first");
+    // The fused classifier already wrote the logit gradient, with forward's seed.
+    TRIDENT_CHECK(dloss_scale / float(N) == s.dloss,
+                  "bf16: backward's dloss_scale {} is not the {} forward applied "
+                  "(GPT::set_dloss_scale before forward)", dloss_scale, s.dloss * float(N));
+    Phase ph(be_, phases_, table_.backward_head);
+    Slot& h = head(s);
+    // dwte and the head's input gradient in one call where both are computed now: wte is
+    // final here only when reported here; otherwise the embedding adds to it later.
+    if (wte_after_head) {
+      be_.matmul_backward_bf16(nullptr, G + table_.wte, nullptr, h.logits16.data(),
+                               h.lnf16.data(), P16 + table_.wte, N, C, Vp);
+      ready.wte();
+    }
+    be_.matmul_backward_bf16(a.d16_c.data(), wte_after_head ? nullptr : G + table_.wte, nullptr,
+                             h.logits16.data(), h.lnf16.data(), P16 + table_.wte, N, C, Vp);
+    be_.fill_zero(dres, size_t(N) * C * sizeof(float));
+    be_.layernorm_backward_add_bf16(dres, dres16, G + table_.lnfw, G + table_.lnfb,
+                                    a.d16_c.data(), last_residual, P + table_.lnfw,
+                                    h.lnf_mean.data(), h.lnf_rstd.data(), N, C);
+    ready.through(table_.lnfb_index);
+  } else {
+    TRIDENT_CHECK(dstage_output != nullptr, "a stage before the last needs its output gradient");
+    be_.copy(dres, dstage_output, size_t(N) * C * sizeof(float));
+    be_.cast_to_bf16(dres16, dres, size_t(N) * C);
+  }
+
+  for (int i = end - 1; i >= begin; --i) {
+    progress();
+    const LayerTable& lt = table_.layers[size_t(i)];
+    Phase ph(be_, phases_, lt.backward_phase);
+    const float* residual_in = i == begin ? s.encoded.data() : block_acts16(slot, i - 1).residual3;
+    recompute_block(slot, i, residual_in);
+    const BlockActs16 act = block_acts16(slot, i);
+    const BlockWeights w = block(params_.data(), i);
+    const BlockWeights16 w16 = block16(i);
+    const BlockWeights dw = block(G, i);
+
+    be_.matmul_backward_bf16(a.d16_4c.data(), dw.fcprojw, dw.fcprojb, dres16, act.fch_gelu,
+                             w16.fcprojw, N, 4 * C, C);
+    ready.through(lt.ready_fcproj);
+    be_.gelu_backward_bf16(a.d16_4c2.data(), act.fch, a.d16_4c.data(), size_t(N) * 4 * C);
+    be_.matmul_backward_bf16(a.d16_c.data(), dw.fcw, dw.fcb, a.d16_4c2.data(), act.ln2, w16.fcw,
+                             N, C, 4 * C);
+    ready.through(lt.ready_fc);
+    // Now w.r.t. residual2 (the residual path's gradient plus the MLP branch's).
+    be_.layernorm_backward_add_bf16(dres, dres16, dw.ln2w, dw.ln2b, a.d16_c.data(),
+                                    act.residual2, w.ln2w, act.ln2_mean, act.ln2_rstd, N, C);
+    ready.through(lt.ready_ln2);
+
+    be_.matmul_backward_bf16(a.d16_c.data(), dw.attprojw, dw.attprojb, dres16, act.atty,
+                             w16.attprojw, N, C, C);
+    ready.through(lt.ready_attproj);
+    be_.attention_backward_bf16(a.d16_3c.data(), a.datt.data(), a.d16_c.data(), act.qkv,
+                                act.atty, act.att, B, T, C, NH);
+    be_.matmul_backward_bf16(a.d16_c.data(), dw.qkvw, dw.qkvb, a.d16_3c.data(), act.ln1,
+                             w16.qkvw, N, C, 3 * C);
+    ready.through(lt.ready_qkv);
+    // Now w.r.t. the block's input. The bf16 copy is for the next block's GEMMs; the stage's
+    // input gradient (embedding, previous stage) is the fp32 one.
+    be_.layernorm_backward_add_bf16(dres, i > begin ? dres16 : nullptr,
+                                    dw.ln1w, dw.ln1b, a.d16_c.data(), residual_in, w.ln1w,
+                                    act.ln1_mean, act.ln1_rstd, N, C);
+    ready.through(lt.ready_ln1);
+  }
+  if (!has_embedding) {
+    TRIDENT_CHECK(dstage_input != nullptr, "a stage after the first must return its input gradient");
+    be_.copy(dstage_input, dres, size_t(N) * C * sizeof(float));
+    ready.through(last_ready(s));
+    return;
+  }
+  Phase ph(be_, phases_, table_.backward_embedding);
+  embedding_backward(dres, s.inputs.data(), sink, B, T);
+  ready.through(table_.wpe_index);
+  if (!wte_after_head) ready.wte();
+}
+
+}  // namespace trident
