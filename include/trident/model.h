@@ -41,6 +41,9 @@ struct GPTConfig {
   double matmul_params() const;
   // Training FLOPs per token at sequence length T: 6·N_matmul + 12·L·T·C.
   double train_flops_per_token(int T) const;
+  // llm.c's count, 6·N_matmul + 6·L·T·C (the attention FLOPs of a causal mask only), for
+  // comparison with figures published with it.
+  double llmc_flops_per_token(int T) const;
 };
 
 // Note [Tensor-parallel shards] (Megatron-style): how a parameter is split over tp ranks.
@@ -110,10 +113,10 @@ Recompute parse_recompute(const std::string& text);  // "none" | "mlp" | "full"
 
 // The activations' storage type (run.precision): fp32 everywhere, or bf16 for what the GEMMs,
 // attention and GELU read (Note [bf16 activations] in src/backend/bf16_ops.cpp). bf16 runs with
-// tp = 1, an unsplit backward and the head's gradient in one piece (check_precision).
+// tp = 1, an unsplit backward and the head's gradient in one piece (checked when the GPT is
+// built, and for decks by the deck reader).
 enum class Precision { kFp32, kBf16 };
 Precision parse_precision(const std::string& text);  // "fp32" | "bf16"
-const char* precision_name(Precision p);
 
 // Tensor parallelism for one model replica: the tp communicator (null for tp = 1) and whether
 // the LayerNorm/residual regions are split along the sequence (Megatron's sequence parallelism).

@@ -176,12 +176,11 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
   const double mfu = mfu_or_nan(achieved, checked.flops * ranks);
   // No nominal peak (the CPU backend): not reported, rather than an MFU of 0.
   const double mfu_nominal = nominal > 0 ? mfu_or_nan(achieved, nominal * ranks) : NAN;
-  // llm.c's count (6N + 6·L·T·C: the attention FLOPs of a causal mask), for comparison with
-  // figures published with it; ours counts the full T×T products (12·L·T·C).
-  const double llmc_flops_per_token =
-      6.0 * cfg.matmul_params() + 6.0 * cfg.layers * double(deck.model.seq_len) * cfg.channels;
+  // llm.c's FLOP count, for comparison with figures published with it.
   const double mfu_nominal_llmc =
-      nominal > 0 ? mfu_or_nan(llmc_flops_per_token * tokens_per_s, nominal * ranks) : NAN;
+      nominal > 0 ? mfu_or_nan(cfg.llmc_flops_per_token(deck.model.seq_len) * tokens_per_s,
+                               nominal * ranks)
+                  : NAN;
   if (trace) trace->write();
   if (lead) {
     if (!checked.problem.empty())

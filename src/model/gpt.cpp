@@ -108,6 +108,12 @@ double GPT::take_loss_sum() {
   return sum;
 }
 
+const float* GPT::logits() const {
+  TRIDENT_CHECK(precision_ == Precision::kFp32,
+                "logits() on the bf16 path (its logits become the loss gradient in forward)");
+  return slots_[0].logits.data();
+}
+
 void GPT::zero_grads() { be_.fill_zero(grads_.data(), grads_.size() * sizeof(float)); }
 
 void GPT::block_forward(const BlockWeights& w, const BlockActs& a, const float* residual_in,

@@ -13,12 +13,6 @@
 
 namespace trident {
 
-const float* GPT::logits() const {
-  TRIDENT_CHECK(precision_ == Precision::kFp32,
-                "logits() on the bf16 path (its logits become the loss gradient in forward)");
-  return slots_[0].logits.data();
-}
-
 GPT::BlockWeights16 GPT::block16(int local_layer) const {
   const BlockOffsets& o = table_.layers[size_t(local_layer)].offset;
   const bfloat16* base = params16_.data();

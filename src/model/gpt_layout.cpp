@@ -18,6 +18,10 @@ double GPTConfig::train_flops_per_token(int T) const {
   return 6.0 * matmul_params() + 12.0 * layers * double(T) * channels;
 }
 
+double GPTConfig::llmc_flops_per_token(int T) const {
+  return 6.0 * matmul_params() + 6.0 * layers * double(T) * channels;
+}
+
 void check_tensor_parallel(const GPTConfig& cfg, int tp, bool sequence_parallel, int seq_len) {
   if (tp == 1) return;
   if (cfg.heads % tp != 0)
@@ -131,8 +135,6 @@ Precision parse_precision(const std::string& text) {
   if (text == "bf16") return Precision::kBf16;
   input_error("run.precision: must be one of fp32|bf16, got \"{}\"", text);
 }
-
-const char* precision_name(Precision p) { return p == Precision::kBf16 ? "bf16" : "fp32"; }
 
 std::vector<ParamInfo> gpt_param_layout(const GPTConfig& cfg, int tp, int tp_rank,
                                         StageSpec stage, bool wte_after_head) {
