@@ -136,6 +136,11 @@ class Backend {
   // model tests' bf16 runs); a device backend overrides every one. Gradient rules as above.
   // out = bf16(inp)
   virtual void cast_to_bf16(bfloat16* out, const float* inp, size_t n);
+  // adamw_update, then params16 = bf16(params): the GEMMs' copy of the weights written in the
+  // optimizer's pass (no cast pass per micro-batch; GPT::params16).
+  virtual void adamw_update_bf16(float* params, bfloat16* params16, float* m, float* v,
+                                 const float* grads, size_t n, float lr, float beta1, float beta2,
+                                 float eps, float weight_decay, int t, float grad_scale);
   virtual void layernorm_forward_bf16(bfloat16* out, float* mean, float* rstd, const float* inp,
                                       const float* w, const float* b, int N, int C);
   // dresidual += LayerNorm's input gradient for dout = d(out) (the residual stream's

@@ -11,6 +11,7 @@
 // logits are excluded from the softmax, so they never receive a gradient and stay zero.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -196,7 +197,17 @@ class GPT {
 
   const GPTConfig& config() const { return cfg_; }
   const std::vector<ParamInfo>& params_info() const { return infos_; }
-  float* params() { return params_.data(); }
+  // Writable weights. Whoever asks may write them, so the bf16 copy (below) counts as stale
+  // from here on: each block's is cast again before its next forward.
+  float* params() {
+    ++weights_version_;
+    return params_.data();
+  }
+  // The bf16 path's copy of the weights (null in fp32), at params()'s offsets. AdamW writes it
+  // in its own pass (Backend::adamw_update_bf16), after its last params() call, and then says
+  // so with params16_written(): until the weights change again, forward casts nothing.
+  bfloat16* params16() { return params16_.size() ? params16_.data() : nullptr; }
+  void params16_written() { std::fill(cast_version_.begin(), cast_version_.end(), weights_version_); }
   float* grads() { return grads_.data(); }
   size_t num_params() const { return params_.size(); }
   const ParamInfo& param(const std::string& name) const;
@@ -380,12 +391,14 @@ class GPT {
   // Recomputes what the recompute mode dropped for block `local_layer` of `slot`.
   void recompute_block(int slot, int local_layer, const float* residual_in);
   // The bf16 path (gpt_bf16.cpp; Note [bf16 activations]): a block's weights are cast to
-  // params16_ right before its forward, and backward reads that copy.
+  // params16_ right before its forward unless that copy is current, and backward reads it.
   struct BlockWeights16 {
     const bfloat16 *qkvw, *attprojw, *fcw, *fcprojw;
   };
   BlockWeights16 block16(int local_layer) const;
-  void cast_weights(size_t begin, size_t end);  // params16_[begin, end) = bf16(params_)
+  // params16_[begin, end) = bf16(params_) unless span `span` (a local layer, or
+  // table_.layers.size() for wte) was cast or written at the current weights_version_.
+  void cast_weights(size_t span, size_t begin, size_t end);
   void block_forward_bf16(const BlockWeights& w, const BlockWeights16& w16,
                           const BlockActs16& a, const float* residual_in, int B, int T);
   void recompute_block_bf16(int slot, int local_layer, const float* residual_in);
@@ -434,6 +447,9 @@ class GPT {
   std::unordered_map<std::string, int> index_by_name_;  // into infos_
   BackendBuffer<float> params_, grads_;  // Note [Backend memory]
   BackendBuffer<bfloat16> params16_;     // bf16: the GEMMs' copy of the weights
+  // bf16: params() calls so far, and per cast span the count its params16_ copy was made at.
+  uint64_t weights_version_ = 1;
+  std::vector<uint64_t> cast_version_;
   std::vector<Slot> slots_;
   std::vector<BackendBuffer<float>> recompute_;  // one block's dropped buffers
   std::vector<BackendBuffer<bfloat16>> recompute16_;  // bf16: the kBf16Buffer ones

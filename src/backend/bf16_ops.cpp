@@ -5,7 +5,8 @@
 // bytes. What accumulates stays fp32: the residual stream and its gradient (each block adds to
 // them; bf16's 8-bit mantissa would lose the small updates), LayerNorm's mean and rstd, the
 // losses, the master weights, the weight gradients and AdamW's moments. The GEMMs read a bf16
-// copy of the weights, cast once per forward (GPT's params16).
+// copy of the weights (GPT::params16) that AdamW writes in its own pass (adamw_update_bf16);
+// forward casts a block's only where the weights changed otherwise (ZeRO's gather, a load).
 //
 // Every bf16 op is defined as its fp32 op on the widened inputs (widening is exact), with each
 // bf16 output rounded once at the end (to nearest, ties to even) and fp32 accumulation
@@ -45,6 +46,14 @@ void host_only(const Backend& be, const char* op) {
 void Backend::cast_to_bf16(bfloat16* out, const float* inp, size_t n) {
   host_only(*this, __func__);
   round_into(out, inp, n);
+}
+
+void Backend::adamw_update_bf16(float* params, bfloat16* params16, float* m, float* v,
+                                const float* grads, size_t n, float lr, float beta1, float beta2,
+                                float eps, float weight_decay, int t, float grad_scale) {
+  host_only(*this, __func__);
+  adamw_update(params, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale);
+  round_into(params16, params, n);
 }
 
 void Backend::layernorm_forward_bf16(bfloat16* out, float* mean, float* rstd, const float* inp,

@@ -169,7 +169,7 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, int 
     const LayerTable& lt = table_.layers[size_t(i)];
     Phase ph(be_, phases_, lt.forward_phase);
     if (precision_ == Precision::kBf16) {
-      cast_weights(lt.span_begin, lt.span_end);  // after param_use_: ZeRO may gather them
+      cast_weights(size_t(i), lt.span_begin, lt.span_end);  // after param_use_ (ZeRO's gather)
       const BlockActs16 a = block_acts16(slot, i);
       block_forward_bf16(block(P, i), block16(i), a, residual, B, T);
       residual = a.residual3;

@@ -19,8 +19,10 @@ GPT::BlockWeights16 GPT::block16(int local_layer) const {
   return {base + o.qkvw, base + o.attprojw, base + o.fcw, base + o.fcprojw};
 }
 
-void GPT::cast_weights(size_t begin, size_t end) {
+void GPT::cast_weights(size_t span, size_t begin, size_t end) {
+  if (cast_version_[span] == weights_version_) return;  // cast this step, or written by AdamW
   be_.cast_to_bf16(params16_.data() + begin, params_.data() + begin, end - begin);
+  cast_version_[span] = weights_version_;
 }
 
 void GPT::block_forward_bf16(const BlockWeights& w, const BlockWeights16& w16,
@@ -60,7 +62,7 @@ float GPT::head_forward_bf16(Slot& s, const float* residual, const int32_t* targ
   const int C = cfg_.channels, V = cfg_.vocab, Vp = cfg_.padded_vocab, N = B * T;
   const float* P = params_.data();
   Slot& h = head(s);
-  cast_weights(table_.wte, table_.wte + size_t(Vp) * C);
+  cast_weights(table_.layers.size(), table_.wte, table_.wte + size_t(Vp) * C);
   be_.layernorm_forward_bf16(h.lnf16.data(), h.lnf_mean.data(), h.lnf_rstd.data(), residual,
                              P + table_.lnfw, P + table_.lnfb, N, C);
   be_.matmul_forward_bf16(h.logits16.data(), h.lnf16.data(), params16_.data() + table_.wte,

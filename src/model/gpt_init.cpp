@@ -42,7 +42,7 @@ bool ends_with(const std::string& s, const char* suffix) {
 void GPT::init_weights(uint64_t seed) {
   const double std_base = 0.02;
   const double std_residual = 0.02 / std::sqrt(2.0 * cfg_.layers);
-  HostView<float> host(be_, params_.data(), params_.size(), /*load=*/false);
+  HostView<float> host(be_, params(), params_.size(), /*load=*/false);  // params(): stale bf16
   for (const ParamInfo& p : infos_) {
     float* w = host.data() + p.offset;
     const bool is_ln_weight = ends_with(p.name, "ln1w") || ends_with(p.name, "ln2w") ||

@@ -71,7 +71,10 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   auto halves = [&](size_t n) { return BackendBuffer<bfloat16>(be_, n); };  // zeroed
   params_ = floats(total);
   grads_ = floats(params_.size());
-  if (bf16) params16_ = halves(total);
+  if (bf16) {
+    params16_ = halves(total);
+    cast_version_.assign(table_.layers.size() + 1, 0);  // nothing cast yet
+  }
 
   const size_t C = cfg.channels, tps = tp_.size;
   const size_t NHl = cfg.heads / tps, Cl = C / tps, Vl = cfg.padded_vocab / tps;

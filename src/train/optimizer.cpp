@@ -21,10 +21,20 @@ void AdamW::update(Backend& be, GPT& model, const TrainConfig& cfg, float lr, in
   // One fused pass over p, m, v and g per run of neighbouring tensors with the same decay
   // (decay differs between matrices and biases): the update is elementwise, so the runs give
   // the same bits as one call per tensor, with far fewer calls (kernel launches on a GPU).
+  // On the bf16 path the same pass writes the GEMMs' bf16 copy of the weights, so forward
+  // casts none (GPT::params16).
+  float* const params = model.params();
+  bfloat16* const params16 = model.params16();
   auto apply = [&](size_t offset, size_t count, bool decay) {
-    be.adamw_update(model.params() + offset, m_.data() + offset, v_.data() + offset,
-                    model.grads() + offset, count, lr, float(cfg.beta1), float(cfg.beta2),
-                    float(cfg.eps), decay ? float(cfg.weight_decay) : 0.0f, t, grad_scale);
+    const float wd = decay ? float(cfg.weight_decay) : 0.0f;
+    if (params16)
+      be.adamw_update_bf16(params + offset, params16 + offset, m_.data() + offset,
+                           v_.data() + offset, model.grads() + offset, count, lr,
+                           float(cfg.beta1), float(cfg.beta2), float(cfg.eps), wd, t, grad_scale);
+    else
+      be.adamw_update(params + offset, m_.data() + offset, v_.data() + offset,
+                      model.grads() + offset, count, lr, float(cfg.beta1), float(cfg.beta2),
+                      float(cfg.eps), wd, t, grad_scale);
   };
   size_t run_offset = 0, run_count = 0;
   bool run_decay = false;
@@ -39,6 +49,9 @@ void AdamW::update(Backend& be, GPT& model, const TrainConfig& cfg, float lr, in
     run_decay = p.decay;
   }
   if (run_count > 0) apply(run_offset, run_count, run_decay);
+  // Every parameter is in one of the runs: the whole copy is current. (Padding between
+  // parameters is never read by a GEMM.)
+  if (params16) model.params16_written();
 }
 
 void AdamW::update_shard(Backend& be, float* params, const float* shard_grads,

@@ -11,10 +11,13 @@
 #include <random>
 
 #include "trident/check.h"
+#include "model_inputs.h"
 #include "trident/model.h"
 
 namespace trident {
 namespace {
+
+using testing::random_tokens;
 
 GPTConfig tiny_config() {
   GPTConfig c;
@@ -25,13 +28,6 @@ GPTConfig tiny_config() {
   c.padded_vocab = GPTConfig::pad_vocab(c.vocab);
   c.max_seq_len = 8;
   return c;
-}
-
-std::vector<int32_t> random_tokens(int n, int vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = int32_t(rng() % vocab);
-  return t;
 }
 
 TEST(GptLayout, ContiguousInReadyOrder) {

@@ -15,38 +15,17 @@
 #include <vector>
 
 #include "trident/check.h"
+#include "model_inputs.h"
 #include "trident/model.h"
 
 namespace trident {
 namespace {
 
-// Wider than test_gpt's tiny model (C 64): a bf16 rounding error of 2^-9 per value should
-// average out over dot products of realistic length, not dominate 16-term ones.
-GPTConfig small_config() {
-  GPTConfig c;
-  c.layers = 2;
-  c.channels = 64;
-  c.heads = 4;
-  c.vocab = 50;  // padded to 128: the padded columns must get no gradient
-  c.padded_vocab = GPTConfig::pad_vocab(c.vocab);
-  c.max_seq_len = 16;
-  return c;
-}
+using testing::random_tokens;
 
-constexpr int kB = 2, kT = 16;
-
-std::vector<int32_t> random_tokens(int n, int vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = int32_t(rng() % vocab);
-  return t;
-}
-
-GPTOptions bf16_options() {
-  GPTOptions o;
-  o.precision = Precision::kBf16;
-  return o;
-}
+using testing::bf16_options;
+using testing::small_config;
+constexpr int kB = testing::kSmallB, kT = testing::kSmallT;
 
 double norm(const float* x, size_t n) {
   double s = 0;
@@ -62,10 +41,7 @@ double distance(const float* x, const float* y, size_t n) {
 
 // One forward and backward; returns the loss, leaves the gradients in the model.
 float step(GPT& m, const std::vector<int32_t>& in, const std::vector<int32_t>& tg) {
-  m.zero_grads();
-  const float loss = m.forward(in.data(), tg.data(), kB, kT);
-  m.backward(1.0f);
-  return loss;
+  return testing::forward_backward(m, in, tg, kB, kT);
 }
 
 // The bf16 model computes the fp32 model's gradients up to bf16 rounding of its activations.

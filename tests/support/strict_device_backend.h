@@ -175,6 +175,13 @@ class StrictDeviceBackend final : public Backend {
     Open open(*this);
     cpu_->cast_to_bf16(out, inp, n);
   }
+  void adamw_update_bf16(float* params, bfloat16* params16, float* m, float* v,
+                         const float* grads, size_t n, float lr, float beta1, float beta2,
+                         float eps, float weight_decay, int t, float grad_scale) override {
+    Open open(*this);
+    cpu_->adamw_update_bf16(params, params16, m, v, grads, n, lr, beta1, beta2, eps,
+                            weight_decay, t, grad_scale);
+  }
   void layernorm_forward_bf16(bfloat16* out, float* mean, float* rstd, const float* inp,
                               const float* w, const float* b, int N, int C) override {
     Open open(*this);

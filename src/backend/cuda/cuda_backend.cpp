@@ -382,6 +382,13 @@ class CudaBackend final : public Backend {
     Op op(*this, "cast bf16");
     cuda::cast_f32_to_bf16_cuda(dev(out), inp, n, stream_);
   }
+  void adamw_update_bf16(float* params, bfloat16* params16, float* m, float* v,
+                         const float* grads, size_t n, float lr, float beta1, float beta2,
+                         float eps, float weight_decay, int t, float grad_scale) override {
+    Op op(*this, "adamw");
+    cuda::adamw_update_cuda(params, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, t,
+                            grad_scale, dev(params16), stream_);
+  }
   void layernorm_forward_bf16(bfloat16* out, float* mean, float* rstd, const float* inp,
                               const float* w, const float* b, int N, int C) override {
     Op op(*this, "layernorm fwd");
