@@ -162,6 +162,18 @@ class Backend {
   virtual void matmul_backward_bf16(bfloat16* dinp, float* dw, float* dbias,
                                     const bfloat16* dout, const bfloat16* inp, const bfloat16* w,
                                     int N, int C, int OC);
+  // The MLP's first linear layer and its GELU in one op (cuBLASLt's GELU_AUX_BIAS epilogue):
+  // with y = inp · wᵀ + bias in fp32, pre[N,OC] = bf16(y) (backward's GELU input) and
+  // out[N,OC] = bf16(gelu(y)), the GELU taken before the rounding.
+  virtual void matmul_gelu_forward_bf16(bfloat16* out, bfloat16* pre, const bfloat16* inp,
+                                        const bfloat16* w, const float* bias, int N, int C,
+                                        int OC);
+  // The input gradient of the layer after the GELU, through the GELU (DGELU_BGRAD): with
+  // g = gelu'(pre) ⊙ (dout · w) in fp32, dpre[N,C] = bf16(g) and, when non-null,
+  // dbias[C] += the column sums of g (the bias gradient of the layer before the GELU).
+  virtual void matmul_dgelu_backward_bf16(bfloat16* dpre, float* dbias, const bfloat16* dout,
+                                          const bfloat16* w, const bfloat16* pre, int N, int C,
+                                          int OC);
   // As attention_forward/backward (the same `att` and scratch sizes), on bf16 q|k|v.
   virtual void attention_forward_bf16(bfloat16* out, float* att, const bfloat16* qkv, int B,
                                       int T, int C, int NH);

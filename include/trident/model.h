@@ -346,7 +346,7 @@ class GPT {
     BackendBuffer<float> ce_stats, ce_all;  // vocab-parallel loss: [N,3] and [tp,N,3]
     // bf16: the residual gradient's bf16 copy [N,C] and the input gradients between the ops
     // (instead of dbuf_c, dbuf_3c, dbuf_4c, dbuf_4c2).
-    BackendBuffer<bfloat16> dresidual16, d16_c, d16_3c, d16_4c, d16_4c2;
+    BackendBuffer<bfloat16> dresidual16, d16_c, d16_3c, d16_4c;
   };
   struct BlockWeights {
     float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw,

@@ -108,6 +108,38 @@ void Backend::matmul_backward_bf16(bfloat16* dinp, float* dw, float* dbias, cons
   if (dinp) round_into(dinp, dx.data(), dx.size());
 }
 
+void Backend::matmul_gelu_forward_bf16(bfloat16* out, bfloat16* pre, const bfloat16* inp,
+                                       const bfloat16* w, const float* bias, int N, int C,
+                                       int OC) {
+  host_only(*this, __func__);
+  const size_t n = size_t(N) * OC;
+  const std::vector<float> x = widen(inp, size_t(N) * C), wf = widen(w, size_t(OC) * C);
+  std::vector<float> y(n), g(n);
+  matmul_forward(y.data(), x.data(), wf.data(), bias, N, C, OC);
+  gelu_forward(g.data(), y.data(), n);
+  round_into(pre, y.data(), n);
+  round_into(out, g.data(), n);
+}
+
+void Backend::matmul_dgelu_backward_bf16(bfloat16* dpre, float* dbias, const bfloat16* dout,
+                                         const bfloat16* w, const bfloat16* pre, int N, int C,
+                                         int OC) {
+  host_only(*this, __func__);
+  const size_t n = size_t(N) * C;
+  const std::vector<float> d = widen(dout, size_t(N) * OC), wf = widen(w, size_t(OC) * C);
+  const std::vector<float> x = widen(pre, n);
+  std::vector<float> t(n), g(n);
+  matmul_backward(t.data(), nullptr, nullptr, d.data(), nullptr, wf.data(), N, C, OC);
+  gelu_backward(g.data(), x.data(), t.data(), n);
+  round_into(dpre, g.data(), n);
+  if (!dbias) return;
+  for (int c = 0; c < C; ++c) {
+    double sum = 0.0;
+    for (int i = 0; i < N; ++i) sum += g[size_t(i) * C + size_t(c)];
+    dbias[c] += float(sum);
+  }
+}
+
 void Backend::attention_forward_bf16(bfloat16* out, float* att, const bfloat16* qkv, int B, int T,
                                      int C, int NH) {
   host_only(*this, __func__);

@@ -34,8 +34,7 @@ void GPT::block_forward_bf16(const BlockWeights& w, const BlockWeights16& w16,
   be_.matmul_forward_add_bf16(a.residual2, residual_in, a.atty, w16.attprojw, w.attprojb, N, C,
                               C);
   be_.layernorm_forward_bf16(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w.ln2w, w.ln2b, N, C);
-  be_.matmul_forward_bf16(a.fch, a.ln2, w16.fcw, w.fcb, N, C, 4 * C);
-  be_.gelu_forward_bf16(a.fch_gelu, a.fch, size_t(N) * 4 * C);
+  be_.matmul_gelu_forward_bf16(a.fch_gelu, a.fch, a.ln2, w16.fcw, w.fcb, N, C, 4 * C);
   be_.matmul_forward_add_bf16(a.residual3, a.residual2, a.fch_gelu, w16.fcprojw, w.fcprojb, N,
                               4 * C, C);
 }
@@ -49,8 +48,7 @@ void GPT::recompute_block_bf16(int slot, int local_layer, const float* residual_
   const BlockWeights16 w16 = block16(local_layer);
   BlockActs16 a = block_acts16(slot, local_layer);
   if (recompute_mode_ == Recompute::kMlp) {
-    be_.matmul_forward_bf16(a.fch, a.ln2, w16.fcw, w.fcb, N, C, 4 * C);
-    be_.gelu_forward_bf16(a.fch_gelu, a.fch, size_t(N) * 4 * C);
+    be_.matmul_gelu_forward_bf16(a.fch_gelu, a.fch, a.ln2, w16.fcw, w.fcb, N, C, 4 * C);
     return;
   }
   a.residual3 = recompute_[12].data();  // the kept output is already there; do not rewrite it
@@ -137,11 +135,13 @@ void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
     const BlockWeights16 w16 = block16(i);
     const BlockWeights dw = block(G, i);
 
-    be_.matmul_backward_bf16(a.d16_4c.data(), dw.fcprojw, dw.fcprojb, dres16, act.fch_gelu,
-                             w16.fcprojw, N, 4 * C, C);
+    be_.matmul_backward_bf16(nullptr, dw.fcprojw, dw.fcprojb, dres16, act.fch_gelu, nullptr, N,
+                             4 * C, C);
     ready.through(lt.ready_fcproj);
-    be_.gelu_backward_bf16(a.d16_4c2.data(), act.fch, a.d16_4c.data(), size_t(N) * 4 * C);
-    be_.matmul_backward_bf16(a.d16_c.data(), dw.fcw, dw.fcb, a.d16_4c2.data(), act.ln2, w16.fcw,
+    // Through fcproj and the GELU in one GEMM, with fc's bias gradient (DGELU_BGRAD).
+    be_.matmul_dgelu_backward_bf16(a.d16_4c.data(), dw.fcb, dres16, w16.fcprojw, act.fch, N,
+                                   4 * C, C);
+    be_.matmul_backward_bf16(a.d16_c.data(), dw.fcw, nullptr, a.d16_4c.data(), act.ln2, w16.fcw,
                              N, C, 4 * C);
     ready.through(lt.ready_fc);
     // Now w.r.t. residual2 (the residual path's gradient plus the MLP branch's).

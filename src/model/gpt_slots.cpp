@@ -142,8 +142,7 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
     a.dresidual16 = halves(N * C);
     a.d16_c = halves(N * C);
     a.d16_3c = halves(N * 3 * Cl);
-    a.d16_4c = halves(N * 4 * Cl);
-    a.d16_4c2 = halves(N * 4 * Cl);
+    a.d16_4c = halves(N * 4 * Cl);  // the GELU's input gradient (DGELU in fcproj's GEMM)
   } else {
     a.ln_out = floats(Nr * C);
     a.dbuf_c = floats(N * C);
@@ -250,7 +249,7 @@ size_t GPT::activation_bytes() const {
                         &a.dbuf_c2, &a.dbuf_3c, &a.dbuf_4c, &a.dbuf_4c2, &a.datt, &a.dln_partials,
                         &a.ce_stats, &a.ce_all})
     floats += v->size();
-  for (const auto* v : {&a.dresidual16, &a.d16_c, &a.d16_3c, &a.d16_4c, &a.d16_4c2})
+  for (const auto* v : {&a.dresidual16, &a.d16_c, &a.d16_3c, &a.d16_4c})
     halves += v->size();
   return floats * sizeof(float) + halves * sizeof(bfloat16);
 }

@@ -279,6 +279,53 @@ inline Errors check_matmul_backward_bf16(Backend& gpu, int N, int C, int OC, Mat
   return errors;
 }
 
+// The GEMMs with the GELU in their epilogue (Note [cuBLASLt epilogues]): matmul_gelu_forward_bf16
+// and matmul_dgelu_backward_bf16. The twin takes the GELU (or its derivative) of the fp32
+// product, as cuBLASLt's epilogue does: one ulp plus kGemmTol, as a GEMM's bf16 output. Where
+// cuBLASLt has no such algorithm the backend runs the unfused ops, whose GELU reads the product
+// already rounded to bf16 (half an ulp, times the GELU's slope ≤ 1.13 where it matters, then its
+// own rounding): 2 ulps covers both paths. The pre-activation is bf16(product) on both: 1 ulp.
+// dbias sums g in fp32 (fused) or its bf16 rounding (unfused): kBf16Tol of the largest sum.
+inline Errors check_matmul_gelu_forward_bf16(Backend& gpu, int N, int C, int OC, bool with_bias,
+                                             uint32_t seed) {
+  std::mt19937 rng(seed);
+  const std::vector<bfloat16> inp = random_bf16(size_t(N) * C, rng),
+                              w = random_bf16(size_t(OC) * C, rng, -0.1, 0.1);
+  const std::vector<float> bias = random_floats(OC, rng);
+  std::vector<bfloat16> out(size_t(N) * OC), pre(out.size());
+  cpu_twin()->matmul_gelu_forward_bf16(out.data(), pre.data(), inp.data(), w.data(),
+                                       with_bias ? bias.data() : nullptr, N, C, OC);
+  BackendBuffer<bfloat16> d_inp = upload(gpu, inp), d_w = upload(gpu, w),
+                          d_out = poisoned<bfloat16>(gpu, out.size()),
+                          d_pre = poisoned<bfloat16>(gpu, out.size());
+  BackendBuffer<float> d_bias = upload(gpu, bias);
+  gpu.matmul_gelu_forward_bf16(d_out.data(), d_pre.data(), d_inp.data(), d_w.data(),
+                               with_bias ? d_bias.data() : nullptr, N, C, OC);
+  return {{"pre_ulps", bf16_ulp_err(download(gpu, d_pre.data(), pre.size()), pre, kGemmTol), 1.0},
+          {"out_ulps", bf16_ulp_err(download(gpu, d_out.data(), out.size()), out, kGemmTol),
+           2.0}};
+}
+
+inline Errors check_matmul_dgelu_backward_bf16(Backend& gpu, int N, int C, int OC,
+                                               bool with_dbias, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const std::vector<bfloat16> dout = random_bf16(size_t(N) * OC, rng),
+                              w = random_bf16(size_t(OC) * C, rng, -0.1, 0.1),
+                              pre = random_bf16(size_t(N) * C, rng, -3.0, 3.0);
+  std::vector<float> dbias = random_floats(C, rng);
+  std::vector<bfloat16> dpre(size_t(N) * C);
+  BackendBuffer<bfloat16> d_dout = upload(gpu, dout), d_w = upload(gpu, w),
+                          d_pre = upload(gpu, pre), d_dpre = poisoned<bfloat16>(gpu, dpre.size());
+  BackendBuffer<float> d_dbias = upload(gpu, dbias);  // the start values, before the twin adds
+  cpu_twin()->matmul_dgelu_backward_bf16(dpre.data(), with_dbias ? dbias.data() : nullptr,
+                                         dout.data(), w.data(), pre.data(), N, C, OC);
+  gpu.matmul_dgelu_backward_bf16(d_dpre.data(), with_dbias ? d_dbias.data() : nullptr,
+                                 d_dout.data(), d_w.data(), d_pre.data(), N, C, OC);
+  return {{"dpre_ulps", bf16_ulp_err(download(gpu, d_dpre.data(), dpre.size()), dpre, kGemmTol),
+           2.0},
+          {"dbias", err_vs(download(gpu, d_dbias.data(), dbias.size()), dbias), kBf16Tol}};
+}
+
 // Forward then backward on each side with its own saved state (the CPU saves probabilities, the
 // GPU the log-sum-exp) and its own bf16 output; dout the same. `path` gets the GPU's attention
 // note (which path ran). cuDNN: kBf16Tol on both; the flash fallback: the ulp check on out.

@@ -104,6 +104,22 @@ TEST(CudaBf16, MatmulBackwardMatchesCpu) {
                               g.dbias));
 }
 
+// The MLP's shapes (OC = 4C forward, C = 4C backward), a ragged one (cuBLASLt's aux wants a
+// leading dimension divisible by 8: 36 is not, so the unfused ops run) and one row.
+TEST(CudaBf16, MatmulGeluEpiloguesMatchCpu) {
+  TRIDENT_REQUIRE_GPU();
+  const std::unique_ptr<Backend> gpu = make_cuda_backend();
+  const Shapes3 shapes = {{256, 768, 3072}, {1024, 1600, 6400}, {37, 52, 36}, {1, 64, 256}};
+  for (auto [N, C, OC] : shapes)
+    for (bool bias : {true, false}) {
+      expect_within(check_matmul_gelu_forward_bf16(*gpu, N, C, OC, bias, 110),
+                    fmt::format("forward N={} C={} OC={} bias {}", N, C, OC, bias));
+      // Backward: the GELU's input is [N, OC] here, the layer after it reads OC and writes C.
+      expect_within(check_matmul_dgelu_backward_bf16(*gpu, N, OC, C, bias, 111),
+                    fmt::format("backward N={} C={} OC={} dbias {}", N, OC, C, bias));
+    }
+}
+
 // GPT-2 124M's heads (HS 64: cuDNN where it has a plan) and HS 32, each through the default
 // backend and through one made with attention "flash" (the fallback with casts around it). A
 // fresh backend per shape: attention_note() names the path of the largest shape run so far.
@@ -178,6 +194,8 @@ TEST(CudaBf16Checks, AgreeWithThemselvesOnTheCpu) {
   all.push_back({"matmul bwd", check_matmul_backward_bf16(*cpu, 37, 13, 21, {}, 1)});
   all.push_back({"matmul bwd dw", check_matmul_backward_bf16(*cpu, 37, 13, 21,
                                                              {false, true, false}, 1)});
+  all.push_back({"matmul gelu fwd", check_matmul_gelu_forward_bf16(*cpu, 37, 13, 21, true, 1)});
+  all.push_back({"matmul dgelu bwd", check_matmul_dgelu_backward_bf16(*cpu, 37, 13, 21, true, 1)});
   std::string path;
   all.push_back({"attention", check_attention_bf16(*cpu, 2, 16, 64, 2, 1, &path)});
   all.push_back({"crossentropy", check_crossentropy_fused_bf16(*cpu, 3, 250, 256, 1)});

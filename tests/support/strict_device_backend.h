@@ -182,6 +182,18 @@ class StrictDeviceBackend final : public Backend {
     cpu_->adamw_update_bf16(params, params16, m, v, grads, n, lr, beta1, beta2, eps,
                             weight_decay, t, grad_scale);
   }
+  void matmul_gelu_forward_bf16(bfloat16* out, bfloat16* pre, const bfloat16* inp,
+                                const bfloat16* w, const float* bias, int N, int C,
+                                int OC) override {
+    Open open(*this);
+    cpu_->matmul_gelu_forward_bf16(out, pre, inp, w, bias, N, C, OC);
+  }
+  void matmul_dgelu_backward_bf16(bfloat16* dpre, float* dbias, const bfloat16* dout,
+                                  const bfloat16* w, const bfloat16* pre, int N, int C,
+                                  int OC) override {
+    Open open(*this);
+    cpu_->matmul_dgelu_backward_bf16(dpre, dbias, dout, w, pre, N, C, OC);
+  }
   void layernorm_forward_bf16(bfloat16* out, float* mean, float* rstd, const float* inp,
                               const float* w, const float* b, int N, int C) override {
     Open open(*this);

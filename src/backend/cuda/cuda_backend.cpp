@@ -423,11 +423,55 @@ class CudaBackend final : public Backend {
     if (N == 0) return;  // dinp has no rows and dw, dbias gain nothing
     if (dinp)  // dinp[N,C] = bf16(dout[N,OC] · w[OC,C])
       gemm_->matmul_bf16(dev(dinp), dev(dout), dev(w), nullptr, N, C, OC, false, false, stream_);
+    if (dw && dbias) {
+      // dw[OC,C] += dout[N,OC]ᵀ · inp[N,C] and Σ_n dout in the same pass over dout (BGRADB;
+      // Note [cuBLASLt epilogues]): cuBLASLt writes the sums, they are added here.
+      float* sums = reduce_scratch_.of<float>(size_t(OC));
+      if (gemm_->matmul_bgrad_a(dw, sums, dev(dout), dev(inp), OC, C, N, true, false, 1.0f,
+                                stream_)) {
+        cuda::add_cuda(dbias, dbias, sums, size_t(OC), stream_);
+        return;
+      }
+    }
     if (dw)  // dw[OC,C] += dout[N,OC]ᵀ · inp[N,C]
       gemm_->matmul(dw, dev(dout), dev(inp), nullptr, OC, C, N, true, false, 1.0f, stream_);
     if (dbias) {
       float* scratch = reduce_scratch_.of<float>(cuda::bias_backward_scratch_floats(N, OC));
       cuda::bias_backward_bf16_cuda(dbias, scratch, dev(dout), N, OC, stream_);
+    }
+  }
+  // The GELU in the GEMM's epilogue (Note [cuBLASLt epilogues]); where cuBLASLt has none for
+  // the shape, the GEMM and the GELU kernel (the GELU then reads the rounded pre-activation).
+  void matmul_gelu_forward_bf16(bfloat16* out, bfloat16* pre, const bfloat16* inp,
+                                const bfloat16* w, const float* bias, int N, int C,
+                                int OC) override {
+    Op op(*this, "matmul fwd");
+    if (N == 0) return;
+    // out, pre [N,OC] from inp[N,C] · w[OC,C]ᵀ + bias
+    if (gemm_->matmul_gelu_bf16(dev(out), dev(pre), dev(inp), dev(w), bias, N, OC, C, false,
+                                true, stream_))
+      return;
+    gemm_->matmul_bf16(dev(pre), dev(inp), dev(w), bias, N, OC, C, false, true, stream_);
+    cuda::gelu_forward_bf16_cuda(dev(out), dev(pre), size_t(N) * OC, stream_);
+  }
+  void matmul_dgelu_backward_bf16(bfloat16* dpre, float* dbias, const bfloat16* dout,
+                                  const bfloat16* w, const bfloat16* pre, int N, int C,
+                                  int OC) override {
+    Op op(*this, "matmul bwd");
+    if (N == 0) return;
+    // dpre[N,C] = bf16(gelu'(pre) ⊙ dout[N,OC] · w[OC,C]); cuBLASLt writes the bias sums.
+    float* sums = dbias ? reduce_scratch_.of<float>(size_t(C)) : nullptr;
+    if (gemm_->matmul_dgelu_bf16(dev(dpre), sums, dev(dout), dev(w), dev(pre), N, C, OC, false,
+                                 false, stream_)) {
+      if (dbias) cuda::add_cuda(dbias, dbias, sums, size_t(C), stream_);
+      return;
+    }
+    bf16* product = stage_a_.of<bf16>(size_t(N) * C);
+    gemm_->matmul_bf16(product, dev(dout), dev(w), nullptr, N, C, OC, false, false, stream_);
+    cuda::gelu_backward_bf16_cuda(dev(dpre), dev(pre), product, size_t(N) * C, stream_);
+    if (dbias) {
+      float* scratch = reduce_scratch_.of<float>(cuda::bias_backward_scratch_floats(N, C));
+      cuda::bias_backward_bf16_cuda(dbias, scratch, dev(dpre), N, C, stream_);
     }
   }
   // cuDNN's fused attention takes bf16 q|k|v and writes bf16 outputs: the tensors as they are.

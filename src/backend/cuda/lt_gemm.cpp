@@ -3,6 +3,15 @@
 // D[M,N] = op(A)·op(B) is computed as the column-major Dᵀ[N,M] = op(B)ᵀ·op(A)ᵀ: cuBLASLt's
 // "A" is our B and its "B" our A, with the same transpose flags, and the bias (one value per
 // column of row-major D) is cuBLASLt's per-row bias of Dᵀ (CUBLASLT_EPILOGUE_BIAS).
+//
+// Note [cuBLASLt epilogues]: in those terms GELU_AUX(_BIAS) and DGELU(_BGRAD) act on Dᵀ
+// element by element, their aux matrix has Dᵀ's layout (leading dimension = our N, which
+// cuBLASLt wants divisible by 8), and DGELU_BGRAD's bias gradient, one value per row of Dᵀ, is
+// our column sums. Our A is cuBLASLt's B, so the row sums of our op(A) (a weight gradient's
+// Σ dout) are BGRADB's. Every bias and bias gradient is fp32 (BIAS_DATA_TYPE); bias gradients
+// are written, not added. Each fused op has its unfused sequence as definition and fallback:
+// the GELU is applied to the fp32 product, before the rounding the unfused op's input had, so
+// the two agree to a bf16 rounding (tests/cuda/kernel_checks_bf16.h).
 #include "lt_gemm.h"
 
 #include <fmt/format.h>
@@ -20,6 +29,28 @@ uint32_t alignment_of(const void* p) {
   uint32_t align = 256;
   while (align > 1 && a % align != 0) align /= 2;
   return align;
+}
+
+// cuBLASLt's epilogue for ours (Note [cuBLASLt epilogues]).
+cublasLtEpilogue_t lt_epilogue(LtEpilogue kind) {
+  switch (kind) {
+    case LtEpilogue::kNone: return CUBLASLT_EPILOGUE_DEFAULT;
+    case LtEpilogue::kBias: return CUBLASLT_EPILOGUE_BIAS;
+    case LtEpilogue::kGeluAux: return CUBLASLT_EPILOGUE_GELU_AUX;
+    case LtEpilogue::kGeluAuxBias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case LtEpilogue::kDGelu: return CUBLASLT_EPILOGUE_DGELU;
+    case LtEpilogue::kDGeluBgrad: return CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    case LtEpilogue::kBgradA: return CUBLASLT_EPILOGUE_BGRADB;  // our A is cuBLASLt's B
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+bool has_bias_vector(LtEpilogue k) {  // a bias, or a bias gradient, at BIAS_POINTER
+  return k == LtEpilogue::kBias || k == LtEpilogue::kGeluAuxBias ||
+         k == LtEpilogue::kDGeluBgrad || k == LtEpilogue::kBgradA;
+}
+bool has_aux(LtEpilogue k) {
+  return k == LtEpilogue::kGeluAux || k == LtEpilogue::kGeluAuxBias || k == LtEpilogue::kDGelu ||
+         k == LtEpilogue::kDGeluBgrad;
 }
 
 }  // namespace
@@ -50,15 +81,17 @@ LtGemm::~LtGemm() {
   if (handle_) cublasLtDestroy(handle_);
 }
 
-const LtGemm::Plan* LtGemm::plan_for(const Key& key, bool may_refuse) {
+const LtGemm::Plan* LtGemm::plan_for(const Key& key, const EpilogueArgs& ep, bool may_refuse) {
   auto it = plans_.find(key);
   if (it != plans_.end()) {
     TRIDENT_CHECK(it->second || may_refuse, "LtGemm: a refused plan asked for without refusal");
     return it->second;
   }
-  const auto [M, N, K, trans_a, trans_b, has_bias, accumulate, d_bf16, c_separate, align_a,
-              align_b, align_c, align_d] = key;
-  (void)accumulate, (void)c_separate;  // they change the call, not the plan; keyed to be safe
+  const auto [M, N, K, trans_a, trans_b, epilogue, accumulate, d_bf16, c_separate, align_a,
+              align_b, align_c, align_d, align_bias, align_aux] = key;
+  // They change the call, not the plan (the alignments of the epilogue's pointers are the
+  // heuristic's from the pointers themselves); keyed to be safe.
+  (void)accumulate, (void)c_separate, (void)align_bias, (void)align_aux;
   auto plan = new Plan();
   plans_[key] = plan;
   // cuBLASLt's operands (Note [Row-major GEMMs in cuBLASLt]): its A is our B, stored
@@ -70,16 +103,31 @@ const LtGemm::Plan* LtGemm::plan_for(const Key& key, bool may_refuse) {
                                                 sizeof(op_a)));
   TRIDENT_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b,
                                                 sizeof(op_b)));
-  if (has_bias) {
+  if (epilogue != Epilogue::kNone) {
+    const cublasLtEpilogue_t lt = lt_epilogue(epilogue);
+    TRIDENT_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &lt,
+                                                  sizeof(lt)));
+  }
+  if (has_bias_vector(epilogue)) {
     // An fp32 bias also with a bf16 D: the bf16 op adds the fp32 bias before its one rounding
-    // (Note [bf16 activations]). cuBLASLt's default bias type is D's type; whether it takes fp32
-    // with a bf16 D is the heuristic's answer (matmul_bf16 falls back when it has none).
-    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    // (Note [bf16 activations]); bias gradients are fp32 too. cuBLASLt's default bias type is
+    // D's; whether it takes fp32 with a bf16 D is the heuristic's answer (the callers fall
+    // back where it has none).
     const cudaDataType_t bias_type = CUDA_R_32F;
-    TRIDENT_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE,
-                                                  &epilogue, sizeof(epilogue)));
     TRIDENT_CUBLAS(cublasLtMatmulDescSetAttribute(
         plan->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+    TRIDENT_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                  &ep.bias, sizeof(ep.bias)));
+  }
+  if (has_aux(epilogue)) {  // bf16, Dᵀ's layout (Note [cuBLASLt epilogues])
+    TRIDENT_CUBLAS(cublasLtMatmulDescSetAttribute(
+        plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ep.aux, sizeof(ep.aux)));
+    const int32_t aux_type = CUDA_R_16BF;
+    const int64_t aux_ld = N;
+    TRIDENT_CUBLAS(cublasLtMatmulDescSetAttribute(
+        plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type, sizeof(aux_type)));
+    TRIDENT_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                  &aux_ld, sizeof(aux_ld)));
   }
   // Column-major shapes (rows, cols, leading dimension) of cuBLASLt's A, B and D. C has D's
   // layout and type (cuBLASLt wants Ctype = Dtype outside fp8), so one descriptor serves both.
@@ -117,27 +165,42 @@ const LtGemm::Plan* LtGemm::plan_for(const Key& key, bool may_refuse) {
   if (none) {
     internal_error(__FILE__, __LINE__,
                    fmt::format("cuBLASLt has no algorithm for a bf16 GEMM M={} N={} K={} "
-                               "(trans_a {}, trans_b {}, bias {}, D {})",
-                               M, N, K, trans_a, trans_b, has_bias, d_bf16 ? "bf16" : "fp32"));
+                               "(trans_a {}, trans_b {}, epilogue {}, D {})",
+                               M, N, K, trans_a, trans_b, int(epilogue),
+                               d_bf16 ? "bf16" : "fp32"));
   }
   plan->algo = result.algo;
   return plan;
 }
 
-bool LtGemm::run(void* D, const void* C, const bf16* A, const bf16* B, const float* bias, int M,
-                 int N, int K, bool trans_a, bool trans_b, float beta, bool d_bf16,
+bool LtGemm::run(void* D, const void* C, const bf16* A, const bf16* B, const EpilogueArgs& ep,
+                 int M, int N, int K, bool trans_a, bool trans_b, float beta, bool d_bf16,
                  bool may_refuse, cudaStream_t stream) {
-  // The bias epilogue has no alignment preference; kernels may read it 16 bytes at a time.
-  TRIDENT_CHECK(!bias || alignment_of(bias) >= 16,
-                "LtGemm: the bias must be 16-byte aligned (N={})", N);
-  const Plan* plan = plan_for({M, N, K, trans_a, trans_b, bias != nullptr, beta != 0.0f, d_bf16,
-                               C != D, alignment_of(A), alignment_of(B), alignment_of(C),
-                               alignment_of(D)},
-                              may_refuse);
+  // The epilogue's vectors and aux have no alignment preference: kernels may read them 16
+  // bytes at a time, and the aux's leading dimension (our N) must be divisible by 8.
+  const bool with_bias = has_bias_vector(ep.kind), with_aux = has_aux(ep.kind);
+  TRIDENT_CHECK(!with_bias || (ep.bias && alignment_of(ep.bias) >= 16),
+                "LtGemm: the bias (or bias gradient) must be 16-byte aligned (N={})", N);
+  if (with_aux) {
+    TRIDENT_CHECK(ep.aux != nullptr, "LtGemm: an aux epilogue without its matrix");
+    if (alignment_of(ep.aux) < 16 || N % 8 != 0) {
+      TRIDENT_CHECK(may_refuse, "LtGemm: the aux matrix must be 16-byte aligned, N={} % 8 = 0",
+                    N);
+      return false;
+    }
+  }
+  const Plan* plan = plan_for({M, N, K, trans_a, trans_b, ep.kind, beta != 0.0f, d_bf16, C != D,
+                               alignment_of(A), alignment_of(B), alignment_of(C), alignment_of(D),
+                               with_bias ? alignment_of(ep.bias) : 0u,
+                               with_aux ? alignment_of(ep.aux) : 0u},
+                              ep, may_refuse);
   if (!plan) return false;
-  if (bias)
+  if (with_bias)
     TRIDENT_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                  &bias, sizeof(bias)));
+                                                  &ep.bias, sizeof(ep.bias)));
+  if (with_aux)
+    TRIDENT_CUBLAS(cublasLtMatmulDescSetAttribute(
+        plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ep.aux, sizeof(ep.aux)));
   const float alpha = 1.0f;
   TRIDENT_CUBLAS(cublasLtMatmul(handle_, plan->op, &alpha, B, plan->a, A, plan->b, &beta, C,
                                 plan->d, D, plan->d, &plan->algo, workspace_, workspace_bytes_,
@@ -147,7 +210,7 @@ bool LtGemm::run(void* D, const void* C, const bf16* A, const bf16* B, const flo
 
 void LtGemm::matmul(float* D, const bf16* A, const bf16* B, const float* bias, int M, int N,
                     int K, bool trans_a, bool trans_b, float beta, cudaStream_t stream) {
-  run(D, D, A, B, bias, M, N, K, trans_a, trans_b, beta, false, false, stream);
+  run(D, D, A, B, bias_only(bias), M, N, K, trans_a, trans_b, beta, false, false, stream);
 }
 
 // C as cuBLASLt's C with beta = 1, rather than a copy of C into D and then beta = 1: one pass
@@ -157,7 +220,7 @@ void LtGemm::matmul_add(float* D, const float* C, const bf16* A, const bf16* B, 
   TRIDENT_CHECK(M >= 0 && N >= 0 && K > 0, "LtGemm::matmul_add: M={} N={} K={}", M, N, K);
   if (M == 0 || N == 0) return;
   TRIDENT_CHECK(D && C && A && B, "LtGemm::matmul_add: null pointer");
-  run(D, C, A, B, bias, M, N, K, trans_a, trans_b, 1.0f, false, false, stream);
+  run(D, C, A, B, bias_only(bias), M, N, K, trans_a, trans_b, 1.0f, false, false, stream);
 }
 
 void LtGemm::matmul_bf16(bf16* D, const bf16* A, const bf16* B, const float* bias, int M, int N,
@@ -165,7 +228,8 @@ void LtGemm::matmul_bf16(bf16* D, const bf16* A, const bf16* B, const float* bia
   TRIDENT_CHECK(M >= 0 && N >= 0 && K > 0, "LtGemm::matmul_bf16: M={} N={} K={}", M, N, K);
   if (M == 0 || N == 0) return;
   TRIDENT_CHECK(D && A && B, "LtGemm::matmul_bf16: null pointer");
-  if (run(D, D, A, B, bias, M, N, K, trans_a, trans_b, 0.0f, true, bias != nullptr, stream))
+  if (run(D, D, A, B, bias_only(bias), M, N, K, trans_a, trans_b, 0.0f, true, bias != nullptr,
+          stream))
     return;
   // No algorithm for an fp32 bias with a bf16 D: the fp32 GEMM with its bias into staging,
   // then one rounding — the same result (a bf16 bias would round the bias too), one more pass.
@@ -181,8 +245,49 @@ void LtGemm::matmul_bf16(bf16* D, const bf16* A, const bf16* B, const float* bia
     fmt::print(stderr, "LtGemm: cuBLASLt has no bf16-output GEMM with an fp32 bias (M={} N={} "
                "K={}); such GEMMs run with an fp32 output and a cast\n", M, N, K);
   bf16_bias_fallback_used_ = true;
-  run(fallback_, fallback_, A, B, bias, M, N, K, trans_a, trans_b, 0.0f, false, false, stream);
+  run(fallback_, fallback_, A, B, bias_only(bias), M, N, K, trans_a, trans_b, 0.0f, false, false,
+      stream);
   cast_f32_to_bf16_cuda(D, fallback_, n, stream);
+}
+
+bool LtGemm::run_fused(void* D, const bf16* A, const bf16* B, const EpilogueArgs& ep, int M,
+                       int N, int K, bool trans_a, bool trans_b, float beta, bool d_bf16,
+                       cudaStream_t stream) {
+  if (run(D, D, A, B, ep, M, N, K, trans_a, trans_b, beta, d_bf16, true, stream)) return true;
+  const uint32_t bit = 1u << unsigned(ep.kind);
+  if (!(refusals_noted_ & bit))  // once per kind: the unfused ops cost passes, so say so
+    fmt::print(stderr, "LtGemm: no cuBLASLt algorithm for epilogue {} at M={} N={} K={} (or the "
+               "aux's leading dimension is not a multiple of 8); running the unfused ops\n",
+               int(lt_epilogue(ep.kind)), M, N, K);
+  refusals_noted_ |= bit;
+  return false;
+}
+
+bool LtGemm::matmul_gelu_bf16(bf16* D, bf16* aux, const bf16* A, const bf16* B,
+                              const float* bias, int M, int N, int K, bool trans_a, bool trans_b,
+                              cudaStream_t stream) {
+  TRIDENT_CHECK(M > 0 && N > 0 && K > 0, "LtGemm::matmul_gelu_bf16: M={} N={} K={}", M, N, K);
+  TRIDENT_CHECK(D && aux && A && B, "LtGemm::matmul_gelu_bf16: null pointer");
+  const EpilogueArgs ep{bias ? Epilogue::kGeluAuxBias : Epilogue::kGeluAux, bias, aux};
+  return run_fused(D, A, B, ep, M, N, K, trans_a, trans_b, 0.0f, true, stream);
+}
+
+bool LtGemm::matmul_dgelu_bf16(bf16* D, float* bias_grad, const bf16* A, const bf16* B,
+                               const bf16* aux, int M, int N, int K, bool trans_a, bool trans_b,
+                               cudaStream_t stream) {
+  TRIDENT_CHECK(M > 0 && N > 0 && K > 0, "LtGemm::matmul_dgelu_bf16: M={} N={} K={}", M, N, K);
+  TRIDENT_CHECK(D && aux && A && B, "LtGemm::matmul_dgelu_bf16: null pointer");
+  const EpilogueArgs ep{bias_grad ? Epilogue::kDGeluBgrad : Epilogue::kDGelu, bias_grad, aux};
+  return run_fused(D, A, B, ep, M, N, K, trans_a, trans_b, 0.0f, true, stream);
+}
+
+bool LtGemm::matmul_bgrad_a(float* D, float* bias_grad, const bf16* A, const bf16* B, int M,
+                            int N, int K, bool trans_a, bool trans_b, float beta,
+                            cudaStream_t stream) {
+  TRIDENT_CHECK(M > 0 && N > 0 && K > 0, "LtGemm::matmul_bgrad_a: M={} N={} K={}", M, N, K);
+  TRIDENT_CHECK(D && bias_grad && A && B, "LtGemm::matmul_bgrad_a: null pointer");
+  const EpilogueArgs ep{Epilogue::kBgradA, bias_grad, nullptr};
+  return run_fused(D, A, B, ep, M, N, K, trans_a, trans_b, beta, false, stream);
 }
 
 }  // namespace trident::cuda

@@ -12,6 +12,11 @@
 
 namespace trident::cuda {
 
+// What runs after a GEMM's product: cuBLASLt's epilogue, in our row-major terms (Note
+// [cuBLASLt epilogues] in lt_gemm.cpp).
+enum class LtEpilogue : uint8_t { kNone, kBias, kGeluAux, kGeluAuxBias, kDGelu, kDGeluBgrad,
+                                  kBgradA };
+
 class LtGemm {
  public:
   LtGemm();
@@ -30,22 +35,57 @@ class LtGemm {
   // D[M,N] (bf16) = bf16(op(A)·op(B) + bias): fp32 accumulation and bias, one rounding.
   void matmul_bf16(bf16* D, const bf16* A, const bf16* B, const float* bias, int M, int N, int K,
                    bool trans_a, bool trans_b, cudaStream_t stream);
+  // Note [cuBLASLt epilogues]: the fusions below return false, having run nothing, where this
+  // cuBLASLt has no algorithm for them (or an operand breaks their alignment rules); the
+  // caller then runs the unfused ops, which define them.
+  //
+  // D (bf16) = bf16(gelu(op(A)·op(B) + bias)) and aux (bf16, D's shape) = bf16(op(A)·op(B) +
+  // bias), the GELU's input that backward reads; bias fp32 or null.
+  bool matmul_gelu_bf16(bf16* D, bf16* aux, const bf16* A, const bf16* B, const float* bias,
+                        int M, int N, int K, bool trans_a, bool trans_b, cudaStream_t stream);
+  // D (bf16) = bf16(gelu'(aux) ⊙ op(A)·op(B)), aux (bf16, D's shape) being the GELU's input;
+  // bias_grad[N] (fp32, when non-null) = the column sums of that product before its rounding,
+  // written (not added).
+  bool matmul_dgelu_bf16(bf16* D, float* bias_grad, const bf16* A, const bf16* B,
+                         const bf16* aux, int M, int N, int K, bool trans_a, bool trans_b,
+                         cudaStream_t stream);
+  // As matmul (fp32 D, beta·D +), and bias_grad[M] (fp32) = the row sums of op(A), written
+  // (not added): a weight gradient doutᵀ·inp and its bias gradient Σ dout in one pass over dout.
+  bool matmul_bgrad_a(float* D, float* bias_grad, const bf16* A, const bf16* B, int M, int N,
+                      int K, bool trans_a, bool trans_b, float beta, cudaStream_t stream);
   // Whether bf16-output GEMMs with a bias run through the fp32-output fallback (this cuBLASLt
   // had no algorithm for an fp32 bias with a bf16 D): for tests and the report, once one ran.
   bool bf16_bias_fallback_used() const { return bf16_bias_fallback_used_; }
 
  private:
   struct Plan;
-  // M N K ta tb bias beta≠0, D bf16 (else fp32), C a separate input (else C is D), and the
-  // alignments (bytes, at most 256) of A, B, C and D.
-  using Key = std::tuple<int, int, int, bool, bool, bool, bool, bool, bool, uint32_t, uint32_t,
-                         uint32_t, uint32_t>;
+  using Epilogue = LtEpilogue;
+  // The epilogue's operands: the bias (kBias, kGeluAuxBias) or the bias gradient it writes
+  // (kDGeluBgrad, kBgradA), and the aux matrix (the kGelu* and kDGelu* kinds) of D's shape.
+  struct EpilogueArgs {
+    Epilogue kind = Epilogue::kNone;
+    const void* bias = nullptr;
+    const void* aux = nullptr;
+  };
+  // M N K ta tb epilogue, beta≠0, D bf16 (else fp32), C a separate input (else C is D), and the
+  // alignments (bytes, at most 256) of A, B, C, D, the bias vector and the aux matrix (the
+  // heuristic reads the epilogue's pointers for theirs).
+  using Key = std::tuple<int, int, int, bool, bool, Epilogue, bool, bool, bool, uint32_t,
+                         uint32_t, uint32_t, uint32_t, uint32_t, uint32_t>;
   // The cached plan; null when cuBLASLt has none and `may_refuse` (else that is an error).
-  const Plan* plan_for(const Key& key, bool may_refuse);
-  // D = beta·C + op(A)·op(B) + bias; false (nothing run) when there is no plan and may_refuse.
-  bool run(void* D, const void* C, const bf16* A, const bf16* B, const float* bias, int M, int N,
-           int K, bool trans_a, bool trans_b, float beta, bool d_bf16, bool may_refuse,
-           cudaStream_t stream);
+  // `ep`'s pointers are set on the plan before the heuristic is asked.
+  const Plan* plan_for(const Key& key, const EpilogueArgs& ep, bool may_refuse);
+  // D = beta·C + op(A)·op(B), then the epilogue; false (nothing run) when there is no plan and
+  // may_refuse.
+  bool run(void* D, const void* C, const bf16* A, const bf16* B, const EpilogueArgs& epilogue,
+           int M, int N, int K, bool trans_a, bool trans_b, float beta, bool d_bf16,
+           bool may_refuse, cudaStream_t stream);
+  // run() for a fused op (may refuse); the first refusal of each epilogue kind is printed.
+  bool run_fused(void* D, const bf16* A, const bf16* B, const EpilogueArgs& ep, int M, int N,
+                 int K, bool trans_a, bool trans_b, float beta, bool d_bf16, cudaStream_t stream);
+  static EpilogueArgs bias_only(const float* bias) {
+    return {bias ? Epilogue::kBias : Epilogue::kNone, bias, nullptr};
+  }
 
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
@@ -55,6 +95,7 @@ class LtGemm {
   float* fallback_ = nullptr;
   size_t fallback_floats_ = 0;
   bool bf16_bias_fallback_used_ = false;
+  uint32_t refusals_noted_ = 0;  // bit k: epilogue kind k was refused and said so
 };
 
 }  // namespace trident::cuda
