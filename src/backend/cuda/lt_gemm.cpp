@@ -119,13 +119,12 @@ const LtGemm::Plan* LtGemm::plan_for(const Key& key, const EpilogueArgs& ep, boo
     TRIDENT_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                   &ep.bias, sizeof(ep.bias)));
   }
-  if (has_aux(epilogue)) {  // bf16, Dᵀ's layout (Note [cuBLASLt epilogues])
-    TRIDENT_CUBLAS(cublasLtMatmulDescSetAttribute(
-        plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ep.aux, sizeof(ep.aux)));
-    const int32_t aux_type = CUDA_R_16BF;
+  if (has_aux(epilogue)) {
+    // Dᵀ's layout; its type is D's by default (bf16: every aux epilogue here has a bf16 D).
+    TRIDENT_CHECK(d_bf16, "LtGemm: an aux epilogue with an fp32 D");
     const int64_t aux_ld = N;
     TRIDENT_CUBLAS(cublasLtMatmulDescSetAttribute(
-        plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type, sizeof(aux_type)));
+        plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ep.aux, sizeof(ep.aux)));
     TRIDENT_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
                                                   &aux_ld, sizeof(aux_ld)));
   }
@@ -189,11 +188,10 @@ bool LtGemm::run(void* D, const void* C, const bf16* A, const bf16* B, const Epi
       return false;
     }
   }
-  const Plan* plan = plan_for({M, N, K, trans_a, trans_b, ep.kind, beta != 0.0f, d_bf16, C != D,
-                               alignment_of(A), alignment_of(B), alignment_of(C), alignment_of(D),
-                               with_bias ? alignment_of(ep.bias) : 0u,
-                               with_aux ? alignment_of(ep.aux) : 0u},
-                              ep, may_refuse);
+  const Key key{M, N, K, trans_a, trans_b, ep.kind, beta != 0.0f, d_bf16, C != D,
+                alignment_of(A), alignment_of(B), alignment_of(C), alignment_of(D),
+                with_bias ? alignment_of(ep.bias) : 0u, with_aux ? alignment_of(ep.aux) : 0u};
+  const Plan* plan = plan_for(key, ep, may_refuse);
   if (!plan) return false;
   if (with_bias)
     TRIDENT_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
@@ -202,9 +200,17 @@ bool LtGemm::run(void* D, const void* C, const bf16* A, const bf16* B, const Epi
     TRIDENT_CUBLAS(cublasLtMatmulDescSetAttribute(
         plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &ep.aux, sizeof(ep.aux)));
   const float alpha = 1.0f;
-  TRIDENT_CUBLAS(cublasLtMatmul(handle_, plan->op, &alpha, B, plan->a, A, plan->b, &beta, C,
-                                plan->d, D, plan->d, &plan->algo, workspace_, workspace_bytes_,
-                                stream));
+  const cublasStatus_t rc =
+      cublasLtMatmul(handle_, plan->op, &alpha, B, plan->a, A, plan->b, &beta, C, plan->d, D,
+                     plan->d, &plan->algo, workspace_, workspace_bytes_, stream);
+  if (rc != CUBLAS_STATUS_SUCCESS && may_refuse) {
+    // cuBLASLt checks some combinations only here (an epilogue's data types: "INVALID_VALUE"),
+    // before it launches anything: refuse the key for good, and the caller runs its fallback.
+    delete plans_[key];
+    plans_[key] = nullptr;
+    return false;
+  }
+  TRIDENT_CUBLAS(rc);
   return true;
 }
 

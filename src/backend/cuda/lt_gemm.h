@@ -36,8 +36,8 @@ class LtGemm {
   void matmul_bf16(bf16* D, const bf16* A, const bf16* B, const float* bias, int M, int N, int K,
                    bool trans_a, bool trans_b, cudaStream_t stream);
   // Note [cuBLASLt epilogues]: the fusions below return false, having run nothing, where this
-  // cuBLASLt has no algorithm for them (or an operand breaks their alignment rules); the
-  // caller then runs the unfused ops, which define them.
+  // cuBLASLt has no algorithm for them, refuses the call, or an operand breaks their
+  // alignment rules; the caller then runs the unfused ops.
   //
   // D (bf16) = bf16(gelu(op(A)·op(B) + bias)) and aux (bf16, D's shape) = bf16(op(A)·op(B) +
   // bias), the GELU's input that backward reads; bias fp32 or null.
