@@ -173,12 +173,15 @@ bench_model() {
     local log="$LOGS/bench-$name-mb$mb.log"
     if timeout "$(cap 120 150)" "$bin/trident" bench "$deck" --warmup 2 --steps 4 --set train.micro_batch=$mb \
         --set run.out_dir=/tmp/trident-bench "$@" >"$log" 2>&1; then
-      grep -E "^bench: (measured|per-op|per-layer|attention)|^bench:   |^WARNING|^cuda backend" "$log" | head -36
-      local line split attention casts peak used
+      grep -E "^bench: (measured|per-op|per-layer|attention)|^bench:   |^WARNING|^cuda backend|^LtGemm: " "$log" | head -40
+      local line split attention casts peak used unfused
       line=$(grep "^bench: tokens_per_s" "$log")
       kv() { echo "$line" | tr ' ' '\n' | grep "^$1=" | cut -d= -f2; }
       split=$(grep -E "^bench:   " "$log" | head -4 | awk '{n = $2; for (i = 3; i <= NF - 3; i++) n = n " " $i; printf "%s %s ms %s; ", n, $(NF-2), $NF}')
       attention=$(grep -m1 "^bench: attention: " "$log" | cut -d' ' -f3- | tr '|' '/')
+      # Note [cuBLASLt epilogues]: a refused fusion runs unfused, and says so once per kind.
+      unfused=$(grep -c "^LtGemm: no cuBLASLt algorithm for epilogue" "$log" || true)
+      [ "$unfused" -gt 0 ] && attention="$attention; $unfused epilogue kind(s) unfused"
       casts=$(grep -m1 "casts (within the ops)" "$log" | awk '{print $(NF-1)}')
       peak=$(awk -v g="$(kv peak_gflops)" 'BEGIN { if (g != "" && g != "n/a") printf "%.0f", g / 1000 }')
       used=$(awk -v m="$(kv device_used_mib)" 'BEGIN { if (m != "" && m != "n/a") printf "%.1f", m / 1024 }')
