@@ -44,8 +44,8 @@ class LtGemm {
   bool matmul_gelu_bf16(bf16* D, bf16* aux, const bf16* A, const bf16* B, const float* bias,
                         int M, int N, int K, bool trans_a, bool trans_b, cudaStream_t stream);
   // D (bf16) = bf16(gelu'(aux) ⊙ op(A)·op(B)), aux (bf16, D's shape) being the GELU's input;
-  // bias_grad[N] (fp32, when non-null) = the column sums of that product before its rounding,
-  // written (not added).
+  // bias_grad[N] (fp32, when non-null) = the column sums of gelu'(aux) ⊙ op(A)·op(B) before
+  // D's rounding, written (not added).
   bool matmul_dgelu_bf16(bf16* D, float* bias_grad, const bf16* A, const bf16* B,
                          const bf16* aux, int M, int N, int K, bool trans_a, bool trans_b,
                          cudaStream_t stream);
