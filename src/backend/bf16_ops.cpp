@@ -132,12 +132,8 @@ void Backend::matmul_dgelu_backward_bf16(bfloat16* dpre, float* dbias, const bfl
   matmul_backward(t.data(), nullptr, nullptr, d.data(), nullptr, wf.data(), N, C, OC);
   gelu_backward(g.data(), x.data(), t.data(), n);
   round_into(dpre, g.data(), n);
-  if (!dbias) return;
-  for (int c = 0; c < C; ++c) {
-    double sum = 0.0;
-    for (int i = 0; i < N; ++i) sum += g[size_t(i) * C + size_t(c)];
-    dbias[c] += float(sum);
-  }
+  // The column sums of g, as matmul_backward sums a layer's dout into its bias gradient.
+  if (dbias) matmul_backward(nullptr, nullptr, dbias, g.data(), nullptr, nullptr, N, OC, C);
 }
 
 void Backend::attention_forward_bf16(bfloat16* out, float* att, const bfloat16* qkv, int B, int T,

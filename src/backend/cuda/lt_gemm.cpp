@@ -9,9 +9,10 @@
 // cuBLASLt wants divisible by 8), and DGELU_BGRAD's bias gradient, one value per row of Dᵀ, is
 // our column sums. Our A is cuBLASLt's B, so the row sums of our op(A) (a weight gradient's
 // Σ dout) are BGRADB's. Every bias and bias gradient is fp32 (BIAS_DATA_TYPE); bias gradients
-// are written, not added. Each fused op has its unfused sequence as definition and fallback:
-// the GELU is applied to the fp32 product, before the rounding the unfused op's input had, so
-// the two agree to a bf16 rounding (tests/cuda/kernel_checks_bf16.h).
+// are written, not added. The Backend's definitions of the fused ops take the GELU (or its
+// derivative) of the fp32 product, as the epilogue does; each falls back to its unfused
+// sequence, whose GELU reads the product already rounded to bf16, so the fallback agrees with
+// the definition to about a bf16 rounding (tests/cuda/kernel_checks_bf16.h).
 #include "lt_gemm.h"
 
 #include <fmt/format.h>
