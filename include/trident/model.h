@@ -290,6 +290,15 @@ class GPT {
   // Milliseconds spent waiting in tp collectives since the last call (then reset).
   double take_tp_comm_ms();
 
+  // One block's activation buffers, in BlockActs order: ln1 ln1_mean ln1_rstd qkv att atty
+  // residual2 ln2 ln2_mean ln2_rstd fch fch_gelu residual3; and which of them the bf16 path
+  // holds in bf16 (BlockActs16: what GEMMs, attention and GELU read). The residual stream,
+  // LayerNorm statistics and the attention state stay fp32. The planner's memory model
+  // (src/plan/memory.cpp) counts bytes by this table.
+  static constexpr size_t kBlockBuffers = 13;
+  static constexpr std::array<bool, kBlockBuffers> kBf16Buffer = {
+      true, false, false, true, false, true, false, true, false, false, true, true, false};
+
  private:
   // Row counts: N = B·T tokens; the residual stream holds Nr rows (N/tp with sequence
   // parallelism). ln1/ln2/lnf hold the LayerNorm outputs gathered to all N rows (the inputs
@@ -299,7 +308,6 @@ class GPT {
     float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *residual2, *ln2, *ln2_mean,
         *ln2_rstd, *fch, *fch_gelu, *residual3;
   };
-  static constexpr size_t kBlockBuffers = 13;  // the members of BlockActs
   // The same buffers on the bf16 path: those the GEMMs, attention and GELU read are bf16.
   struct BlockActs16 {
     bfloat16* ln1;
@@ -313,9 +321,6 @@ class GPT {
     bfloat16 *fch, *fch_gelu;
     float* residual3;
   };
-  // Which of BlockActs' buffers BlockActs16 holds in bf16.
-  static constexpr std::array<bool, kBlockBuffers> kBf16Buffer = {
-      true, false, false, true, false, true, false, true, false, false, true, true, false};
   // Element counts of one block's buffers at the largest micro-batch, in BlockActs order.
   std::array<size_t, kBlockBuffers> block_sizes() const;
   // Which of them a slot keeps per block under the recompute mode.

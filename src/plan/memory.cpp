@@ -19,11 +19,15 @@
 //               same function the trainer sizes them with;
 //   scratch     buffers shared by all slots: the recomputed block's dropped buffers, the
 //               backward's gradient buffers and the attention scratch.
-// Sizes are elements × E, E = 4 B for fp32 and 2 B for bf16 activations (LayerNorm
-// statistics and token ids stay 4 B). Per layer and micro-batch this is, without parallelism,
-// 16·b·s·h·E + the attention state: with E = 2 that is 32·sbh against Korthikanti et al.
-// 2022's 34·sbh + 5·a·s²·b (they also keep dropout masks; the attention state here is the
-// b·a·s² probabilities unfused, or b·a·s statistics with fused attention).
+// Sizes are elements × 4 B for fp32. The bf16 path holds in 2 B what GEMMs, attention and GELU
+// read (GPT::kBf16Buffer, the one table both use) and keeps the residual stream, the stage
+// input, LayerNorm statistics, the attention state and the scratch between them in 4 B. Per
+// layer and micro-batch this is, without parallelism, 16·b·s·h elements + the attention state:
+// 64·sbh B in fp32, and 14·sbh·2 + 2·sbh·4 = 36·sbh B in bf16, against Korthikanti et al.
+// 2022's 34·sbh + 5·a·s²·b (bf16 residuals, and dropout masks; the attention state here is the
+// b·a·s² probabilities unfused, or b·a·s statistics with fused attention, fp32 either way).
+// With tp > 1, which the bf16 path refuses for now, the bf16 terms are the same buffers at the
+// tp sizes: a target, as Megatron's accounting is, not yet an allocation.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -92,16 +96,15 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
   const bool fused = hw.attention_tflops > 0;
   const double att_saved = fused ? B * NHl * T : B * NHl * T * T;
   const double att_scratch = fused ? 4 * N * Cl : att_saved;  // flash backward: dq accumulators
-  // block_sizes() in element counts, with their bytes (stats 4 B).
-  const double sizes[13] = {N * C, Nr, Nr, N * 3 * Cl, att_saved, N * Cl, Nr * C,
-                            N * C, Nr, Nr, N * 4 * Cl, N * 4 * Cl, Nr * C};
-  const bool stat[13] = {false, true, true, false, fused, false, false,
-                         false, true, true, false, false, false};
+  // block_sizes() in element counts; bf16 runs hold GPT::kBf16Buffer's in 2 B, the rest
+  // (residual stream, LayerNorm statistics, attention state) in 4 B.
+  const double sizes[GPT::kBlockBuffers] = {N * C, Nr, Nr, N * 3 * Cl, att_saved, N * Cl, Nr * C,
+                                            N * C, Nr, Nr, N * 4 * Cl, N * 4 * Cl, Nr * C};
   bool kept[13];
   std::fill(kept, kept + 13, l.recompute != "full");
   if (l.recompute == "mlp") kept[10] = kept[11] = false;
   if (l.recompute == "full") kept[12] = true;
-  auto bytes = [&](int k) { return sizes[k] * (stat[k] ? 4 : E); };
+  auto bytes = [&](int k) { return sizes[k] * (!fp32 && GPT::kBf16Buffer[size_t(k)] ? 2 : 4); };
 
   const PipeSchedule schedule = parse_pipe_schedule(l.schedule, "schedule");
   const int chunks = schedule == PipeSchedule::kInterleaved ? l.v : 1;
@@ -116,7 +119,7 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
     for (int c = 0; c < chunks; ++c) {
       const int slots = max_in_flight(schedule, l.pp, s, l.accum, chunks, c);
       slots_total += slots;
-      double per_slot = Nr * C * E + 2 * N * 4;  // encoded input; inputs, targets (int32)
+      double per_slot = Nr * C * 4 + 2 * N * 4;  // encoded input (fp32); inputs, targets
       for (int k = 0; k < 13; ++k)
         if (kept[k]) per_slot += stage.chunk_size(c) * bytes(k);
       acts += slots * per_slot;
@@ -129,11 +132,14 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
     double scratch = 0;
     for (int k = 0; k < 13; ++k)
       if (!kept[k] || (k == 12 && l.recompute == "full")) scratch += bytes(k);
-    // dbuf_c; full_c with tp > 1; stage and dfull with sequence parallelism (gpt_slots.cpp).
+    // GPT's Scratch (gpt_slots.cpp), fp32 unless said: full_c with tp > 1; stage and dfull
+    // with sequence parallelism; dresidual; the attention scratch; the LayerNorm partials.
     const double tp_bufs = (l.tp > 1 ? 1 : 0) + (l.tp > 1 && l.sequence_parallel ? 2 : 0);
-    scratch += E * ((1 + tp_bufs) * N * C + 3 * Nr * C + N * 3 * Cl + 2 * N * 4 * Cl) +
-               att_scratch * E +
-               4 * (2.0 * stage.num_layers + 1) * 2 * C;
+    scratch += 4 * (tp_bufs * N * C + Nr * C + att_scratch + (2.0 * stage.num_layers + 1) * 2 * C);
+    if (fp32)  // ln_out, dbuf_c, dbuf_c2, dbuf_3c, dbuf_4c, dbuf_4c2
+      scratch += 4 * (2 * Nr * C + N * C + N * 3 * Cl + 2 * N * 4 * Cl);
+    else  // bf16 gradients between ops: dresidual16, d16_c, d16_3c, d16_4c (DGELU in the GEMM)
+      scratch += 2 * (2 * N * C + N * 3 * Cl + N * 4 * Cl);
     if (stage.has_head && l.tp > 1) scratch += 4 * (N * 3 + tp * N * 3);
     const double shard = l.zero > 0 ? params / l.dp : 0;
     double grads = params * 4 + shard * 4;

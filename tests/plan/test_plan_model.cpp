@@ -196,28 +196,34 @@ TEST(PlanModel, ParameterCountIsTheModelsLayout) {
     }
 }
 
+// For both precisions: the bf16 path (host definitions on the CPU backend allocate what the
+// CUDA backend does) holds some buffers in 2 B and the residual stream and scratch in 4 B.
 TEST(PlanModel, ActivationMemoryIsWhatTheModelAllocates) {
   const PlanModel m = small_model();
   auto backend = make_cpu_backend(1);
-  for (const char* recompute : {"none", "mlp", "full"}) {
-    PlanLayout l;
-    l.micro_batch = 2;
-    l.recompute = recompute;
-    const std::vector<PlanTerm> mem = memory_terms(m, l, round_machine("fp32"));
-    double acts = 0, params = 0;
-    for (const PlanTerm& t : mem) {
-      if (t.name == "activations" || t.name == "scratch") acts += t.value;
-      if (t.name == "params") params = t.value;
+  for (const char* dtype : {"fp32", "bf16"})
+    for (const char* recompute : {"none", "mlp", "full"}) {
+      const bool bf16 = std::string(dtype) == "bf16";
+      PlanLayout l;
+      l.micro_batch = 2;
+      l.recompute = recompute;
+      const std::vector<PlanTerm> mem = memory_terms(m, l, round_machine(dtype));
+      double acts = 0, params = 0;
+      for (const PlanTerm& t : mem) {
+        if (t.name == "activations" || t.name == "scratch") acts += t.value;
+        if (t.name == "params") params = t.value;
+      }
+      GPTConfig cfg;
+      cfg.layers = m.layers, cfg.channels = m.d_model, cfg.heads = m.heads, cfg.vocab = m.vocab;
+      cfg.padded_vocab = 128, cfg.max_seq_len = m.seq_len;
+      GPTOptions options;
+      options.recompute = parse_recompute(recompute);
+      if (bf16) options.precision = Precision::kBf16;
+      GPT gpt(cfg, *backend, 2, m.seq_len, options);
+      EXPECT_DOUBLE_EQ(acts, double(gpt.activation_bytes())) << dtype << " " << recompute;
+      EXPECT_DOUBLE_EQ(params, double(gpt.num_params() * (bf16 ? 2 : 4))) << dtype << " "
+                                                                           << recompute;
     }
-    GPTConfig cfg;
-    cfg.layers = m.layers, cfg.channels = m.d_model, cfg.heads = m.heads, cfg.vocab = m.vocab;
-    cfg.padded_vocab = 128, cfg.max_seq_len = m.seq_len;
-    GPTOptions options;
-    options.recompute = parse_recompute(recompute);
-    GPT gpt(cfg, *backend, 2, m.seq_len, options);
-    EXPECT_DOUBLE_EQ(acts, double(gpt.activation_bytes())) << recompute;
-    EXPECT_DOUBLE_EQ(params, double(gpt.num_params() * sizeof(float))) << recompute;
-  }
 }
 
 TEST(PlanModel, RefusedLayoutsSayWhy) {
