@@ -33,10 +33,9 @@ inline Errors check_encoder_forward(int B, int T, int C, int vocab, uint32_t see
 // A small vocabulary makes tokens repeat, which is what dwte's sort must handle. `skewed`: as
 // real GPT-2 batches, one token in half the rows, the rest log-uniform over the vocabulary
 // (Zipf-like: a few tokens very frequent, most rare), the case the old O(N²) scheme was slow on.
-inline Errors check_encoder_backward(int B, int T, int C, int vocab, bool with_wte, bool with_wpe,
-                                     uint32_t seed = 1, bool skewed = false) {
-  std::mt19937 rng(seed);
-  const size_t N = size_t(B) * T;
+// Token ids for the encoder checks: uniform over the vocabulary, or skewed like real GPT-2 data
+// (every other row one token, 198 "\n"; the rest log-uniform, so low ids repeat most).
+inline std::vector<int32_t> encoder_tokens(size_t N, int vocab, bool skewed, std::mt19937& rng) {
   std::vector<int32_t> tok = tokens(N, vocab, rng);
   if (skewed) {
     std::uniform_real_distribution<double> u(0.0, 1.0);
@@ -44,19 +43,41 @@ inline Errors check_encoder_backward(int B, int T, int C, int vocab, bool with_w
       tok[i] = i % 2 == 0 ? 198 % vocab
                           : int32_t(std::min<double>(std::pow(double(vocab), u(rng)) - 1, vocab - 1));
   }
+  return tok;
+}
+
+struct EncoderGrads {
+  std::vector<float> dwte, dwpe;
+};
+
+// The GPU's encoder backward, accumulating into copies of dwte and dwpe (a null one when
+// with_wte / with_wpe is false: it comes back unchanged).
+inline EncoderGrads run_encoder_backward_cuda(const std::vector<float>& dwte,
+                                              const std::vector<float>& dwpe,
+                                              const std::vector<float>& dout,
+                                              const std::vector<int32_t>& tok, bool with_wte,
+                                              bool with_wpe, int B, int T, int C) {
+  DeviceBuffer<float> d_dwte(dwte), d_dwpe(dwpe), d_dout(dout);
+  DeviceBuffer<int32_t> d_tok(tok);
+  DeviceBuffer<unsigned char> scratch(cuda::encoder_backward_scratch_bytes(B * T));
+  cuda::encoder_backward_cuda(with_wte ? d_dwte.get() : nullptr, with_wpe ? d_dwpe.get() : nullptr,
+                              scratch.get(), d_dout.get(), d_tok.get(), B, T, C, nullptr);
+  return {d_dwte.download(), d_dwpe.download()};
+}
+
+inline Errors check_encoder_backward(int B, int T, int C, int vocab, bool with_wte, bool with_wpe,
+                                     uint32_t seed = 1, bool skewed = false) {
+  std::mt19937 rng(seed);
+  const size_t N = size_t(B) * T;
+  const std::vector<int32_t> tok = encoder_tokens(N, vocab, skewed, rng);
   const std::vector<float> dout = random_floats(N * C, rng);
   std::vector<float> dwte = random_floats(size_t(vocab) * C, rng);
   std::vector<float> dwpe = random_floats(size_t(T) * C, rng);
-  DeviceBuffer<float> d_dwte(dwte), d_dwpe(dwpe), d_dout(dout);
-  DeviceBuffer<int32_t> d_tok(tok);
+  const EncoderGrads got = run_encoder_backward_cuda(dwte, dwpe, dout, tok, with_wte, with_wpe, B, T, C);
   cpu_twin()->encoder_backward(with_wte ? dwte.data() : nullptr, with_wpe ? dwpe.data() : nullptr,
                                dout.data(), tok.data(), B, T, C);
-  DeviceBuffer<unsigned char> scratch(cuda::encoder_backward_scratch_bytes(int(N)));
-  cuda::encoder_backward_cuda(with_wte ? d_dwte.get() : nullptr, with_wpe ? d_dwpe.get() : nullptr,
-                              scratch.get(), d_dout.get(), d_tok.get(), B, T, C, nullptr);
   // A null gradient must stay untouched: compare it with its (unchanged) starting values.
-  return {{"dwte", err_vs(d_dwte.download(), dwte), kFp32Tol},
-          {"dwpe", err_vs(d_dwpe.download(), dwpe), kFp32Tol}};
+  return {{"dwte", err_vs(got.dwte, dwte), kFp32Tol}, {"dwpe", err_vs(got.dwpe, dwpe), kFp32Tol}};
 }
 
 inline Errors check_layernorm_forward(int N, int C, uint32_t seed = 1) {

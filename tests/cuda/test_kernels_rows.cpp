@@ -44,6 +44,26 @@ TEST(KernelEncoder, BackwardWithGpt2LikeRepetitionMatchesCpu) {
                 "B=32 T=1024 C=768 vocab=50304, half the rows one token");
 }
 
+// Same inputs, two runs at that shape: bitwise the same dwte and dwpe (the sort into token runs
+// and the sums over them use no atomics; Note [Deterministic dwte]).
+TEST(KernelEncoder, BackwardIsDeterministic) {
+  TRIDENT_REQUIRE_GPU();
+  const int B = 32, T = 1024, C = 768, vocab = 50304;
+  std::mt19937 rng(16);
+  const std::vector<int32_t> tok = encoder_tokens(size_t(B) * T, vocab, /*skewed=*/true, rng);
+  const std::vector<float> dout = random_floats(size_t(B) * T * C, rng);
+  const std::vector<float> dwte = random_floats(size_t(vocab) * C, rng);
+  const std::vector<float> dwpe = random_floats(size_t(T) * C, rng);
+  const EncoderGrads first = run_encoder_backward_cuda(dwte, dwpe, dout, tok, true, true, B, T, C);
+  const EncoderGrads second = run_encoder_backward_cuda(dwte, dwpe, dout, tok, true, true, B, T, C);
+  auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  EXPECT_FALSE(same_bits(first.dwte, dwte));  // the kernel ran: dwte took the gradient
+  EXPECT_TRUE(same_bits(first.dwte, second.dwte));
+  EXPECT_TRUE(same_bits(first.dwpe, second.dwpe));
+}
+
 TEST(KernelEncoder, BackwardWithOneGradientNull) {
   TRIDENT_REQUIRE_GPU();
   expect_within(check_encoder_backward(2, 37, 96, 5, true, false, 13), "dwpe null");

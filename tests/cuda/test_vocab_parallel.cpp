@@ -27,13 +27,16 @@ TEST(KernelVocabSlice, EmbeddingForwardMatchesCpu) {
 TEST(KernelVocabSlice, EmbeddingBackwardMatchesCpu) {
   TRIDENT_REQUIRE_GPU();
   // Tokens over [0, 384) (mostly distinct, a third on this rank) and over [120, 136) (repeating,
-  // a few off the slice); B = 4, T = 300 gives more rows than one block scans at a time.
+  // a few off the slice); B = 4, T = 300 gives more rows than one block scans at a time; GPT-2
+  // 124M's 32 × 1024 rows at C 768 with 384 ids, about 85 rows per id (the long runs of real
+  // data at the size the model runs).
   using Shape = std::tuple<int, int, int, int, int>;
   for (auto [B, T, C, lo, hi] : std::initializer_list<Shape>{{1, 37, 96, 0, 384},
                                                              {1, 37, 1600, 0, 384},
                                                              {3, 13, 96, 120, 136},
                                                              {4, 300, 1600, 120, 136},
-                                                             {2, 5, 37, 0, 384}})
+                                                             {2, 5, 37, 0, 384},
+                                                             {32, 1024, 768, 0, 384}})
     for (bool with_wpe : {true, false})
       expect_within(check_embedding_slice_backward(B, T, C, lo, hi, with_wpe, 52),
                     fmt::format("B={} T={} C={} tokens [{}, {}) wpe={}", B, T, C, lo, hi,
