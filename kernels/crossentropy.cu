@@ -21,8 +21,8 @@ __device__ __forceinline__ void online_update(float x, float& m, float& s) {
   if (x > m) {  // first element: m = -inf, s = 0, and 0 · exp(-inf) = 0
     s = s * __expf(m - x) + 1.0f;
     m = x;
-  } else {
-    s += __expf(x - m);
+  } else if (x != -__int_as_float(0x7f800000)) {  // a -inf logit adds 0 (the CPU's exp_fast
+    s += __expf(x - m);                          // too), not exp(-inf - -inf) = NaN
   }
 }
 

@@ -200,9 +200,12 @@ bench_model() {
       kv() { echo "$line" | tr ' ' '\n' | grep "^$1=" | cut -d= -f2; }
       split=$(grep -E "^bench:   " "$log" | head -4 | awk '{n = $2; for (i = 3; i <= NF - 3; i++) n = n " " $i; printf "%s %s ms %s; ", n, $(NF-2), $NF}')
       attention=$(grep -m1 "^bench: attention: " "$log" | cut -d' ' -f3- | tr '|' '/')
-      # Note [cuBLASLt epilogues]: a refused fusion runs unfused, and says so once per kind.
+      # Note [cuBLASLt epilogues]: a refused fusion runs a fallback, and says so once per kind;
+      # a bias cuBLASLt takes only in bf16 is rounded, and says so once.
       unfused=$(grep -c "^LtGemm: no cuBLASLt algorithm for epilogue" "$log" || true)
       [ "$unfused" -gt 0 ] && attention="$attention; $unfused epilogue kind(s) unfused"
+      grep -q "^LtGemm: cuBLASLt takes no fp32 bias" "$log" && attention="$attention; biases rounded to bf16"
+      grep -q "^LtGemm: cuBLASLt has no bf16-output GEMM with a bias" "$log" && attention="$attention; bias GEMMs via fp32 + cast"
       casts=$(grep -m1 "casts (within the ops)" "$log" | awk '{print $(NF-1)}')
       peak=$(awk -v g="$(kv peak_gflops)" 'BEGIN { if (g != "" && g != "n/a") printf "%.0f", g / 1000 }')
       used=$(awk -v m="$(kv device_used_mib)" 'BEGIN { if (m != "" && m != "n/a") printf "%.1f", m / 1024 }')

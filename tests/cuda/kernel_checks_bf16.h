@@ -81,8 +81,12 @@ inline double bf16_ulp(double x) {
 }
 // max_i |got - want| / (ulp(max(|got|, |want|)) + tol · max|want|): at most 1 when every element
 // is within one ulp of the twin's plus the fp32 tolerance of the value before rounding. NaN: inf.
+// bias (when non-null, the bias[OC] of a row-major [N, OC] output): each element may also be
+// off by one bf16 ulp of its column's bias, the most that rounding the bias to bf16 moves the
+// sum (half an ulp), times a GELU's slope (≤ 1.13) after it: the device rounds the bias where
+// cuBLASLt takes no fp32 one with a bf16 output (Note [cuBLASLt epilogues]).
 inline double bf16_ulp_err(const std::vector<bfloat16>& got, const std::vector<bfloat16>& want,
-                           double tol) {
+                           double tol, const std::vector<float>* bias = nullptr) {
   double scale = 0.0;
   for (const bfloat16& w : want) scale = std::max(scale, std::abs(double(to_float(w))));
   double worst = 0.0;
@@ -90,7 +94,10 @@ inline double bf16_ulp_err(const std::vector<bfloat16>& got, const std::vector<b
     const double g = to_float(got[i]), w = to_float(want[i]);
     const double d = std::abs(g - w);
     if (std::isnan(d)) return std::numeric_limits<double>::infinity();
-    const double allowed = bf16_ulp(std::max(std::abs(g), std::abs(w))) + tol * scale;
+    const double rounded_bias =
+        bias && !bias->empty() ? bf16_ulp(std::abs(double((*bias)[i % bias->size()]))) : 0.0;
+    const double allowed =
+        bf16_ulp(std::max(std::abs(g), std::abs(w))) + rounded_bias + tol * scale;
     if (d > 0) worst = std::max(worst, allowed > 0 ? d / allowed : INFINITY);
   }
   return worst;
@@ -218,7 +225,8 @@ inline Errors check_matmul_forward_bf16(Backend& gpu, int N, int C, int OC, bool
   BackendBuffer<float> d_bias = upload(gpu, bias);
   gpu.matmul_forward_bf16(d_out.data(), d_inp.data(), d_w.data(),
                           with_bias ? d_bias.data() : nullptr, N, C, OC);
-  return {{"out_ulps", bf16_ulp_err(download(gpu, d_out.data(), out.size()), out, kGemmTol),
+  return {{"out_ulps", bf16_ulp_err(download(gpu, d_out.data(), out.size()), out, kGemmTol,
+                                    with_bias ? &bias : nullptr),
            1.0}};
 }
 
@@ -301,8 +309,10 @@ inline Errors check_matmul_gelu_forward_bf16(Backend& gpu, int N, int C, int OC,
   BackendBuffer<float> d_bias = upload(gpu, bias);
   gpu.matmul_gelu_forward_bf16(d_out.data(), d_pre.data(), d_inp.data(), d_w.data(),
                                with_bias ? d_bias.data() : nullptr, N, C, OC);
-  return {{"pre_ulps", bf16_ulp_err(download(gpu, d_pre.data(), pre.size()), pre, kGemmTol), 1.0},
-          {"out_ulps", bf16_ulp_err(download(gpu, d_out.data(), out.size()), out, kGemmTol),
+  const std::vector<float>* b = with_bias ? &bias : nullptr;
+  return {{"pre_ulps", bf16_ulp_err(download(gpu, d_pre.data(), pre.size()), pre, kGemmTol, b),
+           1.0},
+          {"out_ulps", bf16_ulp_err(download(gpu, d_out.data(), out.size()), out, kGemmTol, b),
            2.0}};
 }
 
@@ -360,12 +370,19 @@ inline Errors check_attention_bf16(Backend& gpu, int B, int T, int C, int NH, ui
 
 // Logits in [-4, 4]; targets[0] = 0 and targets[N-1] = V-1 (the first and last real columns).
 // The GPU's padded columns start as NaN: they must come out 0 without being read.
-inline Errors check_crossentropy_fused_bf16(Backend& gpu, int N, int V, int Vp, uint32_t seed) {
+// with_neg_inf: every 7th logit (off the target) is -inf, as an overflowing run's may be: it
+// adds nothing to the softmax (a thread whose first logit is -inf must not make its sum NaN).
+inline Errors check_crossentropy_fused_bf16(Backend& gpu, int N, int V, int Vp, uint32_t seed,
+                                            bool with_neg_inf = false) {
   std::mt19937 rng(seed);
   std::vector<bfloat16> logits = random_bf16(size_t(N) * Vp, rng, -4.0, 4.0);
   std::vector<int32_t> targets = tokens(N, V, rng);
   targets[0] = 0;
   targets[N - 1] = V - 1;
+  if (with_neg_inf)
+    for (int n = 0; n < N; ++n)
+      for (int v = 3; v < V; v += 7)
+        if (v != targets[size_t(n)]) logits[size_t(n) * Vp + v].bits = 0xFF80;  // -inf
   const float dloss = 0.37f;
   std::vector<bfloat16> device_logits = logits;
   for (int n = 0; n < N; ++n)

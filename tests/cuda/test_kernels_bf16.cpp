@@ -145,6 +145,9 @@ TEST(CudaBf16, CrossentropyFusedMatchesCpu) {
   for (auto [N, V, Vp] : Shapes3{{64, 50257, 50304}, {37, 250, 384}, {3, 5, 5}, {2, 1000, 1001}})
     expect_within(check_crossentropy_fused_bf16(*gpu, N, V, Vp, 111),
                   fmt::format("N={} V={} Vp={}", N, V, Vp));
+  for (auto [N, V, Vp] : Shapes3{{37, 250, 384}, {2, 50257, 50304}})
+    expect_within(check_crossentropy_fused_bf16(*gpu, N, V, Vp, 112, /*with_neg_inf=*/true),
+                  fmt::format("N={} V={} Vp={}, every 7th logit -inf", N, V, Vp));
 }
 
 // No float atomics in the bf16 row ops either: two runs give the same bits.
@@ -199,6 +202,8 @@ TEST(CudaBf16Checks, AgreeWithThemselvesOnTheCpu) {
   std::string path;
   all.push_back({"attention", check_attention_bf16(*cpu, 2, 16, 64, 2, 1, &path)});
   all.push_back({"crossentropy", check_crossentropy_fused_bf16(*cpu, 3, 250, 256, 1)});
+  all.push_back({"crossentropy with -inf logits",
+                 check_crossentropy_fused_bf16(*cpu, 3, 250, 256, 1, /*with_neg_inf=*/true)});
   for (const auto& [op, errors] : all)
     for (const OutputError& e : errors) EXPECT_EQ(e.err, 0.0) << op << ": " << e.name;
 }
@@ -214,6 +219,12 @@ TEST(CudaBf16Checks, UlpMeasure) {
   // The floor: tol · max|want| absolute, for elements far below the tensor's scale.
   EXPECT_LE(bf16_ulp_err({b(1.0f), b(1e-3f)}, {b(1.0f), b(1.1e-3f)}, 1e-4), 1.0);
   EXPECT_GT(bf16_ulp_err({b(1.0f), b(1e-3f)}, {b(1.0f), b(1.1e-3f)}, 1e-5), 1.0);
+  // The bias allowance: an output of 0.1 off by 0.004 (8 of its ulps, 2^-11) is within one
+  // ulp of a bias of 1.0 (2^-7), not without it or with a bias of 0.01.
+  const std::vector<float> big_bias = {1.0f}, small_bias = {0.01f};
+  EXPECT_LE(bf16_ulp_err({b(0.104f)}, {b(0.1f)}, 0.0, &big_bias), 1.0);
+  EXPECT_GT(bf16_ulp_err({b(0.104f)}, {b(0.1f)}, 0.0), 1.0);
+  EXPECT_GT(bf16_ulp_err({b(0.104f)}, {b(0.1f)}, 0.0, &small_bias), 1.0);
   bfloat16 nan;
   nan.bits = 0xFFFF;
   EXPECT_TRUE(std::isinf(bf16_ulp_err({nan}, {b(1.0f)}, 1.0)));

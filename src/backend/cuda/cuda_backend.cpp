@@ -460,10 +460,22 @@ class CudaBackend final : public Backend {
     Op op(*this, "matmul bwd");
     if (N == 0) return;
     // dpre[N,C] = bf16(gelu'(pre) ⊙ dout[N,OC] · w[OC,C]); cuBLASLt writes the bias sums.
-    float* sums = dbias ? reduce_scratch_.of<float>(size_t(C)) : nullptr;
-    if (gemm_->matmul_dgelu_bf16(dev(dpre), sums, dev(dout), dev(w), dev(pre), N, C, OC, false,
+    if (dbias) {
+      float* sums = reduce_scratch_.of<float>(size_t(C));
+      if (gemm_->matmul_dgelu_bf16(dev(dpre), sums, dev(dout), dev(w), dev(pre), N, C, OC,
+                                   false, false, stream_)) {
+        cuda::add_cuda(dbias, dbias, sums, size_t(C), stream_);
+        return;
+      }
+    }
+    // Where cuBLASLt takes no fp32 bias gradient with a bf16 D (Note [cuBLASLt epilogues]):
+    // DGELU alone, and the bias gradient summed from dpre, as the unfused path sums it.
+    if (gemm_->matmul_dgelu_bf16(dev(dpre), nullptr, dev(dout), dev(w), dev(pre), N, C, OC, false,
                                  false, stream_)) {
-      if (dbias) cuda::add_cuda(dbias, dbias, sums, size_t(C), stream_);
+      if (dbias) {
+        float* scratch = reduce_scratch_.of<float>(cuda::bias_backward_scratch_floats(N, C));
+        cuda::bias_backward_bf16_cuda(dbias, scratch, dev(dpre), N, C, stream_);
+      }
       return;
     }
     bf16* product = stage_a_.of<bf16>(size_t(N) * C);

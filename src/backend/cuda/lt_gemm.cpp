@@ -8,8 +8,15 @@
 // element by element, their aux matrix has Dᵀ's layout (leading dimension = our N, which
 // cuBLASLt wants divisible by 8), and DGELU_BGRAD's bias gradient, one value per row of Dᵀ, is
 // our column sums. Our A is cuBLASLt's B, so the row sums of our op(A) (a weight gradient's
-// Σ dout) are BGRADB's. Every bias and bias gradient is fp32 (BIAS_DATA_TYPE); bias gradients
-// are written, not added. The Backend's definitions of the fused ops take the GELU (or its
+// Σ dout) are BGRADB's. Biases and bias gradients are fp32 (BIAS_DATA_TYPE); bias gradients
+// are written, not added. cuBLASLt's documentation gives the bias and the bias gradient D's
+// type except for IMMA and fp8 kernels (cublasLt.h, BIAS_DATA_TYPE and BIAS_POINTER), so an
+// fp32 bias with a bf16 D may be refused: a bias is then rounded to bf16 for the call (one
+// cast of OC values; the sum moves by at most half a bf16 ulp of the bias, below the op's own
+// rounding when |bias| ≤ |product|), and where DGELU_BGRAD is refused the backend runs DGELU
+// and sums the bias gradient itself (CudaBackend::matmul_dgelu_backward_bf16). The first GPU
+// run says which happened (the once-printed "LtGemm:" lines; gpu-check's table counts them).
+// The Backend's definitions of the fused ops take the GELU (or its
 // derivative) of the fp32 product, as the epilogue does; each falls back to its unfused
 // sequence, whose GELU reads the product already rounded to bf16, so the fallback agrees with
 // the definition to about a bf16 rounding (tests/cuda/kernel_checks_bf16.h).
@@ -78,6 +85,7 @@ LtGemm::LtGemm() {
 LtGemm::~LtGemm() {
   for (auto& [key, plan] : plans_) delete plan;
   cudaFree(fallback_);
+  cudaFree(bias16_);
   cudaFree(workspace_);
   if (handle_) cublasLtDestroy(handle_);
 }
@@ -89,7 +97,7 @@ const LtGemm::Plan* LtGemm::plan_for(const Key& key, const EpilogueArgs& ep, boo
     return it->second;
   }
   const auto [M, N, K, trans_a, trans_b, epilogue, accumulate, d_bf16, c_separate, align_a,
-              align_b, align_c, align_d, align_bias, align_aux] = key;
+              align_b, align_c, align_d, align_bias, align_aux, bias_bf16] = key;
   // They change the call, not the plan (the alignments of the epilogue's pointers are the
   // heuristic's from the pointers themselves); keyed to be safe.
   (void)accumulate, (void)c_separate, (void)align_bias, (void)align_aux;
@@ -112,9 +120,9 @@ const LtGemm::Plan* LtGemm::plan_for(const Key& key, const EpilogueArgs& ep, boo
   if (has_bias_vector(epilogue)) {
     // An fp32 bias also with a bf16 D: the bf16 op adds the fp32 bias before its one rounding
     // (Note [bf16 activations]); bias gradients are fp32 too. cuBLASLt's default bias type is
-    // D's; whether it takes fp32 with a bf16 D is the heuristic's answer (the callers fall
-    // back where it has none).
-    const cudaDataType_t bias_type = CUDA_R_32F;
+    // D's; whether it takes fp32 with a bf16 D is the heuristic's answer (run_bf16_bias then
+    // tries a bf16 bias, and the callers fall back where neither is taken).
+    const cudaDataType_t bias_type = bias_bf16 ? CUDA_R_16BF : CUDA_R_32F;
     TRIDENT_CUBLAS(cublasLtMatmulDescSetAttribute(
         plan->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
     TRIDENT_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
@@ -179,8 +187,12 @@ bool LtGemm::run(void* D, const void* C, const bf16* A, const bf16* B, const Epi
   // The epilogue's vectors and aux have no alignment preference: kernels may read them 16
   // bytes at a time, and the aux's leading dimension (our N) must be divisible by 8.
   const bool with_bias = has_bias_vector(ep.kind), with_aux = has_aux(ep.kind);
-  TRIDENT_CHECK(!with_bias || (ep.bias && alignment_of(ep.bias) >= 16),
-                "LtGemm: the bias (or bias gradient) must be 16-byte aligned (N={})", N);
+  TRIDENT_CHECK(!with_bias || ep.bias, "LtGemm: a bias epilogue without its vector");
+  if (with_bias && alignment_of(ep.bias) < 16) {
+    TRIDENT_CHECK(may_refuse, "LtGemm: the bias (or bias gradient) must be 16-byte aligned "
+                  "(N={})", N);
+    return false;  // run_bf16_bias's aligned bf16 copy, or the caller's fallback
+  }
   if (with_aux) {
     TRIDENT_CHECK(ep.aux != nullptr, "LtGemm: an aux epilogue without its matrix");
     if (alignment_of(ep.aux) < 16 || N % 8 != 0) {
@@ -191,7 +203,8 @@ bool LtGemm::run(void* D, const void* C, const bf16* A, const bf16* B, const Epi
   }
   const Key key{M, N, K, trans_a, trans_b, ep.kind, beta != 0.0f, d_bf16, C != D,
                 alignment_of(A), alignment_of(B), alignment_of(C), alignment_of(D),
-                with_bias ? alignment_of(ep.bias) : 0u, with_aux ? alignment_of(ep.aux) : 0u};
+                with_bias ? alignment_of(ep.bias) : 0u, with_aux ? alignment_of(ep.aux) : 0u,
+                with_bias && ep.bias_bf16};
   const Plan* plan = plan_for(key, ep, may_refuse);
   if (!plan) return false;
   if (with_bias)
@@ -204,9 +217,10 @@ bool LtGemm::run(void* D, const void* C, const bf16* A, const bf16* B, const Epi
   const cublasStatus_t rc =
       cublasLtMatmul(handle_, plan->op, &alpha, B, plan->a, A, plan->b, &beta, C, plan->d, D,
                      plan->d, &plan->algo, workspace_, workspace_bytes_, stream);
-  if (rc != CUBLAS_STATUS_SUCCESS && may_refuse) {
+  if (may_refuse && (rc == CUBLAS_STATUS_NOT_SUPPORTED || rc == CUBLAS_STATUS_INVALID_VALUE)) {
     // cuBLASLt checks some combinations only here (an epilogue's data types: "INVALID_VALUE"),
     // before it launches anything: refuse the key for good, and the caller runs its fallback.
+    // Any other failure (an execution or allocation error) is an error, not a refusal.
     delete plans_[key];
     plans_[key] = nullptr;
     return false;
@@ -235,11 +249,13 @@ void LtGemm::matmul_bf16(bf16* D, const bf16* A, const bf16* B, const float* bia
   TRIDENT_CHECK(M >= 0 && N >= 0 && K > 0, "LtGemm::matmul_bf16: M={} N={} K={}", M, N, K);
   if (M == 0 || N == 0) return;
   TRIDENT_CHECK(D && A && B, "LtGemm::matmul_bf16: null pointer");
-  if (run(D, D, A, B, bias_only(bias), M, N, K, trans_a, trans_b, 0.0f, true, bias != nullptr,
-          stream))
+  if (!bias) {
+    run(D, D, A, B, bias_only(nullptr), M, N, K, trans_a, trans_b, 0.0f, true, false, stream);
     return;
-  // No algorithm for an fp32 bias with a bf16 D: the fp32 GEMM with its bias into staging,
-  // then one rounding — the same result (a bf16 bias would round the bias too), one more pass.
+  }
+  if (run_bf16_bias(D, A, B, bias_only(bias), M, N, K, trans_a, trans_b, stream)) return;
+  // No algorithm for a bias with a bf16 D at all: the fp32 GEMM with its bias into staging,
+  // then one rounding — the op's definition, one more pass.
   const size_t n = size_t(M) * N;
   if (n > fallback_floats_) {
     TRIDENT_CUDA(cudaFree(fallback_));  // waits for the device: kernels using it finish first
@@ -249,7 +265,7 @@ void LtGemm::matmul_bf16(bf16* D, const bf16* A, const bf16* B, const float* bia
     fallback_floats_ = n;
   }
   if (!bf16_bias_fallback_used_)  // once per LtGemm: it costs a pass, so say so
-    fmt::print(stderr, "LtGemm: cuBLASLt has no bf16-output GEMM with an fp32 bias (M={} N={} "
+    fmt::print(stderr, "LtGemm: cuBLASLt has no bf16-output GEMM with a bias (M={} N={} "
                "K={}); such GEMMs run with an fp32 output and a cast\n", M, N, K);
   bf16_bias_fallback_used_ = true;
   run(fallback_, fallback_, A, B, bias_only(bias), M, N, K, trans_a, trans_b, 0.0f, false, false,
@@ -257,17 +273,45 @@ void LtGemm::matmul_bf16(bf16* D, const bf16* A, const bf16* B, const float* bia
   cast_f32_to_bf16_cuda(D, fallback_, n, stream);
 }
 
+void LtGemm::note_refusal(Epilogue kind, int M, int N, int K) {
+  const uint32_t bit = 1u << unsigned(kind);
+  if (!(refusals_noted_ & bit))  // once per kind: a fallback costs passes, so say so
+    fmt::print(stderr, "LtGemm: no cuBLASLt algorithm for epilogue {} at M={} N={} K={} (or the "
+               "aux's leading dimension is not a multiple of 8); running a fallback without it\n",
+               int(lt_epilogue(kind)), M, N, K);
+  refusals_noted_ |= bit;
+}
+
 bool LtGemm::run_fused(void* D, const bf16* A, const bf16* B, const EpilogueArgs& ep, int M,
                        int N, int K, bool trans_a, bool trans_b, float beta, bool d_bf16,
                        cudaStream_t stream) {
   if (run(D, D, A, B, ep, M, N, K, trans_a, trans_b, beta, d_bf16, true, stream)) return true;
-  const uint32_t bit = 1u << unsigned(ep.kind);
-  if (!(refusals_noted_ & bit))  // once per kind: the unfused ops cost passes, so say so
-    fmt::print(stderr, "LtGemm: no cuBLASLt algorithm for epilogue {} at M={} N={} K={} (or the "
-               "aux's leading dimension is not a multiple of 8); running the unfused ops\n",
-               int(lt_epilogue(ep.kind)), M, N, K);
-  refusals_noted_ |= bit;
+  note_refusal(ep.kind, M, N, K);
   return false;
+}
+
+bool LtGemm::run_bf16_bias(void* D, const bf16* A, const bf16* B, EpilogueArgs ep, int M, int N,
+                           int K, bool trans_a, bool trans_b, cudaStream_t stream) {
+  if (run(D, D, A, B, ep, M, N, K, trans_a, trans_b, 0.0f, true, true, stream)) return true;
+  // The bias in D's type, as cuBLASLt documents it: bias[N] rounded into bias16_ on the stream
+  // (the GEMM that reads it runs after, in stream order; the next cast after that GEMM).
+  if (size_t(N) > bias16_elems_) {
+    TRIDENT_CUDA(cudaFree(bias16_));  // waits for the device: GEMMs reading it finish first
+    bias16_ = nullptr;
+    bias16_elems_ = 0;
+    TRIDENT_CUDA(cudaMalloc(&bias16_, size_t(N) * sizeof(bf16)));
+    bias16_elems_ = size_t(N);
+  }
+  cast_f32_to_bf16_cuda(bias16_, static_cast<const float*>(ep.bias), size_t(N), stream);
+  ep.bias = bias16_;
+  ep.bias_bf16 = true;
+  if (!run(D, D, A, B, ep, M, N, K, trans_a, trans_b, 0.0f, true, true, stream)) return false;
+  if (!bias16_noted_)
+    fmt::print(stderr, "LtGemm: cuBLASLt takes no fp32 bias with a bf16 output (epilogue {} at "
+               "M={} N={} K={}); its bias is rounded to bf16 for such GEMMs\n",
+               int(lt_epilogue(ep.kind)), M, N, K);
+  bias16_noted_ = true;
+  return true;
 }
 
 bool LtGemm::matmul_gelu_bf16(bf16* D, bf16* aux, const bf16* A, const bf16* B,
@@ -275,8 +319,15 @@ bool LtGemm::matmul_gelu_bf16(bf16* D, bf16* aux, const bf16* A, const bf16* B,
                               cudaStream_t stream) {
   TRIDENT_CHECK(M > 0 && N > 0 && K > 0, "LtGemm::matmul_gelu_bf16: M={} N={} K={}", M, N, K);
   TRIDENT_CHECK(D && aux && A && B, "LtGemm::matmul_gelu_bf16: null pointer");
-  const EpilogueArgs ep{bias ? Epilogue::kGeluAuxBias : Epilogue::kGeluAux, bias, aux};
-  return run_fused(D, A, B, ep, M, N, K, trans_a, trans_b, 0.0f, true, stream);
+  if (!bias) {
+    const EpilogueArgs ep{Epilogue::kGeluAux, nullptr, aux};
+    return run_fused(D, A, B, ep, M, N, K, trans_a, trans_b, 0.0f, true, stream);
+  }
+  if (run_bf16_bias(D, A, B, {Epilogue::kGeluAuxBias, bias, aux}, M, N, K, trans_a, trans_b,
+                    stream))
+    return true;
+  note_refusal(Epilogue::kGeluAuxBias, M, N, K);
+  return false;
 }
 
 bool LtGemm::matmul_dgelu_bf16(bf16* D, float* bias_grad, const bf16* A, const bf16* B,

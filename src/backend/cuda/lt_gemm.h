@@ -32,7 +32,8 @@ class LtGemm {
   // D[M,N] (fp32) = C + op(A)·op(B) (+ bias): C fp32 [M,N], D may be C itself (in place).
   void matmul_add(float* D, const float* C, const bf16* A, const bf16* B, const float* bias,
                   int M, int N, int K, bool trans_a, bool trans_b, cudaStream_t stream);
-  // D[M,N] (bf16) = bf16(op(A)·op(B) + bias): fp32 accumulation and bias, one rounding.
+  // D[M,N] (bf16) = bf16(op(A)·op(B) + bias): fp32 accumulation and bias, one rounding (the
+  // bias rounded to bf16 first where cuBLASLt takes no fp32 one: Note [cuBLASLt epilogues]).
   void matmul_bf16(bf16* D, const bf16* A, const bf16* B, const float* bias, int M, int N, int K,
                    bool trans_a, bool trans_b, cudaStream_t stream);
   // Note [cuBLASLt epilogues]: the fusions below return false, having run nothing, where this
@@ -54,8 +55,10 @@ class LtGemm {
   bool matmul_bgrad_a(float* D, float* bias_grad, const bf16* A, const bf16* B, int M, int N,
                       int K, bool trans_a, bool trans_b, float beta, cudaStream_t stream);
   // Whether bf16-output GEMMs with a bias run through the fp32-output fallback (this cuBLASLt
-  // had no algorithm for an fp32 bias with a bf16 D): for tests and the report, once one ran.
+  // took neither an fp32 nor a bf16 bias with a bf16 D): for tests and the report, once one ran.
   bool bf16_bias_fallback_used() const { return bf16_bias_fallback_used_; }
+  // Whether a bias was rounded to bf16 for cuBLASLt (it took no fp32 bias with a bf16 D).
+  bool bias_rounded_to_bf16() const { return bias16_noted_; }
 
  private:
   struct Plan;
@@ -66,12 +69,13 @@ class LtGemm {
     Epilogue kind = Epilogue::kNone;
     const void* bias = nullptr;
     const void* aux = nullptr;
+    bool bias_bf16 = false;  // the bias vector is bf16 (else fp32)
   };
-  // M N K ta tb epilogue, beta≠0, D bf16 (else fp32), C a separate input (else C is D), and the
+  // M N K ta tb epilogue, beta≠0, D bf16 (else fp32), C a separate input (else C is D), the
   // alignments (bytes, at most 256) of A, B, C, D, the bias vector and the aux matrix (the
-  // heuristic reads the epilogue's pointers for theirs).
+  // heuristic reads the epilogue's pointers for theirs), and the bias vector bf16.
   using Key = std::tuple<int, int, int, bool, bool, Epilogue, bool, bool, bool, uint32_t,
-                         uint32_t, uint32_t, uint32_t, uint32_t, uint32_t>;
+                         uint32_t, uint32_t, uint32_t, uint32_t, uint32_t, bool>;
   // The cached plan; null when cuBLASLt has none and `may_refuse` (else that is an error).
   // `ep`'s pointers are set on the plan before the heuristic is asked.
   const Plan* plan_for(const Key& key, const EpilogueArgs& ep, bool may_refuse);
@@ -83,6 +87,11 @@ class LtGemm {
   // run() for a fused op (may refuse); the first refusal of each epilogue kind is printed.
   bool run_fused(void* D, const bf16* A, const bf16* B, const EpilogueArgs& ep, int M, int N,
                  int K, bool trans_a, bool trans_b, float beta, bool d_bf16, cudaStream_t stream);
+  // run() for an epilogue that adds an fp32 bias[N] to a bf16 D (kBias, kGeluAuxBias), which
+  // may refuse: with the fp32 bias, else with it rounded to bf16 (Note [cuBLASLt epilogues]).
+  bool run_bf16_bias(void* D, const bf16* A, const bf16* B, EpilogueArgs ep, int M, int N, int K,
+                     bool trans_a, bool trans_b, cudaStream_t stream);
+  void note_refusal(Epilogue kind, int M, int N, int K);
   static EpilogueArgs bias_only(const float* bias) {
     return {bias ? Epilogue::kBias : Epilogue::kNone, bias, nullptr};
   }
@@ -96,6 +105,10 @@ class LtGemm {
   size_t fallback_floats_ = 0;
   bool bf16_bias_fallback_used_ = false;
   uint32_t refusals_noted_ = 0;  // bit k: epilogue kind k was refused and said so
+  // run_bf16_bias's bf16 copy of a bias (grow-only), and whether it was used and said so.
+  bf16* bias16_ = nullptr;
+  size_t bias16_elems_ = 0;
+  bool bias16_noted_ = false;
 };
 
 }  // namespace trident::cuda
