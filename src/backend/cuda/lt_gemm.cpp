@@ -231,6 +231,12 @@ bool LtGemm::run(void* D, const void* C, const bf16* A, const bf16* B, const Epi
 
 void LtGemm::matmul(float* D, const bf16* A, const bf16* B, const float* bias, int M, int N,
                     int K, bool trans_a, bool trans_b, float beta, cudaStream_t stream) {
+  TRIDENT_CHECK(M >= 0 && N >= 0 && K >= 0, "LtGemm::matmul: M={} N={} K={}", M, N, K);
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // an empty sum: only "D += nothing" (a weight gradient over no rows) is defined
+    TRIDENT_CHECK(beta == 1.0f && !bias, "LtGemm::matmul: K = 0 with beta {} or a bias", beta);
+    return;
+  }
   run(D, D, A, B, bias_only(bias), M, N, K, trans_a, trans_b, beta, false, false, stream);
 }
 
