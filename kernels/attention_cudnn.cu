@@ -7,12 +7,13 @@
 // cuDNN's documentation describes fused attention (dims always [B, NH, rows, cols]):
 //   forward:  S = Q·Kᵀ → ·scale → causal select(row ≥ col ? S : -huge) → softmax as
 //             max, sub, exp, sum, log+max (= Stats, fp32 lse) and div (P, bf16) → O = P·V
-//   backward: Dsum = Σ_d dO⊙O (an fp32 tensor in the workspace); P = exp(mask(scale·Q·Kᵀ) −
-//             Stats); dV = Pᵀ·dO; dS = scale · P ⊙ (dO·Vᵀ − Dsum); dK = dSᵀ·Q; dQ = dS·K
-//             (through an fp32 accumulator in the workspace, zeroed before each run, then
-//             cast). That is the pattern cuDNN's frontend builds; kBackwardVariants also keeps
-//             this file's first graph (a virtual Dsum, "·1" multiplies where dropout would go,
-//             an F16x16-reordered accumulator) as a fallback, tried if cuDNN refuses it. Kᵀ, Vᵀ,
+//   backward: Dsum = 1 · Σ_d dO⊙O (an fp32 tensor in the workspace; the ·1 stands where the
+//             dropout scale's inverse would); P = exp(mask(scale·Q·Kᵀ) − Stats); dV = Pᵀ·dO;
+//             dS = scale · P ⊙ (dO·Vᵀ − Dsum); dK = dSᵀ·Q; dQ = dS·K (through an fp32
+//             accumulator in the workspace, zeroed before each run, then cast). That is the
+//             pattern cuDNN's frontend builds; kBackwardVariants also keeps it without the ·1,
+//             and this file's first graph (a virtual Dsum, "·1" multiplies where dropout would
+//             go, an F16x16-reordered accumulator), tried in turn if cuDNN refuses. Kᵀ, Vᵀ,
 // Pᵀ and dSᵀ are strided views (a transpose is a stride swap, or a reshape node for virtual
 // tensors), so the packed [B,T,3,NH,HS] qkv buffer is used in place.
 //
@@ -313,21 +314,27 @@ void build_forward(Plan& p, cudnnHandle_t handle, const Shape& s) {
 
 // The backward graphs tried, in order (Note [cuDNN SDPA graph]). The first is the pattern
 // cuDNN's frontend builds for SDPA backward (its scaled_dot_product_flash_attention_backward):
-// the row sums Σ dO⊙O written to a real fp32 tensor in the workspace, no ·1 nodes without
-// dropout, and dQ accumulated in fp32 (workspace) then cast. The other two are the graph this
-// file first had (a virtual row sum, ·1 nodes, an F16x16-reordered accumulator, or dQ written
-// directly): kept as fallbacks, since no GPU has yet said which one its cuDNN takes.
+// the row sums Σ dO⊙O reduced, multiplied by the dropout scale's inverse (by 1 without
+// dropout: the frontend keeps that node, "needed for non-dropout graphs") into a real fp32
+// tensor in the workspace, no ·1 after dO·Vᵀ, and dQ accumulated in fp32 (workspace) then
+// cast. The second is the same without the ·1 (what the issue read as the documented
+// pattern); the last two are the graph this file first had (a virtual row sum, ·1 nodes, an
+// F16x16-reordered accumulator, or dQ written directly). All are kept, since no GPU has yet
+// said which one its cuDNN takes.
 struct BackwardVariant {
   const char* name;
   bool real_dsum;      // Σ dO⊙O in the workspace (else virtual)
-  bool times_one;      // the ·1 nodes after the row sum and after dO·Vᵀ
+  bool one_after_sum;  // a ·1 node between the row sum's reduction and its use
+  bool one_after_dp;   // a ·1 node after dO·Vᵀ
   bool accumulator;    // dQ through an fp32 accumulator in the workspace
   bool reorder_f16x16; // that accumulator with CUDNN_TENSOR_REORDERING_F16x16
 };
 constexpr BackwardVariant kBackwardVariants[] = {
-    {"documented (real row sum, fp32 dQ accumulator)", true, false, true, false},
-    {"virtual row sum, ·1 nodes, F16x16 dQ accumulator", false, true, true, true},
-    {"virtual row sum, ·1 nodes, dQ direct", false, true, false, false},
+    {"frontend's (row sum ·1 into a real fp32 tensor, fp32 dQ accumulator)", true, true, false,
+     true, false},
+    {"real row sum, fp32 dQ accumulator", true, false, false, true, false},
+    {"virtual row sum, ·1 nodes, F16x16 dQ accumulator", false, true, true, true, true},
+    {"virtual row sum, ·1 nodes, dQ direct", false, true, true, false, false},
 };
 
 void build_backward(Plan& p, cudnnHandle_t handle, const Shape& s, const BackwardVariant& v) {
@@ -345,8 +352,8 @@ void build_backward(Plan& p, cudnnHandle_t handle, const Shape& s, const Backwar
   auto scale = g.scalar(kScale);
   auto mask_value = g.scalar(kMaskValue);
   cudnnBackendDescriptor_t one = nullptr;
-  if (v.times_one) one = g.scalar(kOne);
-  p.uses_one = v.times_one;
+  if (v.one_after_sum || v.one_after_dp) one = g.scalar(kOne);
+  p.uses_one = one != nullptr;
   const Dims transposed_scores_strides = {s.NH * s.T * s.T, s.T * s.T, 1, s.T};
 
   // Dsum = rowsum(dO ⊙ O)
@@ -356,12 +363,18 @@ void build_backward(Plan& p, cudnnHandle_t handle, const Shape& s, const Backwar
   cudnnBackendDescriptor_t dsum;
   if (v.real_dsum) {
     dsum = g.tensor(kDsum, CUDNN_DATA_FLOAT, s.rows(), packed_strides(s.rows()));
-    g.reduction(CUDNN_REDUCE_TENSOR_ADD, do_o, dsum);
+    if (v.one_after_sum) {
+      auto row_dot = g.virt(CUDNN_DATA_FLOAT, s.rows());
+      g.reduction(CUDNN_REDUCE_TENSOR_ADD, do_o, row_dot);
+      g.pointwise(CUDNN_POINTWISE_MUL, row_dot, one, nullptr, dsum);
+    } else {
+      g.reduction(CUDNN_REDUCE_TENSOR_ADD, do_o, dsum);
+    }
     p.dsum_bytes = s.B * s.NH * s.T * int64_t(sizeof(float));
   } else {
     auto row_dot = g.virt(CUDNN_DATA_FLOAT, s.rows());
     g.reduction(CUDNN_REDUCE_TENSOR_ADD, do_o, row_dot);
-    dsum = v.times_one
+    dsum = v.one_after_sum
                ? g.pointwise_new(CUDNN_POINTWISE_MUL, row_dot, one, CUDNN_DATA_FLOAT, s.rows())
                : row_dot;
   }
@@ -379,7 +392,8 @@ void build_backward(Plan& p, cudnnHandle_t handle, const Shape& s, const Backwar
   // dS = scale · P ⊙ (dO·Vᵀ − Dsum); dK = dSᵀ·Q
   auto dp = g.virt(CUDNN_DATA_FLOAT, s.scores());
   g.matmul(dout, vt, dp);
-  if (v.times_one) dp = g.pointwise_new(CUDNN_POINTWISE_MUL, dp, one, CUDNN_DATA_FLOAT, s.scores());
+  if (v.one_after_dp)
+    dp = g.pointwise_new(CUDNN_POINTWISE_MUL, dp, one, CUDNN_DATA_FLOAT, s.scores());
   auto dp2 = g.pointwise_new(CUDNN_POINTWISE_SUB, dp, dsum, CUDNN_DATA_FLOAT, s.scores());
   auto ds0 = g.pointwise_new(CUDNN_POINTWISE_MUL, dp2, probs, CUDNN_DATA_FLOAT, s.scores());
   auto ds = g.pointwise_new(CUDNN_POINTWISE_MUL, ds0, scale, CUDNN_DATA_FLOAT, s.scores());
@@ -452,7 +466,8 @@ struct CudnnAttention::Impl {
       e.backward_refusals = refusals;
       e.ok = true;
     } catch (const Error& err) {
-      e.why = fmt::format("cuDNN SDPA graph not built ({}): {}", step, err.what());
+      e.why = fmt::format("cuDNN SDPA graph not built ({}; cuDNN {} loaded): {}", step,
+                          cudnnGetVersion(), err.what());
       e.forward.reset();
       e.backward.reset();
     }
