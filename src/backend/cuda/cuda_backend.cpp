@@ -41,16 +41,32 @@ namespace {
 using cuda::bf16;
 
 // Grow-only device scratch. Growing frees the old buffer; cudaFree waits for the device, so
-// kernels still queued on it finish first.
+// kernels still queued on it finish first. The memory plan (Trainer) counts the model's
+// buffers, not these, so a run near the memory's end can fail here first: with the same
+// message as an allocation of the model's (CudaBackend::allocate), not an internal error.
 class Scratch {
  public:
+  Scratch() = default;
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
   ~Scratch() { cudaFree(p_); }
   void* get(size_t bytes) {
     if (bytes > bytes_) {
       TRIDENT_CUDA(cudaFree(p_));
       p_ = nullptr;
       bytes_ = 0;  // stays empty if the allocation below fails
-      TRIDENT_CUDA(cudaMalloc(&p_, bytes));
+      const cudaError_t rc = cudaMalloc(&p_, bytes);
+      if (rc == cudaErrorMemoryAllocation) {
+        cudaGetLastError();
+        p_ = nullptr;
+        size_t free_bytes = 0, total = 0;
+        cudaMemGetInfo(&free_bytes, &total);
+        input_error("out of GPU memory: {:.2f} GiB of scratch (the ops' staging and reductions) "
+                    "asked for, {:.2f} GiB free of {:.2f} GiB (lower train.micro_batch, or set "
+                    "train.recompute)", double(bytes) / (1u << 30),
+                    double(free_bytes) / (1u << 30), double(total) / (1u << 30));
+      }
+      TRIDENT_CUDA(rc);
       bytes_ = bytes;
     }
     return p_;
@@ -106,12 +122,20 @@ class SpanTimer {
     open_.push_back(spans_.size() - 1);
     TRIDENT_CUDA(cudaEventRecord(spans_.back().start, stream));
   }
-  void pop(cudaStream_t stream) {
+  // Called from destructors (Op, Phase): never throws. A failure (a CUDA error left by an
+  // earlier fault) is kept and thrown by take(), which the caller reaches outside unwinding.
+  void pop(cudaStream_t stream) noexcept {
     if (open_.empty()) return;  // pushed before timing was turned on
-    TRIDENT_CUDA(cudaEventRecord(spans_[open_.back()].stop, stream));
+    const cudaError_t rc = cudaEventRecord(spans_[open_.back()].stop, stream);
+    if (rc != cudaSuccess && pop_error_ == cudaSuccess) pop_error_ = rc;
     open_.pop_back();
   }
   std::vector<Backend::DeviceTime> take(cudaStream_t stream) {
+    if (pop_error_ != cudaSuccess) {
+      const cudaError_t rc = pop_error_;
+      pop_error_ = cudaSuccess;
+      TRIDENT_CUDA(rc);
+    }
     TRIDENT_CUDA(cudaStreamSynchronize(stream));
     std::map<std::string, Backend::DeviceTime> sums;
     for (const Span& s : spans_) {
@@ -140,6 +164,7 @@ class SpanTimer {
   EventPool& events_;
   std::vector<Span> spans_;
   std::vector<size_t> open_;
+  cudaError_t pop_error_ = cudaSuccess;
 };
 
 class CudaBackend final : public Backend {
