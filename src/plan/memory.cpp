@@ -100,8 +100,9 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
   // (residual stream, LayerNorm statistics, attention state) in 4 B.
   const double sizes[GPT::kBlockBuffers] = {N * C, Nr, Nr, N * 3 * Cl, att_saved, N * Cl, Nr * C,
                                             N * C, Nr, Nr, N * 4 * Cl, N * 4 * Cl, Nr * C};
-  bool kept[13];
-  std::fill(kept, kept + 13, l.recompute != "full");
+  constexpr int kBuffers = int(GPT::kBlockBuffers);
+  bool kept[kBuffers];
+  std::fill(kept, kept + kBuffers, l.recompute != "full");
   if (l.recompute == "mlp") kept[10] = kept[11] = false;
   if (l.recompute == "full") kept[12] = true;
   auto bytes = [&](int k) { return sizes[k] * (!fp32 && GPT::kBf16Buffer[size_t(k)] ? 2 : 4); };
@@ -120,7 +121,7 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
       const int slots = max_in_flight(schedule, l.pp, s, l.accum, chunks, c);
       slots_total += slots;
       double per_slot = Nr * C * 4 + 2 * N * 4;  // encoded input (fp32); inputs, targets
-      for (int k = 0; k < 13; ++k)
+      for (int k = 0; k < kBuffers; ++k)
         if (kept[k]) per_slot += stage.chunk_size(c) * bytes(k);
       acts += slots * per_slot;
       const bool head = stage.has_head && c == chunks - 1;
@@ -130,7 +131,7 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
       }
     }
     double scratch = 0;
-    for (int k = 0; k < 13; ++k)
+    for (int k = 0; k < kBuffers; ++k)
       if (!kept[k] || (k == 12 && l.recompute == "full")) scratch += bytes(k);
     // GPT's Scratch (gpt_slots.cpp), fp32 unless said: full_c with tp > 1; stage and dfull
     // with sequence parallelism; dresidual; the attention scratch; the LayerNorm partials.

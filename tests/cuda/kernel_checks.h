@@ -20,6 +20,7 @@
 #include <cmath>
 #include <limits>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -44,6 +45,10 @@ inline bool all_within(const Errors& errors) {
   for (const OutputError& e : errors)
     if (!(e.err <= e.tol)) return false;
   return true;
+}
+// Bitwise equality, for outputs that must not depend on the run (no float atomics).
+inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 inline std::string describe(const Errors& errors) {
   std::string s;

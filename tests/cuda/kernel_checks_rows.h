@@ -30,11 +30,10 @@ inline Errors check_encoder_forward(int B, int T, int C, int vocab, uint32_t see
   return {{"out", err_vs(out.download(), want), kFp32Tol}};
 }
 
-// A small vocabulary makes tokens repeat, which is what dwte's sort must handle. `skewed`: as
-// real GPT-2 batches, one token in half the rows, the rest log-uniform over the vocabulary
-// (Zipf-like: a few tokens very frequent, most rare), the case the old O(N²) scheme was slow on.
-// Token ids for the encoder checks: uniform over the vocabulary, or skewed like real GPT-2 data
-// (every other row one token, 198 "\n"; the rest log-uniform, so low ids repeat most).
+// Token ids for the encoder checks, uniform over the vocabulary (a small vocabulary makes tokens
+// repeat, which is what dwte's sort must handle), or `skewed` as real GPT-2 batches: one token
+// (198, "\n") in half the rows, the rest log-uniform over the vocabulary (Zipf-like: a few
+// tokens very frequent, most rare), the case the old O(N²) scheme was slow on.
 inline std::vector<int32_t> encoder_tokens(size_t N, int vocab, bool skewed, std::mt19937& rng) {
   std::vector<int32_t> tok = tokens(N, vocab, rng);
   if (skewed) {

@@ -13,7 +13,6 @@
 // copies of inputs: compared bitwise, which also covers the -inf of a rank with live = 0.
 #pragma once
 
-#include <cstring>
 #include <memory>
 
 #include "kernel_checks.h"
@@ -22,10 +21,6 @@
 namespace trident::testing {
 
 constexpr int kSliceV0 = 128, kSliceV1 = 256;
-
-inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 // Tokens in [lo, hi): a narrow range makes tokens repeat, which dwte's ownership must handle.
 inline std::vector<int32_t> tokens_in(size_t n, int lo, int hi, std::mt19937& rng) {

@@ -56,9 +56,6 @@ TEST(KernelEncoder, BackwardIsDeterministic) {
   const std::vector<float> dwpe = random_floats(size_t(T) * C, rng);
   const EncoderGrads first = run_encoder_backward_cuda(dwte, dwpe, dout, tok, true, true, B, T, C);
   const EncoderGrads second = run_encoder_backward_cuda(dwte, dwpe, dout, tok, true, true, B, T, C);
-  auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-  };
   EXPECT_FALSE(same_bits(first.dwte, dwte));  // the kernel ran: dwte took the gradient
   EXPECT_TRUE(same_bits(first.dwte, second.dwte));
   EXPECT_TRUE(same_bits(first.dwpe, second.dwpe));
@@ -90,9 +87,6 @@ TEST(KernelLayernorm, BackwardIsDeterministic) {
   const LayernormBackwardInputs in(N, C, 23);
   const LayernormBackwardOutputs first = run_layernorm_backward_cuda(in, N, C);
   const LayernormBackwardOutputs second = run_layernorm_backward_cuda(in, N, C);
-  auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-  };
   EXPECT_TRUE(same_bits(first.dinp, second.dinp));
   EXPECT_TRUE(same_bits(first.dw, second.dw));
   EXPECT_TRUE(same_bits(first.db, second.db));

@@ -20,6 +20,7 @@
 #include <vector>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <tuple>
 
 #include "attention_cudnn.h"
@@ -40,6 +41,22 @@ namespace {
 
 using cuda::bf16;
 
+// A cudaMalloc's result. Out of memory is the run's size, not a fault: said as bad input (exit
+// 2) with what was asked for and what is free (`on`: the device's name, or empty); any other
+// failure is an error.
+void check_malloc(cudaError_t rc, size_t bytes, std::string_view what, std::string_view on) {
+  if (rc == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    size_t free_bytes = 0, total = 0;
+    cudaMemGetInfo(&free_bytes, &total);
+    input_error("out of GPU memory: {:.2f} GiB {} asked for, {:.2f} GiB free of {:.2f} GiB{}{} "
+                "(lower train.micro_batch, or set train.recompute)", double(bytes) / (1u << 30),
+                what, double(free_bytes) / (1u << 30), double(total) / (1u << 30),
+                on.empty() ? "" : " on ", on);
+  }
+  TRIDENT_CUDA(rc);
+}
+
 // Grow-only device scratch. Growing frees the old buffer; cudaFree waits for the device, so
 // kernels still queued on it finish first. The memory plan (Trainer) counts the model's
 // buffers, not these, so a run near the memory's end can fail here first: with the same
@@ -56,17 +73,8 @@ class Scratch {
       p_ = nullptr;
       bytes_ = 0;  // stays empty if the allocation below fails
       const cudaError_t rc = cudaMalloc(&p_, bytes);
-      if (rc == cudaErrorMemoryAllocation) {
-        cudaGetLastError();
-        p_ = nullptr;
-        size_t free_bytes = 0, total = 0;
-        cudaMemGetInfo(&free_bytes, &total);
-        input_error("out of GPU memory: {:.2f} GiB of scratch (the ops' staging and reductions) "
-                    "asked for, {:.2f} GiB free of {:.2f} GiB (lower train.micro_batch, or set "
-                    "train.recompute)", double(bytes) / (1u << 30),
-                    double(free_bytes) / (1u << 30), double(total) / (1u << 30));
-      }
-      TRIDENT_CUDA(rc);
+      if (rc != cudaSuccess) p_ = nullptr;
+      check_malloc(rc, bytes, "of scratch (the ops' staging and reductions)", {});
       bytes_ = bytes;
     }
     return p_;
@@ -221,17 +229,7 @@ class CudaBackend final : public Backend {
   void* allocate(size_t bytes) override {
     void* p = nullptr;
     const size_t n = std::max<size_t>(bytes, 256);
-    const cudaError_t rc = cudaMalloc(&p, n);
-    if (rc == cudaErrorMemoryAllocation) {
-      cudaGetLastError();
-      size_t free_bytes = 0, total = 0;
-      cudaMemGetInfo(&free_bytes, &total);
-      input_error("out of GPU memory: {:.2f} GiB more asked for, {:.2f} GiB free of {:.2f} GiB on "
-                  "{} (lower train.micro_batch, or set train.recompute)",
-                  double(n) / (1u << 30), double(free_bytes) / (1u << 30),
-                  double(total) / (1u << 30), device_name_);
-    }
-    TRIDENT_CUDA(rc);
+    check_malloc(cudaMalloc(&p, n), n, "more", device_name_);
     TRIDENT_CUDA(cudaMemsetAsync(p, 0, n, stream_));
     return p;
   }

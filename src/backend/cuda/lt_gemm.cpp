@@ -39,6 +39,18 @@ uint32_t alignment_of(const void* p) {
   return align;
 }
 
+// Grows a grow-only device buffer `p` of `have` elements to at least n. cudaFree waits for the
+// device, so kernels still using the old buffer finish first.
+template <typename T>
+void grow(T*& p, size_t& have, size_t n) {
+  if (n <= have) return;
+  TRIDENT_CUDA(cudaFree(p));
+  p = nullptr;
+  have = 0;  // stays empty if the allocation below fails
+  TRIDENT_CUDA(cudaMalloc(&p, n * sizeof(T)));
+  have = n;
+}
+
 // cuBLASLt's epilogue for ours (Note [cuBLASLt epilogues]).
 cublasLtEpilogue_t lt_epilogue(LtEpilogue kind) {
   switch (kind) {
@@ -263,13 +275,7 @@ void LtGemm::matmul_bf16(bf16* D, const bf16* A, const bf16* B, const float* bia
   // No algorithm for a bias with a bf16 D at all: the fp32 GEMM with its bias into staging,
   // then one rounding — the op's definition, one more pass.
   const size_t n = size_t(M) * N;
-  if (n > fallback_floats_) {
-    TRIDENT_CUDA(cudaFree(fallback_));  // waits for the device: kernels using it finish first
-    fallback_ = nullptr;
-    fallback_floats_ = 0;
-    TRIDENT_CUDA(cudaMalloc(&fallback_, n * sizeof(float)));
-    fallback_floats_ = n;
-  }
+  grow(fallback_, fallback_floats_, n);
   if (!bf16_bias_fallback_used_)  // once per LtGemm: it costs a pass, so say so
     fmt::print(stderr, "LtGemm: cuBLASLt has no bf16-output GEMM with a bias (M={} N={} "
                "K={}); such GEMMs run with an fp32 output and a cast\n", M, N, K);
@@ -301,13 +307,7 @@ bool LtGemm::run_bf16_bias(void* D, const bf16* A, const bf16* B, EpilogueArgs e
   if (run(D, D, A, B, ep, M, N, K, trans_a, trans_b, 0.0f, true, true, stream)) return true;
   // The bias in D's type, as cuBLASLt documents it: bias[N] rounded into bias16_ on the stream
   // (the GEMM that reads it runs after, in stream order; the next cast after that GEMM).
-  if (size_t(N) > bias16_elems_) {
-    TRIDENT_CUDA(cudaFree(bias16_));  // waits for the device: GEMMs reading it finish first
-    bias16_ = nullptr;
-    bias16_elems_ = 0;
-    TRIDENT_CUDA(cudaMalloc(&bias16_, size_t(N) * sizeof(bf16)));
-    bias16_elems_ = size_t(N);
-  }
+  grow(bias16_, bias16_elems_, size_t(N));
   cast_f32_to_bf16_cuda(bias16_, static_cast<const float*>(ep.bias), size_t(N), stream);
   ep.bias = bias16_;
   ep.bias_bf16 = true;

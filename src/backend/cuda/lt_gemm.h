@@ -57,8 +57,6 @@ class LtGemm {
   // Whether bf16-output GEMMs with a bias run through the fp32-output fallback (this cuBLASLt
   // took neither an fp32 nor a bf16 bias with a bf16 D): for tests and the report, once one ran.
   bool bf16_bias_fallback_used() const { return bf16_bias_fallback_used_; }
-  // Whether a bias was rounded to bf16 for cuBLASLt (it took no fp32 bias with a bf16 D).
-  bool bias_rounded_to_bf16() const { return bias16_noted_; }
 
  private:
   struct Plan;
