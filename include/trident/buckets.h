@@ -35,17 +35,15 @@ std::vector<Bucket> assign_buckets(const std::vector<size_t>& param_counts_in_re
                                    size_t elem_bytes, size_t first_bucket_bytes,
                                    size_t bucket_bytes);
 
-// Note [Padded buckets] (ZeRO, parallel.zero): with a sharded optimizer each dp rank owns a
-// contiguous, equal slice of every bucket — rank r of n owns [offset + r·count/n, +count/n) —
-// so a bucket is reduce-scattered and all-gathered as one slice of the flat buffers, with no
-// copy. For that every bucket's count must be a multiple of n (and, here, of 16 floats per rank,
-// so each shard starts 64-byte aligned): as Megatron's distributed optimizer does, the flat
-// buffer gets zero padding at the end of each bucket, and the parameters after it move up.
-// The buckets are those of assign_buckets on the unpadded sizes (the padding never changes
-// which parameters go together), except that a parameter marked `alone` gets a bucket of its
-// own (the tied wte with pp > 1, whose shard must be the same slice of wte on the first and the
-// last stage). multiple = 1 with nothing alone gives assign_buckets's buckets and the unpadded,
-// contiguous layout.
+// Note [Padded buckets]
+// With ZeRO each dp rank owns a contiguous, equal slice of every bucket (rank r of n: [offset +
+// r·count/n, +count/n)), so a bucket is reduce-scattered and all-gathered in place. So every
+// bucket's count is padded with zeros to a multiple of 16·n floats (64-byte aligned shards), as
+// Megatron's distributed optimizer does; the parameters after it move up. Padding never changes
+// which parameters go together, except that a parameter marked `alone` gets a bucket of its own.
+//
+// padded_bucket_layout: assign_buckets on the unpadded sizes, then the padding. multiple = 1 with
+// nothing alone gives assign_buckets's buckets and the unpadded, contiguous layout.
 struct BucketLayout {
   std::vector<Bucket> buckets;        // offset, count: the padded slice of the flat buffer
   std::vector<size_t> param_offsets;  // each parameter's offset, in ready order
@@ -57,20 +55,5 @@ BucketLayout padded_bucket_layout(const std::vector<size_t>& param_counts_in_rea
                                   size_t elem_bytes, size_t first_bucket_bytes,
                                   size_t bucket_bytes, size_t multiple,
                                   const std::vector<char>& alone = {});
-
-// Note [Head gradient in pieces]: the LM head's weight gradient (the tied wte, V·C floats: 31% of
-// GPT-2 124M's gradient, 64% of an L6 C384 model's) is one GEMM, dwte += dlogitsᵀ · x, and as one
-// parameter it is one bucket that exists whole before its reduction can start, then holds the
-// link for its whole wire time (0.6 s at 1 Gbit/s for 77 MB) and, with ZeRO-2, its memory until
-// that ends. Its rows are independent, so the GEMM splits into row pieces that are the same
-// arithmetic on a slice of the output (each element the same dot product over the same tokens),
-// and each piece is reported ready, reduced and (ZeRO-2) released on its own: the first piece
-// is on the wire after 1/K of the GEMM. head_gradient_pieces gives the row boundaries
-// [0 = b0 < b1 < ... < bK = rows] of K = ceil(rows·channels·elem_bytes / bucket_bytes) pieces of
-// about bucket_bytes each, every boundary a multiple of align_elems floats from wte's start (so
-// that with ZeRO's padding, Note [Padded buckets], a piece that ends a bucket needs none and wte
-// stays contiguous); empty when one piece would do. Pure: every rank computes the same.
-std::vector<int> head_gradient_pieces(int rows, int channels, size_t elem_bytes,
-                                      size_t bucket_bytes, size_t align_elems);
 
 }  // namespace trident

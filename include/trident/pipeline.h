@@ -155,5 +155,10 @@ struct PipelineStats {
 // the program, as the app does on any error.
 PipelineStats run_pipeline(PipeSchedule schedule, Communicator& pp, int stages, int stage,
                            int micro_batches, PipelineStage& model, int chunks = 1);
+// Forward only (validation): forward(m) for m = 0 .. micro_batches − 1 on every chunk, with the
+// same messages, header checks and errors as run_pipeline; nothing goes backward. Every stage
+// of pp calls it with the same micro_batches.
+PipelineStats run_pipeline_forward(Communicator& pp, int stages, int stage, int micro_batches,
+                                   PipelineStage& model, int chunks = 1);
 
 }  // namespace trident

@@ -21,7 +21,9 @@ namespace trident {
 class ProcessGrid;
 class GradReducer;
 class GPTStage;
-class StepRowSet;
+class DataParallel;
+class TiedEmbedding;
+class GradNorm;
 struct OwnedPiece;
 
 // Linear warmup over warmup_steps (step 0 gets lr/warmup), then cosine decay to
@@ -98,6 +100,9 @@ struct TrainContext {
   Communicator* tp_device = nullptr;
 };
 
+// One rank's training run: assembles the model, the data, the data-parallel unit
+// (DataParallel), the tied embedding (TiedEmbedding), the pipeline stage, the gradient norm and
+// AdamW from the deck and the context, and runs steps (docs/design.md, "Who owns what").
 class Trainer {
  public:
   // Builds the model (from the deck or model.init_from) and opens the datasets. Throws on bad
@@ -115,11 +120,10 @@ class Trainer {
   // Tokens a step consumes across all ranks.
   long tokens_per_step() const;
   // Checkpoints (trainer_checkpoint.cpp): the parameters and AdamW moments as global tensors
-  // (wte without its vocabulary padding, so any layout can load them), with this rank's part
-  // and whether it writes it (dp rank 0; tp rank 0 for replicated tensors; wte on the last
-  // stage).
-  // The checkpoint's tensors, pointing into host copies of params, m and v (Note [Backend
-  // memory]: the model's own buffers on a host backend).
+  // (wte without its vocabulary padding, so any layout can load them), pointing into host
+  // copies of params, m and v (Note [Backend memory]: the model's own buffers on a host
+  // backend), with this rank's part and whether it writes it (dp rank 0; tp rank 0 for
+  // replicated tensors; wte on the last stage).
   std::vector<ShardTensor> checkpoint_tensors(float* params, float* m, float* v);
   // Collective over the world: saves after `steps_done` steps; returns the path.
   std::string save(const std::string& dir, int steps_done, const std::string& run_id, int keep);
@@ -139,73 +143,34 @@ class Trainer {
   MemoryBytes memory_bytes() const;
   int dp_size() const { return dp_size_; }
   int pp_size() const { return pp_size_; }
-  const GradReducer* reducer() const { return reducer_.get(); }
+  const GradReducer* reducer() const;  // null with dp = 1
 
  private:
-  // Note [Tied embedding gradient]: the rows of the step's tokens (all micro-batches, all dp
-  // ranks), known before the step, so every rank has the same compact row set: this rank's
-  // micro-batches marked, then united over dp (Note [Step row set]). Returns the union's span.
-  OpRecord collect_step_rows(int step);
-  // Sums wte's gradient over the first and last pipeline stage (Note [Pipeline stages]).
-  void reduce_tied_embedding();
-  // Forward of one validation micro-batch through the pipeline; the loss on the last stage.
-  double validation_forward(int micro, int B, int T);
-  // Σ g² over the whole model: sharded parameters summed over tp, replicated ones once.
-  double global_grad_sum_squares();
-  // The same from this rank's ZeRO shard (Note [ZeRO-1]).
-  double sharded_grad_sum_squares();
-  // The norm's per-tensor lists (norm_), once at construction; their Σ g², {sharded over tp,
-  // replicated}.
-  void build_norm_lists();
-  std::array<double, 2> norm_parts();
-  void poison_gradient();  // Note [Non-finite steps]
-  // Refuses (input_error on every rank) a model that cannot fit: Note [Memory plan].
-  void check_memory_plan(const GPTConfig& cfg, int B, int T, const GPTOptions& options);
-  // Adds the averaged sparse wte rows into wte's gradient (its shard with ZeRO).
-  void add_embedding_rows();
-  void record(const char* track, const std::string& name,
-              std::chrono::steady_clock::time_point b, std::chrono::steady_clock::time_point e);
+  void place_on_grid();
+  void open_data(const GPTConfig& cfg);
+  void skip_step(StepStats& s);  // Note [Non-finite steps]
+  void poison_gradient();
+  static std::vector<int> fault_nan_steps_from_env();
 
   Deck deck_;
   TrainContext ctx_;
-  std::unique_ptr<GPT> model_;
-  const ParamInfo* wte_ = nullptr;  // the tied embedding, if this stage holds it
-  // Per parameter, its first unit in the reducer's list, then the total (GradUnits::first).
-  std::vector<int> unit_first_;
-  std::unique_ptr<AdamW> opt_;
-  std::unique_ptr<TokenDataset> train_data_, valid_data_;
-  std::unique_ptr<SampleOrder> train_order_, valid_order_;
-  std::vector<int32_t> inputs_, targets_;
   int dp_size_ = 1, dp_rank_ = 0, pp_size_ = 1, pp_rank_ = 0;
   std::unique_ptr<Communicator> solo_;  // the pp communicator when there is no grid
   Communicator* pp_comm_ = nullptr;
   PipeSchedule schedule_ = PipeSchedule::kOneFOneB;
   int chunks_ = 1;  // parallel.virtual_stages (Note [Interleaved 1F1B])
-  std::unique_ptr<MpiComm> grad_comm_;  // comm.grad_dtype bf16 on the CPU: the gradients' own
-  std::unique_ptr<GradReducer> reducer_;
+  std::unique_ptr<TokenDataset> train_data_, valid_data_;
+  std::unique_ptr<SampleOrder> train_order_, valid_order_;
+  // Destroyed in reverse: the parts before the model they hold (ZeRO's gathers in flight end
+  // in ~DataParallel, while the parameters they write still exist).
+  std::unique_ptr<GPT> model_;
+  std::unique_ptr<TiedEmbedding> tied_;  // on a stage holding wte
+  std::unique_ptr<DataParallel> dp_;     // with dp > 1
+  std::unique_ptr<AdamW> opt_;
   std::unique_ptr<GPTStage> stage_;
-  EmbeddingRowSink sink_;
-  std::unique_ptr<StepRowSet> step_rows_;  // with use_sink_
-  std::vector<float> row_grads_;          // capacity: the most rows a step can have
-  bool use_sink_ = false;  // Note [Tied embedding gradient]
-  bool ready_order_warned_ = false;  // Note [Ready order check]: said once per run
-  // The gradient norm's tensors (or ZeRO pieces), listed by build_norm_lists: pointers, counts,
-  // whether replicated over tp, and the per-tensor sums (Backend::sum_squares_each).
-  struct NormLists {
-    std::vector<const float*> ptrs;
-    std::vector<size_t> counts;
-    std::vector<char> replicated;
-    std::vector<double> sums;
-  } norm_;
-  // ZeRO (Note [ZeRO-1] in train/zero.h); empty and unused at parallel.zero 0 or dp 1.
-  int skips_in_a_row_ = 0;         // Note [Non-finite steps]
+  std::unique_ptr<GradNorm> norm_;
+  int skips_in_a_row_ = 0;            // Note [Non-finite steps]
   std::vector<int> fault_nan_steps_;  // TRIDENT_FAULT_NAN_STEPS: 1-based steps to poison
-  bool sharded_ = false;
-  bool release_grads_ = false;     // ZeRO-2: reduced buckets' gradient pages are released
-  size_t grad_resident_peak_ = 0;  // its largest resident full-buffer bytes so far
-  BackendBuffer<float> shard_grads_;
-  std::vector<OwnedPiece> owned_;       // this rank's piece of each parameter, buffer order
-  std::vector<OwnedPiece> owned_runs_;  // the same merged: AdamW's passes
 };
 
 // The model shape a deck asks for: the deck's model keys, or model.init_from's header (which

@@ -37,13 +37,6 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
     deck = load_deck(args.deck.deck, args.deck.overrides);
     deck.train.steps = std::max(deck.train.steps, args.warmup_steps + args.steps);
   });
-  std::unique_ptr<ProcessGrid> grid;
-  setup_step([&] { grid = make_grid(deck); });
-  const bool lead = grid->world_rank() == 0;
-  std::unique_ptr<Backend> backend;
-  DeviceComms device_comms;
-  std::unique_ptr<TraceWriter> trace;
-  std::unique_ptr<Trainer> trainer_ptr;
   // Measured carefully (best of several runs) before and after the steps; the larger is kept,
   // so a noisy moment cannot shrink the denominator and inflate MFU. Then checked
   // (check_gemm_peak): a peak implausible for the hardware gives no MFU, not a wrong one.
@@ -52,18 +45,17 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
   // Device memory this run takes (device backends): free before the model, less the least
   // free after any step (cudaMemGetInfo; scratch only grows, so after-step samples see it).
   size_t free_before = 0, least_free = SIZE_MAX;
-  setup_step([&] {
-    backend = make_backend(deck);
+  Run run = make_run(deck, [&](Backend& backend) {
     node_ranks = ranks_on_this_node();
-    peak = backend->measure_gemm_peak_flops();
-    free_before = backend->is_device() ? backend->free_memory_bytes() : 0;
-    device_comms = make_device_comms(deck, *backend, *grid);
-    trace = make_trace(deck, *grid);
-    trainer_ptr =
-        std::make_unique<Trainer>(deck, TrainContext{backend.get(), peak, grid.get(), trace.get(),
-                                                     device_comms.dp.get(), device_comms.tp.get()});
+    peak = backend.measure_gemm_peak_flops();
+    free_before = backend.is_device() ? backend.free_memory_bytes() : 0;
+    return peak;
   });
-  Trainer& trainer = *trainer_ptr;
+  ProcessGrid* grid = run.grid.get();
+  Backend* backend = run.backend.get();
+  const std::unique_ptr<TraceWriter>& trace = run.trace;
+  Trainer& trainer = *run.trainer;
+  const bool lead = grid->world_rank() == 0;
   const double nominal = backend->nominal_peak_flops();
   const CoreCheck cores = check_rank_cores(deck);  // Note [Threads and binding]
   if (lead) {

@@ -72,6 +72,23 @@ std::unique_ptr<TraceWriter> make_trace(const Deck& deck, const ProcessGrid& gri
                                        TraceWriter::Clock::now());
 }
 
+Run make_run(const Deck& deck, const std::function<double(Backend&)>& measure_peak) {
+  Run run;
+  setup_step([&] { run.grid = make_grid(deck); });
+  setup_step([&] {
+    run.backend = make_backend(deck);
+    const double peak = measure_peak(*run.backend);
+    run.device_comms = make_device_comms(deck, *run.backend, *run.grid);
+    run.trace = make_trace(deck, *run.grid);
+    run.context = TrainContext{run.backend.get(),   peak,
+                               run.grid.get(),      run.trace.get(),
+                               run.device_comms.dp.get(), run.device_comms.tp.get()};
+    // Validates the datasets and model.init_from before anything is written.
+    run.trainer = std::make_unique<Trainer>(deck, run.context);
+  });
+  return run;
+}
+
 nlohmann::json step_record(const StepStats& s) {
   nlohmann::json j = {{"step", s.step},
                       {"loss", s.loss},

@@ -1,5 +1,5 @@
-// What train and bench share: the grid from the deck's layout, a check that every rank read the
-// same deck, and the per-rank trace file.
+// What train and bench share: the run's parts built from the deck (make_run: the grid, a check
+// that every rank read the same deck, the backend, the per-rank trace file, the Trainer).
 #pragma once
 
 #include <functional>
@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "app/backend_factory.h"
 #include "trident/deck.h"
 #include "trident/grid.h"
 #include "trident/trace.h"
@@ -37,6 +38,21 @@ std::unique_ptr<ProcessGrid> make_grid(const Deck& deck);
 // log.trace with ".rank<r>" before the extension when there is more than one rank; null when
 // log.trace is empty.
 std::unique_ptr<TraceWriter> make_trace(const Deck& deck, const ProcessGrid& grid);
+
+// A run's parts, built by make_run. Destroyed in reverse: the Trainer before what it uses.
+struct Run {
+  std::unique_ptr<ProcessGrid> grid;
+  std::unique_ptr<Backend> backend;
+  DeviceComms device_comms;
+  std::unique_ptr<TraceWriter> trace;
+  TrainContext context;  // what the Trainer was given
+  std::unique_ptr<Trainer> trainer;
+};
+// Builds a run from a resolved deck in two agreed setup steps (setup_step): the grid, then the
+// backend, the GEMM peak MFU is reported against (measure_peak, FLOP/s per rank: train measures
+// briefly, bench carefully), the device communicators, the trace and the Trainer. Bad input
+// ends every rank with one message (AgreedFailure).
+Run make_run(const Deck& deck, const std::function<double(Backend&)>& measure_peak);
 
 // Note [Threads and binding]: a CPU rank's run.threads run on the cores its affinity allows.
 // mpirun binds each rank to one core by default when there are at most two ranks (Open MPI

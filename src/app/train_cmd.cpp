@@ -106,32 +106,22 @@ int run_train(const DeckArgs& args, const BlasCoreCheck& blas) {
   // Setup in agreed steps (see setup_step): bad input stops every rank with one message.
   Deck deck;
   setup_step([&] { deck = load_deck(args.deck, args.overrides); });
-  std::unique_ptr<ProcessGrid> grid;
-  setup_step([&] { grid = make_grid(deck); });
-  const bool lead = grid->world_rank() == 0;
-
   std::string note;
   GPTConfig shape;
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<TraceWriter> trace;
-  TrainContext ctx;
-  DeviceComms device_comms;
-  std::unique_ptr<Trainer> trainer_ptr;
+  setup_step([&] { shape = model_config_from_deck(deck, &note); });
   CheckedPeak peak;
-  setup_step([&] {
-    shape = model_config_from_deck(deck, &note);
-    backend = make_backend(deck);
-    trace = make_trace(deck, *grid);
-    device_comms = make_device_comms(deck, *backend, *grid);
+  Run run = make_run(deck, [&](Backend& backend) {
     // Brief: train reports MFU as a guide; `trident bench` measures carefully.
-    peak = check_gemm_peak(backend->measure_gemm_peak_flops_brief(), *backend, blas,
+    peak = check_gemm_peak(backend.measure_gemm_peak_flops_brief(), backend, blas,
                            ranks_on_this_node());
-    ctx = TrainContext{backend.get(), peak.flops, grid.get(), trace.get(),
-                       device_comms.dp.get(), device_comms.tp.get()};
-    // Validates datasets and init_from before anything is written.
-    trainer_ptr = std::make_unique<Trainer>(deck, ctx);
+    return peak.flops;
   });
-  Trainer& trainer = *trainer_ptr;
+  ProcessGrid* grid = run.grid.get();
+  Backend* backend = run.backend.get();
+  const TrainContext& ctx = run.context;
+  const std::unique_ptr<TraceWriter>& trace = run.trace;
+  Trainer& trainer = *run.trainer;
+  const bool lead = grid->world_rank() == 0;
 
   // Checkpoints: one run per checkpoint.dir (a lock held by rank 0), then resume if asked.
   const CheckpointConfig& ck = deck.checkpoint;

@@ -71,22 +71,4 @@ BucketLayout padded_bucket_layout(const std::vector<size_t>& counts, size_t elem
   return out;
 }
 
-std::vector<int> head_gradient_pieces(int rows, int channels, size_t elem_bytes,
-                                      size_t bucket_bytes, size_t align_elems) {
-  if (rows <= 0 || channels <= 0 || bucket_bytes == 0 || bucket_bytes == kOneBucket) return {};
-  const size_t bytes = size_t(rows) * size_t(channels) * elem_bytes;
-  const size_t pieces = (bytes + bucket_bytes - 1) / bucket_bytes;
-  if (pieces <= 1) return {};
-  // Rows per piece: a multiple of the rows that make a multiple of align_elems floats.
-  const size_t align = std::max<size_t>(align_elems, 1);
-  const size_t row_align = align / std::gcd(align, size_t(channels));
-  size_t per = (size_t(rows) + pieces - 1) / pieces;
-  per = (per + row_align - 1) / row_align * row_align;
-  std::vector<int> bounds{0};
-  for (size_t r = per; r < size_t(rows); r += per) bounds.push_back(int(r));
-  if (bounds.size() == 1) return {};
-  bounds.push_back(rows);
-  return bounds;
-}
-
 }  // namespace trident

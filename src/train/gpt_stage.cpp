@@ -4,6 +4,8 @@
 #include <chrono>
 
 #include "core/elapsed.h"
+#include "train/data_parallel.h"
+#include "train/tied_embedding.h"
 #include "trident/check.h"
 #include "trident/data.h"
 
@@ -17,21 +19,20 @@ void per_slot(std::vector<std::vector<T>>& buffers, int slots, bool needed, size
 
 }  // namespace
 
-GPTStage::GPTStage(GPT& model, const SampleOrder& order, GradReducer* reducer,
-                   EmbeddingRowSink* sink, std::vector<int> unit_first)
-    : model_(model), order_(order), reducer_(reducer), unit_first_(std::move(unit_first)),
-      sink_(sink), slots_(model.num_slots()) {
-  TRIDENT_CHECK(!reducer_ || unit_first_.size() == model_.params_info().size() + 1,
-                "GPTStage: {} unit indices for {} parameters", unit_first_.size(),
-                model_.params_info().size());
-  // Note [Progress during compute] (trident/pipeline.h): between the model's layers.
+GPTStage::GPTStage(GPT& model, DataParallel* dp, TiedEmbedding* tied)
+    : model_(model), dp_(dp), tied_(tied), slots_(model.num_slots()) {
+  each_micro_batch_ = dp_ && dp_->reduces_every_micro_batch();
+  // Note [Progress during compute] (trident/pipeline.h): the model calls this between its
+  // layers; it tests the transfers of the pipeline run in progress (none outside one). One
+  // stage per model: set here for the stage's lifetime, cleared when it goes.
   model_.set_progress([this] { progress_transfers(); });
 }
 
 GPTStage::~GPTStage() { model_.set_progress({}); }
 
-void GPTStage::begin_step(const StepInputs& in) {
+void GPTStage::begin_step(const StepInputs& in, const SampleOrder& order) {
   in_ = in;
+  order_ = &order;
   forward_ms_ = backward_ms_ = 0;  // the model's loss sum was taken (zeroed) by the last step
   reducing_ = false;
   earlier_rounds_ = ReduceStats{};
@@ -96,7 +97,7 @@ void GPTStage::forward(int micro, int chunk) {
   const bool needs_tokens = embeds || heads;
   int32_t* inputs = needs_tokens ? inputs_[slot(micro, chunk)].data() : nullptr;
   int32_t* targets = needs_tokens ? targets_[slot(micro, chunk)].data() : nullptr;
-  if (needs_tokens) order_.fill(g0, B, inputs, targets);
+  if (needs_tokens) order_->fill(g0, B, inputs, targets);
   model_.forward_accumulate(slot(micro, chunk), inputs, heads ? targets : nullptr, B, T);
   forward_ms_ += ms_since(t0);
 }
@@ -117,18 +118,17 @@ std::vector<StageTensor> GPTStage::backward_inputs(int micro, int chunk) {
 }
 
 GradReadyFn GPTStage::begin_reduction(int micro) {
-  if (!reducer_) return {};
-  const auto ready = [this](int i, int piece) {
-    reducer_->grad_ready(unit_first_[size_t(i)] + piece);
-  };
+  if (!dp_) return {};
+  GradReducer* reducer = &dp_->reducer();
+  const auto ready = [this, reducer](int i, int piece) { reducer->grad_ready(dp_->unit(i, piece)); };
   if (each_micro_batch_) {
     // Note [ZeRO-2 and accumulation]: the previous micro-batch's round ends here, before this
     // backward writes the buckets it released (its tail overlapped this micro-batch's forward).
     if (reducing_) {
-      reducer_->finish();
-      earlier_rounds_ += reducer_->stats();
+      reducer->finish();
+      earlier_rounds_ += reducer->stats();
     }
-    reducer_->begin_step(true, /*accumulate_shards=*/micro > 0);
+    reducer->begin_step(true, /*accumulate_shards=*/micro > 0);
     reducing_ = true;
     return ready;
   }
@@ -137,7 +137,7 @@ GradReadyFn GPTStage::begin_reduction(int micro) {
   // several chunks each chunk's last backward reports its own parameters, and the step
   // reduces from the first of them on (the reducer waits for each bucket's parameters).
   if (!reducing_) {
-    reducer_->begin_step(last);
+    reducer->begin_step(last);
     reducing_ = last;
   }
   if (!last) return {};
@@ -145,9 +145,7 @@ GradReadyFn GPTStage::begin_reduction(int micro) {
 }
 
 const EmbeddingRowSink* GPTStage::sink_for(int micro) {
-  if (!sink_) return nullptr;
-  if (before_backward) before_backward(micro);
-  return sink_;
+  return tied_ ? tied_->sink(inputs_[slot(micro, 0)]) : nullptr;
 }
 
 float GPTStage::dloss_scale() const {

@@ -1,6 +1,6 @@
 // The GPT model as a pipeline stage (trident::PipelineStage): one step's micro-batches through
-// this rank's part of the model, fed by the sample order, with the data-parallel reducer
-// driven from the last micro-batch's backward.
+// this rank's part of the model, fed by a sample order, with the data-parallel reducer driven
+// from the last micro-batch's backward and the tied embedding's row sink handed to backward.
 #pragma once
 
 #include <vector>
@@ -11,7 +11,9 @@
 
 namespace trident {
 
+class DataParallel;
 class SampleOrder;
+class TiedEmbedding;
 
 class GPTStage : public PipelineStage {
  public:
@@ -25,31 +27,25 @@ class GPTStage : public PipelineStage {
   // and the tp ranks of one dp rank read the same samples. The trainer's row set (Note [Step
   // row set] in train/embedding_rows.h) reads the same positions.
   static uint64_t first_sample(const StepInputs& in, int micro);
-  // `reducer` may be null (dp = 1); `sink` is used on a stage with both embedding and head.
-  // unit_first: per model parameter, its first unit in the reducer's list (GradUnits::first in
-  // train/zero.h: wte may be in pieces); empty when there is no reducer.
-  GPTStage(GPT& model, const SampleOrder& order, GradReducer* reducer, EmbeddingRowSink* sink,
-           std::vector<int> unit_first = {});
+  // `dp` null: dp = 1; `tied` null: no tied embedding on this stage. Sets the model's progress
+  // hook for its lifetime (Note [Progress during compute] in trident/pipeline.h).
+  GPTStage(GPT& model, DataParallel* dp, TiedEmbedding* tied);
   ~GPTStage() override;
   GPTStage(const GPTStage&) = delete;
   GPTStage& operator=(const GPTStage&) = delete;
 
-  // Set before run_pipeline; losses collected over the step (last stage only).
-  void begin_step(const StepInputs& in);
+  // Set before run_pipeline (or run_pipeline_forward); the micro-batches are read from `order`;
+  // losses collected over the step (last stage only).
+  void begin_step(const StepInputs& in, const SampleOrder& order);
   // The step's summed micro-batch losses, read (on a device: waited for) once; then zero.
   double take_loss_sum() { return model_.take_loss_sum(); }
   double forward_ms() const { return forward_ms_; }
   double backward_ms() const { return backward_ms_; }
-  // Note [ZeRO-2 and accumulation] (train/zero.h): reduce after every micro-batch's backward,
-  // each round finished before the next backward writes the gradients again; the step's
-  // rounds before the last (the caller finishes the last) are summed in earlier_rounds().
-  void reduce_every_micro_batch(bool on) { each_micro_batch_ = on; }
+  // Note [ZeRO-2 and accumulation] (train/zero.h): with DataParallel::reduces_every_micro_batch
+  // each micro-batch's backward is a round, finished before the next backward writes the
+  // gradients again; the step's rounds before the last (the caller finishes the last) are
+  // summed in earlier_rounds().
   const ReduceStats& earlier_rounds() const { return earlier_rounds_; }
-  // For the sink: this micro-batch's input tokens (valid from its forward to its backward),
-  // and the row map the trainer fills.
-  const std::vector<int32_t>& inputs(int micro) const { return inputs_[slot(micro, 0)]; }
-  std::vector<int32_t>& row_of_input() { return row_of_input_; }
-  std::function<void(int micro)> before_backward;  // trainer hook (fills row_of_input)
 
   std::vector<StageTensor> forward_inputs(int micro, int chunk) override;
   void forward(int micro, int chunk) override;
@@ -74,7 +70,7 @@ class GPTStage : public PipelineStage {
   StageTensor boundary(const char* name, float* data) const;
   // The reducer's hook for this micro-batch's gradient-ready events (empty without dp).
   GradReadyFn begin_reduction(int micro);
-  const EmbeddingRowSink* sink_for(int micro);  // fills the row map first
+  const EmbeddingRowSink* sink_for(int micro);  // the tied embedding's, for this micro-batch
   float dloss_scale() const;
   const float* received_gradient(int micro, int chunk) const;  // null on the last stage
   float* sent_gradient(int micro, int chunk);                  // null on the first stage
@@ -83,10 +79,9 @@ class GPTStage : public PipelineStage {
   ReduceStats earlier_rounds_;     // this step's rounds before the last, summed
 
   GPT& model_;
-  const SampleOrder& order_;
-  GradReducer* reducer_;
-  std::vector<int> unit_first_;
-  EmbeddingRowSink* sink_;
+  const SampleOrder* order_ = nullptr;  // the step's (begin_step)
+  DataParallel* dp_;
+  TiedEmbedding* tied_;
   int slots_;
   StepInputs in_;
   // Sized for the shape of the last begin_step (tokens_, boundary_ floats), one per slot.
@@ -98,7 +93,6 @@ class GPTStage : public PipelineStage {
   // through host copies (per slot), since the pipeline's communicator works on host memory.
   std::vector<std::vector<float>> input_host_, output_host_;
   size_t boundary_floats() const;
-  std::vector<int32_t> row_of_input_;
   double forward_ms_ = 0, backward_ms_ = 0;
 };
 

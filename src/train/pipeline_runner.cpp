@@ -239,11 +239,14 @@ struct PostedReceive {
 // posted a whole step early could time out in a long step where no message is late.
 class StageRunner {
  public:
+  // forward_only: the actions are forwards only (run_pipeline_forward), so a slot is free again
+  // once the forward of the micro-batch in_flight before has been sent, not its backward.
   StageRunner(Communicator& pp, int stages, int stage, int micro_batches, int chunks,
-              std::vector<int> in_flight, bool split, const std::vector<PipeAction>& actions,
-              PipelineStage& model)
+              std::vector<int> in_flight, bool split, bool forward_only,
+              const std::vector<PipeAction>& actions, PipelineStage& model)
       : pp_(pp), stages_(stages), stage_(stage), micro_batches_(micro_batches), chunks_(chunks),
-        in_flight_(std::move(in_flight)), split_(split), model_(model),
+        in_flight_(std::move(in_flight)), split_(split), forward_only_(forward_only),
+        model_(model),
         forwarded_(size_t(micro_batches) * chunks, 0),
         backwarded_(size_t(micro_batches) * chunks, 0) {
     for (const PipeAction& a : actions) {
@@ -263,7 +266,7 @@ class StageRunner {
       // their send must end before m's receive starts.
       // It ends once the previous stage started backward(m − in_flight), which it does without
       // waiting for this stage's later work, so waiting here cannot deadlock.
-      if (m >= in_flight(c)) complete_sends(kBackwardDir, m - in_flight(c), c);
+      if (m >= in_flight(c)) complete_sends(slot_freed_by(), m - in_flight(c), c);
       post_receives();
       if (!first(c)) complete_receive(kForwardDir, m, c);
       post_receives();
@@ -325,6 +328,8 @@ class StageRunner {
   int chunk_after(int chunk) const { return chunk + (stage_ == stages_ - 1); }
   int chunk_before(int chunk) const { return chunk - (stage_ == 0); }
   int in_flight(int chunk) const { return in_flight_[size_t(chunk)]; }
+  // The send whose completion frees a micro-batch's slot (Note [Slot reuse]).
+  Direction slot_freed_by() const { return forward_only_ ? kForwardDir : kBackwardDir; }
   char& done(std::vector<char>& flags, int micro, int chunk) {
     return flags[size_t(chunk) * micro_batches_ + micro];
   }
@@ -378,8 +383,8 @@ class StageRunner {
       const PipeAction& a = receives_[dir][next_post_[dir]];
       if (dir == kForwardDir) {
         const int prev = a.micro - in_flight(a.chunk);
-        if (prev >= 0 && (!done(backwarded_, prev, a.chunk) ||
-                          send_pending(kBackwardDir, prev, a.chunk)))
+        if (prev >= 0 && (!done(forward_only_ ? forwarded_ : backwarded_, prev, a.chunk) ||
+                          send_pending(slot_freed_by(), prev, a.chunk)))
           continue;
         post(dir, a.micro, a.chunk, model_.forward_inputs(a.micro, a.chunk));
       } else {
@@ -483,7 +488,7 @@ class StageRunner {
   Communicator& pp_;
   const int stages_, stage_, micro_batches_, chunks_;
   const std::vector<int> in_flight_;  // by chunk
-  const bool split_;
+  const bool split_, forward_only_;
   PipelineStage& model_;
   std::vector<PendingSend> pending_;
   std::vector<PipeAction> receives_[2];  // by Direction: the actions that receive, in order
@@ -495,29 +500,19 @@ class StageRunner {
 
 }  // namespace
 
-PipelineStats run_pipeline(PipeSchedule schedule, Communicator& pp, int stages, int stage,
-                           int micro_batches, PipelineStage& model, int chunks) {
+namespace {
+
+PipelineStats run_actions(Communicator& pp, int stages, int stage, int micro_batches, int chunks,
+                          const std::vector<PipeAction>& actions, std::vector<int> in_flight,
+                          bool split, bool forward_only, PipelineStage& model) {
   TRIDENT_CHECK(pp.size() == stages && pp.rank() == stage,
                 "run_pipeline for stage {} of {} on communicator '{}' where this rank is {} of {}",
                 stage, stages, pp.name(), pp.rank(), pp.size());
   TRIDENT_CHECK(model.chunks() == chunks, "run_pipeline with {} chunks for a stage holding {}",
                 chunks, model.chunks());
-  if (schedule == PipeSchedule::kInterleaved && chunks < 2)
-    input_error("parallel.schedule: interleaved needs stages of 2 or more model chunks "
-                "(PipelineStage::chunks(), parallel.virtual_stages), not {}; use 1f1b", chunks);
-  const bool split = splits_backward(schedule);
-  if (split && !model.can_split_backward())
-    input_error("parallel.schedule: {} splits each backward into its input and weight parts, "
-                "which this model's pipeline stage does not provide; use 1f1b",
-                pipe_schedule_name(schedule));
   const auto t0 = CommClock::now();
-  const std::vector<PipeAction> actions =
-      pipeline_actions(schedule, stages, stage, micro_batches, chunks);
-  std::vector<int> in_flight;
-  for (int c = 0; c < chunks; ++c)
-    in_flight.push_back(max_in_flight(schedule, stages, stage, micro_batches, chunks, c));
   StageRunner runner(pp, stages, stage, micro_batches, chunks, std::move(in_flight), split,
-                     actions, model);
+                     forward_only, actions, model);
   model.set_transfer_progress([&runner] { runner.progress(); });
   try {
     for (const PipeAction& a : actions) runner.run_action(a);
@@ -530,6 +525,39 @@ PipelineStats run_pipeline(PipeSchedule schedule, Communicator& pp, int stages, 
   PipelineStats stats = runner.stats();
   stats.total_ms = ms_since(t0);
   return stats;
+}
+
+}  // namespace
+
+PipelineStats run_pipeline(PipeSchedule schedule, Communicator& pp, int stages, int stage,
+                           int micro_batches, PipelineStage& model, int chunks) {
+  if (schedule == PipeSchedule::kInterleaved && chunks < 2)
+    input_error("parallel.schedule: interleaved needs stages of 2 or more model chunks "
+                "(PipelineStage::chunks(), parallel.virtual_stages), not {}; use 1f1b", chunks);
+  const bool split = splits_backward(schedule);
+  if (split && !model.can_split_backward())
+    input_error("parallel.schedule: {} splits each backward into its input and weight parts, "
+                "which this model's pipeline stage does not provide; use 1f1b",
+                pipe_schedule_name(schedule));
+  std::vector<int> in_flight;
+  for (int c = 0; c < chunks; ++c)
+    in_flight.push_back(max_in_flight(schedule, stages, stage, micro_batches, chunks, c));
+  return run_actions(pp, stages, stage, micro_batches, chunks,
+                     pipeline_actions(schedule, stages, stage, micro_batches, chunks),
+                     std::move(in_flight), split, /*forward_only=*/false, model);
+}
+
+PipelineStats run_pipeline_forward(Communicator& pp, int stages, int stage, int micro_batches,
+                                   PipelineStage& model, int chunks) {
+  // Micro-batch by micro-batch, each through the stage's chunks in order: the order the
+  // neighbours' outputs arrive in, around the ring with several chunks. One micro-batch in
+  // flight per chunk: forward(m) starts once forward(m − 1)'s send has completed.
+  std::vector<PipeAction> actions;
+  for (int m = 0; m < micro_batches; ++m)
+    for (int c = 0; c < chunks; ++c) actions.push_back({PipeAction::Kind::kForward, m, c});
+  return run_actions(pp, stages, stage, micro_batches, chunks, actions,
+                     std::vector<int>(size_t(chunks), 1), /*split=*/false,
+                     /*forward_only=*/true, model);
 }
 
 }  // namespace trident

@@ -1,6 +1,7 @@
 // The trainer's side of checkpoints: which part of every global tensor this rank holds.
 #include <mpi.h>
 
+#include "train/data_parallel.h"
 #include "train/zero.h"
 #include "trident/check.h"
 #include "trident/grid.h"
@@ -116,9 +117,10 @@ std::vector<ShardTensor> Trainer::checkpoint_tensors(float* params, float* m, fl
     float* base;
   };
   const Source sources[] = {{"params/", params}, {"adam_m/", m}, {"adam_v/", v}};
+  const bool sharded = dp_ && dp_->sharded();
   for (const Source& src : sources)
     for (const ParamInfo& p : model_->params_info()) {
-      if (sharded_ && src.base != params) continue;  // the shards' pieces, below
+      if (sharded && src.base != params) continue;  // the shards' pieces, below
       ShardTensor t;
       t.name = src.prefix + p.name;
       t.blocks = blocks_of(p, model_->config().vocab, &t.global_shape);
@@ -130,12 +132,12 @@ std::vector<ShardTensor> Trainer::checkpoint_tensors(float* params, float* m, fl
     }
   // ZeRO: each rank saves (and loads) the pieces of m and v it owns.
   // A parameter in several buckets (wte's head gradient in pieces, Note [Head gradient in
-  // pieces] in trident/buckets.h) has a piece in each, next to each other in the shard: one
+  // pieces] in train/tied_embedding.h) has a piece in each, next to each other in the shard: one
   // tensor whose blocks are the pieces' in shard order.
-  if (sharded_)
+  if (sharded)
     for (const Source& src : {sources[1], sources[2]}) {
       size_t prev_param = SIZE_MAX, prev_end = 0;  // the last tensor's piece, in the shard
-      for (const OwnedPiece& piece : owned_) {
+      for (const OwnedPiece& piece : dp_->owned()) {
         const ParamInfo& p = model_->params_info()[piece.param];
         std::vector<ShardBlock> blocks = range_blocks(
             p, model_->config().vocab, piece.flat - p.offset, piece.flat - p.offset + piece.count);

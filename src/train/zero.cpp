@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <climits>
 
+#include <fmt/format.h>
+
 #include "trident/grad_reducer.h"
 
 namespace trident {
@@ -14,20 +16,22 @@ std::vector<size_t> GradUnits::counts() const {
   return out;
 }
 
-GradUnits grad_units(const std::vector<ParamInfo>& params, const std::vector<int>& wte_rows,
-                     int channels) {
+GradUnits grad_units(const std::vector<ParamInfo>& params, int split_param,
+                     const std::vector<int>& piece_rows, int row_elems) {
   GradUnits g;
-  for (const ParamInfo& p : params) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamInfo& p = params[i];
     g.first.push_back(int(g.units.size()));
-    if (p.name != "wte" || wte_rows.size() < 3) {
+    if (int(i) != split_param || piece_rows.size() < 3) {
       g.units.push_back(p);
       g.pieces.push_back(0);
       continue;
     }
-    for (size_t k = 0; k + 1 < wte_rows.size(); ++k) {
+    for (size_t k = 0; k + 1 < piece_rows.size(); ++k) {
       ParamInfo u = p;
-      u.offset = p.offset + size_t(wte_rows[k]) * size_t(channels);
-      u.count = size_t(wte_rows[k + 1] - wte_rows[k]) * size_t(channels);
+      u.name = fmt::format("{}[rows {}..{}]", p.name, piece_rows[k], piece_rows[k + 1]);
+      u.offset = p.offset + size_t(piece_rows[k]) * size_t(row_elems);
+      u.count = size_t(piece_rows[k + 1] - piece_rows[k]) * size_t(row_elems);
       g.units.push_back(u);
       g.pieces.push_back(1);
     }

@@ -101,19 +101,21 @@ struct OwnedPiece {
   bool decay = false;
 };
 
-// The gradient reducer's parameters ("units"): the model's, in ready order, except that wte's
-// head gradient in pieces (Note [Head gradient in pieces], trident/buckets.h) is one unit per
-// row piece, each a copy of wte's ParamInfo with the piece's offset and count. The model
-// reports (parameter i, piece k) ready; the reducer's index for it is first[i] + k.
+// The gradient reducer's parameters ("units"): the model's, in ready order, except that a
+// parameter the model reports in row pieces (the LM head's weight, Note [Head gradient in
+// pieces] in train/tied_embedding.h) is one unit per piece, each a copy of its ParamInfo with
+// the piece's offset, count and a name "wte[rows a..b]". The model reports (parameter i,
+// piece k) ready; the reducer's index for it is first[i] + k.
 struct GradUnits {
   std::vector<ParamInfo> units;
   std::vector<int> first;  // per parameter, and the total at the end (size params + 1)
   std::vector<char> pieces;  // per unit: one of several pieces of a parameter
   std::vector<size_t> counts() const;
 };
-// wte_rows: the row bounds of wte's pieces (GPTOptions::wte_piece_rows), empty for one.
-GradUnits grad_units(const std::vector<ParamInfo>& params, const std::vector<int>& wte_rows,
-                     int channels);
+// split_param: the index of the parameter in pieces (-1: none); piece_rows: its row bounds
+// (GPTOptions::wte_piece_rows; fewer than 3: one piece); row_elems: elements per row.
+GradUnits grad_units(const std::vector<ParamInfo>& params, int split_param,
+                     const std::vector<int>& piece_rows, int row_elems);
 
 // Every parameter's part of this dp rank's shard of every bucket, in buffer order (parameters
 // with no element in it are left out; padding belongs to no parameter). OwnedPiece::param is

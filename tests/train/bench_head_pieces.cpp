@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "trident/backend.h"
+#include "train/tied_embedding.h"
 #include "trident/buckets.h"
 
 namespace trident {

@@ -1,0 +1,213 @@
+#include "train/data_parallel.h"
+
+#include <algorithm>
+
+#include "trident/check.h"
+#include "trident/grid.h"
+#include "trident/trace.h"
+
+namespace trident {
+namespace {
+
+size_t mib_to_bytes(double mb) {
+  const double bytes = mb * 1024.0 * 1024.0;
+  return bytes >= double(kOneBucket) ? kOneBucket : size_t(bytes);
+}
+
+}  // namespace
+
+void DataParallel::check_deck(const Deck& deck, bool device, int chunks, bool split_backward) {
+  // Note [ZeRO-1] (train/zero.h). Refused before anything is allocated.
+  const int zero = deck.parallel.zero;
+  if (zero == 2 && device)
+    input_error("parallel.zero: 2 needs run.backend cpu: ZeRO-2 gives each reduced bucket's "
+                "host pages back (Note [ZeRO-2 on the host]); a device needs a pool of bucket "
+                "buffers, which is not built. parallel.zero: 1 works on the device");
+  if (zero > 0 && deck.comm.grad_dtype == "bf16")
+    input_error("parallel.zero: {} with comm.grad_dtype bf16: the bf16 path compresses "
+                "all-reduces only, not the sharded optimizer's reduce-scatter; use fp32", zero);
+  if (deck.parallel.zero_reduce == "micro_batch" && (zero != 2 || chunks > 1 || split_backward))
+    input_error("parallel.zero_reduce: micro_batch needs parallel.zero 2 (got {}), one chunk per "
+                "stage (parallel.virtual_stages {}) and a schedule whose backward is one pass "
+                "(parallel.schedule {}); use parallel.zero_reduce: step",
+                zero, chunks, deck.parallel.schedule);
+}
+
+size_t DataParallel::first_bucket_bytes(const CommConfig& comm) {
+  return mib_to_bytes(comm.first_bucket_mb);
+}
+
+size_t DataParallel::bucket_bytes(const CommConfig& comm) { return mib_to_bytes(comm.bucket_mb); }
+
+DataParallel::DataParallel(const Deck& deck, const TrainContext& ctx) : deck_(deck), ctx_(ctx) {
+  TRIDENT_CHECK(ctx_.grid && ctx_.grid->layout().dp > 1, "DataParallel without dp > 1");
+  size_ = ctx_.grid->layout().dp;
+  rank_ = ctx_.grid->coord().dp;
+  if (ctx_.backend->is_device() && !ctx_.dp_device)
+    internal_error(__FILE__, __LINE__, "a device backend with dp > 1 needs a device communicator");
+  sharded_ = deck_.parallel.zero > 0;
+  release_grads_ = sharded_ && deck_.parallel.zero == 2;  // Note [ZeRO-2 on the host]
+}
+
+DataParallel::~DataParallel() {
+  // Gathers still in flight must end before the communicator and the buffers go.
+  try {
+    sync_params();
+  } catch (...) {
+  }
+}
+
+bool DataParallel::reduces_every_micro_batch() const {
+  return release_grads_ && deck_.parallel.zero_reduce == "micro_batch";
+}
+
+void DataParallel::lay_out(const std::vector<ParamInfo>& params, int split_param,
+                           const std::vector<int>& piece_rows, int row_elems, int alone_param,
+                           GPTOptions& options) {
+  split_param_ = split_param;
+  piece_rows_ = piece_rows;
+  row_elems_ = row_elems;
+  const GradUnits units = grad_units(params, split_param, piece_rows, row_elems);
+  // Note [Padded buckets] (trident/buckets.h): the pieces of a split parameter each get a bucket.
+  alone_.clear();
+  for (size_t i = 0; i < params.size(); ++i)
+    for (int u = units.first[i]; u < units.first[i + 1]; ++u)
+      alone_.push_back(int(i) == alone_param || units.pieces[size_t(u)]);
+  if (!sharded_) return;
+  const BucketLayout layout =
+      padded_bucket_layout(units.counts(), sizeof(float), first_bucket_bytes(deck_.comm),
+                           bucket_bytes(deck_.comm), size_t(size_), alone_);
+  gather_order_ = forward_gather_order(units.units, layout.buckets);
+  // A parameter starts where its first unit does; a split parameter's pieces follow each other
+  // with no padding between (its piece rows are aligned so).
+  for (size_t i = 0; i + 1 < units.first.size(); ++i) {
+    const size_t u0 = size_t(units.first[i]), u1 = size_t(units.first[i + 1]);
+    options.param_offsets.push_back(layout.param_offsets[u0]);
+    for (size_t u = u0 + 1; u < u1; ++u)
+      TRIDENT_CHECK(layout.param_offsets[u] ==
+                        layout.param_offsets[u - 1] + units.units[u - 1].count,
+                    "padding inside the pieces of {}", units.units[u].name);
+  }
+  options.param_total = layout.total;
+}
+
+void DataParallel::attach(GPT& model) {
+  // The reducer's parameters: the model's (now at their padded offsets), split as laid out.
+  const std::vector<ParamInfo>& infos = model.params_info();
+  const GradUnits units = grad_units(infos, split_param_, piece_rows_, row_elems_);
+  unit_first_ = units.first;
+  std::vector<GradParam> params;
+  for (const ParamInfo& u : units.units) params.push_back({u.name, u.offset, u.count});
+
+  GradReducerOptions opt;
+  opt.first_bucket_bytes = first_bucket_bytes(deck_.comm);
+  opt.bucket_bytes = bucket_bytes(deck_.comm);
+  opt.overlap = deck_.comm.overlap;
+  opt.average = false;  // Note [Average in the loss seed] (train/gpt_stage.cpp)
+  if (ctx_.trace) opt.trace_origin = ctx_.trace->origin();
+  MpiComm& dp = ctx_.grid->dp();  // its timeout is the grid's (make_grid)
+  const CommConfig& cc = deck_.comm;
+  if (cc.emulate_gbps > 0) dp.set_emulated_link(cc.emulate_gbps, cc.emulate_latency_us);
+  Communicator* reduce_comm = ctx_.dp_device ? ctx_.dp_device : &dp;
+  // Note [bf16 gradient compression] (comm.h) and Note [ZeRO-1]: on the host, the gradients get
+  // a communicator of their own (bf16: so the loss, norms and row sets on dp stay exact; ZeRO:
+  // its gathers run during the next forward). MPI_Comm_dup is collective over dp: every rank
+  // of the group builds its DataParallel at the same point. A device backend's dp_device is
+  // its own already.
+  const bool bf16 = cc.grad_dtype == "bf16";
+  if (!ctx_.backend->is_device() && (bf16 || sharded_)) {
+    grad_comm_ = MpiComm::duplicate(dp.raw(), bf16 ? "dp (bf16 gradients)" : "dp (ZeRO)");
+    grad_comm_->set_timeout(dp.timeout());
+    if (cc.emulate_gbps > 0) grad_comm_->set_emulated_link(cc.emulate_gbps, cc.emulate_latency_us);
+    if (bf16) grad_comm_->set_bf16_sums(true);
+    reduce_comm = grad_comm_.get();
+  }
+  if (sharded_) {
+    shard_grads_ = BackendBuffer<float>(*ctx_.backend, model.num_params() / size_t(size_));
+    opt.shard_grads = shard_grads_.data();
+    opt.release_reduced = release_grads_;
+    // Note [Bounded gradient memory] (train/zero.h): one bucket on the wire while the next is
+    // written.
+    opt.max_held_bytes = release_grads_ ? opt.bucket_bytes : 0;
+    opt.alone = alone_;
+    opt.gather_order = gather_order_;
+  }
+  reducer_ = std::make_unique<GradReducer>(*reduce_comm, model.grads(), std::move(params), opt);
+  if (!sharded_) return;
+  owned_ = owned_pieces(infos, *reducer_, rank_);
+  owned_runs_ = merge_pieces(owned_);
+  // Note [Gathers before use] (train/zero.h): the model calls this hook right before it first
+  // reads a group of parameters in forward; it waits for the buckets holding them, and only
+  // those. Set once here, for the model's lifetime (this unit outlives no model it serves).
+  model.set_param_use([this](const std::vector<int>& indices) {
+    for (int i : indices)
+      for (int u = unit_first_[size_t(i)]; u < unit_first_[size_t(i) + 1]; ++u)
+        reducer_->wait_gathered(reducer_->bucket_of_param(size_t(u)));
+  });
+}
+
+DataParallel::ShardSlice DataParallel::shard_of(int unit) {
+  const size_t b = reducer_->bucket_of_param(size_t(unit));
+  const size_t n = reducer_->shard_count(b);
+  return {shard_grads_.data() + reducer_->shard_offset(b),
+          reducer_->buckets()[b].offset + size_t(rank_) * n, n};
+}
+
+void DataParallel::finish(StepStats& s, const ReduceStats& earlier_rounds, double rows_ms) {
+  reducer_->finish();
+  // The step's rounds: one, or one per micro-batch (Note [ZeRO-2 and accumulation]), joined
+  // only then (a copy of every record, which the usual one round does without).
+  ReduceStats joined;
+  const ReduceStats* rounds = &reducer_->stats();
+  if (earlier_rounds.reduced) {
+    joined = earlier_rounds;
+    joined += *rounds;
+    rounds = &joined;
+  }
+  const ReduceStats& rs = *rounds;
+  s.comm_ms = rs.comm_ms + rows_ms;
+  s.exposed_comm_ms = rs.exposed_comm_ms + rows_ms;
+  s.comm_cpu_ms = rs.thread_cpu_ms;
+  s.comm_polls = rs.progress_polls;
+  s.grad_resident_bytes = rs.grad_resident_peak_bytes;
+  s.held_wait_ms = rs.held_wait_ms;
+  grad_resident_peak_ = std::max(grad_resident_peak_, rs.grad_resident_peak_bytes);
+  s.overlap = s.comm_ms > 0 ? std::max(0.0, 1.0 - s.exposed_comm_ms / s.comm_ms) : 0.0;
+  if (rs.ahead_bucket >= 0 && !ready_order_warned_) {  // Note [Ready order check]
+    ready_order_warned_ = true;
+    s.warning = fmt::format(
+        "the gradient buckets did not become ready in order (step {}): {} was complete while "
+        "{} still waited, and buckets start in order, so it and every later bucket waited "
+        "for that one; overlap is lost. The parameters are not laid out in the order "
+        "backward finishes them (gpt_param_layout)", s.step,
+        reducer_->bucket_name(size_t(rs.ahead_bucket)),
+        reducer_->bucket_name(size_t(rs.late_bucket)));
+  }
+  if (ctx_.trace)
+    for (const BucketRecord& r : rs.records)
+      ctx_.trace->span("all-reduce", r.name, r.start_ms, r.end_ms, "comm");
+}
+
+void DataParallel::update_shard(AdamW& opt, Backend& be, GPT& model, const TrainConfig& tc,
+                                float lr, int t, float grad_scale, StepStats& s) {
+  opt.update_shard(be, model.params(), shard_grads_.data(), owned_runs_, tc, lr, t, grad_scale);
+  // The round waited for in this step: the last step's, launched after its optimizer and
+  // complete now (forward read every bucket); with overlap off, this step's own.
+  GatherStats g = reducer_->take_gather_stats();
+  reducer_->start_param_gather(model.params());  // Note [Gathers before use]
+  if (!deck_.comm.overlap) {
+    reducer_->wait_all_gathered();
+    g = reducer_->take_gather_stats();
+  }
+  s.gather_comm_ms = g.comm_ms;
+  s.gather_exposed_ms = g.exposed_ms;
+  if (ctx_.trace)
+    for (const BucketRecord& r : g.records)
+      ctx_.trace->span("all-gather", r.name, r.start_ms, r.end_ms, "comm");
+}
+
+void DataParallel::sync_params() {
+  if (sharded_ && reducer_) reducer_->wait_all_gathered();
+}
+
+}  // namespace trident

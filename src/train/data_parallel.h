@@ -1,0 +1,98 @@
+// One rank's data-parallel unit: the communicator its gradients are reduced on, ZeRO's bucket
+// layout and shard buffers, the GradReducer, and the hook by which forward waits for ZeRO's
+// parameter gathers. The Trainer builds one when dp > 1, in two steps around the model:
+// lay_out() before it (the padded layout decides where the parameters sit), attach() after.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "train/zero.h"
+#include "trident/deck.h"
+#include "trident/grad_reducer.h"
+#include "trident/model.h"
+#include "trident/train.h"
+
+namespace trident {
+
+class DataParallel {
+ public:
+  // The deck's ZeRO keys against the run (input_error naming them), checked whatever dp is.
+  static void check_deck(const Deck& deck, bool device, int chunks, bool split_backward);
+  // comm.first_bucket_mb and comm.bucket_mb in bytes (kOneBucket above SIZE_MAX).
+  static size_t first_bucket_bytes(const CommConfig& comm);
+  static size_t bucket_bytes(const CommConfig& comm);
+
+  DataParallel(const Deck& deck, const TrainContext& ctx);
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  // Before the model. `params`: the model's parameters in ready order (gpt_param_layout), one
+  // of which (split_param, or -1) the model reports in row pieces (GPTOptions::wte_piece_rows,
+  // `row_elems` elements a row); `alone_param` (or -1) needs a bucket of its own (Note [Padded
+  // buckets]). With ZeRO, writes the padded offsets into options.
+  void lay_out(const std::vector<ParamInfo>& params, int split_param,
+               const std::vector<int>& piece_rows, int row_elems, int alone_param,
+               GPTOptions& options);
+  // After the model: builds the reducer over its gradients, ZeRO's shard buffer and pieces, and
+  // the gather hook.
+  void attach(GPT& model);
+
+  int size() const { return size_; }
+  int rank() const { return rank_; }
+  bool sharded() const { return sharded_; }
+  bool releases_grads() const { return release_grads_; }  // ZeRO-2 (Note [ZeRO-2 on the host])
+  // Whether every micro-batch's backward is a reducing round (Note [ZeRO-2 and accumulation]).
+  bool reduces_every_micro_batch() const;
+  GradReducer& reducer() { return *reducer_; }
+  // The reducer's index of the model's parameter `param`'s piece `piece`, and the range of a
+  // parameter's units [first, last).
+  int unit(int param, int piece) const { return unit_first_[size_t(param)] + piece; }
+  int units_end(int param) const { return unit_first_[size_t(param) + 1]; }
+  // With ZeRO: this rank's shard of the bucket holding `unit`: its gradient sums and the part
+  // [flat_begin, flat_begin + count) of the flat buffer they belong to.
+  struct ShardSlice {
+    float* grads = nullptr;
+    size_t flat_begin = 0, count = 0;
+  };
+  ShardSlice shard_of(int unit);
+  // With ZeRO: the shard gradient buffer and this rank's pieces of each parameter.
+  float* shard_grads() { return shard_grads_.data(); }
+  size_t shard_size() const { return shard_grads_.size(); }
+  const std::vector<OwnedPiece>& owned() const { return owned_; }
+
+  // Ends the step's reduction (gradients are the dp sum of the seeded ones: the average) and
+  // fills the step's communication figures; `rows_ms`: a collective before the pipeline that
+  // nothing overlapped (the tied embedding's row set), counted as exposed.
+  void finish(StepStats& s, const ReduceStats& earlier_rounds, double rows_ms);
+  // AdamW on this rank's shard, then the gathers of the updated parameters (ZeRO only).
+  void update_shard(AdamW& opt, Backend& be, GPT& model, const TrainConfig& tc, float lr,
+                    int t, float grad_scale, StepStats& s);
+  // Waits for ZeRO's gathers in flight (before params() is read outside a step).
+  void sync_params();
+  // ZeRO-2: the most bytes of the full gradient buffer found resident so far.
+  size_t grad_resident_peak() const { return grad_resident_peak_; }
+
+ private:
+  const Deck& deck_;
+  TrainContext ctx_;
+  int size_ = 1, rank_ = 0;
+  bool sharded_ = false, release_grads_ = false;
+  // lay_out's split, kept for attach: the parameter in row pieces (-1: none), its piece rows.
+  int split_param_ = -1, row_elems_ = 1;
+  std::vector<int> piece_rows_;
+  std::vector<char> alone_;            // per unit: a bucket of its own (padded layout)
+  std::vector<size_t> gather_order_;   // ZeRO: buckets in forward order
+  std::vector<int> unit_first_;
+  // Destroyed in reverse: the reducer's thread stops before its buffers and communicator go.
+  std::unique_ptr<MpiComm> grad_comm_;  // the gradients' own duplicate of dp, where needed
+  BackendBuffer<float> shard_grads_;
+  std::unique_ptr<GradReducer> reducer_;
+  std::vector<OwnedPiece> owned_;       // this rank's piece of each parameter, buffer order
+  std::vector<OwnedPiece> owned_runs_;  // the same merged: AdamW's passes
+  size_t grad_resident_peak_ = 0;
+  bool ready_order_warned_ = false;  // Note [Ready order check]: said once per run
+};
+
+}  // namespace trident

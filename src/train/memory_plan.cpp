@@ -1,0 +1,58 @@
+#include <algorithm>
+#include <cstdlib>
+
+#include "train/trainer_parts.h"
+#include "trident/check.h"
+
+namespace trident {
+
+// Note [Memory plan] (src/backend/counting_backend.cpp): what this rank will allocate — the
+// model built on a counting backend (parameters, gradients, activations and scratch, exactly
+// as the real build will), plus AdamW's moments and ZeRO's shard gradients — against what the
+// backend has free. Host memory is shared by the ranks on the machine, so there the sum over
+// them is compared. The refusal is an input_error of this rank; setup_step (app) makes every
+// rank exit 2 with the lowest failing rank's message.
+void check_memory_plan(const GPTConfig& cfg, int B, int T, const GPTOptions& options,
+                       Backend& backend, int shard_ranks) {
+  size_t model_bytes = 0;
+  {
+    auto counter = make_counting_backend(backend, &model_bytes);
+    GPT probe(cfg, *counter, B, T, options);
+  }
+  size_t param_floats = options.param_total;
+  if (param_floats == 0)
+    for (const ParamInfo& p : gpt_param_layout(cfg, options.tp.size, options.tp.rank, options.stage,
+                                               options.wte_after_head))
+      param_floats += p.count;
+  const bool sharded = shard_ranks > 1;
+  const size_t shard_floats = sharded ? param_floats / size_t(shard_ranks) : 0;
+  const double params = double(param_floats) * 4, shard = double(shard_floats) * 4;
+  const double optimizer = 2.0 * double(sharded ? shard_floats : param_floats) * 4;
+  const double acts = double(model_bytes) - 2 * params;
+  const double need = double(model_bytes) + optimizer + shard;
+  // Ranks sharing this machine's memory, from the launcher (Open MPI sets it under mpirun and
+  // srun); not a collective: ranks may have failed an earlier, rank-local check (their data),
+  // and setup_step agrees on the outcome (a collective here would pair with its all-reduce).
+  int local = 1;
+  if (const char* n = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"); n && !backend.is_device())
+    local = std::max(1, std::atoi(n));
+  const double free_bytes = double(backend.free_memory_bytes());
+  if (free_bytes <= 0 || need * local <= free_bytes) return;
+  constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
+  const char* largest = acts >= params && acts >= optimizer ? "activations and scratch"
+                        : optimizer >= params               ? "optimizer state"
+                                                            : "parameters";
+  input_error("not enough memory: each rank needs {:.2f} GiB ({} here: parameters {:.2f}, "
+              "gradients {:.2f}, optimizer state {:.2f}, activations and scratch {:.2f}; the "
+              "largest: {}){}, but only {:.2f} GiB is free ({}); lower model.* or "
+              "train.micro_batch, set train.recompute, or shard with parallel.tp/pp/zero",
+              need / GiB, backend.name(), params / GiB, (params + shard) / GiB,
+              optimizer / GiB, acts / GiB, largest,
+              local > 1 ? fmt::format(", {:.2f} GiB for the {} ranks on this machine",
+                                      need * local / GiB, local)
+                        : std::string(),
+              free_bytes / GiB,
+              backend.is_device() ? "device memory" : "MemAvailable in /proc/meminfo");
+}
+
+}  // namespace trident

@@ -1,0 +1,97 @@
+// The model a deck asks for, and this rank's part of it.
+#include <sstream>
+
+#include "train/trainer_parts.h"
+#include "trident/check.h"
+#include "trident/grid.h"
+
+namespace trident {
+namespace {
+
+std::vector<int> parse_stage_layers(const std::string& text) {
+  std::vector<int> out;
+  if (text.empty()) return out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    try {
+      size_t used = 0;
+      out.push_back(std::stoi(item, &used));
+      if (used != item.size()) throw std::invalid_argument(item);
+    } catch (const std::exception&) {
+      input_error("parallel.stage_layers: expected comma-separated integers like \"3,1\", got "
+                  "\"{}\"", text);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+GPTConfig model_config_from_deck(const Deck& deck, std::string* note) {
+  const ModelConfig& m = deck.model;
+  GPTConfig cfg;
+  if (!m.init_from.empty()) {
+    cfg = read_llmc_config(m.init_from);
+    if (note)
+      *note = fmt::format(
+          "model.init_from {}: its shape replaces the deck's: layers={} d_model={} heads={} "
+          "vocab={} (padded {}) max_seq_len={}",
+          m.init_from, cfg.layers, cfg.channels, cfg.heads, cfg.vocab, cfg.padded_vocab,
+          cfg.max_seq_len);
+    // The file's padding may not split evenly over tp: pad again (the loader maps rows).
+    if (cfg.padded_vocab % (128 * deck.parallel.tp) != 0)
+      cfg.padded_vocab = GPTConfig::pad_vocab(cfg.vocab, deck.parallel.tp);
+    if (m.seq_len > cfg.max_seq_len)
+      input_error("model.seq_len: {} exceeds model.init_from's max sequence length {}", m.seq_len,
+                  cfg.max_seq_len);
+    return cfg;
+  }
+  cfg.layers = m.layers;
+  cfg.channels = m.d_model;
+  cfg.heads = m.heads;
+  cfg.vocab = m.vocab;
+  cfg.padded_vocab = GPTConfig::pad_vocab(m.vocab, deck.parallel.tp);
+  cfg.max_seq_len = m.seq_len;
+  return cfg;
+}
+
+GPTOptions stage_options(const Deck& deck, const GPTConfig& cfg, const TrainContext& ctx,
+                         PipeSchedule schedule, int pp_size, int pp_rank, int dp_size) {
+  GPTOptions options;
+  const int T = deck.model.seq_len;
+  if (ctx.grid && ctx.grid->layout().tp > 1) {
+    Communicator* tp = ctx.tp_device ? ctx.tp_device : &ctx.grid->tp();
+    options.tp = {tp, ctx.grid->layout().tp, ctx.grid->coord().tp,
+                  deck.parallel.sequence_parallel};
+  }
+  if (ctx.backend->is_device() && options.tp.size > 1 && !ctx.tp_device)
+    internal_error(__FILE__, __LINE__, "a device backend with tp > 1 needs a device communicator");
+  check_tensor_parallel(cfg, options.tp.size, options.tp.sequence_parallel, T);
+  const int chunks = deck.parallel.virtual_stages;
+  check_pipe_schedule(schedule, pp_size, deck.train.accum, chunks, cfg.layers);
+  options.stage = pipeline_stage(cfg.layers, pp_size, pp_rank,
+                                 parse_stage_layers(deck.parallel.stage_layers), chunks);
+  options.slots = 0;
+  for (int c = 0; c < chunks; ++c) {
+    options.chunk_slots.push_back(
+        max_in_flight(schedule, pp_size, pp_rank, deck.train.accum, chunks, c));
+    options.slots += options.chunk_slots.back();
+  }
+  options.recompute = parse_recompute(deck.train.recompute);
+  options.precision = parse_precision(deck.run.precision);
+  // The seed every backward of this run gets (GPTStage::dloss_scale), which the bf16 fused
+  // classifier applies in forward (Note [bf16 activations]).
+  options.dloss_scale = 1.0f / (float(deck.train.accum) * float(dp_size));
+  // Note [Split backward] (model/gpt_backward.cpp): the last stage of zb-h1 holds p slots but
+  // runs each micro-batch's B right after its F, so one set of head buffers serves them all.
+  options.shared_head = splits_backward(schedule);
+  if (splits_backward(schedule) && options.recompute != Recompute::kNone)
+    input_error("parallel.schedule: {} keeps each micro-batch's activations until its weight "
+                "pass, which train.recompute: {} drops; use train.recompute: none with {}, or "
+                "parallel.schedule: 1f1b", deck.parallel.schedule, deck.train.recompute,
+                deck.parallel.schedule);
+  return options;
+}
+
+}  // namespace trident
