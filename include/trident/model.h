@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -194,6 +195,9 @@ class GPT {
  public:
   // B, T: the largest micro-batch this instance will run (activations are sized for it).
   GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions options = {});
+  ~GPT();
+  GPT(const GPT&) = delete;
+  GPT& operator=(const GPT&) = delete;
 
   const GPTConfig& config() const { return cfg_; }
   const std::vector<ParamInfo>& params_info() const { return infos_; }
@@ -255,11 +259,11 @@ class GPT {
   void backward_weight(int slot, const GradReadyFn& on_ready = {},
                        const EmbeddingRowSink* sink = nullptr);
   // Stage boundary buffers [Nr,C] (Nr = B·T, or B·T/tp with sequence parallelism).
-  float* stage_input(int slot) { return slots_[slot].encoded.data(); }
+  float* stage_input(int slot);
   const float* stage_output(int slot) const;
   size_t boundary_rows(int B, int T) const { return size_t(B) * T / rows_divisor_; }
   const StageSpec& stage() const { return stage_; }
-  int num_slots() const { return int(slots_.size()); }
+  int num_slots() const;
   // The slot of micro-batch `micro` of `chunk`: micro-batches use their chunk's slots in turn.
   int slot_for(int chunk, int micro) const {
     return chunk_slot_base_[size_t(chunk)] +
@@ -300,92 +304,27 @@ class GPT {
       true, false, false, true, false, true, false, true, false, false, true, true, false};
 
  private:
+  // Defined in src/model/gpt_state.h (the model's files only).
+  struct BlockActs;
+  struct BlockActs16;
+  struct Slot;
+  struct Scratch;
+  struct BlockWeights;
+  struct BlockWeights16;
+  struct BlockOffsets;
+  struct LayerTable;
+  struct ParamTable;
   // Row counts: N = B·T tokens; the residual stream holds Nr rows (N/tp with sequence
   // parallelism). ln1/ln2/lnf hold the LayerNorm outputs gathered to all N rows (the inputs
   // of the column-parallel linears).
-  // One block's activations (pointers into a slot's storage or the shared recompute scratch).
-  struct BlockActs {
-    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *residual2, *ln2, *ln2_mean,
-        *ln2_rstd, *fch, *fch_gelu, *residual3;
-  };
-  // The same buffers on the bf16 path: those the GEMMs, attention and GELU read are bf16.
-  struct BlockActs16 {
-    bfloat16* ln1;
-    float *ln1_mean, *ln1_rstd;
-    bfloat16 *qkv;
-    float* att;
-    bfloat16* atty;
-    float* residual2;
-    bfloat16* ln2;
-    float *ln2_mean, *ln2_rstd;
-    bfloat16 *fch, *fch_gelu;
-    float* residual3;
-  };
   // Element counts of one block's buffers at the largest micro-batch, in BlockActs order.
   std::array<size_t, kBlockBuffers> block_sizes() const;
   // Which of them a slot keeps per block under the recompute mode.
   std::array<bool, kBlockBuffers> block_kept() const;
-  // One micro-batch's activations. Per-block buffers that the recompute mode drops live once,
-  // in recompute_ (shared by all blocks and slots).
-  struct Slot {
-    int chunk = 0;  // the model chunk whose blocks it holds (StageSpec)
-    int B = 0, T = 0;
-    bool has_targets = false;  // the last forward had targets (backward needs them)
-    BackendBuffer<int32_t> inputs, targets;  // copied into backend memory by forward
-    BackendBuffer<float> encoded;            // stage input: embedding output or received [Nr,C]
-    std::vector<BackendBuffer<float>> blocks;  // [kept buffer][layer * size]
-    std::vector<BackendBuffer<bfloat16>> blocks16;  // bf16: the kBf16Buffer ones instead
-    BackendBuffer<float> lnf, lnf_mean, lnf_rstd, logits, losses;
-    BackendBuffer<bfloat16> lnf16, logits16;  // bf16: instead of lnf and logits
-    float dloss = 0.0f;  // bf16: the seed the fused classifier used (Note [bf16 activations])
-  };
   BlockActs block_acts(int slot, int local_layer);
   BlockActs16 block_acts16(int slot, int local_layer);
   // The slot holding `s`'s head buffers: itself, or slot 0 (GPTOptions::shared_head).
-  Slot& head(Slot& s) { return shared_head_ ? slots_[0] : s; }
-  // Shared scratch: full-row partial sums, sequence-parallel staging, backward buffers.
-  struct Scratch {
-    BackendBuffer<float> full_c, stage, ln_out;
-    BackendBuffer<float> dresidual, dfull, dbuf_c, dbuf_c2, dbuf_3c, dbuf_4c, dbuf_4c2, datt,
-        dln_partials;  // sequence parallelism: [2·layers + 1][2C] LayerNorm gradient partial sums
-    BackendBuffer<float> ce_stats, ce_all;  // vocab-parallel loss: [N,3] and [tp,N,3]
-    // bf16: the residual gradient's bf16 copy [N,C] and the input gradients between the ops
-    // (instead of dbuf_c, dbuf_3c, dbuf_4c, dbuf_4c2).
-    BackendBuffer<bfloat16> dresidual16, d16_c, d16_3c, d16_4c;
-  };
-  struct BlockWeights {
-    float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw,
-        *fcprojb;
-  };
-  // Note [Parameter table]: what forward and backward need of the parameter list, resolved
-  // once when the model is built (as llm.c's ParameterTensors): offsets into the flat buffer
-  // (params_ and grads_ alike), the ready indices backward reports through, and the phase
-  // names — so a step formats no string and searches no name.
-  struct BlockOffsets {
-    size_t ln1w, ln1b, qkvw, qkvb, attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
-  };
-  struct LayerTable {
-    BlockOffsets offset;
-    // Index into infos_ of the last parameter each backward op finalises: backward reports
-    // every parameter up to it (in ready order) right after the op.
-    int ready_fcproj, ready_fc, ready_ln2, ready_attproj, ready_qkv, ready_ln1;
-    // "forward block 3", "backward block 3", "weight block 3" (a split backward's W)
-    std::string forward_phase, backward_phase, weight_phase;
-    std::vector<int> uses;  // the block's parameter indices (for param_use_)
-    size_t span_begin = 0, span_end = 0;  // the block's span of the flat buffer (bf16 casts)
-  };
-  struct ParamTable {
-    // Offsets of the non-block tensors, valid where this stage holds them.
-    size_t wte = 0, wpe = 0, lnfw = 0, lnfb = 0;
-    int wte_index = -1;   // -1: not on this stage
-    int lnfb_index = -1;  // last head parameter (the final LayerNorm's)
-    int wpe_index = -1;
-    std::vector<LayerTable> layers;  // per local layer (stage_.first_layer + i)
-    std::string forward_embedding = "forward embedding", forward_head = "forward head+loss",
-                backward_head = "backward head+loss", backward_embedding = "backward embedding",
-                weight_embedding = "weight embedding";
-    std::vector<int> embedding_uses, head_uses;  // for param_use_
-  };
+  Slot& head(Slot& s);
   void build_param_table();
   int param_index(const std::string& name) const;  // -1 if this stage has no such parameter
   // Block `local_layer`'s tensors in `base` (params_ or grads_).
@@ -397,9 +336,6 @@ class GPT {
   void recompute_block(int slot, int local_layer, const float* residual_in);
   // The bf16 path (gpt_bf16.cpp; Note [bf16 activations]): a block's weights are cast to
   // params16_ right before its forward unless that copy is current, and backward reads it.
-  struct BlockWeights16 {
-    const bfloat16 *qkvw, *attprojw, *fcw, *fcprojw;
-  };
   BlockWeights16 block16(int local_layer) const;
   // params16_[begin, end) = bf16(params_) unless span `span` (a local layer, or
   // table_.layers.size() for wte) was cast or written at the current weights_version_.
@@ -459,13 +395,13 @@ class GPT {
   std::vector<BackendBuffer<float>> recompute_;  // one block's dropped buffers
   std::vector<BackendBuffer<bfloat16>> recompute16_;  // bf16: the kBf16Buffer ones
   std::array<size_t, kBlockBuffers> block_sizes_{};
-  ParamTable table_;
+  std::unique_ptr<ParamTable> table_;
   std::vector<float> losses_host_;  // device backends: the per-token losses, read on the host
   // forward_accumulate: the device's sum of micro-batch mean losses, and the host's.
   BackendBuffer<double> loss_sum_device_;
   double loss_sum_host_ = 0.0;
   bool defer_loss_ = false;  // inside forward_accumulate on a device: mean_loss returns 0
-  Scratch scratch_;
+  std::unique_ptr<Scratch> scratch_;
   PhaseFn phases_;
   ParamUseFn param_use_;
   std::function<void()> progress_;
@@ -477,10 +413,8 @@ class GPT {
   bool shared_head_ = false;
   std::vector<int> wte_piece_rows_;   // GPTOptions::wte_piece_rows; empty: one piece
   std::vector<int> chunk_slot_base_;  // [chunks + 1]: each chunk's first slot, then the total
-  bool head_chunk(const Slot& s) const {
-    return stage_.has_head && s.chunk == stage_.chunks() - 1;
-  }
-  bool embedding_chunk(const Slot& s) const { return stage_.has_embedding && s.chunk == 0; }
+  bool head_chunk(const Slot& s) const;
+  bool embedding_chunk(const Slot& s) const;
   int first_ready(const Slot& s) const;  // the chunk's run of the ready list (gpt_backward.cpp)
   int last_ready(const Slot& s) const;
   int rows_divisor_ = 1;  // tp with sequence parallelism, else 1

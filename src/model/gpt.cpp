@@ -19,6 +19,7 @@
 
 #include "model/gpt_phase.h"
 #include "trident/check.h"
+#include "model/gpt_state.h"
 #include "trident/model.h"
 
 namespace trident {
@@ -39,7 +40,7 @@ void GPT::build_param_table() {
   // a 10^5-layer model quadratic, too slow even to be refused for its size).
   index_by_name_.clear();
   for (size_t i = 0; i < infos_.size(); ++i) index_by_name_.emplace(infos_[i].name, int(i));
-  ParamTable& t = table_;
+  ParamTable& t = *table_;
   t.wte_index = param_index("wte");
   t.wpe_index = param_index("wpe");
   t.lnfb_index = param_index("lnfb");
@@ -80,7 +81,7 @@ void GPT::build_param_table() {
 }
 
 GPT::BlockWeights GPT::block(float* base, int local_layer) const {
-  const BlockOffsets& o = table_.layers[size_t(local_layer)].offset;
+  const BlockOffsets& o = table_->layers[size_t(local_layer)].offset;
   return {base + o.ln1w,     base + o.ln1b, base + o.qkvw, base + o.qkvb,
           base + o.attprojw, base + o.attprojb, base + o.ln2w, base + o.ln2b,
           base + o.fcw,      base + o.fcb,  base + o.fcprojw, base + o.fcprojb};
@@ -123,8 +124,8 @@ void GPT::block_forward(const BlockWeights& w, const BlockActs& a, const float* 
   const int N = B * T, Nr = N / rows_divisor_;
   // The row-parallel outputs are partial sums to reduce over tp; with tp = 1 they are final,
   // so they go straight where reduce_rows would copy them (which then copies nothing).
-  float* attn_partial = tp_.size == 1 ? a.residual2 : scratch_.full_c.data();
-  float* mlp_partial = tp_.size == 1 ? a.residual3 : scratch_.full_c.data();
+  float* attn_partial = tp_.size == 1 ? a.residual2 : scratch_->full_c.data();
+  float* mlp_partial = tp_.size == 1 ? a.residual3 : scratch_->full_c.data();
   // Row-parallel biases are added by tp rank 0 only, before the sum over tp.
   const bool add_row_bias = tp_.rank == 0;
   layernorm_gathered(a.ln1, a.ln1_mean, a.ln1_rstd, residual_in, w.ln1w, w.ln1b, B, T, C);
@@ -158,15 +159,15 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, int 
   if (embedding_chunk(s)) {
     TRIDENT_CHECK(inputs != nullptr, "the first stage needs the input tokens");
     be_.copy(s.inputs.data(), inputs, size_t(N) * sizeof(int32_t));
-    if (param_use_) param_use_(table_.embedding_uses);
-    Phase ph(be_, phases_, table_.forward_embedding);
+    if (param_use_) param_use_(table_->embedding_uses);
+    Phase ph(be_, phases_, table_->forward_embedding);
     embedding_forward(s.encoded.data(), s.inputs.data(), B, T);
   }
   const float* residual = s.encoded.data();
   for (int i = begin; i < end; ++i) {
     progress();
-    if (param_use_) param_use_(table_.layers[size_t(i)].uses);
-    const LayerTable& lt = table_.layers[size_t(i)];
+    if (param_use_) param_use_(table_->layers[size_t(i)].uses);
+    const LayerTable& lt = table_->layers[size_t(i)];
     Phase ph(be_, phases_, lt.forward_phase);
     if (precision_ == Precision::kBf16) {
       cast_weights(size_t(i), lt.span_begin, lt.span_end);  // after param_use_ (ZeRO's gather)
@@ -180,13 +181,13 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, int 
     residual = a.residual3;
   }
   if (!head_chunk(s)) return 0.0f;
-  if (param_use_) param_use_(table_.head_uses);
-  Phase ph(be_, phases_, table_.forward_head);
+  if (param_use_) param_use_(table_->head_uses);
+  Phase ph(be_, phases_, table_->forward_head);
   if (precision_ == Precision::kBf16) return head_forward_bf16(s, residual, targets, B, T);
   Slot& h = head(s);
   layernorm_gathered(h.lnf.data(), h.lnf_mean.data(), h.lnf_rstd.data(), residual,
-                     P + table_.lnfw, P + table_.lnfb, B, T, C);
-  be_.matmul_forward(h.logits.data(), h.lnf.data(), P + table_.wte, nullptr, N, C, Vl);
+                     P + table_->lnfw, P + table_->lnfb, B, T, C);
+  be_.matmul_forward(h.logits.data(), h.lnf.data(), P + table_->wte, nullptr, N, C, Vl);
   s.has_targets = targets != nullptr;
   if (!targets) return 0.0f;
   be_.copy(s.targets.data(), targets, size_t(N) * sizeof(int32_t));

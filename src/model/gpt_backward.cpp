@@ -31,6 +31,7 @@
 #include "model/gpt_phase.h"
 #include "model/ready_walk.h"
 #include "trident/check.h"
+#include "model/gpt_state.h"
 #include "trident/model.h"
 
 namespace trident {
@@ -40,12 +41,12 @@ namespace trident {
 // 0, which ends it: the embedding's).
 int GPT::first_ready(const Slot& s) const {
   const int end = stage_.chunk_begin(s.chunk) + stage_.chunk_size(s.chunk);
-  return head_chunk(s) || end == 0 ? 0 : table_.layers[size_t(end) - 1].uses.front();
+  return head_chunk(s) || end == 0 ? 0 : table_->layers[size_t(end) - 1].uses.front();
 }
 
 int GPT::last_ready(const Slot& s) const {
   if (s.chunk == 0) return int(infos_.size()) - 1;
-  return table_.layers[size_t(stage_.chunk_begin(s.chunk))].ready_ln1;
+  return table_->layers[size_t(stage_.chunk_begin(s.chunk))].ready_ln1;
 }
 
 void GPT::backward(int slot, float dloss_scale, const float* dstage_output, float* dstage_input,
@@ -76,7 +77,7 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale,
   const int B = s.B, T = s.T, N = B * T, Nr = N / rows_divisor_;
   const int C = cfg_.channels, tps = tp_.size;
   const int NHl = cfg_.heads / tps, Cl = C / tps, Vl = cfg_.padded_vocab / tps;
-  Scratch& a = scratch_;
+  Scratch& a = *scratch_;
   float* P = params_.data();
   float* G = grads_.data();
   // The whole backward computes weight gradients as it goes; B leaves them to W and keeps
@@ -95,7 +96,7 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale,
   // The slot's chunk (StageSpec): its blocks, and its run of the ready list.
   const int begin = stage_.chunk_begin(s.chunk), end = begin + stage_.chunk_size(s.chunk);
   const bool has_head = head_chunk(s), has_embedding = embedding_chunk(s);
-  ReadyWalk ready(on_ready, first_ready(s), table_.wte_index,
+  ReadyWalk ready(on_ready, first_ready(s), table_->wte_index,
                   std::max(1, int(wte_piece_rows_.size()) - 1));
   // The gradient w.r.t. the residual stream on all N rows (gathered with sequence parallelism).
   auto dresidual_all_rows = [&]() -> const float* {
@@ -109,7 +110,7 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale,
       end > begin ? block_acts(slot, end - 1).residual3 : s.encoded.data();
   if (has_head) {
     TRIDENT_CHECK(s.has_targets, "backward() needs a forward() with targets first");
-    Phase ph(be_, phases_, table_.backward_head);
+    Phase ph(be_, phases_, table_->backward_head);
     // Mean over the N tokens of this micro-batch, times the caller's scale (1/accum).
     crossentropy_backward(s, s.targets.data(), dloss_scale / float(N), N);
     // dwte first, so that when it is final it can be reduced while the head's input gradient
@@ -121,25 +122,25 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale,
       // reported (and so reduced) as soon as it is computed.
       for (size_t k = 0; k + 1 < wte_piece_rows_.size(); ++k) {
         const int r0 = wte_piece_rows_[k], rows = wte_piece_rows_[k + 1] - r0;
-        be_.matmul_backward_weight_rows(G + table_.wte + size_t(r0) * C, h.logits.data() + r0,
+        be_.matmul_backward_weight_rows(G + table_->wte + size_t(r0) * C, h.logits.data() + r0,
                                         Vl, h.lnf.data(), N, C, rows);
         ready.wte_piece(int(k));
       }
     } else if (wte_after_head) {
-      be_.matmul_backward(nullptr, G + table_.wte, nullptr, h.logits.data(), h.lnf.data(),
-                          P + table_.wte, N, C, Vl);
+      be_.matmul_backward(nullptr, G + table_->wte, nullptr, h.logits.data(), h.lnf.data(),
+                          P + table_->wte, N, C, Vl);
       ready.wte();
     }
     // The head's input gradient. Where wte is not reported here (final only after the
     // embedding), the same call computes its dW: one GEMM call, so a device casts the [N, V]
     // logit gradient to bf16 once rather than twice (the same GEMMs, the same bits).
-    be_.matmul_backward(a.dbuf_c.data(), wte_after_head ? nullptr : G + table_.wte, nullptr,
-                        h.logits.data(), h.lnf.data(), P + table_.wte, N, C, Vl);
-    layernorm_gathered_backward(a.dresidual.data(), G + table_.lnfw, G + table_.lnfb,
-                                a.dbuf_c.data(), last_residual, P + table_.lnfw,
+    be_.matmul_backward(a.dbuf_c.data(), wte_after_head ? nullptr : G + table_->wte, nullptr,
+                        h.logits.data(), h.lnf.data(), P + table_->wte, N, C, Vl);
+    layernorm_gathered_backward(a.dresidual.data(), G + table_->lnfw, G + table_->lnfb,
+                                a.dbuf_c.data(), last_residual, P + table_->lnfw,
                                 h.lnf_mean.data(), h.lnf_rstd.data(), B, T, C, 2 * L,
                                 last_micro_batch);
-    ready.through(table_.lnfb_index);
+    ready.through(table_->lnfb_index);
   } else {
     TRIDENT_CHECK(dstage_output != nullptr, "a stage before the last needs its output gradient");
     be_.copy(a.dresidual.data(), dstage_output, size_t(Nr) * C * sizeof(float));
@@ -147,7 +148,7 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale,
 
   for (int i = end - 1; i >= begin; --i) {
     progress();
-    const LayerTable& lt = table_.layers[size_t(i)];
+    const LayerTable& lt = table_->layers[size_t(i)];
     Phase ph(be_, phases_, lt.backward_phase);
     const float* residual_in = i == begin ? s.encoded.data() : block_acts(slot, i - 1).residual3;
     recompute_block(slot, i, residual_in);
@@ -199,9 +200,9 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale,
   if (!weights) return;
   // The token embedding's second (sparse) contribution comes last (Note [Tied embedding
   // gradient]): into the sink's compact rows, or into wte's gradient, which is final only now.
-  Phase ph(be_, phases_, table_.backward_embedding);
+  Phase ph(be_, phases_, table_->backward_embedding);
   embedding_backward(dresidual_all_rows(), s.inputs.data(), sink, B, T);
-  ready.through(table_.wpe_index);
+  ready.through(table_->wpe_index);
   if (!wte_after_head) ready.wte();
 }
 
@@ -215,22 +216,22 @@ void GPT::backward_weight(int slot, const GradReadyFn& on_ready, const Embedding
   const bool wte_after_head = stage_.has_head && (!stage_.has_embedding || sink);
   const int begin = stage_.chunk_begin(s.chunk), end = begin + stage_.chunk_size(s.chunk);
   const bool has_head = head_chunk(s), has_embedding = embedding_chunk(s);
-  ReadyWalk ready(on_ready, first_ready(s), table_.wte_index,
+  ReadyWalk ready(on_ready, first_ready(s), table_->wte_index,
                   std::max(1, int(wte_piece_rows_.size()) - 1));
   // A kept output gradient of this rank's rows, on all N rows (Note [Split backward]).
   auto all_rows = [&](const float* local) -> const float* {
     if (rows_divisor_ == 1) return local;
-    gather_rows(scratch_.dfull.data(), local, B, T, C);
-    return scratch_.dfull.data();
+    gather_rows(scratch_->dfull.data(), local, B, T, C);
+    return scratch_->dfull.data();
   };
 
   if (has_head) {  // the head's gradients are final since B
     if (wte_after_head) ready.wte();
-    ready.through(table_.lnfb_index);
+    ready.through(table_->lnfb_index);
   }
   for (int i = end - 1; i >= begin; --i) {
     progress();
-    const LayerTable& lt = table_.layers[size_t(i)];
+    const LayerTable& lt = table_->layers[size_t(i)];
     Phase ph(be_, phases_, lt.weight_phase);
     const BlockActs act = block_acts(slot, i);
     const BlockWeights w = block(P, i);
@@ -250,9 +251,9 @@ void GPT::backward_weight(int slot, const GradReadyFn& on_ready, const Embedding
     ready.through(last_ready(s));
     return;
   }
-  Phase ph(be_, phases_, table_.weight_embedding);
+  Phase ph(be_, phases_, table_->weight_embedding);
   embedding_backward(all_rows(s.encoded.data()), s.inputs.data(), sink, B, T);
-  ready.through(table_.wpe_index);
+  ready.through(table_->wpe_index);
   if (!wte_after_head) ready.wte();
 }
 

@@ -9,12 +9,13 @@
 #include "model/gpt_phase.h"
 #include "model/ready_walk.h"
 #include "trident/check.h"
+#include "model/gpt_state.h"
 #include "trident/model.h"
 
 namespace trident {
 
 GPT::BlockWeights16 GPT::block16(int local_layer) const {
-  const BlockOffsets& o = table_.layers[size_t(local_layer)].offset;
+  const BlockOffsets& o = table_->layers[size_t(local_layer)].offset;
   const bfloat16* base = params16_.data();
   return {base + o.qkvw, base + o.attprojw, base + o.fcw, base + o.fcprojw};
 }
@@ -60,10 +61,10 @@ float GPT::head_forward_bf16(Slot& s, const float* residual, const int32_t* targ
   const int C = cfg_.channels, V = cfg_.vocab, Vp = cfg_.padded_vocab, N = B * T;
   const float* P = params_.data();
   Slot& h = head(s);
-  cast_weights(table_.layers.size(), table_.wte, table_.wte + size_t(Vp) * C);
+  cast_weights(table_->layers.size(), table_->wte, table_->wte + size_t(Vp) * C);
   be_.layernorm_forward_bf16(h.lnf16.data(), h.lnf_mean.data(), h.lnf_rstd.data(), residual,
-                             P + table_.lnfw, P + table_.lnfb, N, C);
-  be_.matmul_forward_bf16(h.logits16.data(), h.lnf16.data(), params16_.data() + table_.wte,
+                             P + table_->lnfw, P + table_->lnfb, N, C);
+  be_.matmul_forward_bf16(h.logits16.data(), h.lnf16.data(), params16_.data() + table_->wte,
                           nullptr, N, C, Vp);
   s.has_targets = targets != nullptr;
   if (!targets) return 0.0f;  // bf16 logits stay for the caller (none reads them yet)
@@ -81,7 +82,7 @@ void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
   Slot& s = slots_[slot];
   const int B = s.B, T = s.T, N = B * T;
   const int C = cfg_.channels, NH = cfg_.heads, Vp = cfg_.padded_vocab;
-  Scratch& a = scratch_;
+  Scratch& a = *scratch_;
   const float* P = params_.data();
   float* G = grads_.data();
   const bfloat16* P16 = params16_.data();
@@ -92,7 +93,7 @@ void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
   const bool wte_after_head = stage_.has_head && (!stage_.has_embedding || sink);
   const int begin = stage_.chunk_begin(s.chunk), end = begin + stage_.chunk_size(s.chunk);
   const bool has_head = head_chunk(s), has_embedding = embedding_chunk(s);
-  ReadyWalk ready(on_ready, first_ready(s), table_.wte_index, 1);
+  ReadyWalk ready(on_ready, first_ready(s), table_->wte_index, 1);
 
   const float* last_residual =
       end > begin ? block_acts16(slot, end - 1).residual3 : s.encoded.data();
@@ -102,22 +103,22 @@ void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
     TRIDENT_CHECK(dloss_scale / float(N) == s.dloss,
                   "bf16: backward's dloss_scale {} is not the {} forward applied "
                   "(GPT::set_dloss_scale before forward)", dloss_scale, s.dloss * float(N));
-    Phase ph(be_, phases_, table_.backward_head);
+    Phase ph(be_, phases_, table_->backward_head);
     Slot& h = head(s);
     // dwte and the head's input gradient in one call where both are computed now: wte is
     // final here only when reported here; otherwise the embedding adds to it later.
     if (wte_after_head) {
-      be_.matmul_backward_bf16(nullptr, G + table_.wte, nullptr, h.logits16.data(),
-                               h.lnf16.data(), P16 + table_.wte, N, C, Vp);
+      be_.matmul_backward_bf16(nullptr, G + table_->wte, nullptr, h.logits16.data(),
+                               h.lnf16.data(), P16 + table_->wte, N, C, Vp);
       ready.wte();
     }
-    be_.matmul_backward_bf16(a.d16_c.data(), wte_after_head ? nullptr : G + table_.wte, nullptr,
-                             h.logits16.data(), h.lnf16.data(), P16 + table_.wte, N, C, Vp);
+    be_.matmul_backward_bf16(a.d16_c.data(), wte_after_head ? nullptr : G + table_->wte, nullptr,
+                             h.logits16.data(), h.lnf16.data(), P16 + table_->wte, N, C, Vp);
     be_.fill_zero(dres, size_t(N) * C * sizeof(float));
-    be_.layernorm_backward_add_bf16(dres, dres16, G + table_.lnfw, G + table_.lnfb,
-                                    a.d16_c.data(), last_residual, P + table_.lnfw,
+    be_.layernorm_backward_add_bf16(dres, dres16, G + table_->lnfw, G + table_->lnfb,
+                                    a.d16_c.data(), last_residual, P + table_->lnfw,
                                     h.lnf_mean.data(), h.lnf_rstd.data(), N, C);
-    ready.through(table_.lnfb_index);
+    ready.through(table_->lnfb_index);
   } else {
     TRIDENT_CHECK(dstage_output != nullptr, "a stage before the last needs its output gradient");
     be_.copy(dres, dstage_output, size_t(N) * C * sizeof(float));
@@ -126,7 +127,7 @@ void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
 
   for (int i = end - 1; i >= begin; --i) {
     progress();
-    const LayerTable& lt = table_.layers[size_t(i)];
+    const LayerTable& lt = table_->layers[size_t(i)];
     Phase ph(be_, phases_, lt.backward_phase);
     const float* residual_in = i == begin ? s.encoded.data() : block_acts16(slot, i - 1).residual3;
     recompute_block(slot, i, residual_in);
@@ -170,9 +171,9 @@ void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
     ready.through(last_ready(s));
     return;
   }
-  Phase ph(be_, phases_, table_.backward_embedding);
+  Phase ph(be_, phases_, table_->backward_embedding);
   embedding_backward(dres, s.inputs.data(), sink, B, T);
-  ready.through(table_.wpe_index);
+  ready.through(table_->wpe_index);
   if (!wte_after_head) ready.wte();
 }
 

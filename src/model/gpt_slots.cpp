@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "trident/check.h"
+#include "model/gpt_state.h"
 #include "trident/model.h"
 
 namespace trident {
@@ -23,6 +24,7 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
     : cfg_(cfg), be_(backend), maxB_(B), maxT_(T),
       infos_(gpt_param_layout(cfg, options.tp.size, options.tp.rank, options.stage,
                               options.wte_after_head)),
+      table_(std::make_unique<ParamTable>()), scratch_(std::make_unique<Scratch>()),
       tp_(options.tp), stage_(options.stage), recompute_mode_(options.recompute),
       precision_(options.precision), dloss_scale_(options.dloss_scale) {
   TRIDENT_CHECK(T <= cfg.max_seq_len, "T {} > max_seq_len {}", T, cfg.max_seq_len);
@@ -73,7 +75,7 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   grads_ = floats(params_.size());
   if (bf16) {
     params16_ = halves(total);
-    cast_version_.assign(table_.layers.size() + 1, 0);  // nothing cast yet
+    cast_version_.assign(table_->layers.size() + 1, 0);  // nothing cast yet
   }
 
   const size_t C = cfg.channels, tps = tp_.size;
@@ -131,7 +133,7 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
     else
       recompute_[k] = floats(sizes[k]);
   }
-  Scratch& a = scratch_;
+  Scratch& a = *scratch_;
   // Only tensor parallelism uses these: the partial sums before a tp reduction, and with
   // sequence parallelism the collectives' staging and the gathered gradient (at GPT-2 1.5B,
   // B 16 × 1024, 100 MB each that tp 1 would allocate and never touch).
@@ -244,7 +246,7 @@ size_t GPT::activation_bytes() const {
   }
   for (const auto& b : recompute_) floats += b.size();
   for (const auto& b : recompute16_) halves += b.size();
-  const Scratch& a = scratch_;
+  const Scratch& a = *scratch_;
   for (const auto* v : {&a.full_c, &a.stage, &a.ln_out, &a.dresidual, &a.dfull, &a.dbuf_c,
                         &a.dbuf_c2, &a.dbuf_3c, &a.dbuf_4c, &a.dbuf_4c2, &a.datt, &a.dln_partials,
                         &a.ce_stats, &a.ce_all})
@@ -253,5 +255,15 @@ size_t GPT::activation_bytes() const {
     halves += v->size();
   return floats * sizeof(float) + halves * sizeof(bfloat16);
 }
+
+GPT::~GPT() = default;
+
+float* GPT::stage_input(int slot) { return slots_[size_t(slot)].encoded.data(); }
+int GPT::num_slots() const { return int(slots_.size()); }
+GPT::Slot& GPT::head(Slot& s) { return shared_head_ ? slots_[0] : s; }
+bool GPT::head_chunk(const Slot& s) const {
+  return stage_.has_head && s.chunk == stage_.chunks() - 1;
+}
+bool GPT::embedding_chunk(const Slot& s) const { return stage_.has_embedding && s.chunk == 0; }
 
 }  // namespace trident

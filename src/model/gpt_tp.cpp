@@ -4,13 +4,14 @@
 // Note [Sequence-parallel rows]: with sequence parallelism tp rank r holds, of every sequence
 // b, the positions [r·T/tp, (r+1)·T/tp) — local row (b, t) is global row (b, r·T/tp + t). The
 // collectives work on contiguous per-rank blocks, so gathering permutes [tp][B][T/tp][C] into
-// [B][T][C] and reduce-scattering permutes the other way, through scratch_.stage.
+// [B][T][C] and reduce-scattering permutes the other way, through scratch_->stage.
 #include <chrono>
 #include <cstring>
 #include <thread>
 
 #include "core/elapsed.h"
 #include "trident/check.h"
+#include "model/gpt_state.h"
 #include "trident/model.h"
 
 namespace trident {
@@ -50,7 +51,7 @@ void GPT::reduce_rows(float* out, float* partial, int B, int T, int C) {
   }
   const int tps = tp_.size, Tl = T / tps;
   const size_t row = size_t(C) * sizeof(float);
-  float* stage = scratch_.stage.data();
+  float* stage = scratch_->stage.data();
   // stage[r][b][t] = partial[b][r·Tl + t]  (Note [Sequence-parallel rows])
   for (int r = 0; r < tps; ++r)
     be_.copy_rows(stage + size_t(r) * B * Tl * C, Tl * row, partial + size_t(r) * Tl * C,
@@ -66,7 +67,7 @@ void GPT::gather_rows(float* full, const float* local, int B, int T, int C) {
   }
   const int tps = tp_.size, Tl = T / tps;
   const size_t row = size_t(C) * sizeof(float);
-  float* stage = scratch_.stage.data();
+  float* stage = scratch_->stage.data();
   tp_wait(tp_.comm->all_gather(local, stage, size_t(B) * Tl * C));
   // full[b][r·Tl + t] = stage[r][b][t]
   for (int r = 0; r < tps; ++r)
@@ -82,8 +83,8 @@ void GPT::layernorm_gathered(float* out_full, float* mean, float* rstd, const fl
     return;
   }
   const int Nr = N / tp_.size;
-  be_.layernorm_forward(scratch_.ln_out.data(), mean, rstd, inp, w, b, Nr, C);
-  gather_rows(out_full, scratch_.ln_out.data(), B, T, C);
+  be_.layernorm_forward(scratch_->ln_out.data(), mean, rstd, inp, w, b, Nr, C);
+  gather_rows(out_full, scratch_->ln_out.data(), B, T, C);
 }
 
 void GPT::layernorm_gathered_backward(float* dinp, float* dw, float* db, float* dout_full_partial,
@@ -98,7 +99,7 @@ void GPT::layernorm_gathered_backward(float* dinp, float* dw, float* db, float* 
   // The backward of "identity forward": the column-parallel linears each produced a partial
   // input gradient; sum them over tp (reduce-scatter to this rank's rows with sequence
   // parallelism).
-  float* dout = scratch_.ln_out.data();
+  float* dout = scratch_->ln_out.data();
   reduce_rows(dout, dout_full_partial, B, T, C);
   if (!tp_.sequence_parallel) {
     // Every rank normalised the same rows: the weight gradients are already identical.
@@ -114,7 +115,7 @@ void GPT::layernorm_gathered_backward(float* dinp, float* dw, float* db, float* 
   // is exactly the old per-micro-batch sum (0 + p, then the all-reduce); with accum > 1 the
   // sums are taken in another order (over micro-batches first, then ranks): equal to one rank
   // within rounding, as before.
-  float* partial = scratch_.dln_partials.data() + size_t(ln) * 2 * C;
+  float* partial = scratch_->dln_partials.data() + size_t(ln) * 2 * C;
   be_.layernorm_backward(dinp, partial, partial + C, dout, inp, w, mean, rstd, N / tp_.size, C);
   if (!reduce) return;
   tp_wait(tp_.comm->all_reduce(partial, 2 * size_t(C)));

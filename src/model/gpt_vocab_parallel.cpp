@@ -10,21 +10,22 @@
 #include <vector>
 
 #include "trident/check.h"
+#include "model/gpt_state.h"
 #include "trident/model.h"
 
 namespace trident {
 
 void GPT::embedding_forward(float* out, const int32_t* tokens, int B, int T) {
   const int C = cfg_.channels;
-  const float* wte = params_.data() + table_.wte;
-  const float* wpe = params_.data() + table_.wpe;
+  const float* wte = params_.data() + table_->wte;
+  const float* wpe = params_.data() + table_->wpe;
   if (tp_.size == 1) {
     be_.encoder_forward(out, tokens, wte, wpe, B, T, C);
     return;
   }
   // Each rank adds its own vocabulary's rows (zeros elsewhere) and rank 0 the positions; the
   // sum over tp (reduced to this rank's rows) is the embedding.
-  float* partial = scratch_.full_c.data();
+  float* partial = scratch_->full_c.data();
   be_.embedding_slice_forward(partial, tokens, wte, tp_.rank == 0 ? wpe : nullptr,
                               vocab_begin(), vocab_end(), B, T, C);
   reduce_rows(out, partial, B, T, C);
@@ -33,8 +34,8 @@ void GPT::embedding_forward(float* out, const int32_t* tokens, int B, int T) {
 void GPT::embedding_backward(const float* dout, const int32_t* tokens,
                              const EmbeddingRowSink* sink, int B, int T) {
   const int C = cfg_.channels;
-  float* dwte = grads_.data() + table_.wte;
-  float* dwpe = grads_.data() + table_.wpe;
+  float* dwte = grads_.data() + table_->wte;
+  float* dwpe = grads_.data() + table_->wpe;
   if (tp_.size == 1) {
     if (sink)
       be_.encoder_backward(sink->rows, dwpe, dout, sink->row_of_input, B, T, C);
@@ -74,8 +75,8 @@ float GPT::crossentropy_forward(Slot& slot, const int32_t* targets, int N) {
     const int Vl = Vp / tp_.size, v0 = vocab_begin();
     // Columns of this slice inside the real vocabulary (the padding never takes part).
     const int live = std::max(0, std::min(Vl, V - v0));
-    float* mine = scratch_.ce_stats.data();
-    float* all = scratch_.ce_all.data();
+    float* mine = scratch_->ce_stats.data();
+    float* all = scratch_->ce_all.data();
     be_.crossentropy_slice_stats(mine, logits, targets, v0, live, N, Vl);
     tp_wait(tp_.comm->all_gather(mine, all, size_t(N) * 3));
     be_.crossentropy_slice_combine(losses, logits, all, tp_.size, live, N, Vl);
