@@ -38,13 +38,14 @@ std::unique_ptr<ProcessGrid> make_grid(const Deck& deck);
 // log.trace is empty.
 std::unique_ptr<TraceWriter> make_trace(const Deck& deck, const ProcessGrid& grid);
 
-// Note [Threads and binding]: a CPU rank's run.threads run on the cores its affinity allows.
-// mpirun binds each rank to one core by default when there are at most two ranks (Open MPI
-// 4.1: --bind-to core; above two, to a socket), and Slurm to its --cpus-per-task; then a rank
-// asked for 2 threads runs both on one core, at half speed, and nothing says so. So train and
-// bench count every rank's allowed cores (sched_getaffinity), agree over the world, print the
-// fewest as cores= beside threads=, and warn, naming the launch fix, when a rank has fewer
-// cores than threads. Collective over MPI_COMM_WORLD; a device backend is not checked.
+// Note [Threads and binding]
+// A CPU rank's run.threads run on the cores its affinity allows, and launchers bind tightly
+// (mpirun: one core per rank for up to two ranks; Slurm: --cpus-per-task), so a rank asked for 2
+// threads may run both on one core, at half speed, silently. So train and bench count every
+// rank's allowed cores (sched_getaffinity), agree over the world, print the fewest as cores=
+// beside threads=, and warn, naming the launch fix, when a rank has fewer cores than threads.
+//
+// check_rank_cores is collective over MPI_COMM_WORLD; a device backend is not checked.
 // Cores the calling thread may run on (its affinity: the launcher's binding); 0 if unknown.
 int allowed_cores();
 struct CoreCheck {
