@@ -44,14 +44,14 @@ std::unique_ptr<TraceWriter> make_trace(const Deck& deck, const ProcessGrid& gri
 // threads may run both on one core, at half speed, silently. So train and bench count every
 // rank's allowed cores (sched_getaffinity), agree over the world, print the fewest as cores=
 // beside threads=, and warn, naming the launch fix, when a rank has fewer cores than threads.
-//
-// check_rank_cores is collective over MPI_COMM_WORLD; a device backend is not checked.
+
 // Cores the calling thread may run on (its affinity: the launcher's binding); 0 if unknown.
 int allowed_cores();
 struct CoreCheck {
   int cores = 0;        // the fewest cores any rank may run on
   std::string warning;  // empty when every rank has a core per thread
 };
+// See Note [Threads and binding]. Collective over MPI_COMM_WORLD; a device backend is not checked.
 CoreCheck check_rank_cores(const Deck& deck);
 
 // One step's line of metrics.jsonl (train and bench write the same fields; README lists them).
