@@ -131,14 +131,13 @@ if [ -n "$bin" ]; then
   [ "$smoke_rc" -eq 0 ] || problems+=("smoke: trident train on the GPU exited with $smoke_rc")
 fi
 
-# The bf16 path's accuracy target (issue 14; Note [bf16 activations]): gpt-tiny, 100 steps,
+# The bf16 path's accuracy target (Note [bf16 activations]): gpt-tiny, 100 steps,
 # run.precision bf16 on the GPU against fp32 on the CPU (same seed, same data order), the mean
 # over the steps of |bf16 - fp32| / fp32 at most 1% (tests/model/test_gpt_bf16.cpp explains
 # why the mean and not every step: the trajectories wander apart late in the run). One seed's
 # figure is noisy, so, as that test does, the verdict is on the mean over three seeds: the
-# deck's (1337) and the next two. The CPU's bf16 twin of this run gave 0.89%, 0.03% and 0.09%
-# (mean 0.34%; seed 1337 has a loss spike at the end of warm-up, step 24, larger in bf16:
-# docs/perf.md). The three CPU runs go in the background while the GPU runs one at a time.
+# deck's (1337) and the next two (docs/perf.md has the CPU twin's figures for these seeds).
+# The three CPU runs go in the background while the GPU runs one at a time.
 if [ -n "$bin" ]; then
   step "bf16 accuracy: gpt-tiny 100 steps, cuda bf16 against cpu fp32, seeds 1337-1339"
   tiny=(--set train.steps=100 --set train.val_every=0 --set log.every=25)

@@ -28,12 +28,12 @@
 # Open MPI names its session directory and shared-memory segments after the hostname, and with
 # one hostname the "nodes" share /tmp and /dev/shm and their segments collide.
 #
-# Note [Cores per node]: each node also gets its own share of the cores (taskset on its orted,
-# or on mpirun for node 0, inherited by its ranks), and mpirun-prefix has --bind-to none. Open
-# MPI binds each node's first rank to the first core it sees, and every emulated node sees the
-# whole machine: left alone, one rank per node put all ranks on core 0 (each at half a core on
-# 2 cores). With N nodes and C usable cores, node I gets cores I*C/N .. (I+1)*C/N - 1 (C/N
-# rounded down; cores left over stay unused); with more nodes than cores all nodes share them.
+# Note [Cores per node]
+# Each node gets its own share of the cores (taskset on its orted, or on mpirun for node 0,
+# inherited by its ranks), and mpirun-prefix has --bind-to none: every emulated node sees the
+# whole machine, and Open MPI would bind each node's first rank to the same first core. With N
+# nodes and C usable cores, node I gets cores I*C/N .. (I+1)*C/N - 1 (C/N rounded down; cores
+# left over stay unused); with more nodes than cores all nodes share them.
 set -euo pipefail
 
 die() { echo "netns-nodes: $*" >&2; exit "${code:-1}"; }

@@ -117,11 +117,11 @@ int run_generate(const GenerateArgs& args) {
   return 0;
 }
 
-// Note [Export on one rank]: export loads the whole model on one rank, in the host's memory
-// (the HDF5 checkpoint loads in any layout), and writes it with save_llmc_weights or
-// save_safetensors_weights. One rank holds GPT-2 1.5B's fp32 weights (6 GB) easily; a model
-// too large for one host would need each rank to write its shard's slices, which neither
-// format's single-file writer does here.
+// Note [Export on one rank]
+// Export loads the whole model on one rank, in the host's memory (an HDF5 checkpoint loads in
+// any layout), and writes it with save_llmc_weights or save_safetensors_weights: both formats
+// are one file, written by one writer. A model too large for one host would need each rank to
+// write its shard's slices, which these writers do not do.
 int run_export(const ExportArgs& args) {
   setup_step([] {
     int world = 1;

@@ -194,13 +194,13 @@ int main(int argc, char** argv) {
     // Training commands are MPI programs; MPI_THREAD_MULTIPLE because the communication thread
     // and the compute thread both call MPI (on different communicators).
     // Open MPI's nonblocking all-reduce (what the communication thread uses) defaults to a
-    // binomial tree for in-place buffers; the ring algorithm is 2-4x faster for gradient-sized
+    // binomial tree for in-place buffers; the ring algorithm is faster for gradient-sized
     // buffers (docs/perf.md). A user's own setting wins.
     setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "1", /*overwrite=*/0);
-    // ZeRO's reduce-scatter is one nonblocking reduce per block owner (Note [Reduce-scatter as
-    // reduces]); libnbc's default for them, a chain of small fragments, needs a progress call
-    // per fragment and took ~2x the link time; the binomial tree moves each piece in one
-    // message (measured in docs/perf.md, "ZeRO"). A user's own setting wins.
+    // ZeRO's reduce-scatter is one nonblocking reduce per block owner
+    // (Note [Reduce-scatter as reduces]); libnbc's default for them, a chain of small
+    // fragments, needs a progress call per fragment; the binomial tree moves each piece in one
+    // message (docs/perf.md, "ZeRO"). A user's own setting wins.
     setenv("OMPI_MCA_coll_libnbc_ireduce_algorithm", "2", /*overwrite=*/0);
     int provided = 0;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);

@@ -54,19 +54,20 @@ struct Run {
 // ends every rank with one message (AgreedFailure).
 Run make_run(const Deck& deck, const std::function<double(Backend&)>& measure_peak);
 
-// Note [Threads and binding]: a CPU rank's run.threads run on the cores its affinity allows.
-// mpirun binds each rank to one core by default when there are at most two ranks (Open MPI
-// 4.1: --bind-to core; above two, to a socket), and Slurm to its --cpus-per-task; then a rank
-// asked for 2 threads runs both on one core, at half speed, and nothing says so. So train and
-// bench count every rank's allowed cores (sched_getaffinity), agree over the world, print the
-// fewest as cores= beside threads=, and warn, naming the launch fix, when a rank has fewer
-// cores than threads. Collective over MPI_COMM_WORLD; a device backend is not checked.
+// Note [Threads and binding]
+// A CPU rank's run.threads run on the cores its affinity allows, and launchers bind tightly
+// (mpirun: one core per rank for up to two ranks; Slurm: --cpus-per-task), so a rank asked for 2
+// threads may run both on one core, at half speed, silently. So train and bench count every
+// rank's allowed cores (sched_getaffinity), agree over the world, print the fewest as cores=
+// beside threads=, and warn, naming the launch fix, when a rank has fewer cores than threads.
+
 // Cores the calling thread may run on (its affinity: the launcher's binding); 0 if unknown.
 int allowed_cores();
 struct CoreCheck {
   int cores = 0;        // the fewest cores any rank may run on
   std::string warning;  // empty when every rank has a core per thread
 };
+// See Note [Threads and binding]. Collective over MPI_COMM_WORLD; a device backend is not checked.
 CoreCheck check_rank_cores(const Deck& deck);
 
 // One step's line of metrics.jsonl (train and bench write the same fields; README lists them).

@@ -24,17 +24,19 @@ int env_int(const char* name, int fallback) {
 
 }  // namespace
 
-// Note [Slurm launch check]: srun starts SLURM_STEP_NUM_TASKS tasks, each with its own
-// SLURM_PROCID. When Open MPI is wired to srun's PMI (`srun --mpi=pmix`), every task is one rank
-// of one world, so the world holds every PROCID of the step. Two mistakes break that:
+// Note [Slurm launch check]
+// srun starts SLURM_STEP_NUM_TASKS tasks, each with its own SLURM_PROCID; wired to srun's PMI
+// (`srun --mpi=pmix`), every task is one rank of one world. So a world holding fewer distinct
+// PROCIDs than the step has tasks is a launch mistake that would train separate copies, and is
+// refused on every rank. A legitimate `mpirun` inside an allocation passes: its daemons are a
+// step of one task per node, and every node's ranks share that node's PROCID.
+//
+// The two mistakes:
 //   - srun's --mpi plugin does not match the MPI library: each task starts as a singleton,
 //     a world of one (Debian's Open MPI refuses earlier, in MPI_Init, with its own message;
 //     other builds carry on and train N separate copies);
 //   - `srun mpirun trident`: every srun task runs its own mpirun, whose ranks all share the
 //     task's PROCID — several worlds, each training the whole run.
-// Both show as fewer distinct PROCIDs in the world than tasks in the step. A legitimate
-// `mpirun` inside an allocation (no srun) runs its daemons as a step of one task per node, and
-// every node's ranks share that node's PROCID: distinct PROCIDs == step tasks, so it passes.
 void check_slurm_launch() {
   if (std::getenv("SLURM_JOB_ID") == nullptr) return;
   int world = 1, rank = 0;

@@ -4,7 +4,7 @@
 
 namespace trident {
 
-// Note [Slurm launch check]. Collective over MPI_COMM_WORLD; call on every rank after MPI_Init.
+// See Note [Slurm launch check]. Collective over MPI_COMM_WORLD; call on every rank after MPI_Init.
 // Throws trident::Error (bad input, exit 2) identically on every rank of the world when srun's
 // tasks are not all in this MPI world; prints a warning (rank 0) when a multi-task job runs
 // trident outside srun. Does nothing outside Slurm.

@@ -2,6 +2,11 @@
 // agreement that the writer and the reader share.
 //
 // Note [Checkpoint layout on disk]
+// A step is one HDF5 shard per rank of the saving communicator plus index.h5, whose virtual
+// datasets map every block back to its shard. A step becomes visible only by renaming
+// step_N.tmp to step_N and then switching `latest`, so a reader never sees a half-written step.
+// Every block carries a crc32, and a region whose shard is missing reads as NaN, never zeros.
+//
 //   dir/.lock                       CheckpointDirLock (flock), holds the owner's pid
 //   dir/latest -> step_00000100     relative symbolic link, switched by renaming a new link over it
 //   dir/step_00000100/
@@ -12,23 +17,19 @@
 //                       "1", ... in the order of ShardTensor::blocks, of the block's shape, with
 //                       attributes start (int64[ndim]) and crc32 (uint32, of its bytes).
 //     index.h5          /<name>: a float32 virtual dataset of the global shape, with one mapping
-//                       per block to "shard_rNNNNN.h5":/<name>/<k> (fill value NaN, so a region
-//                       whose shard is missing reads as NaN, never as zeros) and attribute
-//                       source_crc32 (uint32[mappings], in mapping order). Root attributes
-//                       format_version, step, run_id, deck_yaml, world, dp, tp, pp, num_shards,
-//                       shard_files (the names of all shards, including ranks that own nothing).
+//                       per block to "shard_rNNNNN.h5":/<name>/<k> (fill value NaN) and
+//                       attribute source_crc32 (uint32[mappings], in mapping order). Root
+//                       attributes format_version, step, run_id, deck_yaml, world, dp, tp, pp,
+//                       num_shards, shard_files (the names of all shards, including ranks that
+//                       own nothing).
 //   dir/step_00000110.tmp/          a save in progress (or one that crashed): never read
 //
 // Note [VDS source paths]
-//   The mappings name their source files bare ("shard_r00003.h5"). HDF5 >= 1.10.2 resolves a
-//   relative source name by trying, in order: each prefix in the environment variable
-//   HDF5_VDS_PREFIX, the access property's H5Pset_virtual_prefix, then the directory of the
-//   VDS file as it was opened (the working directory joined with the path given to H5Fopen),
-//   and last the bare name against the working directory. So the directory can be renamed
-//   (step_X.tmp -> step_X) or moved, and index.h5 opened from any working directory, h5py
-//   included, as long as the shards sit next to it. trident's own reads also set the virtual
-//   prefix to the checkpoint directory, which does not depend on how the path was spelled.
-//   tests/mpi/test_ckpt_io.cpp checks h5py from another working directory.
+// The mappings name their source files bare ("shard_r00003.h5"), and trident's reads set the
+// virtual prefix to the checkpoint directory: a step can be renamed or moved, and index.h5
+// opened from any working directory (h5py included), as long as the shards sit beside it.
+// HDF5 >= 1.10.2 resolves a bare name against HDF5_VDS_PREFIX, the access property's prefix,
+// then the VDS file's own directory (tests/mpi/test_ckpt_io.cpp checks h5py elsewhere).
 #pragma once
 
 #include <hdf5.h>
@@ -158,11 +159,11 @@ H5Id make_fapl();
 H5Id open_read_only(const std::string& path, const std::string& what);
 
 // Note [Agree before throwing]
-// A checkpoint function is collective; one rank failing (a full disk, a corrupt shard) must
-// not leave the others waiting in the next collective. So each phase runs its local part
-// inside `attempt`, and `agree_or_throw` (an all-reduce every rank reaches) makes every rank
-// throw if any failed: a failing rank its own error, the others `others(lowest_failing_rank)`
-// with the failing rank's exit code.
+// A checkpoint function is collective: one rank failing (a full disk, a corrupt shard) must not
+// leave the others waiting in the next collective. So each phase runs its local part inside
+// `attempt`, and `agree_or_throw` (an all-reduce every rank reaches) makes every rank throw if
+// any failed: a failing rank its own error, the others one naming the lowest failing rank, with
+// its exit code.
 template <typename F>
 std::optional<Error> attempt(F&& f) {
   try {
@@ -179,11 +180,10 @@ void agree_or_throw(MPI_Comm comm, double timeout_s, const std::optional<Error>&
 
 // Note [Checkpoint collectives under the timeout]
 // A rank that stops answering during a save or a load (SIGSTOP, a hung node) must end the job
-// after comm.timeout_s, as a stalled step's collective does (MpiComm), not hang it: so every
-// collective of the checkpoint code is the nonblocking MPI call, completed by wait_within,
-// which polls MPI_Test (Open MPI progresses nonblocking collectives only inside MPI calls) and
-// throws an internal error naming the operation, the communicator and the rank after
-// timeout_s. The app then aborts the job (MPI_Abort), as for any error after setup.
+// after comm.timeout_s, as a stalled step's collective does, not hang it. So every checkpoint
+// collective is the nonblocking MPI call completed by wait_within, which polls MPI_Test (Open
+// MPI progresses only inside MPI calls) and after timeout_s throws an internal error naming the
+// operation, communicator and rank; the app then aborts the job.
 void wait_within(MPI_Request& request, MPI_Comm comm, double timeout_s, const char* op);
 
 // fsync of a file or a directory; Error naming the path on failure.

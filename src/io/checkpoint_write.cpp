@@ -455,8 +455,8 @@ std::string save_into(const std::filesystem::path& base, const std::filesystem::
   const std::string final_name = final_dir.filename().string();
   const std::string others = fmt::format("checkpoint save to {}: failed", final_dir.string());
 
-  // Note [Leaving after a storage fault]: room for every shard, checked before HDF5 writes a
-  // byte (the ranks share the directory, so rank 0 checks the sum).
+  // Room for every shard, checked before HDF5 writes a byte; the ranks share the directory, so
+  // rank 0 checks the sum (Note [Leaving after a storage fault]).
   uint64_t need = estimated_shard_bytes(tensors), total_need = 0;
   MPI_Request request = MPI_REQUEST_NULL;  // Note [Checkpoint collectives under the timeout]
   TRIDENT_MPI(MPI_Ireduce(&need, &total_need, 1, MPI_UINT64_T, MPI_SUM, 0, comm, &request));

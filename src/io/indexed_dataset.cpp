@@ -1,7 +1,6 @@
-// Megatron-LM / GPT-NeoX indexed datasets (PREFIX.idx + PREFIX.bin) read as a token stream.
-//
-// Note [Megatron indexed dataset]
-//   PREFIX.idx, little-endian ("MMIDIDX" version 1, as Megatron's indexed_dataset.py writes it):
+// Megatron-LM / GPT-NeoX indexed datasets (PREFIX.idx + PREFIX.bin) read as a token stream
+// (docs/data-format.md). PREFIX.idx, little-endian ("MMIDIDX" version 1, as Megatron's
+// indexed_dataset.py writes it):
 //     offset 0   9 bytes     magic "MMIDIDX\0\0"
 //            9   u64         version, 1
 //           17   u8          dtype code of the tokens in .bin (kDtypes below)
@@ -10,16 +9,15 @@
 //           34   i32[S]      sizes: tokens in sequence i
 //      34 + 4S   i64[S]      pointers: byte offset of sequence i in .bin
 //     34 + 12S   i64[D]      doc_idx: index of each document's first sequence, then S
-//   PREFIX.bin: the tokens of every sequence, nothing else.
-// trident reads the tokens of sequences 0 .. S-1 one after the other as a single stream, the
-// way Megatron's GPT dataset concatenates documents (a sample crosses document boundaries), and
-// then samples and shuffles it like any other token file (data.h): the sample order, resume
-// and the equality of layouts are those of every format. No token is added: an end-of-document
-// token is in the data only if preprocessing put it there (docs/decisions.md, "EOD").
-// The pointers must place the sequences back to back in order (pointers[0] = 0, pointers[i+1]
-// = pointers[i] + sizes[i] x dtype bytes), which is what Megatron's builder and its merge
-// write; the stream is then the .bin itself, mapped read-only and widened to int32 per read.
-// Documents are not needed to form the stream; doc_idx is checked and used in messages.
+// PREFIX.bin: the tokens of every sequence, nothing else.
+//
+// Note [Megatron indexed dataset]
+// The tokens of sequences 0 .. S-1, back to back, are one stream, as Megatron's GPT dataset
+// concatenates documents; it is then sampled and shuffled like any token file, so order, resume
+// and layout equality are those of every format. No end-of-document token is added. The
+// pointers must place the sequences back to back (pointers[i+1] = pointers[i] + sizes[i] x dtype
+// bytes, as Megatron's builder writes): then the stream is the mapped .bin itself. doc_idx is
+// only checked and used in messages.
 #include <algorithm>
 #include <bit>
 #include <filesystem>
@@ -269,12 +267,12 @@ bool ends_with(const std::string& s, const std::string& tail) {
 
 }  // namespace
 
-// Note [Naming an indexed dataset]: data.train / data.valid name an indexed dataset by
-//   - PREFIX.idx;
-//   - PREFIX.bin when PREFIX.idx exists beside it (a .bin alone is a trident token file or an
-//     llm.c shard, read as before: those have no .idx);
-//   - PREFIX, Megatron's own way (--data-path), when no file PREFIX exists but PREFIX.idx or
-//     PREFIX.bin does (the missing one of the pair is then reported).
+// Note [Naming an indexed dataset]
+// data.train / data.valid name an indexed dataset by PREFIX.idx; by PREFIX.bin when PREFIX.idx
+// exists beside it (a .bin alone is a trident token file or an llm.c shard, which have no .idx);
+// or by PREFIX, Megatron's own way (--data-path), when no file PREFIX exists but PREFIX.idx or
+// PREFIX.bin does (the missing one of the pair is then reported). Any spelling Megatron users
+// type works, and no existing token file changes meaning.
 std::optional<std::string> indexed_prefix(const std::string& path) {
   if (ends_with(path, ".idx")) return path.substr(0, path.size() - 4);
   if (ends_with(path, ".bin")) {

@@ -32,10 +32,11 @@ SampleOrder::SampleOrder(const TokenDataset& data, int seq_len, bool shuffle, ui
                 data.path(), data.n_tokens(), seq_len, static_cast<uint64_t>(seq_len) + 1);
 }
 
-// Note [Epoch permutation]: epoch e's order is a Fisher-Yates shuffle of 0..S-1 driven by
-// mt19937_64 seeded with splitmix64(splitmix64(seed) ^ e). It depends on (seed, e, S) only, so
-// every rank computes the same permutation without communicating, and any rank can jump to any
-// global position (e.g. after resuming from a checkpoint) by recomputing one epoch.
+// Note [Epoch permutation]
+// Epoch e's order is a Fisher-Yates shuffle of 0..S-1 driven by mt19937_64 seeded with
+// splitmix64(splitmix64(seed) ^ e). It depends on (seed, e, S) only, so every rank computes the
+// same permutation without communicating, and any rank can jump to any global position (after
+// a resume, say) by recomputing one epoch.
 size_t SampleOrder::sample_at(uint64_t g) const {
   const uint64_t S = num_samples_;
   if (!shuffle_) return static_cast<size_t>(g % S);

@@ -1,6 +1,6 @@
-// GPT-2 forward (backward: gpt_backward.cpp) as a sequence of Backend layer calls, tensor-parallel in the
-// Megatron way (Note [Tensor-parallel shards] in trident/model.h) and split into pipeline
-// stages (Note [Pipeline stages]):
+// GPT-2 forward (backward: gpt_backward.cpp) as a sequence of Backend layer calls,
+// tensor-parallel in the Megatron way (Note [Tensor-parallel shards] in trident/model.h) and
+// split into pipeline stages (Note [Pipeline stages]):
 //   - qkv and fc are column-parallel (each tp rank computes its heads / its slice of 4C);
 //     attproj and fcproj are row-parallel (partial sums, reduced over tp, bias added once);
 //   - the residual stream is replicated, or split along the sequence with sequence

@@ -2,30 +2,27 @@
 // (backward_input, then backward_weight later). The tensor-parallel and sequence-parallel
 // plumbing is gpt.cpp's (see its header comment); this file only orders the layer calls.
 //
-// Note [Split backward]: backward_input ("B") computes everything the previous stage waits
-// for — the input gradients through the whole stage — and the LayerNorm gradients on the way;
-// backward_weight ("W") computes the weight and bias gradients of the blocks' linear layers
-// (qkv, attproj, fc, fcproj) and the embedding's, from the output gradients B kept. B keeps
-// them in the slot, in activations that B itself was the last to read:
+// Note [Split backward]
+// backward_input ("B") computes what the previous stage waits for, the input gradients through
+// the stage (and the LayerNorm gradients on the way); backward_weight ("W") computes the blocks'
+// linear and the embedding's weight gradients later, from output gradients that B keeps in slot
+// activations it was the last to read: no memory beyond the slot. W runs the same calls on the
+// same values in the same order per parameter, so B then W is backward bit for bit.
 //
+// Where B keeps the output gradients (the schedule keeps the slot until W):
 //     fcproj's output gradient (this rank's rows)  → residual3 (the block's output)
 //     fc's output gradient                         → fch (the pre-GELU activation)
 //     attproj's output gradient (this rank's rows) → residual2
 //     qkv's output gradient                        → qkv
 //     the embedding's output gradient              → encoded (the stage input)
-//
-// so a split backward needs no memory beyond the slot (the schedule keeps the slot until W).
-// The LM head's dwte stays in B: its input, dlogits, is the largest buffer of all (B·T·V),
-// and computing dwte at once lets the last stage keep one set of head buffers (final
-// LayerNorm, logits, losses) for all its slots (GPTOptions::shared_head), where ZB-H1 gives
-// it p slots. On a stage with both ends (pp 1)
-// wte's two contributions still come in backward's order: the head's in B(i), the
-// embedding's in W(i), and W(i) precedes B(i + 1) there.
-// With sequence parallelism W gathers the kept rows to all N again (an all-gather per
-// row-parallel layer, which tp ranks run in the same order). W runs the same matmul_backward
-// calls on the same values as backward, in the same order per parameter, so B then W gives
-// backward's gradients bit for bit (test_pp_training, zb-h1 against 1f1b). Gradient-ready
-// events come from W. Recomputation is refused: what it drops, W would need again.
+// The LM head's dwte stays in B: its input, dlogits, is the largest buffer of all (B·T·V), and
+// computing dwte at once lets the last stage keep one set of head buffers (final LayerNorm,
+// logits, losses) for all its slots (GPTOptions::shared_head), where ZB-H1 gives it p slots. On
+// a stage with both ends (pp 1) wte's two contributions still come in backward's order: the
+// head's in B(i), the embedding's in W(i), and W(i) precedes B(i + 1) there. With sequence
+// parallelism W gathers the kept rows to all N again (an all-gather per row-parallel layer, in
+// the same order on every tp rank). Gradient-ready events come from W (test_pp_training checks
+// zb-h1 against 1f1b). Recomputation is refused: what it drops, W would need again.
 #include <algorithm>
 
 #include "model/gpt_phase.h"
@@ -118,8 +115,8 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale,
     // buffer may be shared by all slots (Note [Split backward]).
     Slot& h = head(s);
     if (wte_after_head && !wte_piece_rows_.empty()) {
-      // Note [Head gradient in pieces]: the same GEMM, a slice of its rows at a time, each
-      // reported (and so reduced) as soon as it is computed.
+      // The same GEMM, a slice of its rows at a time, each reported (and so reduced) as soon
+      // as it is computed (Note [Head gradient in pieces]).
       for (size_t k = 0; k + 1 < wte_piece_rows_.size(); ++k) {
         const int r0 = wte_piece_rows_[k], rows = wte_piece_rows_[k + 1] - r0;
         be_.matmul_backward_weight_rows(G + table_->wte + size_t(r0) * C, h.logits.data() + r0,
@@ -198,8 +195,8 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale,
   }
   keep_copy(s.encoded.data(), a.dresidual.data(), size_t(Nr) * C);
   if (!weights) return;
-  // The token embedding's second (sparse) contribution comes last (Note [Tied embedding
-  // gradient]): into the sink's compact rows, or into wte's gradient, which is final only now.
+  // The token embedding's second (sparse) contribution comes last (Note [Tied embedding gradient]):
+  // into the sink's compact rows, or into wte's gradient, which is final only now.
   Phase ph(be_, phases_, table_->backward_embedding);
   embedding_backward(dresidual_all_rows(), s.inputs.data(), sink, B, T);
   ready.through(table_->wpe_index);

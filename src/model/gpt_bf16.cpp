@@ -1,11 +1,11 @@
-// GPT-2's bf16 path (GPTOptions::precision; Note [bf16 activations] in
-// src/backend/bf16_ops.cpp): the same model and the same gradients as gpt.cpp and
-// gpt_backward.cpp, in the ops that read bf16 without a cast pass, with tp = 1. The residual
-// stream and its gradient stay fp32; the row-parallel linears add into the residual in their
-// own op (matmul_forward_add_bf16) and LayerNorm's backward adds into the residual gradient
-// (layernorm_backward_add_bf16), which also writes the bf16 copy the next GEMMs read. The loss
-// and its logit gradient are one pass in forward (crossentropy_fused_bf16), so backward starts
-// at the LM head's GEMMs. Gradient-ready events and the ready order are the fp32 path's.
+// GPT-2's bf16 path (GPTOptions::precision, Note [bf16 activations] in src/backend/bf16_ops.cpp):
+// the same model and the same gradients as gpt.cpp and gpt_backward.cpp, in the ops that read
+// bf16 without a cast pass, with tp = 1. The residual stream and its gradient stay fp32; the
+// row-parallel linears add into the residual in their own op (matmul_forward_add_bf16) and
+// LayerNorm's backward adds into the residual gradient (layernorm_backward_add_bf16), which also
+// writes the bf16 copy the next GEMMs read. The loss and its logit gradient are one pass in
+// forward (crossentropy_fused_bf16), so backward starts at the LM head's GEMMs. Gradient-ready
+// events and the ready order are the fp32 path's.
 #include "model/gpt_phase.h"
 #include "model/ready_walk.h"
 #include "trident/check.h"

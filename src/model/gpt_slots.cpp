@@ -33,7 +33,7 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   TRIDENT_CHECK(options.slots >= 1, "slots {}", options.slots);
   check_tensor_parallel(cfg, tp_.size, tp_.sequence_parallel, T);
   const bool bf16 = precision_ == Precision::kBf16;
-  // Note [bf16 activations]: the bf16 path is the one-GPU-per-replica model for now.
+  // The bf16 path is the one-GPU-per-replica model for now (Note [bf16 activations]).
   if (bf16 && tp_.size > 1)
     input_error("run.precision bf16 runs with tensor parallelism 1 (this run has tp {}); use "
                 "run.precision fp32 for tp > 1", tp_.size);

@@ -1,10 +1,11 @@
 // Tensor-parallel plumbing of the GPT model: the tp collectives and the sequence-parallel
 // row layout.
 //
-// Note [Sequence-parallel rows]: with sequence parallelism tp rank r holds, of every sequence
-// b, the positions [r·T/tp, (r+1)·T/tp) — local row (b, t) is global row (b, r·T/tp + t). The
-// collectives work on contiguous per-rank blocks, so gathering permutes [tp][B][T/tp][C] into
-// [B][T][C] and reduce-scattering permutes the other way, through scratch_->stage.
+// Note [Sequence-parallel rows]
+// With sequence parallelism tp rank r holds, of every sequence b, the positions
+// [r·T/tp, (r+1)·T/tp): local row (b, t) is global row (b, r·T/tp + t). The collectives work on
+// contiguous per-rank blocks, so gathering permutes [tp][B][T/tp][C] into [B][T][C] and
+// reduce-scattering permutes the other way, through scratch_->stage.
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -22,12 +23,12 @@ double GPT::take_tp_comm_ms() {
   return ms;
 }
 
-// Note [Waiting for a tp collective]: on a host backend the compute thread has nothing else to
-// do while it waits, and Open MPI advances the collective only inside an MPI call, so it tests
-// and yields until done (test() still enforces the timeout). Work::wait's backoff sleeps of up
-// to 200 µs (progress_backoff, meant for threads that share cores with compute) overshot every
-// small collective: GPT-tiny at tp 2 spent 7.4 ms of a 24.1 ms step waiting, 1.4 of 17.8 with
-// yields (docs/perf.md). A device backend keeps wait(): its Work is an event query.
+// Note [Waiting for a tp collective]
+// On a host backend the compute thread has nothing else to do while it waits, and Open MPI
+// advances the collective only inside an MPI call, so it tests and yields until done (test()
+// still enforces the timeout). Work::wait's backoff sleeps, meant for threads that share cores
+// with compute, would overshoot every small collective (docs/perf.md). A device backend keeps
+// wait(): its Work is an event query.
 void GPT::tp_wait(Work w) {
   const auto t0 = std::chrono::steady_clock::now();
   if (be_.is_device()) {
@@ -106,15 +107,12 @@ void GPT::layernorm_gathered_backward(float* dinp, float* dw, float* db, float* 
     be_.layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
     return;
   }
-  // Note [Sequence-parallel LayerNorm gradients]: each rank saw only its rows, so its LayerNorm
-  // weight gradients are partial sums over tp. They accumulate, micro-batch after micro-batch,
-  // in this LayerNorm's own [2C] buffer (not in grads(), which may already hold summed values
-  // from an earlier call), and only the step's last micro-batch sums the buffer over tp, adds it
-  // to dw and db, and zeroes it: one latency-bound all-reduce per LayerNorm per step instead of
-  // one per micro-batch (2L+1 waits on the critical path each). With reduce on every call this
-  // is exactly the old per-micro-batch sum (0 + p, then the all-reduce); with accum > 1 the
-  // sums are taken in another order (over micro-batches first, then ranks): equal to one rank
-  // within rounding, as before.
+  // Note [Sequence-parallel LayerNorm gradients]
+  // Each rank saw only its rows, so its LayerNorm weight gradients are partial sums over tp.
+  // They accumulate over micro-batches in this LayerNorm's own [2C] buffer (grads() may already
+  // hold summed values), and only the step's last micro-batch sums it over tp, adds it to dw and
+  // db and zeroes it: one latency-bound all-reduce per LayerNorm per step, not per micro-batch.
+  // With accum > 1 the sums run over micro-batches first, then ranks: equal within rounding.
   float* partial = scratch_->dln_partials.data() + size_t(ln) * 2 * C;
   be_.layernorm_backward(dinp, partial, partial + C, dout, inp, w, mean, rstd, N / tp_.size, C);
   if (!reduce) return;

@@ -90,8 +90,8 @@ float GPT::mean_loss(Slot& slot, int N) {
     be_.add_mean(loss_sum_device_.data(), losses, size_t(N));
     return 0.0f;
   }
-  // Note [Backend memory]: on a device, through a host buffer allocated with the model (a copy
-  // to host memory has completed when copy() returns).
+  // On a device, through a host buffer allocated with the model (Note [Backend memory]); a copy
+  // to host memory has completed when copy() returns.
   const float* host = losses;
   if (be_.is_device()) {
     be_.copy(losses_host_.data(), losses, size_t(N) * sizeof(float));

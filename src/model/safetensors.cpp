@@ -1,11 +1,16 @@
 // Hugging Face GPT-2 weights as safetensors: `trident export --format safetensors` writes them,
 // model.init_from reads them (llmc_checkpoint.cpp hands such a file to this reader).
 //
-// Note [GPT-2 safetensors]: the file is an 8-byte little-endian header length N, N bytes of
-// JSON {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}, then
-// the raw little-endian tensor bytes, offsets counted from the first byte after the header.
-// The names and layout are transformers' GPT-2 (GPT2Model), and differ from trident's (llm.c's)
-// in three ways:
+// Note [GPT-2 safetensors]
+// Files are transformers' GPT-2 (GPT2LMHeadModel as save_pretrained stores it), so they go to
+// and from the Hugging Face tools unchanged; trident converts names, the Conv1D orientation and
+// wte's padding at the boundary. Everything is checked against the file before anything is
+// read, and each problem is an input_error naming the file and the tensor or field.
+//
+// The file is an 8-byte little-endian header length N, N bytes of JSON {name: {"dtype",
+// "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}, then the raw little-endian
+// tensor bytes, offsets counted from the first byte after the header. The names and layout
+// differ from trident's (llm.c's) in three ways:
 //   - names: h.{l}.attn.c_attn.weight is h{l}.qkvw, ln_f.weight is lnfw, ... (kNames below);
 //   - orientation: HF's Conv1D keeps its weight [in, out], the transpose of nn.Linear's and of
 //     trident's [out, in], so c_attn, attn.c_proj, c_fc and mlp.c_proj are transposed both ways
@@ -18,8 +23,7 @@
 // wte, which trident ties it to), the attention-mask buffers h.{l}.attn.bias/masked_bias of
 // older exports ignored; F32, or F16/BF16 widened to fp32. The head count comes from
 // __metadata__ "n_head", else from the "n_head" of a config.json beside the file (as the hub
-// ships it). Everything is checked against the file before anything is read, and each problem
-// is an input_error naming the file and the tensor or field.
+// ships it).
 #include <fmt/ranges.h>
 
 #include <algorithm>

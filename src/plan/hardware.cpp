@@ -19,9 +19,12 @@ namespace trident {
 
 // Note [Hardware files]
 // One YAML file describes one kind of node: what a device (a GPU, or a CPU core) computes and
-// moves per second, as a training step sees it. Peak figures come from the vendor; achieved
-// ones from published measurements or `trident plan --calibrate`, and `sources:` says which.
-// GB is 10⁹ bytes everywhere (as vendors and nccl-tests count). Keys, all at the top level:
+// moves per second, as a training step sees it; `sources:` says where each figure comes from
+// (a vendor, a publication, `trident plan --calibrate`). Unknown keys, wrong types and values out
+// of range are refused (exit 2) with one message that starts with "file:line:" and names the
+// key, so a typo cannot silently mean a default. GB is 10⁹ bytes, as vendors and nccl-tests say.
+//
+// The keys, all at the top level:
 //   name                 string, required    what `trident plan` prints; usually the file stem
 //   kind                 gpu | cpu, required  cpu: a device is one core
 //   devices_per_node     integer ≥ 1, req.   GPUs per node, or cores per node
@@ -57,8 +60,6 @@ namespace trident {
 // nccl-tests calls busbw (algbw · 2(n−1)/n for all-reduce); latency_us is the cost of one ring
 // hop, so a ring all-reduce of B bytes on n devices takes 2(n−1)/n · B / bw + 2(n−1) · latency,
 // the formula of emulated_link_seconds (trident/comm.h).
-// Unknown keys, wrong types and values out of range are refused (exit 2) with one message that
-// starts with "file:line:" and names the key, so a typo cannot silently mean a default.
 
 namespace {
 

@@ -1,10 +1,13 @@
 // The plan model's memory per rank and its parameter count (Note [Plan memory]).
 //
 // Note [Plan memory]
-// ~~~~~~~~~~~~~~~~~~
-// Bytes on the pipeline stage that holds the most (the first: most micro-batches in flight and
-// the embedding; or the last: the head's logits), by what trident allocates (src/model/
-// gpt_slots.cpp, src/train/trainer.cpp):
+// Memory is counted on the pipeline stage that holds the most (the first: most micro-batches in
+// flight and the embedding; or the last: the head's logits), buffer by buffer as trident
+// allocates (src/model/gpt_slots.cpp, src/train/trainer.cpp), so a test can build a GPT and
+// compare bytes. Slots come from max_in_flight (trident/pipeline.h) and bf16 sizes from
+// GPT::kBf16Buffer: the functions the model and trainer allocate by, so the two cannot drift.
+//
+// The terms:
 //   params      the stage's parameters of one tp rank: fp32 4 B; bf16 2 B (the master copy is
 //               optimizer state);
 //   grads       fp32 4 B per parameter (mixed precision keeps fp32 main gradients too); ZeRO-1
@@ -20,14 +23,11 @@
 //   scratch     buffers shared by all slots: the recomputed block's dropped buffers, the
 //               backward's gradient buffers and the attention scratch.
 // Sizes are elements × 4 B for fp32. The bf16 path holds in 2 B what GEMMs, attention and GELU
-// read (GPT::kBf16Buffer, the one table both use) and keeps the residual stream, the stage
-// input, LayerNorm statistics, the attention state and the scratch between them in 4 B. Per
-// layer and micro-batch this is, without parallelism, 16·b·s·h elements + the attention state:
-// 64·sbh B in fp32, and 14·sbh·2 + 2·sbh·4 = 36·sbh B in bf16, against Korthikanti et al.
-// 2022's 34·sbh + 5·a·s²·b (bf16 residuals, and dropout masks; the attention state here is the
-// b·a·s² probabilities unfused, or b·a·s statistics with fused attention, fp32 either way).
-// With tp > 1, which the bf16 path refuses for now, the bf16 terms are the same buffers at the
-// tp sizes: a target, as Megatron's accounting is, not yet an allocation.
+// read (GPT::kBf16Buffer) and keeps the residual stream, the stage input, LayerNorm statistics,
+// the attention state and the scratch between them in 4 B (docs/plan.md compares the bytes per
+// layer with Korthikanti et al. 2022). With tp > 1, which the bf16 path refuses for now, the
+// bf16 terms are the same buffers at the tp sizes: a target, as Megatron's accounting is, not
+// yet an allocation.
 #include <fmt/format.h>
 
 #include <algorithm>

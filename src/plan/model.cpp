@@ -2,8 +2,13 @@
 // hardware description (trident/plan.h).
 //
 // Note [Plan model]
-// ~~~~~~~~~~~~~~~~~
-// One micro-batch of one pipeline stage is costed op by op, as trident runs it (src/model/):
+// One micro-batch of one pipeline stage is costed op by op, as trident runs it (src/model/), and
+// a step is built from it with the functions the trainer and bench use (bubble_model and
+// max_in_flight, trident/pipeline.h), so the prediction follows the code it predicts. Every term
+// is named and the time terms add up to step_s exactly, so a printed split cannot hide a
+// remainder.
+//
+// The terms of one micro-batch:
 //   gemm          every linear layer's forward GEMM and backward's two (dX, dW), each at the
 //                 hardware's achieved rate for its smallest dimension (Hardware::gemm);
 //   attention     fused (attention_tflops > 0: the causal half of QKᵀ and PV, forward 1×,
@@ -22,12 +27,11 @@
 // A step is accum micro-batches through the pipeline: busy = m·t_mb on the slowest stage,
 // and the schedule's idle share (bubble_model in trident/pipeline.h, the same function bench
 // prints) adds bubble = m·t̄·f/(1−f), t̄ the other stages' mean micro-batch time (the fill and
-// drain run through them; for equal stages this is busy·f/(1−f)). Then what the data-parallel reduction leaves exposed:
-// the all-reduce (ZeRO: reduce-scatter) hides under the last micro-batch's backward, the
-// bucket that becomes ready last never hides, and compute under it runs overlap_slowdown
-// slower; ZeRO's parameter all-gather hides under the next step's first forward. Last the
-// optimizer, memory-bound over the rank's (ZeRO: shard's) parameters.
-// Every term is named and the time terms add up to step_s exactly.
+// drain run through them; for equal stages this is busy·f/(1−f)). Then what the data-parallel
+// reduction leaves exposed: the all-reduce (ZeRO: reduce-scatter) hides under the last
+// micro-batch's backward, the bucket that becomes ready last never hides, and compute under it
+// runs overlap_slowdown slower; ZeRO's parameter all-gather hides under the next step's first
+// forward. Last the optimizer, memory-bound over the rank's (ZeRO: shard's) parameters.
 //
 // Approximations, stated: layers are costed alike (no per-layer imbalance beyond the
 // embedding and head); the bubble uses the slowest stage's micro-batch time for every stage;

@@ -1,54 +1,49 @@
 // Pipeline schedules: which forward and backward passes one stage runs, in which order.
 //
-// Note [1F1B]: PipeDream-flush (Narayanan et al. 2021), as in Megatron-Core's schedules.py.
-// Stage s of p, with m micro-batches, runs
+// Note [1F1B]
+// PipeDream-flush (Narayanan et al. 2021), as in Megatron-Core's schedules.py: after a warm-up
+// of p − s − 1 forwards, stage s of p alternates one forward and one backward, so it holds at
+// most p − s micro-batches' activations (GPipe: m) for the same bubble, (p−1)/(m+p−1). Both
+// run backwards in micro-batch order, so gradients accumulate in the same order: bitwise equal
+// results. Neither deadlocks under run_pipeline for any p, m ≥ 1 (test_pipeline_schedule.cpp
+// simulates all stages with the runner's waits, Note [Slot reuse] in train/pipeline_runner.cpp).
 //
 //     warm-up    w = min(p − s − 1, m) forwards       F0 .. F(w−1)
 //     steady     for i in 0 .. m−w−1:  F(w+i), B(i)   one forward, one backward
 //     cool-down  the remaining backwards              B(m−w) .. B(m−1)
 //
-// so the last stage alternates from the start (F0 B0 F1 B1 ...) and stage s holds at most
-// p − s micro-batches' activations, against m for GPipe (all forwards, then all backwards).
-// Both run backwards in micro-batch order, so gradients accumulate in the same order and the
-// two schedules give bitwise equal results. The bubble is the same, (p−1)/(m+p−1); 1F1B only
-// bounds the memory. With run_pipeline's nonblocking sends and blocking receives neither
-// deadlocks, for any p ≥ 1 and m ≥ 1 (m < p included): test_pipeline_schedule.cpp simulates all
-// stages together, with the runner's waits (Note [Slot reuse] in pipeline_runner.cpp), up to
-// 8 stages × 20 micro-batches.
-//
-// Note [ZB-H1]: the zero-bubble schedule of Qi et al. 2023 ("Zero Bubble Pipeline
-// Parallelism", its handcrafted ZB-H1). Backward splits into B, the input gradient the
-// previous stage waits for, and W, the weight gradients nobody waits for. Stage s runs 1F1B's
-// sequence of F and B, and delays each W(i) until after B(i + s):
+// Note [ZB-H1]
+// The zero-bubble schedule of Qi et al. 2023 (its handcrafted ZB-H1): backward splits into B,
+// the input gradient the previous stage waits for, and W, the weight gradients nobody waits for;
+// stage s runs 1F1B's F and B and delays each W(i) until after B(i + s). Gradients travel back
+// at B's pace and the held-back W's fill the cool-down, a third of 1F1B's bubble at equal costs.
+// Every stage holds p slots (1F1B's stage-0 peak). W's run in micro-batch order, so gradients
+// accumulate in 1F1B's order: bitwise equal results.
 //
 //     stage 0 of 4:  F0 F1 F2 F3 B0 W0 F4 B1 W1 F5 B2 W2 ...
 //     stage 3 of 4:  F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 ...   cool-down: B7 W4 W5 W6 W7
+// With F, B and W of equal cost the bubble falls from (p−1)·3 units to (p−1)·1
+// (test_pipeline_schedule.cpp replays both with unit costs). Stage s keeps p − s micro-batches'
+// activations for F/B and s more awaiting W, and at most s + 1 micro-batches' weight-pass
+// inputs (max_awaiting_weight).
 //
-// Gradients travel back at B's pace, not B+W's, and the W's the later stages hold back fill
-// the end, where 1F1B's stages wait for the last gradients. With F, B and W of equal cost the
-// bubble falls from 1F1B's (p−1)·3 units to (p−1)·1 (a third); test_pipeline_schedule.cpp
-// replays both with unit costs. Stage s keeps p − s micro-batches' activations for F/B and
-// s more awaiting W, so every stage holds p — the peak 1F1B already has on stage 0 — and at
-// most s + 1 micro-batches' weight-pass inputs (max_awaiting_weight). W's run in micro-batch
-// order, so gradients accumulate in 1F1B's order and the two are bitwise equal.
+// Note [Interleaved 1F1B]
+// Megatron's virtual stages (Narayanan et al. 2021, section 2.2): stage s of p holds v model
+// chunks, chunk c being virtual stage c·p + s, and runs the m·v chunk passes in groups of p
+// micro-batches, Megatron's warm-up first. The bubble shrinks by v, to (p−1)/(v·m + p − 1)
+// (bubble_model), for p − 1 more boundary crossings per micro-batch; m must be a multiple of p.
+// Each chunk's passes run in micro-batch order, so gradients accumulate in 1F1B's order:
+// bitwise the same results.
 //
-// Note [Interleaved 1F1B]: Megatron's virtual stages (Narayanan et al. 2021, section 2.2).
-// Stage s of p holds v model chunks; chunk c is virtual stage c·p + s, so a micro-batch goes
-// through stages 0 .. p−1 v times, and a forward pass of one chunk costs 1/v of 1F1B's. Stage
-// s runs the m·v chunk passes in groups of p micro-batches: its k-th forward is chunk
-// (k mod p·v) / p of micro-batch (k / p·v)·p + k mod p, its k-th backward the same with the
-// chunks in reverse (v − 1 − that). It starts with min((p − s − 1)·2 + (v − 1)·p, m·v)
-// forwards (Megatron's warm-up), then alternates one forward / one backward, then runs the
-// remaining backwards:
+// Stage s's k-th forward is chunk (k mod p·v) / p of micro-batch (k / p·v)·p + k mod p, its
+// k-th backward the same with the chunks in reverse (v − 1 − that). It starts with
+// min((p − s − 1)·2 + (v − 1)·p, m·v) forwards, then alternates one forward / one backward,
+// then runs the remaining backwards:
 //
 //     stage 0 of 2, v 2, m 4:  F0.0 F1.0 F0.1 F1.1 F2.0 B0.1 F3.0 B1.1 F2.1 B0.0 F3.1 B1.0
 //                              B2.1 B3.1 B2.0 B3.0            (Fm.c: micro-batch m, chunk c)
-//
-// The bubble shrinks by v: (p−1)/(v·m + p − 1) (bubble_model; the unit-cost replay in
-// test_pipeline_schedule.cpp gives exactly that), for p − 1 more boundary crossings per
-// micro-batch and, on stage 0, (p − 1)/(p·v) more activation memory than 1F1B. m must be a
-// multiple of p. Each chunk's forwards and backwards run in micro-batch order, so every
-// parameter's gradient accumulates in 1F1B's order: bitwise the same results.
+// The unit-cost replay in test_pipeline_schedule.cpp gives exactly bubble_model's bubble. On
+// stage 0 it holds (p − 1)/(p·v) more activation memory than 1F1B.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -92,7 +87,7 @@ void check_schedule_args(PipeSchedule schedule, int stages, int stage, int micro
                 "interleaved with {} micro-batches on {} stages", micro_batches, stages);
 }
 
-// Note [Interleaved 1F1B].
+// The schedule of Note [Interleaved 1F1B].
 std::vector<PipeAction> interleaved_actions(int stages, int stage, int micro_batches,
                                             int chunks) {
   using Kind = PipeAction::Kind;
@@ -137,7 +132,7 @@ std::vector<PipeAction> pipeline_actions(PipeSchedule schedule, int stages, int 
     for (int m = 0; m < micro_batches; ++m) actions.push_back({Kind::kBackward, m});
     return actions;
   }
-  // Note [ZB-H1]: after B(i), the W that is due — W(i − lag) — where lag = stage.
+  // After B(i), the W that is due, W(i − lag), where lag = stage (Note [ZB-H1]).
   const bool split = splits_backward(schedule);
   const int lag = stage;
   int next_weight = 0;

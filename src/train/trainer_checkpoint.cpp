@@ -131,9 +131,9 @@ std::vector<ShardTensor> Trainer::checkpoint_tensors(float* params, float* m, fl
       out.push_back(std::move(t));
     }
   // ZeRO: each rank saves (and loads) the pieces of m and v it owns.
-  // A parameter in several buckets (wte's head gradient in pieces, Note [Head gradient in
-  // pieces] in train/tied_embedding.h) has a piece in each, next to each other in the shard: one
-  // tensor whose blocks are the pieces' in shard order.
+  // A parameter in several buckets (wte's head gradient in pieces, Note [Head gradient in pieces])
+  // has a piece in each, next to each other in the shard: one tensor whose blocks are the
+  // pieces' in shard order.
   if (sharded)
     for (const Source& src : {sources[1], sources[2]}) {
       size_t prev_param = SIZE_MAX, prev_end = 0;  // the last tensor's piece, in the shard

@@ -119,8 +119,8 @@ TEST(DISABLED_Benchmark, GemmShapes) {
       total_s * 1e3, total_flop / total_s / 1e9, 100 * total_flop / total_s / peak);
 }
 
-// Note [GEMM threading] in gemm.cpp: OpenBLAS's own threads vs the OpenMP split, on a loop that
-// alternates GEMMs with OpenMP elementwise work as the model does.
+// OpenBLAS's own threads vs the OpenMP split (Note [GEMM threading] in src/backend/gemm.cpp), on
+// a loop that alternates GEMMs with OpenMP elementwise work as the model does.
 TEST(DISABLED_Benchmark, GemmThreadingSchemes) {
   const int threads = bench_threads();
   std::mt19937 rng(2);

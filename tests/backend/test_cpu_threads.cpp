@@ -2,7 +2,8 @@
 //   - 1 and 2 threads agree to float rounding (1e-5, scale-relative: only the order of a few
 //     sums may differ, e.g. sum_squares' per-thread partials);
 //   - the same inputs twice give the same bits, even when the second run's buffers sit at
-//     different addresses and alignments (Note [Deterministic reductions] in parallel.h).
+//     different addresses and alignments (Note [Deterministic reductions] in
+//     src/backend/parallel.h).
 #include <gtest/gtest.h>
 
 #include <map>

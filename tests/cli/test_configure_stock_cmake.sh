@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Configure with CUDA against stock CMake 3.25.1's FindCUDAToolkit module (Note [CUDA 13 and
-# CMake 3.25.1's FindCUDAToolkit] in CMakeLists.txt). Development machines may carry a patched
-# module that hides the failure, so this test rebuilds the stock condition from the installed
-# module: Debian's 3.25.1 sets the nvToolsExt deprecation without checking the target exists; a
-# patched copy has "TARGET CUDA::nvToolsExt AND" in that condition, which is taken out here.
+# Configure with CUDA against stock CMake 3.25.1's FindCUDAToolkit module
+# (Note [CUDA 13 and CMake 3.25.1's FindCUDAToolkit] in CMakeLists.txt). Development machines
+# may carry a patched module that hides the failure, so this test rebuilds the stock condition
+# from the installed module: Debian's 3.25.1 sets the nvToolsExt deprecation without checking
+# the target exists; a patched copy has "TARGET CUDA::nvToolsExt AND" in that condition, which
+# is taken out here.
 # Exit 77 (skipped) without nvcc or with a CMake whose module has neither form.
 # usage: test_configure_stock_cmake.sh TRIDENT_BINARY SOURCE_DIR SCRATCH_DIR
 set -uo pipefail

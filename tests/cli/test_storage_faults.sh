@@ -6,7 +6,7 @@
 #   2. 16 MiB: the step-2 checkpoint fits, the step-4 one does not: exit 2, `latest` still names
 #      step 2, which verifies and resumes; no step_*.tmp left.
 #   3. As 2 with the space check skipped (TRIDENT_FAULT_SKIP_SPACE_CHECK), so the disk fills
-#      inside HDF5's writes, on one rank and on two: exit 2, not a crash (HDF5 1.10 used to
+#      inside HDF5's writes, on one rank and on two: exit 2, not a crash (HDF5 1.10 may
 #      segfault in MPI_Finalize here, status 139), the message names the shard file
 #      and the cause, `latest` is intact and the unfinished directory is gone.
 #   4. A stale step_*.tmp of an interrupted save is removed by the next save.

@@ -3,13 +3,11 @@
 // comparison.
 //
 // Note [GPU skips]
-// A GPU test skips only when the machine has no NVIDIA GPU or driver at all (kAbsent, Note
-// [GPU or no GPU] in src/backend/cuda/device.cpp); a GPU that is there but does not work
-// (kBroken) is a failure naming the error. Every other skip for want of hardware (an older
-// architecture, a shape cuDNN has no plan for) goes through TRIDENT_GPU_SKIP too, so that one
-// switch covers them all: with TRIDENT_REQUIRE_GPU=1 in the environment (tools/gpu-check.sh
-// sets it) every such skip is a failure that names the reason, since on the machine the GPU
-// check runs on nothing is allowed not to run.
+// A GPU test skips only when the machine has no NVIDIA GPU or driver at all (kAbsent,
+// Note [GPU or no GPU]); a GPU that is there but does not work is a failure naming the error.
+// Every skip for want of hardware goes through TRIDENT_GPU_SKIP, so one switch covers them all:
+// with TRIDENT_REQUIRE_GPU=1 (tools/gpu-check.sh sets it) each is a failure naming the reason,
+// since on the machine of the GPU check nothing may fail to run.
 #pragma once
 
 #include <gtest/gtest.h>

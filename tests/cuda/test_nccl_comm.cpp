@@ -25,16 +25,16 @@
 #include "trident/nccl_comm.h"
 
 // Note [Recording NCCL calls]
-// This file defines NCCL's collective entry points itself. NCCL exports each one twice, a weak
-// ncclX and a strong pncclX (its profiling interface, like MPI's PMPI), so the definitions
-// below win for every call from this executable (trident_cuda is linked into it statically),
-// and forward to pncclX. While an NcclCallLog is alive each call is appended to it; otherwise
-// the call passes straight through, so the other GPU tests are unaffected. A log made with
-// double_sums = true replaces ncclSum by a pre-multiplied sum with scalar 2
+// This file defines NCCL's collective entry points itself: NCCL exports each as a weak ncclX
+// and a strong pncclX (like MPI's PMPI), so these win for every call from this executable and
+// forward to pncclX. While an NcclCallLog is alive each call is appended to it; otherwise calls
+// pass straight through, so the other GPU tests are unaffected. The log is process-wide (an
+// entry point has no other way to find it): one at a time, under a mutex, since the GradReducer
+// calls NCCL from its communication thread.
+//
+// A log made with double_sums = true replaces ncclSum by a pre-multiplied sum with scalar 2
 // (ncclRedOpCreatePreMulSum) for float, double and bf16 reductions: on one rank that is what a
-// sum over two ranks holding the same data gives. The log is process-wide state (an entry
-// point has no other way to find it): one log at a time, guarded by a mutex, since the
-// GradReducer calls NCCL from its communication thread.
+// sum over two ranks holding the same data gives.
 namespace trident {
 namespace {
 
@@ -393,10 +393,10 @@ TEST(NcclComm, OrdersWithTheComputeStream) {
   EXPECT_TRUE(same_bits(got, scaled(host, 2, true)));
 }
 
-// The GradReducer over device gradients, in the trainer's mode (sums: Note [Average in the loss
-// seed]) and averaging, fp32 and bf16. With sums doubled, every gradient element must read
-// exactly 2x: a bucket left out reads x, one reduced twice 4x. In fp32 the logged calls must
-// also tile the gradient buffer exactly, bucket by bucket.
+// The GradReducer over device gradients, in the trainer's mode (sums,
+// Note [Average in the loss seed]) and averaging, fp32 and bf16. With sums doubled, every
+// gradient element must read exactly 2x: a bucket left out reads x, one reduced twice 4x. In
+// fp32 the logged calls must also tile the gradient buffer exactly, bucket by bucket.
 TEST(NcclComm, GradReducerReducesEveryGradientOnce) {
   TRIDENT_REQUIRE_GPU();
   for (bool bf16 : {false, true})

@@ -212,11 +212,8 @@ TEST(GptBf16, ActivationBytesHalveExactlyTheBf16Buffers) {
 // averaged over three init seeds, at most 1%. One seed's figure is noisy: the two runs follow
 // different trajectories (Adam's normalised update turns small gradient differences into
 // full-size steps), so late steps wander, and any change of rounding (an order of sums, where
-// a GELU is rounded) moves it. Seed 11 measured mean 0.58%, worst step 1.67% with the GELU of
-// the rounded pre-activation, and 0.93%, 3.30% (step 91, bf16 lower) with the GELU of the
-// fp32 product (Note [cuBLASLt epilogues]); seeds 12 and 13 then 0.17% / 1.12% and 0.30% /
-// 1.17%, 0.47% on average; over seeds 11-16 the median mean was 0.20% (0.27% before). So the
-// bound is on the average, with a per-step guard of 5%: a wrong op (a transposed operand, a
+// a GELU is rounded) moves it (docs/perf.md has the figures by seed). So the bound is on the
+// average, with a per-step guard of 5%: a wrong op (a transposed operand, a
 // missing residual add) gives errors of order 1 from the first steps (the gradient check
 // above bounds one step's error at 2%). The data: each token follows from the last by a fixed
 // map, except one in four drawn at random, so the loss falls from log 256 ≈ 5.5 to a floor

@@ -115,12 +115,13 @@ TEST(DeviceDiscipline, Bf16WithZeroOneCastsTheGatheredWeights) {
   EXPECT_LE(sharded.optimizer_floats * 2, sharded.model_floats);  // it did shard
 }
 
-// Note [Ready order check] on a device backend, which has no row sink (Note [Tied embedding
-// gradient]): wte's gradient is final only after the embedding's backward, so the Trainer lays
-// it out last. Then the buckets become ready in order (the check stays quiet), wte's is the
-// last bucket, and the first bucket starts while backward still runs. Laid out first, as it
-// was, wte's bucket 0 was ready last and held every bucket back until backward ended (this
-// test then fails on all three). The CPU run (with the sink) is checked alike.
+// Note [Ready order check] on a device backend, which has no row sink
+// (Note [Tied embedding gradient]): wte's gradient is final only after the embedding's
+// backward, so the Trainer lays it out last. Then the buckets become ready in order (the check
+// stays quiet), wte's is the last bucket, and the first bucket starts while backward still
+// runs. Laid out first, wte's bucket 0 would be ready last and hold every bucket back until
+// backward ended (this test would fail on all three). The CPU run (with the sink) is checked
+// alike.
 TEST(DeviceDiscipline, DataParallelBucketsStartDuringBackward) {
   if (world_size() != 2) GTEST_SKIP() << "dp 2 on 2 ranks";
   ProcessGrid grid(make_layout(2, 2, 1, 1));
@@ -147,7 +148,7 @@ TEST(DeviceDiscipline, DataParallelBucketsStartDuringBackward) {
         EXPECT_NE(last.name.find("wte"), std::string::npos) << last.name;
       // Bucket 0 was started before the first block's gradients (the last bucket but one)
       // were ready: during backward, a whole model's backward before its end. Laid out first,
-      // wte was bucket 0, ready after that bucket, and bucket 0 cannot start before it is
+      // wte would be bucket 0, ready after that bucket, and bucket 0 cannot start before it is
       // ready. (When later buckets start depends here on the strict communicator, which
       // reduces one bucket at a time, and on the thread getting one of the 2 cores.)
       const BucketRecord& first_block = *buckets[buckets.size() - 2];

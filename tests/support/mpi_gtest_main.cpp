@@ -17,14 +17,14 @@
 #include <sanitizer/lsan_interface.h>
 #endif
 
-// Note [Leak checks around Open MPI]: in the sanitized build LeakSanitizer must see trident's
-// leaks and not Open MPI 4.1's own. Open MPI loses blocks in MPI_Init (in the constructors of
-// components it dlopens) and drops, without freeing, most of what it holds when MPI_Finalize
-// unloads them. At exit those would be reported with stacks in unloaded libraries, which no
-// suppression can name. So what MPI_Init allocates on this thread is not tracked (between
-// __lsan_disable and __lsan_enable), and the leak check runs once before MPI_Finalize (and not
-// at exit), while Open MPI's blocks are still reachable from its globals and whatever the tests
-// leaked is not. A leak fails the rank. tools/lsan.supp names what Open MPI's threads lose.
+// Note [Leak checks around Open MPI]
+// In the sanitized build LeakSanitizer must see trident's leaks, not Open MPI's: Open MPI loses
+// blocks in MPI_Init and drops more when MPI_Finalize unloads its components, which at exit no
+// suppression could name (their libraries are gone). So MPI_Init's allocations on this thread
+// are not tracked, and the leak check runs once before MPI_Finalize, while Open MPI's blocks are
+// still reachable and the tests' leaks are not. A leak fails the rank.
+//
+// tools/lsan.supp names what Open MPI's own threads lose.
 int main(int argc, char** argv) {
   int provided = 0;
 #ifdef TRIDENT_ASAN

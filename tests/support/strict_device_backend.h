@@ -1,9 +1,9 @@
 // A test backend that behaves like a device backend towards the code above it: it computes
 // with the CPU backend, but its memory is unreadable and unwritable from the host except
 // inside its own ops and copies (mprotect PROT_NONE in between). Any code path that touches
-// backend memory directly instead of through Backend::copy or a HostView (Note [Backend
-// memory]) crashes with SIGSEGV at the offending line — the bug that on a GPU would read
-// garbage or fault. The results are the CPU backend's, bit for bit.
+// backend memory directly instead of through Backend::copy or a HostView
+// (Note [Backend memory]) crashes with SIGSEGV at the offending line — the bug that on a GPU
+// would read garbage or fault. The results are the CPU backend's, bit for bit.
 #pragma once
 
 #include <sys/mman.h>

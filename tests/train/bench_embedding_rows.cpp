@@ -1,15 +1,15 @@
 // The tied embedding's row collection at GPT-2 124M shape (vocab 50257 padded to 50304, B 4,
 // T 64, accum 1, tp 1), per rank and step, as dp grows (Note [Step row set]):
-//   GlobalScan/dp     the old way: read every dp rank's samples (dp·B·T tokens), mark bytes,
+//   GlobalScan/dp     the reference: read every dp rank's samples (dp·B·T tokens), mark bytes,
 //                     scan the vocabulary;
-//   LocalUnion/dp     the new way: mark this rank's B·T tokens, unite, list the rows. The union
+//   LocalUnion/dp     the trainer's: mark this rank's B·T tokens, unite, list the rows. The union
 //                     is the real MpiComm call on MPI_COMM_SELF, preceded by the OR of the other
 //                     dp−1 ranks' bitmaps (precomputed from their samples) that the reduction's
 //                     arithmetic does somewhere; the network's share is a model, printed at
 //                     start (it cannot be measured with one process).
 //   UnionArithmetic   the emulation's share of LocalUnion: ORing the other dp−1 bitmaps;
-//   RowIndex*/dp      before_backward's token → row lookup for one micro-batch: the binary
-//                     search it was, and the dense index it is.
+//   RowIndex*/dp      before_backward's token → row lookup for one micro-batch: a binary
+//                     search, and the dense index the trainer uses.
 // Tokens are uniform over the vocabulary (the most distinct rows per step: the worst case for
 // listing and zeroing rows). Validates first: both ways give the same rows at every dp.
 // Run: build/tests/bench_train [--benchmark_filter=...]; not part of ctest.
@@ -56,7 +56,7 @@ GPTStage::StepInputs step_inputs(int step, int dp, int rank) {
   return {step, kB, kT, kAccum, dp, rank};
 }
 
-// The old Trainer::collect_step_rows, as it was.
+// The reference: a scan of every dp rank's samples, marking bytes over the vocabulary.
 void global_scan(const SampleOrder& order, int step, int dp, std::vector<int32_t>& rows) {
   const uint64_t global_batch = uint64_t(kB) * kAccum * dp;
   std::vector<uint8_t> seen(size_t(kVocab), 0);

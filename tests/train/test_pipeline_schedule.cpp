@@ -188,8 +188,8 @@ TEST(PipeSchedule, EveryMicroBatchOnceInOrderAndInFlightMatches) {
 // All stages at once, as run_pipeline runs them: sends never block; a forward waits for the
 // previous (virtual) stage's forward of that micro-batch and, from micro-batch k =
 // max_in_flight on, for the previous stage to have posted the receive of backward(m − k)'s
-// gradients (Note [Slot reuse] in pipeline_runner.cpp); a backward waits for the next
-// stage's backward. Each round every stage runs as many actions as it can; a round without
+// gradients (Note [Slot reuse] in src/train/pipeline_runner.cpp); a backward waits for the
+// next stage's backward. Each round every stage runs as many actions as it can; a round without
 // progress is a deadlock. With chunks (interleaved), chunk c of stage st is virtual stage
 // c·stages + st, and the neighbours are virtual stages.
 bool actions_complete(PipeSchedule s, const std::vector<std::vector<PipeAction>>& actions,

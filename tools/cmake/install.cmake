@@ -6,13 +6,12 @@
 #     target_link_libraries(app PRIVATE trident::train)
 # (examples/own_model/CMakeLists.txt does; tests/cli/test_install_package.sh builds it so).
 #
-# Note [Installed package]: the targets are trident::core, backend, io, comm, model, train (and
-# cuda with the CUDA backend), linked as in the build. They are static libraries, so everything
-# they link, PRIVATE or not, is needed where the application is linked: tridentConfig.cmake finds
-# each of those packages again (find_dependency) before it loads the targets. Eigen is
-# header-only and private to trident_backend, so it is not among them; CLI11 is the binary's.
-# With the CUDA backend the config also finds CUDAToolkit, cuDNN and NCCL (the build's
-# tools/cmake/cuda_libs.cmake, installed beside it).
+# Note [Installed package]
+# The targets are trident::core, backend, io, comm, model, train (and cuda with the CUDA
+# backend), linked as in the build. They are static, so everything they link, PRIVATE or not, is
+# needed where the application links: tridentConfig.cmake finds each of those packages again
+# (find_dependency) before loading the targets. Eigen (header-only, private) and CLI11 (the
+# binary's) are not among them; with CUDA it also finds CUDAToolkit, cuDNN and NCCL.
 include(CMakePackageConfigHelpers)
 set(trident_cmake_dir ${CMAKE_INSTALL_LIBDIR}/cmake/trident)
 
