@@ -1,21 +1,22 @@
 // cuDNN fused flash attention through the backend graph API (host code; a .cu file only because
 // kernels/*.cu is what the build globs).
 //
-// Note [cuDNN SDPA graph]: cuDNN has no single "attention" call in the C API we rely on; its
-// fused flash-attention engine recognises a pattern of matmul / pointwise / reduction nodes and
-// fuses all of it into one kernel. The graphs below spell out that pattern, node by node, the way
-// cuDNN's documentation describes fused attention (dims always [B, NH, rows, cols]):
+// Note [cuDNN SDPA graph]
+// cuDNN has no single attention call in the C API we use: its fused flash-attention engine
+// recognises a pattern of matmul / pointwise / reduction nodes and fuses it into one kernel.
+// So the graphs below spell out that pattern node by node, as cuDNN's frontend builds it, and
+// backward keeps a few variants of it (kBackwardVariants), tried in order until cuDNN accepts
+// one, since which pattern an engine accepts depends on the GPU and the cuDNN version.
+//
+// The nodes (dims always [B, NH, rows, cols]):
 //   forward:  S = Q·Kᵀ → ·scale → causal select(row ≥ col ? S : -huge) → softmax as
 //             max, sub, exp, sum, log+max (= Stats, fp32 lse) and div (P, bf16) → O = P·V
 //   backward: Dsum = 1 · Σ_d dO⊙O (an fp32 tensor in the workspace; the ·1 stands where the
 //             dropout scale's inverse would); P = exp(mask(scale·Q·Kᵀ) − Stats); dV = Pᵀ·dO;
 //             dS = scale · P ⊙ (dO·Vᵀ − Dsum); dK = dSᵀ·Q; dQ = dS·K (through an fp32
-//             accumulator in the workspace, zeroed before each run, then cast). That is the
-//             pattern cuDNN's frontend builds; kBackwardVariants also keeps it without the ·1,
-//             and this file's first graph (a virtual Dsum, "·1" multiplies where dropout would
-//             go, an F16x16-reordered accumulator), tried in turn if cuDNN refuses. Kᵀ, Vᵀ,
-// Pᵀ and dSᵀ are strided views (a transpose is a stride swap, or a reshape node for virtual
-// tensors), so the packed [B,T,3,NH,HS] qkv buffer is used in place.
+//             accumulator in the workspace, zeroed before each run, then cast).
+// Kᵀ, Vᵀ, Pᵀ and dSᵀ are strided views (a transpose is a stride swap, or a reshape node for
+// virtual tensors), so the packed [B,T,3,NH,HS] qkv buffer is used in place.
 //
 // Whether an engine accepts the graph depends on the GPU, the cuDNN version and the shape; plans
 // are built once per shape and any failure becomes the reason supported() reports.
@@ -317,10 +318,9 @@ void build_forward(Plan& p, cudnnHandle_t handle, const Shape& s) {
 // the row sums Σ dO⊙O reduced, multiplied by the dropout scale's inverse (by 1 without
 // dropout: the frontend keeps that node, "needed for non-dropout graphs") into a real fp32
 // tensor in the workspace, no ·1 after dO·Vᵀ, and dQ accumulated in fp32 (workspace) then
-// cast. The second is the same without the ·1 (what the issue read as the documented
-// pattern); the last two are the graph this file first had (a virtual row sum, ·1 nodes, an
-// F16x16-reordered accumulator, or dQ written directly). All are kept, since no GPU has yet
-// said which one its cuDNN takes.
+// cast. The second is the same without the ·1; the last two have a virtual row sum, ·1 nodes,
+// and an F16x16-reordered accumulator or dQ written directly (docs/decisions.md,
+// Note [cuDNN SDPA graph]).
 struct BackwardVariant {
   const char* name;
   bool real_dsum;      // Σ dO⊙O in the workspace (else virtual)

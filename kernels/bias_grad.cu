@@ -1,6 +1,7 @@
 // Bias gradient of a linear layer: dbias[OC] += Σ_n dout[n, oc] (CPU twin: the dbias part of
-// src/backend/matmul.cpp). Deterministic (Note [Deterministic GPU reductions] in reduce.cuh):
-// partial column sums per chunk of rows into `scratch`, then the chunks added in order.
+// src/backend/matmul.cpp). Deterministic (Note [Deterministic GPU reductions] in
+// kernels/reduce.cuh): partial column sums per chunk of rows into `scratch`, then the chunks
+// added in order.
 #include "bias_grad.h"
 #include "reduce.cuh"
 

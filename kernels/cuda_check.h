@@ -1,6 +1,6 @@
-// Checks for every CUDA runtime, cuBLASLt, cuDNN and NCCL call (STYLE.md rule 7): a failing
-// call becomes a trident::Error whose message names the call, the library's error name, the
-// file, the line and the MPI rank (internal_error adds file, line and rank).
+// Checks for every CUDA runtime, cuBLASLt, cuDNN and NCCL call: a failing call becomes a
+// trident::Error whose message names the call, the library's error name, the file, the line and
+// the MPI rank (internal_error adds file, line and rank).
 // Host-only header: included by .cu and .cpp files alike.
 #pragma once
 

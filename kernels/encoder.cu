@@ -1,9 +1,14 @@
 // Token + position embedding, forward and backward (CPU twin: src/backend/encoder.cpp). The
 // backward is the vocab-parallel embedding's (vocab_parallel.cu) with the whole vocabulary.
 //
-// Note [Deterministic dwte]: a token can occur in many rows, so rows of dwte are not owned by
-// one (b,t), and atomicAdd would make the order of a row's sum (and its rounding) vary run to
-// run. Instead (embedding_slice_backward_cuda in vocab_parallel.cu):
+// Note [Deterministic dwte]
+// dwte is summed without atomics, each token's rows added in increasing row order, so the
+// result is the same every run and bitwise the CPU twin's. A token occurs in many rows, so no
+// (b,t) owns a row of dwte, and atomicAdd would let the order of a row's sum (and its rounding)
+// vary run to run. So the rows are sorted by token (a stable sort) and each run of equal tokens
+// is summed by one block, in row order (embedding_slice_backward_cuda in vocab_parallel.cu).
+//
+// The steps:
 //   1. key each row by its token (rows whose token is off the rank's slice get a key that sorts
 //      last and are skipped) and sort (key, row) pairs with CUB's radix sort, which is stable:
 //      the rows of one token stay in increasing row order;
@@ -14,10 +19,9 @@
 //      old dwte row: the CPU twin's additions in its order, so the result is deterministic and
 //      bitwise the CPU's. The run count stays on the device: the grid is its upper bound
 //      min(N, v1 - v0 + 1), capped, and blocks stride over the runs *num_runs says there are.
-// Cost: O(N) besides the sort of N pairs (a few passes over 8 bytes per row), where the scheme
-// before (each row's block scanning the earlier rows for its token) was O(N²) on repeated
-// tokens. A token occurring k times is still k dependent additions per channel (the order is
-// fixed), so its block loads kWteInFlight rows at a time to stay off one load's latency.
+// Cost: O(N) besides the sort of N pairs (a few passes over 8 bytes per row). A token occurring
+// k times is still k dependent additions per channel (the order is fixed), so its block loads
+// kWteInFlight rows at a time to stay off one load's latency.
 #include <cstdint>
 
 #include <limits>

@@ -5,8 +5,9 @@
 // columns c = lane + 32k, so the cache needs no synchronisation.
 // The bf16 variants (Note [bf16 activations]) are the same kernels with a bf16 output (forward)
 // or a bf16 dout read and widened (backward), all arithmetic fp32.
-// Backward's dw, db: column sums over rows, deterministic (Note [Deterministic GPU reductions]
-// in reduce.cuh): per-row-chunk partial sums in `scratch`, then a fixed-order sum of the chunks.
+// Backward's dw, db: column sums over rows, deterministic
+// (Note [Deterministic GPU reductions] in kernels/reduce.cuh): per-row-chunk partial sums in
+// `scratch`, then a fixed-order sum of the chunks.
 #include "layernorm.h"
 #include "reduce.cuh"
 

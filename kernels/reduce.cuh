@@ -1,11 +1,11 @@
 // Shared by the .cu files only: deterministic block-wide reductions and the row split of the
 // column-sum kernels (layernorm dw/db, bias gradient).
 //
-// Note [Deterministic GPU reductions]: no float atomics. A block reduces lane values with
-// warp_sum (a fixed butterfly) and then the warps' results in warp order; sums over rows
-// (weight gradients) are split into a fixed number of row chunks whose partial sums go to a
-// scratch buffer, and a second kernel adds the chunks in chunk order. The split depends only
-// on the sizes, so the same inputs give bitwise the same outputs on every run.
+// Note [Deterministic GPU reductions]
+// No float atomics. A block reduces lane values with warp_sum (a fixed butterfly), then the
+// warps' results in warp order; sums over rows (weight gradients) are split into a fixed number
+// of row chunks whose partial sums go to a scratch buffer, and a second kernel adds the chunks
+// in chunk order. The split depends only on the sizes, so every run gives bitwise the same sums.
 #pragma once
 
 #include <cstddef>

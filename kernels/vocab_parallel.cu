@@ -1,5 +1,5 @@
-// The vocab-parallel embedding and loss (CPU twins: src/backend/vocab_parallel.cpp, Note
-// [Vocab-parallel ops]). All five are deterministic: no atomics, every sum in a fixed order.
+// The vocab-parallel embedding and loss (CPU twins: src/backend/vocab_parallel.cpp,
+// Note [Vocab-parallel ops]). All five are deterministic: no atomics, every sum in a fixed order.
 //
 // Row-wise except dwte: one block per token row (the rows are long: C up to 1600 channels, Vl
 // up to ~50k logits), so a row's index is blockIdx.x and only the product row·width needs 64
@@ -50,7 +50,7 @@ __global__ void slice_bwd_wpe_kernel(float* __restrict__ dwpe, const float* __re
   }
 }
 
-// The dwte backward of Note [Deterministic dwte] (encoder.cu): sort the rows by token, find
+// The dwte backward of Note [Deterministic dwte] (kernels/encoder.cu): sort the rows by token, find
 // the runs of equal tokens, add each run's dout rows in row order.
 
 // Sort key of a row: its row of dwte_slice, or `off_slice` = v1 - v0 (sorts after every real

@@ -22,8 +22,9 @@ void embedding_slice_forward_cuda(float* out, const int32_t* tokens, const float
 size_t embedding_backward_scratch_bytes(int N, int vocab_rows);
 // dwte_slice[tok-v0,:] += dout[n,:] for tokens in [v0,v1), n in increasing order (the CPU
 // twin's additions: bitwise its result); dwpe[t,:] += Σ_b dout[b,t,:] when dwpe is non-null.
-// Deterministic (no float atomics; Note [Deterministic dwte] in encoder.cu). `scratch` holds
-// embedding_backward_scratch_bytes(B*T, v1-v0) bytes; unused (may be null) without dwte_slice.
+// Deterministic (no float atomics; Note [Deterministic dwte] in kernels/encoder.cu). `scratch`
+// holds embedding_backward_scratch_bytes(B*T, v1-v0) bytes; unused (may be null) without
+// dwte_slice.
 // Asynchronous on `stream`: nothing is copied to the host.
 void embedding_slice_backward_cuda(float* dwte_slice, float* dwpe, void* scratch,
                                    const float* dout, const int32_t* tokens, int v0, int v1,

@@ -1,13 +1,14 @@
 // The Backend: every layer's forward and backward routine, behind one interface.
 //
-// The model code calls these and never knows which backend it has (CPU now, CUDA later).
+// The model code calls these and never knows which backend it has (CPU or CUDA).
 // Argument order is fixed, as in llm.c: outputs, saved values, inputs, weights, sizes.
-// Gradient rules (Note [Gradient accumulation]):
-//   - weight gradients ACCUMULATE (+=): dw, db, dwte, dwpe — so micro-batches add up and the
-//     tied embedding can collect its two contributions;
-//   - activation gradients ASSIGN (=): dinp is overwritten.
 // All tensors are contiguous, row-major fp32. N = B*T rows. Linear weights are stored
 // [out_features, in_features] (llm.c / PyTorch order), so out = inp · wᵀ + bias.
+//
+// Note [Gradient accumulation]
+// Weight gradients ACCUMULATE (+=): dw, db, dwte, dwpe, so micro-batches add up and a
+// parameter used twice (the tied embedding) collects both contributions. Activation gradients
+// ASSIGN (=): dinp is overwritten.
 #pragma once
 
 #include <cmath>
@@ -226,12 +227,15 @@ class Backend {
   // the shape, its reason): "" on backends with one path.
   virtual std::string attention_note() const { return {}; }
 
-  // Note [Backend memory]: every pointer given to the ops above lives in memory the backend
-  // allocated. CPU: host memory. CUDA: device memory (cudaMalloc), which the host reaches only
-  // through copy() (or a HostView, below); the ops run asynchronously, in order, on one stream.
-  // allocate() returns zeroed, 256-byte-aligned memory; copy() and fill_zero() are ordered with
-  // the ops, and copy() takes host or backend pointers on either side. A copy to host memory
-  // has completed when copy() returns.
+  // Note [Backend memory]
+  // Every pointer given to the ops above lives in memory the backend allocated: host memory on
+  // the CPU; on CUDA device memory, which the host reaches only through copy() or a HostView.
+  // The ops run asynchronously, in order, on one stream; copy() and fill_zero() are ordered with
+  // them, and a copy to host memory has completed when copy() returns. So the same model code
+  // runs on either backend, and no host code reads device memory by accident.
+  //
+  // allocate() returns zeroed, 256-byte-aligned memory; copy() takes host or backend pointers
+  // on either side.
   virtual void* allocate(size_t bytes);
   virtual void release(void* p) noexcept;
   virtual void copy(void* dst, const void* src, size_t bytes);
@@ -332,7 +336,7 @@ class HostView {
 // bitwise reproducible for a fixed thread count.
 std::unique_ptr<Backend> make_cpu_backend(int threads);
 
-// Note [Memory plan] (src/backend/counting_backend.cpp): a backend whose allocate() only adds
+// A counting backend (Note [Memory plan] in src/backend/counting_backend.cpp): allocate() only adds
 // the bytes to *bytes (rounded as the real one rounds) and returns addresses that must never be
 // touched; it answers the real backend's sizing questions and refuses every op. Build a model
 // on it to learn what it would allocate on `real`.

@@ -1,13 +1,12 @@
 // Which OpenBLAS kernel ("core") this process runs, and whether it is the one the CPU deserves.
 //
-// Note [BLAS core check]: a DYNAMIC_ARCH OpenBLAS picks its kernels from the CPU's family and
-// model number when the library is loaded (a constructor, before main). A CPU newer than the
-// library's table (Emerald Rapids under 0.3.21) or a VM that hides the model gets an old
-// fallback: on the dev VM (AVX-512-BF16, AMX) 0.3.21 chose "Prescott" (SSE3), ~13 GFLOP/s per
-// core instead of ~90. The kernel can only be changed through OPENBLAS_CORETYPE before the
-// library loads, so main() compares the chosen core with what cpuid says the CPU supports and,
-// when it fell back, executes itself again with OPENBLAS_CORETYPE set (before MPI_Init, once:
-// TRIDENT_BLAS_REEXEC marks the second process). docs/decisions.md says why this way.
+// Note [BLAS core check]
+// A DYNAMIC_ARCH OpenBLAS picks its kernels from the CPU's family and model when it loads
+// (before main); a CPU newer than its table, or a VM that hides the model, gets an old, slow
+// fallback, which only OPENBLAS_CORETYPE set before loading can change. So main() compares the
+// chosen core with what cpuid says the CPU supports and, when it fell back, executes itself
+// again with OPENBLAS_CORETYPE set (before MPI_Init, once: TRIDENT_BLAS_REEXEC marks the second
+// process). docs/decisions.md says why this way; figures in docs/perf.md.
 //
 // The pure parts (features → expected core, chosen vs expected → action) are tested on their
 // own; detect_cpu_features() and check_blas_core() read the machine and the environment.

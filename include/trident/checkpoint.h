@@ -61,11 +61,14 @@ std::string save_checkpoint(const std::string& dir, const CheckpointMeta& meta,
                             const std::vector<ShardTensor>& tensors, int keep, MPI_Comm comm,
                             double timeout_s = kCheckpointTimeoutSeconds);
 
-// Note [Leaving after a storage fault]: true once an HDF5 write of a checkpoint failed in this
-// process (a disk that filled after the space check, an I/O error). HDF5 1.10 may then hold a
-// file it could not close, and closes it again when MPI finalizes, which crashes inside HDF5;
-// so the app, having reported the error, leaves without MPI_Finalize. Everything the save
-// promised still holds: `latest` was not advanced and the unfinished directory was removed.
+// Note [Leaving after a storage fault]
+// A save checks for room before HDF5 writes a byte. If an HDF5 write still fails (the disk
+// filled after the check, an I/O error), the app reports the error and leaves without
+// MPI_Finalize: HDF5 1.10 may hold a file it could not close and would close it again when MPI
+// finalizes, crashing inside HDF5. What the save promised still holds: `latest` was not
+// advanced and the unfinished directory was removed.
+//
+// True once an HDF5 write of a checkpoint failed in this process.
 bool checkpoint_write_broken();
 
 // dir/latest resolved to its target, or "" if there is none.

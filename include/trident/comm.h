@@ -2,16 +2,17 @@
 //
 // `Communicator` is the interface the model, the trainer and the GradReducer call; `MpiComm`
 // implements it for host buffers over an MPI communicator; NcclComm (trident/nccl_comm.h,
-// CUDA builds) implements it for device buffers. Every operation is started at once and completes later:
+// CUDA builds) implements it for device buffers. Every operation is started at once and
+// completes later:
 //
 //     Work w = comm.all_reduce(grads, n);   // sum, in place
 //     ...                                   // other work
 //     w.wait();                             // or poll w.test()
 //
-// A communicator is used by one thread at a time (Note [One thread per communicator] in
-// trident/grad_reducer.h; the one exception is mark_compute_ready, Note [Gradient-ready events]);
-// different communicators may be used by different threads at once.
-// A Work must not outlive its communicator, and its buffers must stay alive until it completed.
+// A communicator is used by one thread at a time (Note [One thread per communicator]; the one
+// exception is mark_compute_ready, Note [Gradient-ready events]); different communicators may
+// be used by different threads at once. A Work must not outlive its communicator, and its
+// buffers must stay alive until it completed.
 #pragma once
 
 #include <mpi.h>
@@ -100,27 +101,22 @@ class Work {
 enum class ReduceOp { kSum, kAvg, kBitOr };
 
 // Note [Gradient-ready events]
-// On the GPU, "layer L's weight gradients are final" is a point in the compute stream, not a
-// moment on the host: when the compute thread calls grad_ready, the kernels that write the
-// gradients may not have run yet. A device communicator therefore has three ordering hooks:
-//  - mark_compute_ready(), on the compute thread right after the gradients' kernels were
-//    enqueued: records an event on the compute stream (a ComputeMark). It is the one call a
-//    thread other than the communicator's user may make, because it touches only the compute
-//    stream and a new event, never the communication library or its stream.
-//  - order_after(mark), on the user (communication) thread before starting the operation that
-//    reads those gradients: the communication stream waits for the event on the device; the
-//    host does not block.
-//  - compute_waits_for_comm(), after the operations completed (GradReducer::finish): the
-//    compute stream waits for the communication stream, so the optimizer sees the reduced
-//    gradients without a host synchronisation.
-// The compute stream never waits on communication before finish(), so backward keeps running
-// while buckets are reduced. Host communicators (MpiComm, SoloComm) return a null mark and do
-// nothing: host data is final when grad_ready is called.
+// On a device, a gradient is final at a point in the compute stream, not at a moment on the
+// host. So its readiness travels as a mark (an event recorded on the compute stream), the
+// communication stream waits for the mark on the device before reading the gradient, and the
+// compute stream waits for the communication only after the last operation (finish()). The host
+// never blocks, and backward keeps running while buckets are reduced. On host communicators the
+// mark is null and the hooks do nothing: host data is final when grad_ready is called.
 class ComputeMark {
  public:
   virtual ~ComputeMark() = default;
 };
 
+// Note [One thread per communicator]
+// A communicator is used by one thread at a time. MPI_THREAD_MULTIPLE allows concurrent calls,
+// but two threads starting collectives on one communicator would start them in a racy order,
+// breaking Note [Same buckets, same order]. Threads that work at once use communicators of
+// their own (an MPI_Comm_dup).
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -161,23 +157,28 @@ class Communicator {
 
   // Ordering with a compute stream: Note [Gradient-ready events]. The defaults are those of a
   // host communicator: no mark, nothing to wait for.
+  // mark_compute_ready: on the compute thread, right after the gradients' kernels were
+  // enqueued; the one call a thread other than the communicator's user may make (it touches
+  // only the compute stream and a new event, never the communication library or its stream).
   virtual std::shared_ptr<const ComputeMark> mark_compute_ready() { return nullptr; }
+  // On the user thread, before starting the operation that reads the marked gradients: the
+  // communication stream waits for the mark on the device.
   virtual void order_after(const ComputeMark* mark) { (void)mark; }
+  // After the operations completed (GradReducer::finish): the compute stream waits for the
+  // communication stream.
   virtual void compute_waits_for_comm() {}
 
   // Note [Device time of an operation]
-  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-  // On a device communicator an OpRecord's host times say when the operation was enqueued and
-  // when a poll noticed it complete; the GPU ran it somewhere in between, and the host runs
-  // ahead of the GPU, so spans and "exposed" time built from them mean little there. These
-  // give device times instead, in ms after an `origin` mark on the compute stream:
-  //  - mark_compute_time(): a timed mark on the compute stream (compute thread; null on a
-  //    host communicator, the default);
-  //  - device_span(w, origin, ...): the device start and end of completed Work `w` (the
-  //    user thread); false where there is no device time;
-  //  - mark_elapsed_ms(origin, mark, ...): `mark` after `origin` (waits until `mark` is
-  //    reached); false without device time.
-  // The GradReducer times a step with them when mark_compute_time gives a mark.
+  // On a device an operation's host times say only when it was enqueued and when a poll saw it
+  // complete; the device ran it somewhere between. So where a communicator can time on the
+  // device, spans and exposed time are device times, in ms after an `origin` mark on the
+  // compute stream; host times are used only where there is none (host communicators).
+  //
+  // mark_compute_time: a timed mark on the compute stream (compute thread); null on a host.
+  // device_span: the device start and end of completed Work `w` (user thread); false where
+  // there is no device time. mark_elapsed_ms: `mark` after `origin` (waits until `mark` is
+  // reached); false without device time. The GradReducer times a step with them when
+  // mark_compute_time gives a mark.
   virtual std::shared_ptr<const ComputeMark> mark_compute_time() { return nullptr; }
   virtual bool device_span(const Work& w, const ComputeMark& origin, double* start_ms,
                            double* end_ms) {
@@ -193,9 +194,8 @@ class Communicator {
   // The sum.
   virtual Work start_all_reduce(void* data, size_t count, ElemType type) = 0;
   // The default serves host buffers: kSum is start_all_reduce; kAvg is the sum, then each
-  // element divided by size() on the host when the Work completes (float32 and float64 only),
-  // exactly what the GradReducer did itself before (bitwise the same). The label is unused.
-  // A device communicator overrides it to average on the device.
+  // element divided by size() on the host when the Work completes (float32 and float64 only).
+  // The label is unused. A device communicator overrides it to average on the device.
   virtual Work start_all_reduce_op(void* data, size_t count, ElemType type, ReduceOp op,
                                    std::string_view label);
   virtual Work start_reduce_scatter(const void* send, void* recv, size_t recv_count,
@@ -278,10 +278,9 @@ class MpiComm : public Communicator {
   // Emulate a slower link: every operation completes no earlier than `start + model time`
   // (emulated_link_seconds), where start is when it was started or, if an earlier operation
   // of this communicator still holds the emulated link, when that one's time ends (the link
-  // carries one operation at a time). Note [Paced link]: an operation's MPI call is posted
-  // only when its turn on the emulated link comes, so its copies and sums happen while the
-  // link carries it, as a NIC's queue would send it. The waiting thread sleeps; the cores
-  // stay free. gbps <= 0 turns emulation off.
+  // carries one operation at a time). Its MPI call is posted at its turn (Note [Paced link] in
+  // src/comm/mpi_comm.cpp). The waiting thread sleeps; the cores stay free. gbps <= 0 turns
+  // emulation off.
   void set_emulated_link(double gbps, double latency_us);
   bool link_emulated() const { return link_gbps_ > 0; }
 
@@ -290,14 +289,15 @@ class MpiComm : public Communicator {
   void set_recording(bool on) { recording_ = on; }
   std::vector<OpRecord> take_records();
 
-  // Note [bf16 gradient compression]: when on, every float32 sum all-reduce of this
-  // communicator travels as bf16 (comm.grad_dtype: bf16 on the CPU, as PyTorch DDP's
-  // bf16_compress_hook): the data is rounded to bf16 into a staging buffer when the operation
-  // starts, summed in bf16 by MPI (a user MPI_Op; each rank's contribution rounded once, and
-  // every partial sum again), and widened back into the float32 buffer when it completes. Half
-  // the bytes on the wire, and the emulated link (set_emulated_link) counts half too. Other
-  // types and operations are unchanged. Use a communicator of its own (the gradients'):
-  // the loss and the norms stay exact.
+  // Note [bf16 gradient compression]
+  // When on, every float32 sum all-reduce of this communicator travels as bf16, for half the
+  // bytes on the wire (comm.grad_dtype: bf16 on the CPU; PyTorch DDP's bf16_compress_hook):
+  // rounded into a staging buffer at the start, summed in bf16 by a user MPI_Op, widened back
+  // at completion. Other types and operations are unchanged. Only the gradients' communicator
+  // turns it on, so the loss and the norms stay exact.
+  //
+  // Each rank's contribution is rounded once and every partial sum again. The emulated link
+  // (set_emulated_link) counts the halved bytes.
   void set_bf16_sums(bool on);
   bool bf16_sums() const { return bf16_op_ != MPI_OP_NULL; }
 

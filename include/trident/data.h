@@ -1,9 +1,10 @@
 // Token datasets and the sample order.
 //
 // Three on-disk formats (docs/data-format.md describes them). A Megatron-LM / GPT-NeoX indexed
-// dataset (PREFIX.idx + PREFIX.bin, named by PREFIX, PREFIX.bin or PREFIX.idx: Note [Naming an
-// indexed dataset]) is read as the tokens of its sequences in order (Note [Megatron indexed
-// dataset], src/io/indexed_dataset.cpp). Other files are detected by their first bytes:
+// dataset (PREFIX.idx + PREFIX.bin, named by PREFIX, PREFIX.bin or PREFIX.idx:
+// Note [Naming an indexed dataset]) is read as the tokens of its sequences in order
+// (Note [Megatron indexed dataset] in src/io/indexed_dataset.cpp). Other files are detected by
+// their first bytes:
 //   - trident tokens: 64-byte header "TRIDTOK\0", u32 version=1, u32 bytes_per_token (2|4),
 //     u64 n_tokens, u32 vocab_size, u32 tokenizer (0 byte-level, 1 GPT-2 BPE, 2 other),
 //     zeros to byte 64; then n_tokens little-endian unsigned tokens;

@@ -1,4 +1,4 @@
-// GradReducer: averages the gradients over the data-parallel group, in buckets, on its own
+// GradReducer: reduces the gradients over the data-parallel group, in buckets, on its own
 // communication thread, while backward is still running.
 //
 //     GradReducer reducer(grid.dp(), grads, params_in_ready_order, options);
@@ -6,69 +6,21 @@
 //       for each micro-batch m:
 //         reducer.begin_step(/*reduce=*/m == last);   // only the last micro-batch reduces
 //         backward ...  reducer.grad_ready(i);        // as each parameter's gradient is final
-//         reducer.add_extra(rows, n, "wte rows");     // optional, after the last grad_ready
+//         reducer.add_extra(rows, n, "rows");         // optional, after the last grad_ready
 //       reducer.finish();                             // wait; grads now hold the dp average
 //
-// On the GPU the same calls work with a device communicator (NcclComm) and a device gradient
-// buffer: call grad_ready right after enqueueing the kernels that finish a parameter's gradient
-// on the communicator's compute stream (Note [Gradient-ready events] in trident/comm.h); after
-// finish() returns, work enqueued on that stream sees the averaged gradients.
-//
-// The communication thread's contract
-//
-// Who calls MPI (or NCCL). Between begin_step(true) and the end of finish() only the reducer's
-//   thread touches the dp communicator (Note [One thread per communicator]): it starts each
-//   bucket's all-reduce (an average, or a sum of pre-divided gradients) and polls it. The
-//   compute thread never calls MPI on dp: grad_ready, add_extra and finish only push events
-//   (begin, "parameter i is ready", extra buffer, finish) into a queue under a mutex, and
-//   finish() then sleeps on a condition variable. The one dp call the compute thread makes is
-//   mark_compute_ready (Note [Gradient-ready events] in trident/comm.h), which only records an
-//   event on the compute stream and returns null on a host communicator. Tensor-parallel
-//   collectives run on the compute thread at the same time, on other communicators — hence
-//   MPI_THREAD_MULTIPLE.
-// In what order. Note [Same buckets, same order]: MPI pairs the collectives of a communicator
-//   by the order in which they are started, so every rank must start the same all-reduces in
-//   the same order, or they pair up wrongly (wrong sums or a hang). The buckets are a pure
-//   function of the parameter sizes and byte limits, identical on every rank; the thread keeps
-//   a pending count per bucket and starts bucket b once its count is zero and buckets 0..b-1
-//   were started, whatever order the events came in. Extra buffers follow the last bucket, in
-//   the order they were added. Several all-reduces may be in flight at once.
-// Why a thread. So the reduction of late layers overlaps the backward of early ones
-//   (overlap = true). With overlap = false the thread does the same, but starts nothing until
-//   finish() is called: the same calls on the same slices, so the results are bitwise equal.
-// Where the average is taken. With GradReducerOptions::average, a host communicator (MpiComm)
-//   sums, then divides the slice on this thread when the sum completes
-//   (Communicator::start_all_reduce_op); a device communicator (NcclComm) averages on the
-//   device (ncclAvg, or the bf16 cast back), so this thread never touches device memory.
-//   Without it the caller has divided already (Note [Average in the loss seed]) and the
-//   thread only sums: one pass over the gradients fewer on the compute cores.
-// On the GPU path it only enqueues. Each ready event carries the compute-stream mark taken in
-//   grad_ready; before starting a bucket the thread calls order_after(mark of the bucket's last
-//   ready parameter) — the compute stream is in order, so that mark covers the whole bucket —
-//   and the communication stream waits for it on the device, then NCCL runs the bucket. Polling
-//   (below) is then a cudaEventQuery per bucket; the host never blocks on the GPU before
-//   finish(), and finish() makes the compute stream wait for the communication stream
-//   (compute_waits_for_comm) so the optimizer, enqueued next, reads reduced gradients.
-// How progress is driven. Open MPI has no asynchronous progress thread: a nonblocking
-//   collective advances only while some thread is inside MPI. So while anything is in flight
-//   the thread loops: MPI_Test on the in-flight requests (Work::test, in start order: Note [One
-//   progress call per poll] in src/comm/grad_reducer.cpp), then a pause on its
-//   condition variable, woken early by a new event: 200 µs while backward runs beside it (Note
-//   [Polling beside compute]); after finish() yields, then 10–200 µs sleeps (progress_backoff);
-//   when only an emulated link is left, until its end. With nothing in flight it sleeps until
-//   an event arrives, so it takes no core from compute.
-// How errors travel. Anything thrown on the thread (an MPI error; a timeout after
-//   comm.timeout_s, naming the communicator, the rank and the bucket; a parameter that never
-//   became ready) is stored as an exception_ptr and ends the step: work still in flight is
-//   abandoned, the next grad_ready/add_extra rethrows it, and finish() rethrows it. A
-//   parameter missing on every rank is found at finish(), after the buckets before it
-//   completed, so every rank throws the same error naming it and nothing hangs. Missing on one
-//   rank only, that rank throws the same; the others' bucket cannot complete and they end at
-//   the timeout, naming the bucket.
-//
-// Note [One thread per communicator]: MPI_THREAD_MULTIPLE allows concurrent calls, but two
-// threads starting collectives on one communicator would start them in a racy order, breaking
-// Note [Same buckets, same order]. So each communicator has one user at a time.
+// What the caller must keep (the thread's whole contract: src/comm/grad_reducer.cpp):
+//  - Between begin_step(true) and the end of finish() only the reducer's thread uses `dp`
+//    (Note [One thread per communicator] in trident/comm.h). Other communicators may be used
+//    meanwhile, so MPI must provide MPI_THREAD_MULTIPLE.
+//  - Every rank gives the same parameters and options and adds the same extras in the same
+//    order (Note [Same buckets, same order] in src/comm/grad_reducer.cpp).
+//  - With a device communicator (NcclComm) and device gradients, call grad_ready right after
+//    enqueueing the kernels that finish the gradient, on the communicator's compute stream
+//    (Note [Gradient-ready events] in trident/comm.h); work enqueued on that stream after
+//    finish() returns sees the reduced gradients.
+//  - An error on the thread (an MPI error, a timeout after comm.timeout_s, a parameter that
+//    never became ready) is rethrown by the next grad_ready, add_extra or finish.
 #pragma once
 
 #include <cstddef>
@@ -101,13 +53,9 @@ struct GradReducerOptions {
   // true: the all-reduce averages over dp. false: the gradients were divided by dp already
   // (Note [Average in the loss seed] in train/gpt_stage.cpp), so it sums.
   bool average = true;
-  // Note [Message size]: an all-reduce is started in pieces of at most this many bytes (a
-  // parameter larger than bucket_bytes, such as wte, is a bucket of its own). MPI's
-  // nonblocking all-reduce allocates a temporary buffer of the message's size / dp per call;
-  // up to 32 MiB, glibc serves it from the heap and the next call reuses the pages, while a
-  // larger one is a fresh mmap whose every page faults and is zeroed by the kernel: about 60 ms
-  // of the communication thread's CPU per GPT-2 124M step, taken from the compute cores. Every
-  // rank splits the same way, so the pieces pair up (Note [Same buckets, same order]).
+  // An all-reduce is started in pieces of at most this many bytes (Note [Message size] in
+  // src/comm/grad_reducer_thread.cpp); a parameter larger than bucket_bytes is a bucket of its
+  // own, so this also bounds the pieces of a large parameter.
   size_t max_message_bytes = size_t(16) << 20;
   // Times in ReduceStats are milliseconds since this point (pass the run's trace origin).
   CommClock::time_point trace_origin = CommClock::now();
@@ -206,9 +154,9 @@ class GradReducer {
   ~GradReducer();
 
   // Starts a step. reduce = false (an accumulation micro-batch): grad_ready, add_extra and
-  // finish do nothing until the next begin_step. accumulate_shards (ZeRO-2 on the host, Note
-  // [ZeRO-2 and accumulation] in train/zero.h): each bucket's reduce-scatter adds to what its
-  // shard holds instead of replacing it — a step reduced one micro-batch at a time.
+  // finish do nothing until the next begin_step. accumulate_shards (ZeRO-2 on the host,
+  // Note [ZeRO-2 and accumulation] in train/zero.h): each bucket's reduce-scatter adds to what
+  // its shard holds instead of replacing it — a step reduced one micro-batch at a time.
   void begin_step(bool reduce, bool accumulate_shards = false);
   // Called by the compute thread once parameter `param_index` (ready order) has its final
   // gradient for this step (on the GPU: its kernels were enqueued). Cheap: a queue push, plus

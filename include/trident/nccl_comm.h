@@ -40,9 +40,9 @@ struct NcclCommOptions {
   // float32 all-reduces, so give the GradReducer its own NcclComm when it is on.
   bool grad_bf16 = false;
   // Enqueue on the compute stream instead of an own stream: tensor-parallel collectives, whose
-  // results the very next kernel needs (DESIGN.md: "tensor-parallel collectives run on the
-  // compute stream"). Ordering with compute is then the stream's own; a Work still polls an
-  // event after the operation, so a stuck collective ends at the timeout instead of hanging.
+  // results the very next kernel needs, run there (docs/design.md, comm). Ordering with compute
+  // is then the stream's own; a Work still polls an event after the operation, so a stuck
+  // collective ends at the timeout instead of hanging.
   bool on_compute_stream = false;
 };
 
@@ -50,8 +50,8 @@ class NcclComm final : public Communicator {
  public:
   // Collective over `group` (not owned; only used here): its rank 0 makes the NCCL id and
   // broadcasts it with MPI_Bcast. The CUDA device must already be current (cudaSetDevice);
-  // `compute_stream` is the stream whose work the operations are ordered with (Note
-  // [Gradient-ready events]).
+  // `compute_stream` is the stream whose work the operations are ordered with
+  // (Note [Gradient-ready events] in trident/comm.h).
   NcclComm(MPI_Comm group, std::string name, cudaStream_t compute_stream,
            NcclCommOptions options = {});
   // Without MPI: every one of `size` ranks passes the same id, from ncclGetUniqueId on one

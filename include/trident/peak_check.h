@@ -1,5 +1,5 @@
 // Figures that cannot mislead: a measured GEMM peak checked against what the CPU's vector width
-// allows, and an MFU that is never reported above 1 (STYLE.md rule 14).
+// allows, and an MFU that is never reported above 1.
 //
 // An MFU above 1 means the denominator (the measured peak) was wrong: measured while the BLAS
 // ran a fallback kernel, or while the machine was busy. Such a figure is not printed as a

@@ -1,12 +1,13 @@
-// Note [bf16 activations]: the model's bf16 path (GPTOptions::precision, run.precision) stores
-// in bf16 what the tensor cores read — the LayerNorm outputs, q|k|v, the attention output,
-// the MLP's hidden activations, the logits, and the input gradients that feed the next GEMM —
-// so a GEMM reads its operands without a cast pass and every such buffer moves half the
-// bytes. What accumulates stays fp32: the residual stream and its gradient (each block adds to
-// them; bf16's 8-bit mantissa would lose the small updates), LayerNorm's mean and rstd, the
-// losses, the master weights, the weight gradients and AdamW's moments. The GEMMs read a bf16
-// copy of the weights (GPT::params16) that AdamW writes in its own pass (adamw_update_bf16);
-// forward casts a block's only where the weights changed otherwise (ZeRO's gather, a load).
+// Note [bf16 activations]
+// The model's bf16 path (GPTOptions::precision, run.precision) stores in bf16 what the tensor
+// cores read (LayerNorm outputs, q|k|v, attention output, MLP hidden, logits, the input
+// gradients that feed a GEMM), so GEMMs need no cast pass and those buffers move half the bytes.
+// What accumulates stays fp32 (residual stream and its gradient, LayerNorm statistics, losses,
+// master weights, weight gradients, AdamW moments): bf16's 8-bit mantissa would lose updates.
+//
+// The GEMMs read a bf16 copy of the weights (GPT::params16) that AdamW writes in its own pass
+// (adamw_update_bf16); forward casts a block's only where the weights changed otherwise (ZeRO's
+// gather, a load).
 //
 // Every bf16 op is defined as its fp32 op on the widened inputs (widening is exact), with each
 // bf16 output rounded once at the end (to nearest, ties to even) and fp32 accumulation

@@ -1,7 +1,8 @@
-// Note [Memory plan]: a backend that allocates nothing. Building a model on it tells exactly
-// what building it on the real backend would allocate (the same constructor runs), before any
-// memory is taken, so a run that cannot fit is refused with the numbers instead of failing in
-// an allocation (trident/backend.h, make_counting_backend).
+// Note [Memory plan]
+// A run's memory is known before any is taken: the model is first built on a backend that
+// allocates nothing and only counts (the same constructor runs, so the count is exact). A run
+// that cannot fit is refused with the numbers instead of failing in an allocation
+// (make_counting_backend in trident/backend.h).
 #include <fmt/format.h>
 
 #include <fstream>

@@ -1,8 +1,8 @@
 // CpuBackend: the Backend interface over the float instantiations of the CPU kernels.
 //
 // Threads: every kernel opens its own OpenMP team of `threads`, and GEMMs are split across that
-// team with OpenBLAS itself single-threaded (Note [GEMM threading] in gemm.cpp), so `threads`
-// cores run everything and no second thread pool competes for them.
+// team with OpenBLAS itself single-threaded (Note [GEMM threading] in src/backend/gemm.cpp), so
+// `threads` cores run everything and no second thread pool competes for them.
 #include <cblas.h>
 #include <omp.h>
 

@@ -1,10 +1,10 @@
 // exp for the float kernels (softmax, cross-entropy, GELU).
 //
 // Why not std::exp: without -ffast-math GCC keeps glibc's expf a scalar call per element, and
-// tanhf is worse (measured over 12.9M floats, one core: expf 66 ms, tanhf 290 ms, a vectorised exp
-// 7 ms). This version uses only arithmetic and integer operations, so GCC vectorises the loops that
-// call it; it has no float comparisons (which -ftrapping-math keeps GCC from if-converting), and
-// every element takes the same path, so results do not depend on buffer alignment.
+// tanhf is worse (times in docs/perf.md). This version uses only arithmetic and integer
+// operations, so GCC vectorises the loops that call it; it has no float comparisons (which
+// -ftrapping-math keeps GCC from if-converting), and every element takes the same path, so
+// results do not depend on buffer alignment.
 //
 // Accuracy: max relative error 1e-7 over the normal range (test_fast_math.cpp); x > 88.73 gives
 // +inf, x < -87.7 gives 0 (no denormals), NaN stays NaN. The double overload is std::exp: the

@@ -1,26 +1,10 @@
 // GEMM for the CPU backend: OpenBLAS single-threaded, each product split across OpenMP threads.
 //
-// Note [GEMM threading]: the backend's other ops are OpenMP loops. If OpenBLAS ran its own
-// pthreads, libgomp's workers would keep spinning after each OpenMP loop while OpenBLAS's threads
-// want the same cores (and vice versa). Measured on the 2-core AVX2/FMA dev machine (OpenBLAS
-// 0.3.21 pthread build), 2 threads, 12 × [fc GEMM 256×3072×768, GELU, fcproj GEMM 256×768×3072,
-// add] (test_benchmark.cpp, GemmThreadingSchemes; GEMM FLOP over total time, best of 4 runs):
-//   OpenBLAS 2 threads next to OpenMP loops:          89 GFLOP/s
-//   OpenBLAS 1 thread, GEMM split by OpenMP (chosen): 166 GFLOP/s
-// (a scratch run with OMP_WAIT_POLICY=passive lifted the first to 125; the split does not need
-// it.) In isolation both schemes reach the same speed (sgemm 2048³: 188 vs 185 GFLOP/s), so the
-// split loses nothing and removes the contention, and the process keeps a single thread pool.
-// Eigen's own sgemm reached only ~125 GFLOP/s, hence OpenBLAS for float.
-//
-// The model's products through this path, N = B·T = 256 rows, 2 threads, best of 5 runs, against
-// the 184 GFLOP/s measured by measure_sgemm_flops (test_benchmark.cpp, GemmShapes):
-//                    out = inp·wᵀ     dinp = dout·w    dw += doutᵀ·inp
-//   qkv     (768→2304)   177 (96%)       180 (98%)       190 (103%)
-//   attproj (768→768)    180 (98%)       181 (99%)       191 (104%)
-//   fc      (768→3072)   176 (96%)       179 (97%)       189 (103%)
-//   fcproj  (3072→768)   179 (97%)       180 (98%)       188 (102%)
-//   lm-head (768→50304)  173 (94%)       178 (96%)       189 (103%)
-// All linear layers of one step: 1048 ms, 181 GFLOP/s, 98% of the measured peak.
+// Note [GEMM threading]
+// OpenBLAS runs single-threaded and each product is split across the backend's OpenMP team.
+// The other ops are OpenMP loops; if OpenBLAS ran its own pthreads, libgomp's spinning workers
+// and OpenBLAS's threads would fight for the same cores. In isolation both schemes run GEMMs
+// equally fast, so the split loses nothing and the process keeps one thread pool.
 //
 // The split: the larger of the output's two dimensions is cut into `threads` contiguous blocks of
 // whole 64-wide tiles, one OpenBLAS call per thread. Each output element is computed by exactly one

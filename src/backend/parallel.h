@@ -1,13 +1,14 @@
 // Work splitting and reductions shared by the CPU kernels.
 //
-// Note [Deterministic reductions]: a sum along a vector goes through sum_lanes, never
-// `#pragma omp simd reduction` or atomics. An OpenMP simd reduction lets the compiler choose the
-// order (and peel iterations to align the pointer), so a result could change with a buffer's
-// address; sum_lanes fixes the order in the source (kLanes interleaved partial sums, combined as a
-// tree), GCC still vectorises it, and with no -ffast-math the compiler must keep that order. Sums
-// over rows (weight gradients) give each thread its own columns and add the rows in order. Work is
-// split with static_chunk / schedule(static), so a fixed thread count gives bitwise-identical
-// results run to run, whatever the buffers' addresses; per-thread partials combine in thread order.
+// Note [Deterministic reductions]
+// A sum along a vector goes through sum_lanes, never `#pragma omp simd reduction` or atomics:
+// an OpenMP simd reduction lets the compiler choose the order (and peel to align), so a result
+// could change with a buffer's address; sum_lanes fixes the order in the source and GCC still
+// vectorises it. Sums over rows give each thread its own columns; work is split statically and
+// per-thread partials combine in thread order. So a fixed thread count is bitwise reproducible.
+//
+// sum_lanes keeps kLanes interleaved partial sums, combined as a tree; without -ffast-math the
+// compiler must keep that order.
 #pragma once
 
 #include <omp.h>

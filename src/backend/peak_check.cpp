@@ -8,18 +8,13 @@
 
 namespace trident {
 
-// Note [CPU peak bounds]: per core and cycle an fp32 FMA kernel does 2 FLOPs per lane per FMA
-// port. The bounds take the extremes of the two unknowns, port count and clock:
-//   high ("impossible"): 2 FMA ports (no x86 core has more for fp32 so far) at 6.0 GHz (the
-//     fastest shipped boost clock) on every thread, up to the node's CPUs;
-//   low ("implausible"): 1 FMA per cycle at 1 GHz, below any server's AVX-512 clock under
-//     load, on the cores this rank has to itself (the node's CPUs shared by the ranks
-//     measuring at once, never more than its threads).
-// The low bound is what catches a fallback kernel: an AVX-512 CPU's right kernel measured ~90
-// GFLOP/s per core on the 2.1 GHz dev VM, 2.8× above the bound of 32; its SSE3 "Prescott"
-// fallback ~13, below it. Two ranks oversubscribing the cores still pass (they count as
-// sharing); a machine busy with other work can fail it, and then the figure is not to be
-// trusted either.
+// Note [CPU peak bounds]
+// A measured CPU GEMM peak must lie between the extremes of an fp32 FMA kernel's two unknowns,
+// 2 FLOPs per lane per FMA port per cycle: high ("impossible") 2 ports at 6.0 GHz on every
+// thread, up to the node's CPUs; low ("implausible") 1 FMA per cycle at 1 GHz on the cores this
+// rank has to itself (the node's CPUs shared by the ranks measuring at once, at most its
+// threads). The low bound catches a fallback kernel; a machine busy with other work can fail
+// it too, and then the figure is not to be trusted either.
 CpuPeakBounds cpu_gemm_peak_bounds(int fp32_lanes, int threads, int online_cpus,
                                    int ranks_on_node) {
   const int cpus = std::max(1, online_cpus);

@@ -1,9 +1,11 @@
-// Note [Vocab-parallel ops]: the embedding and the loss of a tensor-parallel model, where tp
-// rank r holds wte rows [v0, v1) and the logits of those columns (Megatron's vocab-parallel
-// embedding and cross-entropy). The full logits are never gathered: each rank computes three
-// numbers per token (crossentropy_slice_stats), the model all-gathers them over tp, and every
-// rank combines them into the same loss (crossentropy_slice_combine). These are the host
-// implementations, in the Backend base class; a device backend overrides them with kernels.
+// Note [Vocab-parallel ops]
+// With tensor parallelism tp rank r holds wte rows [v0, v1) and the logits of those columns
+// (Megatron's vocab-parallel embedding and cross-entropy). The full logits are never gathered:
+// each rank computes three numbers per token (crossentropy_slice_stats), the model all-gathers
+// them over tp, and every rank combines them into the same loss (crossentropy_slice_combine).
+//
+// These are the host implementations, in the Backend base class; a device backend overrides
+// them with kernels.
 #include <omp.h>
 
 #include <algorithm>

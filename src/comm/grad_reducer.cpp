@@ -1,9 +1,46 @@
-// GradReducer: bucketed data-parallel gradient averaging on a communication thread. This file
+// GradReducer: bucketed data-parallel gradient reduction on a communication thread. This file
 // is the compute thread's side (construction, begin_step, grad_ready, finish, ZeRO's gathers'
 // waits and accessors); the thread's side is grad_reducer_thread.cpp.
 //
-// The communication thread's contract (who calls MPI, in what order, why a thread, how
-// progress is driven, how errors travel) is in trident/grad_reducer.h.
+// The communication thread's contract
+//
+// 1. Who calls MPI (or NCCL). Between begin_step(true) and the end of finish() only the
+//    reducer's thread touches the dp communicator (Note [One thread per communicator] in
+//    trident/comm.h). The compute thread's grad_ready, add_extra and finish only push events
+//    into a queue under a mutex; finish() then sleeps on a condition variable. Its one dp call
+//    is mark_compute_ready (Note [Gradient-ready events] in trident/comm.h). Tensor-parallel
+//    collectives run on the compute thread meanwhile, on other communicators: hence
+//    MPI_THREAD_MULTIPLE.
+// 2. In what order: Note [Same buckets, same order]. Several operations may be in flight.
+// 3. Why a thread: the reduction of late layers overlaps the backward of early ones. With
+//    overlap = false it makes the same calls on the same slices after finish(), so the
+//    gradients are bitwise equal either way.
+// 4. Where the average is taken. With GradReducerOptions::average the communicator averages
+//    (MpiComm divides on this thread when the sum completes; NcclComm on the device), so this
+//    thread never touches device memory. Without it the caller has divided already and the
+//    thread only sums, sparing the compute cores a pass over the gradients.
+// 5. On a device it only enqueues. Before starting a bucket the thread calls order_after(the
+//    mark of its last ready parameter); the compute stream is in order, so that mark covers the
+//    bucket. Polls are event queries; finish() ends with compute_waits_for_comm, so the
+//    optimizer enqueued next reads reduced gradients and the host never waits on the GPU.
+// 6. Who drives progress. A nonblocking MPI operation advances only while some thread is inside
+//    MPI, so while anything is in flight the thread tests it (Note [One progress call per poll]
+//    in src/comm/grad_reducer_thread.cpp), then pauses on its condition variable, woken early
+//    by an event (Note [Polling beside compute] there; progress_backoff after finish(); until
+//    the first link's end when only emulated links are left). With nothing in flight it sleeps
+//    until an event comes, taking no core from compute.
+// 7. How errors travel. Anything thrown on the thread ends the step: work in flight is
+//    abandoned and the error is rethrown by the next grad_ready, add_extra or finish. A
+//    parameter that never became ready is found at finish(), after the buckets before it have
+//    completed, so every rank names it; where it is missing on one rank only, the others'
+//    bucket times out (comm.timeout_s), naming the bucket. No rank hangs.
+//
+// Note [Same buckets, same order]
+// MPI pairs a communicator's collectives by the order they are started, so every rank must
+// start the same operations in the same order, or they pair wrongly (wrong sums or a hang).
+// The buckets are a pure function of parameter sizes and byte limits; bucket b starts once its
+// parameters are all ready and buckets 0..b-1 have started, whatever order the events came in;
+// extras follow the last bucket in the order they were added.
 #include "trident/grad_reducer.h"
 
 #include <fmt/format.h>

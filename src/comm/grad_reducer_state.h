@@ -3,7 +3,7 @@
 //                            waits), which only post events and wait on condition variables;
 //   grad_reducer_thread.cpp  the communication thread: its loop, the buckets' launches, the
 //                            polling, the ZeRO release and gathers, the step's end and errors.
-// The contract between them is in trident/grad_reducer.h.
+// The contract between them is stated at the top of grad_reducer.cpp.
 #pragma once
 #include <time.h>
 

@@ -1,7 +1,7 @@
 // GradReducer's communication thread: the loop that turns the compute thread's events into
 // bucketed all-reduces (or ZeRO's reduce-scatters and all-gathers) and drives their progress.
-// The contract it keeps is in trident/grad_reducer.h; the state it shares with the compute
-// thread is in grad_reducer_state.h.
+// The contract it keeps is stated at the top of grad_reducer.cpp; the state it shares with the
+// compute thread is in grad_reducer_state.h.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -84,11 +84,11 @@ CommClock::time_point GradReducer::State::next_poll(int idle_polls) const {
   auto idle_until = CommClock::time_point::max();
   for (const InFlight& f : in_flight) idle_until = std::min(idle_until, f.work.idle_until());
   if (idle_until > now) return idle_until;  // only emulated links left: sleep to the first end
-  // Note [Polling beside compute]: before finish() the compute thread is running backward on
-  // the same cores, and every wake-up of this thread preempts it; so it tests every 200 µs at
-  // most (a 16 MiB piece takes >= 1.3 ms even at 100 Gbit/s, so this delays a completion by
-  // a small fraction of it). Once finish() was called the compute thread sleeps, and eager
-  // polling costs it nothing.
+  // Note [Polling beside compute]
+  // Before finish() the thread tests at most every kPollBesideCompute: backward runs on the
+  // same cores and every wake-up preempts it, while a message piece takes far longer than the
+  // pause (16 MiB needs 1.3 ms even at 100 Gbit/s). After finish() the compute thread sleeps,
+  // so the thread polls eagerly (progress_backoff).
   if (!finishing && !compute_waiting.load(std::memory_order_relaxed))
     return now + kPollBesideCompute;
   const auto pause = progress_backoff(idle_polls);
@@ -133,12 +133,10 @@ void GradReducer::State::handle(Event& e) {
         ready_ms[b] = ms(e.time);
         ready_mark[b] = std::move(e.mark);
         // Note [Ready order check]
-        // ~~~~~~~~~~~~~~~~~~~~~~~~
         // Buckets start in index order (Note [Same buckets, same order]), so a bucket that is
-        // complete while an earlier one is not waits for it. The layout is meant to make that
-        // impossible (gpt_param_layout lists parameters in the order backward finishes them);
-        // where it does happen, the step says which bucket held the others back and the
-        // Trainer warns once, as PyTorch DDP logs its bucket rebuild.
+        // complete while an earlier one is not waits for it. The parameter layout should make
+        // that impossible (parameters in the order backward finishes them); where it happens,
+        // the step names the bucket that held the others back and the Trainer warns once.
         if (b > first_incomplete && building.ahead_bucket < 0)
           building.ahead_bucket = int(b), building.late_bucket = int(first_incomplete);
         while (first_incomplete < buckets.size() && pending[first_incomplete] == 0)
@@ -245,7 +243,12 @@ void GradReducer::State::start(float* data, size_t count, std::string name, int 
     building.records.push_back(std::move(r));
     return;
   }
-  // Note [Message size]: pieces of at most max_message floats, one record for all of them.
+  // Note [Message size]
+  // An all-reduce is started in pieces of at most max_message floats, one record for all. MPI's
+  // nonblocking all-reduce allocates a temporary buffer per call in proportion to the message;
+  // kept under glibc's mmap threshold it comes from the heap and is reused, where a larger one
+  // is a fresh mmap whose pages all fault, on the compute cores' time. Every rank splits the
+  // same way, so the pieces pair up (Note [Same buckets, same order]).
   size_t done = 0;
   do {
     const size_t n = std::min(count - done, max_message);
@@ -277,22 +280,14 @@ bool GradReducer::State::launch_ready() {
 }
 
 // Tests the in-flight work (a completed all-reduce is already averaged). True if any ended.
-// Note [One progress call per poll]: every test of an in-flight operation is an MPI_Test,
-// and every MPI_Test runs Open MPI's whole progress engine (all sockets, all of libnbc's
-// schedules), whatever request it names. Testing each of k operations in flight ran it k
-// times per wake-up (on 2 emulated nodes at 1 Gbit/s, with a dozen buckets queued behind the
-// slow link, 3500–3900 tests per step). One run of the engine advances them all, so the
-// thread tests in start order and stops at the first one still running: one progress call
-// per wake-up while the oldest is unfinished, one more per completion (970–1070 per step
-// there). The thread's CPU time stayed ~100–110 ms per step: it is the sockets' copying and
-// the kernel's TCP work, not the calls (docs/scaling.md). Operations on one communicator
-// finish about in start order (they share its links and libnbc advances them in turn), so
-// a later one that finished first is seen when those before it are: a delay in its stats and
-// its ZeRO-2 release, never a missed completion; the timeout is checked on the oldest, which
-// has waited longest. An operation
-// whose transfer is done and that waits only for its emulated link does not stop the walk:
-// stopping there left the later ones untested, so the thread saw no link end to sleep to
-// and polled through the whole step (bench-overlap: 260 ms of its CPU per step, not 130).
+//
+// Note [One progress call per poll]
+// Every MPI_Test runs Open MPI's whole progress engine, whatever request it names, and one run
+// advances every operation. So a poll tests in start order and stops at the first operation
+// still transferring. Operations on one communicator finish about in start order, so a later
+// one is seen at most a little late (in its stats and ZeRO-2 release), and the timeout is
+// checked on the oldest. One that only waits out its emulated link does not stop the walk, so
+// the thread sees every link's end and can sleep until the first.
 bool GradReducer::State::poll_in_flight() {
   bool any = false;
   for (size_t i = 0; i < in_flight.size();) {
@@ -309,10 +304,8 @@ bool GradReducer::State::poll_in_flight() {
                   e.code());
     }
     if (!done) {
-      // Note [One progress call per poll]: stop at the first whose transfer is unfinished. One
-      // whose bytes have arrived and that only waits out an emulated link (idle_until) needs
-      // no progress: go on, so the later ones' transfers are seen to end too and the thread
-      // can sleep to the first link's end (next_poll) instead of polling.
+      // Note [One progress call per poll]: stop at the first whose transfer is unfinished;
+      // go on past one that only waits out an emulated link (idle_until).
       if (f.work.idle_until() == CommClock::time_point::min()) break;
       ++i;
       continue;

@@ -98,20 +98,16 @@ void pause_for(int idle_polls) {
 }  // namespace
 
 // Note [Paced link]
-// ~~~~~~~~~~~~~~~~~
-// On an emulated link an operation completes at its turn's end (set_emulated_link), but the
-// bytes themselves move over shared memory in a few milliseconds. Posted at once, every
-// bucket's copies and sums ran as soon as backward produced it, all inside backward, while
-// the emulated link still had them queued: 130 ms of a core per GPT-2 124M step taken from
-// backward that a real link spreads over its whole transfer (a NIC sends a queued message when
-// the earlier ones are out; TCP copies as the socket drains). So the MPI call is posted when
-// the operation's turn on the link begins, and its work happens while the link carries it.
-// Operations are posted in start order (MPI pairs collectives by it: Note [Same buckets, same
-// order]), whichever Work is tested first; without emulation everything is posted at once.
+// On an emulated link an operation's MPI call is posted when its turn on the link begins, not
+// when it is started, so its copies and sums take the cores while the link carries it, as a
+// real link's queue would spread them (shared memory moves the bytes in milliseconds).
+// Operations are posted in start order, whichever Work is tested first, since MPI pairs
+// collectives by it (Note [Same buckets, same order]). Without emulation all post at once.
 class MpiWork final : public Work::Impl {
  public:
-  // One operation may be several MPI requests (a reduce-scatter: Note [Reduce-scatter as
-  // reduces]); it is complete when all are. `post` makes the MPI calls, at post_at or later.
+  // One operation may be several MPI requests (a reduce-scatter:
+  // Note [Reduce-scatter as reduces]); it is complete when all are. `post` makes the MPI calls,
+  // at post_at or later.
   MpiWork(MpiComm* comm, const char* op, size_t bytes, size_t requests, MpiComm::Post post,
           CommClock::time_point start, CommClock::time_point post_at,
           CommClock::time_point link_done)
@@ -338,14 +334,12 @@ Work MpiComm::start_all_reduce_op(void* data, size_t count, ElemType type, Reduc
                    start);
 }
 
-// Note [Reduce-scatter as reduces]: Open MPI's nonblocking MPI_Ireduce_scatter_block (libnbc)
-// reduces the whole buffer to rank 0 and then sends each rank its block: every rank's full
-// buffer travels to rank 0 (not (n-1)/n of it), rank 0 does all the sums, and each call
-// mallocs twice the buffer as scratch (a fresh mmap whose pages fault, for a 154 MB wte). So a
-// reduce-scatter here is n reduces, one to each block's owner, in pieces of at most
-// kReducePiece elements, started in the same order on every rank: each rank sends (n-1)/n of
-// its buffer and sums only its own block, as a ring reduce-scatter does, and the scratch
-// buffers stay small enough to be reused from the heap. One Work holds all the requests.
+// Note [Reduce-scatter as reduces]
+// A reduce-scatter is n nonblocking reduces, one to each block's owner, in pieces of at most
+// kReducePiece elements, started in the same order on every rank; one Work holds the requests.
+// Each rank then sends (n-1)/n of its buffer and sums only its own block, as a ring does, with
+// scratch small enough to reuse. Open MPI's MPI_Ireduce_scatter_block (libnbc) instead sends
+// every full buffer to rank 0, sums there, and mallocs twice the buffer per call.
 constexpr size_t kReducePiece = size_t(4) << 20;  // floats: 16 MiB (Note [Message size])
 static_assert(kReducePiece <= size_t(INT_MAX), "a reduce piece's count is an MPI int");
 

@@ -2,14 +2,15 @@
 // asynchronous to the host); the host waits only in synchronize(), sum_squares() and the
 // copies that return data to it.
 //
-// Note [Mixed precision]: activations, gradients, master weights and AdamW moments are fp32 in
-// memory — the Backend interface is fp32, and that keeps the model code identical for both
-// backends. The tensor-core work runs in bf16: each GEMM casts its inputs (activations and
-// weights) to bf16 staging buffers and accumulates in fp32 into an fp32 output (cuBLASLt), and
-// cuDNN's fused attention takes bf16 q, k, v. The casts cost memory traffic (about 6 bytes per
-// element cast, ~5–10% of a GPT-2 step by the memory-bound count). run.precision bf16 is the
-// other design (Note [bf16 activations] in src/backend/bf16_ops.cpp): the *_bf16 ops below
-// read and write bf16 activations with no cast pass.
+// Note [Mixed precision]
+// With fp32 precision, activations, gradients, master weights and AdamW moments are fp32 in
+// memory, as the Backend interface is, so the model code is the same on both backends. The
+// tensor-core work runs in bf16: each GEMM casts its inputs to bf16 staging buffers and
+// accumulates in fp32 into an fp32 output (cuBLASLt), and cuDNN's fused attention takes bf16
+// q, k, v. The casts cost memory traffic (about 6 bytes per element cast).
+//
+// run.precision bf16 is the other design (Note [bf16 activations] in src/backend/bf16_ops.cpp):
+// the *_bf16 ops below read and write bf16 activations with no cast pass.
 #include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>

@@ -3,21 +3,16 @@
 // app refuses `run.backend: cuda` with the reason either way.
 //
 // Note [GPU or no GPU]
-// cudaGetDeviceCount alone cannot tell "no GPU here" from "a GPU whose driver is broken": on a
-// machine without libcuda.so.1 the runtime answers cudaErrorInsufficientDriver ("CUDA driver
-// version is insufficient for CUDA runtime version", seen on the build machine), exactly what
-// it answers on an H200 whose driver is older than the toolkit. Skipping on both would let a
-// GPU machine with a broken driver pass every GPU test. So we also look for the two things an
-// NVIDIA GPU leaves on a Linux machine:
-//  - the driver's user-space library, libcuda.so.1 (dlopen: what the runtime itself loads);
-//  - a GPU device node, /dev/nvidia0, /dev/nvidia1, ... (or /dev/dxg, a GPU under WSL).
-// The machine has no GPU (kAbsent: tests skip) when there is no device node and either the
-// driver library does not load, or it loads and reports no device (a driver installed on a
-// machine without a GPU). Anything else short of a working device is kBroken (tests fail): a
-// device node without a working driver (a container without the driver mounted, a driver older
-// than the toolkit, a GPU in a bad state), or a driver that loads and fails with another error.
-// CUDA_VISIBLE_DEVICES hiding every device is a choice, not a fault: kAbsent, and the reason
-// names the variable.
+// A machine has no GPU (kAbsent: tests skip) only when it has no GPU device node (/dev/nvidia<n>,
+// or /dev/dxg under WSL) and the driver library libcuda.so.1 either does not load or reports no
+// device; or when CUDA_VISIBLE_DEVICES hides every device, named in the reason. Anything else
+// short of a working device is kBroken (tests fail). cudaGetDeviceCount alone cannot tell: it
+// answers cudaErrorInsufficientDriver both without a driver and with one older than the toolkit,
+// and skipping on both would let a GPU machine with a broken driver pass every GPU test.
+//
+// kBroken covers a device node without a working driver (a container without the driver
+// mounted, a driver older than the toolkit, a GPU in a bad state), and a driver that loads and
+// fails with another error.
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <fmt/format.h>

@@ -1,25 +1,25 @@
-// Note [Row-major GEMMs in cuBLASLt]: cuBLASLt is column-major. A row-major matrix X[r,c] is
-// the column-major matrix Xᵀ[c,r] with leading dimension c, so the row-major product
-// D[M,N] = op(A)·op(B) is computed as the column-major Dᵀ[N,M] = op(B)ᵀ·op(A)ᵀ: cuBLASLt's
-// "A" is our B and its "B" our A, with the same transpose flags, and the bias (one value per
-// column of row-major D) is cuBLASLt's per-row bias of Dᵀ (CUBLASLT_EPILOGUE_BIAS).
+// Note [Row-major GEMMs in cuBLASLt]
+// cuBLASLt is column-major. A row-major X[r,c] is the column-major Xᵀ[c,r] with leading
+// dimension c, so D[M,N] = op(A)·op(B) is computed as the column-major Dᵀ[N,M] = op(B)ᵀ·op(A)ᵀ:
+// cuBLASLt's "A" is our B and its "B" our A, with the same transpose flags, and the bias (one
+// value per column of row-major D) is cuBLASLt's per-row bias of Dᵀ (CUBLASLT_EPILOGUE_BIAS).
 //
-// Note [cuBLASLt epilogues]: in those terms GELU_AUX(_BIAS) and DGELU(_BGRAD) act on Dᵀ
-// element by element, their aux matrix has Dᵀ's layout (leading dimension = our N, which
+// Note [cuBLASLt epilogues]
+// A fused epilogue runs where this cuBLASLt accepts it; where it refuses, the fused op returns
+// false having run nothing and the caller runs the unfused ops. cuBLASLt may refuse an fp32
+// bias with a bf16 D (cublasLt.h, BIAS_DATA_TYPE): the bias is then rounded to bf16 for the
+// call (the sum moves by at most half a bf16 ulp of the bias), and a refused DGELU_BGRAD runs
+// as DGELU plus the backend's own bias-gradient sum (CudaBackend::matmul_dgelu_backward_bf16).
+// Fused and unfused agree to about a bf16 rounding (tests/cuda/kernel_checks_bf16.h).
+//
+// In the terms of Note [Row-major GEMMs in cuBLASLt], GELU_AUX(_BIAS) and DGELU(_BGRAD) act on
+// Dᵀ element by element, their aux matrix has Dᵀ's layout (leading dimension = our N, which
 // cuBLASLt wants divisible by 8), and DGELU_BGRAD's bias gradient, one value per row of Dᵀ, is
 // our column sums. Our A is cuBLASLt's B, so the row sums of our op(A) (a weight gradient's
-// Σ dout) are BGRADB's. Biases and bias gradients are fp32 (BIAS_DATA_TYPE); bias gradients
-// are written, not added. cuBLASLt's documentation gives the bias and the bias gradient D's
-// type except for IMMA and fp8 kernels (cublasLt.h, BIAS_DATA_TYPE and BIAS_POINTER), so an
-// fp32 bias with a bf16 D may be refused: a bias is then rounded to bf16 for the call (one
-// cast of OC values; the sum moves by at most half a bf16 ulp of the bias, below the op's own
-// rounding when |bias| ≤ |product|), and where DGELU_BGRAD is refused the backend runs DGELU
-// and sums the bias gradient itself (CudaBackend::matmul_dgelu_backward_bf16). The first GPU
-// run says which happened (the once-printed "LtGemm:" lines; gpu-check's table counts them).
-// The Backend's definitions of the fused ops take the GELU (or its
-// derivative) of the fp32 product, as the epilogue does; each falls back to its unfused
-// sequence, whose GELU reads the product already rounded to bf16, so the fallback agrees with
-// the definition to about a bf16 rounding (tests/cuda/kernel_checks_bf16.h).
+// Σ dout) are BGRADB's. Biases and bias gradients are fp32; bias gradients are written, not
+// added. The fused ops take the GELU (or its derivative) of the fp32 product, as the epilogue
+// does; the unfused GELU reads the product already rounded to bf16. The first GPU run says
+// which path ran (the once-printed "LtGemm:" lines; gpu-check's table counts them).
 #include "lt_gemm.h"
 
 #include <fmt/format.h>

@@ -12,8 +12,8 @@
 
 namespace trident::cuda {
 
-// What runs after a GEMM's product: cuBLASLt's epilogue, in our row-major terms (Note
-// [cuBLASLt epilogues] in lt_gemm.cpp).
+// What runs after a GEMM's product: cuBLASLt's epilogue, in our row-major terms
+// (Note [cuBLASLt epilogues] in src/backend/cuda/lt_gemm.cpp).
 enum class LtEpilogue : uint8_t { kNone, kBias, kGeluAux, kGeluAuxBias, kDGelu, kDGeluBgrad,
                                   kBgradA };
 
@@ -36,9 +36,9 @@ class LtGemm {
   // bias rounded to bf16 first where cuBLASLt takes no fp32 one: Note [cuBLASLt epilogues]).
   void matmul_bf16(bf16* D, const bf16* A, const bf16* B, const float* bias, int M, int N, int K,
                    bool trans_a, bool trans_b, cudaStream_t stream);
-  // Note [cuBLASLt epilogues]: the fusions below return false, having run nothing, where this
-  // cuBLASLt has no algorithm for them, refuses the call, or an operand breaks their
-  // alignment rules; the caller then runs the unfused ops.
+  // The fusions below return false, having run nothing, where this cuBLASLt has no algorithm
+  // for them, refuses the call, or an operand breaks their alignment rules; the caller then
+  // runs the unfused ops (Note [cuBLASLt epilogues]).
   //
   // D (bf16) = bf16(gelu(op(A)·op(B) + bias)) and aux (bf16, D's shape) = bf16(op(A)·op(B) +
   // bias), the GELU's input that backward reads; bias fp32 or null.

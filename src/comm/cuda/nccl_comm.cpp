@@ -1,19 +1,16 @@
 // NcclComm: collectives on device buffers over NCCL, on a dedicated communication stream.
 //
 // Note [NCCL without hangs]
-// A collective whose peer never arrives spins on the GPU forever, and cudaStreamSynchronize
-// would then block the host forever too. So:
-//  - the NCCL communicator is non-blocking (config.blocking = 0): init and every enqueue may
-//    return ncclInProgress, and we poll ncclCommGetAsyncError until the state settles (with
-//    the timeout) before recording the event that stands for the operation;
-//  - completion is a cudaEventQuery on that event, never a stream or device synchronisation;
-//  - while polling we also read ncclCommGetAsyncError (a network error shows up there, not in
-//    CUDA) and the elapsed time; either ends in ncclCommAbort, which stops the kernels, and an
-//    Error naming the operation, the communicator and the rank.
-// The OpRecord's end is when test() first saw the event complete, so it over-estimates the
-// operation by up to one poll interval (the poller's backoff, at most 200 µs), and its start is
-// when the host enqueued it, which may be long before the GPU ran it. The device's own times
-// come from two timed events around each operation (Note [Device time of an operation] in
+// The host never waits on NCCL in a way that cannot time out: a collective whose peer never
+// arrives spins on the GPU forever, and a stream synchronisation would block the host with it.
+// So the NCCL communicator is non-blocking (config.blocking = 0; a call that returns
+// ncclInProgress is polled until its state settles), completion is a cudaEventQuery, and each
+// poll also reads ncclCommGetAsyncError and the elapsed time: an error or the timeout ends in
+// ncclCommAbort, which stops the kernels, and an Error naming operation, communicator and rank.
+//
+// An OpRecord's start is when the host enqueued the operation, and its end is when test()
+// first saw its event complete (up to one poll interval late). The device's own times come
+// from two timed events around each operation (Note [Device time of an operation] in
 // trident/comm.h); the GradReducer reports those.
 #include "trident/nccl_comm.h"
 
