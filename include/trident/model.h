@@ -76,7 +76,8 @@ struct ParamInfo {
 // Note [Pipeline stages]: a pipeline stage holds a contiguous range of blocks; the first stage
 // also the embeddings (wte, wpe), the last the final LayerNorm and the LM head, whose weight is
 // the tied wte — so with pp > 1 the first and the last stage each hold a copy of wte, and
-// their gradients are summed over the embedding group (DESIGN.md's grid) before the update.
+// their gradients are summed over the embedding group (docs/design.md, "The grid") before
+// the update.
 struct StageSpec {
   int first_layer = 0;
   int num_layers = -1;        // -1: all layers from first_layer

@@ -40,9 +40,9 @@ struct NcclCommOptions {
   // float32 all-reduces, so give the GradReducer its own NcclComm when it is on.
   bool grad_bf16 = false;
   // Enqueue on the compute stream instead of an own stream: tensor-parallel collectives, whose
-  // results the very next kernel needs, run there (docs/design.md, comm). Ordering with compute
-  // is then the stream's own; a Work still polls an event after the operation, so a stuck
-  // collective ends at the timeout instead of hanging.
+  // results the very next kernel needs (docs/design.md, "The communication thread's
+  // contract"). Ordering with compute is then the stream's own; a Work still polls an
+  // event after the operation, so a stuck collective ends at the timeout instead of hanging.
   bool on_compute_stream = false;
 };
 
