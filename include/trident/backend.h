@@ -208,8 +208,6 @@ class Backend {
                                 double* out) {
     for (size_t i = 0; i < count; ++i) out[i] = sum_squares(xs[i], ns[i]);
   }
-  // x *= s
-  virtual void scale(float* x, float s, size_t n) = 0;
   // AdamW step t (1-based) with decoupled weight decay on params[n], on the gradients times
   // grad_scale (global-norm clipping folded into the update's pass: grads stay unchanged).
   virtual void adamw_update(float* params, float* m, float* v, const float* grads, size_t n,
