@@ -94,10 +94,9 @@ class Work {
   std::unique_ptr<Impl> impl_;
 };
 
-// kAvg is the sum divided by the number of ranks (what data-parallel gradients need). kBitOr
-// is the bitwise OR of integer elements (a union of bitmaps: the tied embedding's row set,
-// Note [Step row set] in train/embedding_rows.h); host communicators only (NCCL has no OR).
-enum class ReduceOp { kSum, kAvg, kBitOr };
+// kBitOr is the bitwise OR of integer elements (a union of bitmaps: the tied embedding's row
+// set, Note [Step row set] in train/embedding_rows.h); host communicators only (NCCL has no OR).
+enum class ReduceOp { kSum, kBitOr };
 
 // Note [Gradient-ready events]
 // On the GPU, "layer L's weight gradients are final" is a point in the compute stream, not a
@@ -128,7 +127,7 @@ class Communicator {
   virtual int size() const = 0;
   virtual const std::string& name() const = 0;
 
-  // Sum (or average) over all ranks, in place. `label` names the operation in profiler
+  // Sum (or bitwise OR) over all ranks, in place. `label` names the operation in profiler
   // ranges (e.g. the bucket); it does not change what is computed.
   template <typename T>
   Work all_reduce(T* data, size_t count, ReduceOp op = ReduceOp::kSum,
@@ -192,10 +191,8 @@ class Communicator {
  protected:
   // The sum.
   virtual Work start_all_reduce(void* data, size_t count, ElemType type) = 0;
-  // The default serves host buffers: kSum is start_all_reduce; kAvg is the sum, then each
-  // element divided by size() on the host when the Work completes (float32 and float64 only),
-  // exactly what the GradReducer did itself before (bitwise the same). The label is unused.
-  // A device communicator overrides it to average on the device.
+  // The default: kSum is start_all_reduce; kBitOr is refused on more than one rank (a
+  // communicator that can OR overrides this). The label is unused.
   virtual Work start_all_reduce_op(void* data, size_t count, ElemType type, ReduceOp op,
                                    std::string_view label);
   virtual Work start_reduce_scatter(const void* send, void* recv, size_t recv_count,
@@ -316,7 +313,7 @@ class MpiComm : public Communicator {
 
  protected:
   Work start_all_reduce(void* data, size_t count, ElemType type) override;
-  // kBitOr as MPI_BOR; kSum and kAvg as Communicator's.
+  // kBitOr as MPI_BOR; kSum as Communicator's.
   Work start_all_reduce_op(void* data, size_t count, ElemType type, ReduceOp op,
                            std::string_view label) override;
   Work start_reduce_scatter(const void* send, void* recv, size_t recv_count,

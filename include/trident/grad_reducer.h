@@ -1,5 +1,6 @@
-// GradReducer: averages the gradients over the data-parallel group, in buckets, on its own
-// communication thread, while backward is still running.
+// GradReducer: sums the gradients over the data-parallel group, in buckets, on its own
+// communication thread, while backward is still running. The caller has divided them by dp
+// already (Note [Average in the loss seed] in train/gpt_stage.cpp), so the sum is the average.
 //
 //     GradReducer reducer(grid.dp(), grads, params_in_ready_order, options);
 //     for each step:
@@ -7,18 +8,18 @@
 //         reducer.begin_step(/*reduce=*/m == last);   // only the last micro-batch reduces
 //         backward ...  reducer.grad_ready(i);        // as each parameter's gradient is final
 //         reducer.add_extra(rows, n, "wte rows");     // optional, after the last grad_ready
-//       reducer.finish();                             // wait; grads now hold the dp average
+//       reducer.finish();                             // wait; grads now hold the dp sum
 //
 // On the GPU the same calls work with a device communicator (NcclComm) and a device gradient
 // buffer: call grad_ready right after enqueueing the kernels that finish a parameter's gradient
 // on the communicator's compute stream (Note [Gradient-ready events] in trident/comm.h); after
-// finish() returns, work enqueued on that stream sees the averaged gradients.
+// finish() returns, work enqueued on that stream sees the reduced gradients.
 //
 // The communication thread's contract
 //
 // Who calls MPI (or NCCL). Between begin_step(true) and the end of finish() only the reducer's
 //   thread touches the dp communicator (Note [One thread per communicator]): it starts each
-//   bucket's all-reduce (an average, or a sum of pre-divided gradients) and polls it. The
+//   bucket's all-reduce (a sum of pre-divided gradients) and polls it. The
 //   compute thread never calls MPI on dp: grad_ready, add_extra and finish only push events
 //   (begin, "parameter i is ready", extra buffer, finish) into a queue under a mutex, and
 //   finish() then sleeps on a condition variable. The one dp call the compute thread makes is
@@ -36,12 +37,9 @@
 // Why a thread. So the reduction of late layers overlaps the backward of early ones
 //   (overlap = true). With overlap = false the thread does the same, but starts nothing until
 //   finish() is called: the same calls on the same slices, so the results are bitwise equal.
-// Where the average is taken. With GradReducerOptions::average, a host communicator (MpiComm)
-//   sums, then divides the slice on this thread when the sum completes
-//   (Communicator::start_all_reduce_op); a device communicator (NcclComm) averages on the
-//   device (ncclAvg, or the bf16 cast back), so this thread never touches device memory.
-//   Without it the caller has divided already (Note [Average in the loss seed]) and the
-//   thread only sums: one pass over the gradients fewer on the compute cores.
+// Where the average is taken. In backward's seed, by the caller (Note [Average in the loss
+//   seed]): the thread only sums, so it never makes a pass over the gradients itself and never
+//   touches device memory.
 // On the GPU path it only enqueues. Each ready event carries the compute-stream mark taken in
 //   grad_ready; before starting a bucket the thread calls order_after(mark of the bucket's last
 //   ready parameter) — the compute stream is in order, so that mark covers the whole bucket —
@@ -98,9 +96,6 @@ struct GradReducerOptions {
   // backward; false: all buckets are reduced after finish() is called. Same buckets, same
   // calls, so both give bitwise equal gradients.
   bool overlap = true;
-  // true: the all-reduce averages over dp. false: the gradients were divided by dp already
-  // (Note [Average in the loss seed] in train/gpt_stage.cpp), so it sums.
-  bool average = true;
   // Note [Message size]: an all-reduce is started in pieces of at most this many bytes (a
   // parameter larger than bucket_bytes, such as wte, is a bucket of its own). MPI's
   // nonblocking all-reduce allocates a temporary buffer of the message's size / dp per call;
@@ -112,7 +107,7 @@ struct GradReducerOptions {
   // Times in ReduceStats are milliseconds since this point (pass the run's trace origin).
   CommClock::time_point trace_origin = CommClock::now();
   // Note [ZeRO-1] (train/zero.h). Non-null: the reducer is sharded. Each bucket is
-  // reduce-scattered (summed; `average` must be false) into this rank's shard of it,
+  // reduce-scattered (summed) into this rank's shard of it,
   // shard_grads + shard_offset(b), instead of all-reduced; extras are still all-reduced whole.
   // The parameters must then sit where padded_bucket_layout(counts, 4, first_bucket_bytes,
   // bucket_bytes, dp.size(), alone) puts them (the reducer builds the same layout and checks),
@@ -139,7 +134,7 @@ struct BucketRecord {
   size_t bytes = 0;
   double ready_ms = 0;  // its last parameter became ready (extra: it was added)
   double start_ms = 0;  // the all-reduce was started
-  double end_ms = 0;    // it completed and the slice was averaged
+  double end_ms = 0;    // it completed
   // Note [Device time of an operation]: its start and end on the device, in ms after the
   // step's begin_step on the compute stream; -1 on a host communicator.
   double device_start_ms = -1, device_end_ms = -1;
@@ -215,11 +210,11 @@ class GradReducer {
   // one event recorded on the compute stream with a device communicator. Rethrows an error the
   // thread already hit.
   void grad_ready(int param_index);
-  // An extra buffer outside the flat buffer, all-reduced and averaged after every bucket has
+  // An extra buffer outside the flat buffer, all-reduced (summed) after every bucket has
   // been launched (e.g. the tied embedding's sparse rows). Every rank must add the same extras
   // in the same order; `data` must stay valid until finish() returns.
   void add_extra(float* data, size_t count, std::string name);
-  // Waits until every bucket and extra is reduced and averaged (divided by dp size), then
+  // Waits until every bucket and extra is reduced (summed over dp), then
   // makes the compute stream wait for the communication (dp.compute_waits_for_comm; nothing on
   // the host). Throws the thread's error, or an Error naming a parameter that never became
   // ready.

@@ -44,7 +44,6 @@ GradReducer::GradReducer(Communicator& dp, float* grads,
     : state_(std::make_unique<State>(
           dp, grads, std::move(params_in_ready_order), options.overlap,
           std::max<size_t>(1, options.max_message_bytes / sizeof(float)),
-          options.average ? ReduceOp::kAvg : ReduceOp::kSum,
           options.trace_origin)) {
   State& s = *state_;
   const auto& p = s.params;
@@ -102,8 +101,6 @@ void GradReducer::name_buckets() {
 void GradReducer::init_sharded(const GradReducerOptions& options) {
   State& s = *state_;
   const auto& p = s.params;
-  TRIDENT_CHECK(s.reduce_op == ReduceOp::kSum,
-                "GradReducer: a sharded reducer sums (the gradients are divided by dp already)");
   std::vector<size_t> counts;
   for (const GradParam& q : p) counts.push_back(q.count);
   const auto ranks = size_t(s.dp.size());

@@ -249,7 +249,7 @@ void GradReducer::State::start(float* data, size_t count, std::string name, int 
   size_t done = 0;
   do {
     const size_t n = std::min(count - done, max_message);
-    in_flight.push_back({dp.all_reduce(data + done, n, reduce_op, r.name),
+    in_flight.push_back({dp.all_reduce(data + done, n, ReduceOp::kSum, r.name),
                          building.records.size()});
     done += n;
   } while (done < count);
@@ -276,7 +276,7 @@ bool GradReducer::State::launch_ready() {
   return next_bucket + next_extra > launched_before;
 }
 
-// Tests the in-flight work (a completed all-reduce is already averaged). True if any ended.
+// Tests the in-flight work. True if any ended.
 // Note [One progress call per poll]: every test of an in-flight operation is an MPI_Test,
 // and every MPI_Test runs Open MPI's whole progress engine (all sockets, all of libnbc's
 // schedules), whatever request it names. Testing each of k operations in flight ran it k

@@ -231,7 +231,6 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
     opt.first_bucket_bytes = first_bucket_bytes;
     opt.bucket_bytes = bucket_bytes;
     opt.overlap = deck_.comm.overlap;
-    opt.average = false;  // Note [Average in the loss seed] (train/gpt_stage.cpp)
     if (ctx_.trace) opt.trace_origin = ctx_.trace->origin();
     MpiComm& dp = ctx_.grid->dp();  // its timeout is the grid's (make_grid)
     if (deck_.comm.emulate_gbps > 0)
