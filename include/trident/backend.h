@@ -1,6 +1,7 @@
 // The Backend: every layer's forward and backward routine, behind one interface.
 //
-// The model code calls these and never knows which backend it has (CPU now, CUDA later).
+// The model code calls these and never knows which backend it has: the CPU backend
+// (make_cpu_backend, src/backend) or the CUDA backend (trident/cuda_backend.h, src/backend/cuda).
 // Argument order is fixed, as in llm.c: outputs, saved values, inputs, weights, sizes.
 // Gradient rules (Note [Gradient accumulation]):
 //   - weight gradients ACCUMULATE (+=): dw, db, dwte, dwpe — so micro-batches add up and the
