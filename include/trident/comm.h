@@ -298,19 +298,6 @@ class MpiComm : public Communicator {
   void set_bf16_sums(bool on);
   bool bf16_sums() const { return bf16_op_ != MPI_OP_NULL; }
 
-  // Used by this communicator's Work objects.
-  void note_completed(const OpRecord& record);
-  // Note [Paced link]: posts, in start order, every queued operation whose turn on the
-  // emulated link has come; forget_unposted drops an abandoned one from the queue.
-  void post_due();
-  void forget_unposted(const MpiWork* work);
-  // Makes an operation's MPI call(s), into the given requests (one slot per request).
-  using Post = std::function<void(MPI_Request* requests)>;
-  // A bf16 staging buffer of at least n elements, and its return once the operation is done;
-  // grow-only and reused, so a step in steady state allocates nothing.
-  std::vector<uint16_t>* take_staging(size_t n);
-  void give_staging(std::vector<uint16_t>* buffer);
-
  protected:
   Work start_all_reduce(void* data, size_t count, ElemType type) override;
   // kBitOr as MPI_BOR; kSum as Communicator's.
@@ -324,6 +311,20 @@ class MpiComm : public Communicator {
   Work start_recv(void* data, size_t count, ElemType type, int src, int tag) override;
 
  private:
+  friend class MpiWork;  // the calls below serve this communicator's Work objects
+
+  // Makes an operation's MPI call(s), into the given requests (one slot per request).
+  using Post = std::function<void(MPI_Request* requests)>;
+  void note_completed(const OpRecord& record);
+  // Note [Paced link]: posts, in start order, every queued operation whose turn on the
+  // emulated link has come; forget_unposted drops an abandoned one from the queue.
+  void post_due();
+  void forget_unposted(const MpiWork* work);
+  // A bf16 staging buffer of at least n elements, and its return once the operation is done;
+  // grow-only and reused, so a step in steady state allocates nothing.
+  std::vector<uint16_t>* take_staging(size_t n);
+  void give_staging(std::vector<uint16_t>* buffer);
+
   struct Staged {  // a bf16 all-reduce's staging buffer and where its result goes
     std::vector<uint16_t>* buffer;  // null: not staged
     float* out;
