@@ -1,5 +1,4 @@
-// Elementwise ops: tanh-GELU forward/backward (fp32, and bf16 in/out), add, scale, fp32 <-> bf16
-// casts.
+// Elementwise ops: tanh-GELU forward/backward (fp32, and bf16 in/out), add, fp32 <-> bf16 casts.
 //
 // All memory-bound, one pass each. Grid-stride loops over float4 when every pointer is 16-byte
 // aligned (slices of the flat buffers need not be), then a scalar tail; otherwise all scalar.
@@ -111,16 +110,6 @@ __global__ void add_kernel(float* out, const float* a, const float* b, size_t n,
   for (size_t i = 4 * r.n4 + r.start; i < n; i += r.stride) out[i] = a[i] + b[i];
 }
 
-__global__ void scale_kernel(float* x, float s, size_t n, bool vec) {
-  const Range4 r = range4(n, vec);
-  for (size_t i = r.start; i < r.n4; i += r.stride) {
-    float4 v = reinterpret_cast<float4*>(x)[i];
-    v.x *= s, v.y *= s, v.z *= s, v.w *= s;
-    reinterpret_cast<float4*>(x)[i] = v;
-  }
-  for (size_t i = 4 * r.n4 + r.start; i < n; i += r.stride) x[i] *= s;
-}
-
 __global__ void cast_f32_to_bf16_kernel(bf16* __restrict__ out, const float* __restrict__ in,
                                         size_t n, bool vec) {
   const Range4 r = range4(n, vec);
@@ -190,14 +179,6 @@ void add_cuda(float* out, const float* a, const float* b, size_t n, cudaStream_t
   TRIDENT_CHECK(out && a && b, "{}: null pointer", __func__);
   const bool vec = aligned16(out) && aligned16(a) && aligned16(b);
   add_kernel<<<grid_for_vec(n, vec), kBlock, 0, stream>>>(out, a, b, n, vec);
-  TRIDENT_CUDA_LAUNCHED();
-}
-
-void scale_cuda(float* x, float s, size_t n, cudaStream_t stream) {
-  if (n == 0) return;
-  TRIDENT_CHECK(x, "{}: null pointer", __func__);
-  const bool vec = aligned16(x);
-  scale_kernel<<<grid_for_vec(n, vec), kBlock, 0, stream>>>(x, s, n, vec);
   TRIDENT_CUDA_LAUNCHED();
 }
 

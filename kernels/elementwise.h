@@ -1,5 +1,5 @@
-// Elementwise ops on the GPU: tanh-GELU, residual add, scale, casts (CPU twins: Backend::
-// gelu_forward/backward, add, scale; the casts round to nearest even like __float2bfloat16).
+// Elementwise ops on the GPU: tanh-GELU, residual add, casts (CPU twins: Backend::
+// gelu_forward/backward, add; the casts round to nearest even like __float2bfloat16).
 #pragma once
 
 #include <cstddef>
@@ -18,8 +18,6 @@ void gelu_backward_bf16_cuda(bf16* dinp, const bf16* inp, const bf16* dout, size
                              cudaStream_t stream);
 // out = a + b; out may alias a or b.
 void add_cuda(float* out, const float* a, const float* b, size_t n, cudaStream_t stream);
-// x *= s
-void scale_cuda(float* x, float s, size_t n, cudaStream_t stream);
 
 void cast_f32_to_bf16_cuda(bf16* out, const float* in, size_t n, cudaStream_t stream);
 // out = scale * float(in)

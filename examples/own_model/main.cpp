@@ -16,7 +16,7 @@
 //      micro-batch's backward call grad_ready(i) as each parameter's gradient is final, so
 //      the all-reduce of late blocks overlaps the backward of early ones.
 //   5. Each step: zero the gradients, trident::run_pipeline(1F1B, grid.pp(), ...),
-//      reducer.finish() (gradients now hold the dp average), then your optimizer on your shard.
+//      reducer.finish() (gradients now hold the dp sum), then your optimizer on your shard.
 //   6. (This example only) check the result against the same model trained on one rank.
 //
 //     mpirun -n 8 build/examples/own_model --dp 2 --tp 2 --pp 2
@@ -84,8 +84,10 @@ class MlpStage final : public trident::PipelineStage {
       block_forward(s.xs[b + 1].data(), s.pre[b].data(), s.xs[b].data(), params_of(b), shape_,
                     rows_, tp_);
     if (is_last()) {
-      // Mean over this dp rank's samples: with the dp average, the mean over the global batch.
-      const float scale = 1.0f / float(size_t(rows_) * o_.micro_batches * shape_.width);
+      // Mean over the global batch (every dp rank's samples): the reducer sums over dp, so
+      // each rank's seed carries the 1/dp of the average.
+      const float scale = 1.0f / float(size_t(rows_) * o_.micro_batches * grid_.layout().dp *
+                                       shape_.width);
       loss_sum += mse_forward_backward(s.dxs.back().data(), s.xs.back().data(), s.y.data(),
                                        s.y.size(), scale);
     }
@@ -253,8 +255,9 @@ static int run(int argc, char** argv) {
     for (size_t i = 0; i < params.size(); ++i) params[i] -= o.lr * grads[i];  // SGD
     pipe_wait_ms += ps.wait_ms;
     exposed_ms += reducer.stats().exposed_comm_ms;
-    // The loss lives on the last stage (once per tp group): average it over dp, share it.
-    double loss = grid.is_last_stage() && me.tp == 0 ? stage.loss_sum / L.dp : 0.0;
+    // The loss lives on the last stage (once per tp group, each dp rank's share of the
+    // global-batch mean): sum it over dp, share it.
+    double loss = grid.is_last_stage() && me.tp == 0 ? stage.loss_sum : 0.0;
     grid.world().all_reduce(&loss, 1).wait();
     losses.push_back(loss);
   }
@@ -279,7 +282,7 @@ static int run(int argc, char** argv) {
   for (int s = 0; s < o.steps; ++s)
     loss_err = std::max(loss_err, std::abs(losses[s] - ref.losses[s]) / ref.losses[s]);
 
-  // fp32 with a different summation order (micro-batches, dp average, tp partial sums).
+  // fp32 with a different summation order (micro-batches, dp sum, tp partial sums).
   constexpr double kTolerance = 1e-5;
   const bool learned = losses.back() < 0.67 * losses.front();
   const bool pass = param_err <= kTolerance && loss_err <= kTolerance && learned;

@@ -1,6 +1,7 @@
 // The Backend: every layer's forward and backward routine, behind one interface.
 //
-// The model code calls these and never knows which backend it has (CPU or CUDA).
+// The model code calls these and never knows which backend it has: the CPU backend
+// (make_cpu_backend, src/backend) or the CUDA backend (trident/cuda_backend.h, src/backend/cuda).
 // Argument order is fixed, as in llm.c: outputs, saved values, inputs, weights, sizes.
 // All tensors are contiguous, row-major fp32. N = B*T rows. Linear weights are stored
 // [out_features, in_features] (llm.c / PyTorch order), so out = inp · wᵀ + bias.
@@ -209,8 +210,6 @@ class Backend {
                                 double* out) {
     for (size_t i = 0; i < count; ++i) out[i] = sum_squares(xs[i], ns[i]);
   }
-  // x *= s
-  virtual void scale(float* x, float s, size_t n) = 0;
   // AdamW step t (1-based) with decoupled weight decay on params[n], on the gradients times
   // grad_scale (global-norm clipping folded into the update's pass: grads stay unchanged).
   virtual void adamw_update(float* params, float* m, float* v, const float* grads, size_t n,

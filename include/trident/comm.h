@@ -95,10 +95,9 @@ class Work {
   std::unique_ptr<Impl> impl_;
 };
 
-// kAvg is the sum divided by the number of ranks (what data-parallel gradients need). kBitOr
-// is the bitwise OR of integer elements (a union of bitmaps: the tied embedding's row set,
-// Note [Step row set] in train/embedding_rows.h); host communicators only (NCCL has no OR).
-enum class ReduceOp { kSum, kAvg, kBitOr };
+// kBitOr is the bitwise OR of integer elements (a union of bitmaps: the tied embedding's row
+// set, Note [Step row set] in train/embedding_rows.h); host communicators only (NCCL has no OR).
+enum class ReduceOp { kSum, kBitOr };
 
 // Note [Gradient-ready events]
 // On a device, a gradient is final at a point in the compute stream, not at a moment on the
@@ -124,7 +123,7 @@ class Communicator {
   virtual int size() const = 0;
   virtual const std::string& name() const = 0;
 
-  // Sum (or average) over all ranks, in place. `label` names the operation in profiler
+  // Sum (or bitwise OR) over all ranks, in place. `label` names the operation in profiler
   // ranges (e.g. the bucket); it does not change what is computed.
   template <typename T>
   Work all_reduce(T* data, size_t count, ReduceOp op = ReduceOp::kSum,
@@ -193,9 +192,8 @@ class Communicator {
  protected:
   // The sum.
   virtual Work start_all_reduce(void* data, size_t count, ElemType type) = 0;
-  // The default serves host buffers: kSum is start_all_reduce; kAvg is the sum, then each
-  // element divided by size() on the host when the Work completes (float32 and float64 only).
-  // The label is unused. A device communicator overrides it to average on the device.
+  // The default: kSum is start_all_reduce; kBitOr is refused on more than one rank (a
+  // communicator that can OR overrides this). The label is unused.
   virtual Work start_all_reduce_op(void* data, size_t count, ElemType type, ReduceOp op,
                                    std::string_view label);
   virtual Work start_reduce_scatter(const void* send, void* recv, size_t recv_count,
@@ -301,22 +299,9 @@ class MpiComm : public Communicator {
   void set_bf16_sums(bool on);
   bool bf16_sums() const { return bf16_op_ != MPI_OP_NULL; }
 
-  // Used by this communicator's Work objects.
-  void note_completed(const OpRecord& record);
-  // Note [Paced link]: posts, in start order, every queued operation whose turn on the
-  // emulated link has come; forget_unposted drops an abandoned one from the queue.
-  void post_due();
-  void forget_unposted(const MpiWork* work);
-  // Makes an operation's MPI call(s), into the given requests (one slot per request).
-  using Post = std::function<void(MPI_Request* requests)>;
-  // A bf16 staging buffer of at least n elements, and its return once the operation is done;
-  // grow-only and reused, so a step in steady state allocates nothing.
-  std::vector<uint16_t>* take_staging(size_t n);
-  void give_staging(std::vector<uint16_t>* buffer);
-
  protected:
   Work start_all_reduce(void* data, size_t count, ElemType type) override;
-  // kBitOr as MPI_BOR; kSum and kAvg as Communicator's.
+  // kBitOr as MPI_BOR; kSum as Communicator's.
   Work start_all_reduce_op(void* data, size_t count, ElemType type, ReduceOp op,
                            std::string_view label) override;
   Work start_reduce_scatter(const void* send, void* recv, size_t recv_count,
@@ -327,6 +312,20 @@ class MpiComm : public Communicator {
   Work start_recv(void* data, size_t count, ElemType type, int src, int tag) override;
 
  private:
+  friend class MpiWork;  // the calls below serve this communicator's Work objects
+
+  // Makes an operation's MPI call(s), into the given requests (one slot per request).
+  using Post = std::function<void(MPI_Request* requests)>;
+  void note_completed(const OpRecord& record);
+  // Note [Paced link]: posts, in start order, every queued operation whose turn on the
+  // emulated link has come; forget_unposted drops an abandoned one from the queue.
+  void post_due();
+  void forget_unposted(const MpiWork* work);
+  // A bf16 staging buffer of at least n elements, and its return once the operation is done;
+  // grow-only and reused, so a step in steady state allocates nothing.
+  std::vector<uint16_t>* take_staging(size_t n);
+  void give_staging(std::vector<uint16_t>* buffer);
+
   struct Staged {  // a bf16 all-reduce's staging buffer and where its result goes
     std::vector<uint16_t>* buffer;  // null: not staged
     float* out;

@@ -1,5 +1,6 @@
-// GradReducer: reduces the gradients over the data-parallel group, in buckets, on its own
-// communication thread, while backward is still running.
+// GradReducer: sums the gradients over the data-parallel group, in buckets, on its own
+// communication thread, while backward is still running. The caller has divided them by dp
+// already (Note [Average in the loss seed] in train/gpt_stage.cpp), so the sum is the average.
 //
 //     GradReducer reducer(grid.dp(), grads, params_in_ready_order, options);
 //     for each step:
@@ -7,7 +8,7 @@
 //         reducer.begin_step(/*reduce=*/m == last);   // only the last micro-batch reduces
 //         backward ...  reducer.grad_ready(i);        // as each parameter's gradient is final
 //         reducer.add_extra(rows, n, "rows");         // optional, after the last grad_ready
-//       reducer.finish();                             // wait; grads now hold the dp average
+//       reducer.finish();                             // wait; grads now hold the dp sum
 //
 // What the caller must keep (the thread's whole contract: src/comm/grad_reducer.cpp):
 //  - Between begin_step(true) and the end of finish() only the reducer's thread uses `dp`
@@ -50,9 +51,6 @@ struct GradReducerOptions {
   // backward; false: all buckets are reduced after finish() is called. Same buckets, same
   // calls, so both give bitwise equal gradients.
   bool overlap = true;
-  // true: the all-reduce averages over dp. false: the gradients were divided by dp already
-  // (Note [Average in the loss seed] in train/gpt_stage.cpp), so it sums.
-  bool average = true;
   // An all-reduce is started in pieces of at most this many bytes (Note [Message size] in
   // src/comm/grad_reducer_thread.cpp); a parameter larger than bucket_bytes is a bucket of its
   // own, so this also bounds the pieces of a large parameter.
@@ -60,7 +58,7 @@ struct GradReducerOptions {
   // Times in ReduceStats are milliseconds since this point (pass the run's trace origin).
   CommClock::time_point trace_origin = CommClock::now();
   // Note [ZeRO-1] (train/zero.h). Non-null: the reducer is sharded. Each bucket is
-  // reduce-scattered (summed; `average` must be false) into this rank's shard of it,
+  // reduce-scattered (summed) into this rank's shard of it,
   // shard_grads + shard_offset(b), instead of all-reduced; extras are still all-reduced whole.
   // The parameters must then sit where padded_bucket_layout(counts, 4, first_bucket_bytes,
   // bucket_bytes, dp.size(), alone) puts them (the reducer builds the same layout and checks),
@@ -87,7 +85,7 @@ struct BucketRecord {
   size_t bytes = 0;
   double ready_ms = 0;  // its last parameter became ready (extra: it was added)
   double start_ms = 0;  // the all-reduce was started
-  double end_ms = 0;    // it completed and the slice was averaged
+  double end_ms = 0;    // it completed
   // Note [Device time of an operation]: its start and end on the device, in ms after the
   // step's begin_step on the compute stream; -1 on a host communicator.
   double device_start_ms = -1, device_end_ms = -1;
@@ -109,7 +107,7 @@ struct ReduceStats {
   size_t bytes = 0;             // reduced by this rank in this step
   // CPU time the communication thread used from begin_step(true) to the step's end (its
   // thread clock): the compute cores' time that communication took — MPI progress and copies,
-  // the reductions and the averaging — which, with as many threads as cores, backward loses.
+  // the reductions — which, with as many threads as cores, backward loses.
   double thread_cpu_ms = 0;
   long progress_polls = 0;  // Work::test calls on in-flight all-reduces (each one enters MPI)
   // With release_reduced: the most bytes of the full gradient buffer found resident (mincore)
@@ -163,11 +161,11 @@ class GradReducer {
   // one event recorded on the compute stream with a device communicator. Rethrows an error the
   // thread already hit.
   void grad_ready(int param_index);
-  // An extra buffer outside the flat buffer, all-reduced and averaged after every bucket has
+  // An extra buffer outside the flat buffer, all-reduced (summed) after every bucket has
   // been launched (e.g. the tied embedding's sparse rows). Every rank must add the same extras
   // in the same order; `data` must stay valid until finish() returns.
   void add_extra(float* data, size_t count, std::string name);
-  // Waits until every bucket and extra is reduced and averaged (divided by dp size), then
+  // Waits until every bucket and extra is reduced (summed over dp), then
   // makes the compute stream wait for the communication (dp.compute_waits_for_comm; nothing on
   // the host). Throws the thread's error, or an Error naming a parameter that never became
   // ready.

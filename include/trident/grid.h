@@ -18,7 +18,8 @@
 // e.g. rank 13 = tp 1 + 2·dp 2 + 8·pp 1 → (dp 2, tp 1, pp 1).
 //
 // The layout arithmetic is pure (no MPI) so that `trident grid` can print it anywhere and the
-// unit tests can check it; ProcessGrid builds the communicators from the same functions.
+// unit tests can check it; ProcessGrid builds the communicators from the same functions. The
+// model-parallel group (the ranks that hold one replica) is printed, but has no communicator.
 #pragma once
 
 #include <mpi.h>
@@ -79,7 +80,6 @@ class ProcessGrid {
   MpiComm& dp() { return *dp_; }
   MpiComm& tp() { return *tp_; }
   MpiComm& pp() { return *pp_; }
-  MpiComm& model_parallel() { return *model_parallel_; }
   // Only ranks on the first or last stage have one (TRIDENT_CHECK otherwise).
   bool in_embedding_group() const { return embedding_ != nullptr; }
   MpiComm& embedding();
@@ -89,13 +89,6 @@ class ProcessGrid {
 
   bool is_first_stage() const { return coord_.pp == 0; }
   bool is_last_stage() const { return coord_.pp == layout_.pp - 1; }
-  // Neighbouring stages as ranks of pp() (what pp().send/recv take), or -1 past either end:
-  // no wrap-around, so a schedule that walks off the pipeline fails loudly.
-  int next_stage_rank() const { return is_last_stage() ? -1 : coord_.pp + 1; }
-  int prev_stage_rank() const { return is_first_stage() ? -1 : coord_.pp - 1; }
-  // The same neighbours as global (world) ranks, or -1.
-  int next_stage_world_rank() const;
-  int prev_stage_world_rank() const;
 
   // Applies to every communicator of the grid (see MpiComm::set_timeout).
   void set_timeout(double seconds);
@@ -104,7 +97,7 @@ class ProcessGrid {
   GridLayout layout_;
   GridCoord coord_;
   int world_rank_ = 0;
-  std::unique_ptr<MpiComm> world_, dp_, tp_, pp_, model_parallel_, embedding_;
+  std::unique_ptr<MpiComm> world_, dp_, tp_, pp_, embedding_;
 };
 
 }  // namespace trident

@@ -53,7 +53,6 @@ class CountingBackend final : public Backend {
   void crossentropy_forward(float*, float*, const int32_t*, int, int, int) override { refuse("crossentropy_forward"); }
   void crossentropy_backward(float*, const int32_t*, float, int, int, int) override { refuse("crossentropy_backward"); }
   double sum_squares(const float*, size_t) override { refuse("sum_squares"); }
-  void scale(float*, float, size_t) override { refuse("scale"); }
   void adamw_update(float*, float*, float*, const float*, size_t, float, float, float, float, float, int, float) override { refuse("adamw_update"); }
   double measure_gemm_peak_flops() override { refuse("measure_gemm_peak_flops"); }
 

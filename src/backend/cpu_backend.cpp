@@ -91,7 +91,6 @@ class CpuBackend final : public Backend {
   }
 
   double sum_squares(const float* x, size_t n) override { return cpu::sum_squares(x, n, threads_); }
-  void scale(float* x, float s, size_t n) override { cpu::scale(x, s, n, threads_); }
   void adamw_update(float* params, float* m, float* v, const float* grads, size_t n, float lr,
                     float beta1, float beta2, float eps, float weight_decay, int t,
                     float grad_scale) override {

@@ -71,8 +71,6 @@ void crossentropy_backward(Real* probs_to_dlogits, const int32_t* targets, Real 
 template <typename Real>
 double sum_squares(const Real* x, size_t n, int threads);
 template <typename Real>
-void scale(Real* x, Real s, size_t n, int threads);
-template <typename Real>
 void adamw_update(Real* params, Real* m, Real* v, const Real* grads, size_t n, Real lr, Real beta1,
                   Real beta2, Real eps, Real weight_decay, int t, Real grad_scale, int threads);
 

@@ -28,13 +28,6 @@ double sum_squares(const Real* x, size_t n, int threads) {
   return total;
 }
 
-template <typename Real>
-void scale(Real* x, Real s, size_t n, int threads) {
-  parallel_range(n, threads, [=](size_t begin, size_t end) {
-    for (size_t i = begin; i < end; ++i) x[i] *= s;
-  });
-}
-
 namespace {
 
 template <typename Real>
@@ -95,7 +88,6 @@ void adamw_update(Real* params, Real* m, Real* v, const Real* grads, size_t n, R
 
 #define TRIDENT_INSTANTIATE(Real)                                                              \
   template double sum_squares<Real>(const Real*, size_t, int);                                 \
-  template void scale<Real>(Real*, Real, size_t, int);                                         \
   template void adamw_update<Real>(Real*, Real*, Real*, const Real*, size_t, Real, Real, Real, \
                                    Real, Real, int, Real, int);
 TRIDENT_INSTANTIATE(float)

@@ -15,10 +15,9 @@
 // 3. Why a thread: the reduction of late layers overlaps the backward of early ones. With
 //    overlap = false it makes the same calls on the same slices after finish(), so the
 //    gradients are bitwise equal either way.
-// 4. Where the average is taken. With GradReducerOptions::average the communicator averages
-//    (MpiComm divides on this thread when the sum completes; NcclComm on the device), so this
-//    thread never touches device memory. Without it the caller has divided already and the
-//    thread only sums, sparing the compute cores a pass over the gradients.
+// 4. Where the average is taken: by the caller, in backward's seed (Note [Average in the loss
+//    seed] in train/gpt_stage.cpp). The thread only sums, so it never makes a pass over the
+//    gradients of its own and never touches device memory.
 // 5. On a device it only enqueues. Before starting a bucket the thread calls order_after(the
 //    mark of its last ready parameter); the compute stream is in order, so that mark covers the
 //    bucket. Polls are event queries; finish() ends with compute_waits_for_comm, so the
@@ -81,7 +80,6 @@ GradReducer::GradReducer(Communicator& dp, float* grads,
     : state_(std::make_unique<State>(
           dp, grads, std::move(params_in_ready_order), options.overlap,
           std::max<size_t>(1, options.max_message_bytes / sizeof(float)),
-          options.average ? ReduceOp::kAvg : ReduceOp::kSum,
           options.trace_origin)) {
   State& s = *state_;
   const auto& p = s.params;
@@ -139,8 +137,6 @@ void GradReducer::name_buckets() {
 void GradReducer::init_sharded(const GradReducerOptions& options) {
   State& s = *state_;
   const auto& p = s.params;
-  TRIDENT_CHECK(s.reduce_op == ReduceOp::kSum,
-                "GradReducer: a sharded reducer sums (the gradients are divided by dp already)");
   std::vector<size_t> counts;
   for (const GradParam& q : p) counts.push_back(q.count);
   const auto ranks = size_t(s.dp.size());

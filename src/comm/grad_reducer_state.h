@@ -63,7 +63,6 @@ struct GradReducer::State {
   std::vector<size_t> bucket_of_param;
   bool overlap;
   size_t max_message;  // floats per all-reduce call (Note [Message size])
-  ReduceOp reduce_op;  // kAvg, or kSum of gradients divided by dp already
   CommClock::time_point origin;
   // Note [ZeRO-1]: with shard_grads, bucket b is reduce-scattered into
   // shard_grads + shard_offset[b] (shard_count[b] elements) and all-gathered after the update.
@@ -135,9 +134,9 @@ struct GradReducer::State {
   std::thread thread;
 
   State(Communicator& dp_, float* grads_, std::vector<GradParam> params_, bool overlap_,
-        size_t max_message_, ReduceOp reduce_op_, CommClock::time_point origin_)
+        size_t max_message_, CommClock::time_point origin_)
       : dp(dp_), grads(grads_), params(std::move(params_)), overlap(overlap_),
-        max_message(max_message_), reduce_op(reduce_op_), origin(origin_) {}
+        max_message(max_message_), origin(origin_) {}
 
   double ms(CommClock::time_point t) const {
     return std::chrono::duration<double, std::milli>(t - origin).count();

@@ -252,7 +252,7 @@ void GradReducer::State::start(float* data, size_t count, std::string name, int 
   size_t done = 0;
   do {
     const size_t n = std::min(count - done, max_message);
-    in_flight.push_back({dp.all_reduce(data + done, n, reduce_op, r.name),
+    in_flight.push_back({dp.all_reduce(data + done, n, ReduceOp::kSum, r.name),
                          building.records.size()});
     done += n;
   } while (done < count);
@@ -279,7 +279,7 @@ bool GradReducer::State::launch_ready() {
   return next_bucket + next_extra > launched_before;
 }
 
-// Tests the in-flight work (a completed all-reduce is already averaged). True if any ended.
+// Tests the in-flight work. True if any ended.
 //
 // Note [One progress call per poll]
 // Every MPI_Test runs Open MPI's whole progress engine, whatever request it names, and one run

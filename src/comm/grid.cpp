@@ -163,7 +163,6 @@ ProcessGrid::ProcessGrid(const GridLayout& layout, MPI_Comm world) {
   dp_ = split(world, members(GridGroup::kDp), world_rank_, "dp");
   tp_ = split(world, members(GridGroup::kTp), world_rank_, "tp");
   pp_ = split(world, members(GridGroup::kPp), world_rank_, "pp");
-  model_parallel_ = split(world, members(GridGroup::kModelParallel), world_rank_, "model-parallel");
   embedding_ = split(world, members(GridGroup::kEmbedding), world_rank_, "embedding");
   TRIDENT_CHECK(dp_->rank() == coord_.dp && tp_->rank() == coord_.tp && pp_->rank() == coord_.pp,
                 "communicator ranks (dp {}, tp {}, pp {}) differ from the grid coordinates "
@@ -179,19 +178,8 @@ MpiComm& ProcessGrid::embedding() {
   return *embedding_;
 }
 
-int ProcessGrid::next_stage_world_rank() const {
-  if (is_last_stage()) return -1;
-  return global_rank_of(layout_, {coord_.dp, coord_.tp, coord_.pp + 1});
-}
-
-int ProcessGrid::prev_stage_world_rank() const {
-  if (is_first_stage()) return -1;
-  return global_rank_of(layout_, {coord_.dp, coord_.tp, coord_.pp - 1});
-}
-
 void ProcessGrid::set_timeout(double seconds) {
-  for (MpiComm* c : {world_.get(), dp_.get(), tp_.get(), pp_.get(), model_parallel_.get(),
-                     embedding_.get()})
+  for (MpiComm* c : {world_.get(), dp_.get(), tp_.get(), pp_.get(), embedding_.get()})
     if (c) c->set_timeout(seconds);
 }
 

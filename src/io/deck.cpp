@@ -11,6 +11,7 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "core/text.h"
 #include "io/deck_schema.h"
 #include "trident/check.h"
 #include "trident/deck.h"
@@ -73,7 +74,7 @@ std::string suggestion(std::string_view name, bool is_section) {
   std::string best;
   int best_d = 3;
   auto consider = [&](std::string_view candidate) {
-    int d = deck_schema::edit_distance(name, candidate);
+    int d = edit_distance(name, candidate);
     if (d < best_d) best_d = d, best = std::string(candidate);
   };
   if (is_section) {
@@ -115,7 +116,7 @@ void read_yaml(DeckReader& r, const std::string& text, const std::string& base_d
   if (!root.IsMap())
     input_error("{}: expected a map of sections ({}), got {}", at_mark(r.label, root.Mark()),
                 fmt::join(deck_schema::sections(), ", "),
-                root.IsScalar() ? deck_schema::quote(root.Scalar()) : scalar_of(root).non_scalar);
+                root.IsScalar() ? yaml_quote(root.Scalar()) : scalar_of(root).non_scalar);
 
   std::unordered_set<std::string> seen;  // yaml-cpp keeps duplicate map keys; we refuse them
   for (const auto& section_kv : root) {
@@ -132,7 +133,7 @@ void read_yaml(DeckReader& r, const std::string& text, const std::string& base_d
       input_error("{}: expected a map of keys ({}), got {}",
                   deck_schema::subject(at_mark(r.label, body.Mark()), section),
                   section_keys(section),
-                  body.IsScalar() ? deck_schema::quote(body.Scalar()) : scalar_of(body).non_scalar);
+                  body.IsScalar() ? yaml_quote(body.Scalar()) : scalar_of(body).non_scalar);
     for (const auto& kv : body) {
       const std::string name = section + "." + (kv.first.IsScalar() ? kv.first.Scalar() : "");
       const std::string key_at = at_mark(r.label, kv.first.Mark());

@@ -10,6 +10,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "core/text.h"
 #include "trident/check.h"
 
 namespace trident::deck_schema {
@@ -212,7 +213,7 @@ std::string lower(std::string_view s) {
 }
 
 std::string got(const Scalar& v) {
-  return v.non_scalar.empty() ? quote(v.text) : std::string(v.non_scalar);
+  return v.non_scalar.empty() ? yaml_quote(v.text) : std::string(v.non_scalar);
 }
 
 std::string number(double v) { return fmt::format("{}", v); }
@@ -295,7 +296,7 @@ void assign(const Key& key, Deck& deck, const Scalar& value, std::string_view wh
             if (key.text == Text::kEnum &&
                 std::find(key.choices.begin(), key.choices.end(), text) == key.choices.end())
               input_error("{}: must be {}, got {}", subject(where, key.name), type_text(key),
-                          quote(text));
+                          yaml_quote(text));
             std::string v = text;
             if (key.text == Text::kPath && !v.empty())
               v = (std::filesystem::path(base_dir) / v).lexically_normal().string();
@@ -324,7 +325,7 @@ std::string format_value(const Key& key, const Deck& deck) {
           // fmt's "{}" is the shortest text that reads back to the same double.
           [&](double& (*get)(Deck&)) { return fmt::format("{}", get(d)); },
           [&](bool& (*get)(Deck&)) { return std::string(get(d) ? "true" : "false"); },
-          [&](std::string& (*get)(Deck&)) { return quote(get(d)); },
+          [&](std::string& (*get)(Deck&)) { return yaml_quote(get(d)); },
       },
       key.field);
 }
@@ -348,42 +349,6 @@ std::string range_text(const Key& key) {
   if (key.min) return fmt::format("{} {}", key.min->strict ? ">" : ">=", number(key.min->value));
   if (key.max) return fmt::format("{} {}", key.max->strict ? "<" : "<=", number(key.max->value));
   return "";
-}
-
-std::string quote(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
-
-int edit_distance(std::string_view a, std::string_view b) {
-  const size_t n = a.size(), m = b.size();
-  std::vector<std::vector<int>> d(n + 1, std::vector<int>(m + 1));
-  for (size_t i = 0; i <= n; ++i) d[i][0] = int(i);
-  for (size_t j = 0; j <= m; ++j) d[0][j] = int(j);
-  for (size_t i = 1; i <= n; ++i) {
-    for (size_t j = 1; j <= m; ++j) {
-      int cost = a[i - 1] == b[j - 1] ? 0 : 1;
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
-        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
-    }
-  }
-  return d[n][m];
 }
 
 }  // namespace trident::deck_schema

@@ -11,7 +11,7 @@
 #include <string_view>
 #include <system_error>
 
-#include "io/deck_schema.h"
+#include "core/text.h"
 #include "trident/check.h"
 #include "trident/plan.h"
 
@@ -92,7 +92,7 @@ class HardwareReader {
       std::string hint;
       int best = 3;
       for (std::string_view k : known) {
-        const int d = deck_schema::edit_distance(key, k);
+        const int d = edit_distance(key, k);
         if (d < best) best = d, hint = fmt::format(" (did you mean '{}{}'?)", prefix, k);
       }
       std::string listing;
@@ -348,12 +348,11 @@ std::string find_in_tree(const std::string& sub) {
 }
 
 std::string hardware_to_yaml(const Hardware& hw) {
-  using deck_schema::quote;
   // "{}" prints a double's shortest form that reads back exactly.
   std::string out = fmt::format(
       "# Hardware description (Note [Hardware files] in src/plan/hardware.cpp). GB = 1e9 bytes.\n"
       "name: {}\nkind: {}\ndevices_per_node: {}\ndtype: {}\npeak_tflops: {}\ngemm:\n",
-      quote(hw.name), hw.kind, hw.devices_per_node, hw.dtype, hw.peak_tflops);
+      yaml_quote(hw.name), hw.kind, hw.devices_per_node, hw.dtype, hw.peak_tflops);
   for (const GemmPoint& p : hw.gemm)
     out += fmt::format("  - {{min_dim: {}, tflops: {}}}\n", p.min_dim, p.tflops);
   out += fmt::format(
@@ -365,7 +364,7 @@ std::string hardware_to_yaml(const Hardware& hw) {
       hw.intra_node.latency_us, hw.inter_node.gbytes_per_s, hw.inter_node.latency_us,
       hw.overlap_slowdown, hw.core_scaling, hw.thread_scaling, hw.elementwise_gbytes_per_s,
       hw.optimizer_gbytes_per_s, hw.compute_efficiency);
-  for (const std::string& s : hw.sources) out += fmt::format("  - {}\n", quote(s));
+  for (const std::string& s : hw.sources) out += fmt::format("  - {}\n", yaml_quote(s));
   return out;
 }
 

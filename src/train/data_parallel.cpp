@@ -103,7 +103,6 @@ void DataParallel::attach(GPT& model) {
   opt.first_bucket_bytes = first_bucket_bytes(deck_.comm);
   opt.bucket_bytes = bucket_bytes(deck_.comm);
   opt.overlap = deck_.comm.overlap;
-  opt.average = false;  // Note [Average in the loss seed] (train/gpt_stage.cpp)
   if (ctx_.trace) opt.trace_origin = ctx_.trace->origin();
   MpiComm& dp = ctx_.grid->dp();  // its timeout is the grid's (make_grid)
   const CommConfig& cc = deck_.comm;

@@ -151,7 +151,7 @@ const EmbeddingRowSink* GPTStage::sink_for(int micro) {
 float GPTStage::dloss_scale() const {
   // Note [Average in the loss seed]: the step's loss is the mean over its accum · dp
   // micro-batches, so backward's seed carries 1 / (accum · dp) and the data-parallel
-  // all-reduce only sums (GradReducerOptions::average = false in the Trainer). That saves the
+  // all-reduce only sums (the GradReducer never divides). That saves the
   // division pass over every gradient on the communication thread, which runs on the compute
   // cores. Scaling by a power of two is exact, so with dp = 2, 4, 8, ... the gradients have
   // the bits the old sum-then-divide gave; with other dp they differ by rounding only.

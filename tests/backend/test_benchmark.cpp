@@ -227,7 +227,6 @@ TEST(DISABLED_Benchmark, NonGemmOps) {
   {
     std::vector<float> p(kParams, 0.01f), m(kParams, 0.0f), v(kParams, 0.0f), g(kParams, 0.001f);
     time("sum_squares (124M)", 4.0 * kParams, 1, [&] { (void)be->sum_squares(g.data(), kParams); });
-    time("scale (124M)", 8.0 * kParams, 1, [&] { be->scale(g.data(), 1.0f, kParams); });
     int t = 0;
     time("adamw_update (124M)", 28.0 * kParams, 1, [&] {
       be->adamw_update(p.data(), m.data(), v.data(), g.data(), kParams, 1e-4f, 0.9f, 0.95f, 1e-8f,

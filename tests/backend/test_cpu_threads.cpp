@@ -93,11 +93,10 @@ Results run_chain(Backend& be, const Inputs& in, int shift) {
   be.encoder_backward(dwte.data(), dwpe.data(), dx.data(), in.tok.data(), B, T, C);
 
   const float norm2 = float(be.sum_squares(dw_qkv.data(), 3 * C * C));
-  be.scale(dw_qkv.data(), 1.0f / std::sqrt(norm2), 3 * C * C);
   Shifted m(3 * C * C, shift), v(3 * C * C, shift);
   for (int t = 1; t <= 2; ++t)
     be.adamw_update(w_qkv.data(), m.data(), v.data(), dw_qkv.data(), 3 * C * C, 1e-3f, 0.9f, 0.95f,
-                    1e-8f, 0.1f, t, 1.0f);
+                    1e-8f, 0.1f, t, 1.0f / std::sqrt(norm2));
 
   r["x"] = x.values(), r["ln"] = ln.values(), r["mean"] = mean.values(), r["rstd"] = rstd.values();
   r["qkv"] = qkv.values(), r["att_out"] = att_out.values(), r["att"] = att.values();

@@ -1,4 +1,4 @@
-// Microbenchmarks of the flat-buffer kernels (GELU, add, scale, bf16 casts, AdamW, Σx²) at
+// Microbenchmarks of the flat-buffer kernels (GELU, add, bf16 casts, AdamW, Σx²) at
 // GPT-2-124M sizes: B=8, T=1024 (N = 8192 rows), C = 768, 124M parameters. Each validates
 // against its CPU twin on a small input first (kernel_checks_flat.h), then reports GB/s of the
 // minimal traffic (bytes every implementation must read + write) against the copy ceiling.
@@ -47,16 +47,6 @@ void BM_add(benchmark::State& state) {
   // read a, b; write out (= a)
   time_loop(state, 12.0 * n, stream,
             [&] { cuda::add_cuda(a.get(), a.get(), b.get(), n, stream.s); });
-}
-
-void BM_scale(benchmark::State& state) {
-  if (!require_gpu(state) || !validate(state, testing::check_scale(4099, 0))) return;
-  DeviceBuffer<float> x(kParams);
-  x.zero();
-  Stream stream;
-  // read x, write x
-  time_loop(state, 8.0 * kParams, stream,
-            [&] { cuda::scale_cuda(x.get(), 0.999f, kParams, stream.s); });
 }
 
 void BM_cast_f32_to_bf16(benchmark::State& state) {
@@ -112,7 +102,6 @@ void BM_sum_squares(benchmark::State& state) {
 TRIDENT_BENCH(BM_gelu_forward);
 TRIDENT_BENCH(BM_gelu_backward);
 TRIDENT_BENCH(BM_add);
-TRIDENT_BENCH(BM_scale);
 TRIDENT_BENCH(BM_cast_f32_to_bf16);
 TRIDENT_BENCH(BM_cast_bf16_to_f32);
 TRIDENT_BENCH(BM_adamw_update);

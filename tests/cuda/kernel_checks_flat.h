@@ -44,15 +44,6 @@ inline Errors check_add(size_t n, size_t offset, int alias, uint32_t seed = 1) {
   return {{"out", err_vs(out.download(), want), kFp32Tol}};
 }
 
-inline Errors check_scale(size_t n, size_t offset, uint32_t seed = 1) {
-  std::mt19937 rng(seed);
-  std::vector<float> x = random_floats(n, rng);
-  OffsetBuffer<float> d_x(x, offset);
-  cpu_twin()->scale(x.data(), 1.7f, n);
-  cuda::scale_cuda(d_x.get(), 1.7f, n, nullptr);
-  return {{"x", err_vs(d_x.download(), x), kFp32Tol}};
-}
-
 // Values within bf16's half-ulp of the input, and bitwise round-to-nearest-even.
 inline Errors check_cast_f32_to_bf16(size_t n, size_t offset, uint32_t seed = 1) {
   std::mt19937 rng(seed);

@@ -1,7 +1,7 @@
 // NcclComm over every GPU of the machine, one rank per GPU in one process (a thread per rank,
 // NcclComm's id constructor), checked against the definitions of the collectives computed on
 // the host from every rank's input. The inputs are small integers, so every sum is exact in
-// fp32 and in bf16 and the comparisons are exact (averages excepted, see below).
+// fp32 and in bf16 and the comparisons are exact.
 //
 // With one GPU this runs one rank, where the in-place results equal the inputs whatever NCCL
 // did; only the out-of-place ones (into NaN-poisoned buffers) can fail then, and
@@ -48,15 +48,10 @@ RankInputs rank_inputs(int r, int ranks, size_t m) {
 
 // What one rank read back after each operation.
 struct RankResults {
-  std::vector<float> sum, avg, scattered, gathered, broadcast, bf16_sum, bf16_avg;
+  std::vector<float> sum, scattered, gathered, broadcast, bf16_sum;
 };
 
 constexpr int kMaxRanks = 8;  // the bf16 exactness bound above
-
-// Averages: NCCL's ncclAvg scales each contribution by 1/ranks (a rounding each), the bf16 path
-// scales the exact sum once; either way a few float roundings of values ≤ 16, so 1e-5 of
-// (1 + |want|) is ~100 roundings of headroom, while a wrong divisor is off by ≥ 1/8 of the value.
-constexpr double kAvgTol = 1e-5;
 
 // The first element (per rank and operation) that differs from the definition, as text.
 std::vector<std::string> collective_mismatches(int ranks, size_t m,
@@ -79,7 +74,7 @@ std::vector<std::string> collective_mismatches(int ranks, size_t m,
   const int root = ranks - 1;
   for (int r = 0; r < ranks; ++r) {
     const RankResults& g = got[size_t(r)];
-    bool sum = true, avg = true, rs = true, ag = true, bc = true, b16 = true, b16avg = true;
+    bool sum = true, rs = true, ag = true, bc = true, b16 = true;
     for (size_t i = 0; i < m; ++i) {
       double total = 0, scattered = 0;
       for (int q = 0; q < ranks; ++q) {
@@ -87,15 +82,12 @@ std::vector<std::string> collective_mismatches(int ranks, size_t m,
         scattered += in[size_t(q)].scatter[size_t(r) * m + i];
       }
       sum = sum && compare(r, "all_reduce sum", g.sum, i, total, 0);
-      avg = avg && compare(r, "all_reduce average", g.avg, i, total / ranks, kAvgTol);
       rs = rs && compare(r, "reduce_scatter", g.scattered, i, scattered, 0);
       bc = bc && compare(r, "broadcast", g.broadcast, i, in[size_t(root)].bcast[i], 0);
       b16 = b16 && compare(r, "bf16 all_reduce sum", g.bf16_sum, i, total, 0);
-      b16avg = b16avg && compare(r, "bf16 all_reduce average", g.bf16_avg, i, total / ranks,
-                                 kAvgTol);
       for (int q = 0; q < ranks && ag; ++q)
         ag = compare(r, "all_gather", g.gathered, size_t(q) * m + i, in[size_t(q)].gather[i], 0);
-      if (!(sum || avg || rs || ag || bc || b16 || b16avg)) break;
+      if (!(sum || rs || ag || bc || b16)) break;
     }
   }
   return bad;
@@ -119,13 +111,10 @@ std::vector<RankResults> simulate_correct(int ranks, size_t m) {
     for (size_t i = 0; i < scatter_sum.size(); ++i) scatter_sum[i] += x.scatter[i];
     gathered.insert(gathered.end(), x.gather.begin(), x.gather.end());
   }
-  std::vector<float> avg(m);
-  for (size_t i = 0; i < m; ++i) avg[i] = sum[i] / float(ranks);
   std::vector<RankResults> out(static_cast<size_t>(ranks));
   for (int r = 0; r < ranks; ++r) {
     RankResults& g = out[size_t(r)];
     g.sum = g.bf16_sum = sum;
-    g.avg = g.bf16_avg = avg;
     g.scattered.assign(scatter_sum.begin() + long(r) * long(m),
                        scatter_sum.begin() + long(r + 1) * long(m));
     g.gathered = gathered;
@@ -141,7 +130,7 @@ std::vector<RankResults> simulate_no_op(int ranks, size_t m) {
   for (int r = 0; r < ranks; ++r) {
     const RankInputs x = rank_inputs(r, ranks, m);
     RankResults& g = out[size_t(r)];
-    g.sum = g.avg = g.bf16_sum = g.bf16_avg = x.reduce;
+    g.sum = g.bf16_sum = x.reduce;
     g.scattered.assign(m, NAN);
     g.gathered.assign(size_t(ranks) * m, NAN);
     g.broadcast = x.bcast;
@@ -165,9 +154,8 @@ TEST(CollectiveChecks, CatchANoOpCommunicator) {
   for (int ranks : {2, 4}) {
     SCOPED_TRACE(std::to_string(ranks) + " ranks");
     const auto bad = collective_mismatches(ranks, 1001, simulate_no_op(ranks, 1001));
-    for (const char* op : {"all_reduce sum", "all_reduce average", "reduce_scatter",
-                           "all_gather", "broadcast", "bf16 all_reduce sum",
-                           "bf16 all_reduce average"})
+    for (const char* op : {"all_reduce sum", "reduce_scatter", "all_gather", "broadcast",
+                           "bf16 all_reduce sum"})
       EXPECT_TRUE(names(bad, op)) << op << " not caught:" << joined(bad);
   }
   // One rank: only the out-of-place operations can show a no-op (the call log covers the rest).
@@ -184,12 +172,12 @@ TEST(CollectiveChecks, CatchWrongLayouts) {
   got[1].scattered = got[0].scattered;  // rank 1 got rank 0's block
   std::reverse(got[2].gathered.begin(), got[2].gathered.end());
   got[0].broadcast = rank_inputs(0, ranks, m).bcast;  // rank 0 kept its own
-  got[2].avg[5] += 0.125f;                            // one wrong average
+  got[2].sum[5] += 0.125f;                            // one wrong sum
   const auto bad = collective_mismatches(ranks, m, got);
   EXPECT_TRUE(names(bad, "reduce_scatter")) << joined(bad);
   EXPECT_TRUE(names(bad, "all_gather")) << joined(bad);
   EXPECT_TRUE(names(bad, "broadcast")) << joined(bad);
-  EXPECT_TRUE(names(bad, "all_reduce average")) << joined(bad);
+  EXPECT_TRUE(names(bad, "all_reduce sum")) << joined(bad);
   EXPECT_EQ(bad.size(), 4u) << joined(bad);
 }
 
@@ -212,14 +200,8 @@ RankResults run_rank(int r, int ranks, const ncclUniqueId& plain_id, const ncclU
     plain.all_reduce(x.get(), m).wait();
     g.sum = x.download();
     x.upload(in.reduce);
-    plain.all_reduce(x.get(), m, ReduceOp::kAvg).wait();
-    g.avg = x.download();
-    x.upload(in.reduce);
     bf16.all_reduce(x.get(), m).wait();
     g.bf16_sum = x.download();
-    x.upload(in.reduce);
-    bf16.all_reduce(x.get(), m, ReduceOp::kAvg).wait();
-    g.bf16_avg = x.download();
     DeviceBuffer<float> scatter(in.scatter), scattered(m);  // scattered: NaN
     plain.reduce_scatter(scatter.get(), scattered.get(), m).wait();
     g.scattered = scattered.download();

@@ -267,14 +267,6 @@ TEST(NcclComm, AllReduceReachesNcclOnOneRank) {
     EXPECT_GE(w.record().end, w.record().start);
   }
   {
-    // The average is NCCL's own (not doubled): over one rank, the values stay.
-    NcclCallLog log(true);
-    r.comm->all_reduce(x.get(), n, ReduceOp::kAvg, "bucket 0 (test)").wait();
-    EXPECT_TRUE(same_bits(x.download(), scaled(host, 2, false)));
-    expect_one_call(log.calls(), "AllReduce", x.get(), x.get(), n, ncclFloat32, ncclAvg,
-                    r.comm->stream());
-  }
-  {
     NcclCallLog log(true);  // integers are not doubled
     DeviceBuffer<int64_t> ints(std::vector<int64_t>{1, -2, int64_t{1} << 40});
     r.comm->all_reduce(ints.get(), 3).wait();
@@ -295,12 +287,9 @@ TEST(NcclComm, Bf16AllReduceSumsInBf16) {
   const size_t n = 65537;
   const auto host = ramp(n, 0.01f);
   DeviceBuffer<float> x(host);
-  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
-    SCOPED_TRACE(op == ReduceOp::kSum ? "sum" : "average");
-    x.upload(host);
+  {
     NcclCallLog log(true);
-    r.comm->all_reduce(x.get(), n, op).wait();
-    // The average's division (by 1 here) is folded into the cast back: NCCL sums.
+    r.comm->all_reduce(x.get(), n, ReduceOp::kSum, "bucket 0 (test)").wait();
     EXPECT_TRUE(same_bits(x.download(), scaled(host, 2, true)));
     const auto calls = log.calls();
     expect_one_call(calls, "AllReduce", nullptr, nullptr, n, ncclBfloat16, ncclSum,
@@ -393,88 +382,84 @@ TEST(NcclComm, OrdersWithTheComputeStream) {
   EXPECT_TRUE(same_bits(got, scaled(host, 2, true)));
 }
 
-// The GradReducer over device gradients, in the trainer's mode (sums,
-// Note [Average in the loss seed]) and averaging, fp32 and bf16. With sums doubled, every
-// gradient element must read exactly 2x: a bucket left out reads x, one reduced twice 4x. In
-// fp32 the logged calls must also tile the gradient buffer exactly, bucket by bucket.
+// The GradReducer over device gradients (it sums: Note [Average in the loss seed]), fp32 and
+// bf16. With sums doubled, every gradient element must read exactly 2x: a bucket left out reads
+// x, one reduced twice 4x. In fp32 the logged calls must also tile the gradient buffer exactly,
+// bucket by bucket.
 TEST(NcclComm, GradReducerReducesEveryGradientOnce) {
   TRIDENT_REQUIRE_GPU();
-  for (bool bf16 : {false, true})
-    for (bool average : {false, true}) {
-      SCOPED_TRACE(std::string(bf16 ? "bf16" : "fp32") + (average ? " average" : " sum"));
-      NcclCommOptions o;
-      o.grad_bf16 = bf16;
-      OneRank r(o, "dp-nccl");
-      const size_t counts[] = {1000, 3, 70000, 257, 4096, 1, 50000};
-      std::vector<GradParam> params;
-      size_t total = 0;
-      for (size_t i = 0; i < std::size(counts); ++i) {
-        params.push_back({"p" + std::to_string(i), total, counts[i]});
-        total += counts[i];
-      }
-      const auto host = ramp(total, 0.01f);
-      DeviceBuffer<float> grads(total), extra(std::vector<float>(9, 0.5f));
-      GradReducerOptions ro;
-      ro.first_bucket_bytes = 4 << 10;
-      ro.bucket_bytes = 64 << 10;
-      ro.average = average;
-      GradReducer reducer(*r.comm, grads.get(), params, ro);
-      NcclCallLog log(true);
-      reducer.begin_step(true);
-      // "Backward": each parameter's gradient is written on the compute stream, then marked.
-      for (size_t i = 0; i < params.size(); ++i) {
-        TRIDENT_CUDA(cudaMemcpyAsync(grads.get() + params[i].offset,
-                                     host.data() + params[i].offset,
-                                     params[i].count * sizeof(float), cudaMemcpyHostToDevice,
-                                     r.compute));
-        reducer.grad_ready(static_cast<int>(i));
-      }
-      reducer.add_extra(extra.get(), extra.size(), "extra");
-      reducer.finish();
-      std::vector<float> got(total);
-      TRIDENT_CUDA(cudaMemcpyAsync(got.data(), grads.get(), total * sizeof(float),
-                                   cudaMemcpyDeviceToHost, r.compute));
-      TRIDENT_CUDA(cudaStreamSynchronize(r.compute));
-      // fp32 averages are NCCL's ncclAvg, not doubled; bf16 always sums in NCCL.
-      const float factor = !bf16 && average ? 1.0f : 2.0f;
-      EXPECT_TRUE(same_bits(got, scaled(host, factor, bf16)));
-      EXPECT_EQ(extra.download()[8], factor * 0.5f);
-
-      const ReduceStats& s = reducer.stats();
-      EXPECT_EQ(s.records.size(), reducer.buckets().size() + 1);
-      EXPECT_EQ(s.bytes, (total + 9) * sizeof(float));
-      auto calls = log.calls();
-      ASSERT_EQ(calls.size(), reducer.buckets().size() + 1) << "one NCCL call per bucket";
-      size_t logged = 0;
-      for (const NcclCall& c : calls) {
-        EXPECT_STREQ(c.op, "AllReduce");
-        EXPECT_EQ(c.type, bf16 ? ncclBfloat16 : ncclFloat32);
-        EXPECT_EQ(c.red_op, !bf16 && average ? ncclAvg : ncclSum);
-        logged += c.count;
-      }
-      EXPECT_EQ(logged, total + 9);
-      if (!bf16) {
-        // Sorted by address, the gradient buffer's calls must tile [0, total) and the last
-        // one be the extra buffer.
-        std::sort(calls.begin(), calls.end(),
-                  [](const NcclCall& a, const NcclCall& b) { return a.recv < b.recv; });
-        int extra_calls = 0;
-        size_t next = 0;
-        for (const NcclCall& c : calls) {
-          if (c.recv == static_cast<const void*>(extra.get())) {
-            ++extra_calls;
-            EXPECT_EQ(c.count, 9u);
-            continue;
-          }
-          const auto* start = static_cast<const float*>(c.recv);
-          EXPECT_EQ(start, grads.get() + next) << "a gap or an overlap at element " << next;
-          EXPECT_EQ(c.send, c.recv);
-          next = static_cast<size_t>(start - grads.get()) + c.count;
-        }
-        EXPECT_EQ(next, total);
-        EXPECT_EQ(extra_calls, 1);
-      }
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+    NcclCommOptions o;
+    o.grad_bf16 = bf16;
+    OneRank r(o, "dp-nccl");
+    const size_t counts[] = {1000, 3, 70000, 257, 4096, 1, 50000};
+    std::vector<GradParam> params;
+    size_t total = 0;
+    for (size_t i = 0; i < std::size(counts); ++i) {
+      params.push_back({"p" + std::to_string(i), total, counts[i]});
+      total += counts[i];
     }
+    const auto host = ramp(total, 0.01f);
+    DeviceBuffer<float> grads(total), extra(std::vector<float>(9, 0.5f));
+    GradReducerOptions ro;
+    ro.first_bucket_bytes = 4 << 10;
+    ro.bucket_bytes = 64 << 10;
+    GradReducer reducer(*r.comm, grads.get(), params, ro);
+    NcclCallLog log(true);
+    reducer.begin_step(true);
+    // "Backward": each parameter's gradient is written on the compute stream, then marked.
+    for (size_t i = 0; i < params.size(); ++i) {
+      TRIDENT_CUDA(cudaMemcpyAsync(grads.get() + params[i].offset,
+                                   host.data() + params[i].offset,
+                                   params[i].count * sizeof(float), cudaMemcpyHostToDevice,
+                                   r.compute));
+      reducer.grad_ready(static_cast<int>(i));
+    }
+    reducer.add_extra(extra.get(), extra.size(), "extra");
+    reducer.finish();
+    std::vector<float> got(total);
+    TRIDENT_CUDA(cudaMemcpyAsync(got.data(), grads.get(), total * sizeof(float),
+                                 cudaMemcpyDeviceToHost, r.compute));
+    TRIDENT_CUDA(cudaStreamSynchronize(r.compute));
+    EXPECT_TRUE(same_bits(got, scaled(host, 2, bf16)));
+    EXPECT_EQ(extra.download()[8], 2 * 0.5f);
+
+    const ReduceStats& s = reducer.stats();
+    EXPECT_EQ(s.records.size(), reducer.buckets().size() + 1);
+    EXPECT_EQ(s.bytes, (total + 9) * sizeof(float));
+    auto calls = log.calls();
+    ASSERT_EQ(calls.size(), reducer.buckets().size() + 1) << "one NCCL call per bucket";
+    size_t logged = 0;
+    for (const NcclCall& c : calls) {
+      EXPECT_STREQ(c.op, "AllReduce");
+      EXPECT_EQ(c.type, bf16 ? ncclBfloat16 : ncclFloat32);
+      EXPECT_EQ(c.red_op, ncclSum);
+      logged += c.count;
+    }
+    EXPECT_EQ(logged, total + 9);
+    if (!bf16) {
+      // Sorted by address, the gradient buffer's calls must tile [0, total) and the last
+      // one be the extra buffer.
+      std::sort(calls.begin(), calls.end(),
+                [](const NcclCall& a, const NcclCall& b) { return a.recv < b.recv; });
+      int extra_calls = 0;
+      size_t next = 0;
+      for (const NcclCall& c : calls) {
+        if (c.recv == static_cast<const void*>(extra.get())) {
+          ++extra_calls;
+          EXPECT_EQ(c.count, 9u);
+          continue;
+        }
+        const auto* start = static_cast<const float*>(c.recv);
+        EXPECT_EQ(start, grads.get() + next) << "a gap or an overlap at element " << next;
+        EXPECT_EQ(c.send, c.recv);
+        next = static_cast<size_t>(start - grads.get()) + c.count;
+      }
+      EXPECT_EQ(next, total);
+      EXPECT_EQ(extra_calls, 1);
+    }
+  }
 }
 
 TEST(NcclComm, ConstructedOverMpiCommSelf) {

@@ -9,6 +9,7 @@
 #include <functional>
 #include <limits>
 
+#include "core/text.h"
 #include "io/deck_schema.h"
 #include "trident/check.h"
 #include "trident/deck.h"
@@ -415,11 +416,11 @@ TEST(DeckReference, ListsEveryKeyWithTypeRangeAndDefault) {
 }
 
 TEST(DeckSchema, EditDistanceCountsTranspositionsOnce) {
-  EXPECT_EQ(deck_schema::edit_distance("layers", "layers"), 0);
-  EXPECT_EQ(deck_schema::edit_distance("layres", "layers"), 1);
-  EXPECT_EQ(deck_schema::edit_distance("layer", "layers"), 1);
-  EXPECT_EQ(deck_schema::edit_distance("", "abc"), 3);
-  EXPECT_EQ(deck_schema::edit_distance("kitten", "sitting"), 3);
+  EXPECT_EQ(edit_distance("layers", "layers"), 0);
+  EXPECT_EQ(edit_distance("layres", "layers"), 1);
+  EXPECT_EQ(edit_distance("layer", "layers"), 1);
+  EXPECT_EQ(edit_distance("", "abc"), 3);
+  EXPECT_EQ(edit_distance("kitten", "sitting"), 3);
 }
 
 }  // namespace

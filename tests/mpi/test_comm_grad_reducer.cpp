@@ -1,5 +1,5 @@
-// GradReducer under MPI: bucketed, overlapped averaging equals one MPI_Allreduce of the whole
-// buffer divided by dp; the launch order is the bucket order; errors name what went wrong.
+// GradReducer under MPI: bucketed, overlapped summing equals one MPI_Allreduce of the whole
+// buffer; the launch order is the bucket order; errors name what went wrong.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -57,11 +57,9 @@ std::vector<float> make_grads(size_t n, int rank, bool exact, unsigned seed = 1)
   return g;
 }
 
-std::vector<float> reference_average(std::vector<float> g, const MpiComm& comm) {
+std::vector<float> reference_sum(std::vector<float> g, const MpiComm& comm) {
   TRIDENT_MPI(MPI_Allreduce(MPI_IN_PLACE, g.data(), static_cast<int>(g.size()), MPI_FLOAT,
                             MPI_SUM, comm.raw()));
-  const float n = static_cast<float>(comm.size());
-  for (float& x : g) x /= n;
   return g;
 }
 
@@ -97,7 +95,7 @@ TEST(GradReducer, EqualsOneAllReduceOfTheWholeBuffer) {
   for (bool descending : {false, true}) {
     const auto params = make_params(descending);
     const auto initial = make_grads(total_count(params), comm->rank(), /*exact=*/true);
-    const auto expected = reference_average(initial, *comm);
+    const auto expected = reference_sum(initial, *comm);
     for (const Limits& l : kLimits)
       for (bool overlap : {true, false}) {
         SCOPED_TRACE(fmt::format("{}, overlap {}, descending {}", l.name, overlap, descending));
@@ -150,7 +148,7 @@ TEST(GradReducer, OverlapOnAndOffAreBitwiseIdentical) {
     EXPECT_TRUE(bitwise_equal(on, off));
     // And close to the whole-buffer all-reduce (bitwise too for two ranks: a + b is exact
     // in any order).
-    const auto expected = reference_average(initial, *comm);
+    const auto expected = reference_sum(initial, *comm);
     double worst = 0;
     for (size_t i = 0; i < on.size(); ++i) worst = std::max(worst, double(std::abs(on[i] - expected[i])));
     EXPECT_LT(worst, 1e-5);
@@ -177,7 +175,7 @@ TEST(GradReducer, NoReduceStepLeavesGradientsAlone) {
   EXPECT_FALSE(reducer.stats().reduced);
   EXPECT_TRUE(reducer.stats().records.empty());
   run_step(reducer, params.size());
-  EXPECT_TRUE(bitwise_equal(grads, reference_average(initial, *comm)));
+  EXPECT_TRUE(bitwise_equal(grads, reference_sum(initial, *comm)));
 }
 
 TEST(GradReducer, ExtraBuffersAreReducedAfterTheBuckets) {
@@ -197,11 +195,11 @@ TEST(GradReducer, ExtraBuffersAreReducedAfterTheBuckets) {
     reducer.grad_ready(static_cast<int>(params.size() - 1));
     reducer.add_extra(norms.data(), norms.size(), "norms");   // after it
     reducer.finish();
-    EXPECT_TRUE(bitwise_equal(grads, reference_average(initial, *comm)));
+    EXPECT_TRUE(bitwise_equal(grads, reference_sum(initial, *comm)));
     const float rank_sum = static_cast<float>(n * (n - 1) / 2);
     for (size_t i = 0; i < rows.size(); ++i)
-      ASSERT_EQ(rows[i], (8 * rank_sum + n * static_cast<float>(i % 5)) / n) << i;
-    for (float v : norms) ASSERT_EQ(v, rank_sum / n);
+      ASSERT_EQ(rows[i], 8 * rank_sum + n * static_cast<float>(i % 5)) << i;
+    for (float v : norms) ASSERT_EQ(v, rank_sum);
     const auto& rec = reducer.stats().records;
     ASSERT_EQ(rec.size(), reducer.buckets().size() + 2);
     EXPECT_EQ(rec[rec.size() - 2].name, "wte rows");
@@ -215,7 +213,7 @@ TEST(GradReducer, ShuffledReadyOrderStillLaunchesInBucketOrder) {
   auto comm = dp_comm();
   const auto params = make_params();
   const auto initial = make_grads(total_count(params), comm->rank(), true);
-  const auto expected = reference_average(initial, *comm);
+  const auto expected = reference_sum(initial, *comm);
   for (const Limits& l : {kLimits[1], kLimits[3]}) {
     auto grads = initial;
     GradReducer reducer(*comm, grads.data(), params, options(l, true));
@@ -248,7 +246,7 @@ TEST(GradReducer, ReadyOrderCheckNamesTheBucketThatHeldTheOthersBack) {
   auto comm = dp_comm();
   const auto params = make_params();
   const auto initial = make_grads(total_count(params), comm->rank(), true);
-  const auto expected = reference_average(initial, *comm);
+  const auto expected = reference_sum(initial, *comm);
   for (bool overlap : {true, false}) {
     auto grads = initial;
     GradReducer reducer(*comm, grads.data(), params, options(kLimits[1], overlap));
@@ -336,7 +334,7 @@ TEST(GradReducer, DeviceTimesReplaceHostTimesWhereTheCommunicatorHasThem) {
   DeviceTimedComm comm(raw, "dp (device-timed)");
   const auto params = make_params();
   auto grads = make_grads(total_count(params), comm.rank(), true);
-  const auto expected = reference_average(grads, comm);
+  const auto expected = reference_sum(grads, comm);
   GradReducer reducer(comm, grads.data(), params, options(kLimits[1], true));
   run_step(reducer, params.size());
   const ReduceStats& st = reducer.stats();
@@ -386,7 +384,7 @@ TEST(GradReducer, EachBucketWaitsForItsLastReadyMark) {
     }
     reducer.add_extra(extra.data(), extra.size(), "extra");
     reducer.finish();
-    EXPECT_TRUE(bitwise_equal(grads, reference_average(initial, comm)));
+    EXPECT_TRUE(bitwise_equal(grads, reference_sum(initial, comm)));
     EXPECT_EQ(comm.compute_waits(), 1);
     comm.reset_compute_waits();
 
@@ -428,7 +426,7 @@ TEST(GradReducer, NeverReadyParameterIsNamedOnEveryRank) {
     // The step failed cleanly: nothing is left in flight, so the next one works.
     grads = initial;
     run_step(reducer, params.size());
-    EXPECT_TRUE(bitwise_equal(grads, reference_average(initial, *comm)));
+    EXPECT_TRUE(bitwise_equal(grads, reference_sum(initial, *comm)));
   }
 }
 
@@ -491,7 +489,7 @@ TEST(GradReducer, OverlapHidesCommunicationBehindBackward) {
       reducer.grad_ready(static_cast<int>(i));
     }
     reducer.finish();
-    EXPECT_TRUE(bitwise_equal(grads, reference_average(initial, *comm)));
+    EXPECT_TRUE(bitwise_equal(grads, reference_sum(initial, *comm)));
     exposed[overlap] = reducer.stats().exposed_comm_ms;
     comm_ms[overlap] = reducer.stats().comm_ms;
     for (const auto& r : reducer.stats().records)

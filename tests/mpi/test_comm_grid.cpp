@@ -55,8 +55,6 @@ TEST(ProcessGrid, EveryLayoutThatFitsMatchesThePureFunctions) {
     EXPECT_EQ(members_of(grid.dp()), grid_group_members(layout, GridGroup::kDp, me));
     EXPECT_EQ(members_of(grid.tp()), grid_group_members(layout, GridGroup::kTp, me));
     EXPECT_EQ(members_of(grid.pp()), grid_group_members(layout, GridGroup::kPp, me));
-    EXPECT_EQ(members_of(grid.model_parallel()),
-              grid_group_members(layout, GridGroup::kModelParallel, me));
     const auto embedding = grid_group_members(layout, GridGroup::kEmbedding, me);
     EXPECT_EQ(grid.in_embedding_group(), !embedding.empty());
     if (grid.in_embedding_group()) EXPECT_EQ(members_of(grid.embedding()), embedding);
@@ -64,12 +62,6 @@ TEST(ProcessGrid, EveryLayoutThatFitsMatchesThePureFunctions) {
 
     EXPECT_EQ(grid.is_first_stage(), c.pp == 0);
     EXPECT_EQ(grid.is_last_stage(), c.pp == layout.pp - 1);
-    EXPECT_EQ(grid.next_stage_rank(), c.pp + 1 < layout.pp ? c.pp + 1 : -1);
-    EXPECT_EQ(grid.prev_stage_rank(), c.pp > 0 ? c.pp - 1 : -1);
-    if (!grid.is_last_stage())
-      EXPECT_EQ(grid.next_stage_world_rank(), global_rank_of(layout, {c.dp, c.tp, c.pp + 1}));
-    else
-      EXPECT_EQ(grid.next_stage_world_rank(), -1);
 
     // The dp communicator sums over exactly the dp group.
     int sum = me, expected = 0;
@@ -77,15 +69,16 @@ TEST(ProcessGrid, EveryLayoutThatFitsMatchesThePureFunctions) {
     grid.dp().all_reduce(&sum, 1).wait();
     EXPECT_EQ(sum, expected);
 
-    // Pipeline neighbours: pass the world rank one stage down the pipe.
+    // pp() ranks are stages: pass the world rank one stage down the pipe.
     if (layout.pp > 1) {
       int from_prev = -1;
       Work recv, send;
-      if (!grid.is_first_stage()) recv = grid.pp().recv(&from_prev, 1, grid.prev_stage_rank());
-      if (!grid.is_last_stage()) send = grid.pp().send(&me, 1, grid.next_stage_rank());
+      if (!grid.is_first_stage()) recv = grid.pp().recv(&from_prev, 1, c.pp - 1);
+      if (!grid.is_last_stage()) send = grid.pp().send(&me, 1, c.pp + 1);
       recv.wait();
       send.wait();
-      if (!grid.is_first_stage()) EXPECT_EQ(from_prev, grid.prev_stage_world_rank());
+      if (!grid.is_first_stage())
+        EXPECT_EQ(from_prev, global_rank_of(layout, {c.dp, c.tp, c.pp - 1}));
     }
   }
 }

@@ -4,7 +4,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <numeric>
 #include <thread>
 
@@ -59,33 +58,6 @@ TEST(MpiComm, AllReduceSumsInPlace) {
   EXPECT_GE(wf.record().end, wf.record().start);
 }
 
-TEST(MpiComm, AverageIsTheSumDividedBySizeBitwise) {
-  auto comm = world_comm();
-  const size_t count = 50001;
-  std::vector<float> f(count), f_sum;
-  std::vector<double> d(count), d_sum;
-  for (size_t i = 0; i < count; ++i) {
-    f[i] = 0.37f * static_cast<float>(comm->rank() + 1) + 1e-3f * static_cast<float>(i);
-    d[i] = 0.37 * (comm->rank() + 1) - 1e-3 * static_cast<double>(i);
-  }
-  f_sum = f;
-  d_sum = d;
-  comm->all_reduce(f_sum.data(), count).wait();
-  comm->all_reduce(d_sum.data(), count).wait();
-  for (float& x : f_sum) x /= static_cast<float>(comm->size());
-  for (double& x : d_sum) x /= static_cast<double>(comm->size());
-  Work wf = comm->all_reduce(f.data(), count, ReduceOp::kAvg, "label");
-  while (!wf.test()) std::this_thread::yield();
-  EXPECT_TRUE(wf.test());  // divides once, however often it is tested
-  comm->all_reduce(d.data(), count, ReduceOp::kAvg).wait();
-  EXPECT_EQ(std::memcmp(f.data(), f_sum.data(), count * sizeof(float)), 0);
-  EXPECT_EQ(std::memcmp(d.data(), d_sum.data(), count * sizeof(double)), 0);
-  EXPECT_STREQ(wf.record().op, "all_reduce");
-  // Integers cannot be averaged on the host; refused before anything starts.
-  std::vector<int32_t> ints(4, 1);
-  EXPECT_THROW(comm->all_reduce(ints.data(), ints.size(), ReduceOp::kAvg), Error);
-}
-
 TEST(MpiComm, HostCommunicatorsHaveNoComputeMarks) {
   auto comm = world_comm();
   EXPECT_EQ(comm->mark_compute_ready(), nullptr);
@@ -94,7 +66,7 @@ TEST(MpiComm, HostCommunicatorsHaveNoComputeMarks) {
   SoloComm solo;
   EXPECT_EQ(solo.mark_compute_ready(), nullptr);
   std::vector<float> x = {3.0f, -1.5f};
-  solo.all_reduce(x.data(), x.size(), ReduceOp::kAvg).wait();  // one rank: unchanged
+  solo.all_reduce(x.data(), x.size()).wait();  // one rank: unchanged
   EXPECT_EQ(x[0], 3.0f);
   EXPECT_EQ(x[1], -1.5f);
 }

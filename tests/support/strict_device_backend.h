@@ -249,10 +249,6 @@ class StrictDeviceBackend final : public Backend {
     Open open(*this);
     cpu_->crossentropy_fused_bf16(losses, logits, targets, dloss, N, V, Vp);
   }
-  void scale(float* x, float s, size_t n) override {
-    Open open(*this);
-    cpu_->scale(x, s, n);
-  }
   void adamw_update(float* params, float* m, float* v, const float* grads, size_t n, float lr,
                     float beta1, float beta2, float eps, float weight_decay, int t,
                     float grad_scale) override {

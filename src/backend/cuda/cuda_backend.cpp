@@ -632,10 +632,6 @@ class CudaBackend final : public Backend {
                                  stream_));
     synchronize();  // `out` may be pageable: the copy is complete only after this
   }
-  void scale(float* x, float s, size_t n) override {
-    Op op(*this, "grad clip");
-    cuda::scale_cuda(x, s, n, stream_);
-  }
   void adamw_update(float* params, float* m, float* v, const float* grads, size_t n, float lr,
                     float beta1, float beta2, float eps, float weight_decay, int t,
                     float grad_scale) override {

@@ -314,8 +314,7 @@ Work NcclComm::start_all_reduce_op(void* data, size_t count, ElemType type, Redu
   const size_t bytes = count * elem_bytes(type);
   if (options_.grad_bf16 && type == ElemType::kFloat32) {
     auto* x = static_cast<float*>(data);
-    // Sum in bf16; the average's division is folded into the cast back.
-    const float scale = op == ReduceOp::kAvg ? 1.0f / static_cast<float>(size_) : 1.0f;
+    // Sum in bf16, widened back into x.
     const std::string bf16_label = fmt::format("{}{}bf16", label, label.empty() ? "" : " ");
     return launch("all_reduce", bytes, bf16_label, [&] {
       auto* wire = static_cast<cuda::bf16*>(staging(count * sizeof(cuda::bf16)));
@@ -324,12 +323,11 @@ Work NcclComm::start_all_reduce_op(void* data, size_t count, ElemType type, Redu
       // A non-blocking communicator may return ncclInProgress before the all-reduce is on
       // stream_ (Note [NCCL without hangs]): the cast back must be enqueued after it is.
       wait_while_in_progress("all_reduce");
-      cuda::cast_bf16_to_f32_cuda(x, wire, scale, count, stream_);
+      cuda::cast_bf16_to_f32_cuda(x, wire, 1.0f, count, stream_);
     });
   }
-  const ncclRedOp_t nccl_op = op == ReduceOp::kAvg ? ncclAvg : ncclSum;
   return launch("all_reduce", bytes, label, [&] {
-    TRIDENT_NCCL(ncclAllReduce(data, data, count, nccl_type(type), nccl_op, comm_, stream_));
+    TRIDENT_NCCL(ncclAllReduce(data, data, count, nccl_type(type), ncclSum, comm_, stream_));
   });
 }
 
