@@ -15,9 +15,9 @@
 // 3. Why a thread: the reduction of late layers overlaps the backward of early ones. With
 //    overlap = false it makes the same calls on the same slices after finish(), so the
 //    gradients are bitwise equal either way.
-// 4. Where the average is taken: by the caller, in backward's seed (Note [Average in the loss
-//    seed] in train/gpt_stage.cpp). The thread only sums, so it never makes a pass over the
-//    gradients of its own and never touches device memory.
+// 4. Where the average is taken: by the caller, in backward's seed
+//    (Note [Average in the loss seed] in train/gpt_stage.cpp). The thread only sums, so it
+//    never makes a pass over the gradients of its own and never touches device memory.
 // 5. On a device it only enqueues. Before starting a bucket the thread calls order_after(the
 //    mark of its last ready parameter); the compute stream is in order, so that mark covers the
 //    bucket. Polls are event queries; finish() ends with compute_waits_for_comm, so the
