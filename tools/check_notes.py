@@ -4,8 +4,9 @@
 A Note is defined once by a comment line whose whole text is the word Note followed by
 its title in square brackets (C, C++ and CUDA: after //; shell, Python and CMake: after #).
 Its body is the run of comment lines right after it, up to the first line that is not a
-comment or is an empty comment. Everywhere else the same text cites it, optionally followed by "in PATH" (a file
-that must define it). The rules are listed where main() checks them.
+comment or is an empty comment. Everywhere else the same text cites it, optionally followed
+by "in PATH" (a file that must define it). The rules are listed where check() checks them.
+Scanned: the source folders below, and the root's CMakeLists.txt.
 
 Usage: python3 tools/check_notes.py [--root DIR] [--self-test]
 
@@ -21,8 +22,9 @@ import sys
 import tempfile
 
 SCANNED_DIRS = ("src", "include", "kernels", "tests", "tools", "examples")
+SCANNED_TOP_FILES = ("CMakeLists.txt",)  # files at the root that define Notes too
 C_LIKE = (".h", ".hpp", ".cpp", ".cc", ".cu", ".cuh")
-HASH_LIKE = (".sh", ".py", ".cmake")
+HASH_LIKE = (".sh", ".py", ".cmake", ".cmake.in")
 SKIPPED_DIRS = ("tests/fuzz/corpus",)
 MAX_BODY_LINES = 8
 
@@ -34,7 +36,7 @@ OPEN = WORD + " ["
 TITLE_RE = re.compile(WORD + r" \[([^\]\n]+)\]")
 SPLIT_WORD_RE = re.compile(r"\b" + WORD + r"\s*$")
 IN_PATH_RE = re.compile(WORD + r" \[([^\]\n]+)\]\s+in(?:\s+(\S+)|\s*$)")
-PATH_LIKE_RE = re.compile(r"^[\w.+-]+(/[\w.+-]+)*\.(h|hpp|cpp|cc|cu|cuh|sh|py|cmake|txt)$")
+PATH_LIKE_RE = re.compile(r"^[\w.+-]+(/[\w.+-]+)*\.(h|hpp|cpp|cc|cu|cuh|sh|py|cmake|in|txt)$")
 DESIGN_RE = re.compile(r"design\.md", re.IGNORECASE)
 DOCS_RE = re.compile(r"docs/[\w./-]*?\.md")
 
@@ -49,8 +51,9 @@ def comment_marker(path):
 
 
 def scanned_files(root):
-    """Source files under the scanned folders, as paths relative to root, sorted."""
-    found = []
+    """Source files under the scanned folders, and the scanned files at the root, as paths
+    relative to root, sorted."""
+    found = [f for f in SCANNED_TOP_FILES if os.path.isfile(os.path.join(root, f))]
     for top in SCANNED_DIRS:
         base = os.path.join(root, top)
         if not os.path.isdir(base):
@@ -227,7 +230,16 @@ def self_test():
             f"# {N}Python rule]\n"
             "# A rule in a script.\n"
             f"x = 1  # {N}Python rule]\n"),
-        "CMakeLists.txt": "# nothing\n",
+        "CMakeLists.txt": (
+            f"# {N}Top-level rule]\n"
+            "# A rule in the root's CMakeLists.txt.\n"
+            "option(X \"x\" OFF)\n"),
+        "tools/cmake/pkgConfig.cmake.in": (
+            f"# ({N}Top-level rule] in CMakeLists.txt) and ({N}Template rule] there)\n"
+            f"# {N}Template rule]\n"
+            "# A rule in a package template.\n"),
+        "tests/use.sh": f"# {N}Top-level rule] and ({N}Template rule] in "
+                        "tools/cmake/pkgConfig.cmake.in)\n",
         DOCS + "perf.md": "figures\n",
         DESIGN_DOC: "design\n",
         "tests/fuzz/corpus/seed": f"{N}Never looked at\n",
@@ -249,6 +261,9 @@ def self_test():
         "src/design.cpp": "// see " + DESIGN_DOC[len(DOCS):].upper() + "\n",
         "src/docs.cpp": f"// see {DOCS}nothing.md\n",
         "tools/s.sh": f"# {N}Shell long]\n" + "# line\n" * 9,
+        "CMakeLists.txt": (f"# {N}Top-level rule]\n# A rule.\n"
+                           f"# {N}Top long]\n" + "# line\n" * 9),
+        "tools/t.cmake.in": f"# ({N}Template rule] in CMakeLists.txt)\n",
     }
     expected = [
         ("src/split.cpp", 1, "split across lines"),
@@ -264,6 +279,8 @@ def self_test():
         ("src/design.cpp", 1, f"the design document is {DESIGN_DOC}"),
         ("src/docs.cpp", 1, f"{DOCS}nothing.md does not exist"),
         ("tools/s.sh", 1, "body of 9 lines"),
+        ("CMakeLists.txt", 3, "body of 9 lines"),
+        ("tools/t.cmake.in", 1, "CMakeLists.txt, which does not define it"),
     ]
 
     def make_tree(files):
@@ -281,8 +298,9 @@ def self_test():
         failures.append(f"clean tree reported {p}")
     checker = Checker(make_tree({**clean, **bad}))
     problems = checker.check()
-    if len(checker.definitions.get("Ordered sends", [])) != 1:
-        failures.append("the clean definition was not found")
+    for title in ("Ordered sends", "Top-level rule", "Template rule"):
+        if len(checker.definitions.get(title, [])) != 1:
+            failures.append(f"the clean definition of {title} was not found")
     for path, n, fragment in expected:
         if not any(p == path and ln == n and fragment in m for p, ln, m in problems):
             failures.append(f"not reported: {path}:{n}: ...{fragment}...")
@@ -301,7 +319,8 @@ def self_test():
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     default_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    parser.add_argument("--root", default=default_root, help="the repository (default: %(default)s)")
+    parser.add_argument("--root", default=default_root,
+                        help="the repository (default: %(default)s)")
     parser.add_argument("--self-test", action="store_true", help="check the checker")
     args = parser.parse_args()
     if args.self_test:

@@ -3,7 +3,7 @@
 // Parameters sit contiguously in the flat gradient buffer in ready (backward) order, so a
 // bucket is a run of consecutive parameters and an (offset, count) slice of that buffer,
 // never a copy. The assignment is a pure function of the sizes and the byte limits, so every
-// rank computes the same buckets (Note [Same buckets, same order] in trident/grad_reducer.h).
+// rank computes the same buckets (Note [Same buckets, same order] in src/comm/grad_reducer.cpp).
 #pragma once
 
 #include <cstddef>

@@ -1,11 +1,12 @@
 // GPT-2: token + learned position embeddings, L pre-LN blocks (causal self-attention, 4C
 // tanh-GELU MLP), final LayerNorm, LM head tied to the token embedding.
 //
-// Note [Parameter layout]: all parameters live in ONE flat buffer, laid out in the order their
-// gradients become final during backward (the reverse of the forward/declaration order, as
-// Megatron lays out its grad buffer): wte (its dense LM-head gradient comes first), lnf, then
-// blocks L-1 … 0 (within a block: fcproj, fc, ln2, attproj, qkv, ln1 — again backward order),
-// and wpe last. Gradients mirror the buffer, so a gradient bucket is an (offset, count) slice.
+// Note [Parameter layout]
+// All parameters live in ONE flat buffer, laid out in the order their gradients become final
+// during backward (the reverse of the forward/declaration order, as Megatron lays out its grad
+// buffer): wte (its dense LM-head gradient comes first), lnf, then blocks L-1 … 0 (within a
+// block: fcproj, fc, ln2, attproj, qkv, ln1 — again backward order), and wpe last. Gradients
+// mirror the buffer, so a gradient bucket is an (offset, count) slice.
 //
 // The vocabulary is padded to a multiple of 128 (Vp); padded rows of wte start at zero, their
 // logits are excluded from the softmax, so they never receive a gradient and stay zero.
@@ -48,7 +49,11 @@ struct GPTConfig {
   double llmc_flops_per_token(int T) const;
 };
 
-// Note [Tensor-parallel shards] (Megatron-style): how a parameter is split over tp ranks.
+// Note [Tensor-parallel shards]
+// Each parameter is split over the tp ranks (Megatron-style) by the rule of its Shard, chosen
+// so that a rank's matmuls read only its own slice and attention runs on whole local heads;
+// the global tensor is recovered by ParamInfo::global_index.
+//
 //   kReplicated  every rank holds all of it (LayerNorms, row-parallel biases, wpe)
 //   kRows        rank r holds rows [r·R/tp, (r+1)·R/tp) (fcw, fcb: column-parallel; wte:
 //                vocab-parallel)
@@ -73,11 +78,11 @@ struct ParamInfo {
   size_t global_index(size_t local) const;
 };
 
-// Note [Pipeline stages]: a pipeline stage holds a contiguous range of blocks; the first stage
-// also the embeddings (wte, wpe), the last the final LayerNorm and the LM head, whose weight is
-// the tied wte — so with pp > 1 the first and the last stage each hold a copy of wte, and
-// their gradients are summed over the embedding group (docs/design.md, "The grid") before
-// the update.
+// Note [Pipeline stages]
+// A pipeline stage holds a contiguous range of blocks; the first stage also the embeddings
+// (wte, wpe), the last the final LayerNorm and the LM head, whose weight is the tied wte. So
+// with pp > 1 the first and the last stage each hold a copy of wte, and their gradients are
+// summed over the embedding group (docs/design.md, "The grid") before the update.
 struct StageSpec {
   int first_layer = 0;
   int num_layers = -1;        // -1: all layers from first_layer
@@ -102,10 +107,10 @@ StageSpec pipeline_stage(int layers, int stages, int stage, const std::vector<in
                          int chunks = 1);
 
 // The parameter list in ready (= buffer) order for one tp rank and pipeline stage.
-// wte_after_head matters only on a stage with both the embedding and the head (Note [Tied
-// embedding gradient]): true puts wte first, where its gradient is final when the sparse rows
-// go to an EmbeddingRowSink; false puts it last, after wpe, where it is final when the
-// embedding's backward adds the rows into it (a device backend, which has no sink).
+// wte_after_head matters only on a stage with both the embedding and the head
+// (Note [Tied embedding gradient]): true puts wte first, where its gradient is final when the
+// sparse rows go to an EmbeddingRowSink; false puts it last, after wpe, where it is final when
+// the embedding's backward adds the rows into it (a device backend, which has no sink).
 std::vector<ParamInfo> gpt_param_layout(const GPTConfig& cfg, int tp_size = 1, int tp_rank = 0,
                                         StageSpec stage = {}, bool wte_after_head = true);
 
@@ -139,13 +144,14 @@ void check_tensor_parallel(const GPTConfig& cfg, int tp, bool sequence_parallel,
 // pieces 0..K-1 of wte, each once its rows are final.
 using GradReadyFn = std::function<void(int param_index, int piece)>;
 
-// Note [Tied embedding gradient]: wte gets two gradient contributions — a dense one from the
-// LM head at the very start of backward and a sparse one (only the rows of the batch's tokens)
-// at the very end. With an EmbeddingRowSink the sparse part goes into a compact [R, C] buffer
-// instead (rows[k] is the gradient of token row_ids[k]; row_of_input[i] is the k of input i), so
-// wte's dense gradient is final — and reported ready — right after the LM head, and a
-// data-parallel reducer can all-reduce the 150 MB dense part while backward runs and the small
-// compact buffer at the end. The caller adds the rows into wte's gradient afterwards.
+// Note [Tied embedding gradient]
+// wte gets a dense gradient from the LM head at the start of backward and a sparse one (the
+// rows of the batch's tokens) at the end. With an EmbeddingRowSink the sparse part goes into a
+// compact [R, C] buffer instead, so wte's large dense gradient is final, and reported ready,
+// right after the LM head: the reducer sends it while backward runs, and the small row buffer
+// at the end. The caller adds the rows into wte's gradient afterwards.
+//
+// rows[k] is the gradient of token row_ids[k]; row_of_input[i] is the k of input i.
 struct EmbeddingRowSink {
   const int32_t* row_of_input = nullptr;  // [B*T]; -1: not in this tp rank's vocab slice
   float* rows = nullptr;                  // [R, C], accumulated (+=)
@@ -177,7 +183,7 @@ struct GPTOptions {
   // ready order, and the buffer's size with the padding. Empty: contiguous, unpadded.
   std::vector<size_t> param_offsets;
   size_t param_total = 0;
-  // Note [Head gradient in pieces] (trident/buckets.h): row boundaries of wte's local slice
+  // Note [Head gradient in pieces] (train/tied_embedding.h): row boundaries of wte's local slice
   // [0, ..., padded_vocab / tp] in which the LM head computes and reports its gradient, when
   // that is final after the head (no embedding on this stage, or an EmbeddingRowSink). Empty:
   // one piece.
@@ -239,10 +245,10 @@ class GPT {
   // Backward of slot's last forward: of (dloss_scale × mean loss) on the last stage, of
   // dstage_output [Nr,C] (the next stage's gradient of stage_output) elsewhere. Writes
   // dstage_input [Nr,C] (=) on stages after the first. Gradients are ACCUMULATED into grads()
-  // (so micro-batches add up); on_ready may be empty. With `sink`: Note [Tied embedding
-  // gradient]. `last_micro_batch` false: with sequence parallelism the LayerNorm gradients of
-  // this micro-batch stay in per-rank partial sums until a backward with it true (Note
-  // [Sequence-parallel LayerNorm gradients]); without, it changes nothing.
+  // (so micro-batches add up); on_ready may be empty. With `sink`:
+  // Note [Tied embedding gradient]. `last_micro_batch` false: with sequence parallelism the
+  // LayerNorm gradients of this micro-batch stay in per-rank partial sums until a backward with
+  // it true (Note [Sequence-parallel LayerNorm gradients]); without, it changes nothing.
   void backward(int slot, float dloss_scale, const float* dstage_output, float* dstage_input,
                 const GradReadyFn& on_ready = {}, const EmbeddingRowSink* sink = nullptr,
                 bool last_micro_batch = true);
@@ -250,7 +256,7 @@ class GPT {
                 const EmbeddingRowSink* sink = nullptr) {
     backward(0, dloss_scale, nullptr, nullptr, on_ready, sink);
   }
-  // The same backward in two parts (Note [Split backward] in gpt_backward.cpp), for the
+  // The same backward in two parts (Note [Split backward] in model/gpt_backward.cpp), for the
   // zero-bubble schedule: backward_input writes dstage_input and the LayerNorm gradients;
   // backward_weight, later and before the slot's next forward, adds the linear layers' and the
   // embedding's gradients and reports every parameter ready. Together: backward's bits.

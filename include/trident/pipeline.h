@@ -40,7 +40,7 @@ bool splits_backward(PipeSchedule schedule);  // zb-h1
 // GPipe: every forward, then every backward. 1F1B (PipeDream-flush): a warm-up of
 // min(stages − stage − 1, micro_batches) forwards, then alternating one forward / one
 // backward, then the remaining backwards. ZB-H1: 1F1B's order of F and B, each W(i) delayed
-// until after B(i + stage) (Note [ZB-H1] in pipeline_schedule.cpp). Backwards, and weight
+// until after B(i + stage) (Note [ZB-H1] in train/pipeline_schedule.cpp). Backwards, and weight
 // passes, run in micro-batch order in all three.
 std::vector<PipeAction> pipeline_actions(PipeSchedule schedule, int stages, int stage,
                                          int micro_batches, int chunks = 1);
@@ -109,10 +109,11 @@ class PipelineStage {
   // How many chunks this stage holds (run_pipeline checks it against the schedule's).
   virtual int chunks() const { return 1; }
 
-  // Note [Progress during compute]: the runner sets this before the schedule. A model that
-  // calls it now and then inside forward/backward (GPTStage: between layers) keeps this
-  // stage's boundary transfers moving while it computes; MPI libraries without a progress
-  // thread move a large message only while some call is inside MPI.
+  // Note [Progress during compute]
+  // The runner sets this before the schedule. A model that calls it now and then inside
+  // forward/backward (GPTStage: between layers) keeps this stage's boundary transfers moving
+  // while it computes: MPI libraries without a progress thread move a large message only while
+  // some call is inside MPI.
   void set_transfer_progress(std::function<void()> fn) { progress_ = std::move(fn); }
   void progress_transfers() const {
     if (progress_) progress_();
@@ -137,8 +138,8 @@ struct PipelineStats {
 // trident::Error naming both shapes. Sends are nonblocking and all complete before it returns.
 //
 // What the runner asks of the model, per action (Note [Pipeline messages] in
-// pipeline_runner.cpp has the wire format and the tags; Note [Pre-posted receives] when the
-// receive buffers are written):
+// train/pipeline_runner.cpp has the wire format and the tags; Note [Pre-posted receives] when
+// the receive buffers are written):
 //   forward(m):  wait until backward(m − k)'s send completed (k = max_in_flight; see above);
 //                wait for the receive into forward_inputs(m) (not on the first stage);
 //                forward(m); forward_outputs(m) and start sending it (not on the last stage).

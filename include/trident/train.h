@@ -82,8 +82,8 @@ struct StepStats {
   bool skipped = false;
   int skips_in_a_row = 0;
   // Something the run should say once (the first step it happens, on every rank of the dp
-  // group alike): the gradient buckets did not become ready in order (Note [Ready order
-  // check]). Empty on every other step.
+  // group alike): the gradient buckets did not become ready in order
+  // (Note [Ready order check]). Empty on every other step.
   std::string warning;
 };
 

@@ -74,10 +74,11 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
   }
   const GPTConfig& cfg = trainer.model_config();
 
-  // Note [Bench files]: besides its `bench:` line, bench writes run.out_dir/metrics.jsonl (every
-  // step, as train does, with "timed": false for warm-up) and run.out_dir/bench.json (the
-  // line's keys and values, numbers unrounded; mfu null when not reported), so a scaling study
-  // reads figures, not log text, and anyone can recompute the medians from the steps.
+  // Note [Bench files]
+  // Besides its `bench:` line, bench writes run.out_dir/metrics.jsonl (every step, as train
+  // does, with "timed": false for warm-up) and run.out_dir/bench.json (the line's keys and
+  // values, numbers unrounded; mfu null when not reported), so a scaling study reads figures,
+  // not log text, and anyone can recompute the medians from the steps.
   std::unique_ptr<JsonlWriter> metrics;
   const std::filesystem::path out_dir = deck.run.out_dir;
   if (lead) {
@@ -148,10 +149,10 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
     tp_comm.push_back(s.tp_comm_ms);
     bubble.push_back(s.pipeline_ms > 0 ? s.pipeline_wait_ms / s.pipeline_ms : 0.0);
   }
-  // Note [Per-stage figures]: every stage's median bubble and activation memory, gathered
-  // over pp (every rank takes part), printed by the lead for its pipeline next to the
-  // schedule's model: the idle fraction with equal pass costs, and the micro-batches in flight
-  // that the activations are sized for.
+  // Note [Per-stage figures]
+  // Every stage's median bubble and activation memory, gathered over pp (every rank takes
+  // part), printed by the lead for its pipeline next to the schedule's model: the idle fraction
+  // with equal pass costs, and the micro-batches in flight that the activations are sized for.
   const int pp = grid->layout().pp;
   std::vector<double> per_stage(2 * size_t(pp));
   {
@@ -183,9 +184,9 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
                  "was wrong (the machine busy while measuring, or a GEMM kernel faster than "
                  "the one measured); MFU is not reported\n",
                  achieved / ranks / 1e9, peak / 1e9, blas.chosen);
-    // One list makes both the `bench:` line, which stays the last line, and bench.json (Note
-    // [Bench files]): `decimals` is the line's precision (-1: printed as it is); a figure that
-    // is not reported (NaN) is n/a on the line and null in the JSON.
+    // One list makes both the `bench:` line, which stays the last line, and bench.json
+    // (Note [Bench files]): `decimals` is the line's precision (-1: printed as it is); a figure
+    // that is not reported (NaN) is n/a on the line and null in the JSON.
     struct Field {
       const char* key;
       nlohmann::json value;

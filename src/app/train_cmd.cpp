@@ -27,9 +27,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Note [Stop signals]: SIGTERM and SIGUSR1 (what Slurm sends before the time limit) only set a
-// flag; at the next step boundary every rank learns whether any rank got one (an all-reduce),
-// and then all of them save a checkpoint and exit 0 together.
+// Note [Stop signals]
+// SIGTERM and SIGUSR1 (what Slurm sends before the time limit) only set a flag; at the next
+// step boundary every rank learns whether any rank got one (an all-reduce), and then all of
+// them save a checkpoint and exit 0 together.
 volatile std::sig_atomic_t g_stop_signal = 0;
 extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
 
@@ -55,10 +56,11 @@ std::string new_run_id() {
   return id;
 }
 
-// Note [Run state file]: rank 0 writes run.out_dir/run_state.json when train ends, so a batch
-// script can tell "done" from "stopped by a signal, resume me" without parsing the log (exit
-// status is 0 for both, as Slurm and users expect). It is removed at start-up, so a stale one
-// never speaks for this run. Written to a temporary name and renamed: never half a file.
+// Note [Run state file]
+// Rank 0 writes run.out_dir/run_state.json when train ends, so a batch script can tell "done"
+// from "stopped by a signal, resume me" without parsing the log (exit status is 0 for both, as
+// Slurm and users expect). It is removed at start-up, so a stale one never speaks for this
+// run. Written to a temporary name and renamed: never half a file.
 void write_run_state(const fs::path& out_dir, const char* state, const char* reason, int step,
                      int steps, const std::string& checkpoint) {
   const nlohmann::json j = {{"state", state}, {"reason", reason},     {"step", step},
@@ -74,11 +76,12 @@ void write_run_state(const fs::path& out_dir, const char* state, const char* rea
   fs::rename(tmp, out_dir / "run_state.json");
 }
 
-// Note [A damaged latest]: a `latest` that fails to load (a shard missing, truncated or with a
-// bad CRC) stops the run with exit 2, as Megatron (latest_checkpointed_iteration.txt) and
-// DeepSpeed (`latest`) do; trident does not fall back to an older checkpoint by itself, which
-// would silently redo steps and hide the damage. The message ends with the way back: the newest
-// older step_* directory of checkpoint.dir, and the command that points `latest` at it.
+// Note [A damaged latest]
+// A `latest` that fails to load (a shard missing, truncated or with a bad CRC) stops the run
+// with exit 2, as Megatron and DeepSpeed do; trident does not fall back to an older checkpoint
+// by itself, which would silently redo steps and hide the damage. The message ends with the
+// way back: the newest older step_* directory of checkpoint.dir, and the command that points
+// `latest` at it.
 std::string previous_checkpoint_hint(const std::string& dir, const std::string& damaged) {
   const fs::path p = previous_checkpoint(dir, damaged);
   if (p.empty()) return "";

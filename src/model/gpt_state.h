@@ -61,10 +61,11 @@ struct GPT::BlockWeights {
       *fcprojb;
 };
 
-// Note [Parameter table]: what forward and backward need of the parameter list, resolved
-// once when the model is built (as llm.c's ParameterTensors): offsets into the flat buffer
-// (params_ and grads_ alike), the ready indices backward reports through, and the phase
-// names — so a step formats no string and searches no name.
+// Note [Parameter table]
+// What forward and backward need of the parameter list is resolved once when the model is
+// built (as llm.c's ParameterTensors): offsets into the flat buffer (params_ and grads_ alike),
+// the ready indices backward reports through, and the phase names, so a step formats no
+// string and searches no name.
 struct GPT::BlockOffsets {
   size_t ln1w, ln1b, qkvw, qkvb, attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
 };

@@ -30,8 +30,8 @@ class DataParallel {
 
   // Before the model. `params`: the model's parameters in ready order (gpt_param_layout), one
   // of which (split_param, or -1) the model reports in row pieces (GPTOptions::wte_piece_rows,
-  // `row_elems` elements a row); `alone_param` (or -1) needs a bucket of its own (Note [Padded
-  // buckets]). With ZeRO, writes the padded offsets into options.
+  // `row_elems` elements a row); `alone_param` (or -1) needs a bucket of its own
+  // (Note [Padded buckets]). With ZeRO, writes the padded offsets into options.
   void lay_out(const std::vector<ParamInfo>& params, int split_param,
                const std::vector<int>& piece_rows, int row_elems, int alone_param,
                GPTOptions& options);

@@ -11,16 +11,13 @@
 namespace trident {
 
 // Note [Step row set]
-// The embedding's sparse gradient is a compact buffer, row k for the k-th row of the set, that
-// is all-reduced over dp as one buffer; so every dp rank must hold the same set in the same
-// order: the union of the input tokens of every dp rank's micro-batches, ascending. Reading the
-// whole global batch on every rank (dp·accum·B·T tokens) would make each rank's work grow with
-// dp. Instead each rank marks only its own micro-batches' tokens in a bitmap over its
-// vocabulary slice, one bit per row, and one all-reduce with bitwise OR unites the bitmaps:
-// O(local tokens + slice/64) work per rank and a message whose size does not depend on dp
-// (50304 rows: 786 words, 6.3 KB — bits rather than bytes because it is 8× less to send and
-// extracting the rows visits 786 words instead of 50304 bytes). The rows come out ascending,
-// as the global scan produced them, so the sums and their order are unchanged.
+// The embedding's sparse gradient is one compact buffer (row k: the set's k-th row) all-reduced
+// over dp, so every dp rank must hold the same set in the same order: the union of every dp
+// rank's input tokens, ascending. Each rank marks only its own tokens in a bitmap over its
+// vocabulary slice (one bit a row) and one all-reduce with bitwise OR unites the bitmaps: no
+// rank's work or message grows with dp, and the rows come out ascending, as a scan of the
+// whole global batch would give them, so the sums and their order are the same.
+//
 // With tp > 1 each tp rank keeps its own slice and unites over its own dp communicator: the tp
 // ranks of one dp rank read the same samples, so a token's row is marked exactly where its
 // slice lives.

@@ -54,7 +54,7 @@ void GPTStage::begin_step(const StepInputs& in, const SampleOrder& order) {
   per_slot(targets_, slots_, needs_tokens, tokens);
   per_slot(doutput_, slots_, sends, boundary);
   // One sent gradient per slot suffices: micro-batch m's forward starts only once the send of
-  // m − slots's gradient has completed (Note [Slot reuse] in pipeline_runner.cpp).
+  // m − slots's gradient has completed (Note [Slot reuse] in train/pipeline_runner.cpp).
   per_slot(dinput_, slots_, receives, boundary);
   // Note [Stage transfers on a device]: the received gradients (doutput_) and the sent ones
   // (dinput_) are host buffers already, which the model copies from and to; the activations
@@ -149,12 +149,11 @@ const EmbeddingRowSink* GPTStage::sink_for(int micro) {
 }
 
 float GPTStage::dloss_scale() const {
-  // Note [Average in the loss seed]: the step's loss is the mean over its accum · dp
-  // micro-batches, so backward's seed carries 1 / (accum · dp) and the data-parallel
-  // all-reduce only sums (the GradReducer never divides). That saves the
-  // division pass over every gradient on the communication thread, which runs on the compute
-  // cores. Scaling by a power of two is exact, so with dp = 2, 4, 8, ... the gradients have
-  // the bits the old sum-then-divide gave; with other dp they differ by rounding only.
+  // Note [Average in the loss seed]
+  // The step's loss is the mean over its accum · dp micro-batches, so backward's seed carries
+  // 1 / (accum · dp) and the data-parallel reduction only sums (the GradReducer never divides).
+  // That saves a division pass over every gradient on the communication thread, which shares
+  // the compute cores.
   return 1.0f / (float(in_.accum) * float(in_.dp_size));
 }
 

@@ -22,10 +22,11 @@ class GPTStage : public PipelineStage {
     int micro_batch = 0, seq_len = 0, accum = 1;
     int dp_size = 1, dp_rank = 0;
   };
-  // Note [Sample order]: micro-batch m of dp rank r reads the B samples at global positions
-  // step·GB + (m·dp + r)·B onwards (GB = B·accum·dp, the global batch). Stages of one pipeline
-  // and the tp ranks of one dp rank read the same samples. The trainer's row set (Note [Step
-  // row set] in train/embedding_rows.h) reads the same positions.
+  // Note [Sample order]
+  // Micro-batch m of dp rank r reads the B samples at global positions step·GB + (m·dp + r)·B
+  // onwards (GB = B·accum·dp, the global batch). Stages of one pipeline and the tp ranks of one
+  // dp rank read the same samples, and the tied embedding's row set
+  // (Note [Step row set] in train/embedding_rows.h) reads the same positions.
   static uint64_t first_sample(const StepInputs& in, int micro);
   // `dp` null: dp = 1; `tied` null: no tied embedding on this stage. Sets the model's progress
   // hook for its lifetime (Note [Progress during compute] in trident/pipeline.h).
@@ -89,8 +90,9 @@ class GPTStage : public PipelineStage {
   std::vector<std::vector<int32_t>> inputs_, targets_;  // the micro-batch's tokens
   std::vector<std::vector<float>> doutput_;             // received gradients
   std::vector<std::vector<float>> dinput_;              // sent gradients
-  // Note [Stage transfers on a device]: with a device backend the boundary activations travel
-  // through host copies (per slot), since the pipeline's communicator works on host memory.
+  // Note [Stage transfers on a device]
+  // With a device backend the boundary activations travel through host copies (per slot),
+  // since the pipeline's communicator works on host memory.
   std::vector<std::vector<float>> input_host_, output_host_;
   size_t boundary_floats() const;
   double forward_ms_ = 0, backward_ms_ = 0;

@@ -1,20 +1,18 @@
 // run_pipeline: drives one stage through a schedule and moves the boundary tensors.
 //
-// Note [Pipeline messages]: one boundary crossing (micro-batch m's activations going forward,
-// or their gradients going backward) is one header message followed by one message per
-// non-empty tensor, straight from and into the model's buffers (no packing copy). The header
-// is a fixed block of kHeaderWords int64, so its receive is always posted with the right size
-// and can never be truncated:
+// Note [Pipeline messages]
+// One boundary crossing (micro-batch m's activations going forward, or their gradients going
+// backward) is one header of a fixed kHeaderWords int64, then one message per non-empty tensor,
+// straight from and into the model's buffers (no packing copy). The receiver compares the header
+// with the buffers it expects before posting the tensor receives, so a mismatch is reported by
+// name and shape, never as an MPI truncation error; the tags below keep messages apart.
 //
+// The header:
 //     [0] kHeaderMagic   [1] direction (0 forward, 1 backward)   [2] micro-batch
 //     [3] sending stage  [4] tensor count n ≤ kMaxStageTensors
 //     then per tensor i < n, 10 words at 5 + 10·i:
 //         [0..1] the first 16 bytes of the name (zero-padded)  [2] FNV-1a hash of the full name
 //         [3] ndim ≤ kMaxStageDims (0: a scalar)   [4..9] the dims (unused ones 0)
-//
-// The receiver waits for the header, compares it with the buffers it expects (count, names,
-// shapes) and throws an Error naming both sides on any difference *before* posting the tensor
-// receives — so a shape mismatch is reported as such, never as an MPI truncation error.
 //
 // Tags: tag = ((u mod 512)·2 + direction)·32 + part, u = m·chunks + chunk (the receiving
 // chunk; u = m with one chunk), part 0 the header and 1 + i tensor i, so the forward and
@@ -227,16 +225,17 @@ struct PostedReceive {
   std::vector<TensorDesc> expected;
 };
 
-// Note [Pre-posted receives]: each direction has at most one receive posted ahead, for the
-// next action that needs one, and it is posted as soon as its buffers are free — so the
-// neighbour's header and tensors move (rendezvous included) while this stage is still busy
-// with the actions before, and the header is checked when the action starts, with no extra
-// round trip. Forward receives are posted in the order of the actions that need them: that of
-// forward(m) (of a chunk) once the previous one was consumed and, for m ≥ k, micro-batch m − k
-// of that chunk is through its whole backward and its backward send completed (its slot is
-// free; Note [Slot reuse]). Backward receives likewise, that of backward(m) once forward(m)
-// returned. One ahead, not all: a receive's comm timeout runs from when it is posted, and one
-// posted a whole step early could time out in a long step where no message is late.
+// Note [Pre-posted receives]
+// Each direction has at most one receive posted ahead, for the next action that needs one,
+// posted as soon as its buffers are free (Note [Slot reuse]), so the neighbour's header and
+// tensors move while this stage is busy and the header is checked with no extra round trip.
+// One ahead, not all: a receive's comm timeout runs from when it is posted, and one posted a
+// whole step early could time out in a long step where no message is late.
+//
+// Forward receives are posted in the order of the actions that need them: that of forward(m)
+// (of a chunk) once the previous one was consumed and, for m ≥ k, micro-batch m − k of that
+// chunk is through its whole backward and its backward send completed. Backward receives
+// likewise, that of backward(m) once forward(m) returned.
 class StageRunner {
  public:
   // forward_only: the actions are forwards only (run_pipeline_forward), so a slot is free again
@@ -261,11 +260,12 @@ class StageRunner {
     poll_sends();
     const int m = a.micro, c = a.chunk;
     if (a.kind == PipeAction::Kind::kForward) {
-      // Note [Slot reuse]: micro-batch m − in_flight's backward outputs may share buffers with
-      // micro-batch m (slot m mod in_flight of the chunk; GPTStage's sent gradients do), so
-      // their send must end before m's receive starts.
-      // It ends once the previous stage started backward(m − in_flight), which it does without
-      // waiting for this stage's later work, so waiting here cannot deadlock.
+      // Note [Slot reuse]
+      // Micro-batch m − in_flight's backward outputs may share buffers with micro-batch m
+      // (slot m mod in_flight of the chunk; GPTStage's sent gradients do), so their send must
+      // end before m's receive starts. It ends once the previous stage started
+      // backward(m − in_flight), which it does without waiting for this stage's later work,
+      // so waiting here cannot deadlock.
       if (m >= in_flight(c)) complete_sends(slot_freed_by(), m - in_flight(c), c);
       post_receives();
       if (!first(c)) complete_receive(kForwardDir, m, c);
@@ -437,11 +437,13 @@ class StageRunner {
   }
 
   // Waits for w, with a failure (e.g. the comm timeout when a neighbour stopped) saying which
-  // boundary message this stage was waiting for. Note [Waiting on the compute thread]: the
-  // thread that runs the schedule has nothing else to do until the message is in, so it tests
-  // and yields (test() enforces the timeout) instead of Work::wait's backoff, whose sleeps of
-  // up to 200 µs are for threads that share cores with compute and overshoot the neighbour's
-  // send (docs/perf.md, pipeline waits); as GPT::tp_wait does for tp collectives.
+  // boundary message this stage was waiting for.
+  //
+  // Note [Waiting on the compute thread]
+  // The thread that runs the schedule has nothing else to do until the message is in, so it
+  // tests and yields (test() enforces the timeout) instead of Work::wait's backoff, whose
+  // sleeps are for threads that share cores with compute and overshoot the neighbour's send
+  // (docs/perf.md, "Tensor-parallel waits on the compute thread"); GPT::tp_wait does the same.
   void wait_naming(Work& w, const char* doing, Direction dir, int micro, int chunk) {
     naming(doing, dir, micro, chunk, [&] {
       while (!w.test()) std::this_thread::yield();

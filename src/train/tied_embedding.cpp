@@ -86,7 +86,7 @@ double TiedEmbedding::begin_step(const GPTStage::StepInputs& in) {
     order_->fill(GPTStage::first_sample(in, m), in.micro_batch, tokens_.data(), targets_.data());
     rows_->mark(tokens_.data(), tokens);
   }
-  // Note [One thread per communicator] (trident/grad_reducer.h): the compute thread may use dp
+  // Note [One thread per communicator] (trident/comm.h): the compute thread may use dp
   // here, the reducer's thread being idle between the last step's finish() and this step's
   // last backward. Every rank of dp has the sink or none does (same deck, same stage).
   const OpRecord span = rows_->unite(grid_->dp());

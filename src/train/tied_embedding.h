@@ -37,8 +37,8 @@ class TiedEmbedding {
                 size_t bucket_bytes, GPTOptions& options);
 
   // For DataParallel::lay_out: in the stage's parameter list (ready order), wte's index, the
-  // row pieces it is reported in, and whether it needs a bucket of its own (Note [Padded
-  // buckets]: with pp > 1 its shard must be the same slice of wte on both stages).
+  // row pieces it is reported in, and whether it needs a bucket of its own
+  // (Note [Padded buckets]: with pp > 1 its shard must be the same slice of wte on both stages).
   int wte_index(const std::vector<ParamInfo>& params) const;
   const std::vector<int>& piece_rows() const { return piece_rows_; }
   bool needs_own_bucket() const { return pp_size_ > 1; }
@@ -47,9 +47,9 @@ class TiedEmbedding {
   void attach(GPT& model, DataParallel* dp, ProcessGrid* grid, const SampleOrder& order,
               TraceWriter* trace, long tokens_per_step);
 
-  // Before the step's pipeline: with the row sink, the step's rows united over dp (Note [Step
-  // row set]); returns that collective's milliseconds (0 without the sink), which nothing
-  // overlaps. Every rank of dp calls it at the same point.
+  // Before the step's pipeline: with the row sink, the step's rows united over dp
+  // (Note [Step row set]); returns that collective's milliseconds (0 without the sink), which
+  // nothing overlaps. Every rank of dp calls it at the same point.
   double begin_step(const GPTStage::StepInputs& in);
   // The row sink for a micro-batch's backward, its row map filled from `inputs` (the
   // micro-batch's tokens); null without the sink (Note [Tied embedding gradient]).

@@ -179,7 +179,7 @@ TEST(Pipeline, UnevenStageLayers) {
 }
 
 TEST(Pipeline, ValidationEqualsOneRank) {
-  // Forward-only through the stages (Trainer::validation_forward), dealt over dp.
+  // Forward-only through the stages (run_pipeline_forward), dealt over dp.
   const int world = world_size();
   const int pp = 2, dp = world / pp;
   auto be = make_cpu_backend(1);

@@ -8,7 +8,7 @@
 //                     arithmetic does somewhere; the network's share is a model, printed at
 //                     start (it cannot be measured with one process).
 //   UnionArithmetic   the emulation's share of LocalUnion: ORing the other dp−1 bitmaps;
-//   RowIndex*/dp      before_backward's token → row lookup for one micro-batch: a binary
+//   RowIndex*/dp      TiedEmbedding::sink's token → row lookup for one micro-batch: a binary
 //                     search, and the dense index the trainer uses.
 // Tokens are uniform over the vocabulary (the most distinct rows per step: the worst case for
 // listing and zeroing rows). Validates first: both ways give the same rows at every dp.
@@ -173,7 +173,7 @@ void BM_UnionArithmetic(benchmark::State& state) {
   }
 }
 
-// before_backward for one micro-batch of rank 0, against the dp-wide row set.
+// TiedEmbedding::sink for one micro-batch of rank 0, against the dp-wide row set.
 void row_index_setup(int dp, StepRowSet& set, std::vector<int32_t>& tokens) {
   const UniformTokens data(kDatasetTokens);
   SampleOrder order(data, kT, false, 0);
