@@ -5,7 +5,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake ninja-build pkg-config
+  build-essential cmake ninja-build pkg-config clang-format
   libopenmpi-dev openmpi-bin libhdf5-openmpi-dev
   libeigen3-dev libopenblas-dev libyaml-cpp-dev
   libgtest-dev libbenchmark-dev libcli11-dev libfmt-dev nlohmann-json3-dev
