@@ -123,9 +123,9 @@ __global__ void slice_bwd_wte_kernel(float* __restrict__ dwte_slice,
 #pragma unroll
         for (int r = 0; r < kWteInFlight; ++r)
           x[r] = dout[size_t(tile_rows[min(i + r, n - 1)]) * C + c_load];
-        // Skipped, not added as 0: -0.0f + 0.0f is +0.0f, which the CPU would not produce.
 #pragma unroll
         for (int r = 0; r < kWteInFlight; ++r)
+          // Skipped, not added as 0: -0.0f + 0.0f is +0.0f, which the CPU would not produce.
           if (i + r < n) acc += x[r];
       }
     }

@@ -254,7 +254,8 @@ class MpiWork;  // one MpiComm operation (src/comm/mpi_comm.cpp)
 class MpiComm : public Communicator {
  public:
   // Takes ownership of `comm` (freed on destruction) unless it is MPI_COMM_WORLD/SELF.
-  // Sets MPI_ERRORS_RETURN on an owned one, so a failing call becomes an Error naming file, line, rank.
+  // Sets MPI_ERRORS_RETURN on an owned one, so a failing call becomes an Error naming file,
+  // line and rank.
   MpiComm(MPI_Comm comm, std::string name);
   static std::unique_ptr<MpiComm> duplicate(MPI_Comm parent, std::string name);
   MpiComm(const MpiComm&) = delete;

@@ -151,9 +151,9 @@ struct PipelineStats {
 // forward_inputs(m) is asked for, and received into, from when micro-batch m − k has been
 // through its whole backward and its backward send completed (from the start for m < k);
 // backward_inputs(m) from when forward(m) returned. The tensor lists a stage never has (first
-// stage's inputs, last stage's outputs) are not asked for. With stages == 1 nothing is sent and pp is not used. After an Error the pp
-// communicator may hold unmatched messages (a neighbour then ends at the comm timeout): end
-// the program, as the app does on any error.
+// stage's inputs, last stage's outputs) are not asked for. With stages == 1 nothing is sent
+// and pp is not used. After an Error the pp communicator may hold unmatched messages (a
+// neighbour then ends at the comm timeout): end the program, as the app does on any error.
 PipelineStats run_pipeline(PipeSchedule schedule, Communicator& pp, int stages, int stage,
                            int micro_batches, PipelineStage& model, int chunks = 1);
 // Forward only (validation): forward(m) for m = 0 .. micro_batches − 1 on every chunk, with the

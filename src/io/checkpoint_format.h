@@ -92,9 +92,9 @@ std::string hdf5_error_text();
 
 }  // namespace trident::ckpt
 
-// TRIDENT_H5(call, fmt, args...): an HDF5 call returning hid_t/herr_t/htri_t/ssize_t, negative on
-// failure; throws trident::Error naming what was being done, the call, HDF5's reason, file and line.
-// The message arguments are only formatted on failure.
+// TRIDENT_H5(call, fmt, args...): an HDF5 call returning hid_t/herr_t/htri_t/ssize_t, negative
+// on failure; throws trident::Error naming what was being done, the call, HDF5's reason, file
+// and line. The message arguments are only formatted on failure.
 #define TRIDENT_H5(call, ...)                                                        \
   ([&]() {                                                                           \
     auto trident_h5_rc_ = (call);                                                    \

@@ -19,7 +19,10 @@ namespace {
 // A Field for `deck.*Section.*Member`; the unary + turns the captureless lambda into a pointer.
 template <auto Section, auto Member>
 Field at() {
+  // clang-format 14 reads this unary + as a binary one and would write `Deck & d`.
+  // clang-format off
   return +[](Deck& d) -> auto& { return (d.*Section).*Member; };
+  // clang-format on
 }
 
 constexpr Bound ge(double v) { return {v, false}; }
@@ -30,6 +33,8 @@ constexpr Bound lt(double v) { return {v, true}; }
 // The schema. Defaults are not repeated here: they are the initializers in trident/deck.h, read
 // through `field` from a default-constructed Deck.
 const std::vector<Key>& table() {
+  // One key to a row: clang-format would give each designated initializer a line of its own.
+  // clang-format off
   static const std::vector<Key> rows = {
       {.name = "model.layers", .field = at<&Deck::model, &ModelConfig::layers>(), .min = ge(1),
        .help = "transformer blocks"},
@@ -59,12 +64,15 @@ const std::vector<Key>& table() {
        .help = "learning-rate schedule after warm-up"},
       {.name = "train.recompute", .field = at<&Deck::train, &TrainConfig::recompute>(),
        .text = Text::kEnum, .choices = {"none", "mlp", "full"},
-       .help = "activation recomputation in backward: none, the MLP's hidden activations, or full blocks"},
+       .help = "activation recomputation in backward: none, the MLP's hidden activations, or "
+               "full blocks"},
       {.name = "train.nonfinite", .field = at<&Deck::train, &TrainConfig::nonfinite>(),
        .text = Text::kEnum, .choices = {"stop", "skip"},
-       .help = "a step whose loss or gradient norm is not finite: stop the run, or skip its update"},
+       .help = "a step whose loss or gradient norm is not finite: stop the run, or skip its "
+               "update"},
       {.name = "train.max_skips", .field = at<&Deck::train, &TrainConfig::max_skips>(),
-       .min = ge(1), .help = "with train.nonfinite skip: stop after this many skipped steps in a row"},
+       .min = ge(1),
+       .help = "with train.nonfinite skip: stop after this many skipped steps in a row"},
       {.name = "train.stop_at", .field = at<&Deck::train, &TrainConfig::stop_at>(), .min = ge(0),
        .help = "end after this step with a checkpoint, schedule unchanged (a time limit); 0: no"},
       {.name = "train.warmup_steps", .field = at<&Deck::train, &TrainConfig::warmup_steps>(),
@@ -133,7 +141,8 @@ const std::vector<Key>& table() {
       {.name = "parallel.virtual_stages",
        .field = at<&Deck::parallel, &ParallelConfig::virtual_stages>(), .min = ge(1),
        .help = "model chunks per pipeline stage (parallel.schedule interleaved); 1 otherwise"},
-      {.name = "parallel.stage_layers", .field = at<&Deck::parallel, &ParallelConfig::stage_layers>(),
+      {.name = "parallel.stage_layers",
+       .field = at<&Deck::parallel, &ParallelConfig::stage_layers>(),
        .help = "blocks per pipeline stage, comma-separated (e.g. \"3,1\"); with "
                "parallel.virtual_stages, per virtual stage (chunk·pp + stage); empty: balanced"},
       {.name = "parallel.zero", .field = at<&Deck::parallel, &ParallelConfig::zero>(), .min = ge(0),
@@ -168,7 +177,8 @@ const std::vector<Key>& table() {
                "and on the CPU (MPI)"},
 
       {.name = "checkpoint.dir", .field = at<&Deck::checkpoint, &CheckpointConfig::dir>(),
-       .text = Text::kPath, .help = "checkpoint directory (step_NNNNNNNN/ and latest); empty: none"},
+       .text = Text::kPath,
+       .help = "checkpoint directory (step_NNNNNNNN/ and latest); empty: none"},
       {.name = "checkpoint.every", .field = at<&Deck::checkpoint, &CheckpointConfig::every>(),
        .min = ge(0), .help = "save every N steps; 0: only at the end"},
       {.name = "checkpoint.keep", .field = at<&Deck::checkpoint, &CheckpointConfig::keep>(),
@@ -177,6 +187,7 @@ const std::vector<Key>& table() {
        .text = Text::kEnum, .choices = {"false", "true", "auto"},
        .help = "continue from checkpoint.dir/latest: true (refuse if none), auto (if any)"},
   };
+  // clang-format on
   return rows;
 }
 

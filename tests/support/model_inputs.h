@@ -1,5 +1,6 @@
-// Models and inputs for the model tests: the bf16 tests' small model, token ids drawn uniformly from the vocabulary, and one training
-// micro-step (zeroed gradients, forward with targets, backward).
+// Models and inputs for the model tests: the bf16 tests' small model, token ids drawn uniformly
+// from the vocabulary, and one training micro-step (zeroed gradients, forward with targets,
+// backward).
 #pragma once
 
 #include <cstdint>
