@@ -80,11 +80,10 @@ class GraphBuilder {
  public:
   explicit GraphBuilder(Descriptors& descs) : descs_(descs) {}
 
-  cudnnBackendDescriptor_t tensor(int64_t uid, cudnnDataType_t type, const Dims& dims,
-                                  const Dims& strides, bool is_virtual = false,
-                                  bool by_value = false,
-                                  cudnnBackendTensorReordering_t reorder =
-                                      CUDNN_TENSOR_REORDERING_NONE) {
+  cudnnBackendDescriptor_t tensor(
+      int64_t uid, cudnnDataType_t type, const Dims& dims, const Dims& strides,
+      bool is_virtual = false, bool by_value = false,
+      cudnnBackendTensorReordering_t reorder = CUDNN_TENSOR_REORDERING_NONE) {
     cudnnBackendDescriptor_t t = descs_.make(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
     const int64_t alignment = 16;
     set(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type);
@@ -112,10 +111,9 @@ class GraphBuilder {
   }
 
   // y = mode(x[, b[, t]]); `axis` only for GEN_INDEX.
-  void pointwise(cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t x,
-                 cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t t,
-                 cudnnBackendDescriptor_t y, cudnnDataType_t math = CUDNN_DATA_FLOAT,
-                 int64_t axis = -1) {
+  void pointwise(cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b,
+                 cudnnBackendDescriptor_t t, cudnnBackendDescriptor_t y,
+                 cudnnDataType_t math = CUDNN_DATA_FLOAT, int64_t axis = -1) {
     cudnnBackendDescriptor_t pw = descs_.make(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
     set(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
     set(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &math);
@@ -138,8 +136,7 @@ class GraphBuilder {
     return y;
   }
 
-  void matmul(cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b,
-              cudnnBackendDescriptor_t c) {
+  void matmul(cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c) {
     cudnnBackendDescriptor_t mm = descs_.make(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
     const cudnnDataType_t compute = CUDNN_DATA_FLOAT;
     set(mm, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &compute);
@@ -197,7 +194,20 @@ class GraphBuilder {
 
 // Tensor uids bound at execution.
 enum Uid : int64_t {
-  kQ = 1, kK, kV, kO, kStats, kScale, kMaskValue, kOne, kdO, kdQ, kdK, kdV, kdQAccum, kDsum
+  kQ = 1,
+  kK,
+  kV,
+  kO,
+  kStats,
+  kScale,
+  kMaskValue,
+  kOne,
+  kdO,
+  kdQ,
+  kdK,
+  kdV,
+  kdQAccum,
+  kDsum
 };
 
 int64_t align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
@@ -206,7 +216,7 @@ int64_t align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
 struct Plan {
   Descriptors descs;
   cudnnBackendDescriptor_t plan = nullptr;
-  int64_t workspace = 0;      // cuDNN's own
+  int64_t workspace = 0;       // cuDNN's own
   int64_t dq_accum_bytes = 0;  // backward: the fp32 dQ accumulator placed after it
   int64_t dsum_bytes = 0;      // backward: the fp32 row sums Σ dO⊙O, after the accumulator
   bool uses_one = false;       // backward: binds the ·1 scalar (kOne)
@@ -243,8 +253,8 @@ void choose_plan(Plan& p, cudnnHandle_t handle, cudnnBackendDescriptor_t graph) 
       set_desc(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, configs[i]);
       const cudnnStatus_t status = cudnnBackendFinalize(plan);  // "no" is an answer here
       if (status != CUDNN_STATUS_SUCCESS) {
-        reasons += fmt::format(" config {}: {} {};", i, cudnnGetErrorString(status),
-                               last_cudnn_error());
+        reasons +=
+            fmt::format(" config {}: {} {};", i, cudnnGetErrorString(status), last_cudnn_error());
         continue;
       }
       TRIDENT_CUDNN(cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
@@ -260,18 +270,17 @@ void choose_plan(Plan& p, cudnnHandle_t handle, cudnnBackendDescriptor_t graph) 
 struct Shape {
   int64_t B, T, C, NH, HS;
   Dims qkv_dims() const { return {B, NH, T, HS}; }
-  Dims qkv_strides() const { return {T * 3 * C, HS, 3 * C, 1}; }     // q, k, v and dq, dk, dv
-  Dims qkv_t_strides() const { return {T * 3 * C, HS, 1, 3 * C}; }   // kᵀ, vᵀ: [B,NH,HS,T]
-  Dims out_strides() const { return {T * C, HS, C, 1}; }             // o, do
+  Dims qkv_strides() const { return {T * 3 * C, HS, 3 * C, 1}; }    // q, k, v and dq, dk, dv
+  Dims qkv_t_strides() const { return {T * 3 * C, HS, 1, 3 * C}; }  // kᵀ, vᵀ: [B,NH,HS,T]
+  Dims out_strides() const { return {T * C, HS, C, 1}; }            // o, do
   Dims scores() const { return {B, NH, T, T}; }
   Dims rows() const { return {B, NH, T, 1}; }
 };
 
 // scale·Q·Kᵀ with the causal mask applied (masked entries hold the lowest float, as cuDNN's
 // own attention graphs do, so that exp gives 0 without inf arithmetic).
-cudnnBackendDescriptor_t masked_scores(GraphBuilder& g, const Shape& s,
-                                       cudnnBackendDescriptor_t q, cudnnBackendDescriptor_t kt,
-                                       cudnnBackendDescriptor_t scale,
+cudnnBackendDescriptor_t masked_scores(GraphBuilder& g, const Shape& s, cudnnBackendDescriptor_t q,
+                                       cudnnBackendDescriptor_t kt, cudnnBackendDescriptor_t scale,
                                        cudnnBackendDescriptor_t mask_value) {
   cudnnBackendDescriptor_t raw = g.virt(CUDNN_DATA_FLOAT, s.scores());
   g.matmul(q, kt, raw);
@@ -323,11 +332,11 @@ void build_forward(Plan& p, cudnnHandle_t handle, const Shape& s) {
 // Note [cuDNN SDPA graph]).
 struct BackwardVariant {
   const char* name;
-  bool real_dsum;      // Σ dO⊙O in the workspace (else virtual)
-  bool one_after_sum;  // a ·1 node between the row sum's reduction and its use
-  bool one_after_dp;   // a ·1 node after dO·Vᵀ
-  bool accumulator;    // dQ through an fp32 accumulator in the workspace
-  bool reorder_f16x16; // that accumulator with CUDNN_TENSOR_REORDERING_F16x16
+  bool real_dsum;       // Σ dO⊙O in the workspace (else virtual)
+  bool one_after_sum;   // a ·1 node between the row sum's reduction and its use
+  bool one_after_dp;    // a ·1 node after dO·Vᵀ
+  bool accumulator;     // dQ through an fp32 accumulator in the workspace
+  bool reorder_f16x16;  // that accumulator with CUDNN_TENSOR_REORDERING_F16x16
 };
 constexpr BackwardVariant kBackwardVariants[] = {
     {"frontend's (row sum ·1 into a real fp32 tensor, fp32 dQ accumulator)", true, true, false,
@@ -357,8 +366,8 @@ void build_backward(Plan& p, cudnnHandle_t handle, const Shape& s, const Backwar
   const Dims transposed_scores_strides = {s.NH * s.T * s.T, s.T * s.T, 1, s.T};
 
   // Dsum = rowsum(dO ⊙ O)
-  auto do_o = g.virt(CUDNN_DATA_FLOAT, s.qkv_dims(),
-                     {s.NH * s.T * s.HS, s.T * s.HS, s.NH * s.HS, 1});
+  auto do_o =
+      g.virt(CUDNN_DATA_FLOAT, s.qkv_dims(), {s.NH * s.T * s.HS, s.T * s.HS, s.NH * s.HS, 1});
   g.pointwise(CUDNN_POINTWISE_MUL, dout, o, nullptr, do_o);
   cudnnBackendDescriptor_t dsum;
   if (v.real_dsum) {
@@ -381,10 +390,8 @@ void build_backward(Plan& p, cudnnHandle_t handle, const Shape& s, const Backwar
 
   // P = exp(masked scores − Stats); dV = Pᵀ·dO
   auto masked = masked_scores(g, s, q, kt, scale, mask_value);
-  auto shifted = g.pointwise_new(CUDNN_POINTWISE_SUB, masked, stats, CUDNN_DATA_FLOAT,
-                                 s.scores());
-  auto probs = g.pointwise_new(CUDNN_POINTWISE_EXP, shifted, nullptr, CUDNN_DATA_FLOAT,
-                               s.scores());
+  auto shifted = g.pointwise_new(CUDNN_POINTWISE_SUB, masked, stats, CUDNN_DATA_FLOAT, s.scores());
+  auto probs = g.pointwise_new(CUDNN_POINTWISE_EXP, shifted, nullptr, CUDNN_DATA_FLOAT, s.scores());
   auto probs_t = g.virt(CUDNN_DATA_BFLOAT16, s.scores(), transposed_scores_strides);
   g.reshape(probs, probs_t);
   g.matmul(probs_t, dout, dv);
@@ -405,10 +412,9 @@ void build_backward(Plan& p, cudnnHandle_t handle, const Shape& s, const Backwar
   auto k = g.virt(CUDNN_DATA_BFLOAT16, s.qkv_dims(), s.qkv_strides());
   g.reshape(kt, k);
   if (v.accumulator) {
-    auto accum = g.tensor(kdQAccum, CUDNN_DATA_FLOAT, s.qkv_dims(), packed_strides(s.qkv_dims()),
-                          false, false,
-                          v.reorder_f16x16 ? CUDNN_TENSOR_REORDERING_F16x16
-                                           : CUDNN_TENSOR_REORDERING_NONE);
+    auto accum = g.tensor(
+        kdQAccum, CUDNN_DATA_FLOAT, s.qkv_dims(), packed_strides(s.qkv_dims()), false, false,
+        v.reorder_f16x16 ? CUDNN_TENSOR_REORDERING_F16x16 : CUDNN_TENSOR_REORDERING_NONE);
     g.matmul(ds, k, accum);
     g.pointwise(CUDNN_POINTWISE_IDENTITY, accum, nullptr, nullptr, dq);
     p.dq_accum_bytes = s.B * s.NH * s.T * s.HS * int64_t(sizeof(float));
@@ -438,7 +444,7 @@ struct CudnnAttention::Impl {
     if (!inserted) return e;
     if (B <= 0 || T <= 0 || NH <= 0 || C % NH != 0 || (C / NH) % 8 != 0) {
       e.why = fmt::format("cuDNN SDPA graph not built: shape B={} T={} C={} "
-                                       "NH={} needs a head size that is a multiple of 8",
+                          "NH={} needs a head size that is a multiple of 8",
                           B, T, C, NH);
       return e;
     }
@@ -458,11 +464,12 @@ struct CudnnAttention::Impl {
           break;
         } catch (const Error& refused) {
           e.backward.reset();
-          refusals += fmt::format("{}[{}: {}]", refusals.empty() ? "" : "; ", v.name,
-                                  refused.what());
+          refusals +=
+              fmt::format("{}[{}: {}]", refusals.empty() ? "" : "; ", v.name, refused.what());
         }
       }
-      if (!e.backward) throw Error("every backward graph refused: " + refusals, ExitCode::kInternal);
+      if (!e.backward)
+        throw Error("every backward graph refused: " + refusals, ExitCode::kInternal);
       e.backward_refusals = refusals;
       e.ok = true;
     } catch (const Error& err) {
@@ -540,8 +547,8 @@ bool CudnnAttention::supported(int B, int T, int C, int NH, std::string* why) {
   return e.ok;
 }
 
-void CudnnAttention::forward(bf16* out, float* stats, const bf16* qkv, int B, int T, int C,
-                             int NH, cudaStream_t stream) {
+void CudnnAttention::forward(bf16* out, float* stats, const bf16* qkv, int B, int T, int C, int NH,
+                             cudaStream_t stream) {
   const Impl::Entry& e = impl_->require(B, T, C, NH);
   // By-value scalars are read from host memory when the call is enqueued.
   float scale = 1.0f / std::sqrt(float(C / NH)), mask_value = std::numeric_limits<float>::lowest();
@@ -558,9 +565,17 @@ void CudnnAttention::backward(bf16* dqkv, const bf16* dout, const bf16* qkv, con
         one = 1.0f;
   bf16* q = const_cast<bf16*>(qkv);
   std::vector<int64_t> uids = {kQ, kK, kV, kO, kdO, kStats, kdQ, kdK, kdV, kScale, kMaskValue};
-  std::vector<void*> ptrs = {q, q + C, q + 2 * size_t(C), const_cast<bf16*>(out),
-                             const_cast<bf16*>(dout), const_cast<float*>(stats), dqkv, dqkv + C,
-                             dqkv + 2 * size_t(C), &scale, &mask_value};
+  std::vector<void*> ptrs = {q,
+                             q + C,
+                             q + 2 * size_t(C),
+                             const_cast<bf16*>(out),
+                             const_cast<bf16*>(dout),
+                             const_cast<float*>(stats),
+                             dqkv,
+                             dqkv + C,
+                             dqkv + 2 * size_t(C),
+                             &scale,
+                             &mask_value};
   if (e.backward->uses_one) uids.push_back(kOne), ptrs.push_back(&one);
   impl_->execute(*e.backward, std::move(uids), std::move(ptrs), stream);
 }

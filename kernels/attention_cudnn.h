@@ -29,8 +29,8 @@ class CudnnAttention {
   void forward(bf16* out, float* stats, const bf16* qkv, int B, int T, int C, int NH,
                cudaStream_t stream);
   // dqkv [B,T,3C] bf16 (assign).
-  void backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
-                const float* stats, int B, int T, int C, int NH, cudaStream_t stream);
+  void backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out, const float* stats,
+                int B, int T, int C, int NH, cudaStream_t stream);
 
  private:
   struct Impl;

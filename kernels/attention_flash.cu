@@ -47,8 +47,8 @@ __device__ void load_rows(float* tile, const float* src, size_t stride, int row0
 
 // acc[i][j] = Σ_d A[ty·RM+i][d] · B[tx+16j][d] for two [TILE, HS+1] tiles.
 template <int HS, int TILE>
-__device__ void dot_tile(float (&acc)[TILE / 16][TILE / 16], const float* A, const float* B,
-                         int ty, int tx) {
+__device__ void dot_tile(float (&acc)[TILE / 16][TILE / 16], const float* A, const float* B, int ty,
+                         int tx) {
   constexpr int LD = HS + 1, RM = TILE / 16;
 #pragma unroll
   for (int i = 0; i < RM; ++i)
@@ -186,8 +186,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // D[bh, t] = Σ_d dout·out over one head's row; one warp per row.
-__global__ void attention_rowdot_kernel(float* D, const float* dout, const float* out, int B,
-                                        int T, int C, int NH) {
+__global__ void attention_rowdot_kernel(float* D, const float* dout, const float* out, int B, int T,
+                                        int C, int NH) {
   const int HS = C / NH;
   const size_t rows = size_t(B) * NH * T;
   const size_t warps = size_t(gridDim.x) * blockDim.x / kWarp;
@@ -252,8 +252,7 @@ __device__ void probs_and_dscores(const BwdTiles<HS, TILE>& s, int q0, int k0, i
     for (int j = 0; j < RM; ++j) {
       const int r = ty * RM + i, c = tx + 16 * j;
       const int query = q0 + r, key = k0 + c;
-      const float p =
-          (key <= query && query < T) ? exp2f(sc[i][j] * scale_log2 - s.lse2[r]) : 0.0f;
+      const float p = (key <= query && query < T) ? exp2f(sc[i][j] * scale_log2 - s.lse2[r]) : 0.0f;
       s.Ps[r * SLD + c] = p;
       s.dSs[r * SLD + c] = p * (dp[i][j] - s.Drow[r]);
     }
@@ -263,8 +262,7 @@ __device__ void probs_and_dscores(const BwdTiles<HS, TILE>& s, int q0, int k0, i
 template <int HS, int TILE>
 __global__ void __launch_bounds__(kThreads)
     attention_bwd_dkdv_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
-                              const float* D, int T, int C, int NH, float scale,
-                              float scale_log2) {
+                              const float* D, int T, int C, int NH, float scale, float scale_log2) {
   constexpr int LD = HS + 1, SLD = TILE + 1, RM = TILE / 16, CM = HS / 16;
   extern __shared__ float smem[];
   const BwdTiles<HS, TILE> s(smem);
@@ -287,8 +285,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int qt = kt; qt < n_tiles; ++qt) {
     const int q0 = qt * TILE;
     __syncthreads();  // the previous query tile is no longer read
-    load_query_side<HS, TILE>(s, q_base, do_base, lse + size_t(bh) * T, D + size_t(bh) * T, q0,
-                              T, C);
+    load_query_side<HS, TILE>(s, q_base, do_base, lse + size_t(bh) * T, D + size_t(bh) * T, q0, T,
+                              C);
     __syncthreads();
     probs_and_dscores<HS, TILE>(s, q0, k0, T, scale_log2, ty, tx);
     __syncthreads();
@@ -341,8 +339,7 @@ __global__ void __launch_bounds__(kThreads)
   const float* q_base = qkv + size_t(b) * T * stride + size_t(h) * HS;
   const float* do_base = dout + size_t(b) * T * C + size_t(h) * HS;
 
-  load_query_side<HS, TILE>(s, q_base, do_base, lse + size_t(bh) * T, D + size_t(bh) * T, q0, T,
-                            C);
+  load_query_side<HS, TILE>(s, q_base, do_base, lse + size_t(bh) * T, D + size_t(bh) * T, q0, T, C);
   float dq[RM][CM];  // rows: queries ty·RM+i
 #pragma unroll
   for (int i = 0; i < RM; ++i)
@@ -392,14 +389,14 @@ void forward_hs(float* out, float* lse, const float* qkv, int B, int T, int C, i
   static std::atomic<size_t> allowed{0};
   allow_dynamic_smem(attention_fwd_kernel<HS, TILE>, smem, allowed);
   const dim3 grid(ceil_div(T, TILE), unsigned(B * NH));
-  attention_fwd_kernel<HS, TILE><<<grid, kThreads, smem, stream>>>(out, lse, qkv, T, C, NH,
-                                                                   scale_log2);
+  attention_fwd_kernel<HS, TILE>
+      <<<grid, kThreads, smem, stream>>>(out, lse, qkv, T, C, NH, scale_log2);
   TRIDENT_CUDA_LAUNCHED();
 }
 
 template <int HS>
-void backward_hs(float* dqkv, const float* D, const float* dout, const float* qkv,
-                 const float* lse, int B, int T, int C, int NH, cudaStream_t stream) {
+void backward_hs(float* dqkv, const float* D, const float* dout, const float* qkv, const float* lse,
+                 int B, int T, int C, int NH, cudaStream_t stream) {
   constexpr int TILE = tile_for<HS>();
   const size_t smem = bwd_smem_floats<HS, TILE>() * sizeof(float);
   const float scale = 1.0f / std::sqrt(float(HS));
@@ -407,24 +404,21 @@ void backward_hs(float* dqkv, const float* D, const float* dout, const float* qk
   const dim3 grid(ceil_div(T, TILE), unsigned(B * NH));
   static std::atomic<size_t> allowed_dkdv{0}, allowed_dq{0};
   allow_dynamic_smem(attention_bwd_dkdv_kernel<HS, TILE>, smem, allowed_dkdv);
-  attention_bwd_dkdv_kernel<HS, TILE><<<grid, kThreads, smem, stream>>>(
-      dqkv, dout, qkv, lse, D, T, C, NH, scale, scale_log2);
+  attention_bwd_dkdv_kernel<HS, TILE>
+      <<<grid, kThreads, smem, stream>>>(dqkv, dout, qkv, lse, D, T, C, NH, scale, scale_log2);
   TRIDENT_CUDA_LAUNCHED();
   allow_dynamic_smem(attention_bwd_dq_kernel<HS, TILE>, smem, allowed_dq);
-  attention_bwd_dq_kernel<HS, TILE><<<grid, kThreads, smem, stream>>>(
-      dqkv, dout, qkv, lse, D, T, C, NH, scale, scale_log2);
+  attention_bwd_dq_kernel<HS, TILE>
+      <<<grid, kThreads, smem, stream>>>(dqkv, dout, qkv, lse, D, T, C, NH, scale, scale_log2);
   TRIDENT_CUDA_LAUNCHED();
 }
 
 void check_shape(int B, int T, int C, int NH) {
-  TRIDENT_CHECK(B >= 0 && T >= 0 && NH > 0 && C % NH == 0,
-                "attention shape B={} T={} C={} NH={}",
+  TRIDENT_CHECK(B >= 0 && T >= 0 && NH > 0 && C % NH == 0, "attention shape B={} T={} C={} NH={}",
                 B, T, C, NH);
-  TRIDENT_CHECK(flash_attention_supported(C / NH),
-                "flash attention has no kernel for HS={}",
+  TRIDENT_CHECK(flash_attention_supported(C / NH), "flash attention has no kernel for HS={}",
                 C / NH);
-  TRIDENT_CHECK(size_t(B) * NH <= 65535,
-                "B*NH = {} exceeds the grid's y dimension", B * NH);
+  TRIDENT_CHECK(size_t(B) * NH <= 65535, "B*NH = {} exceeds the grid's y dimension", B * NH);
 }
 
 }  // namespace
@@ -447,15 +441,15 @@ size_t flash_attention_backward_scratch_floats(int B, int T, int C, int NH) {
   return size_t(B) * NH * T;
 }
 
-void flash_attention_backward_cuda(float* dqkv, float* scratch, const float* dout,
-                                   const float* qkv, const float* out, const float* lse, int B,
-                                   int T, int C, int NH, cudaStream_t stream) {
+void flash_attention_backward_cuda(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                                   const float* out, const float* lse, int B, int T, int C, int NH,
+                                   cudaStream_t stream) {
   check_shape(B, T, C, NH);
   if (B == 0 || T == 0) return;
   const size_t rows = size_t(B) * NH * T;
   const int block = 256;
-  attention_rowdot_kernel<<<grid_for(rows * kWarp, block), block, 0, stream>>>(scratch, dout,
-                                                                               out, B, T, C, NH);
+  attention_rowdot_kernel<<<grid_for(rows * kWarp, block), block, 0, stream>>>(scratch, dout, out,
+                                                                               B, T, C, NH);
   TRIDENT_CUDA_LAUNCHED();
   switch (C / NH) {
     case 32: return backward_hs<32>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, stream);

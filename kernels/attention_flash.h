@@ -18,8 +18,8 @@ void flash_attention_forward_cuda(float* out, float* lse, const float* qkv, int 
 // Floats of scratch the backward needs (D = rowsum(dout ⊙ out), [B,NH,T]).
 size_t flash_attention_backward_scratch_floats(int B, int T, int C, int NH);
 // dqkv [B,T,3C] (assign).
-void flash_attention_backward_cuda(float* dqkv, float* scratch, const float* dout,
-                                   const float* qkv, const float* out, const float* lse, int B,
-                                   int T, int C, int NH, cudaStream_t stream);
+void flash_attention_backward_cuda(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                                   const float* out, const float* lse, int B, int T, int C, int NH,
+                                   cudaStream_t stream);
 
 }  // namespace trident::cuda

@@ -22,7 +22,7 @@ __device__ __forceinline__ void online_update(float x, float& m, float& s) {
     s = s * __expf(m - x) + 1.0f;
     m = x;
   } else if (x != -__int_as_float(0x7f800000)) {  // a -inf logit adds 0 (the CPU's exp_fast
-    s += __expf(x - m);                          // too), not exp(-inf - -inf) = NaN
+    s += __expf(x - m);                           // too), not exp(-inf - -inf) = NaN
   }
 }
 
@@ -113,8 +113,7 @@ __global__ void crossentropy_fused_bf16_kernel(float* __restrict__ losses,
   const double sum = block_sum<double>(double(scaled));
   const float inv_sum = float(1.0 / sum);
   const float kNaN = __int_as_float(0x7fc00000);
-  if (threadIdx.x == 0)
-    losses[n] = valid ? float(log(sum) - double(target_logit - row_max)) : kNaN;
+  if (threadIdx.x == 0) losses[n] = valid ? float(log(sum) - double(target_logit - row_max)) : kNaN;
 
   // The forward's p, then the backward's gradient of it, in the same fp32 operations as the two
   // fp32 kernels, rounded once.
@@ -157,8 +156,8 @@ void crossentropy_fused_bf16_cuda(float* losses, bf16* logits_to_dlogits, const 
                 Vp);
   if (N == 0) return;
   TRIDENT_CHECK(losses && logits_to_dlogits && targets, "{}: null pointer", __func__);
-  crossentropy_fused_bf16_kernel<<<unsigned(N), kBlock, 0, stream>>>(
-      losses, logits_to_dlogits, targets, dloss, V, Vp);
+  crossentropy_fused_bf16_kernel<<<unsigned(N), kBlock, 0, stream>>>(losses, logits_to_dlogits,
+                                                                     targets, dloss, V, Vp);
   TRIDENT_CUDA_LAUNCHED();
 }
 

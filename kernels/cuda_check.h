@@ -25,42 +25,42 @@ namespace trident::cuda {
 using bf16 = __nv_bfloat16;
 }  // namespace trident::cuda
 
-#define TRIDENT_CUDA(call)                                                                  \
-  do {                                                                                      \
-    cudaError_t trident_cuda_rc_ = (call);                                                  \
-    if (trident_cuda_rc_ != cudaSuccess)                                                    \
-      ::trident::internal_error(__FILE__, __LINE__,                                         \
-                                ::fmt::format("{} failed: {} ({})", #call,                  \
-                                              cudaGetErrorName(trident_cuda_rc_),           \
-                                              cudaGetErrorString(trident_cuda_rc_)));       \
+#define TRIDENT_CUDA(call)                                                               \
+  do {                                                                                   \
+    cudaError_t trident_cuda_rc_ = (call);                                               \
+    if (trident_cuda_rc_ != cudaSuccess)                                                 \
+      ::trident::internal_error(                                                         \
+          __FILE__, __LINE__,                                                            \
+          ::fmt::format("{} failed: {} ({})", #call, cudaGetErrorName(trident_cuda_rc_), \
+                        cudaGetErrorString(trident_cuda_rc_)));                          \
   } while (0)
 
 // After a kernel launch: a bad launch configuration shows up here, not at the next sync.
 #define TRIDENT_CUDA_LAUNCHED() TRIDENT_CUDA(cudaGetLastError())
 
-#define TRIDENT_CUBLAS(call)                                                                \
-  do {                                                                                      \
-    cublasStatus_t trident_cublas_rc_ = (call);                                             \
-    if (trident_cublas_rc_ != CUBLAS_STATUS_SUCCESS)                                        \
-      ::trident::internal_error(__FILE__, __LINE__,                                         \
-                                ::fmt::format("{} failed: cublas status {}", #call,         \
-                                              int(trident_cublas_rc_)));                    \
+#define TRIDENT_CUBLAS(call)                                                             \
+  do {                                                                                   \
+    cublasStatus_t trident_cublas_rc_ = (call);                                          \
+    if (trident_cublas_rc_ != CUBLAS_STATUS_SUCCESS)                                     \
+      ::trident::internal_error(                                                         \
+          __FILE__, __LINE__,                                                            \
+          ::fmt::format("{} failed: cublas status {}", #call, int(trident_cublas_rc_))); \
   } while (0)
 
-#define TRIDENT_CUDNN(call)                                                                 \
-  do {                                                                                      \
-    cudnnStatus_t trident_cudnn_rc_ = (call);                                               \
-    if (trident_cudnn_rc_ != CUDNN_STATUS_SUCCESS)                                          \
-      ::trident::internal_error(__FILE__, __LINE__,                                         \
-                                ::fmt::format("{} failed: {}", #call,                       \
-                                              cudnnGetErrorString(trident_cudnn_rc_)));     \
+#define TRIDENT_CUDNN(call)                                                               \
+  do {                                                                                    \
+    cudnnStatus_t trident_cudnn_rc_ = (call);                                             \
+    if (trident_cudnn_rc_ != CUDNN_STATUS_SUCCESS)                                        \
+      ::trident::internal_error(                                                          \
+          __FILE__, __LINE__,                                                             \
+          ::fmt::format("{} failed: {}", #call, cudnnGetErrorString(trident_cudnn_rc_))); \
   } while (0)
 
-#define TRIDENT_NCCL(call)                                                                  \
-  do {                                                                                      \
-    ncclResult_t trident_nccl_rc_ = (call);                                                 \
-    if (trident_nccl_rc_ != ncclSuccess && trident_nccl_rc_ != ncclInProgress)              \
-      ::trident::internal_error(__FILE__, __LINE__,                                         \
-                                ::fmt::format("{} failed: {}", #call,                       \
-                                              ncclGetErrorString(trident_nccl_rc_)));       \
+#define TRIDENT_NCCL(call)                                                              \
+  do {                                                                                  \
+    ncclResult_t trident_nccl_rc_ = (call);                                             \
+    if (trident_nccl_rc_ != ncclSuccess && trident_nccl_rc_ != ncclInProgress)          \
+      ::trident::internal_error(                                                        \
+          __FILE__, __LINE__,                                                           \
+          ::fmt::format("{} failed: {}", #call, ncclGetErrorString(trident_nccl_rc_))); \
   } while (0)

@@ -68,8 +68,8 @@ __global__ void gelu_bwd_kernel(float* __restrict__ dinp, const float* __restric
 
 // The bf16 variants (Note [bf16 activations]): bf16 in and out, the same fp32 math, one rounding.
 // The vector path takes four values (two bf16 pairs, 8 bytes) per step.
-__global__ void gelu_fwd_bf16_kernel(bf16* __restrict__ out, const bf16* __restrict__ inp,
-                                     size_t n, bool vec) {
+__global__ void gelu_fwd_bf16_kernel(bf16* __restrict__ out, const bf16* __restrict__ inp, size_t n,
+                                     bool vec) {
   const Range4 r = range4(n, vec);
   for (size_t i = r.start; i < r.n4; i += r.stride) {
     const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(inp) + 2 * i;

@@ -21,7 +21,6 @@ void add_cuda(float* out, const float* a, const float* b, size_t n, cudaStream_t
 
 void cast_f32_to_bf16_cuda(bf16* out, const float* in, size_t n, cudaStream_t stream);
 // out = scale * float(in)
-void cast_bf16_to_f32_cuda(float* out, const bf16* in, float scale, size_t n,
-                           cudaStream_t stream);
+void cast_bf16_to_f32_cuda(float* out, const bf16* in, float scale, size_t n, cudaStream_t stream);
 
 }  // namespace trident::cuda

@@ -26,8 +26,8 @@ inline unsigned grid_for(size_t n, int block, unsigned max_blocks = 132 * 16) {
 template <typename Kernel>
 void allow_dynamic_smem(Kernel kernel, size_t bytes, std::atomic<size_t>& allowed) {
   if (bytes <= allowed.load(std::memory_order_acquire)) return;
-  TRIDENT_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    int(bytes)));
+  TRIDENT_CUDA(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
   allowed.store(bytes, std::memory_order_release);
 }
 

@@ -159,8 +159,9 @@ void layernorm_forward(Out* out, float* mean, float* rstd, const float* inp, con
   const size_t smem = size_t(kRowsPerBlock) * C * sizeof(float);
   static std::atomic<size_t> allowed{0};  // one per instantiation, as the opt-in is per kernel
   allow_smem(layernorm_fwd_kernel<Out>, smem, C, allowed);
-  layernorm_fwd_kernel<Out><<<ceil_div(size_t(N), kRowsPerBlock), kRowsPerBlock * kWarp, smem,
-                              stream>>>(out, mean, rstd, inp, w, b, N, C);
+  layernorm_fwd_kernel<Out>
+      <<<ceil_div(size_t(N), kRowsPerBlock), kRowsPerBlock * kWarp, smem, stream>>>(
+          out, mean, rstd, inp, w, b, N, C);
   TRIDENT_CUDA_LAUNCHED();
 }
 
@@ -177,9 +178,9 @@ void layernorm_backward(float* dinp, bf16* dinp16, float* dw, float* db, float* 
     const size_t smem = size_t(kRowsPerBlock) * 2 * C * sizeof(float);
     static std::atomic<size_t> allowed{0};
     allow_smem(layernorm_bwd_dinp_kernel<Dout, kAdd>, smem, C, allowed);
-    layernorm_bwd_dinp_kernel<Dout, kAdd><<<ceil_div(size_t(N), kRowsPerBlock),
-                                            kRowsPerBlock * kWarp, smem, stream>>>(
-        dinp, dinp16, dout, inp, w, mean, rstd, N, C);
+    layernorm_bwd_dinp_kernel<Dout, kAdd>
+        <<<ceil_div(size_t(N), kRowsPerBlock), kRowsPerBlock * kWarp, smem, stream>>>(
+            dinp, dinp16, dout, inp, w, mean, rstd, N, C);
     TRIDENT_CUDA_LAUNCHED();
   }
   if (!dw && !db) return;
@@ -190,8 +191,8 @@ void layernorm_backward(float* dinp, bf16* dinp16, float* dw, float* db, float* 
   float* partial_db = scratch + size_t(chunks) * C;
   constexpr int kBlock = 256;
   const dim3 grid(ceil_div(size_t(C), kBlock), unsigned(chunks));
-  layernorm_bwd_partial_kernel<Dout><<<grid, kBlock, 0, stream>>>(
-      partial_dw, partial_db, dout, inp, mean, rstd, N, C, rows_per_chunk);
+  layernorm_bwd_partial_kernel<Dout><<<grid, kBlock, 0, stream>>>(partial_dw, partial_db, dout, inp,
+                                                                  mean, rstd, N, C, rows_per_chunk);
   TRIDENT_CUDA_LAUNCHED();
   layernorm_bwd_finish_kernel<<<ceil_div(size_t(C), kBlock), kBlock, 0, stream>>>(
       dw, db, partial_dw, partial_db, chunks, C);
@@ -227,8 +228,8 @@ void layernorm_backward_add_bf16_cuda(float* dresidual, bf16* dresidual16, float
                                       const float* w, const float* mean, const float* rstd, int N,
                                       int C, cudaStream_t stream) {
   TRIDENT_CHECK(N == 0 || dresidual, "{}: null dresidual", __func__);
-  layernorm_backward<bf16, true>(dresidual, dresidual16, dw, db, scratch, dout, inp, w, mean,
-                                 rstd, N, C, stream);
+  layernorm_backward<bf16, true>(dresidual, dresidual16, dw, db, scratch, dout, inp, w, mean, rstd,
+                                 N, C, stream);
 }
 
 }  // namespace trident::cuda

@@ -76,9 +76,9 @@ struct IsRunStart {
   __host__ __device__ bool operator()(int mark) const { return mark >= 0; }
 };
 
-constexpr int kWteBlock = 128;     // channels per block (blockIdx.y chunks), one per thread
+constexpr int kWteBlock = 128;       // channels per block (blockIdx.y chunks), one per thread
 constexpr int kWteTile = kWteBlock;  // row ids staged in shared memory at a time, one per thread
-constexpr int kWteInFlight = 32;   // dout rows loaded together before they are added in order
+constexpr int kWteInFlight = 32;     // dout rows loaded together before they are added in order
 constexpr unsigned kMaxRunBlocks = 1024;  // blockIdx.x; more runs than this are strided over
 static_assert(kWteTile % kWteInFlight == 0, "a batch never straddles two tiles");
 
@@ -90,8 +90,7 @@ static_assert(kWteTile % kWteInFlight == 0, "a batch never straddles two tiles")
 // memory a tile at a time (the next tile's ids load while this one is added), and kWteInFlight
 // rows' loads are issued before their adds, so a frequent token's long run is not bound by one
 // load's latency. Every branch on the run is block-uniform, so the __syncthreads are safe.
-__global__ void slice_bwd_wte_kernel(float* __restrict__ dwte_slice,
-                                     const float* __restrict__ dout,
+__global__ void slice_bwd_wte_kernel(float* __restrict__ dwte_slice, const float* __restrict__ dout,
                                      const uint32_t* __restrict__ sorted_keys,
                                      const int* __restrict__ sorted_rows,
                                      const int* __restrict__ run_starts,
@@ -248,9 +247,9 @@ size_t embedding_backward_scratch_bytes(int N, int vocab_rows) {
   return DwteScratch(N, vocab_rows).total;
 }
 
-void embedding_slice_backward_cuda(float* dwte_slice, float* dwpe, void* scratch,
-                                   const float* dout, const int32_t* tokens, int v0, int v1,
-                                   int B, int T, int C, cudaStream_t stream) {
+void embedding_slice_backward_cuda(float* dwte_slice, float* dwpe, void* scratch, const float* dout,
+                                   const int32_t* tokens, int v0, int v1, int B, int T, int C,
+                                   cudaStream_t stream) {
   TRIDENT_CHECK(B >= 0 && T >= 0 && C >= 0, "{}: B={} T={} C={}", __func__, B, T, C);
   TRIDENT_CHECK(v0 >= 0 && v1 >= v0, "{}: vocabulary slice [{}, {})", __func__, v0, v1);
   const int N = B * T;
@@ -291,17 +290,16 @@ void embedding_slice_backward_cuda(float* dwte_slice, float* dwpe, void* scratch
   // At most min(N, v1 - v0 + 1) runs (the +1: the off-slice rows); how many is known only on
   // the device, so the grid is that bound (capped) and the kernel reads *num_runs.
   const size_t run_bound = std::min(size_t(N), size_t(v1 - v0) + 1);
-  const dim3 grid(unsigned(std::min<size_t>(run_bound, kMaxRunBlocks)), ceil_div(size_t(C), kWteBlock));
-  slice_bwd_wte_kernel<<<grid, kWteBlock, 0, stream>>>(dwte_slice, dout, sorted_keys, sorted_rows,
-                                                       run_starts, num_runs, uint32_t(v1 - v0), N,
-                                                       C);
+  const dim3 grid(unsigned(std::min<size_t>(run_bound, kMaxRunBlocks)),
+                  ceil_div(size_t(C), kWteBlock));
+  slice_bwd_wte_kernel<<<grid, kWteBlock, 0, stream>>>(
+      dwte_slice, dout, sorted_keys, sorted_rows, run_starts, num_runs, uint32_t(v1 - v0), N, C);
   TRIDENT_CUDA_LAUNCHED();
 }
 
 void crossentropy_slice_stats_cuda(float* stats, const float* logits, const int32_t* targets,
                                    int v0, int live, int N, int Vl, cudaStream_t stream) {
-  TRIDENT_CHECK(N >= 0 && live >= 0 && live <= Vl, "{}: N={} live={} Vl={}", __func__, N, live,
-                Vl);
+  TRIDENT_CHECK(N >= 0 && live >= 0 && live <= Vl, "{}: N={} live={} Vl={}", __func__, N, live, Vl);
   if (N == 0) return;
   TRIDENT_CHECK(stats && targets && (logits || Vl == 0), "{}: null pointer", __func__);
   crossentropy_slice_stats_kernel<<<unsigned(N), kBlock, 0, stream>>>(stats, logits, targets, v0,
@@ -309,21 +307,19 @@ void crossentropy_slice_stats_cuda(float* stats, const float* logits, const int3
   TRIDENT_CUDA_LAUNCHED();
 }
 
-void crossentropy_slice_combine_cuda(float* losses, float* logits_to_probs,
-                                     const float* all_stats, int tp, int live, int N, int Vl,
-                                     cudaStream_t stream) {
-  TRIDENT_CHECK(N >= 0 && tp >= 1 && live >= 0 && live <= Vl,
-                "{}: N={} tp={} live={} Vl={}", __func__, N, tp, live, Vl);
+void crossentropy_slice_combine_cuda(float* losses, float* logits_to_probs, const float* all_stats,
+                                     int tp, int live, int N, int Vl, cudaStream_t stream) {
+  TRIDENT_CHECK(N >= 0 && tp >= 1 && live >= 0 && live <= Vl, "{}: N={} tp={} live={} Vl={}",
+                __func__, N, tp, live, Vl);
   if (N == 0) return;
-  TRIDENT_CHECK(losses && all_stats && (logits_to_probs || Vl == 0), "{}: null pointer",
-                __func__);
-  crossentropy_slice_combine_kernel<<<unsigned(N), kBlock, 0, stream>>>(
-      losses, logits_to_probs, all_stats, tp, live, N, Vl);
+  TRIDENT_CHECK(losses && all_stats && (logits_to_probs || Vl == 0), "{}: null pointer", __func__);
+  crossentropy_slice_combine_kernel<<<unsigned(N), kBlock, 0, stream>>>(losses, logits_to_probs,
+                                                                        all_stats, tp, live, N, Vl);
   TRIDENT_CUDA_LAUNCHED();
 }
 
-void crossentropy_slice_backward_cuda(float* probs_to_dlogits, const int32_t* targets,
-                                      float dloss, int v0, int N, int Vl, cudaStream_t stream) {
+void crossentropy_slice_backward_cuda(float* probs_to_dlogits, const int32_t* targets, float dloss,
+                                      int v0, int N, int Vl, cudaStream_t stream) {
   TRIDENT_CHECK(N >= 0 && Vl >= 0, "{}: N={} Vl={}", __func__, N, Vl);
   if (N == 0 || Vl == 0) return;
   TRIDENT_CHECK(probs_to_dlogits && targets, "{}: null pointer", __func__);

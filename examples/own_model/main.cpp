@@ -39,10 +39,10 @@ using namespace own_model;
 struct Options {
   int dp = 0, tp = 1, pp = 1;  // dp 0: world / (tp·pp)
   int blocks = 4, width = 32, hidden = 64;
-  int batch = 32;              // global batch: samples per step over all dp ranks
-  int micro_batches = 4;       // per dp rank and step
+  int batch = 32;         // global batch: samples per step over all dp ranks
+  int micro_batches = 4;  // per dp rank and step
   int steps = 30;
-  float lr = 1.0f;             // SGD on a mean-squared error
+  float lr = 1.0f;  // SGD on a mean-squared error
   std::string schedule = "1f1b";
 };
 
@@ -53,10 +53,10 @@ class MlpStage final : public trident::PipelineStage {
  public:
   MlpStage(const Options& o, const MlpShape& shape, trident::ProcessGrid& grid, int num_blocks,
            float* params, float* grads, trident::GradReducer& reducer)
-      : o_(o), shape_(shape), grid_(grid), num_blocks_(num_blocks),
-        params_(params), grads_(grads), reducer_(reducer),
-        rows_(o.batch / grid.layout().dp / o.micro_batches),
-        tp_{&grid.tp(), grid.layout().tp, grid.coord().tp} {
+      : o_(o), shape_(shape), grid_(grid), num_blocks_(num_blocks), params_(params), grads_(grads),
+        reducer_(reducer),
+        rows_(o.batch / grid.layout().dp / o.micro_batches), tp_{&grid.tp(), grid.layout().tp,
+                                                                 grid.coord().tp} {
     const int stages = grid.layout().pp, stage = grid.coord().pp;
     const auto schedule = trident::parse_pipe_schedule(o.schedule, "--schedule");
     slots_.resize(trident::max_in_flight(schedule, stages, stage, o.micro_batches));
@@ -86,8 +86,8 @@ class MlpStage final : public trident::PipelineStage {
     if (is_last()) {
       // Mean over the global batch (every dp rank's samples): the reducer sums over dp, so
       // each rank's seed carries the 1/dp of the average.
-      const float scale = 1.0f / float(size_t(rows_) * o_.micro_batches * grid_.layout().dp *
-                                       shape_.width);
+      const float scale =
+          1.0f / float(size_t(rows_) * o_.micro_batches * grid_.layout().dp * shape_.width);
       loss_sum += mse_forward_backward(s.dxs.back().data(), s.xs.back().data(), s.y.data(),
                                        s.y.size(), scale);
     }
@@ -125,13 +125,15 @@ class MlpStage final : public trident::PipelineStage {
  private:
   struct Slot {
     std::vector<std::vector<float>> xs, dxs, pre;  // xs[b]: block b's input; xs.back(): output
-    std::vector<float> y;                           // targets (last stage)
+    std::vector<float> y;                          // targets (last stage)
   };
 
   Slot& slot(int m) { return slots_[m % slots_.size()]; }
   bool is_first() const { return grid_.is_first_stage(); }
   bool is_last() const { return grid_.is_last_stage(); }
-  BlockParams params_of(int b) const { return block_at(params_ + block_offset(b), shape_, tp_.size); }
+  BlockParams params_of(int b) const {
+    return block_at(params_ + block_offset(b), shape_, tp_.size);
+  }
   BlockParams grads_of(int b) const { return block_at(grads_ + block_offset(b), shape_, tp_.size); }
 
   trident::StageTensor boundary(const char* name, std::vector<float>& v) {
@@ -226,8 +228,8 @@ static int run(int argc, char** argv) {
   std::vector<trident::GradParam> ready_order;
   for (int r = 0; r < num_blocks; ++r) {  // ready position r holds block num_blocks − 1 − r
     const int b = num_blocks - 1 - r;
-    init_block(block_at(&params[r * per_block], shape, L.tp), first_block + b, shape, L.tp,
-               me.tp, kSeed);
+    init_block(block_at(&params[r * per_block], shape, L.tp), first_block + b, shape, L.tp, me.tp,
+               kSeed);
     size_t offset = r * per_block;
     for (Part p : kParts) {
       const size_t n = part_count(p, shape, L.tp);
@@ -294,9 +296,11 @@ static int run(int argc, char** argv) {
     for (int s = 0; s < o.steps; s += std::max(1, o.steps / 5))
       std::printf("step %3d  loss %.6f  (one rank: %.6f)\n", s, losses[s], ref.losses[s]);
     std::printf("final loss %.6f (one rank %.6f); pipeline wait %.1f ms, exposed dp comm %.1f ms "
-                "(rank 0)\n", losses.back(), ref.losses.back(), pipe_wait_ms, exposed_ms);
+                "(rank 0)\n",
+                losses.back(), ref.losses.back(), pipe_wait_ms, exposed_ms);
     std::printf("max relative difference to one rank: loss %.2e, parameters %.2e (tolerance "
-                "%.0e)%s\n", loss_err, param_err, kTolerance,
+                "%.0e)%s\n",
+                loss_err, param_err, kTolerance,
                 learned ? "" : "; but the loss did not fall by a third");
     std::printf("%s\n", pass ? "PASS" : "FAIL");
   }

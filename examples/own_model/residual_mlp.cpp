@@ -39,7 +39,7 @@ size_t global_index(Part part, size_t local, const MlpShape& s, int tp_size, int
   switch (part) {
     case Part::kW2: return (local / hs) * s.hidden + first + local % hs;  // a column slice
     case Part::kB2: return local;                                         // whole
-    case Part::kW1: return first * s.width + local;                      // a row slice
+    case Part::kW1: return first * s.width + local;                       // a row slice
     case Part::kB1: return first + local;
   }
   return 0;
@@ -99,8 +99,8 @@ void make_sample(float* x, float* y, int width, uint64_t index, uint64_t seed) {
   for (int i = 0; i < width; ++i) y[i] = std::sin(2.0f * x[i]) - 0.5f * x[(i + 1) % width];
 }
 
-void block_forward(float* out, float* pre, const float* x, const BlockParams& p,
-                   const MlpShape& s, int rows, const TensorParallel& tp) {
+void block_forward(float* out, float* pre, const float* x, const BlockParams& p, const MlpShape& s,
+                   int rows, const TensorParallel& tp) {
   const int D = s.width, H = s.hidden / tp.size;
   for (int n = 0; n < rows; ++n) {
     const float* xn = x + size_t(n) * D;
@@ -158,8 +158,7 @@ void block_backward(float* dx, const BlockParams& g, const float* dout, const fl
   for (size_t i = 0; i < size_t(rows) * D; ++i) dx[i] += dout[i];  // the residual path
 }
 
-double mse_forward_backward(float* dout, const float* out, const float* y, size_t n,
-                            float scale) {
+double mse_forward_backward(float* dout, const float* out, const float* y, size_t n, float scale) {
   double loss = 0;
   for (size_t i = 0; i < n; ++i) {
     const float d = out[i] - y[i];
@@ -169,14 +168,14 @@ double mse_forward_backward(float* dout, const float* out, const float* y, size_
   return loss * scale;
 }
 
-Reference train_reference(const MlpShape& s, int global_batch, int steps, float lr,
-                          uint64_t seed) {
+Reference train_reference(const MlpShape& s, int global_batch, int steps, float lr, uint64_t seed) {
   const size_t per_block = block_param_count(s, 1), D = s.width, H = s.hidden;
   const size_t rows = global_batch;
   Reference ref;
   ref.params.resize(per_block * s.blocks);
   std::vector<float> grads(ref.params.size());
-  for (int b = 0; b < s.blocks; ++b) init_block(block_at(&ref.params[b * per_block], s, 1), b, s, 1, 0, seed);
+  for (int b = 0; b < s.blocks; ++b)
+    init_block(block_at(&ref.params[b * per_block], s, 1), b, s, 1, 0, seed);
   // xs[b]: block b's input (xs[blocks] the output); pre[b]; dxs[b]: the gradient of xs[b].
   std::vector<std::vector<float>> xs(s.blocks + 1, std::vector<float>(rows * D));
   std::vector<std::vector<float>> pre(s.blocks, std::vector<float>(rows * H));
@@ -188,8 +187,8 @@ Reference train_reference(const MlpShape& s, int global_batch, int steps, float 
     for (int b = 0; b < s.blocks; ++b)
       block_forward(xs[b + 1].data(), pre[b].data(), xs[b].data(),
                     block_at(&ref.params[b * per_block], s, 1), s, int(rows), {});
-    ref.losses.push_back(mse_forward_backward(dxs[s.blocks].data(), xs[s.blocks].data(),
-                                              y.data(), rows * D, 1.0f / float(rows * D)));
+    ref.losses.push_back(mse_forward_backward(dxs[s.blocks].data(), xs[s.blocks].data(), y.data(),
+                                              rows * D, 1.0f / float(rows * D)));
     std::fill(grads.begin(), grads.end(), 0.0f);
     for (int b = s.blocks - 1; b >= 0; --b)
       block_backward(dxs[b].data(), block_at(&grads[b * per_block], s, 1), dxs[b + 1].data(),

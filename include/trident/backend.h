@@ -40,8 +40,8 @@ class Backend {
   virtual void encoder_forward(float* out, const int32_t* tokens, const float* wte,
                                const float* wpe, int B, int T, int C) = 0;
   // dwte[tok,:] += dout[b,t,:]; dwpe[t,:] += sum_b dout[b,t,:]. Either pointer may be null.
-  virtual void encoder_backward(float* dwte, float* dwpe, const float* dout,
-                                const int32_t* tokens, int B, int T, int C) = 0;
+  virtual void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                                int B, int T, int C) = 0;
 
   // LayerNorm over the last dim (eps 1e-5); mean and rstd [N] are saved for backward.
   virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
@@ -63,8 +63,8 @@ class Backend {
   // dout + r (rows ld floats apart, ld = the layer's OC): dw[rows,C] += doutᵀ · inp, each element
   // the same dot product over the N rows (Note [Head gradient in pieces], trident/buckets.h).
   // Host backends only: the trainer asks for pieces only there.
-  virtual void matmul_backward_weight_rows(float* dw, const float* dout, int ld,
-                                           const float* inp, int N, int C, int rows) {
+  virtual void matmul_backward_weight_rows(float* dw, const float* dout, int ld, const float* inp,
+                                           int N, int C, int rows) {
     (void)dw, (void)dout, (void)ld, (void)inp, (void)N, (void)C, (void)rows;
     internal_error(__FILE__, __LINE__, "matmul_backward_weight_rows: not on this backend");
   }
@@ -75,9 +75,9 @@ class Backend {
   virtual void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
                                  int NH) = 0;
   // dqkv = ... (assign). scratch holds attention_scratch_floats(); out is forward's output.
-  virtual void attention_backward(float* dqkv, float* scratch, const float* dout,
-                                  const float* qkv, const float* out, const float* att, int B,
-                                  int T, int C, int NH) = 0;
+  virtual void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                                  const float* out, const float* att, int B, int T, int C,
+                                  int NH) = 0;
   virtual size_t attention_saved_floats(int B, int T, int C, int NH) const {
     (void)C;
     return size_t(B) * NH * T * T;
@@ -96,11 +96,11 @@ class Backend {
   // Softmax cross-entropy over the first V of Vp columns (the padded columns never touch the
   // loss). logits [N,Vp] is overwritten with the probabilities (padded columns set to 0);
   // losses[n] = -log p[n, targets[n]].
-  virtual void crossentropy_forward(float* losses, float* logits_to_probs,
-                                    const int32_t* targets, int N, int V, int Vp) = 0;
+  virtual void crossentropy_forward(float* losses, float* logits_to_probs, const int32_t* targets,
+                                    int N, int V, int Vp) = 0;
   // In place: probs [N,Vp] becomes dlogits = dloss * (probs - onehot(target)); padded columns 0.
-  virtual void crossentropy_backward(float* probs_to_dlogits, const int32_t* targets,
-                                     float dloss, int N, int V, int Vp) = 0;
+  virtual void crossentropy_backward(float* probs_to_dlogits, const int32_t* targets, float dloss,
+                                     int N, int V, int Vp) = 0;
 
   // Vocab-parallel embedding and loss (tensor parallelism; Note [Vocab-parallel ops] in
   // src/backend/vocab_parallel.cpp). This rank holds vocabulary rows [v0, v1) of wte.
@@ -109,17 +109,15 @@ class Backend {
                                        const float* wpe, int v0, int v1, int B, int T, int C);
   // dwte_slice[tok-v0,:] += dout[n,:] for tokens in [v0,v1); dwpe[t,:] += Σ_b dout (if non-null).
   virtual void embedding_slice_backward(float* dwte_slice, float* dwpe, const float* dout,
-                                        const int32_t* tokens, int v0, int v1, int B, int T,
-                                        int C);
+                                        const int32_t* tokens, int v0, int v1, int B, int T, int C);
   // Per row of this rank's logits [N,Vl] (its first `live` columns are real vocabulary):
   // stats[n] = (max, Σ exp(x - max), x[targets[n]-v0] or 0 when the target is not here).
-  virtual void crossentropy_slice_stats(float* stats, const float* logits,
-                                        const int32_t* targets, int v0, int live, int N, int Vl);
+  virtual void crossentropy_slice_stats(float* stats, const float* logits, const int32_t* targets,
+                                        int v0, int live, int N, int Vl);
   // From every rank's stats all_stats [tp][N][3]: losses[n] = log Σ - target logit, and the
   // logits become this rank's probabilities (columns from `live` on: 0).
   virtual void crossentropy_slice_combine(float* losses, float* logits_to_probs,
-                                          const float* all_stats, int tp, int live, int N,
-                                          int Vl);
+                                          const float* all_stats, int tp, int live, int N, int Vl);
   // In place: probs become dloss * (probs - onehot(target)) on this rank's columns.
   virtual void crossentropy_slice_backward(float* probs_to_dlogits, const int32_t* targets,
                                            float dloss, int v0, int N, int Vl);
@@ -158,18 +156,15 @@ class Backend {
   // out[N,OC] = residual + inp · wᵀ + bias, in fp32 (out may alias residual): a row-parallel
   // linear layer and the residual add after it in one op.
   virtual void matmul_forward_add_bf16(float* out, const float* residual, const bfloat16* inp,
-                                       const bfloat16* w, const float* bias, int N, int C,
-                                       int OC);
+                                       const bfloat16* w, const float* bias, int N, int C, int OC);
   // dinp = bf16(dout · w); dw += doutᵀ · inp; dbias += column sums of dout. Null: skipped.
-  virtual void matmul_backward_bf16(bfloat16* dinp, float* dw, float* dbias,
-                                    const bfloat16* dout, const bfloat16* inp, const bfloat16* w,
-                                    int N, int C, int OC);
+  virtual void matmul_backward_bf16(bfloat16* dinp, float* dw, float* dbias, const bfloat16* dout,
+                                    const bfloat16* inp, const bfloat16* w, int N, int C, int OC);
   // The MLP's first linear layer and its GELU in one op (cuBLASLt's GELU_AUX_BIAS epilogue):
   // with y = inp · wᵀ + bias in fp32, pre[N,OC] = bf16(y) (backward's GELU input) and
   // out[N,OC] = bf16(gelu(y)), the GELU taken before the rounding.
   virtual void matmul_gelu_forward_bf16(bfloat16* out, bfloat16* pre, const bfloat16* inp,
-                                        const bfloat16* w, const float* bias, int N, int C,
-                                        int OC);
+                                        const bfloat16* w, const float* bias, int N, int C, int OC);
   // The input gradient of the layer after the GELU, through the GELU (DGELU_BGRAD): with
   // g = gelu'(pre) ⊙ (dout · w) in fp32, dpre[N,C] = bf16(g) and, when non-null,
   // dbias[C] += the column sums of g (the bias gradient of the layer before the GELU).
@@ -177,11 +172,11 @@ class Backend {
                                           const bfloat16* w, const bfloat16* pre, int N, int C,
                                           int OC);
   // As attention_forward/backward (the same `att` and scratch sizes), on bf16 q|k|v.
-  virtual void attention_forward_bf16(bfloat16* out, float* att, const bfloat16* qkv, int B,
-                                      int T, int C, int NH);
+  virtual void attention_forward_bf16(bfloat16* out, float* att, const bfloat16* qkv, int B, int T,
+                                      int C, int NH);
   virtual void attention_backward_bf16(bfloat16* dqkv, float* scratch, const bfloat16* dout,
-                                       const bfloat16* qkv, const bfloat16* out,
-                                       const float* att, int B, int T, int C, int NH);
+                                       const bfloat16* qkv, const bfloat16* out, const float* att,
+                                       int B, int T, int C, int NH);
   virtual void gelu_forward_bf16(bfloat16* out, const bfloat16* inp, size_t n);
   virtual void gelu_backward_bf16(bfloat16* dinp, const bfloat16* inp, const bfloat16* dout,
                                   size_t n);
@@ -190,8 +185,7 @@ class Backend {
   // (padded columns 0). Forward and backward of the loss at once: the probabilities are never
   // stored in bf16 (p ≈ 1 would round to 1 and lose the target's gradient).
   virtual void crossentropy_fused_bf16(float* losses, bfloat16* logits_to_dlogits,
-                                       const int32_t* targets, float dloss, int N, int V,
-                                       int Vp);
+                                       const int32_t* targets, float dloss, int N, int V, int Vp);
 
   // *acc += float((Σ x, in double) / n), with acc a double in backend memory: a micro-batch's
   // mean loss, rounded to float as forward() returns it, kept on a device until the step ends

@@ -63,7 +63,7 @@ struct BlasCoreCheck {
   VectorIsa cpu_isa = VectorIsa::kSse;
   int fp32_lanes = 4;
   BlasCoreAction action = BlasCoreAction::kNone;
-  std::string reexec_error;    // kReexec left standing: why execv failed
+  std::string reexec_error;  // kReexec left standing: why execv failed
 };
 
 // Environment variables of the check.

@@ -15,8 +15,8 @@ namespace trident {
 struct Bucket {
   size_t first_param = 0;  // index in ready order
   size_t num_params = 0;
-  size_t offset = 0;       // elements, from the first parameter's start
-  size_t count = 0;        // elements
+  size_t offset = 0;  // elements, from the first parameter's start
+  size_t count = 0;   // elements
   bool operator==(const Bucket&) const = default;
 };
 
@@ -52,8 +52,7 @@ struct BucketLayout {
   size_t shard_count(size_t b, size_t ranks) const { return buckets[b].count / ranks; }
 };
 BucketLayout padded_bucket_layout(const std::vector<size_t>& param_counts_in_ready_order,
-                                  size_t elem_bytes, size_t first_bucket_bytes,
-                                  size_t bucket_bytes, size_t multiple,
-                                  const std::vector<char>& alone = {});
+                                  size_t elem_bytes, size_t first_bucket_bytes, size_t bucket_bytes,
+                                  size_t multiple, const std::vector<char>& alone = {});
 
 }  // namespace trident

@@ -33,18 +33,18 @@ template <typename... Args>
 }  // namespace trident
 
 // TRIDENT_CHECK(cond, fmt, args...): an internal invariant; the message names file and line.
-#define TRIDENT_CHECK(cond, ...)                                                  \
-  do {                                                                            \
-    if (!(cond)) ::trident::internal_error(__FILE__, __LINE__,                    \
-                                           "check failed: " #cond ": " +          \
-                                               ::fmt::format(__VA_ARGS__));       \
+#define TRIDENT_CHECK(cond, ...)                                                           \
+  do {                                                                                     \
+    if (!(cond))                                                                           \
+      ::trident::internal_error(__FILE__, __LINE__,                                        \
+                                "check failed: " #cond ": " + ::fmt::format(__VA_ARGS__)); \
   } while (0)
 
 // TRIDENT_MPI(call): an MPI call that must return MPI_SUCCESS.
-#define TRIDENT_MPI(call)                                                         \
-  do {                                                                            \
-    int trident_mpi_rc_ = (call);                                                 \
-    if (trident_mpi_rc_ != 0)                                                     \
-      ::trident::internal_error(__FILE__, __LINE__,                               \
+#define TRIDENT_MPI(call)                                                                 \
+  do {                                                                                    \
+    int trident_mpi_rc_ = (call);                                                         \
+    if (trident_mpi_rc_ != 0)                                                             \
+      ::trident::internal_error(__FILE__, __LINE__,                                       \
                                 ::fmt::format("{} returned {}", #call, trident_mpi_rc_)); \
   } while (0)

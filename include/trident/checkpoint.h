@@ -38,18 +38,18 @@ struct ShardBlock {
 // The part of one global tensor this rank holds: its blocks, whose elements (each block in
 // row-major order, block after block) are contiguous in `data`.
 struct ShardTensor {
-  std::string name;                    // global name, e.g. "params/h3.qkvw", "adam_m/wte"
+  std::string name;  // global name, e.g. "params/h3.qkvw", "adam_m/wte"
   std::vector<int64_t> global_shape;
   std::vector<ShardBlock> blocks;
-  float* data = nullptr;               // written from on save, read into on load
-  bool owner = false;                  // this rank writes it; every element has one owner
-  size_t count() const;                // elements over all blocks
+  float* data = nullptr;  // written from on save, read into on load
+  bool owner = false;     // this rank writes it; every element has one owner
+  size_t count() const;   // elements over all blocks
 };
 
 struct CheckpointMeta {
-  int64_t step = 0;                    // optimizer steps completed
-  std::string run_id;                  // identifies the run that wrote it
-  std::string deck_yaml;               // the resolved deck
+  int64_t step = 0;       // optimizer steps completed
+  std::string run_id;     // identifies the run that wrote it
+  std::string deck_yaml;  // the resolved deck
   int world = 1, dp = 1, tp = 1, pp = 1;
   int format_version = kCheckpointFormatVersion;
 };

@@ -198,8 +198,7 @@ class Communicator {
                                    std::string_view label);
   virtual Work start_reduce_scatter(const void* send, void* recv, size_t recv_count,
                                     ElemType type) = 0;
-  virtual Work start_all_gather(const void* send, void* recv, size_t send_count,
-                                ElemType type) = 0;
+  virtual Work start_all_gather(const void* send, void* recv, size_t send_count, ElemType type) = 0;
   virtual Work start_broadcast(void* data, size_t count, ElemType type, int root) = 0;
   virtual Work start_send(const void* data, size_t count, ElemType type, int dest, int tag) = 0;
   virtual Work start_recv(void* data, size_t count, ElemType type, int src, int tag) = 0;
@@ -327,7 +326,7 @@ class MpiComm : public Communicator {
   std::vector<uint16_t>* take_staging(size_t n);
   void give_staging(std::vector<uint16_t>* buffer);
 
-  struct Staged {  // a bf16 all-reduce's staging buffer and where its result goes
+  struct Staged {                   // a bf16 all-reduce's staging buffer and where its result goes
     std::vector<uint16_t>* buffer;  // null: not staged
     float* out;
     size_t count;

@@ -29,13 +29,13 @@ const CudaDeviceStatus& cuda_device_status();
 
 // What the probe saw, and the decision taken from it (a pure function, tested without a GPU).
 struct CudaDeviceProbe {
-  int devices = 0;                      // from cudaGetDeviceCount
-  std::string runtime_error;            // its error name and text; empty on success
-  bool runtime_says_no_device = false;  // the error is cudaErrorNoDevice
-  bool driver_loads = false;            // dlopen("libcuda.so.1") succeeded
-  std::string driver_error;             // dlerror() when it did not
+  int devices = 0;                        // from cudaGetDeviceCount
+  std::string runtime_error;              // its error name and text; empty on success
+  bool runtime_says_no_device = false;    // the error is cudaErrorNoDevice
+  bool driver_loads = false;              // dlopen("libcuda.so.1") succeeded
+  std::string driver_error;               // dlerror() when it did not
   std::vector<std::string> device_nodes;  // /dev/nvidia<N> and /dev/dxg
-  bool visible_devices_set = false;     // CUDA_VISIBLE_DEVICES is in the environment
+  bool visible_devices_set = false;       // CUDA_VISIBLE_DEVICES is in the environment
   std::string visible_devices;
 };
 CudaDeviceStatus classify_cuda_device(const CudaDeviceProbe& probe);

@@ -67,7 +67,7 @@ class SampleOrder {
 
 // Writes a trident token file (used by tools and tests): 2-byte tokens when vocab_size <= 65536,
 // else 4-byte. Throws kBadInput if a token is outside [0, vocab_size) or the file can't be written.
-void write_token_file(const std::string& path, const std::vector<int32_t>& tokens,
-                      int vocab_size, int tokenizer);
+void write_token_file(const std::string& path, const std::vector<int32_t>& tokens, int vocab_size,
+                      int tokenizer);
 
 }  // namespace trident

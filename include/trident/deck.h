@@ -34,7 +34,7 @@ struct ModelConfig {
   int layers = 4;
   int d_model = 128;
   int heads = 4;
-  int vocab = 256;        // real vocabulary; the model pads it to a multiple of 128
+  int vocab = 256;  // real vocabulary; the model pads it to a multiple of 128
   int seq_len = 64;
   std::string init_from;  // GPT-2 weights (llm.c or safetensors); its shape replaces the deck's
 
@@ -48,67 +48,67 @@ struct TrainConfig {
   double lr = 1e-3;
   std::string lr_schedule = "cosine";  // cosine | constant
   int warmup_steps = 10;
-  double min_lr_ratio = 0.1;           // cosine decays to lr * min_lr_ratio
+  double min_lr_ratio = 0.1;  // cosine decays to lr * min_lr_ratio
   double weight_decay = 0.1;
-  double grad_clip = 1.0;              // 0 turns clipping off
+  double grad_clip = 1.0;  // 0 turns clipping off
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
   uint64_t seed = 1337;
-  int val_every = 50;                  // 0: no validation
-  int val_batches = 4;                 // micro-batches per validation
-  std::string recompute = "none";      // activation recomputation: none | mlp | full
-  int stop_at = 0;                     // end after this step with a checkpoint (0: run all steps)
-  std::string nonfinite = "stop";      // a step with a non-finite loss or norm: stop | skip
-  int max_skips = 10;                  // with skip: stop after this many skipped in a row
+  int val_every = 50;              // 0: no validation
+  int val_batches = 4;             // micro-batches per validation
+  std::string recompute = "none";  // activation recomputation: none | mlp | full
+  int stop_at = 0;                 // end after this step with a checkpoint (0: run all steps)
+  std::string nonfinite = "stop";  // a step with a non-finite loss or norm: stop | skip
+  int max_skips = 10;              // with skip: stop after this many skipped in a row
 
   bool operator==(const TrainConfig&) const = default;
 };
 
 struct DataConfig {
   std::string train;
-  std::string valid;                   // empty: no validation
+  std::string valid;  // empty: no validation
   bool shuffle = false;
 
   bool operator==(const DataConfig&) const = default;
 };
 
 struct LogConfig {
-  int every = 1;                       // print every N steps (metrics file gets every step)
-  std::string jsonl = "metrics.jsonl"; // relative to run.out_dir
-  std::string trace;                   // Chrome-trace JSON per rank; empty: none
+  int every = 1;                        // print every N steps (metrics file gets every step)
+  std::string jsonl = "metrics.jsonl";  // relative to run.out_dir
+  std::string trace;                    // Chrome-trace JSON per rank; empty: none
 
   bool operator==(const LogConfig&) const = default;
 };
 
 struct RunConfig {
   int threads = 2;
-  std::string out_dir;                 // default: runs/<deck file stem>
-  std::string backend = "cpu";         // cpu | cuda
-  std::string attention = "auto";      // cuda: auto | cudnn | flash
-  std::string precision = "fp32";     // activations: fp32 | bf16 (cuda; Note [bf16 activations])
+  std::string out_dir;             // default: runs/<deck file stem>
+  std::string backend = "cpu";     // cpu | cuda
+  std::string attention = "auto";  // cuda: auto | cudnn | flash
+  std::string precision = "fp32";  // activations: fp32 | bf16 (cuda; Note [bf16 activations])
 
   bool operator==(const RunConfig&) const = default;
 };
 
 struct CheckpointConfig {
-  std::string dir;                     // empty: no checkpoints
-  int every = 0;                       // save every N steps (0: only at the end)
-  int keep = 2;                        // newest complete checkpoints kept
-  std::string resume = "false";        // false | true (refuse if none) | auto
+  std::string dir;               // empty: no checkpoints
+  int every = 0;                 // save every N steps (0: only at the end)
+  int keep = 2;                  // newest complete checkpoints kept
+  std::string resume = "false";  // false | true (refuse if none) | auto
 
   bool operator==(const CheckpointConfig&) const = default;
 };
 
 struct ParallelConfig {
-  int dp = 0;                          // 0: derived from the world size
+  int dp = 0;  // 0: derived from the world size
   int tp = 1;
   int pp = 1;
-  bool sequence_parallel = false;      // Megatron's sequence parallelism (needs tp > 1)
-  std::string schedule = "1f1b";       // pipeline schedule: gpipe | 1f1b | zb-h1 | interleaved
-  int virtual_stages = 1;              // model chunks per stage (interleaved)
-  std::string stage_layers;            // blocks per (virtual) stage, e.g. "3,1"; empty: balanced
-  int zero = 0;                        // ZeRO stage (Note [ZeRO-1] in train/zero.h)
+  bool sequence_parallel = false;  // Megatron's sequence parallelism (needs tp > 1)
+  std::string schedule = "1f1b";   // pipeline schedule: gpipe | 1f1b | zb-h1 | interleaved
+  int virtual_stages = 1;          // model chunks per stage (interleaved)
+  std::string stage_layers;        // blocks per (virtual) stage, e.g. "3,1"; empty: balanced
+  int zero = 0;                    // ZeRO stage (Note [ZeRO-1] in train/zero.h)
   // ZeRO-2 with train.accum > 1 (Note [ZeRO-2 and accumulation] in train/zero.h): "step"
   // reduce-scatters once, on the last micro-batch; "micro_batch" after every one.
   std::string zero_reduce = "step";
@@ -120,10 +120,10 @@ struct CommConfig {
   bool overlap = true;
   double bucket_mb = 25.0;
   double first_bucket_mb = 1.0;
-  double emulate_gbps = 0.0;           // 0: no emulation
+  double emulate_gbps = 0.0;  // 0: no emulation
   double emulate_latency_us = 0.0;
   double timeout_s = 300.0;
-  std::string grad_dtype = "fp32";     // gradient all-reduce on the GPU: fp32 | bf16
+  std::string grad_dtype = "fp32";  // gradient all-reduce on the GPU: fp32 | bf16
 
   bool operator==(const CommConfig&) const = default;
 };
@@ -137,7 +137,7 @@ struct Deck {
   ParallelConfig parallel;
   CommConfig comm;
   CheckpointConfig checkpoint;
-  std::string source;                  // the deck file's absolute path; empty from parse_deck
+  std::string source;  // the deck file's absolute path; empty from parse_deck
 
   // The resolved deck (every key, defaults filled in) as YAML: printed and saved with the run.
   std::string to_yaml() const;

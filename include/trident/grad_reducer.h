@@ -64,8 +64,8 @@ struct GradReducerOptions {
   // bucket_bytes, dp.size(), alone) puts them (the reducer builds the same layout and checks),
   // and the reducer also all-gathers the updated parameters (start_param_gather).
   float* shard_grads = nullptr;
-  std::vector<char> alone;            // parameters in a bucket of their own (ready order)
-  std::vector<size_t> gather_order;   // buckets in the order forward first reads them
+  std::vector<char> alone;           // parameters in a bucket of their own (ready order)
+  std::vector<size_t> gather_order;  // buckets in the order forward first reads them
   // ZeRO-2 (Note [ZeRO-2 on the host] in train/zero.h; host gradients only): once a bucket's
   // reduce-scatter completed, its slice of the full gradient buffer is zeroed and its pages
   // handed back to the kernel, so the buffer is all zero again after the step and holds memory
@@ -80,8 +80,8 @@ struct GradReducerOptions {
 
 // One all-reduce of a step: a bucket or an extra buffer.
 struct BucketRecord {
-  std::string name;     // "bucket 2 (h.11.mlp.proj.w .. h.10.ln2.b)" or the extra's name
-  int bucket = -1;      // bucket index; -1 for an extra buffer
+  std::string name;  // "bucket 2 (h.11.mlp.proj.w .. h.10.ln2.b)" or the extra's name
+  int bucket = -1;   // bucket index; -1 for an extra buffer
   size_t bytes = 0;
   double ready_ms = 0;  // its last parameter became ready (extra: it was added)
   double start_ms = 0;  // the all-reduce was started
@@ -131,10 +131,10 @@ struct ReduceStats {
 // The parameter all-gathers of one ZeRO round (launched after an optimizer step), and the
 // compute thread's waiting for them. Reported by the step in which they were waited for.
 struct GatherStats {
-  bool gathered = false;      // a round completed since the last take_gather_stats
-  double comm_ms = 0;         // union of the round's all-gather intervals
-  double exposed_ms = 0;      // the compute thread waited this long (wait_gathered, begin_step)
-  size_t bytes = 0;           // gathered (full buckets)
+  bool gathered = false;  // a round completed since the last take_gather_stats
+  double comm_ms = 0;     // union of the round's all-gather intervals
+  double exposed_ms = 0;  // the compute thread waited this long (wait_gathered, begin_step)
+  size_t bytes = 0;       // gathered (full buckets)
   std::vector<BucketRecord> records;
 };
 
@@ -196,7 +196,6 @@ class GradReducer {
   const std::vector<Bucket>& buckets() const;
   const std::vector<GradParam>& params() const;
   const std::string& bucket_name(size_t bucket) const;
-
 
  private:
   void name_buckets();

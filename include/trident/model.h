@@ -69,10 +69,10 @@ struct ParamInfo {
   std::vector<int> global_shape;
   Shard shard = Shard::kReplicated;
   int tp_rank = 0, tp_size = 1;
-  size_t offset = 0;       // in floats, into the flat buffer
+  size_t offset = 0;  // in floats, into the flat buffer
   size_t count = 0;
-  bool decay = false;      // weight decay applies (matrices only; not biases or LayerNorm)
-  int layer = -1;          // block index, -1 for embeddings and final LayerNorm
+  bool decay = false;  // weight decay applies (matrices only; not biases or LayerNorm)
+  int layer = -1;      // block index, -1 for embeddings and final LayerNorm
 
   // Index into the global (unsplit, row-major) tensor of this shard's element `local`.
   size_t global_index(size_t local) const;
@@ -158,9 +158,9 @@ struct EmbeddingRowSink {
 };
 
 // Receives the model's compute phases for a timeline: "forward block 3", "backward head", ...
-using PhaseFn = std::function<void(const std::string& phase,
-                                   std::chrono::steady_clock::time_point begin,
-                                   std::chrono::steady_clock::time_point end)>;
+using PhaseFn =
+    std::function<void(const std::string& phase, std::chrono::steady_clock::time_point begin,
+                       std::chrono::steady_clock::time_point end)>;
 
 // Called by forward() right before it first reads a group of parameters (the embedding's, one
 // block's, the head's), with their indices: ZeRO's parameter all-gather waits there for the
@@ -218,7 +218,9 @@ class GPT {
   // in its own pass (Backend::adamw_update_bf16), after its last params() call, and then says
   // so with params16_written(): until the weights change again, forward casts nothing.
   bfloat16* params16() { return params16_.size() ? params16_.data() : nullptr; }
-  void params16_written() { std::fill(cast_version_.begin(), cast_version_.end(), weights_version_); }
+  void params16_written() {
+    std::fill(cast_version_.begin(), cast_version_.end(), weights_version_);
+  }
   float* grads() { return grads_.data(); }
   size_t num_params() const { return params_.size(); }
   const ParamInfo& param(const std::string& name) const;
@@ -261,8 +263,8 @@ class GPT {
   // backward_weight, later and before the slot's next forward, adds the linear layers' and the
   // embedding's gradients and reports every parameter ready. Together: backward's bits.
   // Not with recomputation.
-  void backward_input(int slot, float dloss_scale, const float* dstage_output,
-                      float* dstage_input, bool last_micro_batch = true);
+  void backward_input(int slot, float dloss_scale, const float* dstage_output, float* dstage_input,
+                      bool last_micro_batch = true);
   void backward_weight(int slot, const GradReadyFn& on_ready = {},
                        const EmbeddingRowSink* sink = nullptr);
   // Stage boundary buffers [Nr,C] (Nr = B·T, or B·T/tp with sequence parallelism).
@@ -347,20 +349,19 @@ class GPT {
   // params16_[begin, end) = bf16(params_) unless span `span` (a local layer, or
   // table_.layers.size() for wte) was cast or written at the current weights_version_.
   void cast_weights(size_t span, size_t begin, size_t end);
-  void block_forward_bf16(const BlockWeights& w, const BlockWeights16& w16,
-                          const BlockActs16& a, const float* residual_in, int B, int T);
+  void block_forward_bf16(const BlockWeights& w, const BlockWeights16& w16, const BlockActs16& a,
+                          const float* residual_in, int B, int T);
   void recompute_block_bf16(int slot, int local_layer, const float* residual_in);
   float head_forward_bf16(Slot& s, const float* residual, const int32_t* targets, int B, int T);
-  void backward_bf16(int slot, float dloss_scale, const float* dstage_output,
-                     float* dstage_input, const GradReadyFn& on_ready,
-                     const EmbeddingRowSink* sink);
+  void backward_bf16(int slot, float dloss_scale, const float* dstage_output, float* dstage_input,
+                     const GradReadyFn& on_ready, const EmbeddingRowSink* sink);
   // The mean of the slot's per-token losses, read on the host.
   float mean_loss(Slot& s, int N);
   // backward and backward_input (gpt_backward.cpp): the whole backward, or its B part.
   enum class BackwardPart { kWhole, kInput };
   void backward_pass(BackwardPart part, int slot, float dloss_scale, const float* dstage_output,
-                     float* dstage_input, const GradReadyFn& on_ready,
-                     const EmbeddingRowSink* sink, bool last_micro_batch);
+                     float* dstage_input, const GradReadyFn& on_ready, const EmbeddingRowSink* sink,
+                     bool last_micro_batch);
   void progress() const {
     if (progress_) progress_();
   }
@@ -393,13 +394,13 @@ class GPT {
   int maxB_, maxT_;
   std::vector<ParamInfo> infos_;
   std::unordered_map<std::string, int> index_by_name_;  // into infos_
-  BackendBuffer<float> params_, grads_;  // Note [Backend memory]
-  BackendBuffer<bfloat16> params16_;     // bf16: the GEMMs' copy of the weights
+  BackendBuffer<float> params_, grads_;                 // Note [Backend memory]
+  BackendBuffer<bfloat16> params16_;                    // bf16: the GEMMs' copy of the weights
   // bf16: params() calls so far, and per cast span the count its params16_ copy was made at.
   uint64_t weights_version_ = 1;
   std::vector<uint64_t> cast_version_;
   std::vector<Slot> slots_;
-  std::vector<BackendBuffer<float>> recompute_;  // one block's dropped buffers
+  std::vector<BackendBuffer<float>> recompute_;       // one block's dropped buffers
   std::vector<BackendBuffer<bfloat16>> recompute16_;  // bf16: the kBf16Buffer ones
   std::array<size_t, kBlockBuffers> block_sizes_{};
   std::unique_ptr<ParamTable> table_;

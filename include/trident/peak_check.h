@@ -18,8 +18,7 @@ struct CpuPeakBounds {
 
 // fp32_lanes: 16 (AVX-512), 8 (AVX/AVX2), 4 (SSE); threads: the measurement's; online_cpus:
 // logical CPUs of the node; ranks_on_node: ranks sharing them (they measure at the same time).
-CpuPeakBounds cpu_gemm_peak_bounds(int fp32_lanes, int threads, int online_cpus,
-                                   int ranks_on_node);
+CpuPeakBounds cpu_gemm_peak_bounds(int fp32_lanes, int threads, int online_cpus, int ranks_on_node);
 
 enum class PeakVerdict { kPlausible, kImplausiblyLow, kImpossible };
 PeakVerdict judge_peak(double measured_flops, const CpuPeakBounds& bounds);

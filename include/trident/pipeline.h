@@ -48,8 +48,8 @@ std::vector<PipeAction> pipeline_actions(PipeSchedule schedule, int stages, int 
 // yet through their whole backward): micro_batches for GPipe, min(stages − stage,
 // micro_batches) for 1F1B, min(stages, micro_batches) for ZB-H1.
 // Interleaved: per chunk, replaying the actions.
-int max_in_flight(PipeSchedule schedule, int stages, int stage, int micro_batches,
-                  int chunks = 1, int chunk = 0);
+int max_in_flight(PipeSchedule schedule, int stages, int stage, int micro_batches, int chunks = 1,
+                  int chunk = 0);
 // ZB-H1: the most micro-batches between their B and their W at once, min(stage + 1,
 // micro_batches) (what a model keeps the weight pass's inputs for); 0 for the others.
 int max_awaiting_weight(PipeSchedule schedule, int stages, int stage, int micro_batches);
@@ -127,9 +127,9 @@ struct PipelineStats {
   double total_ms = 0;    // the whole schedule on this stage
   double compute_ms = 0;  // inside forward()/backward()
   double wait_ms = 0;     // waiting for a neighbour's message (the bubble, plus skew)
-  size_t bytes_sent = 0;      // tensor payload, headers not counted
+  size_t bytes_sent = 0;  // tensor payload, headers not counted
   size_t bytes_received = 0;
-  int messages_sent = 0;      // boundary messages (one header + its tensors each)
+  int messages_sent = 0;  // boundary messages (one header + its tensors each)
 };
 
 // Runs `stage`'s actions of the schedule. Every stage of the pp communicator must call it with

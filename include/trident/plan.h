@@ -28,14 +28,14 @@ struct LinkSpec {
 };
 
 struct Hardware {
-  std::string name;              // the file's `name:`
-  std::string path;              // where it was read from
-  std::string kind = "gpu";      // gpu | cpu
-  int devices_per_node = 8;      // gpu: GPUs per node; cpu: cores per node (one device = a core)
-  std::string dtype = "bf16";    // what trident computes in there: bf16 (mixed) | fp32
-  double peak_tflops = 0;        // per device at dtype, dense: MFU's denominator (vendor's)
-  std::vector<GemmPoint> gemm;   // ascending min_dim, at least one point
-  double attention_tflops = 0;   // fused attention's achieved rate; 0: as GEMMs + memory traffic
+  std::string name;                // the file's `name:`
+  std::string path;                // where it was read from
+  std::string kind = "gpu";        // gpu | cpu
+  int devices_per_node = 8;        // gpu: GPUs per node; cpu: cores per node (one device = a core)
+  std::string dtype = "bf16";      // what trident computes in there: bf16 (mixed) | fp32
+  double peak_tflops = 0;          // per device at dtype, dense: MFU's denominator (vendor's)
+  std::vector<GemmPoint> gemm;     // ascending min_dim, at least one point
+  double attention_tflops = 0;     // fused attention's achieved rate; 0: as GEMMs + memory traffic
   double memory_gbytes_per_s = 0;  // achieved device (cpu: node) memory bandwidth
   // The elementwise kernels' rate (LayerNorm, GELU: cpu per core, measured); 0: they run at
   // memory_gbytes_per_s.
@@ -45,9 +45,9 @@ struct Hardware {
   // The sum of a model's per-op terms / its measured forward + backward (cpu: calibrated on a
   // small GPT), in (0, 2]; compute terms are divided by it. 1: the terms are the whole story.
   double compute_efficiency = 1;
-  double memory_gb = 0;          // capacity per device (cpu: per node), GB = 1e9 B
-  LinkSpec intra_node;           // NVLink / shared memory
-  LinkSpec inter_node;           // InfiniBand / TCP, per device
+  double memory_gb = 0;  // capacity per device (cpu: per node), GB = 1e9 B
+  LinkSpec intra_node;   // NVLink / shared memory
+  LinkSpec inter_node;   // InfiniBand / TCP, per device
   // Fraction by which compute slows while a collective overlaps it (cpu: the communication
   // thread's work runs on the compute cores; gpu: SMs the collective kernels take).
   double overlap_slowdown = 0;
@@ -80,25 +80,25 @@ double gemm_flops_per_s(const Hardware& hw, double m, double n, double k);
 
 struct PlanLayout {
   int dp = 1, tp = 1, pp = 1;
-  int v = 1;                       // virtual stages per pipeline stage (interleaved)
+  int v = 1;  // virtual stages per pipeline stage (interleaved)
   int micro_batch = 1;
   int accum = 1;                   // micro-batches per step per dp rank (global / (dp·micro))
   int zero = 0;                    // 0 | 1 | 2
   std::string recompute = "none";  // none | mlp | full
   std::string schedule = "1f1b";   // gpipe | 1f1b | zb-h1 | interleaved
   bool sequence_parallel = false;
-  int threads = 1;                 // cpu: threads per rank (run.threads)
-  int ranks_per_node = 0;          // 0: devices_per_node (gpu), devices_per_node/threads (cpu)
+  int threads = 1;         // cpu: threads per rank (run.threads)
+  int ranks_per_node = 0;  // 0: devices_per_node (gpu), devices_per_node/threads (cpu)
   int world() const { return dp * tp * pp; }
 };
 
 // The model's shape and what the deck says about the run (emulated link, overlap, buckets).
 struct PlanModel {
   int layers = 0, d_model = 0, heads = 0, vocab = 0, seq_len = 0;
-  bool overlap = true;             // comm.overlap
+  bool overlap = true;  // comm.overlap
   double bucket_mb = 25, first_bucket_mb = 1;
   double emulate_gbps = 0, emulate_latency_us = 0;  // comm.emulate_*: the dp link instead
-  int grad_comm_bytes = 4;         // comm.grad_dtype: fp32 4, bf16 2
+  int grad_comm_bytes = 4;                          // comm.grad_dtype: fp32 4, bf16 2
   static PlanModel from_deck(const Deck& deck);
 };
 
@@ -110,17 +110,17 @@ struct PlanTerm {
 
 struct Prediction {
   PlanLayout layout;
-  std::vector<PlanTerm> time;      // seconds per step on the slowest rank; sum = step_s
-  std::vector<PlanTerm> memory;    // bytes on the rank that holds the most; sum = memory_bytes
-  std::vector<PlanTerm> info;      // not part of the sums: whole collectives, bubble fraction
+  std::vector<PlanTerm> time;    // seconds per step on the slowest rank; sum = step_s
+  std::vector<PlanTerm> memory;  // bytes on the rank that holds the most; sum = memory_bytes
+  std::vector<PlanTerm> info;    // not part of the sums: whole collectives, bubble fraction
   double step_s = 0;
   double tokens_per_s = 0;
   double model_flops_per_step = 0;  // 6·N·tokens + attention, no recompute (bench's FLOP count)
-  double tflops_per_gpu = 0;       // model_flops_per_step / step_s / world / 1e12
-  double mfu = 0;                  // tflops_per_gpu / the rank's peak; NaN if above 1 (a bug)
+  double tflops_per_gpu = 0;        // model_flops_per_step / step_s / world / 1e12
+  double mfu = 0;                   // tflops_per_gpu / the rank's peak; NaN if above 1 (a bug)
   double memory_bytes = 0;
   bool fits = false;
-  std::string why_not;             // empty when the layout is valid and fits
+  std::string why_not;                         // empty when the layout is valid and fits
   double term(const std::string& name) const;  // a time or memory term by name (0 if absent)
 };
 
@@ -132,14 +132,14 @@ Prediction predict(const PlanModel& model, const PlanLayout& layout, const Hardw
 // (fitting ones by tokens/s, then the rest).
 struct PlanSearch {
   int gpus = 1;
-  int global_batch = 0;            // sequences per step
+  int global_batch = 0;  // sequences per step
   std::vector<int> micro_batches = {1, 2, 4, 8};
   std::vector<std::string> recompute = {"none", "mlp", "full"};
   std::vector<int> zero = {0, 1, 2};
   std::vector<std::string> schedules = {"1f1b", "interleaved", "zb-h1"};
   int max_v = 4;
-  int threads = 1;                 // cpu
-  std::vector<int> tp, pp;         // only these sizes (empty: every divisor)
+  int threads = 1;                              // cpu
+  std::vector<int> tp, pp;                      // only these sizes (empty: every divisor)
   std::vector<int> sequence_parallel = {0, 1};  // with tp > 1
 };
 std::vector<Prediction> rank_layouts(const PlanModel& model, const Hardware& hw,
@@ -148,8 +148,7 @@ std::vector<Prediction> rank_layouts(const PlanModel& model, const Hardware& hw,
 // "dp=2,tp=1,pp=2,v=1,micro=4,zero=1,recompute=none[,schedule=..,sp=..,accum=..,threads=..]";
 // missing keys take the defaults (accum from global_batch when given). Bad keys throw (exit 2).
 // Keys not in `text` keep their value in `defaults` (the deck's layout, for trident plan).
-PlanLayout parse_layout(const std::string& text, int global_batch,
-                        const PlanLayout& defaults = {});
+PlanLayout parse_layout(const std::string& text, int global_batch, const PlanLayout& defaults = {});
 std::string format_layout(const PlanLayout& layout);
 
 }  // namespace trident

@@ -38,8 +38,7 @@ class AdamW {
   AdamW(Backend& be, size_t num_params) : m_(be, num_params), v_(be, num_params) {}
   // One update of all parameters at (1-based) step t.
   // grad_scale: the gradients' global-norm clipping factor, applied inside the update's pass.
-  void update(Backend& be, GPT& model, const TrainConfig& cfg, float lr, int t,
-              float grad_scale);
+  void update(Backend& be, GPT& model, const TrainConfig& cfg, float lr, int t, float grad_scale);
   // ZeRO: updates only this rank's shard, one fused pass per run (merge_pieces): parameters at
   // run.flat in the flat buffer, moments and gradients at run.shard in the shard buffers.
   void update_shard(Backend& be, float* params, const float* shard_grads,
@@ -54,13 +53,13 @@ class AdamW {
 };
 
 struct StepStats {
-  int step = 0;                 // 1-based count of completed steps
-  double loss = 0.0;            // mean over the step's global batch
+  int step = 0;       // 1-based count of completed steps
+  double loss = 0.0;  // mean over the step's global batch
   double lr = 0.0;
-  double grad_norm = 0.0;       // before clipping
+  double grad_norm = 0.0;  // before clipping
   double ms_per_step = 0.0;
   double tokens_per_s = 0.0;
-  double mfu = 0.0;             // fraction of the measured GEMM peak
+  double mfu = 0.0;  // fraction of the measured GEMM peak
   double forward_ms = 0.0, backward_ms = 0.0, optimizer_ms = 0.0;
   // Data parallel (0 with dp = 1): time with an all-reduce in flight, the part of it after
   // the end of backward, and overlap = 1 − exposed/comm. Both include the step's first
@@ -69,14 +68,14 @@ struct StepStats {
   // (launched after the previous step's optimizer, Note [Gathers before use]) are apart.
   double comm_ms = 0.0, exposed_comm_ms = 0.0, overlap = 0.0;
   double gather_comm_ms = 0.0, gather_exposed_ms = 0.0;
-  double comm_cpu_ms = 0.0;     // CPU time of the dp communication thread (ReduceStats)
+  double comm_cpu_ms = 0.0;        // CPU time of the dp communication thread (ReduceStats)
   size_t grad_resident_bytes = 0;  // ZeRO-2: peak resident bytes of the full gradient buffer
-  double held_wait_ms = 0.0;    // ZeRO-2: backward blocked by Note [Bounded gradient memory]
-  long comm_polls = 0;          // its tests of in-flight all-reduces (each one enters MPI)
-  double tp_comm_ms = 0.0;      // waiting in tensor-parallel collectives (compute thread)
+  double held_wait_ms = 0.0;       // ZeRO-2: backward blocked by Note [Bounded gradient memory]
+  long comm_polls = 0;             // its tests of in-flight all-reduces (each one enters MPI)
+  double tp_comm_ms = 0.0;         // waiting in tensor-parallel collectives (compute thread)
   // Pipeline (this stage): time in the schedule, and the part spent waiting for neighbours.
   double pipeline_ms = 0.0, pipeline_wait_ms = 0.0;
-  double val_loss = NAN;        // NaN when not validated this step
+  double val_loss = NAN;  // NaN when not validated this step
   // Note [Non-finite steps]: the loss or the norm was not finite and train.nonfinite is skip:
   // the update was dropped. skips_in_a_row counts this one.
   bool skipped = false;
@@ -90,9 +89,9 @@ struct StepStats {
 // What a run needs besides the deck: the backend and the measured peak used for MFU.
 struct TrainContext {
   Backend* backend = nullptr;
-  double peak_flops = 0.0;      // FLOP/s; MFU is reported against it (per rank)
-  ProcessGrid* grid = nullptr;  // null: one rank, no communication
-  TraceWriter* trace = nullptr; // null: no timeline
+  double peak_flops = 0.0;       // FLOP/s; MFU is reported against it (per rank)
+  ProcessGrid* grid = nullptr;   // null: one rank, no communication
+  TraceWriter* trace = nullptr;  // null: no timeline
   // Communicators for device buffers (NcclComms over the grid's dp and tp ranks); null:
   // grid->dp() / grid->tp() (host memory). dp_device is the GradReducer's; tp_device the
   // model's tensor-parallel collectives.

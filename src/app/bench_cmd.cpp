@@ -5,10 +5,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <filesystem>
-#include <fstream>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <vector>
 
 #include "app/backend_factory.h"
@@ -104,9 +104,11 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
       for (const Backend::DeviceTime& op : ops) total += op.ms;
       if (lead) {
         fmt::print("bench: per-op device time of one step (CUDA events; step {:.2f} ms wall, "
-                   "ops {:.2f} ms):\n", s.ms_per_step, total);
+                   "ops {:.2f} ms):\n",
+                   s.ms_per_step, total);
         for (const Backend::DeviceTime& op : ops)
-          fmt::print("bench:   {:<18} {:9.3f} ms {:5.1f}%\n", op.kind, op.ms, 100.0 * op.ms / total);
+          fmt::print("bench:   {:<18} {:9.3f} ms {:5.1f}%\n", op.kind, op.ms,
+                     100.0 * op.ms / total);
         fmt::print("bench: per-layer device time of the same step:\n");
         for (const Backend::DeviceTime& r : layers)
           fmt::print("bench:   {:<20} {:3d} × {:8.3f} ms = {:9.3f} ms\n", r.kind, r.count,
@@ -171,13 +173,12 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
   const double mfu_nominal = nominal > 0 ? mfu_or_nan(achieved, nominal * ranks) : NAN;
   // llm.c's FLOP count, for comparison with figures published with it.
   const double mfu_nominal_llmc =
-      nominal > 0 ? mfu_or_nan(cfg.llmc_flops_per_token(deck.model.seq_len) * tokens_per_s,
-                               nominal * ranks)
-                  : NAN;
+      nominal > 0
+          ? mfu_or_nan(cfg.llmc_flops_per_token(deck.model.seq_len) * tokens_per_s, nominal * ranks)
+          : NAN;
   if (trace) trace->write();
   if (lead) {
-    if (!checked.problem.empty())
-      fmt::print("bench: WARNING: {}\n", checked.problem);
+    if (!checked.problem.empty()) fmt::print("bench: WARNING: {}\n", checked.problem);
     else if (std::isnan(mfu))
       fmt::print("bench: WARNING: MFU came out above 1 ({:.1f} GFLOP/s achieved per rank, "
                  "against a measured peak of {:.1f} with blas_core={}): the peak measurement "
@@ -205,10 +206,9 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
       fmt::print("bench: stage {} of {} ({}{}, {} micro-batches): bubble {:.3f} (model {:.3f}), "
                  "activations {:.1f} MiB for {} micro-batches{} in flight\n",
                  st, pp, pipe_schedule_name(schedule),
-                 chunks > 1 ? fmt::format(" × {} chunks", chunks) : std::string(),
-                 deck.train.accum, per_stage[2 * st], model_bubble,
-                 per_stage[2 * st + 1] / (1024.0 * 1024.0), in_flight(st),
-                 chunks > 1 ? " (chunk passes)" : "");
+                 chunks > 1 ? fmt::format(" × {} chunks", chunks) : std::string(), deck.train.accum,
+                 per_stage[2 * st], model_bubble, per_stage[2 * st + 1] / (1024.0 * 1024.0),
+                 in_flight(st), chunks > 1 ? " (chunk passes)" : "");
     // The pipeline's bubble: idle stage-time over all stage-time, the mean of the stages'
     // (each runs the whole schedule). Stage 0's alone (`bubble`) also holds the imbalance of
     // the stages: the first waits for a slower last one in every steady-state F/B pair.
@@ -219,7 +219,9 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
     }
     const Trainer::MemoryBytes memory = trainer.memory_bytes();  // per rank
     constexpr double mib = 1024.0 * 1024.0;
-    const auto figure = [](double x) { return std::isnan(x) ? nlohmann::json() : nlohmann::json(x); };
+    const auto figure = [](double x) {
+      return std::isnan(x) ? nlohmann::json() : nlohmann::json(x);
+    };
     const std::vector<Field> fields = {
         {"tokens_per_s", tokens_per_s, 1},
         {"ms_per_step", step_ms, 2},
@@ -246,9 +248,11 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
         {"activation_mb", trainer.model().activation_bytes() / (1024.0 * 1024.0), 1},
         {"activation_max_stage_mb", activation_max / (1024.0 * 1024.0), 1},
         {"schedule", pipe_schedule_name(schedule), -1},
-        {"device_used_mib", backend->is_device() && least_free <= free_before
-                                ? nlohmann::json((free_before - least_free) / mib)
-                                : nlohmann::json(), 1},
+        {"device_used_mib",
+         backend->is_device() && least_free <= free_before
+             ? nlohmann::json((free_before - least_free) / mib)
+             : nlohmann::json(),
+         1},
         {"param_mib", memory.params / mib, 1},
         {"grad_mib", memory.grads / mib, 1},
         {"grad_resident_mib", memory.grads_resident / mib, 1},
@@ -269,10 +273,11 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
     std::string line = "bench:";
     for (const Field& f : fields) {
       summary[f.key] = f.value;
-      const std::string text = f.value.is_null()   ? std::string("n/a")
+      const std::string text = f.value.is_null()     ? std::string("n/a")
                                : f.value.is_string() ? f.value.get<std::string>()
-                               : f.decimals >= 0     ? fmt::format("{:.{}f}", f.value.get<double>(), f.decimals)
-                                                     : f.value.dump();
+                               : f.decimals >= 0
+                                   ? fmt::format("{:.{}f}", f.value.get<double>(), f.decimals)
+                                   : f.value.dump();
       line += fmt::format(" {}={}", f.key, text);
     }
     const std::string attention = backend->attention_note();

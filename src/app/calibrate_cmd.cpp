@@ -94,9 +94,10 @@ int run_calibrate(const CalibrateArgs& args, const BlasCoreCheck& blas) {
   // mpirun's binding of this rank: the overlap figure is measured inside it, as a training
   // rank's compute and communication threads run.
   const int bound = allowed_cores();
-  progress(lead, "{}, {} cores online, {} rank(s), {} thread(s) for memory; OpenBLAS core {}; "
-           "load average {} before measuring", cpu_model(), cores, size, threads,
-           blas.chosen.empty() ? "unknown" : blas.chosen, load);
+  progress(lead,
+           "{}, {} cores online, {} rank(s), {} thread(s) for memory; OpenBLAS core {}; "
+           "load average {} before measuring",
+           cpu_model(), cores, size, threads, blas.chosen.empty() ? "unknown" : blas.chosen, load);
   Hardware hw;
   hw.name = name;
   hw.kind = "cpu";
@@ -108,19 +109,24 @@ int run_calibrate(const CalibrateArgs& args, const BlasCoreCheck& blas) {
   if (lead) {
     validate_matmul(*single);
     measure_compute(*single, cores, hw, [&](int round, const ComputeRound& r) {
-      progress(lead, "round {}/{}: linear layers {:.1f} .. {:.1f} GFLOP/s (d = 32 .. 1024), "
+      progress(lead,
+               "round {}/{}: linear layers {:.1f} .. {:.1f} GFLOP/s (d = 32 .. 1024), "
                "elementwise {:.2f} GB/s, AdamW {:.2f} GB/s, small GPT {:.1f} ms on 1 thread, "
-               "{:.1f} ms on {}", round + 1, kComputeRounds, r.gemm.front().tflops * 1e3,
-               r.gemm.back().tflops * 1e3, r.elementwise_gbytes_per_s, r.optimizer_gbytes_per_s,
-               1e3 * r.small_gpt_s, 1e3 * r.small_gpt_all_threads_s, cores);
+               "{:.1f} ms on {}",
+               round + 1, kComputeRounds, r.gemm.front().tflops * 1e3, r.gemm.back().tflops * 1e3,
+               r.elementwise_gbytes_per_s, r.optimizer_gbytes_per_s, 1e3 * r.small_gpt_s,
+               1e3 * r.small_gpt_all_threads_s, cores);
     });
     for (const GemmPoint& p : hw.gemm)
-      progress(lead, "linear layer [{}, {}] -> {}, forward and backward, 1 thread: {:.1f} "
-               "GFLOP/s (median of {} rounds)", p.min_dim, 2 * p.min_dim, 8 * p.min_dim,
-               p.tflops * 1e3, kComputeRounds);
-    progress(lead, "medians: elementwise {:.2f} GB/s, AdamW {:.2f} GB/s at 32 B per parameter, "
-             "compute_efficiency {:.2f}, thread_scaling {:.2f}", hw.elementwise_gbytes_per_s,
-             hw.optimizer_gbytes_per_s, hw.compute_efficiency, hw.thread_scaling);
+      progress(lead,
+               "linear layer [{}, {}] -> {}, forward and backward, 1 thread: {:.1f} "
+               "GFLOP/s (median of {} rounds)",
+               p.min_dim, 2 * p.min_dim, 8 * p.min_dim, p.tflops * 1e3, kComputeRounds);
+    progress(lead,
+             "medians: elementwise {:.2f} GB/s, AdamW {:.2f} GB/s at 32 B per parameter, "
+             "compute_efficiency {:.2f}, thread_scaling {:.2f}",
+             hw.elementwise_gbytes_per_s, hw.optimizer_gbytes_per_s, hw.compute_efficiency,
+             hw.thread_scaling);
     const size_t n = size_t(8) << 20;  // 64 MiB of doubles per array
     {
       AllCoresWhileAlive widen(cores);
@@ -136,16 +142,20 @@ int run_calibrate(const CalibrateArgs& args, const BlasCoreCheck& blas) {
   if (size >= 2) {
     comm = MpiComm::duplicate(world, "calibrate");
     hw.intra_node = measure_link(*comm, world, size_t(64) << 20, 5);
-    progress(lead, "link: MpiComm ring all-reduce, {} ranks: busbw {:.3f} GB/s, latency {:.1f} us "
-             "per hop", size, hw.intra_node.gbytes_per_s, hw.intra_node.latency_us);
+    progress(lead,
+             "link: MpiComm ring all-reduce, {} ranks: busbw {:.3f} GB/s, latency {:.1f} us "
+             "per hop",
+             size, hw.intra_node.gbytes_per_s, hw.intra_node.latency_us);
     notes.push_back(fmt::format(
         "intra_node: MpiComm ring all-reduce (MPI_Iallreduce, libnbc ring) over {} ranks on this "
         "node; busbw from 64 MiB with the latency taken out; latency = one-float all-reduce / "
-        "2(n-1); slowest rank, best of 5", size));
+        "2(n-1); slowest rank, best of 5",
+        size));
   } else {
     const double copy = measure_copy(size_t(64) << 20);
     hw.intra_node = {round_sig(copy / 2), 1.0};
-    progress(lead, "link: one rank, no peer: intra_node estimated as half of one thread's "
+    progress(lead,
+             "link: one rank, no peer: intra_node estimated as half of one thread's "
              "memcpy ({:.2f} GB/s), latency assumed 1 us; run under mpirun -n 2 to measure it",
              copy);
     notes.push_back("intra_node: NOT measured (one rank): half of one thread's memcpy rate "
@@ -160,13 +170,15 @@ int run_calibrate(const CalibrateArgs& args, const BlasCoreCheck& blas) {
     const double bytes = args.emulate_gbps * 1e9 / 8 * 0.05 * size / (2.0 * (size - 1));
     const size_t large = std::clamp<size_t>(size_t(bytes) / 4096 * 4096, 1u << 20, 64u << 20);
     hw.inter_node = measure_link(*emulated, world, large, 3);
-    progress(lead, "emulated link ({} Gbit/s, {} us): busbw {:.4f} GB/s, latency {:.1f} us per "
-             "hop", args.emulate_gbps, args.emulate_latency_us, hw.inter_node.gbytes_per_s,
+    progress(lead,
+             "emulated link ({} Gbit/s, {} us): busbw {:.4f} GB/s, latency {:.1f} us per "
+             "hop",
+             args.emulate_gbps, args.emulate_latency_us, hw.inter_node.gbytes_per_s,
              hw.inter_node.latency_us);
     notes.push_back(fmt::format(
         "inter_node: the same all-reduce through MpiComm's emulated link (--emulate-gbps {} "
-        "--emulate-latency-us {}), {} MiB", args.emulate_gbps, args.emulate_latency_us,
-        large >> 20));
+        "--emulate-latency-us {}), {} MiB",
+        args.emulate_gbps, args.emulate_latency_us, large >> 20));
   } else {
     hw.inter_node = hw.intra_node;
     notes.push_back(size >= 2 && args.emulate_gbps <= 0
@@ -176,23 +188,28 @@ int run_calibrate(const CalibrateArgs& args, const BlasCoreCheck& blas) {
 
   const OverlapRates overlap = measure_overlap(*single, comm.get(), world);
   hw.overlap_slowdown = round_sig(overlap.slowdown());
-  progress(lead, "overlap: gemm 512x512x512, 1 thread: {:.1f} GFLOP/s alone, {:.1f} GFLOP/s with "
-           "{}: slowdown {:.3f}", overlap.alone / 1e9, overlap.with_comm / 1e9,
+  progress(lead,
+           "overlap: gemm 512x512x512, 1 thread: {:.1f} GFLOP/s alone, {:.1f} GFLOP/s with "
+           "{}: slowdown {:.3f}",
+           overlap.alone / 1e9, overlap.with_comm / 1e9,
            comm ? "this rank's communication thread running all-reduces"
                 : "a thread copying 16 MiB buffers (one rank)",
            hw.overlap_slowdown);
   notes.push_back(fmt::format("thread_scaling: the small GPT's forward + backward on {} threads "
                               "in one process against ({} x) its 1-thread time, medians (a "
-                              "large GEMM alone scaled 0.7-0.9; whole steps scale less)", cores,
-                              cores));
+                              "large GEMM alone scaled 0.7-0.9; whole steps scale less)",
+                              cores, cores));
   if (size >= 2) {
     const double alone = overlap.alone > 0 ? overlap.alone : 1;  // rank 0's is the one written
     hw.core_scaling = round_sig(measure_core_scaling(*single, world, size, alone));
-    progress(lead, "cores: {} ranks computing 512x512x512 GEMMs at once get {:.2f} of one "
-             "alone each", size, hw.core_scaling);
+    progress(lead,
+             "cores: {} ranks computing 512x512x512 GEMMs at once get {:.2f} of one "
+             "alone each",
+             size, hw.core_scaling);
     notes.push_back(fmt::format(
         "core_scaling: the mean single-thread 512^3 GEMM rate of {} ranks computing at once / "
-        "rank 0's rate alone, best of 2 windows of 0.4 s", size));
+        "rank 0's rate alone, best of 2 windows of 0.4 s",
+        size));
   } else {
     notes.push_back("core_scaling: NOT measured (one rank): 1 assumed; calibrate under mpirun "
                     "-n <cores> to measure it");
@@ -200,8 +217,10 @@ int run_calibrate(const CalibrateArgs& args, const BlasCoreCheck& blas) {
   notes.push_back(fmt::format(
       "overlap_slowdown: 1 - (single-thread 512^3 GEMM rate while {}) / (rate alone), best of 2 "
       "windows of 0.4 s each, inside rank 0's binding ({} core(s) allowed), as a training rank "
-      "runs", comm ? "rank 0's communication thread runs 16 MiB all-reduces"
-                   : "a thread copies 16 MiB buffers (one rank, no peer)", bound));
+      "runs",
+      comm ? "rank 0's communication thread runs 16 MiB all-reduces"
+           : "a thread copies 16 MiB buffers (one rank, no peer)",
+      bound));
 
   setup_step([&] {
     if (!lead) return;
@@ -213,8 +232,8 @@ int run_calibrate(const CalibrateArgs& args, const BlasCoreCheck& blas) {
                   ExitCode::kInternal);
     hw.sources.push_back(fmt::format("measured by trident plan --calibrate on {}, {}, {} thread(s) "
                                      "for memory, {} rank(s), OpenBLAS core {}, load average {} "
-                                     "before measuring (other work lowers every figure)", today(),
-                                     cpu_model(), threads, size, blas.chosen, load));
+                                     "before measuring (other work lowers every figure)",
+                                     today(), cpu_model(), threads, size, blas.chosen, load));
     hw.sources.push_back("gemm: a linear layer [4d, d] -> 4d, forward and backward "
                          "(CpuBackend::matmul_forward, matmul_backward), 1 thread, runs of >= 20 "
                          "ms, median run; peak_tflops = best point");
@@ -226,7 +245,8 @@ int run_calibrate(const CalibrateArgs& args, const BlasCoreCheck& blas) {
     hw.sources.push_back("elementwise_gbytes_per_s: CpuBackend layernorm_forward, gelu_forward, "
                          "gelu_backward over [1024, 768] and [1024, 3072], 1 thread, median of 7");
     hw.sources.push_back(fmt::format("memory_gbytes_per_s: STREAM triad, {} threads, 3 x 64 MiB "
-                                     "double arrays, 24 bytes per element, best of 10", threads));
+                                     "double arrays, 24 bytes per element, best of 10",
+                                     threads));
     hw.sources.push_back("memory_gb: /proc/meminfo MemTotal");
     for (const std::string& note : notes) hw.sources.push_back(note);
     hw.sources.push_back("attention_tflops: 0 (the CPU backend's attention runs as loops over "

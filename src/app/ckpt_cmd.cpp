@@ -19,8 +19,8 @@ int run_ckpt_verify(const std::string& path) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank == 0) {
     const CheckpointMeta meta = read_checkpoint_meta(resolved);
-    fmt::print("ok: {}: step {}, run {}, every shard and checksum verified\n", resolved,
-               meta.step, meta.run_id);
+    fmt::print("ok: {}: step {}, run {}, every shard and checksum verified\n", resolved, meta.step,
+               meta.run_id);
   }
   return 0;
 }

@@ -53,13 +53,13 @@ int run_grid(int world, int dp, int tp, int pp);
 
 struct PlanArgs {
   DeckArgs deck;
-  std::string hardware;        // a name under inputs/hardware/ or a path
-  int gpus = 0;                // ranks (devices) to plan for
-  int global_batch = 0;        // sequences per step; 0: the deck's micro_batch·accum·dp
-  std::string layout;          // evaluate this one layout only
-  bool json = false;           // one JSON object per layout instead of the table
-  int top = 10;                // layouts printed
-  std::string png;             // a PNG of the top layouts' predicted step split
+  std::string hardware;  // a name under inputs/hardware/ or a path
+  int gpus = 0;          // ranks (devices) to plan for
+  int global_batch = 0;  // sequences per step; 0: the deck's micro_batch·accum·dp
+  std::string layout;    // evaluate this one layout only
+  bool json = false;     // one JSON object per layout instead of the table
+  int top = 10;          // layouts printed
+  std::string png;       // a PNG of the top layouts' predicted step split
   // Restrict the search (empty: everything): sizes and options to try.
   std::vector<int> tp, pp, micro, zero, sp;
   std::vector<std::string> recompute, schedules;
@@ -69,10 +69,10 @@ struct PlanArgs {
 int run_plan(const PlanArgs& args);
 
 struct CalibrateArgs {
-  std::string out;             // empty: inputs/hardware/<name>.yaml in the source tree
-  std::string name;            // the description's name; empty: "this-machine"
-  int threads = 0;             // 0: every core of the node
-  double emulate_gbps = 0;     // also measure the emulated link (comm.emulate_gbps) ...
+  std::string out;                // empty: inputs/hardware/<name>.yaml in the source tree
+  std::string name;               // the description's name; empty: "this-machine"
+  int threads = 0;                // 0: every core of the node
+  double emulate_gbps = 0;        // also measure the emulated link (comm.emulate_gbps) ...
   double emulate_latency_us = 0;  // ... with this latency
 };
 // `trident plan --calibrate`: an MPI program (one rank measures GEMMs and memory; with two or

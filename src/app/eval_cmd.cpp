@@ -32,8 +32,7 @@ struct Loaded {
 
 // `whole`: one rank holds the whole model on the host, whatever layout the deck names (the
 // checkpoint loads in any layout). An empty `checkpoint`: the deck's own weights.
-Loaded load_for_inference(const DeckArgs& args, const std::string& checkpoint,
-                          bool whole = false) {
+Loaded load_for_inference(const DeckArgs& args, const std::string& checkpoint, bool whole = false) {
   Loaded l;
   setup_step([&] {
     l.deck = load_deck(args.deck, args.overrides);
@@ -52,7 +51,7 @@ Loaded load_for_inference(const DeckArgs& args, const std::string& checkpoint,
     l.device_comms = make_device_comms(l.deck, *l.backend, *l.grid);
     l.trainer = std::make_unique<Trainer>(
         l.deck, TrainContext{l.backend.get(), 0.0, l.grid.get(), nullptr, l.device_comms.dp.get(),
-                                    l.device_comms.tp.get()});
+                             l.device_comms.tp.get()});
   });
   if (!l.path.empty()) setup_step([&] { l.meta = l.trainer->load(l.path); });
   return l;
@@ -85,7 +84,8 @@ int run_generate(const GenerateArgs& args) {
                 "run.precision=fp32 (the checkpoint's weights are fp32 either way)");
   if (cfg.vocab > 256)
     input_error("generate: model.vocab {} is not byte-level; only byte-level (vocab 256) "
-                "models can turn text into tokens here", cfg.vocab);
+                "models can turn text into tokens here",
+                cfg.vocab);
   std::vector<int32_t> tokens(args.prompt.begin(), args.prompt.end());
   for (int32_t& t : tokens) t = int32_t(static_cast<unsigned char>(t));
   if (tokens.empty()) input_error("generate: --prompt is empty");
@@ -145,8 +145,9 @@ int run_export(const ExportArgs& args) {
                             : l.deck.model.init_from)
                      : fmt::format("checkpoint {} (step {})", l.path, l.meta.step);
   fmt::print("export: {} -> {} ({}, {} bytes): layers={} d_model={} heads={} vocab={} "
-             "max_seq_len={}\n", from, args.out, args.format, bytes, cfg.layers, cfg.channels,
-             cfg.heads, cfg.vocab, cfg.max_seq_len);
+             "max_seq_len={}\n",
+             from, args.out, args.format, bytes, cfg.layers, cfg.channels, cfg.heads, cfg.vocab,
+             cfg.max_seq_len);
   return 0;
 }
 

@@ -38,8 +38,7 @@ int world_size_or_one() {
   const int size = world_size_or_one();
   if (size > 1)
     std::fprintf(stderr, "trident: error (rank %d): %s\n", world_rank_or_zero(), msg.c_str());
-  else
-    std::fprintf(stderr, "trident: error: %s\n", msg.c_str());
+  else std::fprintf(stderr, "trident: error: %s\n", msg.c_str());
   std::fflush(stderr);
   if (size > 1) MPI_Abort(MPI_COMM_WORLD, code);
   if (trident::checkpoint_write_broken()) {  // Note [Leaving after a storage fault]
@@ -70,13 +69,15 @@ int main(int argc, char** argv) {
   auto* train = app.add_subcommand("train", "train a model described by an input deck");
   train->add_option("deck", train_args.deck, "YAML input deck")->required();
   train->add_option("--set", train_args.overrides, "override one deck key: a.b=value")
-      ->take_all()->allow_extra_args(false);
+      ->take_all()
+      ->allow_extra_args(false);
 
   BenchArgs bench_args;
   auto* bench = app.add_subcommand("bench", "time whole training steps; ends with a bench: line");
   bench->add_option("deck", bench_args.deck.deck, "YAML input deck")->required();
   bench->add_option("--set", bench_args.deck.overrides, "override one deck key: a.b=value")
-      ->take_all()->allow_extra_args(false);
+      ->take_all()
+      ->allow_extra_args(false);
   bench->add_option("--warmup", bench_args.warmup_steps, "untimed steps first")
       ->check(CLI::NonNegativeNumber);
   bench->add_option("--steps", bench_args.steps, "timed steps (the median is reported)")
@@ -89,7 +90,8 @@ int main(int argc, char** argv) {
   eval->add_option("--ckpt", eval_ckpt, "checkpoint directory (or checkpoint.dir: its latest)")
       ->required();
   eval->add_option("--set", eval_args.overrides, "override one deck key: a.b=value")
-      ->take_all()->allow_extra_args(false);
+      ->take_all()
+      ->allow_extra_args(false);
 
   GenerateArgs gen_args;
   auto* generate = app.add_subcommand("generate", "sample text from a checkpoint (one rank)");
@@ -101,7 +103,8 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   generate->add_option("--seed", gen_args.seed, "sampling seed");
   generate->add_option("--set", gen_args.deck.overrides, "override one deck key: a.b=value")
-      ->take_all()->allow_extra_args(false);
+      ->take_all()
+      ->allow_extra_args(false);
 
   ExportArgs export_args;
   auto* export_cmd = app.add_subcommand(
@@ -113,9 +116,11 @@ int main(int argc, char** argv) {
                          "checkpoint directory (or checkpoint.dir: its latest); without it, the "
                          "deck's own weights (model.init_from, or its seed's initialisation)");
   export_cmd->add_option("--format", export_args.format, "llmc | safetensors")
-      ->required()->check(CLI::IsMember({"llmc", "safetensors"}));
+      ->required()
+      ->check(CLI::IsMember({"llmc", "safetensors"}));
   export_cmd->add_option("--set", export_args.deck.overrides, "override one deck key: a.b=value")
-      ->take_all()->allow_extra_args(false);
+      ->take_all()
+      ->allow_extra_args(false);
 
   std::string ckpt_path;
   auto* ckpt = app.add_subcommand("ckpt", "checkpoint tools");
@@ -140,7 +145,8 @@ int main(int argc, char** argv) {
               "measures this machine into a hardware file (under mpirun for the link)");
   plan->add_option("deck", plan_args.deck.deck, "YAML input deck (the model)");
   plan->add_option("--set", plan_args.deck.overrides, "override one deck key: a.b=value")
-      ->take_all()->allow_extra_args(false);
+      ->take_all()
+      ->allow_extra_args(false);
   plan->add_option("--hardware", plan_args.hardware, "inputs/hardware/NAME.yaml, or a path");
   plan->add_option("--gpus", plan_args.gpus, "devices (ranks) to plan for")
       ->check(CLI::PositiveNumber);
@@ -154,15 +160,20 @@ int main(int argc, char** argv) {
   plan->add_option("--tp", plan_args.tp, "search: only these tp sizes")->delimiter(',');
   plan->add_option("--pp", plan_args.pp, "search: only these pp sizes")->delimiter(',');
   plan->add_option("--micro", plan_args.micro, "search: micro-batch sizes (default 1,2,4,8)")
-      ->delimiter(',')->check(CLI::PositiveNumber);
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
   plan->add_option("--zero", plan_args.zero, "search: ZeRO stages (default 0,1,2)")
-      ->delimiter(',')->check(CLI::Range(0, 2));
+      ->delimiter(',')
+      ->check(CLI::Range(0, 2));
   plan->add_option("--sp", plan_args.sp, "search: sequence parallelism 0,1 with tp > 1")
-      ->delimiter(',')->check(CLI::Range(0, 1));
+      ->delimiter(',')
+      ->check(CLI::Range(0, 1));
   plan->add_option("--recompute", plan_args.recompute, "search: none,mlp,full")
-      ->delimiter(',')->check(CLI::IsMember({"none", "mlp", "full"}));
+      ->delimiter(',')
+      ->check(CLI::IsMember({"none", "mlp", "full"}));
   plan->add_option("--schedules", plan_args.schedules, "search: 1f1b,interleaved,zb-h1,gpipe")
-      ->delimiter(',')->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb-h1"}));
+      ->delimiter(',')
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb-h1"}));
   plan->add_option("--max-v", plan_args.max_v, "search: most virtual stages (interleaved)")
       ->check(CLI::PositiveNumber);
   plan->add_flag("--calibrate", calibrate, "measure this machine; write a hardware file");
@@ -174,7 +185,8 @@ int main(int argc, char** argv) {
                    "--calibrate: measure the emulated link too (comm.emulate_gbps)")
       ->check(CLI::NonNegativeNumber);
   plan->add_option("--emulate-latency-us", calibrate_args.emulate_latency_us,
-                   "--calibrate: the emulated link's latency")->check(CLI::NonNegativeNumber);
+                   "--calibrate: the emulated link's latency")
+      ->check(CLI::NonNegativeNumber);
 
   try {
     app.parse(argc, argv);
@@ -206,7 +218,8 @@ int main(int argc, char** argv) {
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
     if (provided < MPI_THREAD_MULTIPLE)
       fail(fmt::format("MPI_Init_thread: this MPI provides thread level {} but trident needs "
-                       "MPI_THREAD_MULTIPLE ({})", provided, MPI_THREAD_MULTIPLE),
+                       "MPI_THREAD_MULTIPLE ({})",
+                       provided, MPI_THREAD_MULTIPLE),
            int(ExitCode::kInternal));
     setup_step(check_slurm_launch);  // Note [Slurm launch check]
     int rc = 0;

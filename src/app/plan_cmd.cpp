@@ -45,18 +45,18 @@ nlohmann::json to_json(const Prediction& p, const Hardware& hw) {
 // The step's split as "gemm 61% bubble 12% ...", largest first, terms of at least 1%.
 std::string split(const Prediction& p) {
   std::vector<PlanTerm> t = p.time;
-  std::sort(t.begin(), t.end(), [](const PlanTerm& a, const PlanTerm& b) {
-    return a.value > b.value;
-  });
+  std::sort(t.begin(), t.end(),
+            [](const PlanTerm& a, const PlanTerm& b) { return a.value > b.value; });
   std::string s;
   for (const PlanTerm& x : t)
-    if (x.value >= 0.01 * p.step_s) s += fmt::format("{} {:.0f}%  ", x.name, 100 * x.value / p.step_s);
+    if (x.value >= 0.01 * p.step_s)
+      s += fmt::format("{} {:.0f}%  ", x.name, 100 * x.value / p.step_s);
   return s;
 }
 
 void print_one(const Prediction& p, const Hardware& hw) {
-  fmt::print("layout {} on {} ({} rank{})\n", format_layout(p.layout), hw.name,
-             p.layout.world(), p.layout.world() > 1 ? "s" : "");
+  fmt::print("layout {} on {} ({} rank{})\n", format_layout(p.layout), hw.name, p.layout.world(),
+             p.layout.world() > 1 ? "s" : "");
   if (!p.why_not.empty()) fmt::print("  does not fit: {}\n", p.why_not);
   if (p.step_s > 0)
     fmt::print("  step {:.4g} s  {:.4g} tokens/s  {:.4g} TFLOP/s per rank  MFU {}\n", p.step_s,
@@ -75,15 +75,15 @@ void print_one(const Prediction& p, const Hardware& hw) {
 std::string why_best(const Prediction& a, const Prediction& b) {
   std::vector<std::pair<double, std::string>> d;
   for (const PlanTerm& t : a.time) d.push_back({b.term(t.name) - t.value, t.name});
-  std::sort(d.begin(), d.end(), [](const auto& x, const auto& y) {
-    return std::abs(x.first) > std::abs(y.first);
-  });
+  std::sort(d.begin(), d.end(),
+            [](const auto& x, const auto& y) { return std::abs(x.first) > std::abs(y.first); });
   if (b.step_s - a.step_s <= 1e-9 * a.step_s)
     return fmt::format("ties with #2 ({}) at {:.4g} s per step and holds {:.3g} GB per rank "
-                       "against its {:.3g} GB", format_layout(b.layout), a.step_s,
-                       a.memory_bytes / 1e9, b.memory_bytes / 1e9);
-  std::string s = fmt::format("{:.1f}% faster than #2 ({}): ",
-                              100 * (b.step_s / a.step_s - 1), format_layout(b.layout));
+                       "against its {:.3g} GB",
+                       format_layout(b.layout), a.step_s, a.memory_bytes / 1e9,
+                       b.memory_bytes / 1e9);
+  std::string s = fmt::format("{:.1f}% faster than #2 ({}): ", 100 * (b.step_s / a.step_s - 1),
+                              format_layout(b.layout));
   for (size_t i = 0; i < d.size() && i < 3; ++i)
     if (d[i].first != 0)
       s += fmt::format("{}{} {:+.3g} s", i ? ", " : "", d[i].second, -d[i].first);
@@ -141,10 +141,8 @@ int run_plan(const PlanArgs& args) {
     const Prediction p = predict(model, layout, hw);
     if (p.step_s <= 0)  // a layout trident refuses: bad input
       input_error("--layout {}: {}", args.layout, p.why_not);
-    if (args.json)
-      fmt::print("{}\n", to_json(p, hw).dump());
-    else
-      print_one(p, hw);
+    if (args.json) fmt::print("{}\n", to_json(p, hw).dump());
+    else print_one(p, hw);
     if (!args.png.empty()) draw_png({p}, hw, args.png);
     return 0;
   }
@@ -176,16 +174,15 @@ int run_plan(const PlanArgs& args) {
     fmt::print("plan: {} ({} layers, d_model {}, {} heads, seq {}), {} on {} ({} rank{}), "
                "global batch {} sequences; {} layouts, {} fit\n",
                deck.source, model.layers, model.d_model, model.heads, model.seq_len, hw.name,
-               hw.path, args.gpus, args.gpus > 1 ? "s" : "", global_batch, ranked.size(),
-               fitting);
-    fmt::print("{:>3}  {:<70} {:>11} {:>9} {:>6} {:>9}  {}\n", "#", "layout", "tokens/s",
-               "TFLOP/s", "MFU", "GB/rank", "step split");
+               hw.path, args.gpus, args.gpus > 1 ? "s" : "", global_batch, ranked.size(), fitting);
+    fmt::print("{:>3}  {:<70} {:>11} {:>9} {:>6} {:>9}  {}\n", "#", "layout", "tokens/s", "TFLOP/s",
+               "MFU", "GB/rank", "step split");
     for (size_t i = 0; i < top; ++i) {
       const Prediction& p = ranked[i];
       fmt::print("{:>3}  {:<70} {:>11.4g} {:>9.4g} {:>6} {:>9.3g}  {}{}\n", i + 1,
                  format_layout(p.layout), p.tokens_per_s, p.tflops_per_gpu,
-                 format_mfu_percent(p.mfu),
-                 p.memory_bytes / 1e9, p.fits ? "" : "[does not fit] ", split(p));
+                 format_mfu_percent(p.mfu), p.memory_bytes / 1e9, p.fits ? "" : "[does not fit] ",
+                 split(p));
     }
     if (ranked.size() > 1 && ranked[0].fits && ranked[1].fits)
       fmt::print("best: {}\n", why_best(ranked[0], ranked[1]));

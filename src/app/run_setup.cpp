@@ -38,7 +38,7 @@ void setup_step(const std::function<void()>& step) {
   f.code = worst;
   f.print = rank == first_failing;
   f.message = world > 1 ? fmt::format("trident: error (rank {}): {}", rank, message)
-                         : fmt::format("trident: error: {}", message);
+                        : fmt::format("trident: error: {}", message);
   throw f;
 }
 
@@ -53,7 +53,8 @@ std::unique_ptr<ProcessGrid> make_grid(const Deck& deck) {
   TRIDENT_MPI(MPI_Allreduce(&h, &hi, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD));
   if (lo != hi)
     input_error("the resolved deck differs between ranks (this is rank {}): every rank must be "
-                "started with the same deck and --set options", rank);
+                "started with the same deck and --set options",
+                rank);
   const GridLayout layout =
       make_layout(world, deck.parallel.dp, deck.parallel.tp, deck.parallel.pp);
   auto grid = std::make_unique<ProcessGrid>(layout);
@@ -68,8 +69,7 @@ std::unique_ptr<TraceWriter> make_trace(const Deck& deck, const ProcessGrid& gri
     p.replace_filename(p.stem().string() + ".rank" + std::to_string(grid.world_rank()) +
                        p.extension().string());
   if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
-  return std::make_unique<TraceWriter>(p.string(), grid.world_rank(),
-                                       TraceWriter::Clock::now());
+  return std::make_unique<TraceWriter>(p.string(), grid.world_rank(), TraceWriter::Clock::now());
 }
 
 Run make_run(const Deck& deck, const std::function<double(Backend&)>& measure_peak) {
@@ -80,9 +80,9 @@ Run make_run(const Deck& deck, const std::function<double(Backend&)>& measure_pe
     const double peak = measure_peak(*run.backend);
     run.device_comms = make_device_comms(deck, *run.backend, *run.grid);
     run.trace = make_trace(deck, *run.grid);
-    run.context = TrainContext{run.backend.get(),   peak,
-                               run.grid.get(),      run.trace.get(),
-                               run.device_comms.dp.get(), run.device_comms.tp.get()};
+    run.context = TrainContext{
+        run.backend.get(),        peak, run.grid.get(), run.trace.get(), run.device_comms.dp.get(),
+        run.device_comms.tp.get()};
     // Validates the datasets and model.init_from before anything is written.
     run.trainer = std::make_unique<Trainer>(deck, run.context);
   });

@@ -3,8 +3,8 @@
 
 #include <fmt/format.h>
 
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstring>
@@ -63,8 +63,11 @@ std::string new_run_id() {
 // run. Written to a temporary name and renamed: never half a file.
 void write_run_state(const fs::path& out_dir, const char* state, const char* reason, int step,
                      int steps, const std::string& checkpoint) {
-  const nlohmann::json j = {{"state", state}, {"reason", reason},     {"step", step},
-                            {"steps", steps}, {"checkpoint", checkpoint}};
+  const nlohmann::json j = {{"state", state},
+                            {"reason", reason},
+                            {"step", step},
+                            {"steps", steps},
+                            {"checkpoint", checkpoint}};
   const fs::path tmp = out_dir / "run_state.json.tmp";
   {
     std::ofstream f(tmp);
@@ -96,7 +99,6 @@ std::string format_eta(double seconds) {
   if (seconds < 7200) return fmt::format("{:.1f} min", seconds / 60);
   return fmt::format("{:.1f} h", seconds / 3600);
 }
-
 
 }  // namespace
 
@@ -140,7 +142,8 @@ int run_train(const DeckArgs& args, const BlasCoreCheck& blas) {
     if (ck.resume != "false") resume_from = latest_checkpoint(ck.dir);
     if (ck.resume == "true" && resume_from.empty())
       input_error("checkpoint.resume: true, but checkpoint.dir {} has no checkpoint (no "
-                  "'latest')", ck.dir);
+                  "'latest')",
+                  ck.dir);
   });
   int first_step = 0;
   std::string run_id;
@@ -157,16 +160,16 @@ int run_train(const DeckArgs& args, const BlasCoreCheck& blas) {
     first_step = int(meta.step);
     run_id = meta.run_id;
     if (lead)
-      fmt::print("resumed from {} (step {}, run {}, saved by dp {} x tp {} x pp {})\n",
-                 resume_from, meta.step, meta.run_id, meta.dp, meta.tp, meta.pp);
+      fmt::print("resumed from {} (step {}, run {}, saved by dp {} x tp {} x pp {})\n", resume_from,
+                 meta.step, meta.run_id, meta.dp, meta.tp, meta.pp);
   } else {
     run_id = new_run_id();
     if (lead && ck.resume == "auto" && !ck.dir.empty())
       fmt::print("checkpoint.resume: auto, but {} has no checkpoint yet: starting from step 0\n",
                  ck.dir);
   }
-  const int end_step = deck.train.stop_at > 0 ? std::min(deck.train.stop_at, deck.train.steps)
-                                              : deck.train.steps;
+  const int end_step =
+      deck.train.stop_at > 0 ? std::min(deck.train.stop_at, deck.train.steps) : deck.train.steps;
   std::string saved_path;
   auto save = [&](int steps_done, const char* why) {
     if (ck.dir.empty()) return;
@@ -239,14 +242,14 @@ int run_train(const DeckArgs& args, const BlasCoreCheck& blas) {
         std::fflush(stdout);
       } else if (s.step % deck.log.every == 0 || last_step || step == first_step ||
                  s.step == end_step) {
-        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                             t_start).count();
+        const double elapsed =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
         const double eta = elapsed / (s.step - first_step) * (end_step - s.step);
         std::string val = std::isnan(s.val_loss) ? "" : fmt::format(" | val {:.4f}", s.val_loss);
-        std::string comm = trainer.dp_size() > 1
-                               ? fmt::format(" | comm {:.1f} ms, exposed {:.1f} ms",
-                                             s.comm_ms, s.exposed_comm_ms)
-                               : "";
+        std::string comm =
+            trainer.dp_size() > 1
+                ? fmt::format(" | comm {:.1f} ms, exposed {:.1f} ms", s.comm_ms, s.exposed_comm_ms)
+                : "";
         fmt::print("step {:>5}/{} | loss {:.4f}{} | lr {:.2e} | norm {:.3f} | {:.1f} ms | "
                    "{:.0f} tok/s | mfu {}{} | eta {}\n",
                    s.step, deck.train.steps, s.loss, val, s.lr, s.grad_norm, s.ms_per_step,
@@ -263,13 +266,13 @@ int run_train(const DeckArgs& args, const BlasCoreCheck& blas) {
     if (ck.every > 0 && steps_done % ck.every == 0 && steps_done != end_step)
       save(steps_done, "every");
   }
-  const char* reason = stopped_by_signal                ? "stop signal"
+  const char* reason = stopped_by_signal               ? "stop signal"
                        : steps_done < deck.train.steps ? "stop_at"
                                                        : "end";
   if (!stopped_by_signal) save(steps_done, reason);
   if (lead)
-    write_run_state(out_dir, steps_done < deck.train.steps ? "stopped" : "done", reason,
-                    steps_done, deck.train.steps, saved_path);
+    write_run_state(out_dir, steps_done < deck.train.steps ? "stopped" : "done", reason, steps_done,
+                    deck.train.steps, saved_path);
   if (trace) {
     trace->write();
     if (lead) fmt::print("trace: {} (one file per rank; open in Perfetto)\n", trace->path());

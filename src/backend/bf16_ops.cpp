@@ -88,8 +88,7 @@ void Backend::matmul_forward_bf16(bfloat16* out, const bfloat16* inp, const bflo
 }
 
 void Backend::matmul_forward_add_bf16(float* out, const float* residual, const bfloat16* inp,
-                                      const bfloat16* w, const float* bias, int N, int C,
-                                      int OC) {
+                                      const bfloat16* w, const float* bias, int N, int C, int OC) {
   host_only(*this, __func__);
   const std::vector<float> x = widen(inp, size_t(N) * C), wf = widen(w, size_t(OC) * C);
   std::vector<float> y(size_t(N) * OC);
@@ -110,8 +109,7 @@ void Backend::matmul_backward_bf16(bfloat16* dinp, float* dw, float* dbias, cons
 }
 
 void Backend::matmul_gelu_forward_bf16(bfloat16* out, bfloat16* pre, const bfloat16* inp,
-                                       const bfloat16* w, const float* bias, int N, int C,
-                                       int OC) {
+                                       const bfloat16* w, const float* bias, int N, int C, int OC) {
   host_only(*this, __func__);
   const size_t n = size_t(N) * OC;
   const std::vector<float> x = widen(inp, size_t(N) * C), wf = widen(w, size_t(OC) * C);

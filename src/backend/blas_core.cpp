@@ -52,8 +52,8 @@ CpuFeatures detect_cpu_features() {
   __get_cpuid(1, &a, &b, &c, &d);
   if (!(c & bit_OSXSAVE)) return f;  // no xgetbv: the OS saves no AVX state
   const uint64_t xcr = xcr0();
-  const bool os_avx = (xcr & 0x6) == 0x6;         // SSE and AVX (YMM) state
-  const bool os_avx512 = (xcr & 0xe6) == 0xe6;    // plus opmask, ZMM0-15 high, ZMM16-31
+  const bool os_avx = (xcr & 0x6) == 0x6;          // SSE and AVX (YMM) state
+  const bool os_avx512 = (xcr & 0xe6) == 0xe6;     // plus opmask, ZMM0-15 high, ZMM16-31
   const bool os_amx = (xcr & 0x60000) == 0x60000;  // XTILECFG and XTILEDATA
   f.avx = os_avx && (c & bit_AVX);
   f.fma = f.avx && (c & bit_FMA);
@@ -120,19 +120,32 @@ bool blas_core_isa(const std::string& core, VectorIsa* isa) {
   // The x86_64 names of OpenBLAS's DYNAMIC_ARCH corename table (driver/others/dynamic.c), by
   // the widest vector instructions their sgemm kernels use.
   static constexpr std::pair<const char*, VectorIsa> kCores[] = {
-      {"Katmai", VectorIsa::kSse},        {"Coppermine", VectorIsa::kSse},
-      {"Northwood", VectorIsa::kSse},     {"Prescott", VectorIsa::kSse},
-      {"Banias", VectorIsa::kSse},        {"Atom", VectorIsa::kSse},
-      {"Core2", VectorIsa::kSse},         {"Penryn", VectorIsa::kSse},
-      {"Dunnington", VectorIsa::kSse},    {"Nehalem", VectorIsa::kSse},
-      {"Athlon", VectorIsa::kSse},        {"Opteron", VectorIsa::kSse},
-      {"Opteron_SSE3", VectorIsa::kSse},  {"Barcelona", VectorIsa::kSse},
-      {"Nano", VectorIsa::kSse},          {"Bobcat", VectorIsa::kSse},
-      {"Sandybridge", VectorIsa::kAvx},   {"Bulldozer", VectorIsa::kAvx},
-      {"Piledriver", VectorIsa::kAvx},    {"Steamroller", VectorIsa::kAvx},
-      {"Excavator", VectorIsa::kAvx},     {"Haswell", VectorIsa::kAvx2},
-      {"Zen", VectorIsa::kAvx2},          {"SkylakeX", VectorIsa::kAvx512},
-      {"Cooperlake", VectorIsa::kAvx512Bf16}, {"SapphireRapids", VectorIsa::kAmx},
+      {"Katmai", VectorIsa::kSse},
+      {"Coppermine", VectorIsa::kSse},
+      {"Northwood", VectorIsa::kSse},
+      {"Prescott", VectorIsa::kSse},
+      {"Banias", VectorIsa::kSse},
+      {"Atom", VectorIsa::kSse},
+      {"Core2", VectorIsa::kSse},
+      {"Penryn", VectorIsa::kSse},
+      {"Dunnington", VectorIsa::kSse},
+      {"Nehalem", VectorIsa::kSse},
+      {"Athlon", VectorIsa::kSse},
+      {"Opteron", VectorIsa::kSse},
+      {"Opteron_SSE3", VectorIsa::kSse},
+      {"Barcelona", VectorIsa::kSse},
+      {"Nano", VectorIsa::kSse},
+      {"Bobcat", VectorIsa::kSse},
+      {"Sandybridge", VectorIsa::kAvx},
+      {"Bulldozer", VectorIsa::kAvx},
+      {"Piledriver", VectorIsa::kAvx},
+      {"Steamroller", VectorIsa::kAvx},
+      {"Excavator", VectorIsa::kAvx},
+      {"Haswell", VectorIsa::kAvx2},
+      {"Zen", VectorIsa::kAvx2},
+      {"SkylakeX", VectorIsa::kAvx512},
+      {"Cooperlake", VectorIsa::kAvx512Bf16},
+      {"SapphireRapids", VectorIsa::kAmx},
   };
   for (const auto& [name, level] : kCores)
     if (strcasecmp(core.c_str(), name) == 0) {
@@ -198,18 +211,18 @@ std::string blas_core_note(const BlasCoreCheck& c) {
                          c.user_coretype, c.chosen, cpu, c.expected);
     case BlasCoreAction::kWarnUncorrected:
     case BlasCoreAction::kReexec:  // only if the re-exec failed
-      return fmt::format("WARNING: OpenBLAS runs the {} kernel, but this {} CPU supports {}: "
-                         "GEMMs run several times slower than they could. {}Set "
-                         "OPENBLAS_CORETYPE={} in the job's environment, or use an OpenBLAS "
-                         "that knows this CPU.",
-                         c.chosen, cpu, c.expected,
-                         c.action == BlasCoreAction::kReexec
-                             ? fmt::format("Re-executing with the right kernel failed ({}). ",
-                                           c.reexec_error)
-                             : fmt::format("Re-executing with OPENBLAS_CORETYPE={} did not "
-                                           "help (first core {}). ",
-                                           c.expected, c.corrected_from),
-                         c.expected);
+      return fmt::format(
+          "WARNING: OpenBLAS runs the {} kernel, but this {} CPU supports {}: "
+          "GEMMs run several times slower than they could. {}Set "
+          "OPENBLAS_CORETYPE={} in the job's environment, or use an OpenBLAS "
+          "that knows this CPU.",
+          c.chosen, cpu, c.expected,
+          c.action == BlasCoreAction::kReexec
+              ? fmt::format("Re-executing with the right kernel failed ({}). ", c.reexec_error)
+              : fmt::format("Re-executing with OPENBLAS_CORETYPE={} did not "
+                            "help (first core {}). ",
+                            c.expected, c.corrected_from),
+          c.expected);
   }
   return "";
 }

@@ -39,21 +39,50 @@ class CountingBackend final : public Backend {
   // takes no memory: nothing to do. Every other op is refused.
   void fill_zero(void*, size_t) override {}
 
-  void encoder_forward(float*, const int32_t*, const float*, const float*, int, int, int) override { refuse("encoder_forward"); }
-  void encoder_backward(float*, float*, const float*, const int32_t*, int, int, int) override { refuse("encoder_backward"); }
-  void layernorm_forward(float*, float*, float*, const float*, const float*, const float*, int, int) override { refuse("layernorm_forward"); }
-  void layernorm_backward(float*, float*, float*, const float*, const float*, const float*, const float*, const float*, int, int) override { refuse("layernorm_backward"); }
-  void matmul_forward(float*, const float*, const float*, const float*, int, int, int) override { refuse("matmul_forward"); }
-  void matmul_backward(float*, float*, float*, const float*, const float*, const float*, int, int, int) override { refuse("matmul_backward"); }
-  void attention_forward(float*, float*, const float*, int, int, int, int) override { refuse("attention_forward"); }
-  void attention_backward(float*, float*, const float*, const float*, const float*, const float*, int, int, int, int) override { refuse("attention_backward"); }
+  void encoder_forward(float*, const int32_t*, const float*, const float*, int, int, int) override {
+    refuse("encoder_forward");
+  }
+  void encoder_backward(float*, float*, const float*, const int32_t*, int, int, int) override {
+    refuse("encoder_backward");
+  }
+  void layernorm_forward(float*, float*, float*, const float*, const float*, const float*, int,
+                         int) override {
+    refuse("layernorm_forward");
+  }
+  void layernorm_backward(float*, float*, float*, const float*, const float*, const float*,
+                          const float*, const float*, int, int) override {
+    refuse("layernorm_backward");
+  }
+  void matmul_forward(float*, const float*, const float*, const float*, int, int, int) override {
+    refuse("matmul_forward");
+  }
+  void matmul_backward(float*, float*, float*, const float*, const float*, const float*, int, int,
+                       int) override {
+    refuse("matmul_backward");
+  }
+  void attention_forward(float*, float*, const float*, int, int, int, int) override {
+    refuse("attention_forward");
+  }
+  void attention_backward(float*, float*, const float*, const float*, const float*, const float*,
+                          int, int, int, int) override {
+    refuse("attention_backward");
+  }
   void gelu_forward(float*, const float*, size_t) override { refuse("gelu_forward"); }
-  void gelu_backward(float*, const float*, const float*, size_t) override { refuse("gelu_backward"); }
+  void gelu_backward(float*, const float*, const float*, size_t) override {
+    refuse("gelu_backward");
+  }
   void add(float*, const float*, const float*, size_t) override { refuse("add"); }
-  void crossentropy_forward(float*, float*, const int32_t*, int, int, int) override { refuse("crossentropy_forward"); }
-  void crossentropy_backward(float*, const int32_t*, float, int, int, int) override { refuse("crossentropy_backward"); }
+  void crossentropy_forward(float*, float*, const int32_t*, int, int, int) override {
+    refuse("crossentropy_forward");
+  }
+  void crossentropy_backward(float*, const int32_t*, float, int, int, int) override {
+    refuse("crossentropy_backward");
+  }
   double sum_squares(const float*, size_t) override { refuse("sum_squares"); }
-  void adamw_update(float*, float*, float*, const float*, size_t, float, float, float, float, float, int, float) override { refuse("adamw_update"); }
+  void adamw_update(float*, float*, float*, const float*, size_t, float, float, float, float, float,
+                    int, float) override {
+    refuse("adamw_update");
+  }
   double measure_gemm_peak_flops() override { refuse("measure_gemm_peak_flops"); }
 
  private:

@@ -54,8 +54,8 @@ void matmul_backward_weight_rows(Real* dw, const Real* dout, int ld, const Real*
   template void matmul_forward<Real>(Real*, const Real*, const Real*, const Real*, int, int, int, \
                                      int);                                                        \
   template void matmul_backward<Real>(Real*, Real*, Real*, const Real*, const Real*, const Real*, \
-                                      int, int, int, int);                                \
-  template void matmul_backward_weight_rows<Real>(Real*, const Real*, int, const Real*, int, int,  \
+                                      int, int, int, int);                                        \
+  template void matmul_backward_weight_rows<Real>(Real*, const Real*, int, const Real*, int, int, \
                                                   int, int);
 TRIDENT_INSTANTIATE(float)
 TRIDENT_INSTANTIATE(double)

@@ -8,8 +8,8 @@
 
 #include "backend/eigen.h"
 #include "backend/kernels.h"
-#include "trident/backend.h"
 #include "backend/parallel.h"
+#include "trident/backend.h"
 
 namespace trident::cpu {
 

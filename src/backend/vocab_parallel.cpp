@@ -30,8 +30,7 @@ void Backend::embedding_slice_forward(float* out, const int32_t* tokens, const f
 }
 
 void Backend::embedding_slice_backward(float* dwte_slice, float* dwpe, const float* dout,
-                                       const int32_t* tokens, int v0, int v1, int B, int T,
-                                       int C) {
+                                       const int32_t* tokens, int v0, int v1, int B, int T, int C) {
   // Threads own column slices and walk the tokens in order: deterministic.
 #pragma omp parallel for schedule(static) num_threads(threads())
   for (int c = 0; c < C; ++c) {
@@ -62,8 +61,7 @@ void Backend::crossentropy_slice_stats(float* stats, const float* logits, const 
 }
 
 void Backend::crossentropy_slice_combine(float* losses, float* logits_to_probs,
-                                         const float* all_stats, int tp, int live, int N,
-                                         int Vl) {
+                                         const float* all_stats, int tp, int live, int N, int Vl) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 #pragma omp parallel for schedule(static) num_threads(threads())
   for (int n = 0; n < N; ++n) {
@@ -82,8 +80,8 @@ void Backend::crossentropy_slice_combine(float* losses, float* logits_to_probs,
   }
 }
 
-void Backend::crossentropy_slice_backward(float* probs, const int32_t* targets, float dloss,
-                                          int v0, int N, int Vl) {
+void Backend::crossentropy_slice_backward(float* probs, const int32_t* targets, float dloss, int v0,
+                                          int N, int Vl) {
 #pragma omp parallel for schedule(static) num_threads(threads())
   for (int n = 0; n < N; ++n) {
     float* p = probs + size_t(n) * Vl;

@@ -98,16 +98,15 @@ LinkSpec measure_link(MpiComm& comm, MPI_Comm world, size_t large_bytes, int rep
   for (int batch = 0; batch < 5; ++batch) {
     const int ops = 40;
     small = std::min(small, timed_on_all(world, [&] {
-                       for (int i = 0; i < ops; ++i) comm.all_reduce(&one, 1).wait();
-                     }) / ops);
+                              for (int i = 0; i < ops; ++i) comm.all_reduce(&one, 1).wait();
+                            }) / ops);
   }
   std::vector<float> big(large_bytes / sizeof(float), 1.0f);
   comm.all_reduce(big.data(), big.size()).wait();  // warm-up: buffers, registration
   double large = 1e30;
   for (int r = 0; r < reps; ++r)
-    large = std::min(large, timed_on_all(world, [&] {
-                       comm.all_reduce(big.data(), big.size()).wait();
-                     }));
+    large = std::min(large,
+                     timed_on_all(world, [&] { comm.all_reduce(big.data(), big.size()).wait(); }));
   LinkSpec link;
   link.latency_us = round_sig(small / hops * 1e6);
   const double wire_s = std::max(large - small, large * 0.5);  // small = all its hops' latency

@@ -50,8 +50,8 @@ GemmRate time_linear(Backend& be, int d, double budget_s) {
   auto layer = [&] {
     Layer& l = layers[next++ % copies];
     be.matmul_forward(l.y.data(), l.x.data(), l.w.data(), l.bias.data(), int(N), int(C), int(OC));
-    be.matmul_backward(l.dx.data(), l.dw.data(), l.db.data(), l.dy.data(), l.x.data(),
-                       l.w.data(), int(N), int(C), int(OC));
+    be.matmul_backward(l.dx.data(), l.dw.data(), l.db.data(), l.dy.data(), l.x.data(), l.w.data(),
+                       int(N), int(C), int(OC));
   };
   auto t0 = Clock::now();
   for (size_t i = 0; i < copies; ++i) layer();  // first touch
@@ -247,9 +247,8 @@ void measure_compute(Backend& single, int cores, Hardware& hw,
   hw.compute_efficiency = round_sig(compute_efficiency_of(hw, one_thread));
   if (cores > 1)
     hw.thread_scaling = round_sig(std::clamp(
-        one_thread / (cores * median_of([](const ComputeRound& r) {
-                        return r.small_gpt_all_threads_s;
-                      })),
+        one_thread /
+            (cores * median_of([](const ComputeRound& r) { return r.small_gpt_all_threads_s; })),
         0.01, 1.0));
 }
 

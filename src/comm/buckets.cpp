@@ -35,8 +35,8 @@ std::vector<Bucket> assign_buckets(const std::vector<size_t>& param_counts_in_re
 }
 
 BucketLayout padded_bucket_layout(const std::vector<size_t>& counts, size_t elem_bytes,
-                                  size_t first_bucket_bytes, size_t bucket_bytes,
-                                  size_t multiple, const std::vector<char>& alone) {
+                                  size_t first_bucket_bytes, size_t bucket_bytes, size_t multiple,
+                                  const std::vector<char>& alone) {
   // Group with assign_buckets, one run of non-alone parameters at a time; bucket 0 of the whole
   // list keeps the first-bucket limit.
   std::vector<Bucket> groups;

@@ -75,12 +75,10 @@ ReduceStats& ReduceStats::operator+=(const ReduceStats& later) {
 // ---- the compute thread's side ----
 
 GradReducer::GradReducer(Communicator& dp, float* grads,
-                         std::vector<GradParam> params_in_ready_order,
-                         GradReducerOptions options)
-    : state_(std::make_unique<State>(
-          dp, grads, std::move(params_in_ready_order), options.overlap,
-          std::max<size_t>(1, options.max_message_bytes / sizeof(float)),
-          options.trace_origin)) {
+                         std::vector<GradParam> params_in_ready_order, GradReducerOptions options)
+    : state_(std::make_unique<State>(dp, grads, std::move(params_in_ready_order), options.overlap,
+                                     std::max<size_t>(1, options.max_message_bytes / sizeof(float)),
+                                     options.trace_origin)) {
   State& s = *state_;
   const auto& p = s.params;
   if (options.shard_grads) {
@@ -97,18 +95,19 @@ GradReducer::GradReducer(Communicator& dp, float* grads,
   if (p.size() > 1 && !ascending && !descending) {
     size_t i = 0;
     while (i + 2 < p.size() && p[i + 1].offset == p[i].offset + p[i].count) ++i;
-    internal_error(__FILE__, __LINE__,
-                   fmt::format("GradReducer: parameters must be contiguous in the gradient "
-                               "buffer in ready order; '{}' [{}, +{}) is followed by '{}' [{}, +{})",
-                               p[i].name, p[i].offset, p[i].count, p[i + 1].name,
-                               p[i + 1].offset, p[i + 1].count));
+    internal_error(
+        __FILE__, __LINE__,
+        fmt::format("GradReducer: parameters must be contiguous in the gradient "
+                    "buffer in ready order; '{}' [{}, +{}) is followed by '{}' [{}, +{})",
+                    p[i].name, p[i].offset, p[i].count, p[i + 1].name, p[i + 1].offset,
+                    p[i + 1].count));
   }
   TRIDENT_CHECK(grads != nullptr || total == 0, "GradReducer: null gradient buffer");
 
   std::vector<size_t> counts;
   for (const GradParam& q : p) counts.push_back(q.count);
-  s.buckets = assign_buckets(counts, sizeof(float), options.first_bucket_bytes,
-                             options.bucket_bytes);
+  s.buckets =
+      assign_buckets(counts, sizeof(float), options.first_bucket_bytes, options.bucket_bytes);
   for (Bucket& bucket : s.buckets) {
     const size_t first = bucket.first_param, last = first + bucket.num_params - 1;
     bucket.offset = descending && !ascending ? p[last].offset : p[first].offset;
@@ -126,9 +125,9 @@ void GradReducer::name_buckets() {
     const Bucket& bucket = s.buckets[b];
     const size_t first = bucket.first_param, last = first + bucket.num_params - 1;
     for (size_t i = first; i <= last; ++i) s.bucket_of_param[i] = b;
-    s.bucket_names.push_back(first == last ? fmt::format("bucket {} ({})", b, p[first].name)
-                                           : fmt::format("bucket {} ({} .. {})", b,
-                                                         p[first].name, p[last].name));
+    s.bucket_names.push_back(
+        first == last ? fmt::format("bucket {} ({})", b, p[first].name)
+                      : fmt::format("bucket {} ({} .. {})", b, p[first].name, p[last].name));
   }
   s.gathered.assign(s.buckets.size(), 1);
 }
@@ -140,8 +139,9 @@ void GradReducer::init_sharded(const GradReducerOptions& options) {
   std::vector<size_t> counts;
   for (const GradParam& q : p) counts.push_back(q.count);
   const auto ranks = size_t(s.dp.size());
-  const BucketLayout layout = padded_bucket_layout(counts, sizeof(float), options.first_bucket_bytes,
-                                                   options.bucket_bytes, ranks, options.alone);
+  const BucketLayout layout =
+      padded_bucket_layout(counts, sizeof(float), options.first_bucket_bytes, options.bucket_bytes,
+                           ranks, options.alone);
   for (size_t i = 0; i < p.size(); ++i)
     if (p[i].offset != layout.param_offsets[i])
       internal_error(__FILE__, __LINE__,
@@ -172,8 +172,10 @@ void GradReducer::init_sharded(const GradReducerOptions& options) {
     for (size_t b = s.buckets.size(); b-- > 0;) s.gather_order.push_back(b);
   std::vector<char> listed(s.buckets.size(), 0);
   for (size_t b : s.gather_order) {
-    TRIDENT_CHECK(b < listed.size() && !listed[b], "GradReducer: gather order lists bucket {} "
-                  "twice or out of range ({} buckets)", b, listed.size());
+    TRIDENT_CHECK(b < listed.size() && !listed[b],
+                  "GradReducer: gather order lists bucket {} "
+                  "twice or out of range ({} buckets)",
+                  b, listed.size());
     listed[b] = 1;
   }
   TRIDENT_CHECK(s.gather_order.size() == s.buckets.size(),
@@ -232,8 +234,10 @@ void GradReducer::grad_ready(int param_index) {
                 "GradReducer::grad_ready({}): there are {} parameters", param_index,
                 s.params.size());
   const auto i = static_cast<size_t>(param_index);
-  TRIDENT_CHECK(!s.marked[i], "GradReducer: parameter '{}' (ready index {}) marked ready twice "
-                "in one step", s.params[i].name, i);
+  TRIDENT_CHECK(!s.marked[i],
+                "GradReducer: parameter '{}' (ready index {}) marked ready twice "
+                "in one step",
+                s.params[i].name, i);
   s.marked[i] = 1;
   Event e(EventKind::kReady);
   e.param = i;
@@ -345,7 +349,9 @@ bool GradReducer::sharded() const { return state_->shard_grads != nullptr; }
 size_t GradReducer::shard_count(size_t b) const { return state_->shard_count.at(b); }
 size_t GradReducer::shard_offset(size_t b) const { return state_->shard_offset.at(b); }
 size_t GradReducer::shard_total() const { return state_->shard_total; }
-size_t GradReducer::bucket_of_param(size_t param) const { return state_->bucket_of_param.at(param); }
+size_t GradReducer::bucket_of_param(size_t param) const {
+  return state_->bucket_of_param.at(param);
+}
 
 const ReduceStats& GradReducer::stats() const { return state_->finished_stats; }
 const std::vector<Bucket>& GradReducer::buckets() const { return state_->buckets; }

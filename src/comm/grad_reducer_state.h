@@ -70,9 +70,9 @@ struct GradReducer::State {
   std::vector<size_t> shard_count, shard_offset;
   size_t shard_total = 0;
   std::vector<size_t> gather_order;
-  bool release_reduced = false;  // ZeRO-2 on the host
+  bool release_reduced = false;    // ZeRO-2 on the host
   bool accumulate_shards = false;  // this round adds to the shard (begin_step's accumulate)
-  size_t grads_total = 0;        // elements of the flat gradient buffer
+  size_t grads_total = 0;          // elements of the flat gradient buffer
   std::vector<unsigned char> page_scratch;  // resident_bytes's, this thread's
 
   // Compute thread only.
@@ -93,10 +93,10 @@ struct GradReducer::State {
   bool step_done = false;
   std::exception_ptr error;
   ReduceStats published_stats;
-  std::atomic<bool> failed{false};  // error != nullptr, readable without the lock
-  std::condition_variable gather_cv;  // a bucket was gathered, or the thread failed
-  std::vector<char> gathered;         // per bucket: its parameters are complete here
-  GatherStats published_gather;       // the last completed round, until taken
+  std::atomic<bool> failed{false};           // error != nullptr, readable without the lock
+  std::condition_variable gather_cv;         // a bucket was gathered, or the thread failed
+  std::vector<char> gathered;                // per bucket: its parameters are complete here
+  GatherStats published_gather;              // the last completed round, until taken
   std::atomic<bool> compute_waiting{false};  // the compute thread waits for a gather
   // Note [Bounded gradient memory]: bytes of complete buckets not yet released; the compute
   // thread adds, the thread subtracts on release (and clears on failure), under `mutex`.
@@ -107,7 +107,7 @@ struct GradReducer::State {
   // Communication thread only.
   struct InFlight {
     Work work;
-    size_t record;          // index into building.records (gathers: gather_building.records)
+    size_t record;           // index into building.records (gathers: gather_building.records)
     int gather_bucket = -1;  // >= 0: the all-gather of this bucket's parameters
   };
   bool active = false;     // a reducing step is running and has not ended
@@ -158,7 +158,6 @@ struct GradReducer::State {
     }
     std::rethrow_exception(e);
   }
-
 
   // ---- the communication thread (grad_reducer_thread.cpp) ----
   void run();

@@ -252,8 +252,8 @@ void GradReducer::State::start(float* data, size_t count, std::string name, int 
   size_t done = 0;
   do {
     const size_t n = std::min(count - done, max_message);
-    in_flight.push_back({dp.all_reduce(data + done, n, ReduceOp::kSum, r.name),
-                         building.records.size()});
+    in_flight.push_back(
+        {dp.all_reduce(data + done, n, ReduceOp::kSum, r.name), building.records.size()});
     done += n;
   } while (done < count);
   building.records.push_back(std::move(r));
@@ -297,10 +297,10 @@ bool GradReducer::State::poll_in_flight() {
       ++building.progress_polls;
       done = f.work.test();
     } catch (const Error& e) {
-      const BucketRecord& r = f.gather_bucket >= 0 ? gather_building.records[f.record]
-                                                   : building.records[f.record];
-      throw Error(fmt::format("GradReducer: {} ({} bytes) on dp rank {} of {}: {}", r.name,
-                              r.bytes, dp.rank(), dp.size(), e.what()),
+      const BucketRecord& r =
+          f.gather_bucket >= 0 ? gather_building.records[f.record] : building.records[f.record];
+      throw Error(fmt::format("GradReducer: {} ({} bytes) on dp rank {} of {}: {}", r.name, r.bytes,
+                              dp.rank(), dp.size(), e.what()),
                   e.code());
     }
     if (!done) {
@@ -399,8 +399,7 @@ void GradReducer::State::throw_never_ready() {
     if (first == params.size()) first = i;
     if (missing.size() < 8) missing.push_back(fmt::format("'{}'", params[i].name));
   }
-  const size_t num_missing =
-      static_cast<size_t>(std::count(seen.begin(), seen.end(), char{0}));
+  const size_t num_missing = static_cast<size_t>(std::count(seen.begin(), seen.end(), char{0}));
   TRIDENT_CHECK(first < params.size(), "bucket {} pending but every parameter was ready",
                 next_bucket);
   internal_error(
@@ -408,9 +407,9 @@ void GradReducer::State::throw_never_ready() {
       fmt::format("GradReducer: parameter '{}' (ready index {}) never became ready in this "
                   "step, so {} of {} could not be reduced (dp rank {} of {}); {} parameter(s) "
                   "missing: {}{}",
-                  params[first].name, first, bucket_names[bucket_of_param[first]],
-                  buckets.size(), dp.rank(), dp.size(), num_missing,
-                  fmt::join(missing, ", "), num_missing > missing.size() ? ", ..." : ""));
+                  params[first].name, first, bucket_names[bucket_of_param[first]], buckets.size(),
+                  dp.rank(), dp.size(), num_missing, fmt::join(missing, ", "),
+                  num_missing > missing.size() ? ", ..." : ""));
 }
 
 void GradReducer::State::fail_step(std::exception_ptr e) {

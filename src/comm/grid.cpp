@@ -40,8 +40,8 @@ GridCoord grid_coord(const GridLayout& layout, int global_rank) {
 int global_rank_of(const GridLayout& layout, GridCoord c) {
   TRIDENT_CHECK(c.dp >= 0 && c.dp < layout.dp && c.tp >= 0 && c.tp < layout.tp && c.pp >= 0 &&
                     c.pp < layout.pp,
-                "coordinate (dp {}, tp {}, pp {}) outside dp {} × tp {} × pp {}", c.dp, c.tp,
-                c.pp, layout.dp, layout.tp, layout.pp);
+                "coordinate (dp {}, tp {}, pp {}) outside dp {} × tp {} × pp {}", c.dp, c.tp, c.pp,
+                layout.dp, layout.tp, layout.pp);
   return c.tp + layout.tp * c.dp + layout.tp * layout.dp * c.pp;
 }
 
@@ -59,7 +59,9 @@ const char* grid_group_name(GridGroup group) {
 std::vector<int> grid_group_members(const GridLayout& layout, GridGroup group, int global_rank) {
   const GridCoord c = grid_coord(layout, global_rank);
   std::vector<int> members;
-  auto add = [&](int dp, int tp, int pp) { members.push_back(global_rank_of(layout, {dp, tp, pp})); };
+  auto add = [&](int dp, int tp, int pp) {
+    members.push_back(global_rank_of(layout, {dp, tp, pp}));
+  };
   switch (group) {
     case GridGroup::kDp:
       for (int d = 0; d < layout.dp; ++d) add(d, c.tp, c.pp);
@@ -121,7 +123,8 @@ std::string format_grid_table(const GridLayout& layout) {
     std::string line;
     for (size_t i = 0; i < row.size(); ++i) {
       // Numbers right-aligned, member lists left-aligned.
-      line += i < 4 ? fmt::format("{:>{}}", row[i], width[i]) : fmt::format("{:<{}}", row[i], width[i]);
+      line +=
+          i < 4 ? fmt::format("{:>{}}", row[i], width[i]) : fmt::format("{:<{}}", row[i], width[i]);
       if (i + 1 < row.size()) line += "  ";
     }
     while (!line.empty() && line.back() == ' ') line.pop_back();

@@ -84,8 +84,8 @@ MPI_Datatype mpi_type(ElemType type) {
 }
 
 int mpi_count(size_t count, const char* op) {
-  TRIDENT_CHECK(count <= static_cast<size_t>(INT_MAX), "{} of {} elements: MPI counts are int",
-                op, count);
+  TRIDENT_CHECK(count <= static_cast<size_t>(INT_MAX), "{} of {} elements: MPI counts are int", op,
+                count);
   return static_cast<int>(count);
 }
 
@@ -271,9 +271,7 @@ void MpiComm::post_due() {
   }
 }
 
-void MpiComm::forget_unposted(const MpiWork* work) {
-  std::erase(unposted_, work);
-}
+void MpiComm::forget_unposted(const MpiWork* work) { std::erase(unposted_, work); }
 
 Work MpiComm::make_work(const char* op, LinkOp link_op, size_t bytes, size_t requests, Post post,
                         CommClock::time_point start, Staged staged) {
@@ -282,12 +280,12 @@ Work MpiComm::make_work(const char* op, LinkOp link_op, size_t bytes, size_t req
     // The emulated link carries one operation at a time: this one starts when it is free.
     const double s = emulated_link_seconds(link_op, bytes, size_, link_gbps_, link_latency_us_);
     post_at = std::max(start, link_free_at_);
-    link_done = post_at +
-                std::chrono::duration_cast<CommClock::duration>(std::chrono::duration<double>(s));
+    link_done =
+        post_at + std::chrono::duration_cast<CommClock::duration>(std::chrono::duration<double>(s));
     link_free_at_ = link_done;
   }
-  auto work = std::make_unique<MpiWork>(this, op, bytes, requests, std::move(post), start,
-                                        post_at, link_done);
+  auto work = std::make_unique<MpiWork>(this, op, bytes, requests, std::move(post), start, post_at,
+                                        link_done);
   if (staged.buffer != nullptr) work->set_staged(staged.buffer, staged.out, staged.count);
   // Note [Paced link]: behind the queue, or posted now (which also posts any queued one due).
   unposted_.push_back(work.get());
@@ -309,11 +307,12 @@ Work MpiComm::start_all_reduce(void* data, size_t count, ElemType type) {
         start, {staged, static_cast<float*>(data), count});
   }
   const int n = mpi_count(count, "all_reduce");
-  return make_work("all_reduce", LinkOp::kAllReduce, count * elem_bytes(type), 1,
-                   [data, n, t = mpi_type(type), comm = comm_](MPI_Request* req) {
-                     TRIDENT_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, n, t, MPI_SUM, comm, req));
-                   },
-                   start);
+  return make_work(
+      "all_reduce", LinkOp::kAllReduce, count * elem_bytes(type), 1,
+      [data, n, t = mpi_type(type), comm = comm_](MPI_Request* req) {
+        TRIDENT_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, n, t, MPI_SUM, comm, req));
+      },
+      start);
 }
 
 Work MpiComm::start_all_reduce_op(void* data, size_t count, ElemType type, ReduceOp op,
@@ -327,11 +326,12 @@ Work MpiComm::start_all_reduce_op(void* data, size_t count, ElemType type, Reduc
                                elem_type_name(type), name_));
   const auto start = CommClock::now();
   const int n = mpi_count(count, "all_reduce");
-  return make_work("all_reduce", LinkOp::kAllReduce, count * elem_bytes(type), 1,
-                   [data, n, t = mpi_type(type), comm = comm_](MPI_Request* req) {
-                     TRIDENT_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, n, t, MPI_BOR, comm, req));
-                   },
-                   start);
+  return make_work(
+      "all_reduce", LinkOp::kAllReduce, count * elem_bytes(type), 1,
+      [data, n, t = mpi_type(type), comm = comm_](MPI_Request* req) {
+        TRIDENT_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, n, t, MPI_BOR, comm, req));
+      },
+      start);
 }
 
 // Note [Reduce-scatter as reduces]
@@ -343,8 +343,7 @@ Work MpiComm::start_all_reduce_op(void* data, size_t count, ElemType type, Reduc
 constexpr size_t kReducePiece = size_t(4) << 20;  // floats: 16 MiB (Note [Message size])
 static_assert(kReducePiece <= size_t(INT_MAX), "a reduce piece's count is an MPI int");
 
-Work MpiComm::start_reduce_scatter(const void* send, void* recv, size_t recv_count,
-                                   ElemType type) {
+Work MpiComm::start_reduce_scatter(const void* send, void* recv, size_t recv_count, ElemType type) {
   const auto start = CommClock::now();
   const size_t pieces = (recv_count + kReducePiece - 1) / kReducePiece;
   auto post = [send = static_cast<const char*>(send), recv = static_cast<char*>(recv), recv_count,
@@ -367,13 +366,13 @@ Work MpiComm::start_all_gather(const void* send, void* recv, size_t send_count, 
   const auto start = CommClock::now();
   const int n = mpi_count(send_count, "all_gather");
   // send == this rank's block of recv means in place.
-  const bool in_place = send == static_cast<const char*>(recv) + rank_ * send_count * elem_bytes(type);
-  return make_work("all_gather", LinkOp::kAllGather, send_count * size_ * elem_bytes(type), 1,
-                   [send = in_place ? MPI_IN_PLACE : send, recv, n, t = mpi_type(type),
-                    comm = comm_](MPI_Request* req) {
-                     TRIDENT_MPI(MPI_Iallgather(send, n, t, recv, n, t, comm, req));
-                   },
-                   start);
+  const bool in_place =
+      send == static_cast<const char*>(recv) + rank_ * send_count * elem_bytes(type);
+  return make_work(
+      "all_gather", LinkOp::kAllGather, send_count * size_ * elem_bytes(type), 1,
+      [send = in_place ? MPI_IN_PLACE : send, recv, n, t = mpi_type(type), comm = comm_](
+          MPI_Request* req) { TRIDENT_MPI(MPI_Iallgather(send, n, t, recv, n, t, comm, req)); },
+      start);
 }
 
 Work MpiComm::start_broadcast(void* data, size_t count, ElemType type, int root) {
@@ -381,11 +380,12 @@ Work MpiComm::start_broadcast(void* data, size_t count, ElemType type, int root)
                 size_);
   const auto start = CommClock::now();
   const int n = mpi_count(count, "broadcast");
-  return make_work("broadcast", LinkOp::kBroadcast, count * elem_bytes(type), 1,
-                   [data, n, t = mpi_type(type), root, comm = comm_](MPI_Request* req) {
-                     TRIDENT_MPI(MPI_Ibcast(data, n, t, root, comm, req));
-                   },
-                   start);
+  return make_work(
+      "broadcast", LinkOp::kBroadcast, count * elem_bytes(type), 1,
+      [data, n, t = mpi_type(type), root, comm = comm_](MPI_Request* req) {
+        TRIDENT_MPI(MPI_Ibcast(data, n, t, root, comm, req));
+      },
+      start);
 }
 
 Work MpiComm::start_send(const void* data, size_t count, ElemType type, int dest, int tag) {
@@ -393,23 +393,24 @@ Work MpiComm::start_send(const void* data, size_t count, ElemType type, int dest
                 size_);
   const auto start = CommClock::now();
   const int n = mpi_count(count, "send");
-  return make_work("send", LinkOp::kSendRecv, count * elem_bytes(type), 1,
-                   [data, n, t = mpi_type(type), dest, tag, comm = comm_](MPI_Request* req) {
-                     TRIDENT_MPI(MPI_Isend(data, n, t, dest, tag, comm, req));
-                   },
-                   start);
+  return make_work(
+      "send", LinkOp::kSendRecv, count * elem_bytes(type), 1,
+      [data, n, t = mpi_type(type), dest, tag, comm = comm_](MPI_Request* req) {
+        TRIDENT_MPI(MPI_Isend(data, n, t, dest, tag, comm, req));
+      },
+      start);
 }
 
 Work MpiComm::start_recv(void* data, size_t count, ElemType type, int src, int tag) {
-  TRIDENT_CHECK(src >= 0 && src < size_, "recv from rank {} on '{}' of size {}", src, name_,
-                size_);
+  TRIDENT_CHECK(src >= 0 && src < size_, "recv from rank {} on '{}' of size {}", src, name_, size_);
   const auto start = CommClock::now();
   const int n = mpi_count(count, "recv");
-  return make_work("recv", LinkOp::kSendRecv, count * elem_bytes(type), 1,
-                   [data, n, t = mpi_type(type), src, tag, comm = comm_](MPI_Request* req) {
-                     TRIDENT_MPI(MPI_Irecv(data, n, t, src, tag, comm, req));
-                   },
-                   start);
+  return make_work(
+      "recv", LinkOp::kSendRecv, count * elem_bytes(type), 1,
+      [data, n, t = mpi_type(type), src, tag, comm = comm_](MPI_Request* req) {
+        TRIDENT_MPI(MPI_Irecv(data, n, t, src, tag, comm, req));
+      },
+      start);
 }
 
 }  // namespace trident

@@ -21,11 +21,13 @@ Work SoloComm::start_all_gather(const void* send, void* recv, size_t send_count,
 Work SoloComm::start_broadcast(void*, size_t, ElemType, int) { return {}; }
 
 Work SoloComm::start_send(const void*, size_t, ElemType, int dest, int) {
-  internal_error(__FILE__, __LINE__, fmt::format("send to rank {} on a one-rank communicator", dest));
+  internal_error(__FILE__, __LINE__,
+                 fmt::format("send to rank {} on a one-rank communicator", dest));
 }
 
 Work SoloComm::start_recv(void*, size_t, ElemType, int src, int) {
-  internal_error(__FILE__, __LINE__, fmt::format("recv from rank {} on a one-rank communicator", src));
+  internal_error(__FILE__, __LINE__,
+                 fmt::format("recv from rank {} on a one-rank communicator", src));
 }
 
 }  // namespace trident

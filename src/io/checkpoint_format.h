@@ -67,8 +67,8 @@ inline constexpr const char* kAttrStart = "start";
 inline constexpr const char* kAttrCrc32 = "crc32";
 inline constexpr const char* kAttrSourceCrc32 = "source_crc32";
 
-std::string shard_file_name(int rank);      // shard_r00003.h5
-std::string step_dir_name(int64_t step);    // step_00000100
+std::string shard_file_name(int rank);    // shard_r00003.h5
+std::string step_dir_name(int64_t step);  // step_00000100
 // The step a complete checkpoint's directory name says ("step_00000100" -> 100); -1 for any
 // other name ("step_00000110.tmp", "latest", ".lock").
 int64_t step_of_dir_name(const std::string& name);
@@ -78,7 +78,7 @@ std::string escape_vds_name(const std::string& name);
 std::string unescape_vds_name(const std::string& name);
 
 uint32_t crc32_of(const void* data, size_t bytes);
-std::string hex32(uint32_t v);              // 0x1234abcd
+std::string hex32(uint32_t v);                             // 0x1234abcd
 std::string shape_str(const std::vector<int64_t>& shape);  // [3, 4]
 int64_t elements_of(const std::vector<int64_t>& shape);
 
@@ -95,12 +95,12 @@ std::string hdf5_error_text();
 // TRIDENT_H5(call, fmt, args...): an HDF5 call returning hid_t/herr_t/htri_t/ssize_t, negative
 // on failure; throws trident::Error naming what was being done, the call, HDF5's reason, file
 // and line. The message arguments are only formatted on failure.
-#define TRIDENT_H5(call, ...)                                                        \
-  ([&]() {                                                                           \
-    auto trident_h5_rc_ = (call);                                                    \
-    if (trident_h5_rc_ < 0)                                                          \
+#define TRIDENT_H5(call, ...)                                                            \
+  ([&]() {                                                                               \
+    auto trident_h5_rc_ = (call);                                                        \
+    if (trident_h5_rc_ < 0)                                                              \
       ::trident::ckpt::h5_failed(__FILE__, __LINE__, #call, ::fmt::format(__VA_ARGS__)); \
-    return trident_h5_rc_;                                                           \
+    return trident_h5_rc_;                                                               \
   }())
 
 namespace trident::ckpt {

@@ -50,7 +50,8 @@ herr_t collect_dataset(hid_t /*obj*/, const char* name, const H5O_info_t* info, 
 
 std::string virtual_name(hid_t dcpl, size_t i, bool file) {
   auto get = [&](char* buf, size_t n) {
-    return file ? H5Pget_virtual_filename(dcpl, i, buf, n) : H5Pget_virtual_dsetname(dcpl, i, buf, n);
+    return file ? H5Pget_virtual_filename(dcpl, i, buf, n)
+                : H5Pget_virtual_dsetname(dcpl, i, buf, n);
   };
   const ssize_t n = TRIDENT_H5(get(nullptr, 0), "length of mapping {} source name", i);
   std::string s(static_cast<size_t>(n) + 1, '\0');
@@ -108,8 +109,7 @@ Index read_index(const std::string& ckpt) {
     idx.num_shards = read_attr_int(file, kAttrNumShards);
     idx.shard_files = read_attr_strings(file, kAttrShardFiles);
     std::vector<std::string> names;
-    TRIDENT_H5(H5Ovisit2(file, H5_INDEX_NAME, H5_ITER_INC, collect_dataset, &names,
-                         H5O_INFO_BASIC),
+    TRIDENT_H5(H5Ovisit2(file, H5_INDEX_NAME, H5_ITER_INC, collect_dataset, &names, H5O_INFO_BASIC),
                "listing the datasets");
     for (const auto& name : names) {
       H5Id ds{TRIDENT_H5(H5Dopen2(file, name.c_str(), H5P_DEFAULT), "opening {}", name), H5Dclose};
@@ -173,8 +173,7 @@ std::string check_shard(const std::string& ckpt, const Index& idx, int shard_ran
       return fmt::format("step {}, the index's is {}: a shard of another checkpoint", step,
                          idx.meta.step);
     if (version != idx.meta.format_version)
-      return fmt::format("format_version {}, the index's is {}", version,
-                         idx.meta.format_version);
+      return fmt::format("format_version {}, the index's is {}", version, idx.meta.format_version);
     if (rank != shard_rank)
       return fmt::format("written by rank {}, expected rank {}", rank, shard_rank);
   } catch (const Error& e) {
@@ -244,18 +243,19 @@ void load_tensors(const std::string& ckpt, const std::vector<ShardTensor>& tenso
                     "tensor {}: block rank differs from its shape {}", t.name, shape_str(shape));
       for (size_t d = 0; d < shape.size(); ++d)
         TRIDENT_CHECK(b.start[d] >= 0 && b.count[d] >= 0 && b.start[d] + b.count[d] <= shape[d],
-                      "tensor {}: block start {} count {} outside {}", t.name,
-                      shape_str(b.start), shape_str(b.count), shape_str(shape));
+                      "tensor {}: block start {} count {} outside {}", t.name, shape_str(b.start),
+                      shape_str(b.count), shape_str(shape));
       const auto n = static_cast<hsize_t>(elements_of(b.count));
       if (n == 0) continue;
-      std::vector<hsize_t> start(b.start.begin(), b.start.end()), count(b.count.begin(), b.count.end());
-      TRIDENT_H5(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start.data(), nullptr, count.data(),
-                                     nullptr),
-                 "selecting block {} of {}", shape_str(b.start), t.name);
+      std::vector<hsize_t> start(b.start.begin(), b.start.end()),
+          count(b.count.begin(), b.count.end());
+      TRIDENT_H5(
+          H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr),
+          "selecting block {} of {}", shape_str(b.start), t.name);
       H5Id mspace{TRIDENT_H5(H5Screate_simple(1, &n, nullptr), "memory space"), H5Sclose};
       TRIDENT_H5(H5Dread(ds, H5T_NATIVE_FLOAT, mspace, fspace, H5P_DEFAULT, out),
-                 "reading block {} count {} of {} from {}", shape_str(b.start),
-                 shape_str(b.count), t.name, ckpt);
+                 "reading block {} count {} of {} from {}", shape_str(b.start), shape_str(b.count),
+                 t.name, ckpt);
       out += n;
     }
   }
@@ -337,15 +337,15 @@ void verify_checkpoint(const std::string& path, MPI_Comm comm, double timeout_s)
   auto local = attempt([&] {
     const Index idx = read_index(path);
     if (static_cast<int64_t>(idx.shard_files.size()) != idx.num_shards)
-      bad_checkpoint(path, fmt::format("index.h5: num_shards {} but {} shard files",
-                                       idx.num_shards, idx.shard_files.size()));
+      bad_checkpoint(path, fmt::format("index.h5: num_shards {} but {} shard files", idx.num_shards,
+                                       idx.shard_files.size()));
     std::map<std::string, std::map<std::string, Expected>> by_file;
     for (const auto& f : idx.shard_files) by_file[f];
     for (const auto& t : idx.tensors)
       for (const auto& m : t.mappings) {
         if (!by_file.count(m.file))
-          bad_checkpoint(path, fmt::format("index.h5: {} maps to {}, not one of its shards",
-                                           t.name, m.file));
+          bad_checkpoint(
+              path, fmt::format("index.h5: {} maps to {}, not one of its shards", t.name, m.file));
         by_file[m.file][m.dataset] = Expected{m.count, m.crc};
       }
     std::vector<std::string> problems;
@@ -355,8 +355,7 @@ void verify_checkpoint(const std::string& path, MPI_Comm comm, double timeout_s)
       const std::string problem = check_shard(path, idx, static_cast<int>(i), file, by_file[file]);
       if (!problem.empty()) problems.push_back(fmt::format("{}: {}", file, problem));
     }
-    if (!problems.empty())
-      bad_checkpoint(path, fmt::format("{}", fmt::join(problems, "; ")));
+    if (!problems.empty()) bad_checkpoint(path, fmt::format("{}", fmt::join(problems, "; ")));
   });
   agree_or_throw(comm, timeout_s, local, fmt::format("checkpoint {}: verification failed", path));
 }
@@ -365,8 +364,7 @@ void load_checkpoint(const std::string& path, const std::vector<ShardTensor>& te
                      MPI_Comm comm, double timeout_s) {
   verify_checkpoint(path, comm, timeout_s);
   auto local = ckpt::attempt([&] { ckpt::load_tensors(path, tensors); });
-  ckpt::agree_or_throw(comm, timeout_s, local,
-                       fmt::format("checkpoint {}: loading failed", path));
+  ckpt::agree_or_throw(comm, timeout_s, local, fmt::format("checkpoint {}: loading failed", path));
 }
 
 std::string describe_checkpoint(const std::string& path) {
@@ -381,10 +379,10 @@ std::string describe_checkpoint(const std::string& path) {
     width = std::max(width, t.name.size());
   }
   std::string out = fmt::format("checkpoint {}\n", path);
-  out += fmt::format("  format_version {}, step {}, run_id {}\n", m.format_version, m.step,
-                     m.run_id);
-  out += fmt::format("  layout: world {} = dp {} x tp {} x pp {}, {} shards\n", m.world, m.dp,
-                     m.tp, m.pp, idx.num_shards);
+  out +=
+      fmt::format("  format_version {}, step {}, run_id {}\n", m.format_version, m.step, m.run_id);
+  out += fmt::format("  layout: world {} = dp {} x tp {} x pp {}, {} shards\n", m.world, m.dp, m.tp,
+                     m.pp, idx.num_shards);
   out += fmt::format("  {} tensors, {} elements, {} (float32)\n", idx.tensors.size(), elements,
                      human_bytes(elements * 4));
   out += fmt::format("  {:<{}}  {:<16} {:>12} {:>12} {:>7}\n", "name", width, "shape", "elements",

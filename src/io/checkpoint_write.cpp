@@ -139,21 +139,20 @@ void deserialize(Reader& r, int shard, std::vector<SavedTensor>& out) {
 void check_tensor(const ShardTensor& t) {
   TRIDENT_CHECK(!t.name.empty() && t.name.front() != '/' && t.name.back() != '/',
                 "checkpoint tensor name '{}' must be a relative path like params/wte", t.name);
-  TRIDENT_CHECK(!t.global_shape.empty(), "checkpoint tensor {}: scalars are not supported",
-                t.name);
+  TRIDENT_CHECK(!t.global_shape.empty(), "checkpoint tensor {}: scalars are not supported", t.name);
   for (int64_t d : t.global_shape)
     TRIDENT_CHECK(d >= 0, "checkpoint tensor {}: global shape {}", t.name,
                   shape_str(t.global_shape));
   for (const auto& b : t.blocks) {
-    TRIDENT_CHECK(b.start.size() == t.global_shape.size() &&
-                      b.count.size() == t.global_shape.size(),
-                  "checkpoint tensor {}: block rank differs from global shape {}", t.name,
-                  shape_str(t.global_shape));
+    TRIDENT_CHECK(
+        b.start.size() == t.global_shape.size() && b.count.size() == t.global_shape.size(),
+        "checkpoint tensor {}: block rank differs from global shape {}", t.name,
+        shape_str(t.global_shape));
     for (size_t d = 0; d < b.start.size(); ++d)
-      TRIDENT_CHECK(b.start[d] >= 0 && b.count[d] >= 0 &&
-                        b.start[d] + b.count[d] <= t.global_shape[d],
-                    "checkpoint tensor {}: block start {} count {} outside global shape {}",
-                    t.name, shape_str(b.start), shape_str(b.count), shape_str(t.global_shape));
+      TRIDENT_CHECK(
+          b.start[d] >= 0 && b.count[d] >= 0 && b.start[d] + b.count[d] <= t.global_shape[d],
+          "checkpoint tensor {}: block start {} count {} outside global shape {}", t.name,
+          shape_str(b.start), shape_str(b.count), shape_str(t.global_shape));
   }
   TRIDENT_CHECK(t.data != nullptr || t.count() == 0, "checkpoint tensor {}: no data", t.name);
 }
@@ -161,9 +160,9 @@ void check_tensor(const ShardTensor& t) {
 // A new shard or index file with the attributes both carry (format, step, run id).
 H5Id create_checkpoint_file(const std::string& path, const CheckpointMeta& meta) {
   H5Id fapl = make_fapl();
-  H5Id file{TRIDENT_H5(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), "creating {}",
-                       path),
-            H5Fclose};
+  H5Id file{
+      TRIDENT_H5(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), "creating {}", path),
+      H5Fclose};
   write_attr(file, kAttrFormatVersion, int64_t{meta.format_version});
   write_attr(file, kAttrStep, meta.step);
   write_attr(file, kAttrRunId, meta.run_id);
@@ -177,8 +176,7 @@ H5Id intermediate_groups_lcpl() {
 }
 
 std::vector<SavedTensor> write_shard(const std::string& path, const CheckpointMeta& meta,
-                                     const std::vector<ShardTensor>& tensors, int rank,
-                                     int size) {
+                                     const std::vector<ShardTensor>& tensors, int rank, int size) {
   H5Id file = create_checkpoint_file(path, meta);
   write_attr(file, kAttrRank, int64_t{rank});
   write_attr(file, kAttrWorld, int64_t{size});
@@ -256,8 +254,8 @@ std::map<std::string, SavedTensor> merge_and_check(std::vector<SavedTensor> piec
                       "checkpoint tensor {}: more than one owner: rank {} start {} count {} "
                       "overlaps rank {} start {} count {}",
                       name, t.blocks[i].shard, shape_str(t.blocks[i].start),
-                      shape_str(t.blocks[i].count), t.blocks[j].shard,
-                      shape_str(t.blocks[j].start), shape_str(t.blocks[j].count));
+                      shape_str(t.blocks[i].count), t.blocks[j].shard, shape_str(t.blocks[j].start),
+                      shape_str(t.blocks[j].count));
     }
     TRIDENT_CHECK(covered == elements_of(t.global_shape),
                   "checkpoint tensor {}: the owners' blocks hold {} of its {} elements {}", name,
@@ -277,13 +275,14 @@ void write_virtual_dataset(hid_t file, hid_t lcpl, const SavedTensor& t) {
   TRIDENT_H5(H5Pset_fill_value(dcpl, H5T_NATIVE_FLOAT, &nan), "fill value of {}", t.name);
   std::vector<uint32_t> crcs;
   for (const auto& b : t.blocks) {
-    std::vector<hsize_t> start(b.start.begin(), b.start.end()), count(b.count.begin(), b.count.end());
-    TRIDENT_H5(H5Sselect_hyperslab(vspace, H5S_SELECT_SET, start.data(), nullptr, count.data(),
-                                   nullptr),
-               "selecting block {} of {}", shape_str(b.start), t.name);
-    H5Id src{TRIDENT_H5(H5Screate_simple(ndim, count.data(), nullptr), "source space of {}",
-                        b.dataset),
-             H5Sclose};
+    std::vector<hsize_t> start(b.start.begin(), b.start.end()),
+        count(b.count.begin(), b.count.end());
+    TRIDENT_H5(
+        H5Sselect_hyperslab(vspace, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr),
+        "selecting block {} of {}", shape_str(b.start), t.name);
+    H5Id src{
+        TRIDENT_H5(H5Screate_simple(ndim, count.data(), nullptr), "source space of {}", b.dataset),
+        H5Sclose};
     const std::string file_name = escape_vds_name(shard_file_name(b.shard));
     const std::string dset_name = escape_vds_name(b.dataset);
     TRIDENT_H5(H5Pset_virtual(dcpl, vspace, file_name.c_str(), dset_name.c_str(), src),
@@ -291,10 +290,10 @@ void write_virtual_dataset(hid_t file, hid_t lcpl, const SavedTensor& t) {
     crcs.push_back(b.crc);
   }
   TRIDENT_H5(H5Sselect_all(vspace), "selecting all of {}", t.name);
-  H5Id ds{TRIDENT_H5(H5Dcreate2(file, t.name.c_str(), H5T_IEEE_F32LE, vspace, lcpl, dcpl,
-                                H5P_DEFAULT),
-                     "creating virtual dataset {}", t.name),
-          H5Dclose};
+  H5Id ds{
+      TRIDENT_H5(H5Dcreate2(file, t.name.c_str(), H5T_IEEE_F32LE, vspace, lcpl, dcpl, H5P_DEFAULT),
+                 "creating virtual dataset {}", t.name),
+      H5Dclose};
   write_attr(ds, kAttrSourceCrc32, crcs);
   ds.close(fmt::format("virtual dataset {}", t.name));
 }
@@ -352,8 +351,7 @@ void switch_latest(const fs::path& base, const std::string& target) {
   fs::remove(new_link, ec);
   if (::symlink(target.c_str(), new_link.c_str()) != 0 ||
       ::rename(new_link.c_str(), link.c_str()) != 0)
-    throw Error(fmt::format("pointing {} at {}: {}", link.string(), target,
-                            std::strerror(errno)),
+    throw Error(fmt::format("pointing {} at {}: {}", link.string(), target, std::strerror(errno)),
                 ExitCode::kBadInput);
   fsync_path(base.string(), true);
 }
@@ -369,8 +367,7 @@ void prune(const fs::path& base, int keep, const std::string& current) {
     if (e.is_symlink() || !e.is_directory()) continue;
     if (const int64_t step = step_of_dir_name(name); step >= 0)
       complete.emplace_back(step, e.path());
-    else if (std::regex_match(name, tmp_re))
-      remove_tree(e.path());
+    else if (std::regex_match(name, tmp_re)) remove_tree(e.path());
   }
   if (keep <= 0) return;
   std::sort(complete.begin(), complete.end(), [](auto& a, auto& b) { return a.first > b.first; });
@@ -479,23 +476,22 @@ std::string save_into(const std::filesystem::path& base, const std::filesystem::
                  others);
 
   std::vector<char> mine;
-  agree_or_throw(comm, timeout_s, attempt([&] {
-                   mine = serialize(hdf5_write([&] {
-                     return write_shard((tmp / shard_file_name(rank)).string(), meta, tensors,
-                                        rank, size);
-                   }));
-                   // Fault injection for tests/cli/test_storage_faults.sh: "RANK:STEP", that
-                   // rank dies in that step's save, its shard written and the index not.
-                   int die_rank = -1;
-                   long long die_step = -1;
-                   if (const char* f = std::getenv("TRIDENT_FAULT_DIE_IN_SAVE");
-                       f && std::sscanf(f, "%d:%lld", &die_rank, &die_step) == 2 &&
-                       die_rank == rank && die_step == meta.step)
-                     std::raise(SIGKILL);
-                   TRIDENT_CHECK(mine.size() < (size_t{1} << 30), "checkpoint list of {} bytes",
-                                 mine.size());
-                 }),
-                 others);
+  agree_or_throw(
+      comm, timeout_s, attempt([&] {
+        mine = serialize(hdf5_write([&] {
+          return write_shard((tmp / shard_file_name(rank)).string(), meta, tensors, rank, size);
+        }));
+        // Fault injection for tests/cli/test_storage_faults.sh: "RANK:STEP", that
+        // rank dies in that step's save, its shard written and the index not.
+        int die_rank = -1;
+        long long die_step = -1;
+        if (const char* f = std::getenv("TRIDENT_FAULT_DIE_IN_SAVE");
+            f && std::sscanf(f, "%d:%lld", &die_rank, &die_step) == 2 && die_rank == rank &&
+            die_step == meta.step)
+          std::raise(SIGKILL);
+        TRIDENT_CHECK(mine.size() < (size_t{1} << 30), "checkpoint list of {} bytes", mine.size());
+      }),
+      others);
 
   // What each rank wrote, to rank 0 (names, shapes, blocks, CRCs: kilobytes per rank).
   int my_bytes = static_cast<int>(mine.size());
@@ -582,15 +578,14 @@ std::string save_checkpoint(const std::string& dir, const CheckpointMeta& meta,
   }
 }
 
-
-
 CheckpointDirLock::CheckpointDirLock(const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) input_error("checkpoint.dir {}: cannot create it: {}", dir, ec.message());
   const std::string path = (std::filesystem::path(dir) / ckpt::kLockFile).string();
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0) input_error("checkpoint.dir {}: cannot open {}: {}", dir, path, std::strerror(errno));
+  if (fd_ < 0)
+    input_error("checkpoint.dir {}: cannot open {}: {}", dir, path, std::strerror(errno));
   // flock locks belong to the open file description: a second open() of the same file (in
   // this process or another) conflicts, a fork()ed child shares this one.
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {

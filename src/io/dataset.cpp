@@ -50,11 +50,11 @@ const char* tokenizer_name(uint32_t id) {
 
 // What a header says about the payload.
 struct TokenLayout {
-  const char* format;          // "trident" | "llm.c"
+  const char* format;  // "trident" | "llm.c"
   size_t header_bytes;
   uint32_t bytes_per_token;
   uint64_t n_tokens;
-  uint32_t file_vocab;         // 0 when the format doesn't record it
+  uint32_t file_vocab;  // 0 when the format doesn't record it
   uint32_t tokenizer;
 };
 
@@ -64,12 +64,16 @@ TokenLayout parse_trident_header(const MappedFile& f, const std::string& path,
   if (f.size() < kTridentHeaderBytes)
     input_error("{}: {}: file is {} bytes, shorter than the {}-byte trident header", what, path,
                 f.size(), kTridentHeaderBytes);
-  TokenLayout l{"trident", kTridentHeaderBytes, load<uint32_t>(h + 12), load<uint64_t>(h + 16),
-                load<uint32_t>(h + 24), load<uint32_t>(h + 28)};
+  TokenLayout l{"trident",
+                kTridentHeaderBytes,
+                load<uint32_t>(h + 12),
+                load<uint64_t>(h + 16),
+                load<uint32_t>(h + 24),
+                load<uint32_t>(h + 28)};
   uint32_t version = load<uint32_t>(h + 8);
   if (version != kTridentVersion)
-    input_error("{}: {}: trident token file version {} is not supported (expected {})", what,
-                path, version, kTridentVersion);
+    input_error("{}: {}: trident token file version {} is not supported (expected {})", what, path,
+                version, kTridentVersion);
   if (l.bytes_per_token != 2 && l.bytes_per_token != 4)
     input_error("{}: {}: bytes_per_token is {}, must be 2 or 4", what, path, l.bytes_per_token);
   if (l.tokenizer > 2)
@@ -77,8 +81,8 @@ TokenLayout parse_trident_header(const MappedFile& f, const std::string& path,
                 path, l.tokenizer);
   for (size_t i = 32; i < kTridentHeaderBytes; ++i)
     if (h[i] != 0)
-      input_error("{}: {}: header byte {} is {}, reserved bytes 32..63 must be zero", what, path,
-                  i, h[i]);
+      input_error("{}: {}: header byte {} is {}, reserved bytes 32..63 must be zero", what, path, i,
+                  h[i]);
   return l;
 }
 
@@ -86,8 +90,8 @@ TokenLayout parse_llmc_header(const MappedFile& f, const std::string& path,
                               const std::string& what) {
   const unsigned char* h = f.bytes();
   if (f.size() < kLlmcHeaderBytes)
-    input_error("{}: {}: file is {} bytes, shorter than the {}-byte llm.c shard header", what,
-                path, f.size(), kLlmcHeaderBytes);
+    input_error("{}: {}: file is {} bytes, shorter than the {}-byte llm.c shard header", what, path,
+                f.size(), kLlmcHeaderBytes);
   int32_t version = load<int32_t>(h + 4);
   int32_t n = load<int32_t>(h + 8);
   if (version != kLlmcVersion)
@@ -109,7 +113,8 @@ TokenLayout parse_header(const MappedFile& f, const std::string& path, const std
   std::string first;
   for (size_t i = 0; i < sizeof(kTridentMagic); ++i) first += fmt::format("{:02x}", f.bytes()[i]);
   input_error("{}: {}: bad magic (first bytes {}): neither a trident token file (\"TRIDTOK\\0\") "
-              "nor an llm.c shard (int32 {})", what, path, first, kLlmcMagic);
+              "nor an llm.c shard (int32 {})",
+              what, path, first, kLlmcMagic);
 }
 
 void check_size(const TokenLayout& l, const MappedFile& f, const std::string& path,
@@ -121,7 +126,8 @@ void check_size(const TokenLayout& l, const MappedFile& f, const std::string& pa
   uint64_t expected = l.header_bytes + l.n_tokens * l.bytes_per_token;
   if (f.size() != expected)
     input_error("{}: {}: file is {} bytes, expected {} ({}-byte {} header + {} tokens x {} "
-                "bytes){}", what, path, f.size(), expected, l.header_bytes, l.format, l.n_tokens,
+                "bytes){}",
+                what, path, f.size(), expected, l.header_bytes, l.format, l.n_tokens,
                 l.bytes_per_token, f.size() < expected ? ": truncated" : ": trailing bytes");
   if (l.n_tokens < 2)
     input_error("{}: {}: has {} tokens, at least 2 are needed (one input and its target)", what,
@@ -164,8 +170,8 @@ class MappedTokens final : public TokenDataset {
   std::string describe() const override {
     std::string vocab = layout_.file_vocab ? fmt::format(", vocab {}", layout_.file_vocab) : "";
     return fmt::format("{}: {} tokens ({} format, {}-byte tokens, {}{})", path_, layout_.n_tokens,
-                       layout_.format, layout_.bytes_per_token,
-                       tokenizer_name(layout_.tokenizer), vocab);
+                       layout_.format, layout_.bytes_per_token, tokenizer_name(layout_.tokenizer),
+                       vocab);
   }
 
   // Every token must be below the model's vocab (an embedding row exists) and below the
@@ -178,9 +184,9 @@ class MappedTokens final : public TokenDataset {
     if (largest >= static_cast<uint32_t>(vocab)) {
       size_t i = first_at_least(tokens_, n, static_cast<uint64_t>(vocab));
       std::string hint = layout_.file_vocab > static_cast<uint32_t>(vocab)
-          ? fmt::format(" (the file's header says vocab_size {}, tokenizer {})",
-                        layout_.file_vocab, tokenizer_name(layout_.tokenizer))
-          : "";
+                             ? fmt::format(" (the file's header says vocab_size {}, tokenizer {})",
+                                           layout_.file_vocab, tokenizer_name(layout_.tokenizer))
+                             : "";
       input_error("{}: {}: token {} at position {} is >= model.vocab {}{}", what, path_,
                   static_cast<uint32_t>(tokens_[i]), i, vocab, hint);
     }
@@ -231,8 +237,8 @@ std::unique_ptr<TokenDataset> TokenDataset::open(const std::string& path, int vo
   return make_dataset<uint32_t>(path, std::move(file), layout, vocab, what);
 }
 
-void write_token_file(const std::string& path, const std::vector<int32_t>& tokens,
-                      int vocab_size, int tokenizer) {
+void write_token_file(const std::string& path, const std::vector<int32_t>& tokens, int vocab_size,
+                      int tokenizer) {
   if (vocab_size <= 0) input_error("{}: vocab_size {} must be positive", path, vocab_size);
   if (tokenizer < 0 || tokenizer > 2)
     input_error("{}: tokenizer id {} is unknown (0 byte-level, 1 GPT-2 BPE, 2 other)", path,
@@ -255,8 +261,7 @@ void write_token_file(const std::string& path, const std::vector<int32_t>& token
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (bytes_per_token == 2)
       store<uint16_t>(payload.data() + 2 * i, static_cast<uint16_t>(tokens[i]));
-    else
-      store<uint32_t>(payload.data() + 4 * i, static_cast<uint32_t>(tokens[i]));
+    else store<uint32_t>(payload.data() + 4 * i, static_cast<uint32_t>(tokens[i]));
   }
 
   // Write beside the target and rename, so a reader never sees a half-written file.

@@ -97,10 +97,9 @@ std::string suggestion(std::string_view name, bool is_section) {
                        key->leaf());
   std::string_view section = name.substr(0, name.find('.'));
   const auto& known = deck_schema::sections();
-  std::string listing =
-      !is_section && std::find(known.begin(), known.end(), section) != known.end()
-          ? fmt::format("{} keys: {}", section, section_keys(section))
-          : fmt::format("sections: {}", fmt::join(known, ", "));
+  std::string listing = !is_section && std::find(known.begin(), known.end(), section) != known.end()
+                            ? fmt::format("{} keys: {}", section, section_keys(section))
+                            : fmt::format("sections: {}", fmt::join(known, ", "));
   input_error("{}: unknown {} '{}'{}; {}", where, is_section ? "section" : "key", name, hint,
               listing);
 }
@@ -179,8 +178,7 @@ void validate(const DeckReader& r) {
     deck_schema::check_range(k, d, r.origin[deck_schema::index_of(k)]);
 
   if (d.data.train.empty())
-    input_error("{}: data.train is required (the training token file)",
-                r.origin_of("data.train"));
+    input_error("{}: data.train is required (the training token file)", r.origin_of("data.train"));
   if (d.model.d_model % d.model.heads != 0)
     input_error("{}: model.d_model ({}) must be a multiple of model.heads ({})",
                 r.blame({"model.d_model", "model.heads"}), d.model.d_model, d.model.heads);
@@ -193,10 +191,12 @@ void validate(const DeckReader& r) {
                   r.blame({"run.precision", "run.backend"}));
     if (d.parallel.tp > 1)
       input_error("{}: run.precision bf16 runs with parallel.tp 1 (got {}); use fp32 for tensor "
-                  "parallelism", r.blame({"run.precision", "parallel.tp"}), d.parallel.tp);
+                  "parallelism",
+                  r.blame({"run.precision", "parallel.tp"}), d.parallel.tp);
     if (d.parallel.schedule == "zb-h1")
       input_error("{}: run.precision bf16 does not split backward: use parallel.schedule 1f1b, "
-                  "gpipe or interleaved", r.blame({"run.precision", "parallel.schedule"}));
+                  "gpipe or interleaved",
+                  r.blame({"run.precision", "parallel.schedule"}));
   }
   // A checkpoint's shape replaces model.*, so these are checked against it when it is read.
   if (d.model.init_from.empty()) {

@@ -201,10 +201,10 @@ overloaded(Fs...) -> overloaded<Fs...>;  // C++20 deduces this; clang 14 (the fu
 // The value a key holds in `deck`, as a double (numbers only; ranges are checked on it).
 double as_double(const Key& key, const Deck& deck) {
   Deck& d = const_cast<Deck&>(deck);  // Field is a read-write accessor; this only reads
-  return std::visit(overloaded{[&](int& (*get)(Deck&)) { return double(get(d)); },
-                               [&](double& (*get)(Deck&)) { return get(d); },
-                               [&](auto) { return 0.0; }},
-                    key.field);
+  return std::visit(
+      overloaded{[&](int& (*get)(Deck&)) { return double(get(d)); },
+                 [&](double& (*get)(Deck&)) { return get(d); }, [&](auto) { return 0.0; }},
+      key.field);
 }
 
 // from_chars over the whole text, after an optional '+' (YAML allows one; from_chars does not).
@@ -266,55 +266,54 @@ void assign(const Key& key, Deck& deck, const Scalar& value, std::string_view wh
     wrong_type();  // only plain strings and paths may be left empty
   const std::string& text = value.text;
 
-  std::visit(
-      overloaded{
-          [&](int& (*get)(Deck&)) {
-            int64_t v = 0;
-            std::errc ec = parse_number(text, v);
-            if (ec == std::errc::invalid_argument) wrong_type();
-            if (ec != std::errc() || v < std::numeric_limits<int>::min() ||
-                v > std::numeric_limits<int>::max())
-              input_error("{}: {} does not fit in a 32-bit integer", subject(where, key.name),
-                          text);
-            get(deck) = int(v);
-          },
-          [&](uint64_t& (*get)(Deck&)) {
-            uint64_t v = 0;
-            std::errc ec = parse_number(text, v);
-            if (ec == std::errc::invalid_argument) wrong_type();
-            if (ec != std::errc())
-              input_error("{}: {} does not fit in a 64-bit unsigned integer",
-                          subject(where, key.name), text);
-            get(deck) = v;
-          },
-          [&](double& (*get)(Deck&)) {
-            double v = 0;
-            std::errc ec = parse_number(text, v);
-            if (ec != std::errc() || !std::isfinite(v)) wrong_type();
-            get(deck) = v;
-          },
-          [&](bool& (*get)(Deck&)) {
-            std::string t = lower(text);  // YAML 1.1 spellings, as yaml-cpp accepts them
-            if (t == "true" || t == "yes" || t == "on") {
-              get(deck) = true;
-            } else if (t == "false" || t == "no" || t == "off") {
-              get(deck) = false;
-            } else {
-              wrong_type();
-            }
-          },
-          [&](std::string& (*get)(Deck&)) {
-            if (key.text == Text::kEnum &&
-                std::find(key.choices.begin(), key.choices.end(), text) == key.choices.end())
-              input_error("{}: must be {}, got {}", subject(where, key.name), type_text(key),
-                          yaml_quote(text));
-            std::string v = text;
-            if (key.text == Text::kPath && !v.empty())
-              v = (std::filesystem::path(base_dir) / v).lexically_normal().string();
-            get(deck) = v;
-          },
-      },
-      key.field);
+  std::visit(overloaded{
+                 [&](int& (*get)(Deck&)) {
+                   int64_t v = 0;
+                   std::errc ec = parse_number(text, v);
+                   if (ec == std::errc::invalid_argument) wrong_type();
+                   if (ec != std::errc() || v < std::numeric_limits<int>::min() ||
+                       v > std::numeric_limits<int>::max())
+                     input_error("{}: {} does not fit in a 32-bit integer",
+                                 subject(where, key.name), text);
+                   get(deck) = int(v);
+                 },
+                 [&](uint64_t& (*get)(Deck&)) {
+                   uint64_t v = 0;
+                   std::errc ec = parse_number(text, v);
+                   if (ec == std::errc::invalid_argument) wrong_type();
+                   if (ec != std::errc())
+                     input_error("{}: {} does not fit in a 64-bit unsigned integer",
+                                 subject(where, key.name), text);
+                   get(deck) = v;
+                 },
+                 [&](double& (*get)(Deck&)) {
+                   double v = 0;
+                   std::errc ec = parse_number(text, v);
+                   if (ec != std::errc() || !std::isfinite(v)) wrong_type();
+                   get(deck) = v;
+                 },
+                 [&](bool& (*get)(Deck&)) {
+                   std::string t = lower(text);  // YAML 1.1 spellings, as yaml-cpp accepts them
+                   if (t == "true" || t == "yes" || t == "on") {
+                     get(deck) = true;
+                   } else if (t == "false" || t == "no" || t == "off") {
+                     get(deck) = false;
+                   } else {
+                     wrong_type();
+                   }
+                 },
+                 [&](std::string& (*get)(Deck&)) {
+                   if (key.text == Text::kEnum &&
+                       std::find(key.choices.begin(), key.choices.end(), text) == key.choices.end())
+                     input_error("{}: must be {}, got {}", subject(where, key.name), type_text(key),
+                                 yaml_quote(text));
+                   std::string v = text;
+                   if (key.text == Text::kPath && !v.empty())
+                     v = (std::filesystem::path(base_dir) / v).lexically_normal().string();
+                   get(deck) = v;
+                 },
+             },
+             key.field);
 }
 
 void check_range(const Key& key, const Deck& deck, std::string_view where) {
@@ -329,16 +328,15 @@ void check_range(const Key& key, const Deck& deck, std::string_view where) {
 
 std::string format_value(const Key& key, const Deck& deck) {
   Deck& d = const_cast<Deck&>(deck);  // read only
-  return std::visit(
-      overloaded{
-          [&](int& (*get)(Deck&)) { return fmt::format("{}", get(d)); },
-          [&](uint64_t& (*get)(Deck&)) { return fmt::format("{}", get(d)); },
-          // fmt's "{}" is the shortest text that reads back to the same double.
-          [&](double& (*get)(Deck&)) { return fmt::format("{}", get(d)); },
-          [&](bool& (*get)(Deck&)) { return std::string(get(d) ? "true" : "false"); },
-          [&](std::string& (*get)(Deck&)) { return yaml_quote(get(d)); },
-      },
-      key.field);
+  return std::visit(overloaded{
+                        [&](int& (*get)(Deck&)) { return fmt::format("{}", get(d)); },
+                        [&](uint64_t& (*get)(Deck&)) { return fmt::format("{}", get(d)); },
+                        // fmt's "{}" is the shortest text that reads back to the same double.
+                        [&](double& (*get)(Deck&)) { return fmt::format("{}", get(d)); },
+                        [&](bool& (*get)(Deck&)) { return std::string(get(d) ? "true" : "false"); },
+                        [&](std::string& (*get)(Deck&)) { return yaml_quote(get(d)); },
+                    },
+                    key.field);
 }
 
 std::string type_text(const Key& key) {
@@ -377,8 +375,8 @@ std::string deck_reference() {
     std::string type = type_text(k);
     if (type.starts_with("an ")) type.erase(0, 3);
     if (type.starts_with("a ")) type.erase(0, 2);
-    lines.push_back({std::string(k.name), type, range_text(k), format_value(k, defaults),
-                     std::string(k.help)});
+    lines.push_back(
+        {std::string(k.name), type, range_text(k), format_value(k, defaults), std::string(k.help)});
   }
   size_t w[4] = {0, 0, 0, 0};
   for (const Line& l : lines) {

@@ -60,8 +60,8 @@ void assign(const Key& key, Deck& deck, const Scalar& value, std::string_view wh
 void check_range(const Key& key, const Deck& deck, std::string_view where);
 
 std::string format_value(const Key& key, const Deck& deck);  // YAML text that reads back exactly
-std::string type_text(const Key& key);   // "an integer", "one of a|b", ...
-std::string range_text(const Key& key);  // "> 0", "in [0, 1)", "" if none
+std::string type_text(const Key& key);                       // "an integer", "one of a|b", ...
+std::string range_text(const Key& key);                      // "> 0", "in [0, 1)", "" if none
 
 // How a message about `key` starts: "deck.yaml:3:9: train.lr" or "--set train.lr".
 std::string subject(std::string_view where, std::string_view key);

@@ -46,8 +46,8 @@ struct IndexDtype {
   bool is_float;
 };
 constexpr IndexDtype kDtypes[] = {
-    {1, "uint8", 1, false}, {2, "int8", 1, false},     {3, "int16", 2, false},
-    {4, "int32", 4, false}, {5, "int64", 8, false},    {6, "float64", 8, true},
+    {1, "uint8", 1, false},  {2, "int8", 1, false},   {3, "int16", 2, false},
+    {4, "int32", 4, false},  {5, "int64", 8, false},  {6, "float64", 8, true},
     {7, "float32", 4, true}, {8, "uint16", 2, false},
 };
 
@@ -87,9 +87,9 @@ Index parse_index(const MappedFile& f, const std::string& path, const std::strin
     input_error("{}: {}: file is {} bytes, shorter than the {}-byte Megatron index header", what,
                 path, f.size(), kIndexHeaderBytes);
   if (std::memcmp(h, kIndexMagic, sizeof(kIndexMagic)) != 0)
-    input_error("{}: {}: magic is {}, expected {} (\"MMIDIDX\\0\\0\", a Megatron mmap index)",
-                what, path, hex_bytes(h, 9), hex_bytes(reinterpret_cast<const unsigned char*>(
-                                                           kIndexMagic), 9));
+    input_error("{}: {}: magic is {}, expected {} (\"MMIDIDX\\0\\0\", a Megatron mmap index)", what,
+                path, hex_bytes(h, 9),
+                hex_bytes(reinterpret_cast<const unsigned char*>(kIndexMagic), 9));
   const uint64_t version = load<uint64_t>(h + 9);
   if (version != kIndexVersion)
     input_error("{}: {}: version is {}, expected {}", what, path, version, kIndexVersion);
@@ -99,10 +99,12 @@ Index parse_index(const MappedFile& f, const std::string& path, const std::strin
     if (d.code == code) dtype = &d;
   if (!dtype)
     input_error("{}: {}: dtype code {} is unknown (1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, "
-                "6 float64, 7 float32, 8 uint16)", what, path, code);
+                "6 float64, 7 float32, 8 uint16)",
+                what, path, code);
   if (dtype->is_float)
     input_error("{}: {}: dtype code {} is {}: token ids must be integers (uint16 or int32, "
-                "or another integer type)", what, path, code, dtype->name);
+                "or another integer type)",
+                what, path, code, dtype->name);
   Index ix{dtype, load<uint64_t>(h + 18), load<uint64_t>(h + 26), nullptr, nullptr, nullptr, 0};
 
   // 34 + 12 S + 8 D bytes; counts too large for the file are caught before multiplying.
@@ -117,9 +119,9 @@ Index parse_index(const MappedFile& f, const std::string& path, const std::strin
              "trident does not read)";
     input_error("{}: {}: file is {} bytes, but sequence_count {} and document_count {} {} "
                 "({}-byte header + {} x 4-byte sizes + {} x 8-byte pointers + {} x 8-byte "
-                "doc_idx): {}{}", what, path, size, ix.n_seq, ix.n_doc, need, kIndexHeaderBytes,
-                ix.n_seq, ix.n_seq, ix.n_doc,
-                fits && size > expected ? "trailing bytes" : "truncated", hint);
+                "doc_idx): {}{}",
+                what, path, size, ix.n_seq, ix.n_doc, need, kIndexHeaderBytes, ix.n_seq, ix.n_seq,
+                ix.n_doc, fits && size > expected ? "trailing bytes" : "truncated", hint);
   }
   ix.sizes = h + kIndexHeaderBytes;
   ix.pointers = ix.sizes + 4 * ix.n_seq;
@@ -144,11 +146,13 @@ void check_documents(const Index& ix, const std::string& path, const std::string
   for (uint64_t j = 1; j < ix.n_doc; ++j) {
     if (ix.doc(j) < ix.doc(j - 1) || static_cast<uint64_t>(ix.doc(j)) > ix.n_seq)
       input_error("{}: {}: doc_idx[{}] is {}, out of order or range (doc_idx[{}] is {}, "
-                  "sequence_count {})", what, path, j, ix.doc(j), j - 1, ix.doc(j - 1), ix.n_seq);
+                  "sequence_count {})",
+                  what, path, j, ix.doc(j), j - 1, ix.doc(j - 1), ix.n_seq);
   }
   if (static_cast<uint64_t>(ix.doc(ix.n_doc - 1)) != ix.n_seq)
     input_error("{}: {}: doc_idx[{}] is {}, expected sequence_count {} (the end of the last "
-                "document)", what, path, ix.n_doc - 1, ix.doc(ix.n_doc - 1), ix.n_seq);
+                "document)",
+                what, path, ix.n_doc - 1, ix.doc(ix.n_doc - 1), ix.n_seq);
 }
 
 // The .bin holds exactly the sequences, back to back in order (Note [Megatron indexed dataset]).
@@ -157,10 +161,10 @@ void check_bin(const Index& ix, const MappedFile& bin, const std::string& idx_pa
   const uint64_t item = ix.dtype->bytes;
   if (ix.n_tokens > bin.size() / item || bin.size() != ix.n_tokens * item)
     input_error("{}: {}: file is {} bytes, but the sizes in {} add up to {} tokens x {} bytes "
-                "({}) = {}", what, bin_path, bin.size(), idx_path, ix.n_tokens, item,
-                ix.dtype->name, ix.n_tokens > UINT64_MAX / item
-                    ? std::string("more than any file holds")
-                    : fmt::format("{} bytes", ix.n_tokens * item));
+                "({}) = {}",
+                what, bin_path, bin.size(), idx_path, ix.n_tokens, item, ix.dtype->name,
+                ix.n_tokens > UINT64_MAX / item ? std::string("more than any file holds")
+                                                : fmt::format("{} bytes", ix.n_tokens * item));
   uint64_t offset = 0;  // where sequence i must start
   for (uint64_t i = 0; i < ix.n_seq; ++i) {
     const int64_t p = ix.pointer(i);
@@ -168,13 +172,15 @@ void check_bin(const Index& ix, const MappedFile& bin, const std::string& idx_pa
     if (p < 0 || static_cast<uint64_t>(p) > bin.size() ||
         bytes > bin.size() - static_cast<uint64_t>(p))
       input_error("{}: {}: pointers[{}] is {}, out of range: sequence {} ({} tokens) must lie "
-                  "within {} ({} bytes)", what, idx_path, i, p, i, ix.size(i), bin_path,
-                  bin.size());
+                  "within {} ({} bytes)",
+                  what, idx_path, i, p, i, ix.size(i), bin_path, bin.size());
     if (static_cast<uint64_t>(p) != offset)
       input_error("{}: {}: pointers[{}] is {}, expected {}{}: sequences must be stored back to "
-                  "back, in order", what, idx_path, i, p, offset,
-                  i == 0 ? "" : fmt::format(" (pointers[{}] + sizes[{}] {} x {} bytes)", i - 1,
-                                            i - 1, ix.size(i - 1), item));
+                  "back, in order",
+                  what, idx_path, i, p, offset,
+                  i == 0 ? ""
+                         : fmt::format(" (pointers[{}] + sizes[{}] {} x {} bytes)", i - 1, i - 1,
+                                       ix.size(i - 1), item));
     offset += bytes;
   }
 }
@@ -195,8 +201,8 @@ template <typename T>
 class IndexedTokens final : public TokenDataset {
  public:
   IndexedTokens(std::string bin_path, std::unique_ptr<MappedFile> bin, const Index& ix)
-      : path_(std::move(bin_path)), bin_(std::move(bin)), n_tokens_(ix.n_tokens),
-        n_seq_(ix.n_seq), n_doc_(ix.n_doc - 1), dtype_(ix.dtype->name),
+      : path_(std::move(bin_path)), bin_(std::move(bin)), n_tokens_(ix.n_tokens), n_seq_(ix.n_seq),
+        n_doc_(ix.n_doc - 1), dtype_(ix.dtype->name),
         tokens_(reinterpret_cast<const T*>(bin_->bytes())) {}
 
   size_t n_tokens() const override { return n_tokens_; }
@@ -213,7 +219,8 @@ class IndexedTokens final : public TokenDataset {
   }
   std::string describe() const override {
     return fmt::format("{}: {} tokens (Megatron indexed, {} tokens, {} sequences in {} "
-                       "documents)", path_, n_tokens_, dtype_, n_seq_, n_doc_);
+                       "documents)",
+                       path_, n_tokens_, dtype_, n_seq_, n_doc_);
   }
 
   // Every token in [0, vocab): a vectorisable min/max pass, then a search for the first

@@ -35,18 +35,26 @@ void TraceWriter::span(const std::string& track, const std::string& name, Clock:
 
 void TraceWriter::write() const {
   nlohmann::json events = nlohmann::json::array();
-  events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank_},
+  events.push_back({{"ph", "M"},
+                    {"name", "process_name"},
+                    {"pid", rank_},
                     {"args", {{"name", "rank " + std::to_string(rank_)}}}});
   for (size_t t = 0; t < tracks_.size(); ++t) {
-    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank_}, {"tid", t},
+    events.push_back({{"ph", "M"},
+                      {"name", "thread_name"},
+                      {"pid", rank_},
+                      {"tid", t},
                       {"args", {{"name", tracks_[t]}}}});
-    events.push_back({{"ph", "M"}, {"name", "thread_sort_index"}, {"pid", rank_}, {"tid", t},
+    events.push_back({{"ph", "M"},
+                      {"name", "thread_sort_index"},
+                      {"pid", rank_},
+                      {"tid", t},
                       {"args", {{"sort_index", t}}}});
   }
   for (const Event& e : events_) {
-    nlohmann::json j = {{"ph", "X"},          {"name", e.name}, {"pid", rank_},
-                        {"tid", e.track},     {"ts", e.begin_ms * 1e3},
-                        {"dur", (e.end_ms - e.begin_ms) * 1e3}};
+    nlohmann::json j = {
+        {"ph", "X"},      {"name", e.name},         {"pid", rank_},
+        {"tid", e.track}, {"ts", e.begin_ms * 1e3}, {"dur", (e.end_ms - e.begin_ms) * 1e3}};
     if (!e.category.empty()) j["cat"] = e.category;
     events.push_back(std::move(j));
   }

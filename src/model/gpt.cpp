@@ -18,8 +18,8 @@
 #include <cstring>
 
 #include "model/gpt_phase.h"
-#include "trident/check.h"
 #include "model/gpt_state.h"
+#include "trident/check.h"
 #include "trident/model.h"
 
 namespace trident {
@@ -61,9 +61,9 @@ void GPT::build_param_table() {
     auto off = [&](const char* s) { return param(name(s)).offset; };
     auto ready = [&](const char* s) { return int(&param(name(s)) - infos_.data()); };
     LayerTable lt;
-    lt.offset = {off("ln1w"), off("ln1b"),     off("qkvw"),     off("qkvb"),
-                 off("attprojw"), off("attprojb"), off("ln2w"), off("ln2b"),
-                 off("fcw"),  off("fcb"),      off("fcprojw"),  off("fcprojb")};
+    lt.offset = {off("ln1w"),     off("ln1b"),     off("qkvw"),    off("qkvb"),
+                 off("attprojw"), off("attprojb"), off("ln2w"),    off("ln2b"),
+                 off("fcw"),      off("fcb"),      off("fcprojw"), off("fcprojb")};
     lt.ready_fcproj = ready("fcprojb");
     lt.ready_fc = ready("fcb");
     lt.ready_ln2 = ready("ln2b");
@@ -82,9 +82,9 @@ void GPT::build_param_table() {
 
 GPT::BlockWeights GPT::block(float* base, int local_layer) const {
   const BlockOffsets& o = table_->layers[size_t(local_layer)].offset;
-  return {base + o.ln1w,     base + o.ln1b, base + o.qkvw, base + o.qkvb,
-          base + o.attprojw, base + o.attprojb, base + o.ln2w, base + o.ln2b,
-          base + o.fcw,      base + o.fcb,  base + o.fcprojw, base + o.fcprojb};
+  return {base + o.ln1w,     base + o.ln1b,     base + o.qkvw,    base + o.qkvb,
+          base + o.attprojw, base + o.attprojb, base + o.ln2w,    base + o.ln2b,
+          base + o.fcw,      base + o.fcb,      base + o.fcprojw, base + o.fcprojb};
 }
 
 void GPT::forward_accumulate(int slot, const int32_t* inputs, const int32_t* targets, int B,
@@ -117,8 +117,8 @@ const float* GPT::logits() const {
 
 void GPT::zero_grads() { be_.fill_zero(grads_.data(), grads_.size() * sizeof(float)); }
 
-void GPT::block_forward(const BlockWeights& w, const BlockActs& a, const float* residual_in,
-                        int B, int T) {
+void GPT::block_forward(const BlockWeights& w, const BlockActs& a, const float* residual_in, int B,
+                        int T) {
   const int C = cfg_.channels, tps = tp_.size;
   const int NHl = cfg_.heads / tps, Cl = C / tps;
   const int N = B * T, Nr = N / rows_divisor_;
@@ -185,8 +185,8 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, int 
   Phase ph(be_, phases_, table_->forward_head);
   if (precision_ == Precision::kBf16) return head_forward_bf16(s, residual, targets, B, T);
   Slot& h = head(s);
-  layernorm_gathered(h.lnf.data(), h.lnf_mean.data(), h.lnf_rstd.data(), residual,
-                     P + table_->lnfw, P + table_->lnfb, B, T, C);
+  layernorm_gathered(h.lnf.data(), h.lnf_mean.data(), h.lnf_rstd.data(), residual, P + table_->lnfw,
+                     P + table_->lnfb, B, T, C);
   be_.matmul_forward(h.logits.data(), h.lnf.data(), P + table_->wte, nullptr, N, C, Vl);
   s.has_targets = targets != nullptr;
   if (!targets) return 0.0f;

@@ -26,9 +26,9 @@
 #include <algorithm>
 
 #include "model/gpt_phase.h"
+#include "model/gpt_state.h"
 #include "model/ready_walk.h"
 #include "trident/check.h"
-#include "model/gpt_state.h"
 #include "trident/model.h"
 
 namespace trident {
@@ -66,10 +66,9 @@ void GPT::backward_input(int slot, float dloss_scale, const float* dstage_output
                 last_micro_batch);
 }
 
-void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale,
-                        const float* dstage_output, float* dstage_input,
-                        const GradReadyFn& on_ready, const EmbeddingRowSink* sink,
-                        bool last_micro_batch) {
+void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale, const float* dstage_output,
+                        float* dstage_input, const GradReadyFn& on_ready,
+                        const EmbeddingRowSink* sink, bool last_micro_batch) {
   Slot& s = slots_[slot];
   const int B = s.B, T = s.T, N = B * T, Nr = N / rows_divisor_;
   const int C = cfg_.channels, tps = tp_.size;
@@ -103,8 +102,7 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale,
   };
 
   const int L = stage_.num_layers;  // LayerNorm partial sums: 2 per local block, then lnf's
-  const float* last_residual =
-      end > begin ? block_acts(slot, end - 1).residual3 : s.encoded.data();
+  const float* last_residual = end > begin ? block_acts(slot, end - 1).residual3 : s.encoded.data();
   if (has_head) {
     TRIDENT_CHECK(s.has_targets, "backward() needs a forward() with targets first");
     Phase ph(be_, phases_, table_->backward_head);
@@ -119,8 +117,8 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale,
       // as it is computed (Note [Head gradient in pieces]).
       for (size_t k = 0; k + 1 < wte_piece_rows_.size(); ++k) {
         const int r0 = wte_piece_rows_[k], rows = wte_piece_rows_[k + 1] - r0;
-        be_.matmul_backward_weight_rows(G + table_->wte + size_t(r0) * C, h.logits.data() + r0,
-                                        Vl, h.lnf.data(), N, C, rows);
+        be_.matmul_backward_weight_rows(G + table_->wte + size_t(r0) * C, h.logits.data() + r0, Vl,
+                                        h.lnf.data(), N, C, rows);
         ready.wte_piece(int(k));
       }
     } else if (wte_after_head) {
@@ -134,9 +132,8 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale,
     be_.matmul_backward(a.dbuf_c.data(), wte_after_head ? nullptr : G + table_->wte, nullptr,
                         h.logits.data(), h.lnf.data(), P + table_->wte, N, C, Vl);
     layernorm_gathered_backward(a.dresidual.data(), G + table_->lnfw, G + table_->lnfb,
-                                a.dbuf_c.data(), last_residual, P + table_->lnfw,
-                                h.lnf_mean.data(), h.lnf_rstd.data(), B, T, C, 2 * L,
-                                last_micro_batch);
+                                a.dbuf_c.data(), last_residual, P + table_->lnfw, h.lnf_mean.data(),
+                                h.lnf_rstd.data(), B, T, C, 2 * L, last_micro_batch);
     ready.through(table_->lnfb_index);
   } else {
     TRIDENT_CHECK(dstage_output != nullptr, "a stage before the last needs its output gradient");
@@ -156,17 +153,17 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale,
 
     const float* dout = dresidual_all_rows();
     keep_copy(act.residual3, dres, size_t(Nr) * C);
-    be_.matmul_backward(a.dbuf_4c.data(), grad(dw.fcprojw), grad(dw.fcprojb), dout,
-                        act.fch_gelu, w.fcprojw, N, 4 * Cl, C);
+    be_.matmul_backward(a.dbuf_4c.data(), grad(dw.fcprojw), grad(dw.fcprojb), dout, act.fch_gelu,
+                        w.fcprojw, N, 4 * Cl, C);
     ready.through(lt.ready_fcproj);
     be_.gelu_backward(a.dbuf_4c2.data(), act.fch, a.dbuf_4c.data(), size_t(N) * 4 * Cl);
     keep_copy(act.fch, a.dbuf_4c2.data(), size_t(N) * 4 * Cl);
     be_.matmul_backward(a.dbuf_c.data(), grad(dw.fcw), grad(dw.fcb), a.dbuf_4c2.data(), act.ln2,
                         w.fcw, N, C, 4 * Cl);
     ready.through(lt.ready_fc);
-    layernorm_gathered_backward(a.dbuf_c2.data(), dw.ln2w, dw.ln2b, a.dbuf_c.data(),
-                                act.residual2, w.ln2w, act.ln2_mean, act.ln2_rstd, B, T, C,
-                                2 * i + 1, last_micro_batch);
+    layernorm_gathered_backward(a.dbuf_c2.data(), dw.ln2w, dw.ln2b, a.dbuf_c.data(), act.residual2,
+                                w.ln2w, act.ln2_mean, act.ln2_rstd, B, T, C, 2 * i + 1,
+                                last_micro_batch);
     ready.through(lt.ready_ln2);
     be_.add(dres, dres, a.dbuf_c2.data(), size_t(Nr) * C);  // now w.r.t. residual2
 
@@ -188,7 +185,8 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale,
     be_.add(dres, dres, a.dbuf_c2.data(), size_t(Nr) * C);  // now w.r.t. the block's input
   }
   if (!has_embedding) {
-    TRIDENT_CHECK(dstage_input != nullptr, "a stage after the first must return its input gradient");
+    TRIDENT_CHECK(dstage_input != nullptr,
+                  "a stage after the first must return its input gradient");
     be_.copy(dstage_input, a.dresidual.data(), size_t(Nr) * C * sizeof(float));
     ready.through(last_ready(s));  // the rest of this chunk's run of the list
     return;

@@ -7,9 +7,9 @@
 // forward (crossentropy_fused_bf16), so backward starts at the LM head's GEMMs. Gradient-ready
 // events and the ready order are the fp32 path's.
 #include "model/gpt_phase.h"
+#include "model/gpt_state.h"
 #include "model/ready_walk.h"
 #include "trident/check.h"
-#include "model/gpt_state.h"
 #include "trident/model.h"
 
 namespace trident {
@@ -26,14 +26,13 @@ void GPT::cast_weights(size_t span, size_t begin, size_t end) {
   cast_version_[span] = weights_version_;
 }
 
-void GPT::block_forward_bf16(const BlockWeights& w, const BlockWeights16& w16,
-                             const BlockActs16& a, const float* residual_in, int B, int T) {
+void GPT::block_forward_bf16(const BlockWeights& w, const BlockWeights16& w16, const BlockActs16& a,
+                             const float* residual_in, int B, int T) {
   const int C = cfg_.channels, NH = cfg_.heads, N = B * T;
   be_.layernorm_forward_bf16(a.ln1, a.ln1_mean, a.ln1_rstd, residual_in, w.ln1w, w.ln1b, N, C);
   be_.matmul_forward_bf16(a.qkv, a.ln1, w16.qkvw, w.qkvb, N, C, 3 * C);
   be_.attention_forward_bf16(a.atty, a.att, a.qkv, B, T, C, NH);
-  be_.matmul_forward_add_bf16(a.residual2, residual_in, a.atty, w16.attprojw, w.attprojb, N, C,
-                              C);
+  be_.matmul_forward_add_bf16(a.residual2, residual_in, a.atty, w16.attprojw, w.attprojb, N, C, C);
   be_.layernorm_forward_bf16(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w.ln2w, w.ln2b, N, C);
   be_.matmul_gelu_forward_bf16(a.fch_gelu, a.fch, a.ln2, w16.fcw, w.fcb, N, C, 4 * C);
   be_.matmul_forward_add_bf16(a.residual3, a.residual2, a.fch_gelu, w16.fcprojw, w.fcprojb, N,
@@ -56,8 +55,7 @@ void GPT::recompute_block_bf16(int slot, int local_layer, const float* residual_
   block_forward_bf16(w, w16, a, residual_in, B, T);
 }
 
-float GPT::head_forward_bf16(Slot& s, const float* residual, const int32_t* targets, int B,
-                             int T) {
+float GPT::head_forward_bf16(Slot& s, const float* residual, const int32_t* targets, int B, int T) {
   const int C = cfg_.channels, V = cfg_.vocab, Vp = cfg_.padded_vocab, N = B * T;
   const float* P = params_.data();
   Slot& h = head(s);
@@ -71,8 +69,8 @@ float GPT::head_forward_bf16(Slot& s, const float* residual, const int32_t* targ
   be_.copy(s.targets.data(), targets, size_t(N) * sizeof(int32_t));
   // Backward's seed, applied here: the mean over the N tokens times the run's scale.
   s.dloss = dloss_scale_ / float(N);
-  be_.crossentropy_fused_bf16(h.losses.data(), h.logits16.data(), s.targets.data(), s.dloss, N,
-                              V, Vp);
+  be_.crossentropy_fused_bf16(h.losses.data(), h.logits16.data(), s.targets.data(), s.dloss, N, V,
+                              Vp);
   return mean_loss(s, N);
 }
 
@@ -86,7 +84,7 @@ void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
   const float* P = params_.data();
   float* G = grads_.data();
   const bfloat16* P16 = params16_.data();
-  float* dres = a.dresidual.data();      // w.r.t. the current block's output, fp32
+  float* dres = a.dresidual.data();         // w.r.t. the current block's output, fp32
   bfloat16* dres16 = a.dresidual16.data();  // its bf16 copy, for the GEMMs
   // As backward_pass: wte right after the head where that is its only contribution here (or
   // the sparse part goes to a sink), else after the embedding. One piece (check in GPT()).
@@ -102,14 +100,15 @@ void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
     // The fused classifier already wrote the logit gradient, with forward's seed.
     TRIDENT_CHECK(dloss_scale / float(N) == s.dloss,
                   "bf16: backward's dloss_scale {} is not the {} forward applied "
-                  "(GPT::set_dloss_scale before forward)", dloss_scale, s.dloss * float(N));
+                  "(GPT::set_dloss_scale before forward)",
+                  dloss_scale, s.dloss * float(N));
     Phase ph(be_, phases_, table_->backward_head);
     Slot& h = head(s);
     // dwte and the head's input gradient in one call where both are computed now: wte is
     // final here only when reported here; otherwise the embedding adds to it later.
     if (wte_after_head) {
-      be_.matmul_backward_bf16(nullptr, G + table_->wte, nullptr, h.logits16.data(),
-                               h.lnf16.data(), P16 + table_->wte, N, C, Vp);
+      be_.matmul_backward_bf16(nullptr, G + table_->wte, nullptr, h.logits16.data(), h.lnf16.data(),
+                               P16 + table_->wte, N, C, Vp);
       ready.wte();
     }
     be_.matmul_backward_bf16(a.d16_c.data(), wte_after_head ? nullptr : G + table_->wte, nullptr,
@@ -140,33 +139,34 @@ void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
                              4 * C, C);
     ready.through(lt.ready_fcproj);
     // Through fcproj and the GELU in one GEMM, with fc's bias gradient (DGELU_BGRAD).
-    be_.matmul_dgelu_backward_bf16(a.d16_4c.data(), dw.fcb, dres16, w16.fcprojw, act.fch, N,
-                                   4 * C, C);
-    be_.matmul_backward_bf16(a.d16_c.data(), dw.fcw, nullptr, a.d16_4c.data(), act.ln2, w16.fcw,
-                             N, C, 4 * C);
+    be_.matmul_dgelu_backward_bf16(a.d16_4c.data(), dw.fcb, dres16, w16.fcprojw, act.fch, N, 4 * C,
+                                   C);
+    be_.matmul_backward_bf16(a.d16_c.data(), dw.fcw, nullptr, a.d16_4c.data(), act.ln2, w16.fcw, N,
+                             C, 4 * C);
     ready.through(lt.ready_fc);
     // Now w.r.t. residual2 (the residual path's gradient plus the MLP branch's).
-    be_.layernorm_backward_add_bf16(dres, dres16, dw.ln2w, dw.ln2b, a.d16_c.data(),
-                                    act.residual2, w.ln2w, act.ln2_mean, act.ln2_rstd, N, C);
+    be_.layernorm_backward_add_bf16(dres, dres16, dw.ln2w, dw.ln2b, a.d16_c.data(), act.residual2,
+                                    w.ln2w, act.ln2_mean, act.ln2_rstd, N, C);
     ready.through(lt.ready_ln2);
 
     be_.matmul_backward_bf16(a.d16_c.data(), dw.attprojw, dw.attprojb, dres16, act.atty,
                              w16.attprojw, N, C, C);
     ready.through(lt.ready_attproj);
-    be_.attention_backward_bf16(a.d16_3c.data(), a.datt.data(), a.d16_c.data(), act.qkv,
-                                act.atty, act.att, B, T, C, NH);
-    be_.matmul_backward_bf16(a.d16_c.data(), dw.qkvw, dw.qkvb, a.d16_3c.data(), act.ln1,
-                             w16.qkvw, N, C, 3 * C);
+    be_.attention_backward_bf16(a.d16_3c.data(), a.datt.data(), a.d16_c.data(), act.qkv, act.atty,
+                                act.att, B, T, C, NH);
+    be_.matmul_backward_bf16(a.d16_c.data(), dw.qkvw, dw.qkvb, a.d16_3c.data(), act.ln1, w16.qkvw,
+                             N, C, 3 * C);
     ready.through(lt.ready_qkv);
     // Now w.r.t. the block's input. The bf16 copy is for the next block's GEMMs; the stage's
     // input gradient (embedding, previous stage) is the fp32 one.
-    be_.layernorm_backward_add_bf16(dres, i > begin ? dres16 : nullptr,
-                                    dw.ln1w, dw.ln1b, a.d16_c.data(), residual_in, w.ln1w,
-                                    act.ln1_mean, act.ln1_rstd, N, C);
+    be_.layernorm_backward_add_bf16(dres, i > begin ? dres16 : nullptr, dw.ln1w, dw.ln1b,
+                                    a.d16_c.data(), residual_in, w.ln1w, act.ln1_mean, act.ln1_rstd,
+                                    N, C);
     ready.through(lt.ready_ln1);
   }
   if (!has_embedding) {
-    TRIDENT_CHECK(dstage_input != nullptr, "a stage after the first must return its input gradient");
+    TRIDENT_CHECK(dstage_input != nullptr,
+                  "a stage after the first must return its input gradient");
     be_.copy(dstage_input, dres, size_t(N) * C * sizeof(float));
     ready.through(last_ready(s));
     return;

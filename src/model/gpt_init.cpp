@@ -45,8 +45,8 @@ void GPT::init_weights(uint64_t seed) {
   HostView<float> host(be_, params(), params_.size(), /*load=*/false);  // params(): stale bf16
   for (const ParamInfo& p : infos_) {
     float* w = host.data() + p.offset;
-    const bool is_ln_weight = ends_with(p.name, "ln1w") || ends_with(p.name, "ln2w") ||
-                              p.name == "lnfw";
+    const bool is_ln_weight =
+        ends_with(p.name, "ln1w") || ends_with(p.name, "ln2w") || p.name == "lnfw";
     if (is_ln_weight) {
       std::fill(w, w + p.count, 1.0f);
       continue;

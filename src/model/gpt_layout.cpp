@@ -26,7 +26,8 @@ void check_tensor_parallel(const GPTConfig& cfg, int tp, bool sequence_parallel,
   if (tp == 1) return;
   if (cfg.heads % tp != 0)
     input_error("parallel.tp={}: model.heads {} is not divisible by tp (attention heads are "
-                "split whole over tensor-parallel ranks)", tp, cfg.heads);
+                "split whole over tensor-parallel ranks)",
+                tp, cfg.heads);
   if (cfg.channels % tp != 0)
     input_error("parallel.tp={}: model.d_model {} is not divisible by tp", tp, cfg.channels);
   if (sequence_parallel && seq_len % tp != 0)
@@ -43,18 +44,15 @@ size_t ParamInfo::global_index(size_t local) const {
   const size_t cols = shape.size() > 1 ? size_t(shape[1]) : 1;
   const size_t r = local / cols, c = local % cols;
   switch (shard) {
-    case Shard::kRows:
-      return (size_t(tp_rank) * rows + r) * cols + c;
+    case Shard::kRows: return (size_t(tp_rank) * rows + r) * cols + c;
     case Shard::kQkvRows: {
       // Local rows are q|k|v blocks of rows/3 each; globally each block has global_rows/3.
       const size_t block = rows / 3, global_block = size_t(global_shape[0]) / 3;
       const size_t part = r / block, within = r % block;
       return (part * global_block + size_t(tp_rank) * block + within) * cols + c;
     }
-    case Shard::kColumns:
-      return r * size_t(global_shape[1]) + size_t(tp_rank) * cols + c;
-    case Shard::kReplicated:
-      break;
+    case Shard::kColumns: return r * size_t(global_shape[1]) + size_t(tp_rank) * cols + c;
+    case Shard::kReplicated: break;
   }
   return local;
 }
@@ -88,7 +86,8 @@ StageSpec pipeline_stage(int layers, int stages, int stage, const std::vector<in
     if (chunks == 1)
       input_error("parallel.pp={}: more pipeline stages than model.layers {}", stages, layers);
     input_error("parallel.pp={} × parallel.virtual_stages={}: {} model chunks but model.layers "
-                "is {}", stages, chunks, parts, layers);
+                "is {}",
+                stages, chunks, parts, layers);
   }
   std::vector<int> counts = stage_layers;
   if (counts.empty()) {
@@ -99,7 +98,8 @@ StageSpec pipeline_stage(int layers, int stages, int stage, const std::vector<in
       input_error("parallel.stage_layers: {} entries for {} {}", counts.size(), parts,
                   chunks == 1 ? fmt::format("stages (parallel.pp={})", stages)
                               : fmt::format("virtual stages (parallel.pp={} × "
-                                            "parallel.virtual_stages={})", stages, chunks));
+                                            "parallel.virtual_stages={})",
+                                            stages, chunks));
     int64_t total = 0;  // wide: "2147483647,1" must be refused, not overflow
     for (int n : counts) {
       if (n < 1)
@@ -107,8 +107,8 @@ StageSpec pipeline_stage(int layers, int stages, int stage, const std::vector<in
       total += n;
     }
     if (total != layers)
-      input_error("parallel.stage_layers: the stages hold {} layers but model.layers is {}",
-                  total, layers);
+      input_error("parallel.stage_layers: the stages hold {} layers but model.layers is {}", total,
+                  layers);
   }
   std::vector<int> first(size_t(parts), 0);
   for (int v = 1; v < parts; ++v) first[size_t(v)] = first[size_t(v) - 1] + counts[size_t(v) - 1];
@@ -136,8 +136,8 @@ Precision parse_precision(const std::string& text) {
   input_error("run.precision: must be one of fp32|bf16, got \"{}\"", text);
 }
 
-std::vector<ParamInfo> gpt_param_layout(const GPTConfig& cfg, int tp, int tp_rank,
-                                        StageSpec stage, bool wte_after_head) {
+std::vector<ParamInfo> gpt_param_layout(const GPTConfig& cfg, int tp, int tp_rank, StageSpec stage,
+                                        bool wte_after_head) {
   const int C = cfg.channels;
   if (stage.num_layers < 0) stage.num_layers = cfg.layers - stage.first_layer;
   std::vector<ParamInfo> out;

@@ -14,8 +14,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "trident/check.h"
 #include "model/gpt_state.h"
+#include "trident/check.h"
 #include "trident/model.h"
 
 namespace trident {
@@ -36,7 +36,8 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   // The bf16 path is the one-GPU-per-replica model for now (Note [bf16 activations]).
   if (bf16 && tp_.size > 1)
     input_error("run.precision bf16 runs with tensor parallelism 1 (this run has tp {}); use "
-                "run.precision fp32 for tp > 1", tp_.size);
+                "run.precision fp32 for tp > 1",
+                tp_.size);
   if (bf16 && !options.wte_piece_rows.empty())
     internal_error(__FILE__, __LINE__, "bf16 with the head's gradient in pieces");
   if (stage_.num_layers < 0) stage_.num_layers = cfg.layers - stage_.first_layer;
@@ -69,7 +70,7 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
     total = options.param_total;
   }
   build_param_table();
-  auto floats = [&](size_t n) { return BackendBuffer<float>(be_, n); };  // zeroed
+  auto floats = [&](size_t n) { return BackendBuffer<float>(be_, n); };     // zeroed
   auto halves = [&](size_t n) { return BackendBuffer<bfloat16>(be_, n); };  // zeroed
   params_ = floats(total);
   grads_ = floats(params_.size());
@@ -102,18 +103,14 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
     s.blocks16.resize(sizes.size());
     for (size_t k = 0; k < sizes.size(); ++k) {
       if (!kept[k]) continue;
-      if (bf16 && kBf16Buffer[k])
-        s.blocks16[k] = halves(L * sizes[k]);
-      else
-        s.blocks[k] = floats(L * sizes[k]);
+      if (bf16 && kBf16Buffer[k]) s.blocks16[k] = halves(L * sizes[k]);
+      else s.blocks[k] = floats(L * sizes[k]);
     }
     s.inputs = BackendBuffer<int32_t>(be_, N);
     s.targets = BackendBuffer<int32_t>(be_, N);
     if (head_chunk(s) && (!shared_head_ || i == 0)) {
-      if (bf16)
-        s.lnf16 = halves(N * C), s.logits16 = halves(N * Vl);
-      else
-        s.lnf = floats(N * C), s.logits = floats(N * Vl);
+      if (bf16) s.lnf16 = halves(N * C), s.logits16 = halves(N * Vl);
+      else s.lnf = floats(N * C), s.logits = floats(N * Vl);
       s.lnf_mean = floats(Nr);
       s.lnf_rstd = floats(Nr);
       s.losses = floats(N);
@@ -128,10 +125,8 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   for (size_t k = 0; k < sizes.size(); ++k) {
     const bool full_output = k == 12 && recompute_mode_ == Recompute::kFull;  // recompute_block
     if (kept[k] && !full_output) continue;
-    if (bf16 && kBf16Buffer[k])
-      recompute16_[k] = halves(sizes[k]);
-    else
-      recompute_[k] = floats(sizes[k]);
+    if (bf16 && kBf16Buffer[k]) recompute16_[k] = halves(sizes[k]);
+    else recompute_[k] = floats(sizes[k]);
   }
   Scratch& a = *scratch_;
   // Only tensor parallelism uses these: the partial sums before a tp reduction, and with
@@ -169,8 +164,8 @@ std::array<size_t, GPT::kBlockBuffers> GPT::block_sizes() const {
   const size_t C = cfg_.channels, tps = tp_.size, Cl = C / tps, NHl = cfg_.heads / tps;
   const size_t N = size_t(maxB_) * maxT_, Nr = N / rows_divisor_;
   const size_t att = be_.attention_saved_floats(maxB_, maxT_, int(Cl), int(NHl));
-  return {N * C,     Nr, Nr, N * 3 * Cl, att, N * Cl, Nr * C,
-          N * C,     Nr, Nr, N * 4 * Cl, N * 4 * Cl, Nr * C};
+  return {N * C, Nr, Nr, N * 3 * Cl, att,        N * Cl, Nr * C,
+          N * C, Nr, Nr, N * 4 * Cl, N * 4 * Cl, Nr * C};
 }
 
 std::array<bool, GPT::kBlockBuffers> GPT::block_kept() const {
@@ -187,8 +182,8 @@ GPT::BlockActs GPT::block_acts(int slot, int local_layer) {
   const size_t within = size_t(local_layer - stage_.chunk_begin(s.chunk));
   float* p[kBlockBuffers];
   for (size_t k = 0; k < kBlockBuffers; ++k)
-    p[k] = s.blocks[k].empty() ? recompute_[k].data()
-                               : s.blocks[k].data() + within * block_sizes_[k];
+    p[k] =
+        s.blocks[k].empty() ? recompute_[k].data() : s.blocks[k].data() + within * block_sizes_[k];
   return {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11], p[12]};
 }
 
@@ -247,12 +242,11 @@ size_t GPT::activation_bytes() const {
   for (const auto& b : recompute_) floats += b.size();
   for (const auto& b : recompute16_) halves += b.size();
   const Scratch& a = *scratch_;
-  for (const auto* v : {&a.full_c, &a.stage, &a.ln_out, &a.dresidual, &a.dfull, &a.dbuf_c,
-                        &a.dbuf_c2, &a.dbuf_3c, &a.dbuf_4c, &a.dbuf_4c2, &a.datt, &a.dln_partials,
-                        &a.ce_stats, &a.ce_all})
+  for (const auto* v :
+       {&a.full_c, &a.stage, &a.ln_out, &a.dresidual, &a.dfull, &a.dbuf_c, &a.dbuf_c2, &a.dbuf_3c,
+        &a.dbuf_4c, &a.dbuf_4c2, &a.datt, &a.dln_partials, &a.ce_stats, &a.ce_all})
     floats += v->size();
-  for (const auto* v : {&a.dresidual16, &a.d16_c, &a.d16_3c, &a.d16_4c})
-    halves += v->size();
+  for (const auto* v : {&a.dresidual16, &a.d16_c, &a.d16_3c, &a.d16_4c}) halves += v->size();
   return floats * sizeof(float) + halves * sizeof(bfloat16);
 }
 

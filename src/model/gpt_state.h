@@ -13,14 +13,14 @@ namespace trident {
 
 // One block's activations (pointers into a slot's storage or the shared recompute scratch).
 struct GPT::BlockActs {
-  float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *residual2, *ln2, *ln2_mean,
-      *ln2_rstd, *fch, *fch_gelu, *residual3;
+  float *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *residual2, *ln2, *ln2_mean, *ln2_rstd, *fch,
+      *fch_gelu, *residual3;
 };
 // The same buffers on the bf16 path: those the GEMMs, attention and GELU read are bf16.
 struct GPT::BlockActs16 {
   bfloat16* ln1;
   float *ln1_mean, *ln1_rstd;
-  bfloat16 *qkv;
+  bfloat16* qkv;
   float* att;
   bfloat16* atty;
   float* residual2;
@@ -35,9 +35,9 @@ struct GPT::BlockActs16 {
 struct GPT::Slot {
   int chunk = 0;  // the model chunk whose blocks it holds (StageSpec)
   int B = 0, T = 0;
-  bool has_targets = false;  // the last forward had targets (backward needs them)
-  BackendBuffer<int32_t> inputs, targets;  // copied into backend memory by forward
-  BackendBuffer<float> encoded;            // stage input: embedding output or received [Nr,C]
+  bool has_targets = false;                  // the last forward had targets (backward needs them)
+  BackendBuffer<int32_t> inputs, targets;    // copied into backend memory by forward
+  BackendBuffer<float> encoded;              // stage input: embedding output or received [Nr,C]
   std::vector<BackendBuffer<float>> blocks;  // [kept buffer][layer * size]
   std::vector<BackendBuffer<bfloat16>> blocks16;  // bf16: the kBf16Buffer ones instead
   BackendBuffer<float> lnf, lnf_mean, lnf_rstd, logits, losses;
@@ -76,7 +76,7 @@ struct GPT::LayerTable {
   int ready_fcproj, ready_fc, ready_ln2, ready_attproj, ready_qkv, ready_ln1;
   // "forward block 3", "backward block 3", "weight block 3" (a split backward's W)
   std::string forward_phase, backward_phase, weight_phase;
-  std::vector<int> uses;  // the block's parameter indices (for param_use_)
+  std::vector<int> uses;                // the block's parameter indices (for param_use_)
   size_t span_begin = 0, span_end = 0;  // the block's span of the flat buffer (bf16 casts)
 };
 struct GPT::ParamTable {

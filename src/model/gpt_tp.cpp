@@ -11,8 +11,8 @@
 #include <thread>
 
 #include "core/elapsed.h"
-#include "trident/check.h"
 #include "model/gpt_state.h"
+#include "trident/check.h"
 #include "trident/model.h"
 
 namespace trident {
@@ -55,8 +55,8 @@ void GPT::reduce_rows(float* out, float* partial, int B, int T, int C) {
   float* stage = scratch_->stage.data();
   // stage[r][b][t] = partial[b][r·Tl + t]  (Note [Sequence-parallel rows])
   for (int r = 0; r < tps; ++r)
-    be_.copy_rows(stage + size_t(r) * B * Tl * C, Tl * row, partial + size_t(r) * Tl * C,
-                  T * row, Tl * row, size_t(B));
+    be_.copy_rows(stage + size_t(r) * B * Tl * C, Tl * row, partial + size_t(r) * Tl * C, T * row,
+                  Tl * row, size_t(B));
   tp_wait(tp_.comm->reduce_scatter(stage, out, size_t(B) * Tl * C));
 }
 
@@ -90,8 +90,7 @@ void GPT::layernorm_gathered(float* out_full, float* mean, float* rstd, const fl
 
 void GPT::layernorm_gathered_backward(float* dinp, float* dw, float* db, float* dout_full_partial,
                                       const float* inp, const float* w, const float* mean,
-                                      const float* rstd, int B, int T, int C, int ln,
-                                      bool reduce) {
+                                      const float* rstd, int B, int T, int C, int ln, bool reduce) {
   const int N = B * T;
   if (tp_.size == 1) {
     be_.layernorm_backward(dinp, dw, db, dout_full_partial, inp, w, mean, rstd, N, C);

@@ -9,8 +9,8 @@
 #include <limits>
 #include <vector>
 
-#include "trident/check.h"
 #include "model/gpt_state.h"
+#include "trident/check.h"
 #include "trident/model.h"
 
 namespace trident {
@@ -26,21 +26,19 @@ void GPT::embedding_forward(float* out, const int32_t* tokens, int B, int T) {
   // Each rank adds its own vocabulary's rows (zeros elsewhere) and rank 0 the positions; the
   // sum over tp (reduced to this rank's rows) is the embedding.
   float* partial = scratch_->full_c.data();
-  be_.embedding_slice_forward(partial, tokens, wte, tp_.rank == 0 ? wpe : nullptr,
-                              vocab_begin(), vocab_end(), B, T, C);
+  be_.embedding_slice_forward(partial, tokens, wte, tp_.rank == 0 ? wpe : nullptr, vocab_begin(),
+                              vocab_end(), B, T, C);
   reduce_rows(out, partial, B, T, C);
 }
 
-void GPT::embedding_backward(const float* dout, const int32_t* tokens,
-                             const EmbeddingRowSink* sink, int B, int T) {
+void GPT::embedding_backward(const float* dout, const int32_t* tokens, const EmbeddingRowSink* sink,
+                             int B, int T) {
   const int C = cfg_.channels;
   float* dwte = grads_.data() + table_->wte;
   float* dwpe = grads_.data() + table_->wpe;
   if (tp_.size == 1) {
-    if (sink)
-      be_.encoder_backward(sink->rows, dwpe, dout, sink->row_of_input, B, T, C);
-    else
-      be_.encoder_backward(dwte, dwpe, dout, tokens, B, T, C);
+    if (sink) be_.encoder_backward(sink->rows, dwpe, dout, sink->row_of_input, B, T, C);
+    else be_.encoder_backward(dwte, dwpe, dout, tokens, B, T, C);
     return;
   }
   // dout holds all N rows on every rank (identical), so the replicated wpe gets identical

@@ -29,10 +29,10 @@ struct LlmcTensor {
   bool per_layer;
 };
 constexpr LlmcTensor kOrder[] = {
-    {"wte", false},     {"wpe", false},      {"ln1w", true},    {"ln1b", true},
-    {"qkvw", true},     {"qkvb", true},      {"attprojw", true}, {"attprojb", true},
-    {"ln2w", true},     {"ln2b", true},      {"fcw", true},     {"fcb", true},
-    {"fcprojw", true},  {"fcprojb", true},   {"lnfw", false},   {"lnfb", false}};
+    {"wte", false},    {"wpe", false},    {"ln1w", true},     {"ln1b", true},
+    {"qkvw", true},    {"qkvb", true},    {"attprojw", true}, {"attprojb", true},
+    {"ln2w", true},    {"ln2b", true},    {"fcw", true},      {"fcb", true},
+    {"fcprojw", true}, {"fcprojb", true}, {"lnfw", false},    {"lnfb", false}};
 
 std::string pname(const LlmcTensor& t, int l) {
   return t.per_layer ? fmt::format("h{}.{}", l, t.name) : std::string(t.name);
@@ -51,7 +51,8 @@ GPTConfig read_llmc_config(const std::string& path) {
                 f.gcount());
   if (h[0] != kMagic)
     input_error("model.init_from: {}: bad magic {} (an llm.c GPT-2 checkpoint has {}; a "
-                "safetensors file, a JSON header after its 8-byte length)", path, h[0], kMagic);
+                "safetensors file, a JSON header after its 8-byte length)",
+                path, h[0], kMagic);
   if (h[1] != kVersion)
     input_error("model.init_from: {}: version {} not supported (need {}, fp32 with padded vocab)",
                 path, h[1], kVersion);
@@ -62,24 +63,24 @@ GPTConfig read_llmc_config(const std::string& path) {
   cfg.heads = h[5];
   cfg.channels = h[6];
   cfg.padded_vocab = h[7];
-  if (cfg.max_seq_len < 1 || cfg.vocab < 2 || cfg.layers < 1 || cfg.heads < 1 ||
-      cfg.channels < 1 || cfg.channels % cfg.heads != 0 || cfg.padded_vocab < cfg.vocab)
-    input_error("model.init_from: {}: inconsistent header maxT={} V={} L={} NH={} C={} Vp={}",
-                path, h[2], h[3], h[4], h[5], h[6], h[7]);
+  if (cfg.max_seq_len < 1 || cfg.vocab < 2 || cfg.layers < 1 || cfg.heads < 1 || cfg.channels < 1 ||
+      cfg.channels % cfg.heads != 0 || cfg.padded_vocab < cfg.vocab)
+    input_error("model.init_from: {}: inconsistent header maxT={} V={} L={} NH={} C={} Vp={}", path,
+                h[2], h[3], h[4], h[5], h[6], h[7]);
   // The size the header's shape needs, from the tensor list above, in 128 bits: a header's
   // int32s can ask for more than 2^64 bytes, and must be refused before any per-layer table is
   // built for them (tests/fuzz/regressions/fuzz_llmc_checkpoint/huge_layers: a 2 KB file with
   // L = 3014657 spent over 20 s and 1.6 GB building the layout before the size check).
   using u128 = unsigned __int128;
   const u128 C = u128(cfg.channels), L = u128(cfg.layers);
-  const u128 floats = u128(cfg.padded_vocab) * C + u128(cfg.max_seq_len) * C +
-                      L * (12 * C * C + 13 * C) + 2 * C;
+  const u128 floats =
+      u128(cfg.padded_vocab) * C + u128(cfg.max_seq_len) * C + L * (12 * C * C + 13 * C) + 2 * C;
   const u128 expected = 1024 + 4 * floats;
   const auto actual = std::filesystem::file_size(path);
   if (u128(actual) != expected)
-    input_error("model.init_from: {}: file is {} bytes, the header's shape needs {}", path,
-                actual, expected > u128(UINT64_MAX) ? std::string("more than 2^64")
-                                                     : std::to_string(uint64_t(expected)));
+    input_error("model.init_from: {}: file is {} bytes, the header's shape needs {}", path, actual,
+                expected > u128(UINT64_MAX) ? std::string("more than 2^64")
+                                            : std::to_string(uint64_t(expected)));
   size_t layout_bytes = 1024;
   for (const ParamInfo& p : gpt_param_layout(cfg)) layout_bytes += p.count * sizeof(float);
   TRIDENT_CHECK(layout_bytes == actual, "llm.c size formula {} != layout {}", actual, layout_bytes);
@@ -114,8 +115,8 @@ void load_llmc_weights(GPT& model, const std::string& path) {
       // The file holds the global tensor; wte has the file's padded rows (which may differ
       // from this run's padding, e.g. for tensor parallelism: extra rows are zero).
       const size_t cols = p.global_shape.size() > 1 ? size_t(p.global_shape[1]) : 1;
-      const size_t file_rows = p.name == "wte" ? size_t(file_cfg.padded_vocab)
-                                               : size_t(p.global_shape[0]);
+      const size_t file_rows =
+          p.name == "wte" ? size_t(file_cfg.padded_vocab) : size_t(p.global_shape[0]);
       global.assign(file_rows * cols, 0.0f);
       f.read(reinterpret_cast<char*>(global.data()), std::streamsize(global.size() * 4));
       if (!f) input_error("model.init_from: {}: read failed at tensor {}", path, p.name);
@@ -131,7 +132,8 @@ void load_llmc_weights(GPT& model, const std::string& path) {
 
 void save_llmc_weights(GPT& model, const std::string& path) {
   const GPTConfig& cfg = model.config();
-  TRIDENT_CHECK(model.tensor_parallel().size == 1, "save_llmc_weights needs the whole model (tp 1)");
+  TRIDENT_CHECK(model.tensor_parallel().size == 1,
+                "save_llmc_weights needs the whole model (tp 1)");
   int32_t h[256] = {};
   h[0] = kMagic;
   h[1] = kVersion;
@@ -148,8 +150,7 @@ void save_llmc_weights(GPT& model, const std::string& path) {
   for (const LlmcTensor& t : kOrder)
     for (int l = 0; l < (t.per_layer ? cfg.layers : 1); ++l) {
       const ParamInfo& p = model.param(pname(t, l));
-      f.write(reinterpret_cast<const char*>(host.data() + p.offset),
-              std::streamsize(p.count * 4));
+      f.write(reinterpret_cast<const char*>(host.data() + p.offset), std::streamsize(p.count * 4));
     }
   f.flush();
   if (!f) input_error("export: write failed: {}: {}", path, std::strerror(errno));

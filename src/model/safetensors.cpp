@@ -59,12 +59,12 @@ struct BlockName {
   bool transposed;
 };
 constexpr BlockName kBlockNames[] = {
-    {"ln1w", "ln_1.weight", false},          {"ln1b", "ln_1.bias", false},
-    {"qkvw", "attn.c_attn.weight", true},    {"qkvb", "attn.c_attn.bias", false},
+    {"ln1w", "ln_1.weight", false},           {"ln1b", "ln_1.bias", false},
+    {"qkvw", "attn.c_attn.weight", true},     {"qkvb", "attn.c_attn.bias", false},
     {"attprojw", "attn.c_proj.weight", true}, {"attprojb", "attn.c_proj.bias", false},
-    {"ln2w", "ln_2.weight", false},          {"ln2b", "ln_2.bias", false},
-    {"fcw", "mlp.c_fc.weight", true},        {"fcb", "mlp.c_fc.bias", false},
-    {"fcprojw", "mlp.c_proj.weight", true},  {"fcprojb", "mlp.c_proj.bias", false}};
+    {"ln2w", "ln_2.weight", false},           {"ln2b", "ln_2.bias", false},
+    {"fcw", "mlp.c_fc.weight", true},         {"fcb", "mlp.c_fc.bias", false},
+    {"fcprojw", "mlp.c_proj.weight", true},   {"fcprojb", "mlp.c_proj.bias", false}};
 
 // One tensor of the file, in GPT-2's naming without the prefix.
 struct HfTensor {
@@ -78,8 +78,8 @@ std::vector<HfTensor> gpt2_tensors(int layers) {
   std::vector<HfTensor> out = {{"wte.weight", "wte", false}, {"wpe.weight", "wpe", false}};
   for (int l = 0; l < layers; ++l)
     for (const BlockName& b : kBlockNames)
-      out.push_back({fmt::format("h.{}.{}", l, b.hf), fmt::format("h{}.{}", l, b.trident),
-                     b.transposed});
+      out.push_back(
+          {fmt::format("h.{}.{}", l, b.hf), fmt::format("h{}.{}", l, b.trident), b.transposed});
   out.push_back({"ln_f.weight", "lnfw", false});
   out.push_back({"ln_f.bias", "lnfb", false});
   return out;
@@ -95,9 +95,9 @@ std::vector<int64_t> hf_shape(const GPTConfig& cfg, const HfTensor& t, const Par
 
 size_t dtype_bytes(const std::string& dtype) {
   static const std::map<std::string, size_t> sizes = {
-      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"I16", 2},
-      {"U16", 2},  {"F16", 2}, {"BF16", 2}, {"I32", 4},    {"U32", 4},     {"F32", 4},
-      {"I64", 8},  {"U64", 8}, {"F64", 8}};
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E4M3", 1}, {"F8_E5M2", 1},
+      {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},
+      {"U32", 4},  {"F32", 4}, {"I64", 8}, {"U64", 8},     {"F64", 8}};
   const auto it = sizes.find(dtype);
   return it == sizes.end() ? 0 : it->second;
 }
@@ -142,8 +142,7 @@ uint64_t offset_value(const std::string& path, const std::string& name, const js
 }
 
 Entry parse_entry(const std::string& path, const std::string& name, const json& v) {
-  if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") ||
-      !v.contains("data_offsets"))
+  if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
     bad(path, fmt::format("tensor {}: needs \"dtype\", \"shape\" and \"data_offsets\"", name));
   Entry e;
   if (!v["dtype"].is_string()) bad(path, fmt::format("tensor {}: dtype is not a string", name));
@@ -159,7 +158,8 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
     e.shape.push_back(int64_t(d.get<uint64_t>()));
     bytes *= d.get<uint64_t>();
     if (bytes > (unsigned __int128)(UINT64_MAX))
-      bad(path, fmt::format("tensor {}: shape {} is more than 2^64 bytes", name, v["shape"].dump()));
+      bad(path,
+          fmt::format("tensor {}: shape {} is more than 2^64 bytes", name, v["shape"].dump()));
   }
   const json& off = v["data_offsets"];
   if (!off.is_array() || off.size() != 2)
@@ -171,8 +171,9 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
                           e.end));
   if (e.end - e.begin != uint64_t(bytes))
     bad(path, fmt::format("tensor {}: data_offsets [{}, {}] hold {} bytes, its shape {} of {} "
-                          "needs {}", name, e.begin, e.end, e.end - e.begin, shape_text(e.shape),
-                          e.dtype, uint64_t(bytes)));
+                          "needs {}",
+                          name, e.begin, e.end, e.end - e.begin, shape_text(e.shape), e.dtype,
+                          uint64_t(bytes)));
   return e;
 }
 
@@ -182,7 +183,8 @@ Header read_header(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   std::error_code ec;
   const uint64_t size = fs::file_size(path, ec);
-  if (!f || ec) input_error("model.init_from: cannot open {}{}", path, ec ? ": " + ec.message() : "");
+  if (!f || ec)
+    input_error("model.init_from: cannot open {}{}", path, ec ? ": " + ec.message() : "");
   unsigned char len[8] = {};
   f.read(reinterpret_cast<char*>(len), 8);
   if (size < 8 || f.gcount() != 8)
@@ -192,8 +194,8 @@ Header read_header(const std::string& path) {
   if (n > size - 8)
     bad(path, fmt::format("header length {} runs past the end of the file ({} bytes)", n, size));
   if (n > kMaxHeaderBytes)
-    bad(path, fmt::format("header length {} is over safetensors' limit of {} bytes", n,
-                          kMaxHeaderBytes));
+    bad(path,
+        fmt::format("header length {} is over safetensors' limit of {} bytes", n, kMaxHeaderBytes));
   std::string text(size_t(n), '\0');
   f.read(text.data(), std::streamsize(n));
   if (uint64_t(f.gcount()) != n) bad(path, "read failed in the header");
@@ -217,7 +219,8 @@ Header read_header(const std::string& path) {
     Entry e = parse_entry(path, name, v);
     if (e.end > h.data_bytes)
       bad(path, fmt::format("tensor {}: data_offsets [{}, {}] run past the end of the data "
-                            "({} bytes after the header)", name, e.begin, e.end, h.data_bytes));
+                            "({} bytes after the header)",
+                            name, e.begin, e.end, h.data_bytes));
     h.entries.emplace(name, std::move(e));
   }
   // As safetensors itself requires: the tensors tile the data, no overlap and no gap.
@@ -236,15 +239,17 @@ Header read_header(const std::string& path) {
   }
   if (covered != h.data_bytes)
     bad(path, fmt::format("the tensors cover {} of the {} data bytes (the rest belongs to no "
-                          "tensor)", covered, h.data_bytes));
+                          "tensor)",
+                          covered, h.data_bytes));
   return h;
 }
 
 // The positive integer a metadata or config.json value holds ("12" or 12), if any.
 std::optional<int> positive_int(const json& v) {
   try {
-    const long long n = v.is_string() ? std::stoll(v.get<std::string>())
-                        : v.is_number_integer() ? v.get<long long>() : 0;
+    const long long n = v.is_string()           ? std::stoll(v.get<std::string>())
+                        : v.is_number_integer() ? v.get<long long>()
+                                                : 0;
     if (n > 0 && n <= (1 << 20)) return int(n);
   } catch (const std::exception&) {
   }
@@ -257,15 +262,17 @@ int head_count(const Header& h, int channels) {
   if (h.metadata.contains("n_head")) {
     source = "__metadata__ n_head";
     heads = positive_int(h.metadata["n_head"]);
-    if (!heads) bad(h.path, fmt::format("__metadata__ n_head {} is not a positive integer",
-                                        h.metadata["n_head"].dump()));
+    if (!heads)
+      bad(h.path, fmt::format("__metadata__ n_head {} is not a positive integer",
+                              h.metadata["n_head"].dump()));
   } else {
     const fs::path config = fs::path(h.path).parent_path() / "config.json";
     std::error_code ec;
     if (!fs::exists(config, ec))
       bad(h.path, fmt::format("the number of attention heads is neither in __metadata__ "
                               "(\"n_head\") nor in a config.json beside it ({}): put the model's "
-                              "config.json there", config.string()));
+                              "config.json there",
+                              config.string()));
     source = config.string() + " n_head";
     json c;
     try {
@@ -278,8 +285,8 @@ int head_count(const Header& h, int channels) {
       input_error("model.init_from: {}: no positive integer \"n_head\"", config.string());
   }
   if (channels % *heads != 0)
-    bad(h.path, fmt::format("{} = {} does not divide the embedding width {}", source, *heads,
-                            channels));
+    bad(h.path,
+        fmt::format("{} = {} does not divide the embedding width {}", source, *heads, channels));
   return *heads;
 }
 
@@ -317,8 +324,8 @@ float half_to_float(uint16_t h) {
     const float f = std::ldexp(float(mant), -24);
     return sign ? -f : f;
   }
-  const uint32_t bits = exp == 0x1f ? sign | 0x7f800000u | mant << 13
-                                    : sign | (exp + 112) << 23 | mant << 13;
+  const uint32_t bits =
+      exp == 0x1f ? sign | 0x7f800000u | mant << 13 : sign | (exp + 112) << 23 | mant << 13;
   return std::bit_cast<float>(bits);
 }
 
@@ -357,11 +364,12 @@ std::vector<float> transpose(const std::vector<float>& a, size_t rows, size_t co
 GPTConfig check_gpt2(const Header& h) {
   std::string stored;
   const Entry* wte = h.find("wte.weight", &stored);
-  if (!wte) bad(h.path, "no tensor wte.weight (nor transformer.wte.weight): not a GPT-2 state dict");
+  if (!wte)
+    bad(h.path, "no tensor wte.weight (nor transformer.wte.weight): not a GPT-2 state dict");
   if (wte->shape.size() != 2 || wte->shape[0] < 2 || wte->shape[1] < 1 ||
       wte->shape[0] > (1 << 30) || wte->shape[1] > (1 << 20))
-    bad(h.path, fmt::format("tensor {}: shape {} is not [vocab, d_model]", stored,
-                            shape_text(wte->shape)));
+    bad(h.path,
+        fmt::format("tensor {}: shape {} is not [vocab, d_model]", stored, shape_text(wte->shape)));
   const Entry* wpe = h.find("wpe.weight", &stored);
   if (!wpe) bad(h.path, "no tensor wpe.weight (nor transformer.wpe.weight)");
   if (wpe->shape.size() != 2 || wpe->shape[0] < 1 || wpe->shape[0] > (1 << 24))
@@ -380,7 +388,8 @@ GPTConfig check_gpt2(const Header& h) {
     for (const BlockName& b : kBlockNames)
       if (const std::string name = fmt::format("h.{}.{}", l, b.hf); !h.find(name))
         bad(h.path, fmt::format("no tensor {} (nor {}{}): the file's other tensors make a GPT-2 "
-                                "of {} layers", name, kPrefix, name, cfg.layers));
+                                "of {} layers",
+                                name, kPrefix, name, cfg.layers));
   if (!h.find("ln_f.weight") || !h.find("ln_f.bias"))
     bad(h.path, fmt::format("no tensor ln_f.weight or ln_f.bias (nor with {})", kPrefix));
   const std::vector<HfTensor> tensors = gpt2_tensors(cfg.layers);
@@ -392,7 +401,8 @@ GPTConfig check_gpt2(const Header& h) {
     if (!expected.count(bare) && !ignored_name(bare))
       bad(h.path, fmt::format("tensor {}: not a GPT-2 parameter trident knows", name));
     if (!seen.emplace(bare, name).second)
-      bad(h.path, fmt::format("tensors {} and {}: the same GPT-2 parameter twice", seen[bare], name));
+      bad(h.path,
+          fmt::format("tensors {} and {}: the same GPT-2 parameter twice", seen[bare], name));
   }
   cfg.heads = head_count(h, cfg.channels);
   std::map<std::string, const ParamInfo*> by_name;
@@ -402,10 +412,11 @@ GPTConfig check_gpt2(const Header& h) {
     const Entry* e = h.find(t.hf_name, &stored);
     const std::vector<int64_t> want = hf_shape(cfg, t, *by_name.at(t.trident_name));
     if (e->shape != want)
-      bad(h.path, fmt::format("tensor {}: shape {}, a GPT-2 with d_model {}, vocab {}, {} "
-                              "positions needs {}{}", stored, shape_text(e->shape), cfg.channels,
-                              cfg.vocab, cfg.max_seq_len, shape_text(want),
-                              t.transposed ? " (Conv1D: [in, out])" : ""));
+      bad(h.path,
+          fmt::format("tensor {}: shape {}, a GPT-2 with d_model {}, vocab {}, {} "
+                      "positions needs {}{}",
+                      stored, shape_text(e->shape), cfg.channels, cfg.vocab, cfg.max_seq_len,
+                      shape_text(want), t.transposed ? " (Conv1D: [in, out])" : ""));
   }
   if (const Entry* head = h.find("lm_head.weight", &stored); head && head->shape != wte->shape)
     bad(h.path, fmt::format("tensor {}: shape {}, but trident ties the LM head to wte {}", stored,
@@ -430,9 +441,7 @@ bool is_safetensors(const std::string& path) {
   return !ec && n >= 2 && n <= size - 8;
 }
 
-GPTConfig read_safetensors_config(const std::string& path) {
-  return check_gpt2(read_header(path));
-}
+GPTConfig read_safetensors_config(const std::string& path) { return check_gpt2(read_header(path)); }
 
 void load_safetensors_weights(GPT& model, const std::string& path) {
   const Header h = read_header(path);
@@ -473,7 +482,8 @@ void load_safetensors_weights(GPT& model, const std::string& path) {
     read_floats(f, h, stored, *head, file);
     if (std::memcmp(file.data(), wte_file.data(), file.size() * sizeof(float)) != 0)
       bad(path, fmt::format("tensor {} differs from wte.weight: trident ties the LM head to the "
-                            "token embedding", stored));
+                            "token embedding",
+                            stored));
   }
   host.commit();
 }
@@ -492,8 +502,8 @@ size_t save_safetensors_weights(GPT& model, const std::string& path) {
     const std::vector<int64_t> shape = hf_shape(cfg, t, model.param(t.trident_name));
     uint64_t bytes = sizeof(float);
     for (int64_t d : shape) bytes *= uint64_t(d);
-    header[kPrefix + t.hf_name] = {{"dtype", "F32"}, {"shape", shape},
-                                   {"data_offsets", {offset, offset + bytes}}};
+    header[kPrefix + t.hf_name] = {
+        {"dtype", "F32"}, {"shape", shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string text = header.dump();

@@ -63,10 +63,24 @@ namespace trident {
 
 namespace {
 
-constexpr std::string_view kTopKeys[] = {
-    "name",  "kind",          "devices_per_node", "dtype",      "peak_tflops",
-    "gemm",  "attention_tflops", "memory_gbytes_per_s", "memory_gb", "intra_node",
-    "inter_node", "overlap_slowdown", "core_scaling", "thread_scaling", "elementwise_gbytes_per_s", "optimizer_gbytes_per_s", "compute_efficiency", "sources"};
+constexpr std::string_view kTopKeys[] = {"name",
+                                         "kind",
+                                         "devices_per_node",
+                                         "dtype",
+                                         "peak_tflops",
+                                         "gemm",
+                                         "attention_tflops",
+                                         "memory_gbytes_per_s",
+                                         "memory_gb",
+                                         "intra_node",
+                                         "inter_node",
+                                         "overlap_slowdown",
+                                         "core_scaling",
+                                         "thread_scaling",
+                                         "elementwise_gbytes_per_s",
+                                         "optimizer_gbytes_per_s",
+                                         "compute_efficiency",
+                                         "sources"};
 constexpr std::string_view kLinkKeys[] = {"gbytes_per_s", "latency_us"};
 constexpr std::string_view kGemmKeys[] = {"min_dim", "tflops"};
 
@@ -75,10 +89,10 @@ class HardwareReader {
  public:
   explicit HardwareReader(std::string path) : path_(std::move(path)) {}
 
-  [[noreturn]] void fail(const YAML::Node& node, std::string_view key, std::string_view what) const {
+  [[noreturn]] void fail(const YAML::Node& node, std::string_view key,
+                         std::string_view what) const {
     const YAML::Mark mark = node.Mark();
-    const std::string where =
-        mark.is_null() ? path_ : fmt::format("{}:{}", path_, mark.line + 1);
+    const std::string where = mark.is_null() ? path_ : fmt::format("{}:{}", path_, mark.line + 1);
     input_error("{}: {} {}", where, key, what);
   }
 
@@ -96,7 +110,8 @@ class HardwareReader {
         if (d < best) best = d, hint = fmt::format(" (did you mean '{}{}'?)", prefix, k);
       }
       std::string listing;
-      for (std::string_view k : known) listing += fmt::format("{}{}", listing.empty() ? "" : ", ", k);
+      for (std::string_view k : known)
+        listing += fmt::format("{}{}", listing.empty() ? "" : ", ", k);
       fail(entry.first, fmt::format("{}{}", prefix, key),
            fmt::format("is not a hardware key{}; known: {}", hint, listing));
     }
@@ -149,8 +164,9 @@ class HardwareReader {
                   double hi, bool hi_closed) const {
     const double v = number(node, key);
     if (!((lo_closed ? v >= lo : v > lo) && (hi_closed ? v <= hi : v < hi)))
-      fail(node, key, fmt::format("must be in {}{}, {}{}, got {}", lo_closed ? "[" : "(", lo, hi,
-                                  hi_closed ? "]" : ")", v));
+      fail(node, key,
+           fmt::format("must be in {}{}, {}{}, got {}", lo_closed ? "[" : "(", lo, hi,
+                       hi_closed ? "]" : ")", v));
     return v;
   }
 
@@ -184,7 +200,8 @@ class HardwareReader {
       GemmPoint p;
       const YAML::Node dim = required(entry, key + ".", "min_dim");
       p.min_dim = integer(dim, key + ".min_dim");
-      if (p.min_dim < 1) fail(dim, key + ".min_dim", fmt::format("must be >= 1, got {}", p.min_dim));
+      if (p.min_dim < 1)
+        fail(dim, key + ".min_dim", fmt::format("must be >= 1, got {}", p.min_dim));
       const YAML::Node rate = required(entry, key + ".", "tflops");
       p.tflops = positive(rate, key + ".tflops");
       if (!points.empty() && p.min_dim <= points.back().min_dim)
@@ -194,7 +211,8 @@ class HardwareReader {
       if (p.tflops > peak_tflops * (1 + 1e-9))
         fail(rate, key + ".tflops",
              fmt::format("is {} TFLOP/s, above peak_tflops {}: an achieved rate cannot exceed "
-                         "the peak", p.tflops, peak_tflops));
+                         "the peak",
+                         p.tflops, peak_tflops));
       points.push_back(p);
     }
     return points;
@@ -205,7 +223,8 @@ class HardwareReader {
     if (!list.IsSequence() || list.size() == 0)
       fail(list, "sources", "must be a non-empty list of strings (where each figure comes from)");
     std::vector<std::string> out;
-    for (size_t i = 0; i < list.size(); ++i) out.push_back(text(list[i], fmt::format("sources[{}]", i)));
+    for (size_t i = 0; i < list.size(); ++i)
+      out.push_back(text(list[i], fmt::format("sources[{}]", i)));
     return out;
   }
 
@@ -222,7 +241,8 @@ class HardwareReader {
 
 Hardware parse(const YAML::Node& root, const std::string& path) {
   HardwareReader r(path);
-  if (!root.IsMap()) r.fail(root, "the file", "must be a map of hardware keys (Note [Hardware files])");
+  if (!root.IsMap())
+    r.fail(root, "the file", "must be a map of hardware keys (Note [Hardware files])");
   r.check_keys(root, "", kTopKeys);
   Hardware hw;
   hw.path = path;
@@ -256,15 +276,15 @@ Hardware parse(const YAML::Node& root, const std::string& path) {
     bool hi_closed;
   };
   constexpr double kNoLimit = std::numeric_limits<double>::infinity();
-  for (const OptionalFigure& o : {
-           OptionalFigure{"overlap_slowdown", &Hardware::overlap_slowdown, 0, true, 1, false},
-           OptionalFigure{"core_scaling", &Hardware::core_scaling, 0, false, 1, true},
-           OptionalFigure{"thread_scaling", &Hardware::thread_scaling, 0, false, 1, true},
-           OptionalFigure{"compute_efficiency", &Hardware::compute_efficiency, 0, false, 2, true},
-           OptionalFigure{"elementwise_gbytes_per_s", &Hardware::elementwise_gbytes_per_s, 0,
-                          true, kNoLimit, false},
-           OptionalFigure{"optimizer_gbytes_per_s", &Hardware::optimizer_gbytes_per_s, 0, true,
-                          kNoLimit, false}})
+  for (const OptionalFigure& o :
+       {OptionalFigure{"overlap_slowdown", &Hardware::overlap_slowdown, 0, true, 1, false},
+        OptionalFigure{"core_scaling", &Hardware::core_scaling, 0, false, 1, true},
+        OptionalFigure{"thread_scaling", &Hardware::thread_scaling, 0, false, 1, true},
+        OptionalFigure{"compute_efficiency", &Hardware::compute_efficiency, 0, false, 2, true},
+        OptionalFigure{"elementwise_gbytes_per_s", &Hardware::elementwise_gbytes_per_s, 0, true,
+                       kNoLimit, false},
+        OptionalFigure{"optimizer_gbytes_per_s", &Hardware::optimizer_gbytes_per_s, 0, true,
+                       kNoLimit, false}})
     if (const YAML::Node n = root[o.key])
       hw.*o.field = r.in_range(n, o.key, o.lo, o.lo_closed, o.hi, o.hi_closed);
   hw.sources = r.sources(root);
@@ -334,8 +354,8 @@ Hardware find_hardware(const std::string& name_or_path) {
   std::string listing;
   for (const std::string& n : names) listing += fmt::format("{}{}", listing.empty() ? "" : ", ", n);
   input_error("--hardware {}: no such hardware description (looked for {}.yaml in {}); "
-              "available: {}", name_or_path, name_or_path, searched,
-              listing.empty() ? "none" : listing);
+              "available: {}",
+              name_or_path, name_or_path, searched, listing.empty() ? "none" : listing);
 }
 
 std::string source_hardware_dir() { return (tree_roots().back() / "inputs" / "hardware").string(); }
@@ -359,7 +379,8 @@ std::string hardware_to_yaml(const Hardware& hw) {
       "attention_tflops: {}\nmemory_gbytes_per_s: {}\nmemory_gb: {}\n"
       "intra_node: {{gbytes_per_s: {}, latency_us: {}}}\n"
       "inter_node: {{gbytes_per_s: {}, latency_us: {}}}\n"
-      "overlap_slowdown: {}\ncore_scaling: {}\nthread_scaling: {}\nelementwise_gbytes_per_s: {}\noptimizer_gbytes_per_s: {}\ncompute_efficiency: {}\nsources:\n",
+      "overlap_slowdown: {}\ncore_scaling: {}\nthread_scaling: {}\nelementwise_gbytes_per_s: "
+      "{}\noptimizer_gbytes_per_s: {}\ncompute_efficiency: {}\nsources:\n",
       hw.attention_tflops, hw.memory_gbytes_per_s, hw.memory_gb, hw.intra_node.gbytes_per_s,
       hw.intra_node.latency_us, hw.inter_node.gbytes_per_s, hw.inter_node.latency_us,
       hw.overlap_slowdown, hw.core_scaling, hw.thread_scaling, hw.elementwise_gbytes_per_s,

@@ -98,7 +98,7 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
   const double att_scratch = fused ? 4 * N * Cl : att_saved;  // flash backward: dq accumulators
   // block_sizes() in element counts; bf16 runs hold GPT::kBf16Buffer's in 2 B, the rest
   // (residual stream, LayerNorm statistics, attention state) in 4 B.
-  const double sizes[GPT::kBlockBuffers] = {N * C, Nr, Nr, N * 3 * Cl, att_saved, N * Cl, Nr * C,
+  const double sizes[GPT::kBlockBuffers] = {N * C, Nr, Nr, N * 3 * Cl, att_saved,  N * Cl, Nr * C,
                                             N * C, Nr, Nr, N * 4 * Cl, N * 4 * Cl, Nr * C};
   constexpr int kBuffers = int(GPT::kBlockBuffers);
   bool kept[kBuffers];
@@ -144,8 +144,7 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
     if (stage.has_head && l.tp > 1) scratch += 4 * (N * 3 + tp * N * 3);
     const double shard = l.zero > 0 ? params / l.dp : 0;
     double grads = params * 4 + shard * 4;
-    if (l.zero == 2)
-      grads = shard * 4 + std::min(params * 4, 2 * m.bucket_mb * 1024 * 1024);
+    if (l.zero == 2) grads = shard * 4 + std::min(params * 4, 2 * m.bucket_mb * 1024 * 1024);
     const double optimizer = (l.zero > 0 ? shard : params) * (fp32 ? 8 : 12);
     std::vector<PlanTerm> terms = {{"params", params * (fp32 ? 4 : 2)},
                                    {"grads", grads},

@@ -56,13 +56,10 @@ double ring_seconds(LinkOp op, double bytes, int n, const LinkSpec& link) {
   if (n <= 1 || bytes <= 0) return 0;
   const double bw = link.gbytes_per_s * 1e9, lat = link.latency_us * 1e-6;
   switch (op) {
-    case LinkOp::kAllReduce:
-      return 2.0 * (n - 1) / n * bytes / bw + 2.0 * (n - 1) * lat;
+    case LinkOp::kAllReduce: return 2.0 * (n - 1) / n * bytes / bw + 2.0 * (n - 1) * lat;
     case LinkOp::kReduceScatter:
-    case LinkOp::kAllGather:
-      return double(n - 1) / n * bytes / bw + (n - 1) * lat;
-    default:
-      return bytes / bw + lat;
+    case LinkOp::kAllGather: return double(n - 1) / n * bytes / bw + (n - 1) * lat;
+    default: return bytes / bw + lat;
   }
 }
 
@@ -95,8 +92,8 @@ RankPlace rank_place(const PlanLayout& l, const Hardware& hw, double busy_fracti
   RankPlace r;
   const bool cpu = hw.kind == "cpu";
   const int per_node = l.ranks_per_node > 0 ? l.ranks_per_node
-                       : cpu               ? std::max(1, hw.devices_per_node / l.threads)
-                                           : hw.devices_per_node;
+                       : cpu                ? std::max(1, hw.devices_per_node / l.threads)
+                                            : hw.devices_per_node;
   r.ranks_per_node = per_node;
   r.local_ranks = std::min(l.world(), per_node);
   // A CPU rank computes on its threads, fewer when the node's ranks ask for more cores than
@@ -112,10 +109,12 @@ RankPlace rank_place(const PlanLayout& l, const Hardware& hw, double busy_fracti
       return c > 1 ? 1 - (1 - scaling) * (n - 1) / (c - 1) : 1.0;
     };
     const double threads = std::min<double>(l.threads, c);
-    const double per_core = share(hw.core_scaling, busy / threads) * share(hw.thread_scaling, threads);
+    const double per_core =
+        share(hw.core_scaling, busy / threads) * share(hw.thread_scaling, threads);
     // More threads than cores: the ranks time-share them, and a rank idle in the pipeline's
     // bubble yields its core (mpi_yield_when_idle), so only the busy share competes.
-    const double competing = asked * std::max(std::min(busy_fraction, 1.0), std::min(1.0, c / asked));
+    const double competing =
+        asked * std::max(std::min(busy_fraction, 1.0), std::min(1.0, c / asked));
     r.cores = l.threads * std::min(1.0, c / competing) * per_core;
   }
   r.memory_bw = hw.memory_gbytes_per_s * 1e9 / (cpu ? r.local_ranks : 1);
@@ -142,7 +141,7 @@ StageCost stage_cost(const PlanModel& m, const PlanLayout& l, const Hardware& hw
   const double B = l.micro_batch, T = m.seq_len, C = m.d_model, NH = m.heads;
   const double tp = l.tp, N = B * T, hd = C / NH;
   const double rows = l.sequence_parallel && l.tp > 1 ? N / tp : N;  // LayerNorm/residual rows
-  const double E = hw.dtype == "fp32" ? 4 : 2;                         // activation bytes
+  const double E = hw.dtype == "fp32" ? 4 : 2;                       // activation bytes
   const double Vl = double(padded_vocab(m, l)) / tp;
   const double eff = hw.compute_efficiency;  // measured / per-op terms (Hardware)
   // A rate scaled by compute_efficiency stays at or below the peak: nothing runs faster.
@@ -179,8 +178,8 @@ StageCost stage_cost(const PlanModel& m, const PlanLayout& l, const Hardware& hw
   // Elementwise traffic per block (elements read + written): LayerNorm 2× in, 1× out each;
   // residual adds 2 in, 1 out; GELU 1 in, 1 out over 4C/tp. Backward about twice that.
   const double block_mem_f = mem(2 * 3 * rows * C + 2 * 3 * rows * C + 2 * N * fc) + att_mem_f;
-  const double block_mem_b = mem(2 * (2 * 3 * rows * C + 2 * 3 * rows * C + 2 * N * fc)) +
-                             att_mem_b;
+  const double block_mem_b =
+      mem(2 * (2 * 3 * rows * C + 2 * 3 * rows * C + 2 * N * fc)) + att_mem_b;
   // Two all-reduces of the block's [N, C] activations forward, two backward.
   const double tp_one = ring_seconds(LinkOp::kAllReduce, N * C * E, l.tp, place.tp_link);
   const double block_tp = 2 * tp_one;
@@ -232,9 +231,9 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
   p.why_not = layout_problem(m, l);
   if (!p.why_not.empty()) return p;  // not a layout trident can run: fits = false, no times
   const int chunks = l.schedule == "interleaved" ? l.v : 1;
-  const double f = l.pp > 1 ? bubble_model(parse_pipe_schedule(l.schedule, "schedule"), l.pp,
-                                           l.accum, chunks)
-                            : 0.0;
+  const double f =
+      l.pp > 1 ? bubble_model(parse_pipe_schedule(l.schedule, "schedule"), l.pp, l.accum, chunks)
+               : 0.0;
   const RankPlace place = rank_place(l, hw, 1 - f);  // its peak_flops counts the same cores
   p.memory = memory_terms(m, l, hw);
   for (const PlanTerm& t : p.memory) p.memory_bytes += t.value;
@@ -250,7 +249,7 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
   // stage runs its m micro-batches (1F1B on 2 stages: t₀ + m·t₁ when stage 1 is slower).
   StageCost slow;
   double slow_mb = -1, first_backward = 0, first_forward = 0, sum_mb = 0;
-  const std::vector<int> probes = l.pp > 2   ? std::vector<int>{0, 1, l.pp - 1}
+  const std::vector<int> probes = l.pp > 2    ? std::vector<int>{0, 1, l.pp - 1}
                                   : l.pp == 2 ? std::vector<int>{0, 1}
                                               : std::vector<int>{0};
   for (int s : probes) {
@@ -271,17 +270,16 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
   auto dp_seconds = [&](LinkOp op, double bytes) {
     if (l.dp <= 1) return 0.0;
     if (m.emulate_gbps > 0)
-      return emulated_link_seconds(op, size_t(bytes), l.dp, m.emulate_gbps,
-                                   m.emulate_latency_us);
+      return emulated_link_seconds(op, size_t(bytes), l.dp, m.emulate_gbps, m.emulate_latency_us);
     return ring_seconds(op, bytes, l.dp, place.dp_link);
   };
   const LinkOp reduce_op = l.zero > 0 ? LinkOp::kReduceScatter : LinkOp::kAllReduce;
   const double reduce = dp_seconds(reduce_op, grad_bytes);
   const double last_bucket =
       dp_seconds(reduce_op, std::min(grad_bytes, m.first_bucket_mb * 1024 * 1024));
-  const double gather = l.zero > 0 ? dp_seconds(LinkOp::kAllGather, params_local *
-                                                                        (hw.dtype == "fp32" ? 4 : 2))
-                                   : 0.0;
+  const double gather =
+      l.zero > 0 ? dp_seconds(LinkOp::kAllGather, params_local * (hw.dtype == "fp32" ? 4 : 2))
+                 : 0.0;
   double reduce_exposed = reduce, gather_exposed = gather, slowdown = 0;
   if (m.overlap && l.dp > 1) {
     const double window = first_backward;  // stage 0's last backward: the step's last compute

@@ -12,10 +12,10 @@ namespace trident {
 // Where a rank sits and what it gets of its node.
 struct RankPlace {
   int ranks_per_node = 1;
-  int local_ranks = 1;        // ranks of this layout on one node
-  double cores = 1;           // cpu: cores this rank computes on (shared ones count partly)
-  double memory_bw = 0;       // B/s this rank gets
-  double peak_flops = 0;      // MFU's denominator for this rank
+  int local_ranks = 1;    // ranks of this layout on one node
+  double cores = 1;       // cpu: cores this rank computes on (shared ones count partly)
+  double memory_bw = 0;   // B/s this rank gets
+  double peak_flops = 0;  // MFU's denominator for this rank
   LinkSpec tp_link, dp_link, pp_link;
 };
 // busy_fraction: of the step a rank computes (1 − the pipeline's bubble share); oversubscribed

@@ -63,23 +63,24 @@ PlanLayout parse_layout(const std::string& text, int global_batch, const PlanLay
     else if (key == "node") l.ranks_per_node = parse_positive(key, value, 1);
     else
       input_error("--layout: unknown key \"{}\" (keys: dp tp pp v micro accum zero recompute "
-                  "schedule sp threads node)", key);
+                  "schedule sp threads node)",
+                  key);
   }
   if (l.v > 1 && l.schedule == "1f1b") l.schedule = "interleaved";
   if (l.v == 1 && l.schedule == "interleaved") l.schedule = "1f1b";
   if (!accum_given && global_batch > 0) {
     const int per_step = l.dp * l.micro_batch;
     if (global_batch % per_step != 0)
-      input_error("--layout: the global batch {} is not a multiple of dp·micro = {}",
-                  global_batch, per_step);
+      input_error("--layout: the global batch {} is not a multiple of dp·micro = {}", global_batch,
+                  per_step);
     l.accum = global_batch / per_step;
   }
   return l;
 }
 
 std::string format_layout(const PlanLayout& l) {
-  std::string s = fmt::format("dp={},tp={},pp={},v={},micro={},accum={},zero={},recompute={}",
-                              l.dp, l.tp, l.pp, l.v, l.micro_batch, l.accum, l.zero, l.recompute);
+  std::string s = fmt::format("dp={},tp={},pp={},v={},micro={},accum={},zero={},recompute={}", l.dp,
+                              l.tp, l.pp, l.v, l.micro_batch, l.accum, l.zero, l.recompute);
   if (l.pp > 1) s += ",schedule=" + l.schedule;
   if (l.tp > 1) s += fmt::format(",sp={}", l.sequence_parallel ? 1 : 0);
   if (l.threads > 1) s += fmt::format(",threads={}", l.threads);
@@ -107,8 +108,7 @@ std::vector<Prediction> rank_layouts(const PlanModel& m, const Hardware& hw,
           for (const std::string& s : search.schedules) {
             if (s == "interleaved")
               for (int v = 2; v <= search.max_v; ++v) schedules.push_back({s, v});
-            else if (s != "1f1b")
-              schedules.push_back({s, 1});
+            else if (s != "1f1b") schedules.push_back({s, 1});
           }
         for (const auto& [schedule, v] : schedules)
           for (const std::string& recompute : search.recompute)

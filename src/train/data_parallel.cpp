@@ -25,7 +25,8 @@ void DataParallel::check_deck(const Deck& deck, bool device, int chunks, bool sp
                 "buffers, which is not built. parallel.zero: 1 works on the device");
   if (zero > 0 && deck.comm.grad_dtype == "bf16")
     input_error("parallel.zero: {} with comm.grad_dtype bf16: the bf16 path compresses "
-                "all-reduces only, not the sharded optimizer's reduce-scatter; use fp32", zero);
+                "all-reduces only, not the sharded optimizer's reduce-scatter; use fp32",
+                zero);
   if (deck.parallel.zero_reduce == "micro_batch" && (zero != 2 || chunks > 1 || split_backward))
     input_error("parallel.zero_reduce: micro_batch needs parallel.zero 2 (got {}), one chunk per "
                 "stage (parallel.virtual_stages {}) and a schedule whose backward is one pass "
@@ -84,9 +85,9 @@ void DataParallel::lay_out(const std::vector<ParamInfo>& params, int split_param
     const size_t u0 = size_t(units.first[i]), u1 = size_t(units.first[i + 1]);
     options.param_offsets.push_back(layout.param_offsets[u0]);
     for (size_t u = u0 + 1; u < u1; ++u)
-      TRIDENT_CHECK(layout.param_offsets[u] ==
-                        layout.param_offsets[u - 1] + units.units[u - 1].count,
-                    "padding inside the pieces of {}", units.units[u].name);
+      TRIDENT_CHECK(
+          layout.param_offsets[u] == layout.param_offsets[u - 1] + units.units[u - 1].count,
+          "padding inside the pieces of {}", units.units[u].name);
   }
   options.param_total = layout.total;
 }
@@ -178,8 +179,8 @@ void DataParallel::finish(StepStats& s, const ReduceStats& earlier_rounds, doubl
         "the gradient buckets did not become ready in order (step {}): {} was complete while "
         "{} still waited, and buckets start in order, so it and every later bucket waited "
         "for that one; overlap is lost. The parameters are not laid out in the order "
-        "backward finishes them (gpt_param_layout)", s.step,
-        reducer_->bucket_name(size_t(rs.ahead_bucket)),
+        "backward finishes them (gpt_param_layout)",
+        s.step, reducer_->bucket_name(size_t(rs.ahead_bucket)),
         reducer_->bucket_name(size_t(rs.late_bucket)));
   }
   if (ctx_.trace)

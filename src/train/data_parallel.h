@@ -67,8 +67,8 @@ class DataParallel {
   // nothing overlapped (the tied embedding's row set), counted as exposed.
   void finish(StepStats& s, const ReduceStats& earlier_rounds, double rows_ms);
   // AdamW on this rank's shard, then the gathers of the updated parameters (ZeRO only).
-  void update_shard(AdamW& opt, Backend& be, GPT& model, const TrainConfig& tc, float lr,
-                    int t, float grad_scale, StepStats& s);
+  void update_shard(AdamW& opt, Backend& be, GPT& model, const TrainConfig& tc, float lr, int t,
+                    float grad_scale, StepStats& s);
   // Waits for ZeRO's gathers in flight (before params() is read outside a step).
   void sync_params();
   // ZeRO-2: the most bytes of the full gradient buffer found resident so far.
@@ -82,8 +82,8 @@ class DataParallel {
   // lay_out's split, kept for attach: the parameter in row pieces (-1: none), its piece rows.
   int split_param_ = -1, row_elems_ = 1;
   std::vector<int> piece_rows_;
-  std::vector<char> alone_;            // per unit: a bucket of its own (padded layout)
-  std::vector<size_t> gather_order_;   // ZeRO: buckets in forward order
+  std::vector<char> alone_;           // per unit: a bucket of its own (padded layout)
+  std::vector<size_t> gather_order_;  // ZeRO: buckets in forward order
   std::vector<int> unit_first_;
   // Destroyed in reverse: the reducer's thread stops before its buffers and communicator go.
   std::unique_ptr<MpiComm> grad_comm_;  // the gradients' own duplicate of dp, where needed

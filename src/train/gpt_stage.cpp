@@ -75,8 +75,8 @@ size_t GPTStage::boundary_floats() const {
 }
 
 StageTensor GPTStage::boundary(const char* name, float* data) const {
-  const int rows_per_seq = int(model_.boundary_rows(in_.micro_batch, in_.seq_len) /
-                               size_t(in_.micro_batch));
+  const int rows_per_seq =
+      int(model_.boundary_rows(in_.micro_batch, in_.seq_len) / size_t(in_.micro_batch));
   return {name, {in_.micro_batch, rows_per_seq, model_.config().channels}, data};
 }
 
@@ -120,7 +120,9 @@ std::vector<StageTensor> GPTStage::backward_inputs(int micro, int chunk) {
 GradReadyFn GPTStage::begin_reduction(int micro) {
   if (!dp_) return {};
   GradReducer* reducer = &dp_->reducer();
-  const auto ready = [this, reducer](int i, int piece) { reducer->grad_ready(dp_->unit(i, piece)); };
+  const auto ready = [this, reducer](int i, int piece) {
+    reducer->grad_ready(dp_->unit(i, piece));
+  };
   if (each_micro_batch_) {
     // Note [ZeRO-2 and accumulation]: the previous micro-batch's round ends here, before this
     // backward writes the buckets it released (its tail overlapped this micro-batch's forward).

@@ -42,17 +42,17 @@ void check_memory_plan(const GPTConfig& cfg, int B, int T, const GPTOptions& opt
   const char* largest = acts >= params && acts >= optimizer ? "activations and scratch"
                         : optimizer >= params               ? "optimizer state"
                                                             : "parameters";
-  input_error("not enough memory: each rank needs {:.2f} GiB ({} here: parameters {:.2f}, "
-              "gradients {:.2f}, optimizer state {:.2f}, activations and scratch {:.2f}; the "
-              "largest: {}){}, but only {:.2f} GiB is free ({}); lower model.* or "
-              "train.micro_batch, set train.recompute, or shard with parallel.tp/pp/zero",
-              need / GiB, backend.name(), params / GiB, (params + shard) / GiB,
-              optimizer / GiB, acts / GiB, largest,
-              local > 1 ? fmt::format(", {:.2f} GiB for the {} ranks on this machine",
-                                      need * local / GiB, local)
-                        : std::string(),
-              free_bytes / GiB,
-              backend.is_device() ? "device memory" : "MemAvailable in /proc/meminfo");
+  input_error(
+      "not enough memory: each rank needs {:.2f} GiB ({} here: parameters {:.2f}, "
+      "gradients {:.2f}, optimizer state {:.2f}, activations and scratch {:.2f}; the "
+      "largest: {}){}, but only {:.2f} GiB is free ({}); lower model.* or "
+      "train.micro_batch, set train.recompute, or shard with parallel.tp/pp/zero",
+      need / GiB, backend.name(), params / GiB, (params + shard) / GiB, optimizer / GiB, acts / GiB,
+      largest,
+      local > 1
+          ? fmt::format(", {:.2f} GiB for the {} ranks on this machine", need * local / GiB, local)
+          : std::string(),
+      free_bytes / GiB, backend.is_device() ? "device memory" : "MemAvailable in /proc/meminfo");
 }
 
 }  // namespace trident

@@ -20,7 +20,8 @@ std::vector<int> parse_stage_layers(const std::string& text) {
       if (used != item.size()) throw std::invalid_argument(item);
     } catch (const std::exception&) {
       input_error("parallel.stage_layers: expected comma-separated integers like \"3,1\", got "
-                  "\"{}\"", text);
+                  "\"{}\"",
+                  text);
     }
   }
   return out;
@@ -62,8 +63,7 @@ GPTOptions stage_options(const Deck& deck, const GPTConfig& cfg, const TrainCont
   const int T = deck.model.seq_len;
   if (ctx.grid && ctx.grid->layout().tp > 1) {
     Communicator* tp = ctx.tp_device ? ctx.tp_device : &ctx.grid->tp();
-    options.tp = {tp, ctx.grid->layout().tp, ctx.grid->coord().tp,
-                  deck.parallel.sequence_parallel};
+    options.tp = {tp, ctx.grid->layout().tp, ctx.grid->coord().tp, deck.parallel.sequence_parallel};
   }
   if (ctx.backend->is_device() && options.tp.size > 1 && !ctx.tp_device)
     internal_error(__FILE__, __LINE__, "a device backend with tp > 1 needs a device communicator");
@@ -89,8 +89,8 @@ GPTOptions stage_options(const Deck& deck, const GPTConfig& cfg, const TrainCont
   if (splits_backward(schedule) && options.recompute != Recompute::kNone)
     input_error("parallel.schedule: {} keeps each micro-batch's activations until its weight "
                 "pass, which train.recompute: {} drops; use train.recompute: none with {}, or "
-                "parallel.schedule: 1f1b", deck.parallel.schedule, deck.train.recompute,
-                deck.parallel.schedule);
+                "parallel.schedule: 1f1b",
+                deck.parallel.schedule, deck.train.recompute, deck.parallel.schedule);
   return options;
 }
 

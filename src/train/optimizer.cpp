@@ -29,8 +29,8 @@ void AdamW::update(Backend& be, GPT& model, const TrainConfig& cfg, float lr, in
     const float wd = decay ? float(cfg.weight_decay) : 0.0f;
     if (params16)
       be.adamw_update_bf16(params + offset, params16 + offset, m_.data() + offset,
-                           v_.data() + offset, model.grads() + offset, count, lr,
-                           float(cfg.beta1), float(cfg.beta2), float(cfg.eps), wd, t, grad_scale);
+                           v_.data() + offset, model.grads() + offset, count, lr, float(cfg.beta1),
+                           float(cfg.beta2), float(cfg.eps), wd, t, grad_scale);
     else
       be.adamw_update(params + offset, m_.data() + offset, v_.data() + offset,
                       model.grads() + offset, count, lr, float(cfg.beta1), float(cfg.beta2),

@@ -45,11 +45,13 @@
 namespace trident {
 
 void PipelineStage::backward_input(int, int) {
-  internal_error(__FILE__, __LINE__, "PipelineStage::backward_input called on a stage that "
+  internal_error(__FILE__, __LINE__,
+                 "PipelineStage::backward_input called on a stage that "
                  "does not split its backward");
 }
 void PipelineStage::backward_weight(int, int) {
-  internal_error(__FILE__, __LINE__, "PipelineStage::backward_weight called on a stage that "
+  internal_error(__FILE__, __LINE__,
+                 "PipelineStage::backward_weight called on a stage that "
                  "does not split its backward");
 }
 
@@ -117,9 +119,7 @@ std::string format_list(const std::vector<TensorDesc>& list) {
                      fmt::join(parts, ", "));
 }
 
-const char* what_moves(Direction dir) {
-  return dir == kForwardDir ? "activations" : "gradients";
-}
+const char* what_moves(Direction dir) { return dir == kForwardDir ? "activations" : "gradients"; }
 
 void check_tensors(const std::vector<StageTensor>& tensors, int stage, Direction dir, int micro,
                    const char* role) {
@@ -128,18 +128,17 @@ void check_tensors(const std::vector<StageTensor>& tensors, int stage, Direction
                 micro, tensors.size(), kMaxStageTensors);
   for (const StageTensor& t : tensors) {
     TRIDENT_CHECK(t.shape.size() <= static_cast<size_t>(kMaxStageDims),
-                  "stage {} {} '{}' for micro-batch {} ({}): {} dimensions, at most {}",
-                  stage, role, t.name, micro, what_moves(dir), t.shape.size(), kMaxStageDims);
+                  "stage {} {} '{}' for micro-batch {} ({}): {} dimensions, at most {}", stage,
+                  role, t.name, micro, what_moves(dir), t.shape.size(), kMaxStageDims);
     for (int64_t d : t.shape)
       TRIDENT_CHECK(d >= 0, "stage {} {} '{}': negative dimension in [{}]", stage, role, t.name,
                     fmt::join(t.shape, ", "));
-    TRIDENT_CHECK(t.data != nullptr || t.count() == 0, "stage {} {} '{}': null data", stage,
-                  role, t.name);
+    TRIDENT_CHECK(t.data != nullptr || t.count() == 0, "stage {} {} '{}': null data", stage, role,
+                  t.name);
   }
 }
 
-Header encode_header(const std::vector<StageTensor>& tensors, Direction dir, int micro,
-                     int stage) {
+Header encode_header(const std::vector<StageTensor>& tensors, Direction dir, int micro, int stage) {
   Header h{};
   h[0] = kHeaderMagic;
   h[1] = dir;
@@ -191,20 +190,20 @@ std::vector<TensorDesc> decode_header(const Header& h, int stage, int src, Direc
 void check_received(const std::vector<TensorDesc>& expected,
                     const std::vector<TensorDesc>& received, int stage, int src, Direction dir,
                     int micro) {
-  const std::string where = fmt::format("from stage {} for micro-batch {} ({})", src, micro,
-                                        what_moves(dir));
+  const std::string where =
+      fmt::format("from stage {} for micro-batch {} ({})", src, micro, what_moves(dir));
   if (expected.size() != received.size())
     internal_error(__FILE__, __LINE__,
                    fmt::format("pipeline: stage {} expected {} {} but received {}", stage,
                                format_list(expected), where, format_list(received)));
   for (size_t i = 0; i < expected.size(); ++i) {
     if (expected[i] == received[i]) continue;
-    internal_error(__FILE__, __LINE__,
-                   fmt::format("pipeline: stage {} expected {} {} but received {}{}", stage,
-                               format_desc(expected[i]), where, format_desc(received[i]),
-                               expected.size() > 1
-                                   ? fmt::format(" (tensor {} of {})", i + 1, expected.size())
-                                   : ""));
+    internal_error(
+        __FILE__, __LINE__,
+        fmt::format(
+            "pipeline: stage {} expected {} {} but received {}{}", stage, format_desc(expected[i]),
+            where, format_desc(received[i]),
+            expected.size() > 1 ? fmt::format(" (tensor {} of {})", i + 1, expected.size()) : ""));
   }
 }
 
@@ -244,8 +243,7 @@ class StageRunner {
               std::vector<int> in_flight, bool split, bool forward_only,
               const std::vector<PipeAction>& actions, PipelineStage& model)
       : pp_(pp), stages_(stages), stage_(stage), micro_batches_(micro_batches), chunks_(chunks),
-        in_flight_(std::move(in_flight)), split_(split), forward_only_(forward_only),
-        model_(model),
+        in_flight_(std::move(in_flight)), split_(split), forward_only_(forward_only), model_(model),
         forwarded_(size_t(micro_batches) * chunks, 0),
         backwarded_(size_t(micro_batches) * chunks, 0) {
     for (const PipeAction& a : actions) {
@@ -352,18 +350,18 @@ class StageRunner {
 
   void send(Direction dir, int micro, int chunk, const std::vector<StageTensor>& tensors) {
     const int vs = virtual_stage(chunk);
-    check_tensors(tensors, vs, dir, micro, dir == kForwardDir ? "forward output"
-                                                              : "backward output");
+    check_tensors(tensors, vs, dir, micro,
+                  dir == kForwardDir ? "forward output" : "backward output");
     const int dest = peer_rank(dir, true);
     const int u = unit(micro, dir == kForwardDir ? chunk_after(chunk) : chunk_before(chunk));
-    PendingSend p{dir, micro, chunk,
-                  std::make_unique<Header>(encode_header(tensors, dir, micro, vs)), {}};
+    PendingSend p{
+        dir, micro, chunk, std::make_unique<Header>(encode_header(tensors, dir, micro, vs)), {}};
     p.works.push_back(pp_.send(p.header->data(), kHeaderWords, dest, message_tag(dir, u, 0)));
     for (size_t i = 0; i < tensors.size(); ++i) {
       const size_t n = tensors[i].count();
       if (n == 0) continue;
-      p.works.push_back(pp_.send(tensors[i].data, n, dest,
-                                 message_tag(dir, u, static_cast<int>(i) + 1)));
+      p.works.push_back(
+          pp_.send(tensors[i].data, n, dest, message_tag(dir, u, static_cast<int>(i) + 1)));
       stats_.bytes_sent += n * sizeof(float);
     }
     ++stats_.messages_sent;
@@ -410,8 +408,8 @@ class StageRunner {
       r.expected.push_back(describe(tensors[i]));
       const size_t n = tensors[i].count();
       if (n == 0) continue;
-      r.works.push_back(pp_.recv(tensors[i].data, n, src,
-                                 message_tag(dir, u, static_cast<int>(i) + 1)));
+      r.works.push_back(
+          pp_.recv(tensors[i].data, n, src, message_tag(dir, u, static_cast<int>(i) + 1)));
       stats_.bytes_received += n * sizeof(float);
     }
     ++next_post_[dir];
@@ -425,12 +423,11 @@ class StageRunner {
     const int vs = virtual_stage(chunk), src = peer_stage(dir, chunk, false);
     TRIDENT_CHECK(r.micro == micro && r.chunk == chunk,
                   "pipeline: stage {} needs the {} of micro-batch {}, but the receive posted "
-                  "is for micro-batch {} of chunk {}", vs, what_moves(dir), micro, r.micro,
-                  r.chunk);
+                  "is for micro-batch {} of chunk {}",
+                  vs, what_moves(dir), micro, r.micro, r.chunk);
     const auto t0 = CommClock::now();
     wait_naming(r.header_work, "receiving", dir, micro, chunk);
-    check_received(r.expected, decode_header(*r.header, vs, src, dir, micro), vs, src, dir,
-                   micro);
+    check_received(r.expected, decode_header(*r.header, vs, src, dir, micro), vs, src, dir, micro);
     for (Work& w : r.works) wait_naming(w, "receiving", dir, micro, chunk);
     stats_.wait_ms += ms_since(t0);
     r.micro = -1;
@@ -458,8 +455,7 @@ class StageRunner {
       const bool sending = doing[0] == 's';
       throw Error(fmt::format("pipeline: stage {} {} the {} of micro-batch {} {} stage {}: {}",
                               virtual_stage(chunk), doing, what_moves(dir), micro,
-                              sending ? "to" : "from", peer_stage(dir, chunk, sending),
-                              e.what()),
+                              sending ? "to" : "from", peer_stage(dir, chunk, sending), e.what()),
                   e.code());
     }
   }
@@ -493,9 +489,9 @@ class StageRunner {
   const bool split_, forward_only_;
   PipelineStage& model_;
   std::vector<PendingSend> pending_;
-  std::vector<PipeAction> receives_[2];  // by Direction: the actions that receive, in order
-  PostedReceive posted_[2];              // by Direction
-  size_t next_post_[2] = {0, 0};         // the next of receives_ to post, by Direction
+  std::vector<PipeAction> receives_[2];       // by Direction: the actions that receive, in order
+  PostedReceive posted_[2];                   // by Direction
+  size_t next_post_[2] = {0, 0};              // the next of receives_ to post, by Direction
   std::vector<char> forwarded_, backwarded_;  // [chunk][micro]; backwarded_: whole backward
   PipelineStats stats_;
 };
@@ -535,7 +531,8 @@ PipelineStats run_pipeline(PipeSchedule schedule, Communicator& pp, int stages, 
                            int micro_batches, PipelineStage& model, int chunks) {
   if (schedule == PipeSchedule::kInterleaved && chunks < 2)
     input_error("parallel.schedule: interleaved needs stages of 2 or more model chunks "
-                "(PipelineStage::chunks(), parallel.virtual_stages), not {}; use 1f1b", chunks);
+                "(PipelineStage::chunks(), parallel.virtual_stages), not {}; use 1f1b",
+                chunks);
   const bool split = splits_backward(schedule);
   if (split && !model.can_split_backward())
     input_error("parallel.schedule: {} splits each backward into its input and weight parts, "

@@ -81,15 +81,14 @@ void check_schedule_args(PipeSchedule schedule, int stages, int stage, int micro
   TRIDENT_CHECK(stages >= 1 && stage >= 0 && stage < stages && micro_batches >= 1 && chunks >= 1,
                 "pipeline schedule for stage {} of {} with {} micro-batches and {} chunks", stage,
                 stages, micro_batches, chunks);
-  TRIDENT_CHECK(schedule == PipeSchedule::kInterleaved || chunks == 1,
-                "{} with {} chunks", pipe_schedule_name(schedule), chunks);
+  TRIDENT_CHECK(schedule == PipeSchedule::kInterleaved || chunks == 1, "{} with {} chunks",
+                pipe_schedule_name(schedule), chunks);
   TRIDENT_CHECK(schedule != PipeSchedule::kInterleaved || micro_batches % stages == 0,
                 "interleaved with {} micro-batches on {} stages", micro_batches, stages);
 }
 
 // The schedule of Note [Interleaved 1F1B].
-std::vector<PipeAction> interleaved_actions(int stages, int stage, int micro_batches,
-                                            int chunks) {
+std::vector<PipeAction> interleaved_actions(int stages, int stage, int micro_batches, int chunks) {
   using Kind = PipeAction::Kind;
   const int p = stages, v = chunks, total = micro_batches * chunks;
   const int warmup = std::min((p - stage - 1) * 2 + (v - 1) * p, total);
@@ -195,17 +194,19 @@ void check_pipe_schedule(PipeSchedule schedule, int stages, int micro_batches, i
     input_error("parallel.schedule: interleaved needs parallel.pp ≥ 2 (it is {})", stages);
   if (chunks < 2)
     input_error("parallel.schedule: interleaved needs parallel.virtual_stages ≥ 2 (it is {}); "
-                "with one chunk per stage use 1f1b", chunks);
+                "with one chunk per stage use 1f1b",
+                chunks);
   if (micro_batches % stages != 0) {
     const int below = micro_batches / stages * stages, above = below + stages;
     input_error("parallel.schedule: interleaved runs micro-batches in groups of parallel.pp: "
-                "train.accum {} is not a multiple of parallel.pp {} (use {})", micro_batches,
-                stages, below > 0 ? fmt::format("{} or {}", below, above) : fmt::format("{}", above));
+                "train.accum {} is not a multiple of parallel.pp {} (use {})",
+                micro_batches, stages,
+                below > 0 ? fmt::format("{} or {}", below, above) : fmt::format("{}", above));
   }
   if (layers < stages * chunks)
     input_error("parallel.schedule: interleaved with parallel.pp {} × parallel.virtual_stages {} "
-                "= {} model chunks, but model.layers is {}: each chunk needs a block", stages,
-                chunks, stages * chunks, layers);
+                "= {} model chunks, but model.layers is {}: each chunk needs a block",
+                stages, chunks, stages * chunks, layers);
 }
 
 }  // namespace trident

@@ -77,10 +77,10 @@ class TiedEmbedding {
   ProcessGrid* grid_ = nullptr;
   const SampleOrder* order_ = nullptr;
   TraceWriter* trace_ = nullptr;
-  int wte_ = -1;  // wte's index in the model's parameters
-  std::unique_ptr<StepRowSet> rows_;      // with the sink
-  std::vector<float> row_grads_;          // capacity: the most rows a step can have
-  std::vector<int32_t> row_of_input_;     // the sink's row map of one micro-batch
+  int wte_ = -1;                           // wte's index in the model's parameters
+  std::unique_ptr<StepRowSet> rows_;       // with the sink
+  std::vector<float> row_grads_;           // capacity: the most rows a step can have
+  std::vector<int32_t> row_of_input_;      // the sink's row map of one micro-batch
   std::vector<int32_t> tokens_, targets_;  // one micro-batch, read for the row set
   EmbeddingRowSink sink_;
 };

@@ -36,9 +36,8 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
                                             DataParallel::bucket_bytes(deck_.comm), options);
   if (dp_size_ > 1) {
     dp_ = std::make_unique<DataParallel>(deck_, ctx_);
-    const std::vector<ParamInfo> layout =
-        gpt_param_layout(cfg, options.tp.size, options.tp.rank, options.stage,
-                         options.wte_after_head);
+    const std::vector<ParamInfo> layout = gpt_param_layout(cfg, options.tp.size, options.tp.rank,
+                                                           options.stage, options.wte_after_head);
     const int wte = tied_ ? tied_->wte_index(layout) : -1;
     dp_->lay_out(layout, tied_ ? wte : -1, tied_ ? tied_->piece_rows() : std::vector<int>{},
                  cfg.channels, tied_ && tied_->needs_own_bucket() ? wte : -1, options);
@@ -46,18 +45,16 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
   open_data(cfg);
   check_memory_plan(cfg, deck_.train.micro_batch, deck_.model.seq_len, options, *ctx_.backend,
                     dp_ && dp_->sharded() ? dp_size_ : 1);  // Note [Memory plan]
-  model_ = std::make_unique<GPT>(cfg, *ctx_.backend, deck_.train.micro_batch,
-                                 deck_.model.seq_len, options);
-  if (deck_.model.init_from.empty())
-    model_->init_weights(deck_.train.seed);
-  else
-    load_llmc_weights(*model_, deck_.model.init_from);
+  model_ = std::make_unique<GPT>(cfg, *ctx_.backend, deck_.train.micro_batch, deck_.model.seq_len,
+                                 options);
+  if (deck_.model.init_from.empty()) model_->init_weights(deck_.train.seed);
+  else load_llmc_weights(*model_, deck_.model.init_from);
   // The parts that work on the model's buffers.
   if (dp_) dp_->attach(*model_);
   if (tied_)
     tied_->attach(*model_, dp_.get(), ctx_.grid, *train_order_, ctx_.trace, tokens_per_step());
-  opt_ = std::make_unique<AdamW>(*ctx_.backend, dp_ && dp_->sharded() ? dp_->shard_size()
-                                                                      : model_->num_params());
+  opt_ = std::make_unique<AdamW>(*ctx_.backend,
+                                 dp_ && dp_->sharded() ? dp_->shard_size() : model_->num_params());
   stage_ = std::make_unique<GPTStage>(*model_, dp_.get(), tied_.get());
   norm_ = std::make_unique<GradNorm>(*model_, dp_.get(), tied_.get(), ctx_.grid, *pp_comm_);
   if (ctx_.trace)
@@ -106,9 +103,8 @@ Trainer::MemoryBytes Trainer::memory_bytes() const {
   const size_t shard = dp_ ? dp_->shard_size() : 0;
   m.params = model_->num_params() * sizeof(float);
   m.grads = (model_->num_params() + shard) * sizeof(float);
-  m.grads_resident = dp_ && dp_->releases_grads()
-                         ? dp_->grad_resident_peak() + shard * sizeof(float)
-                         : m.grads;
+  m.grads_resident =
+      dp_ && dp_->releases_grads() ? dp_->grad_resident_peak() + shard * sizeof(float) : m.grads;
   m.optimizer = 2 * opt_->size() * sizeof(float);
   m.activations = model_->activation_bytes();
   return m;
@@ -126,8 +122,8 @@ StepStats Trainer::train_step(int step) {
   // ZeRO-2 left the gradient buffer zero (and its pages with the kernel) when the last step's
   // buckets were released.
   if (!dp_ || !dp_->releases_grads()) model_->zero_grads();
-  const GPTStage::StepInputs in{step, tc.micro_batch, deck_.model.seq_len, tc.accum, dp_size_,
-                                dp_rank_};
+  const GPTStage::StepInputs in{step,     tc.micro_batch, deck_.model.seq_len,
+                                tc.accum, dp_size_,       dp_rank_};
   const double rows_ms = tied_ ? tied_->begin_step(in) : 0.0;
   stage_->begin_step(in, *train_order_);
   const PipelineStats ps =
@@ -148,8 +144,7 @@ StepStats Trainer::train_step(int step) {
   s.loss = loss / (tc.accum * dp_size_);
 
   const auto t0 = std::chrono::steady_clock::now();
-  if (std::find(fault_nan_steps_.begin(), fault_nan_steps_.end(), s.step) !=
-      fault_nan_steps_.end())
+  if (std::find(fault_nan_steps_.begin(), fault_nan_steps_.end(), s.step) != fault_nan_steps_.end())
     poison_gradient();
   s.grad_norm = std::sqrt(norm_->sum_squares());
   s.lr = lr_at(tc, step);
@@ -159,17 +154,14 @@ StepStats Trainer::train_step(int step) {
     skips_in_a_row_ = 0;
     // Clipping is applied inside AdamW's pass over the gradients (the same float products as
     // a separate scaling pass, one pass fewer over every gradient).
-    const float scale = tc.grad_clip > 0.0 && s.grad_norm > tc.grad_clip
-                            ? float(tc.grad_clip / s.grad_norm)
-                            : 1.0f;
+    const float scale =
+        tc.grad_clip > 0.0 && s.grad_norm > tc.grad_clip ? float(tc.grad_clip / s.grad_norm) : 1.0f;
     Backend& be = *ctx_.backend;
     if (dp_ && dp_->sharded())
       dp_->update_shard(*opt_, be, *model_, tc, float(s.lr), step + 1, scale, s);
-    else
-      opt_->update(be, *model_, tc, float(s.lr), step + 1, scale);
+    else opt_->update(be, *model_, tc, float(s.lr), step + 1, scale);
     be.synchronize();  // a device step ends when its last op has run, not when it was issued
-    if (ctx_.trace)
-      ctx_.trace->span("compute", "optimizer", t0, std::chrono::steady_clock::now());
+    if (ctx_.trace) ctx_.trace->span("compute", "optimizer", t0, std::chrono::steady_clock::now());
   }
   s.optimizer_ms = ms_since(t0);
   s.tp_comm_ms = model_->take_tp_comm_ms();
@@ -178,10 +170,11 @@ StepStats Trainer::train_step(int step) {
   // MFU: the step's FLOPs are spread over all ranks, each with its own (measured) peak. NaN
   // (not reported) without a peak, above 1 (the peak was wrong), or for a skipped step.
   const int ranks = ctx_.grid ? ctx_.grid->world_size() : 1;
-  s.mfu = s.skipped ? NAN
-                    : mfu_or_nan(model_->config().train_flops_per_token(deck_.model.seq_len) *
-                                     s.tokens_per_s,
-                                 ctx_.peak_flops * ranks);
+  s.mfu =
+      s.skipped
+          ? NAN
+          : mfu_or_nan(model_->config().train_flops_per_token(deck_.model.seq_len) * s.tokens_per_s,
+                       ctx_.peak_flops * ranks);
   return s;
 }
 
@@ -197,14 +190,16 @@ void Trainer::skip_step(StepStats& s) {
     throw Error(fmt::format("step {}: the loss is {} and the gradient norm {}: training "
                             "diverged (or a batch is broken); nothing of this step was applied "
                             "or saved. Lower train.lr, or set train.nonfinite: skip to drop "
-                            "such steps", s.step, s.loss, s.grad_norm),
+                            "such steps",
+                            s.step, s.loss, s.grad_norm),
                 ExitCode::kInternal);
   s.skipped = true;
   s.skips_in_a_row = ++skips_in_a_row_;
   if (skips_in_a_row_ > tc.max_skips)
     throw Error(fmt::format("step {}: {} steps in a row had a non-finite loss or gradient norm "
                             "(train.max_skips {}): training diverged; the parameters are those "
-                            "of the last good step", s.step, skips_in_a_row_, tc.max_skips),
+                            "of the last good step",
+                            s.step, skips_in_a_row_, tc.max_skips),
                 ExitCode::kInternal);
 }
 
@@ -237,8 +232,7 @@ double Trainer::validate() {
   const int mine = dp_rank_ < n ? (n - dp_rank_ + dp_size_ - 1) / dp_size_ : 0;
   double sum[2] = {0.0, double(mine)};  // loss sum, micro-batch count
   if (mine > 0) {
-    stage_->begin_step({0, deck_.train.micro_batch, deck_.model.seq_len, mine, dp_size_,
-                        dp_rank_},
+    stage_->begin_step({0, deck_.train.micro_batch, deck_.model.seq_len, mine, dp_size_, dp_rank_},
                        *valid_order_);
     run_pipeline_forward(*pp_comm_, pp_size_, pp_rank_, mine, *stage_, chunks_);
     sum[0] = stage_->take_loss_sum();

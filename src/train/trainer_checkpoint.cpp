@@ -48,9 +48,7 @@ std::vector<ShardBlock> blocks_of(const ParamInfo& p, int vocab, std::vector<int
       }
       break;
     }
-    case Shard::kColumns:
-      out.push_back({{0, int64_t(r) * local[1]}, local});
-      break;
+    case Shard::kColumns: out.push_back({{0, int64_t(r) * local[1]}, local}); break;
   }
   return out;
 }
@@ -143,7 +141,8 @@ std::vector<ShardTensor> Trainer::checkpoint_tensors(float* params, float* m, fl
             p, model_->config().vocab, piece.flat - p.offset, piece.flat - p.offset + piece.count);
         if (blocks.empty()) continue;
         if (piece.param == prev_param) {
-          TRIDENT_CHECK(piece.shard == prev_end, "the shard's pieces of {} are not adjacent", p.name);
+          TRIDENT_CHECK(piece.shard == prev_end, "the shard's pieces of {} are not adjacent",
+                        p.name);
           out.back().blocks.insert(out.back().blocks.end(), blocks.begin(), blocks.end());
           prev_end = piece.shard + piece.count;
           continue;
@@ -156,8 +155,8 @@ std::vector<ShardTensor> Trainer::checkpoint_tensors(float* params, float* m, fl
         if (p.name == "wte") t.global_shape[0] = model_->config().vocab;
         t.blocks = std::move(blocks);
         t.data = src.base + piece.shard;
-        t.owner = (p.shard != Shard::kReplicated || tp_rank == 0) &&
-                  (p.name != "wte" || stage.has_head);
+        t.owner =
+            (p.shard != Shard::kReplicated || tp_rank == 0) && (p.name != "wte" || stage.has_head);
         out.push_back(std::move(t));
       }
     }

@@ -89,13 +89,11 @@ std::vector<size_t> forward_gather_order(const std::vector<ParamInfo>& params,
   };
   std::vector<long> use(buckets.size(), LONG_MAX);
   for (size_t b = 0; b < buckets.size(); ++b)
-    for (size_t i = buckets[b].first_param; i < buckets[b].first_param + buckets[b].num_params;
-         ++i)
+    for (size_t i = buckets[b].first_param; i < buckets[b].first_param + buckets[b].num_params; ++i)
       use[b] = std::min(use[b], first_use(params[i]));
   std::vector<size_t> order(buckets.size());
   for (size_t b = 0; b < order.size(); ++b) order[b] = order.size() - 1 - b;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return use[a] < use[b]; });
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return use[a] < use[b]; });
   return order;
 }
 

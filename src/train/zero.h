@@ -103,7 +103,7 @@ struct OwnedPiece {
 // reports (parameter i, piece k) ready; the reducer's index for it is first[i] + k.
 struct GradUnits {
   std::vector<ParamInfo> units;
-  std::vector<int> first;  // per parameter, and the total at the end (size params + 1)
+  std::vector<int> first;    // per parameter, and the total at the end (size params + 1)
   std::vector<char> pieces;  // per unit: one of several pieces of a parameter
   std::vector<size_t> counts() const;
 };

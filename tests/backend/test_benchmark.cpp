@@ -113,10 +113,9 @@ TEST(DISABLED_Benchmark, GemmShapes) {
     std::printf("%-8s %-18s %6d %6d %6d %9.3f %9.1f %6.1f%% %d\n", s.name, role(s), s.M, s.N, s.K,
                 sec * 1e3, flop / sec / 1e9, 100 * flop / sec / peak, wrong);
   }
-  std::printf(
-      "all linear-layer GEMMs of one step (12 layers + lm-head): %.0f ms, %.1f GFLOP/s, "
-      "%.1f%% of peak\n",
-      total_s * 1e3, total_flop / total_s / 1e9, 100 * total_flop / total_s / peak);
+  std::printf("all linear-layer GEMMs of one step (12 layers + lm-head): %.0f ms, %.1f GFLOP/s, "
+              "%.1f%% of peak\n",
+              total_s * 1e3, total_flop / total_s / 1e9, 100 * total_flop / total_s / peak);
 }
 
 // OpenBLAS's own threads vs the OpenMP split (Note [GEMM threading] in src/backend/gemm.cpp), on
@@ -200,8 +199,8 @@ TEST(DISABLED_Benchmark, NonGemmOps) {
   time("attention_forward", 4 * act + 4.0 * att.size(), L,
        [&] { be->attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH); });
   time("attention_backward", 7 * act + 8.0 * att.size(), L, [&] {
-    be->attention_backward(dqkv.data(), scratch.data(), x.data(), qkv.data(), out.data(), att.data(), B, T, C,
-                           NH);
+    be->attention_backward(dqkv.data(), scratch.data(), x.data(), qkv.data(), out.data(),
+                           att.data(), B, T, C, NH);
   });
   time("gelu_forward", 8 * act, L, [&] { be->gelu_forward(out.data(), h.data(), h.size()); });
   time("gelu_backward", 12 * act, L,

@@ -111,7 +111,7 @@ TEST(PeakCheck, BoundsOfTheVectorWidth) {
   const CpuPeakBounds b = cpu_gemm_peak_bounds(16, 2, 2, 1);
   EXPECT_DOUBLE_EQ(b.low_flops, 64e9);
   EXPECT_DOUBLE_EQ(b.high_flops, 768e9);
-  EXPECT_EQ(judge_peak(180e9, b), PeakVerdict::kPlausible);     // the right kernel
+  EXPECT_EQ(judge_peak(180e9, b), PeakVerdict::kPlausible);        // the right kernel
   EXPECT_EQ(judge_peak(29.2e9, b), PeakVerdict::kImplausiblyLow);  // issue 11: Prescott
   EXPECT_EQ(judge_peak(2e12, b), PeakVerdict::kImpossible);
   EXPECT_EQ(judge_peak(NAN, b), PeakVerdict::kImplausiblyLow);
@@ -119,8 +119,8 @@ TEST(PeakCheck, BoundsOfTheVectorWidth) {
   EXPECT_DOUBLE_EQ(cpu_gemm_peak_bounds(16, 2, 2, 2).low_flops, 32e9);
   // More threads than CPUs measure no more than the CPUs give.
   EXPECT_DOUBLE_EQ(cpu_gemm_peak_bounds(8, 8, 2, 1).high_flops, 2 * 16 * 2 * 6e9);
-  const std::string m = peak_problem_message(29.2e9, b, PeakVerdict::kImplausiblyLow,
-                                             "AVX-512", "Prescott");
+  const std::string m =
+      peak_problem_message(29.2e9, b, PeakVerdict::kImplausiblyLow, "AVX-512", "Prescott");
   EXPECT_NE(m.find("blas_core=Prescott"), std::string::npos) << m;
   EXPECT_NE(m.find("MFU is not reported"), std::string::npos) << m;
 }

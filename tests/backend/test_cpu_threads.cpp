@@ -84,8 +84,7 @@ Results run_chain(Backend& be, const Inputs& in, int shift) {
                      C, Vp);
   be.gelu_backward(dg.data(), att_out.data(), dres.data(), N * C);
   be.attention_backward(dqkv.data(), scratch.data(), dg.data(), qkv.data(), att_out.data(),
-                        att.data(), B, T, C,
-                        NH);
+                        att.data(), B, T, C, NH);
   be.matmul_backward(dln.data(), dw_qkv.data(), db_qkv.data(), dqkv.data(), ln.data(), w_qkv.data(),
                      N, C, 3 * C);
   be.layernorm_backward(dx.data(), dln_w.data(), dln_b.data(), dln.data(), x.data(), ln_w.data(),

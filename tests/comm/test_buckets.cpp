@@ -10,8 +10,7 @@ using Buckets = std::vector<Bucket>;
 
 TEST(AssignBuckets, FillsEachBucketUpToItsLimit) {
   // 4 params of 10 floats = 40 bytes each; an 80-byte limit holds exactly two.
-  EXPECT_EQ(assign_buckets({10, 10, 10, 10}, 4, 80, 80),
-            (Buckets{{0, 2, 0, 20}, {2, 2, 20, 20}}));
+  EXPECT_EQ(assign_buckets({10, 10, 10, 10}, 4, 80, 80), (Buckets{{0, 2, 0, 20}, {2, 2, 20, 20}}));
 }
 
 TEST(AssignBuckets, ExactlyAtTheLimitStillFits) {
@@ -58,7 +57,8 @@ TEST(AssignBuckets, EmptyParametersJoinTheOpenBucket) {
   // Zero bytes never exceed a limit, so a 0-element parameter rides along; with a 0-byte
   // limit the next non-empty one still closes the bucket.
   EXPECT_EQ(assign_buckets({3, 0, 3}, 4, 12, 12), (Buckets{{0, 2, 0, 3}, {2, 1, 3, 3}}));
-  EXPECT_EQ(assign_buckets({0, 3, 0}, 4, 0, 0), (Buckets{{0, 1, 0, 0}, {1, 1, 0, 3}, {2, 1, 3, 0}}));
+  EXPECT_EQ(assign_buckets({0, 3, 0}, 4, 0, 0),
+            (Buckets{{0, 1, 0, 0}, {1, 1, 0, 3}, {2, 1, 3, 0}}));
 }
 
 TEST(AssignBuckets, DefaultsOnAGpt2LikeStack) {

@@ -131,9 +131,9 @@ TEST(FormatGridTable, OneRowPerRankWithItsGroups) {
   std::istringstream row(lines[2 + 13]);
   std::vector<std::string> cells;
   for (std::string cell; row >> cell;) cells.push_back(cell);
-  const std::vector<std::string> expected = {"13", "2", "1", "1", "[9", "11", "13", "15]",
-                                             "[12", "13]", "[5", "13]", "[4", "5", "12",
-                                             "13]", "[5", "13]"};
+  const std::vector<std::string> expected = {"13", "2",   "1",   "1",   "[9", "11",
+                                             "13", "15]", "[12", "13]", "[5", "13]",
+                                             "[4", "5",   "12",  "13]", "[5", "13]"};
   EXPECT_EQ(cells, expected) << table;
 }
 

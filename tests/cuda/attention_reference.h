@@ -60,8 +60,8 @@ inline AttentionReference attention_reference(int B, int T, int C, int NH, bool 
   r.out.resize(size_t(B) * T * C);
   r.dqkv.resize(r.qkv.size());
   cpu->attention_forward(r.out.data(), att.data(), r.qkv.data(), B, T, C, NH);
-  cpu->attention_backward(r.dqkv.data(), scratch.data(), r.dout.data(), r.qkv.data(),
-                          r.out.data(), att.data(), B, T, C, NH);
+  cpu->attention_backward(r.dqkv.data(), scratch.data(), r.dout.data(), r.qkv.data(), r.out.data(),
+                          att.data(), B, T, C, NH);
   return r;
 }
 

@@ -67,8 +67,8 @@ std::string validate_cudnn(cuda::CudnnAttention& attention) {
   DeviceBuffer<uint16_t> out(r.out.size()), dqkv(r.qkv.size());
   DeviceBuffer<float> stats(size_t(vB) * vNH * vT);
   attention.forward(as_bf16(out), stats.get(), as_bf16(qkv), vB, vT, vC, vNH, nullptr);
-  attention.backward(as_bf16(dqkv), as_bf16(dout), as_bf16(qkv), as_bf16(out), stats.get(), vB,
-                     vT, vC, vNH, nullptr);
+  attention.backward(as_bf16(dqkv), as_bf16(dout), as_bf16(qkv), as_bf16(out), stats.get(), vB, vT,
+                     vC, vNH, nullptr);
   const double e_out = testing::rel_err(from_bf16(out.download()), testing::to_double(r.out));
   const double e_d = testing::rel_err(from_bf16(dqkv.download()), testing::to_double(r.dqkv));
   if (e_out <= 1e-2 && e_d <= 1e-2) return "";
@@ -100,8 +100,7 @@ void BM_attention_flash(benchmark::State& state, bool backward) {
     if (backward)
       cuda::flash_attention_backward_cuda(dqkv.get(), scratch.get(), dout.get(), qkv.get(),
                                           out.get(), lse.get(), kB, kT, C, NH, stream);
-    else
-      cuda::flash_attention_forward_cuda(out.get(), lse.get(), qkv.get(), kB, kT, C, NH, stream);
+    else cuda::flash_attention_forward_cuda(out.get(), lse.get(), qkv.get(), kB, kT, C, NH, stream);
   };
   double ms = 0;
   for (auto _ : state) {
@@ -127,18 +126,19 @@ void BM_attention_cudnn(benchmark::State& state, bool backward) {
     return;
   }
   std::mt19937 rng(1);
-  DeviceBuffer<uint16_t> qkv(to_bf16(testing::to_float(testing::uniform(size_t(kB) * kT * 3 * C, rng))));
-  DeviceBuffer<uint16_t> dout(to_bf16(testing::to_float(testing::uniform(size_t(kB) * kT * C, rng))));
+  DeviceBuffer<uint16_t> qkv(
+      to_bf16(testing::to_float(testing::uniform(size_t(kB) * kT * 3 * C, rng))));
+  DeviceBuffer<uint16_t> dout(
+      to_bf16(testing::to_float(testing::uniform(size_t(kB) * kT * C, rng))));
   DeviceBuffer<uint16_t> out(size_t(kB) * kT * C), dqkv(qkv.size());
   DeviceBuffer<float> stats(size_t(kB) * NH * kT);
   cudaStream_t stream = nullptr;
   attention.forward(as_bf16(out), stats.get(), as_bf16(qkv), kB, kT, C, NH, stream);
   auto launch = [&] {
     if (backward)
-      attention.backward(as_bf16(dqkv), as_bf16(dout), as_bf16(qkv), as_bf16(out), stats.get(),
-                         kB, kT, C, NH, stream);
-    else
-      attention.forward(as_bf16(out), stats.get(), as_bf16(qkv), kB, kT, C, NH, stream);
+      attention.backward(as_bf16(dqkv), as_bf16(dout), as_bf16(qkv), as_bf16(out), stats.get(), kB,
+                         kT, C, NH, stream);
+    else attention.forward(as_bf16(out), stats.get(), as_bf16(qkv), kB, kT, C, NH, stream);
   };
   double ms = 0;
   for (auto _ : state) {
@@ -149,13 +149,29 @@ void BM_attention_cudnn(benchmark::State& state, bool backward) {
 }
 
 BENCHMARK_CAPTURE(BM_attention_flash, forward, false)
-    ->Arg(12)->Arg(16)->ArgName("NH")->UseManualTime()->Unit(benchmark::kMillisecond);
+    ->Arg(12)
+    ->Arg(16)
+    ->ArgName("NH")
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_attention_flash, backward, true)
-    ->Arg(12)->Arg(16)->ArgName("NH")->UseManualTime()->Unit(benchmark::kMillisecond);
+    ->Arg(12)
+    ->Arg(16)
+    ->ArgName("NH")
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_attention_cudnn, forward, false)
-    ->Arg(12)->Arg(16)->ArgName("NH")->UseManualTime()->Unit(benchmark::kMillisecond);
+    ->Arg(12)
+    ->Arg(16)
+    ->ArgName("NH")
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_attention_cudnn, backward, true)
-    ->Arg(12)->Arg(16)->ArgName("NH")->UseManualTime()->Unit(benchmark::kMillisecond);
+    ->Arg(12)
+    ->Arg(16)
+    ->ArgName("NH")
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace trident::bench

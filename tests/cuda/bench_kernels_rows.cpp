@@ -55,8 +55,8 @@ void BM_encoder_backward(benchmark::State& state) {
   // read dout and the token ids; read + write the distinct dwte rows and all of dwpe
   const double bytes = 4.0 * (double(kN) * kC + kN + 2.0 * distinct * kC + 2.0 * kT * kC);
   time_loop(state, bytes, stream, [&] {
-    cuda::encoder_backward_cuda(dwte.get(), dwpe.get(), scratch.get(), dout.get(), tokens.get(),
-                                kB, kT, kC, stream.s);
+    cuda::encoder_backward_cuda(dwte.get(), dwpe.get(), scratch.get(), dout.get(), tokens.get(), kB,
+                                kT, kC, stream.s);
   });
 }
 

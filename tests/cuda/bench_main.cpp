@@ -13,8 +13,9 @@ double measured_copy_bytes_per_s() {
     void *a = nullptr, *b = nullptr;
     TRIDENT_CUDA(cudaMalloc(&a, bytes));
     TRIDENT_CUDA(cudaMalloc(&b, bytes));
-    const double ms = time_ms([&] { TRIDENT_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, nullptr)); },
-                              nullptr, 10, 2);
+    const double ms = time_ms(
+        [&] { TRIDENT_CUDA(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, nullptr)); },
+        nullptr, 10, 2);
     cudaFree(a);
     cudaFree(b);
     return 2.0 * double(bytes) / (ms * 1e-3);
@@ -45,8 +46,7 @@ int main(int argc, char** argv) {
                "(fp32 accumulate, 8192³) {:.0f} TFLOP/s\n",
                trident::bench::measured_copy_bytes_per_s() / 1e9,
                trident::bench::measured_gemm_flops() / 1e12);
-  else
-    fmt::print("no CUDA device ({}): every benchmark skips\n", gpu.reason);
+  else fmt::print("no CUDA device ({}): every benchmark skips\n", gpu.reason);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   benchmark::RunSpecifiedBenchmarks();

@@ -57,24 +57,22 @@ void BM_linear(benchmark::State& state, int C, int OC, bool backward) {
   }
   const int N = 8 * 1024;
   BackendBuffer<float> inp(*gpu, size_t(N) * C), w(*gpu, size_t(OC) * C), bias(*gpu, OC),
-      out(*gpu, size_t(N) * OC), dinp(*gpu, size_t(N) * C), dw(*gpu, size_t(OC) * C),
-      db(*gpu, OC);
+      out(*gpu, size_t(N) * OC), dinp(*gpu, size_t(N) * C), dw(*gpu, size_t(OC) * C), db(*gpu, OC);
   for (auto* b : {&inp, &w, &bias, &out}) fill(*gpu, *b);
   cudaStream_t stream = static_cast<cudaStream_t>(cuda_compute_stream(*gpu));
   auto launch = [&] {
     if (backward)
-      gpu->matmul_backward(dinp.data(), dw.data(), db.data(), out.data(), inp.data(), w.data(),
-                           N, C, OC);
-    else
-      gpu->matmul_forward(out.data(), inp.data(), w.data(), bias.data(), N, C, OC);
+      gpu->matmul_backward(dinp.data(), dw.data(), db.data(), out.data(), inp.data(), w.data(), N,
+                           C, OC);
+    else gpu->matmul_forward(out.data(), inp.data(), w.data(), bias.data(), N, C, OC);
   };
   const double flops = (backward ? 4.0 : 2.0) * N * double(C) * OC;
   for (auto _ : state) report_flops(state, flops, time_ms(launch, stream, 10, 2));
 }
 
 // GPT-2 124M (C 768) and 350M (C 1024): qkv, attproj, fc, fcproj, LM head.
-#define TRIDENT_LINEAR(name, C, OC)                                                          \
-  BENCHMARK_CAPTURE(BM_linear, name##_fwd, C, OC, false)->UseManualTime()->Iterations(3);   \
+#define TRIDENT_LINEAR(name, C, OC)                                                       \
+  BENCHMARK_CAPTURE(BM_linear, name##_fwd, C, OC, false)->UseManualTime()->Iterations(3); \
   BENCHMARK_CAPTURE(BM_linear, name##_bwd, C, OC, true)->UseManualTime()->Iterations(3)
 TRIDENT_LINEAR(c768_qkv, 768, 2304);
 TRIDENT_LINEAR(c768_attproj, 768, 768);

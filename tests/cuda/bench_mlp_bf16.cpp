@@ -36,8 +36,8 @@ void BM_mlp_gelu(benchmark::State& state, int C, bool backward) {
                : testing::check_matmul_gelu_forward_bf16(*gpu, 256, C, 4 * C, true, 7);
   if (!validate(state, check)) return;
   const int N = kTokens, H = 4 * C;
-  BackendBuffer<bfloat16> x(*gpu, size_t(N) * C), w(*gpu, size_t(H) * C),
-      pre(*gpu, size_t(N) * H), out(*gpu, size_t(N) * H), tmp(*gpu, size_t(N) * H);
+  BackendBuffer<bfloat16> x(*gpu, size_t(N) * C), w(*gpu, size_t(H) * C), pre(*gpu, size_t(N) * H),
+      out(*gpu, size_t(N) * H), tmp(*gpu, size_t(N) * H);
   BackendBuffer<float> bias(*gpu, H);
   for (auto* b : {&x, &w, &pre}) fill(*gpu, *b);
   cudaStream_t stream = static_cast<cudaStream_t>(cuda_compute_stream(*gpu));
@@ -45,19 +45,18 @@ void BM_mlp_gelu(benchmark::State& state, int C, bool backward) {
   // as w [C,H] (the same bytes), into the GELU's input gradient [N,H].
   auto fused = [&] {
     if (backward)
-      gpu->matmul_dgelu_backward_bf16(out.data(), bias.data(), x.data(), w.data(), pre.data(),
-                                      N, H, C);
+      gpu->matmul_dgelu_backward_bf16(out.data(), bias.data(), x.data(), w.data(), pre.data(), N, H,
+                                      C);
     else
-      gpu->matmul_gelu_forward_bf16(out.data(), pre.data(), x.data(), w.data(), bias.data(), N,
-                                    C, H);
+      gpu->matmul_gelu_forward_bf16(out.data(), pre.data(), x.data(), w.data(), bias.data(), N, C,
+                                    H);
   };
   auto unfused = [&] {
     if (backward) {
-      gpu->matmul_backward_bf16(tmp.data(), nullptr, nullptr, x.data(), nullptr, w.data(), N, H,
-                                C);
+      gpu->matmul_backward_bf16(tmp.data(), nullptr, nullptr, x.data(), nullptr, w.data(), N, H, C);
       gpu->gelu_backward_bf16(out.data(), pre.data(), tmp.data(), size_t(N) * H);
-      gpu->matmul_backward_bf16(nullptr, nullptr, bias.data(), out.data(), nullptr, nullptr, N,
-                                C, H);
+      gpu->matmul_backward_bf16(nullptr, nullptr, bias.data(), out.data(), nullptr, nullptr, N, C,
+                                H);
     } else {
       gpu->matmul_forward_bf16(pre.data(), x.data(), w.data(), bias.data(), N, C, H);
       gpu->gelu_forward_bf16(out.data(), pre.data(), size_t(N) * H);
@@ -79,8 +78,8 @@ void BM_mlp_gelu(benchmark::State& state, int C, bool backward) {
 }
 
 // GPT-2 124M (C 768), 350M (C 1024) and 1.5B (C 1600).
-#define TRIDENT_MLP(C)                                                                     \
-  BENCHMARK_CAPTURE(BM_mlp_gelu, c##C##_fwd, C, false)->UseManualTime()->Iterations(5);   \
+#define TRIDENT_MLP(C)                                                                  \
+  BENCHMARK_CAPTURE(BM_mlp_gelu, c##C##_fwd, C, false)->UseManualTime()->Iterations(5); \
   BENCHMARK_CAPTURE(BM_mlp_gelu, c##C##_bwd, C, true)->UseManualTime()->Iterations(5)
 TRIDENT_MLP(768);
 TRIDENT_MLP(1024);

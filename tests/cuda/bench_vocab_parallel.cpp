@@ -34,8 +34,8 @@ void BM_vocab_parallel(benchmark::State& state, Op op) {
   if (!require_gpu(state) || !validate_all(state)) return;
   std::mt19937 rng(5);
   DeviceBuffer<int32_t> tokens(testing::tokens(kN, 2 * kVl, rng));
-  DeviceBuffer<float> rows(kN * kC), wte(size_t(kVl) * kC), wpe(size_t(kT) * kC),
-      logits(kN * kVl), stats(2 * kN * 3), losses(kN);
+  DeviceBuffer<float> rows(kN * kC), wte(size_t(kVl) * kC), wpe(size_t(kT) * kC), logits(kN * kVl),
+      stats(2 * kN * 3), losses(kN);
   for (auto* b : {&rows, &wte, &wpe, &logits, &stats}) b->zero();
   DeviceBuffer<unsigned char> scratch(cuda::embedding_backward_scratch_bytes(kN, kVl));
   cudaStream_t s = nullptr;
@@ -44,30 +44,47 @@ void BM_vocab_parallel(benchmark::State& state, Op op) {
   switch (op) {
     case Op::kEmbeddingForward:  // read tokens, the rows of this slice (~half), wpe; write N rows
       bytes = 4.0 * (kN + 1.5 * kN * kC + double(kT) * kC);
-      launch = [&] { cuda::embedding_slice_forward_cuda(rows.get(), tokens.get(), wte.get(), wpe.get(), 0, kVl, kB, kT, kC, s); };
+      launch = [&] {
+        cuda::embedding_slice_forward_cuda(rows.get(), tokens.get(), wte.get(), wpe.get(), 0, kVl,
+                                           kB, kT, kC, s);
+      };
       break;
     case Op::kEmbeddingBackward:  // read dout twice (wte rows and wpe) + tokens; write both grads
       bytes = 4.0 * (2.0 * kN * kC + kN + double(kVl) * kC + 2.0 * kT * kC);
-      launch = [&] { cuda::embedding_slice_backward_cuda(wte.get(), wpe.get(), scratch.get(), rows.get(), tokens.get(), 0, kVl, kB, kT, kC, s); };
+      launch = [&] {
+        cuda::embedding_slice_backward_cuda(wte.get(), wpe.get(), scratch.get(), rows.get(),
+                                            tokens.get(), 0, kVl, kB, kT, kC, s);
+      };
       break;
     case Op::kStats:  // read the logits; write 3 floats per row
       bytes = 4.0 * (double(kN) * kVl + 3.0 * kN);
-      launch = [&] { cuda::crossentropy_slice_stats_cuda(stats.get(), logits.get(), tokens.get(), 0, kVl, kN, kVl, s); };
+      launch = [&] {
+        cuda::crossentropy_slice_stats_cuda(stats.get(), logits.get(), tokens.get(), 0, kVl, kN,
+                                            kVl, s);
+      };
       break;
     case Op::kCombine:  // read and write the logits
       bytes = 4.0 * 2.0 * kN * kVl;
-      launch = [&] { cuda::crossentropy_slice_combine_cuda(losses.get(), logits.get(), stats.get(), 2, kVl, kN, kVl, s); };
+      launch = [&] {
+        cuda::crossentropy_slice_combine_cuda(losses.get(), logits.get(), stats.get(), 2, kVl, kN,
+                                              kVl, s);
+      };
       break;
     case Op::kLossBackward:  // read and write the probabilities
       bytes = 4.0 * 2.0 * kN * kVl;
-      launch = [&] { cuda::crossentropy_slice_backward_cuda(logits.get(), tokens.get(), 0.5f, 0, kN, kVl, s); };
+      launch = [&] {
+        cuda::crossentropy_slice_backward_cuda(logits.get(), tokens.get(), 0.5f, 0, kN, kVl, s);
+      };
       break;
   }
   for (auto _ : state) report_bandwidth(state, bytes, time_ms(launch, s));
 }
 
-#define TRIDENT_VP_BENCH(name, op) \
-  BENCHMARK_CAPTURE(BM_vocab_parallel, name, op)->UseManualTime()->Iterations(3)->Unit(benchmark::kMillisecond)
+#define TRIDENT_VP_BENCH(name, op)               \
+  BENCHMARK_CAPTURE(BM_vocab_parallel, name, op) \
+      ->UseManualTime()                          \
+      ->Iterations(3)                            \
+      ->Unit(benchmark::kMillisecond)
 TRIDENT_VP_BENCH(embedding_slice_forward, Op::kEmbeddingForward);
 TRIDENT_VP_BENCH(embedding_slice_backward, Op::kEmbeddingBackward);
 TRIDENT_VP_BENCH(crossentropy_slice_stats, Op::kStats);

@@ -31,24 +31,24 @@ inline bool gpu_required() {
 }  // namespace trident::testing
 
 // Skips the current test with `reason` (a std::string), or fails it when gpu_required().
-#define TRIDENT_GPU_SKIP(reason)                                                  \
-  do {                                                                            \
-    const std::string trident_skip_why_ = (reason);                               \
-    if (::trident::testing::gpu_required())                                       \
-      GTEST_FAIL() << "TRIDENT_REQUIRE_GPU is set, so this skip is a failure: "   \
-                   << trident_skip_why_;                                          \
-    GTEST_SKIP() << trident_skip_why_;                                            \
+#define TRIDENT_GPU_SKIP(reason)                                                \
+  do {                                                                          \
+    const std::string trident_skip_why_ = (reason);                             \
+    if (::trident::testing::gpu_required())                                     \
+      GTEST_FAIL() << "TRIDENT_REQUIRE_GPU is set, so this skip is a failure: " \
+                   << trident_skip_why_;                                        \
+    GTEST_SKIP() << trident_skip_why_;                                          \
   } while (0)
 
 // Fails when the GPU is there but CUDA does not work; skips (TRIDENT_GPU_SKIP) when the
 // machine has none.
-#define TRIDENT_REQUIRE_GPU()                                                     \
-  do {                                                                            \
-    const auto& trident_gpu_ = ::trident::cuda_device_status();                  \
-    if (trident_gpu_.state == ::trident::CudaDeviceState::kBroken)                \
-      GTEST_FAIL() << trident_gpu_.reason;                                        \
-    if (trident_gpu_.state == ::trident::CudaDeviceState::kAbsent)                \
-      TRIDENT_GPU_SKIP(trident_gpu_.reason);                                      \
+#define TRIDENT_REQUIRE_GPU()                                      \
+  do {                                                             \
+    const auto& trident_gpu_ = ::trident::cuda_device_status();    \
+    if (trident_gpu_.state == ::trident::CudaDeviceState::kBroken) \
+      GTEST_FAIL() << trident_gpu_.reason;                         \
+    if (trident_gpu_.state == ::trident::CudaDeviceState::kAbsent) \
+      TRIDENT_GPU_SKIP(trident_gpu_.reason);                       \
   } while (0)
 
 namespace trident::testing {

@@ -132,8 +132,7 @@ inline Errors check_gelu_forward_bf16(Backend& gpu, size_t n, size_t offset, uin
   BackendBuffer<bfloat16> d_inp = upload(gpu, inp, offset);
   BackendBuffer<bfloat16> d_out = poisoned<bfloat16>(gpu, n, offset);
   gpu.gelu_forward_bf16(d_out.data() + offset, d_inp.data() + offset, n);
-  return {{"out_ulps", bf16_ulp_err(download(gpu, d_out.data() + offset, n), want, kFp32Tol),
-           1.0}};
+  return {{"out_ulps", bf16_ulp_err(download(gpu, d_out.data() + offset, n), want, kFp32Tol), 1.0}};
 }
 
 inline Errors check_gelu_backward_bf16(Backend& gpu, size_t n, size_t offset, uint32_t seed) {
@@ -143,10 +142,9 @@ inline Errors check_gelu_backward_bf16(Backend& gpu, size_t n, size_t offset, ui
   cpu_twin()->gelu_backward_bf16(want.data(), inp.data(), dout.data(), n);
   BackendBuffer<bfloat16> d_inp = upload(gpu, inp, offset), d_dout = upload(gpu, dout, offset);
   BackendBuffer<bfloat16> d_dinp = poisoned<bfloat16>(gpu, n, offset);
-  gpu.gelu_backward_bf16(d_dinp.data() + offset, d_inp.data() + offset, d_dout.data() + offset,
-                         n);
-  return {{"dinp_ulps", bf16_ulp_err(download(gpu, d_dinp.data() + offset, n), want, kFp32Tol),
-           1.0}};
+  gpu.gelu_backward_bf16(d_dinp.data() + offset, d_inp.data() + offset, d_dout.data() + offset, n);
+  return {
+      {"dinp_ulps", bf16_ulp_err(download(gpu, d_dinp.data() + offset, n), want, kFp32Tol), 1.0}};
 }
 
 // Inputs with a mean offset from 0 (as the fp32 check), so a one-pass variance would show.
@@ -182,8 +180,8 @@ inline Errors check_layernorm_backward_add_bf16(Backend& gpu, int N, int C, bool
                      db = random_floats(C, rng);
   std::vector<float> mean(N), rstd(N), ln_out(n);
   const std::unique_ptr<Backend> cpu = cpu_twin();
-  cpu->layernorm_forward(ln_out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(),
-                         N, C);
+  cpu->layernorm_forward(ln_out.data(), mean.data(), rstd.data(), inp.data(), w.data(), b.data(), N,
+                         C);
   BackendBuffer<float> d_dres = upload(gpu, dres), d_dw = upload(gpu, dw), d_db = upload(gpu, db),
                        d_inp = upload(gpu, inp), d_w = upload(gpu, w), d_mean = upload(gpu, mean),
                        d_rstd = upload(gpu, rstd);
@@ -192,9 +190,9 @@ inline Errors check_layernorm_backward_add_bf16(Backend& gpu, int N, int C, bool
   cpu->layernorm_backward_add_bf16(dres.data(), with_copy ? dres16.data() : nullptr, dw.data(),
                                    db.data(), dout.data(), inp.data(), w.data(), mean.data(),
                                    rstd.data(), N, C);
-  gpu.layernorm_backward_add_bf16(d_dres.data(), with_copy ? d_dres16.data() : nullptr,
-                                  d_dw.data(), d_db.data(), d_dout.data(), d_inp.data(),
-                                  d_w.data(), d_mean.data(), d_rstd.data(), N, C);
+  gpu.layernorm_backward_add_bf16(d_dres.data(), with_copy ? d_dres16.data() : nullptr, d_dw.data(),
+                                  d_db.data(), d_dout.data(), d_inp.data(), d_w.data(),
+                                  d_mean.data(), d_rstd.data(), N, C);
   const std::vector<float> got_dres = download(gpu, d_dres.data(), n);
   Errors errors{{"dresidual", err_vs(got_dres, dres), kFp32Tol},
                 {"dw", err_vs(download(gpu, d_dw.data(), C), dw), kFp32Tol},
@@ -225,8 +223,9 @@ inline Errors check_matmul_forward_bf16(Backend& gpu, int N, int C, int OC, bool
   BackendBuffer<float> d_bias = upload(gpu, bias);
   gpu.matmul_forward_bf16(d_out.data(), d_inp.data(), d_w.data(),
                           with_bias ? d_bias.data() : nullptr, N, C, OC);
-  return {{"out_ulps", bf16_ulp_err(download(gpu, d_out.data(), out.size()), out, kGemmTol,
-                                    with_bias ? &bias : nullptr),
+  return {{"out_ulps",
+           bf16_ulp_err(download(gpu, d_out.data(), out.size()), out, kGemmTol,
+                        with_bias ? &bias : nullptr),
            1.0}};
 }
 
@@ -248,8 +247,8 @@ inline Errors check_matmul_forward_add_bf16(Backend& gpu, int N, int C, int OC, 
                               with_bias ? d_bias.data() : nullptr, N, C, OC);
   Errors errors{{"out", err_vs(download(gpu, dst, out.size()), out), kGemmTol}};
   if (!in_place)  // the residual is an input: unchanged
-    errors.push_back({"residual_unchanged", err_vs(download(gpu, d_res.data(), out.size()),
-                                                   residual), 0.0});
+    errors.push_back(
+        {"residual_unchanged", err_vs(download(gpu, d_res.data(), out.size()), residual), 0.0});
   return errors;
 }
 
@@ -269,21 +268,19 @@ inline Errors check_matmul_backward_bf16(Backend& gpu, int N, int C, int OC, Mat
   BackendBuffer<bfloat16> d_inp = upload(gpu, inp), d_w = upload(gpu, w),
                           d_dout = upload(gpu, dout), d_dinp = poisoned<bfloat16>(gpu, dinp.size());
   BackendBuffer<float> d_dw = upload(gpu, dw), d_dbias = upload(gpu, dbias);
-  cpu_twin()->matmul_backward_bf16(want_g.dinp ? dinp.data() : nullptr,
-                                   want_g.dw ? dw.data() : nullptr,
-                                   want_g.dbias ? dbias.data() : nullptr, dout.data(), inp.data(),
-                                   w.data(), N, C, OC);
-  gpu.matmul_backward_bf16(want_g.dinp ? d_dinp.data() : nullptr,
-                           want_g.dw ? d_dw.data() : nullptr,
+  cpu_twin()->matmul_backward_bf16(
+      want_g.dinp ? dinp.data() : nullptr, want_g.dw ? dw.data() : nullptr,
+      want_g.dbias ? dbias.data() : nullptr, dout.data(), inp.data(), w.data(), N, C, OC);
+  gpu.matmul_backward_bf16(want_g.dinp ? d_dinp.data() : nullptr, want_g.dw ? d_dw.data() : nullptr,
                            want_g.dbias ? d_dbias.data() : nullptr, d_dout.data(), d_inp.data(),
                            d_w.data(), N, C, OC);
   // A skipped gradient stays as it started (dw, dbias: the start values, which the CPU kept).
   Errors errors{{"dw", err_vs(download(gpu, d_dw.data(), dw.size()), dw), kGemmTol},
                 {"dbias", err_vs(download(gpu, d_dbias.data(), OC), dbias), kFp32Tol}};
   if (want_g.dinp)
-    errors.push_back(
-        {"dinp_ulps", bf16_ulp_err(download(gpu, d_dinp.data(), dinp.size()), dinp, kGemmTol),
-         1.0});
+    errors.push_back({"dinp_ulps",
+                      bf16_ulp_err(download(gpu, d_dinp.data(), dinp.size()), dinp, kGemmTol),
+                      1.0});
   return errors;
 }
 
@@ -310,14 +307,13 @@ inline Errors check_matmul_gelu_forward_bf16(Backend& gpu, int N, int C, int OC,
   gpu.matmul_gelu_forward_bf16(d_out.data(), d_pre.data(), d_inp.data(), d_w.data(),
                                with_bias ? d_bias.data() : nullptr, N, C, OC);
   const std::vector<float>* b = with_bias ? &bias : nullptr;
-  return {{"pre_ulps", bf16_ulp_err(download(gpu, d_pre.data(), pre.size()), pre, kGemmTol, b),
-           1.0},
-          {"out_ulps", bf16_ulp_err(download(gpu, d_out.data(), out.size()), out, kGemmTol, b),
-           2.0}};
+  return {
+      {"pre_ulps", bf16_ulp_err(download(gpu, d_pre.data(), pre.size()), pre, kGemmTol, b), 1.0},
+      {"out_ulps", bf16_ulp_err(download(gpu, d_out.data(), out.size()), out, kGemmTol, b), 2.0}};
 }
 
-inline Errors check_matmul_dgelu_backward_bf16(Backend& gpu, int N, int C, int OC,
-                                               bool with_dbias, uint32_t seed) {
+inline Errors check_matmul_dgelu_backward_bf16(Backend& gpu, int N, int C, int OC, bool with_dbias,
+                                               uint32_t seed) {
   std::mt19937 rng(seed);
   const std::vector<bfloat16> dout = random_bf16(size_t(N) * OC, rng),
                               w = random_bf16(size_t(OC) * C, rng, -0.1, 0.1),
@@ -331,9 +327,9 @@ inline Errors check_matmul_dgelu_backward_bf16(Backend& gpu, int N, int C, int O
                                          dout.data(), w.data(), pre.data(), N, C, OC);
   gpu.matmul_dgelu_backward_bf16(d_dpre.data(), with_dbias ? d_dbias.data() : nullptr,
                                  d_dout.data(), d_w.data(), d_pre.data(), N, C, OC);
-  return {{"dpre_ulps", bf16_ulp_err(download(gpu, d_dpre.data(), dpre.size()), dpre, kGemmTol),
-           2.0},
-          {"dbias", err_vs(download(gpu, d_dbias.data(), dbias.size()), dbias), kBf16Tol}};
+  return {
+      {"dpre_ulps", bf16_ulp_err(download(gpu, d_dpre.data(), dpre.size()), dpre, kGemmTol), 2.0},
+      {"dbias", err_vs(download(gpu, d_dbias.data(), dbias.size()), dbias), kBf16Tol}};
 }
 
 // Forward then backward on each side with its own saved state (the CPU saves probabilities, the

@@ -86,14 +86,14 @@ inline Errors check_adamw(size_t n, size_t offset, bool with_bf16, uint32_t seed
   OffsetBuffer<cuda::bf16> d_p16(n, offset);
   const float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, wd = 0.1f;
   const int t = 3;
-  const float grad_scale = 0.37f;  // clipping folded in
+  const float grad_scale = 0.37f;   // clipping folded in
   std::vector<bfloat16> want16(n);  // the twin of Backend::adamw_update_bf16 (CudaBackend's)
   if (with_bf16)
-    cpu_twin()->adamw_update_bf16(params.data(), want16.data(), m.data(), v.data(), grads.data(),
-                                  n, lr, beta1, beta2, eps, wd, t, grad_scale);
+    cpu_twin()->adamw_update_bf16(params.data(), want16.data(), m.data(), v.data(), grads.data(), n,
+                                  lr, beta1, beta2, eps, wd, t, grad_scale);
   else
-    cpu_twin()->adamw_update(params.data(), m.data(), v.data(), grads.data(), n, lr, beta1,
-                             beta2, eps, wd, t, grad_scale);
+    cpu_twin()->adamw_update(params.data(), m.data(), v.data(), grads.data(), n, lr, beta1, beta2,
+                             eps, wd, t, grad_scale);
   cuda::adamw_update_cuda(d_p.get(), d_m.get(), d_v.get(), d_g.get(), n, lr, beta1, beta2, eps, wd,
                           t, grad_scale, with_bf16 ? d_p16.get() : nullptr, nullptr);
   const std::vector<float> got = d_p.download();

@@ -39,8 +39,9 @@ inline std::vector<int32_t> encoder_tokens(size_t N, int vocab, bool skewed, std
   if (skewed) {
     std::uniform_real_distribution<double> u(0.0, 1.0);
     for (size_t i = 0; i < N; ++i)
-      tok[i] = i % 2 == 0 ? 198 % vocab
-                          : int32_t(std::min<double>(std::pow(double(vocab), u(rng)) - 1, vocab - 1));
+      tok[i] = i % 2 == 0
+                   ? 198 % vocab
+                   : int32_t(std::min<double>(std::pow(double(vocab), u(rng)) - 1, vocab - 1));
   }
   return tok;
 }
@@ -72,7 +73,8 @@ inline Errors check_encoder_backward(int B, int T, int C, int vocab, bool with_w
   const std::vector<float> dout = random_floats(N * C, rng);
   std::vector<float> dwte = random_floats(size_t(vocab) * C, rng);
   std::vector<float> dwpe = random_floats(size_t(T) * C, rng);
-  const EncoderGrads got = run_encoder_backward_cuda(dwte, dwpe, dout, tok, with_wte, with_wpe, B, T, C);
+  const EncoderGrads got =
+      run_encoder_backward_cuda(dwte, dwpe, dout, tok, with_wte, with_wpe, B, T, C);
   cpu_twin()->encoder_backward(with_wte ? dwte.data() : nullptr, with_wpe ? dwpe.data() : nullptr,
                                dout.data(), tok.data(), B, T, C);
   // A null gradient must stay untouched: compare it with its (unchanged) starting values.
@@ -205,8 +207,8 @@ inline Errors check_matmul(Backend& gpu, int N, int C, int OC, uint32_t seed = 1
   cpu->matmul_backward(dinp.data(), dw.data(), dbias.data(), dout.data(), inp.data(), w.data(), N,
                        C, OC);
   gpu.matmul_forward(d_out.get(), d_inp.get(), d_w.get(), d_bias.get(), N, C, OC);
-  gpu.matmul_backward(d_dinp.get(), d_dw.get(), d_dbias.get(), d_dout.get(), d_inp.get(),
-                      d_w.get(), N, C, OC);
+  gpu.matmul_backward(d_dinp.get(), d_dw.get(), d_dbias.get(), d_dout.get(), d_inp.get(), d_w.get(),
+                      N, C, OC);
   gpu.synchronize();
   return {{"out", err_vs(d_out.download(), out), kBf16Tol},
           {"dinp", err_vs(d_dinp.download(), dinp), kBf16Tol},

@@ -41,7 +41,8 @@ inline Errors check_embedding_slice_forward(int B, int T, int C, bool with_wpe, 
   DeviceBuffer<float> out(N * C), d_wte(wte), d_wpe(wpe);
   DeviceBuffer<int32_t> d_tok(tok);
   cuda::embedding_slice_forward_cuda(out.get(), d_tok.get(), d_wte.get(),
-                                     with_wpe ? d_wpe.get() : nullptr, kSliceV0, kSliceV1, B, T, C, nullptr);
+                                     with_wpe ? d_wpe.get() : nullptr, kSliceV0, kSliceV1, B, T, C,
+                                     nullptr);
   return {{"out", err_vs(out.download(), want), kFp32Tol}};
 }
 
@@ -50,27 +51,31 @@ struct EmbeddingSliceGrads {
 };
 
 // Runs the launcher from the given starting gradients (dwpe skipped when !with_wpe).
-inline EmbeddingSliceGrads run_embedding_slice_backward(const std::vector<float>& dwte, const std::vector<float>& dwpe,
-                                 const std::vector<float>& dout, const std::vector<int32_t>& tok,
-                                 bool with_wpe, int B, int T, int C) {
+inline EmbeddingSliceGrads run_embedding_slice_backward(const std::vector<float>& dwte,
+                                                        const std::vector<float>& dwpe,
+                                                        const std::vector<float>& dout,
+                                                        const std::vector<int32_t>& tok,
+                                                        bool with_wpe, int B, int T, int C) {
   DeviceBuffer<float> d_dwte(dwte), d_dwpe(dwpe), d_dout(dout);
   DeviceBuffer<int32_t> d_tok(tok);
   DeviceBuffer<unsigned char> scratch(
       cuda::embedding_backward_scratch_bytes(B * T, kSliceV1 - kSliceV0));
   cuda::embedding_slice_backward_cuda(d_dwte.get(), with_wpe ? d_dwpe.get() : nullptr,
-                                      scratch.get(), d_dout.get(), d_tok.get(), kSliceV0,
-                                      kSliceV1, B, T, C, nullptr);
+                                      scratch.get(), d_dout.get(), d_tok.get(), kSliceV0, kSliceV1,
+                                      B, T, C, nullptr);
   return {d_dwte.download(), d_dwpe.download()};
 }
 
-inline Errors check_embedding_slice_backward(int B, int T, int C, int lo, int hi, bool with_wpe, uint32_t seed) {
+inline Errors check_embedding_slice_backward(int B, int T, int C, int lo, int hi, bool with_wpe,
+                                             uint32_t seed) {
   std::mt19937 rng(seed);
   const size_t N = size_t(B) * T;
   const std::vector<int32_t> tok = tokens_in(N, lo, hi, rng);
   const std::vector<float> dout = random_floats(N * C, rng);
   std::vector<float> dwte = random_floats(size_t(kSliceV1 - kSliceV0) * C, rng);
   std::vector<float> dwpe = random_floats(size_t(T) * C, rng);
-  const EmbeddingSliceGrads got = run_embedding_slice_backward(dwte, dwpe, dout, tok, with_wpe, B, T, C);
+  const EmbeddingSliceGrads got =
+      run_embedding_slice_backward(dwte, dwpe, dout, tok, with_wpe, B, T, C);
   cpu_twin()->embedding_slice_backward(dwte.data(), with_wpe ? dwpe.data() : nullptr, dout.data(),
                                        tok.data(), kSliceV0, kSliceV1, B, T, C);
   // A null dwpe must stay untouched: compared with its unchanged starting values.
@@ -95,12 +100,12 @@ inline Errors check_crossentropy_slice_stats(int N, int Vl, int live, uint32_t s
   const std::vector<float> logits = random_floats(size_t(N) * Vl, rng, -4.0, 4.0);
   const std::vector<int32_t> targets = tokens_in(N, 0, 384, rng);
   std::vector<float> stats(3 * size_t(N));
-  cpu_twin()->crossentropy_slice_stats(stats.data(), logits.data(), targets.data(), kSliceV0, live, N,
-                                       Vl);
+  cpu_twin()->crossentropy_slice_stats(stats.data(), logits.data(), targets.data(), kSliceV0, live,
+                                       N, Vl);
   DeviceBuffer<float> d_stats(3 * size_t(N)), d_logits(logits);
   DeviceBuffer<int32_t> d_targets(targets);
-  cuda::crossentropy_slice_stats_cuda(d_stats.get(), d_logits.get(), d_targets.get(), kSliceV0, live,
-                                      N, Vl, nullptr);
+  cuda::crossentropy_slice_stats_cuda(d_stats.get(), d_logits.get(), d_targets.get(), kSliceV0,
+                                      live, N, Vl, nullptr);
   const SliceStats want(stats), got(d_stats.download());
   return {{"max (bitwise)", same_bits(got.max, want.max) ? 0.0 : 1.0, 0.0},
           {"sum", err_vs(got.sum, want.sum), kFp32Tol},

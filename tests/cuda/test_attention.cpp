@@ -93,8 +93,7 @@ FlashRun run_flash(const Reference& r, const AttnShape& s) {
   DeviceBuffer<float> qkv(r.qkv), dout(r.dout);
   DeviceBuffer<float> out(r.out.size()), lse(size_t(s.B) * s.NH * s.T), dqkv(r.qkv.size());
   DeviceBuffer<float> scratch(cuda::flash_attention_backward_scratch_floats(s.B, s.T, s.C, s.NH));
-  cuda::flash_attention_forward_cuda(out.get(), lse.get(), qkv.get(), s.B, s.T, s.C, s.NH,
-                                     nullptr);
+  cuda::flash_attention_forward_cuda(out.get(), lse.get(), qkv.get(), s.B, s.T, s.C, s.NH, nullptr);
   cuda::flash_attention_backward_cuda(dqkv.get(), scratch.get(), dout.get(), qkv.get(), out.get(),
                                       lse.get(), s.B, s.T, s.C, s.NH, nullptr);
   return {out.download(), lse.download(), dqkv.download()};

@@ -14,7 +14,7 @@
 namespace trident {
 
 void PrintTo(CudaDeviceState s, std::ostream* os) {
-  *os << (s == CudaDeviceState::kUsable ? "kUsable"
+  *os << (s == CudaDeviceState::kUsable   ? "kUsable"
           : s == CudaDeviceState::kAbsent ? "kAbsent"
                                           : "kBroken");
 }
@@ -62,7 +62,7 @@ TEST(CudaDeviceStatus, ADriverThatFindsNoDevice) {
   p.runtime_says_no_device = true;
   p.driver_loads = true;
   EXPECT_EQ(classify_cuda_device(p).state, CudaDeviceState::kAbsent);  // a CPU machine
-  p.device_nodes = {"/dev/nvidia0", "/dev/nvidia1"};  // but there are GPUs
+  p.device_nodes = {"/dev/nvidia0", "/dev/nvidia1"};                   // but there are GPUs
   const CudaDeviceStatus s = classify_cuda_device(p);
   EXPECT_EQ(s.state, CudaDeviceState::kBroken);
   EXPECT_TRUE(contains(s.reason, "/dev/nvidia0, /dev/nvidia1")) << s.reason;
@@ -92,8 +92,8 @@ TEST(CudaDeviceStatus, DevicesFoundAreUsable) {
 TEST(CudaDeviceStatus, ThisMachine) {
   const CudaDeviceStatus& s = cuda_device_status();
   std::cout << "this machine: "
-            << (s.state == CudaDeviceState::kUsable   ? "usable, " + std::to_string(s.devices) +
-                                                            " device(s)"
+            << (s.state == CudaDeviceState::kUsable
+                    ? "usable, " + std::to_string(s.devices) + " device(s)"
                 : s.state == CudaDeviceState::kAbsent ? "no GPU: " + s.reason
                                                       : "broken: " + s.reason)
             << "\n";

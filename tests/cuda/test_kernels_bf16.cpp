@@ -86,8 +86,7 @@ TEST(CudaBf16, MatmulForwardAddMatchesCpu) {
     for (bool bias : {true, false})
       for (bool in_place : {true, false})
         expect_within(check_matmul_forward_add_bf16(*gpu, N, C, OC, bias, in_place, 107),
-                      fmt::format("N={} C={} OC={} bias {} in place {}", N, C, OC, bias,
-                                  in_place));
+                      fmt::format("N={} C={} OC={} bias {} in place {}", N, C, OC, bias, in_place));
 }
 
 TEST(CudaBf16, MatmulBackwardMatchesCpu) {
@@ -100,8 +99,7 @@ TEST(CudaBf16, MatmulBackwardMatchesCpu) {
   for (const MatmulGrads g : {MatmulGrads{true, false, false}, MatmulGrads{false, true, false},
                               MatmulGrads{false, false, true}})
     expect_within(check_matmul_backward_bf16(*gpu, 256, 768, 2304, g, 109),
-                  fmt::format("N=256 C=768 OC=2304 dinp {} dw {} dbias {}", g.dinp, g.dw,
-                              g.dbias));
+                  fmt::format("N=256 C=768 OC=2304 dinp {} dw {} dbias {}", g.dinp, g.dw, g.dbias));
 }
 
 // The MLP's shapes (OC = 4C forward, C = 4C backward), a ragged one (cuBLASLt's aux wants a
@@ -192,11 +190,11 @@ TEST(CudaBf16Checks, AgreeWithThemselvesOnTheCpu) {
   all.push_back({"layernorm bwd", check_layernorm_backward_add_bf16(*cpu, 5, 13, true, 1)});
   all.push_back({"matmul fwd", check_matmul_forward_bf16(*cpu, 37, 13, 21, true, 1)});
   all.push_back({"matmul add", check_matmul_forward_add_bf16(*cpu, 37, 13, 21, true, false, 1)});
-  all.push_back({"matmul add in place",
-                 check_matmul_forward_add_bf16(*cpu, 37, 13, 21, false, true, 1)});
+  all.push_back(
+      {"matmul add in place", check_matmul_forward_add_bf16(*cpu, 37, 13, 21, false, true, 1)});
   all.push_back({"matmul bwd", check_matmul_backward_bf16(*cpu, 37, 13, 21, {}, 1)});
-  all.push_back({"matmul bwd dw", check_matmul_backward_bf16(*cpu, 37, 13, 21,
-                                                             {false, true, false}, 1)});
+  all.push_back(
+      {"matmul bwd dw", check_matmul_backward_bf16(*cpu, 37, 13, 21, {false, true, false}, 1)});
   all.push_back({"matmul gelu fwd", check_matmul_gelu_forward_bf16(*cpu, 37, 13, 21, true, 1)});
   all.push_back({"matmul dgelu bwd", check_matmul_dgelu_backward_bf16(*cpu, 37, 13, 21, true, 1)});
   std::string path;

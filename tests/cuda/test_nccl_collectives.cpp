@@ -59,11 +59,11 @@ std::vector<std::string> collective_mismatches(int ranks, size_t m,
   std::vector<RankInputs> in;
   for (int r = 0; r < ranks; ++r) in.push_back(rank_inputs(r, ranks, m));
   std::vector<std::string> bad;
-  auto compare = [&](int r, const char* op, const std::vector<float>& have, size_t i,
-                     double want, double tol) {
+  auto compare = [&](int r, const char* op, const std::vector<float>& have, size_t i, double want,
+                     double tol) {
     if (i >= have.size()) {
-      bad.push_back("rank " + std::to_string(r) + " " + op + ": " +
-                    std::to_string(have.size()) + " elements");
+      bad.push_back("rank " + std::to_string(r) + " " + op + ": " + std::to_string(have.size()) +
+                    " elements");
       return false;
     }
     if (std::abs(double(have[i]) - want) <= tol * (1.0 + std::abs(want))) return true;
@@ -154,8 +154,8 @@ TEST(CollectiveChecks, CatchANoOpCommunicator) {
   for (int ranks : {2, 4}) {
     SCOPED_TRACE(std::to_string(ranks) + " ranks");
     const auto bad = collective_mismatches(ranks, 1001, simulate_no_op(ranks, 1001));
-    for (const char* op : {"all_reduce sum", "reduce_scatter", "all_gather", "broadcast",
-                           "bf16 all_reduce sum"})
+    for (const char* op :
+         {"all_reduce sum", "reduce_scatter", "all_gather", "broadcast", "bf16 all_reduce sum"})
       EXPECT_TRUE(names(bad, op)) << op << " not caught:" << joined(bad);
   }
   // One rank: only the out-of-place operations can show a no-op (the call log covers the rest).
@@ -223,8 +223,8 @@ TEST(NcclCollectives, OneRankPerGpu) {
   TRIDENT_CUDA(cudaGetDeviceCount(&devices));
   const int ranks = std::min(devices, kMaxRanks);
   const size_t m = 262147;  // odd: every kernel's tail path
-  std::cout << "NCCL collectives over " << ranks << " rank(s), one per GPU ("
-            << devices << " GPU(s) here)\n";
+  std::cout << "NCCL collectives over " << ranks << " rank(s), one per GPU (" << devices
+            << " GPU(s) here)\n";
   ncclUniqueId plain_id, bf16_id;
   TRIDENT_NCCL(ncclGetUniqueId(&plain_id));
   TRIDENT_NCCL(ncclGetUniqueId(&bf16_id));

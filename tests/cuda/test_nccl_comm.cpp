@@ -90,8 +90,8 @@ bool log_nccl_call(const NcclCall& call, bool reduction) {
   std::lock_guard lock(s.mutex);
   if (!s.active) return false;
   s.calls.push_back(call);
-  const bool floating = call.type == ncclFloat32 || call.type == ncclFloat64 ||
-                        call.type == ncclBfloat16;
+  const bool floating =
+      call.type == ncclFloat32 || call.type == ncclFloat64 || call.type == ncclBfloat16;
   return reduction && s.double_sums && call.red_op == ncclSum && floating;
 }
 
@@ -100,7 +100,7 @@ ncclResult_t create_times_two(ncclRedOp_t* op, ncclDataType_t type, ncclComm_t c
   float f32 = 2.0f;
   double f64 = 2.0;
   uint16_t b16 = 0x4000;  // 2.0 in bf16
-  void* scalar = type == ncclFloat32 ? static_cast<void*>(&f32)
+  void* scalar = type == ncclFloat32   ? static_cast<void*>(&f32)
                  : type == ncclFloat64 ? static_cast<void*>(&f64)
                                        : static_cast<void*>(&b16);
   return pncclRedOpCreatePreMulSum(op, scalar, type, ncclScalarHostImmediate, comm);
@@ -143,13 +143,11 @@ extern "C" ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t r
   const ncclResult_t rc = trident::create_times_two(&times_two, type, comm);
   if (rc != ncclSuccess) return rc;
   return trident::destroy_after_enqueue(
-      times_two, comm,
-      pncclReduceScatter(send, recv, recv_count, type, times_two, comm, stream));
+      times_two, comm, pncclReduceScatter(send, recv, recv_count, type, times_two, comm, stream));
 }
 
 extern "C" ncclResult_t ncclAllGather(const void* send, void* recv, size_t send_count,
-                                      ncclDataType_t type, ncclComm_t comm,
-                                      cudaStream_t stream) {
+                                      ncclDataType_t type, ncclComm_t comm, cudaStream_t stream) {
   trident::log_nccl_call({"AllGather", send, recv, send_count, type, ncclSum, -1, stream}, false);
   return pncclAllGather(send, recv, send_count, type, comm, stream);
 }
@@ -164,8 +162,8 @@ extern "C" ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count
 namespace trident {
 namespace {
 
-using testing::DeviceBuffer;
 using testing::bf16_round;
+using testing::DeviceBuffer;
 
 // test_cuda's main does not initialise MPI; the test that needs it does so lazily (only on a
 // machine with a GPU), and this environment finalises it at the end.
@@ -178,8 +176,7 @@ class MpiFinalizer : public ::testing::Environment {
     if (initialized && !finalized) MPI_Finalize();
   }
 };
-[[maybe_unused]] auto* const kMpiFinalizer =
-    ::testing::AddGlobalTestEnvironment(new MpiFinalizer);
+[[maybe_unused]] auto* const kMpiFinalizer = ::testing::AddGlobalTestEnvironment(new MpiFinalizer);
 
 void ensure_mpi() {
   int initialized = 0;
@@ -226,8 +223,8 @@ std::vector<float> scaled(const std::vector<float>& x, float factor, bool throug
     return ::testing::AssertionFailure() << got.size() << " elements, want " << want.size();
   for (size_t i = 0; i < got.size(); ++i)
     if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0)
-      return ::testing::AssertionFailure() << "element " << i << " is " << got[i] << ", want "
-                                           << want[i];
+      return ::testing::AssertionFailure()
+             << "element " << i << " is " << got[i] << ", want " << want[i];
   return ::testing::AssertionSuccess();
 }
 
@@ -320,15 +317,15 @@ TEST(NcclComm, ReduceScatterAllGatherBroadcastOnOneRank) {
     NcclCallLog log(true);
     r.comm->reduce_scatter(send.get(), recv.get(), n).wait();
     EXPECT_TRUE(same_bits(recv.download(), doubled));
-    expect_one_call(log.calls(), "ReduceScatter", send.get(), recv.get(), n, ncclFloat32,
-                    ncclSum, r.comm->stream());
+    expect_one_call(log.calls(), "ReduceScatter", send.get(), recv.get(), n, ncclFloat32, ncclSum,
+                    r.comm->stream());
   }
   {
     NcclCallLog log(true);
     r.comm->all_gather(recv.get(), gathered.get(), n).wait();
     EXPECT_TRUE(same_bits(gathered.download(), doubled));
-    expect_one_call(log.calls(), "AllGather", recv.get(), gathered.get(), n, ncclFloat32,
-                    ncclSum, r.comm->stream());
+    expect_one_call(log.calls(), "AllGather", recv.get(), gathered.get(), n, ncclFloat32, ncclSum,
+                    r.comm->stream());
   }
   {
     NcclCallLog log(true);
@@ -366,15 +363,15 @@ TEST(NcclComm, OrdersWithTheComputeStream) {
   DeviceBuffer<float> x(n);
   x.zero();
   NcclCallLog log(true);
-  TRIDENT_CUDA(cudaMemcpyAsync(x.get(), pinned, n * sizeof(float), cudaMemcpyHostToDevice,
-                               r.compute));
+  TRIDENT_CUDA(
+      cudaMemcpyAsync(x.get(), pinned, n * sizeof(float), cudaMemcpyHostToDevice, r.compute));
   auto mark = r.comm->mark_compute_ready();
   ASSERT_NE(mark, nullptr);
   r.comm->order_after(mark.get());
   Work w = r.comm->all_reduce(x.get(), n);
   r.comm->compute_waits_for_comm();
-  TRIDENT_CUDA(cudaMemcpyAsync(pinned, x.get(), n * sizeof(float), cudaMemcpyDeviceToHost,
-                               r.compute));
+  TRIDENT_CUDA(
+      cudaMemcpyAsync(pinned, x.get(), n * sizeof(float), cudaMemcpyDeviceToHost, r.compute));
   TRIDENT_CUDA(cudaStreamSynchronize(r.compute));
   w.wait();
   std::vector<float> got(pinned, pinned + n);
@@ -410,8 +407,7 @@ TEST(NcclComm, GradReducerReducesEveryGradientOnce) {
     reducer.begin_step(true);
     // "Backward": each parameter's gradient is written on the compute stream, then marked.
     for (size_t i = 0; i < params.size(); ++i) {
-      TRIDENT_CUDA(cudaMemcpyAsync(grads.get() + params[i].offset,
-                                   host.data() + params[i].offset,
+      TRIDENT_CUDA(cudaMemcpyAsync(grads.get() + params[i].offset, host.data() + params[i].offset,
                                    params[i].count * sizeof(float), cudaMemcpyHostToDevice,
                                    r.compute));
       reducer.grad_ready(static_cast<int>(i));

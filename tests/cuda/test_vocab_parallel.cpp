@@ -38,9 +38,9 @@ TEST(KernelVocabSlice, EmbeddingBackwardMatchesCpu) {
                                                              {2, 5, 37, 0, 384},
                                                              {32, 1024, 768, 0, 384}})
     for (bool with_wpe : {true, false})
-      expect_within(check_embedding_slice_backward(B, T, C, lo, hi, with_wpe, 52),
-                    fmt::format("B={} T={} C={} tokens [{}, {}) wpe={}", B, T, C, lo, hi,
-                                with_wpe));
+      expect_within(
+          check_embedding_slice_backward(B, T, C, lo, hi, with_wpe, 52),
+          fmt::format("B={} T={} C={} tokens [{}, {}) wpe={}", B, T, C, lo, hi, with_wpe));
 }
 
 // Same inputs, two runs: bitwise the same gradients (no atomics).
@@ -52,8 +52,10 @@ TEST(KernelVocabSlice, EmbeddingBackwardIsDeterministic) {
   const std::vector<float> dout = random_floats(size_t(B) * T * C, rng);
   const std::vector<float> dwte = random_floats(size_t(kSliceV1 - kSliceV0) * C, rng);
   const std::vector<float> dwpe = random_floats(size_t(T) * C, rng);
-  const EmbeddingSliceGrads first = run_embedding_slice_backward(dwte, dwpe, dout, tok, true, B, T, C);
-  const EmbeddingSliceGrads second = run_embedding_slice_backward(dwte, dwpe, dout, tok, true, B, T, C);
+  const EmbeddingSliceGrads first =
+      run_embedding_slice_backward(dwte, dwpe, dout, tok, true, B, T, C);
+  const EmbeddingSliceGrads second =
+      run_embedding_slice_backward(dwte, dwpe, dout, tok, true, B, T, C);
   EXPECT_TRUE(same_bits(first.dwte, second.dwte));
   EXPECT_TRUE(same_bits(first.dwpe, second.dwpe));
 }
@@ -61,10 +63,10 @@ TEST(KernelVocabSlice, EmbeddingBackwardIsDeterministic) {
 TEST(KernelVocabSlice, CrossentropyStatsMatchesCpu) {
   TRIDENT_REQUIRE_GPU();
   // live = 0: a rank holding only padding (max -inf, sum 0, target 0).
-  for (auto [N, Vl, live] :
-       std::initializer_list<std::tuple<int, int, int>>{{37, 384, 250}, {37, 384, 0},
-                                                        {37, 384, 384}, {3, 25152, 25000}})
-    expect_within(check_crossentropy_slice_stats(N, Vl, live, 54), fmt::format("N={} Vl={} live={}", N, Vl, live));
+  for (auto [N, Vl, live] : std::initializer_list<std::tuple<int, int, int>>{
+           {37, 384, 250}, {37, 384, 0}, {37, 384, 384}, {3, 25152, 25000}})
+    expect_within(check_crossentropy_slice_stats(N, Vl, live, 54),
+                  fmt::format("N={} Vl={} live={}", N, Vl, live));
 }
 
 TEST(KernelVocabSlice, CrossentropyCombineMatchesCpu) {
@@ -78,7 +80,8 @@ TEST(KernelVocabSlice, CrossentropyCombineMatchesCpu) {
 TEST(KernelVocabSlice, CrossentropyBackwardMatchesCpu) {
   TRIDENT_REQUIRE_GPU();
   for (int live : {250, 0, 384})
-    expect_within(check_crossentropy_slice_backward(37, 384, live, 56), fmt::format("live={}", live));
+    expect_within(check_crossentropy_slice_backward(37, 384, live, 56),
+                  fmt::format("live={}", live));
 }
 
 }  // namespace

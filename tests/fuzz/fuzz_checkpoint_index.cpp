@@ -46,8 +46,8 @@ const Dirs& dirs() {
   static const Dirs d = [] {
     const char* tmp = std::getenv("TMPDIR");
     Dirs d;
-    d.root = fs::path(tmp && *tmp ? tmp : "/tmp") /
-             ("trident-fuzz-ckpt-" + std::to_string(getpid()));
+    d.root =
+        fs::path(tmp && *tmp ? tmp : "/tmp") / ("trident-fuzz-ckpt-" + std::to_string(getpid()));
     fs::remove_all(d.root);
     for (size_t i = 0; i < a_values.size(); ++i) a_values[i] = 0.5f * float(i);
     for (size_t i = 0; i < b_values.size(); ++i) b_values[i] = -1.0f - float(i);
@@ -99,7 +99,10 @@ bool apply_edits(fuzz::Bytes& in, const fs::path& ckpt) {
       const char* name = kIntAttrs[in.take_int<int>(0, 6)];
       try {
         switch (op) {
-          case 0: delete_attr(f, name); ckpt::write_attr(f, name, in.take<int64_t>()); break;
+          case 0:
+            delete_attr(f, name);
+            ckpt::write_attr(f, name, in.take<int64_t>());
+            break;
           case 1: {
             std::vector<int64_t> v(in.take_int<int>(1, 3));  // HDF5 writes no empty attribute
             for (auto& x : v) x = in.take<int64_t>();
@@ -107,7 +110,10 @@ bool apply_edits(fuzz::Bytes& in, const fs::path& ckpt) {
             ckpt::write_attr(f, name, v);
             break;
           }
-          case 2: delete_attr(f, name); ckpt::write_attr(f, name, in.take_string(16)); break;
+          case 2:
+            delete_attr(f, name);
+            ckpt::write_attr(f, name, in.take_string(16));
+            break;
           case 3: {
             const char* s = kStringAttrs[in.take_int<int>(0, 1)];
             delete_attr(f, s);
@@ -191,10 +197,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::accepts([&] { (void)read_checkpoint_meta(ckpt); });
   fuzz::accepts([&] { (void)describe_checkpoint(ckpt); });
   std::vector<float> a(a_values.size(), 9.0f), b(b_values.size(), 9.0f);
-  const bool loaded = fuzz::accepts(
-      [&] { load_checkpoint(ckpt, tensors(a.data(), b.data()), MPI_COMM_SELF); });
-  if (loaded && data_changed)
-    fuzz::finding("a checkpoint whose data bytes changed loaded", ckpt);
+  const bool loaded =
+      fuzz::accepts([&] { load_checkpoint(ckpt, tensors(a.data(), b.data()), MPI_COMM_SELF); });
+  if (loaded && data_changed) fuzz::finding("a checkpoint whose data bytes changed loaded", ckpt);
   if (loaded && (a != a_values || b != b_values))
     fuzz::finding("a checkpoint loaded other values than were saved", ckpt);
   return 0;

@@ -11,8 +11,7 @@
 namespace trident::fuzz {
 
 // `shuffle` and `seed` vary the sample order with the input.
-inline void check_reads_back(const TokenDataset& ds, int vocab, bool shuffle,
-                             uint64_t seed) {
+inline void check_reads_back(const TokenDataset& ds, int vocab, bool shuffle, uint64_t seed) {
   std::vector<int32_t> tokens(ds.n_tokens());
   ds.read(0, tokens.size(), tokens.data());
   for (int32_t t : tokens)

@@ -28,8 +28,8 @@ namespace trident::fuzz {
 inline const std::string& input_file(const char* suffix) {
   static const std::string path = [&] {
     const char* dir = std::getenv("TMPDIR");
-    return std::string(dir && *dir ? dir : "/tmp") + "/trident-fuzz-" +
-           std::to_string(::getpid()) + suffix;
+    return std::string(dir && *dir ? dir : "/tmp") + "/trident-fuzz-" + std::to_string(::getpid()) +
+           suffix;
   }();
   return path;
 }

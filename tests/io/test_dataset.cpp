@@ -36,7 +36,8 @@ std::vector<unsigned char> slurp(const std::string& path) {
 
 void spit(const std::string& path, const std::vector<unsigned char>& bytes) {
   std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
 }
 
 template <typename T>
@@ -204,15 +205,18 @@ TEST_F(DatasetTest, TokenAtLeastVocab) {
   tokens[1500] = 400;
   trident::write_token_file(file("x.bin"), tokens, 512, 2);
   expect_bad_input([&] { TokenDataset::open(file("x.bin"), 256, "data.train"); },
-                   {"data.train: " + file("x.bin") + ": token 300 at position 1234 is >= "
-                    "model.vocab 256", "header says vocab_size 512"});
+                   {"data.train: " + file("x.bin") +
+                        ": token 300 at position 1234 is >= "
+                        "model.vocab 256",
+                    "header says vocab_size 512"});
   // The same file opens for a model whose vocabulary covers it.
   EXPECT_EQ(TokenDataset::open(file("x.bin"), 512, "data.train")->token(1500), 400);
 
   std::vector<uint16_t> raw = {1, 2, 50257, 3};
   spit(file("s.bin"), llmc_shard(raw));
-  expect_bad_input([&] { TokenDataset::open(file("s.bin"), 50257, "data.valid"); },
-                   {"data.valid", file("s.bin"), "token 50257 at position 2 is >= model.vocab 50257"});
+  expect_bad_input(
+      [&] { TokenDataset::open(file("s.bin"), 50257, "data.valid"); },
+      {"data.valid", file("s.bin"), "token 50257 at position 2 is >= model.vocab 50257"});
 }
 
 TEST_F(DatasetTest, TokenAtLeastHeaderVocab) {
@@ -231,17 +235,23 @@ TEST_F(DatasetTest, TooShort) {
 
   trident::write_token_file(file("short.bin"), iota_tokens(64, 256), 256, 0);
   auto d = TokenDataset::open(file("short.bin"), 256, "data.train");
-  expect_bad_input([&] { SampleOrder(*d, 64, false, 1); },
-                   {file("short.bin"), "64 tokens are too few for one sample of model.seq_len 64",
-                    "needs 65"});
+  expect_bad_input(
+      [&] { SampleOrder(*d, 64, false, 1); },
+      {file("short.bin"), "64 tokens are too few for one sample of model.seq_len 64", "needs 65"});
   EXPECT_EQ(SampleOrder(*d, 63, false, 1).num_samples(), 1u);
 }
 
 TEST_F(DatasetTest, WriteRejectsBadTokens) {
-  expect_bad_input([&] { trident::write_token_file(file("w.bin"), {1, 256}, 256, 0); },
-                   {file("w.bin"), "token 256 at position 1"});
-  expect_bad_input([&] { trident::write_token_file(file("w.bin"), {1, -1}, 256, 0); },
-                   {"token -1"});
+  expect_bad_input(
+      [&] {
+        trident::write_token_file(file("w.bin"), {1, 256}, 256, 0);
+      },
+      {file("w.bin"), "token 256 at position 1"});
+  expect_bad_input(
+      [&] {
+        trident::write_token_file(file("w.bin"), {1, -1}, 256, 0);
+      },
+      {"token -1"});
   EXPECT_FALSE(fs::exists(file("w.bin")));
 }
 

@@ -76,8 +76,8 @@ std::string parse_error(const std::string& yaml, const std::vector<std::string>&
 
 ::testing::AssertionResult StartsWith(const std::string& text, const std::string& prefix) {
   if (text.starts_with(prefix)) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "\"" << text << "\" does not start with \"" << prefix
-                                       << "\"";
+  return ::testing::AssertionFailure()
+         << "\"" << text << "\" does not start with \"" << prefix << "\"";
 }
 
 TEST_F(DeckTest, DefaultsComeFromTheStructInitializers) {
@@ -96,23 +96,22 @@ TEST_F(DeckTest, DefaultsComeFromTheStructInitializers) {
 }
 
 TEST_F(DeckTest, ReadsEveryTypeFromNestedMaps) {
-  Deck d = parse_deck(
-      "model: {layers: 6, d_model: 96, heads: 3}\n"
-      "train:\n"
-      "  lr: 3e-4\n"
-      "  lr_schedule: constant\n"
-      "  seed: 18446744073709551615\n"
-      "  steps: +7\n"
-      "data:\n"
-      "  train: /abs/train.bin\n"
-      "  shuffle: yes\n"
-      "comm:\n"
-      "  overlap: false\n"
-      "  bucket_mb: 2\n"
-      "log:\n"
-      "  jsonl: 'my metrics.jsonl'\n"
-      "run:\n",  // a section with every key commented out
-      dir_.string());
+  Deck d = parse_deck("model: {layers: 6, d_model: 96, heads: 3}\n"
+                      "train:\n"
+                      "  lr: 3e-4\n"
+                      "  lr_schedule: constant\n"
+                      "  seed: 18446744073709551615\n"
+                      "  steps: +7\n"
+                      "data:\n"
+                      "  train: /abs/train.bin\n"
+                      "  shuffle: yes\n"
+                      "comm:\n"
+                      "  overlap: false\n"
+                      "  bucket_mb: 2\n"
+                      "log:\n"
+                      "  jsonl: 'my metrics.jsonl'\n"
+                      "run:\n",  // a section with every key commented out
+                      dir_.string());
   EXPECT_EQ(d.model.layers, 6);
   EXPECT_EQ(d.model.d_model, 96);
   EXPECT_EQ(d.model.heads, 3);
@@ -140,8 +139,8 @@ TEST_F(DeckTest, OverridesApplyAfterTheFileInOrder) {
 }
 
 TEST_F(DeckTest, AnOverrideCanRepairAnOutOfRangeFileValue) {
-  Deck d = parse_deck(std::string(kMinimal) + "train:\n  lr: -1\n", dir_.string(),
-                      {"train.lr=0.1"});
+  Deck d =
+      parse_deck(std::string(kMinimal) + "train:\n  lr: -1\n", dir_.string(), {"train.lr=0.1"});
   EXPECT_EQ(d.train.lr, 0.1);
 }
 
@@ -190,21 +189,21 @@ TEST_F(DeckTest, WrongTypeNamesTheKeyAndWhatWasFound) {
   EXPECT_TRUE(StartsWith(msg, "(deck text):4:10: train.steps: expected an integer, got \"ten\""));
   EXPECT_TRUE(Contains(parse_error(base + "  steps: 1.5\n"),
                        "train.steps: expected an integer, got \"1.5\""));
-  EXPECT_TRUE(Contains(parse_error(base + "  steps:\n"),
-                       "train.steps: expected an integer, got nothing"));
+  EXPECT_TRUE(
+      Contains(parse_error(base + "  steps:\n"), "train.steps: expected an integer, got nothing"));
   EXPECT_TRUE(Contains(parse_error(base + "  steps: [1, 2]\n"),
                        "train.steps: expected an integer, got a list"));
   EXPECT_TRUE(Contains(parse_error(base + "  steps: 9999999999\n"),
                        "train.steps: 9999999999 does not fit in a 32-bit integer"));
-  EXPECT_TRUE(Contains(parse_error(base + "  lr: fast\n"),
-                       "train.lr: expected a number, got \"fast\""));
+  EXPECT_TRUE(
+      Contains(parse_error(base + "  lr: fast\n"), "train.lr: expected a number, got \"fast\""));
   EXPECT_TRUE(Contains(parse_error(base + "  lr: .nan\n"), "train.lr: expected a number"));
   EXPECT_TRUE(Contains(parse_error(base + "  seed: -1\n"),
                        "train.seed: expected a non-negative integer, got \"-1\""));
   EXPECT_TRUE(Contains(parse_error(std::string(kMinimal) + "comm:\n  overlap: maybe\n"),
                        "comm.overlap: expected true or false, got \"maybe\""));
-  EXPECT_TRUE(Contains(parse_error("data:\n  train: {a: 1}\n"),
-                       "data.train: expected a path, got a map"));
+  EXPECT_TRUE(
+      Contains(parse_error("data:\n  train: {a: 1}\n"), "data.train: expected a path, got a map"));
 
   msg = parse_error(kMinimal, {"train.steps=ten"});
   EXPECT_EQ(msg, "--set train.steps: expected an integer, got \"ten\"");
@@ -216,8 +215,8 @@ TEST_F(DeckTest, OutOfRangeShowsTheRange) {
   std::string base = std::string(kMinimal) + "train:\n";
   EXPECT_TRUE(StartsWith(parse_error(base + "  lr: -1\n"),
                          "(deck text):4:7: train.lr: must be > 0, got -1"));
-  EXPECT_TRUE(Contains(parse_error(base + "  beta2: 1\n"),
-                       "train.beta2: must be in [0, 1), got 1"));
+  EXPECT_TRUE(
+      Contains(parse_error(base + "  beta2: 1\n"), "train.beta2: must be in [0, 1), got 1"));
   EXPECT_TRUE(Contains(parse_error(base + "  min_lr_ratio: 1.5\n"),
                        "train.min_lr_ratio: must be in [0, 1], got 1.5"));
   EXPECT_TRUE(Contains(parse_error(base + "  grad_clip: -0.5\n"),
@@ -229,8 +228,9 @@ TEST_F(DeckTest, OutOfRangeShowsTheRange) {
   EXPECT_EQ(parse_error(kMinimal, {"comm.bucket_mb=0"}),
             "--set comm.bucket_mb: must be > 0, got 0");
   // Boundaries that are allowed.
-  Deck d = parse_deck(kMinimal, "/tmp", {"train.grad_clip=0", "train.beta1=0", "parallel.dp=0",
-                                         "train.min_lr_ratio=1", "train.warmup_steps=0"});
+  Deck d = parse_deck(kMinimal, "/tmp",
+                      {"train.grad_clip=0", "train.beta1=0", "parallel.dp=0",
+                       "train.min_lr_ratio=1", "train.warmup_steps=0"});
   EXPECT_EQ(d.train.grad_clip, 0.0);
 }
 
@@ -279,9 +279,10 @@ TEST_F(DeckTest, SectionsMustBeMaps) {
   EXPECT_TRUE(Contains(msg, "got \"4\""));
   EXPECT_TRUE(Contains(parse_error(std::string(kMinimal) + "train: [1]\n"),
                        "train: expected a map of keys"));
-  EXPECT_TRUE(Contains(parse_error("- model\n- train\n"),
-                       "expected a map of sections (model, train, data, log, run, parallel, comm, checkpoint), "
-                       "got a list"));
+  EXPECT_TRUE(Contains(
+      parse_error("- model\n- train\n"),
+      "expected a map of sections (model, train, data, log, run, parallel, comm, checkpoint), "
+      "got a list"));
   EXPECT_TRUE(Contains(parse_error("just words\n"), "expected a map of sections"));
 }
 
@@ -369,10 +370,9 @@ TEST_F(DeckTest, ToYamlListsEveryKeyInSchemaOrderBySection) {
 }
 
 TEST_F(DeckTest, PathsInTheFileResolveAgainstTheDecksDirectory) {
-  write("decks/exp1.yaml",
-        "model: {init_from: ckpt/m.bin}\n"
-        "data: {train: ../data/train.bin, valid: /abs/valid.bin}\n"
-        "log: {jsonl: logs/m.jsonl, trace: trace.json}\n");
+  write("decks/exp1.yaml", "model: {init_from: ckpt/m.bin}\n"
+                           "data: {train: ../data/train.bin, valid: /abs/valid.bin}\n"
+                           "log: {jsonl: logs/m.jsonl, trace: trace.json}\n");
   fs::create_directories(dir_ / "work");
   fs::current_path(dir_ / "work");
   Deck d = load_deck("../decks/exp1.yaml");  // a relative deck path works too

@@ -136,8 +136,8 @@ TEST_F(IndexedDatasetTest, HandWrittenFixtureIsItsText) {
     EXPECT_EQ(read_all(*d), want) << name;
     EXPECT_EQ(d->token(24), 'I') << "the first token of sequence 1";
     EXPECT_EQ(d->path(), fixture() + ".bin");
-    for (const char* part : {"100 tokens", "Megatron indexed", "int32", "4 sequences",
-                             "3 documents"})
+    for (const char* part :
+         {"100 tokens", "Megatron indexed", "int32", "4 sequences", "3 documents"})
       EXPECT_NE(d->describe().find(part), std::string::npos) << d->describe();
   }
 }
@@ -164,9 +164,13 @@ TEST_F(IndexedDatasetTest, SamplesMatchTheSameTokensInATokenFile) {
 // ---- every integer dtype, the naming rules -------------------------------------------------
 
 TEST_F(IndexedDatasetTest, ReadsEveryIntegerDtype) {
-  struct Case { uint8_t code; int item; const char* name; };
-  for (Case c : {Case{1, 1, "uint8"}, Case{2, 1, "int8"}, Case{3, 2, "int16"},
-                 Case{4, 4, "int32"}, Case{5, 8, "int64"}, Case{8, 2, "uint16"}}) {
+  struct Case {
+    uint8_t code;
+    int item;
+    const char* name;
+  };
+  for (Case c : {Case{1, 1, "uint8"}, Case{2, 1, "int8"}, Case{3, 2, "int16"}, Case{4, 4, "int32"},
+                 Case{5, 8, "int64"}, Case{8, 2, "uint16"}}) {
     const int vocab = c.item == 1 ? 100 : 60000;
     std::vector<std::vector<int64_t>> seqs = {{0, 1, 99}, {}, {42, 7}};
     if (vocab > 100 && c.code != 3) seqs[2].push_back(59999);
@@ -213,8 +217,8 @@ class MakeIndexedTest : public IndexedDatasetTest {
     IndexedDatasetTest::SetUp();
   }
   int make(const std::string& args) {
-    return run(std::string(kPython) + " " + TRIDENT_SOURCE_DIR + "/tools/make_indexed.py " +
-               args + " 2>/dev/null");
+    return run(std::string(kPython) + " " + TRIDENT_SOURCE_DIR + "/tools/make_indexed.py " + args +
+               " 2>/dev/null");
   }
 };
 
@@ -223,8 +227,9 @@ TEST_F(MakeIndexedTest, TextLinesAndFilesAreTheirBytes) {
   std::ofstream(file("a.txt"), std::ios::binary) << text;
   std::ofstream(file("b.txt"), std::ios::binary) << "second file\n";
   ASSERT_EQ(make("text " + file("a.txt") + " " + file("b.txt") + " -o " + file("lines")), 0);
-  ASSERT_EQ(make("text --document file " + file("a.txt") + " " + file("b.txt") + " -o " +
-                 file("files")), 0);
+  ASSERT_EQ(
+      make("text --document file " + file("a.txt") + " " + file("b.txt") + " -o " + file("files")),
+      0);
   const std::string all = text + "second file\n";
   std::vector<int32_t> want_bytes;
   for (unsigned char c : all) want_bytes.push_back(c);
@@ -329,7 +334,8 @@ TEST_F(BadIndexTest, CountsDisagreeWithTheIndexSize) {
 
 TEST_F(BadIndexTest, BinSizeDisagreesWithTheSizes) {
   d_.bin.resize(d_.bin.size() - 2);
-  expect_refused({"data.train", bin(), "file is 62 bytes", "add up to 32 tokens x 2 bytes (uint16) "
+  expect_refused({"data.train", bin(), "file is 62 bytes",
+                  "add up to 32 tokens x 2 bytes (uint16) "
                   "= 64 bytes"});
   d_.bin.resize(d_.bin.size() + 6);
   expect_refused({bin(), "file is 68 bytes"});
@@ -341,8 +347,8 @@ TEST_F(BadIndexTest, BinSizeDisagreesWithTheSizes) {
 TEST_F(BadIndexTest, PointersOutOfRangeOrInconsistent) {
   Indexed good = d_;
   put<int64_t>(d_.idx, d_.pointers_at() + 8 * 2, 60);  // sequence 2: 15 tokens from byte 60
-  expect_refused({idx(), "pointers[2] is 60, out of range", "sequence 2 (15 tokens)", bin(),
-                  "64 bytes"});
+  expect_refused(
+      {idx(), "pointers[2] is 60, out of range", "sequence 2 (15 tokens)", bin(), "64 bytes"});
   d_ = good;
   put<int64_t>(d_.idx, d_.pointers_at() + 8 * 1, -2);
   expect_refused({idx(), "pointers[1] is -2, out of range"});
@@ -379,7 +385,8 @@ TEST_F(BadIndexTest, TokensOutOfRange) {
   auto seqs = three_documents();
   seqs[1][3] = 300;  // position 13, in sequence 1 (document 1)
   d_ = build(seqs);
-  expect_refused({"data.train", bin(), "token 300 at position 13 (sequence 1, document 1) is "
+  expect_refused({"data.train", bin(),
+                  "token 300 at position 13 (sequence 1, document 1) is "
                   ">= model.vocab 256"});
   seqs[1][3] = -5;
   d_ = build(seqs, 4, 4);  // int32

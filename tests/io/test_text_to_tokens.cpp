@@ -89,7 +89,11 @@ std::string tokens_as_bytes(const TokenDataset& d) {
 void expect_byte_level_header(const std::string& path, size_t n_tokens) {
   const std::string b = read_bytes(path);
   ASSERT_EQ(b.size(), 64 + 2 * n_tokens) << path << ": 64-byte header + 2 bytes per token";
-  auto u32 = [&](size_t at) { uint32_t v; std::memcpy(&v, b.data() + at, 4); return v; };
+  auto u32 = [&](size_t at) {
+    uint32_t v;
+    std::memcpy(&v, b.data() + at, 4);
+    return v;
+  };
   uint64_t n = 0;
   std::memcpy(&n, b.data() + 16, 8);
   EXPECT_EQ(b.substr(0, 8), std::string("TRIDTOK\0", 8));
@@ -105,7 +109,8 @@ TEST_F(TextToTokensTest, WholeTextIsItsBytes) {
   const std::string text = sample_text();
   write_bytes(file("text.txt"), text);
   ASSERT_EQ(run(std::string(kPython) + " " + tool() + " " + file("text.txt") + " " +
-                file("all.bin") + " >/dev/null"), 0);
+                file("all.bin") + " >/dev/null"),
+            0);
   expect_byte_level_header(file("all.bin"), text.size());
   const auto d = TokenDataset::open(file("all.bin"), 256, "data.train");
   ASSERT_EQ(d->n_tokens(), text.size());
@@ -116,9 +121,10 @@ TEST_F(TextToTokensTest, SplitIsTheEndCutAtTheNextLineStart) {
   const std::string text = sample_text();
   write_bytes(file("text.txt"), text);
   const double fraction = 0.25;
-  ASSERT_EQ(run(std::string(kPython) + " " + tool() + " " + file("text.txt") + " " +
-                file("train.bin") + " --valid-fraction 0.25 --valid-output " + file("valid.bin") +
-                " >/dev/null"), 0);
+  ASSERT_EQ(
+      run(std::string(kPython) + " " + tool() + " " + file("text.txt") + " " + file("train.bin") +
+          " --valid-fraction 0.25 --valid-output " + file("valid.bin") + " >/dev/null"),
+      0);
   const auto train = TokenDataset::open(file("train.bin"), 256, "data.train");
   const auto valid = TokenDataset::open(file("valid.bin"), 256, "data.valid");
   const std::string a = tokens_as_bytes(*train), b = tokens_as_bytes(*valid);
@@ -140,12 +146,14 @@ TEST_F(TextToTokensTest, DecodePrintsTheTextBack) {
   const std::string text = sample_text();
   write_bytes(file("text.txt"), text);
   ASSERT_EQ(run(std::string(kPython) + " " + tool() + " " + file("text.txt") + " " +
-                file("all.bin") + " >/dev/null"), 0);
+                file("all.bin") + " >/dev/null"),
+            0);
   std::string decoded;
   ASSERT_EQ(run(std::string(kPython) + " " + tool() + " --decode " + file("all.bin"), &decoded), 0);
   EXPECT_EQ(decoded, text);
-  ASSERT_EQ(run(std::string(kPython) + " " + tool() + " --decode " + file("all.bin") +
-                " --head 60", &decoded), 0);
+  ASSERT_EQ(run(std::string(kPython) + " " + tool() + " --decode " + file("all.bin") + " --head 60",
+                &decoded),
+            0);
   EXPECT_EQ(decoded, text.substr(0, 60));
 }
 

@@ -6,12 +6,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <filesystem>
+#include <fstream>
 #include <random>
 
-#include "trident/check.h"
 #include "model_inputs.h"
+#include "trident/check.h"
 #include "trident/model.h"
 
 namespace trident {
@@ -62,12 +62,14 @@ TEST(GptInit, SeededAndThreadCountIndependent) {
   const ParamInfo& wte = a.param("wte");
   double sum2 = 0;
   const size_t live = size_t(c.vocab) * c.channels;
-  for (size_t i = 0; i < live; ++i) sum2 += double(a.params()[wte.offset + i]) * a.params()[wte.offset + i];
+  for (size_t i = 0; i < live; ++i)
+    sum2 += double(a.params()[wte.offset + i]) * a.params()[wte.offset + i];
   EXPECT_NEAR(std::sqrt(sum2 / live), 0.02, 0.002);  // 800 samples: ~2.5% standard error
   for (size_t i = live; i < wte.count; ++i) ASSERT_EQ(a.params()[wte.offset + i], 0.0f);
   const ParamInfo& fp = a.param("h0.fcprojw");
   sum2 = 0;
-  for (size_t i = 0; i < fp.count; ++i) sum2 += double(a.params()[fp.offset + i]) * a.params()[fp.offset + i];
+  for (size_t i = 0; i < fp.count; ++i)
+    sum2 += double(a.params()[fp.offset + i]) * a.params()[fp.offset + i];
   EXPECT_NEAR(std::sqrt(sum2 / fp.count), 0.02 / 2.0, 0.001);  // 1024 samples
   EXPECT_EQ(a.params()[a.param("h1.ln1w").offset], 1.0f);
   EXPECT_EQ(a.params()[a.param("h1.qkvb").offset], 0.0f);
@@ -179,12 +181,14 @@ TEST(GptBackward, EmbeddingRowSinkSplitsTheTiedGradient) {
   m.zero_grads();
   m.forward(in.data(), tg.data(), 2, 8);
   std::vector<int> order;
-  m.backward(1.0f, [&](int i, int) { order.push_back(i); }, &sink);
+  m.backward(
+      1.0f, [&](int i, int) { order.push_back(i); }, &sink);
   ASSERT_EQ(order.front(), 0) << "wte must be ready first with a sink";
   ASSERT_EQ(order.size(), m.params_info().size());
   float* dwte = m.grads() + m.param("wte").offset;
   for (size_t k = 0; k < rows.size(); ++k)
-    for (int j = 0; j < c.channels; ++j) dwte[size_t(rows[k]) * c.channels + j] += row_grads[k * c.channels + j];
+    for (int j = 0; j < c.channels; ++j)
+      dwte[size_t(rows[k]) * c.channels + j] += row_grads[k * c.channels + j];
   float maxabs = 0;
   for (float g : plain) maxabs = std::max(maxabs, std::abs(g));
   for (size_t i = 0; i < plain.size(); ++i)
@@ -219,7 +223,12 @@ TEST(GptBackward, HeadGradientInPiecesIsBitwiseTheWholeAndReportedPieceByPiece) 
     EmbeddingRowSink sink{row_of_input.data(), row_grads.data()};
     m.forward(in.data(), tg.data(), 2, 8);
     orders.emplace_back();
-    m.backward(1.0f, [&](int i, int k) { orders.back().push_back({i, k}); }, &sink);
+    m.backward(
+        1.0f,
+        [&](int i, int k) {
+          orders.back().push_back({i, k});
+        },
+        &sink);
     grads.emplace_back(m.grads(), m.grads() + m.num_params());
   }
   ASSERT_EQ(grads[0].size(), grads[1].size());
@@ -318,7 +327,8 @@ TEST(GptBackward, ReadyEventsArriveDuringTheirPhase) {
     const ParamInfo& p = m.params_info()[i];
     std::string want = "forward head+loss";  // lnf: inside the head's backward
     if (p.layer == c.layers - 1) want = "backward head+loss";
-    if (p.layer >= 0 && p.layer < c.layers - 1) want = fmt::format("backward block {}", p.layer + 1);
+    if (p.layer >= 0 && p.layer < c.layers - 1)
+      want = fmt::format("backward block {}", p.layer + 1);
     if (p.name == "wte" || p.name == "wpe") want = "backward block 0";
     EXPECT_EQ(before[i], want) << p.name;
   }
@@ -359,14 +369,16 @@ TEST(GptStages, TwoStagesEqualOneStage) {
       const ParamInfo& q = whole.param(p.name);
       ASSERT_EQ(p.count, q.count);
       ASSERT_EQ(0, std::memcmp(const_cast<GPT*>(st)->grads() + p.offset, whole.grads() + q.offset,
-                               p.count * 4)) << p.name;
+                               p.count * 4))
+          << p.name;
     }
   const ParamInfo& w0 = s0.param("wte");
   const ParamInfo& w1 = s1.param("wte");
   const ParamInfo& ww = whole.param("wte");
   for (size_t i = 0; i < ww.count; ++i)
     ASSERT_NEAR(s0.grads()[w0.offset + i] + s1.grads()[w1.offset + i], whole.grads()[ww.offset + i],
-                1e-7f) << i;
+                1e-7f)
+        << i;
 }
 
 // Causality and shorter inputs: the logits of a 1×4 prefix equal the first 4 positions of the

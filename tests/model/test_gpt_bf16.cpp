@@ -14,8 +14,8 @@
 #include <utility>
 #include <vector>
 
-#include "trident/check.h"
 #include "model_inputs.h"
+#include "trident/check.h"
 #include "trident/model.h"
 
 namespace trident {
@@ -165,12 +165,14 @@ TEST(GptBf16, TwoStagesEqualOneStage) {
       if (p.name == "wte") continue;
       const ParamInfo& q = whole.param(p.name);
       ASSERT_EQ(0, std::memcmp(const_cast<GPT*>(st)->grads() + p.offset, whole.grads() + q.offset,
-                               p.count * 4)) << p.name;
+                               p.count * 4))
+          << p.name;
     }
   const ParamInfo &w0 = s0.param("wte"), &w1 = s1.param("wte"), &ww = whole.param("wte");
   for (size_t i = 0; i < ww.count; ++i)
-    ASSERT_NEAR(s0.grads()[w0.offset + i] + s1.grads()[w1.offset + i],
-                whole.grads()[ww.offset + i], 1e-6f) << i;
+    ASSERT_NEAR(s0.grads()[w0.offset + i] + s1.grads()[w1.offset + i], whole.grads()[ww.offset + i],
+                1e-6f)
+        << i;
 }
 
 // The fused classifier applies backward's seed in forward: a backward with another one is
@@ -263,10 +265,10 @@ CurveGap hundred_steps_gap(uint64_t seed) {
     EXPECT_LT(rel, 0.05) << "seed " << seed << " step " << t << ": fp32 " << l32 << ", bf16 "
                          << l16;
     if (std::getenv("TRIDENT_PRINT_STEPS")) std::printf("%d %.6f %.6f\n", t, l32, l16);
-    be->adamw_update(m32.params(), m1.data(), v1.data(), m32.grads(), m32.num_params(), 3e-3f,
-                     0.9f, 0.95f, 1e-8f, 0.0f, t, 1.0f);
-    be->adamw_update(m16.params(), m2.data(), v2.data(), m16.grads(), m16.num_params(), 3e-3f,
-                     0.9f, 0.95f, 1e-8f, 0.0f, t, 1.0f);
+    be->adamw_update(m32.params(), m1.data(), v1.data(), m32.grads(), m32.num_params(), 3e-3f, 0.9f,
+                     0.95f, 1e-8f, 0.0f, t, 1.0f);
+    be->adamw_update(m16.params(), m2.data(), v2.data(), m16.grads(), m16.num_params(), 3e-3f, 0.9f,
+                     0.95f, 1e-8f, 0.0f, t, 1.0f);
   }
   return gap;
 }

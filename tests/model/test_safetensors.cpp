@@ -81,8 +81,8 @@ TEST(Safetensors, RoundTripWithGpt2NamesAndLayout) {
   EXPECT_EQ(h["transformer.wte.weight"]["shape"], nlohmann::json({50, 16}));
   const auto& qkv = h["transformer.h.1.attn.c_attn.weight"];
   ASSERT_EQ(qkv["shape"], nlohmann::json({16, 48}));
-  const float* file = reinterpret_cast<const float*>(blob.data() + 8 + n +
-                                                     qkv["data_offsets"][0].get<size_t>());
+  const float* file =
+      reinterpret_cast<const float*>(blob.data() + 8 + n + qkv["data_offsets"][0].get<size_t>());
   const ParamInfo& p = a.param("h1.qkvw");  // [3C, C] = [out, in]
   for (int o = 0; o < 48; ++o)
     for (int i = 0; i < 16; ++i)

@@ -50,11 +50,11 @@ struct TestTensor {
 };
 
 std::vector<TestTensor> tensor_specs(int n) {
-  return {{"params/rows", {3 * n + 1, 5}, 1},       // split by rows
-          {"params/cols", {4, 2 * n + 3}, 2},       // split by columns
-          {"params/h0.qkvw", {3 * 2 * n, 3}, 3},    // three row blocks per rank, like q|k|v
-          {"params/repl", {7}, 4},                  // replicated, one owner
-          {"adam_m/cube", {2 * n, 3, 4}, 5}};       // 3-D, split along two dimensions
+  return {{"params/rows", {3 * n + 1, 5}, 1},     // split by rows
+          {"params/cols", {4, 2 * n + 3}, 2},     // split by columns
+          {"params/h0.qkvw", {3 * 2 * n, 3}, 3},  // three row blocks per rank, like q|k|v
+          {"params/repl", {7}, 4},                // replicated, one owner
+          {"adam_m/cube", {2 * n, 3, 4}, 5}};     // 3-D, split along two dimensions
 }
 
 struct HostTensor {
@@ -180,7 +180,8 @@ std::string save(const fs::path& dir, int64_t step, int seed, int keep = 0,
 }
 
 // Loads `path` into `layout` on comm and compares every element with what seed saved.
-void expect_loads(const std::string& path, Layout layout, int seed, MPI_Comm comm = MPI_COMM_WORLD) {
+void expect_loads(const std::string& path, Layout layout, int seed,
+                  MPI_Comm comm = MPI_COMM_WORLD) {
   int r = 0, n = 1;
   MPI_Comm_rank(comm, &r);
   MPI_Comm_size(comm, &n);
@@ -300,16 +301,14 @@ TEST_F(CheckpointIo, H5pyReadsGlobalTensorFromAnotherDirectory) {
     const auto want = block_values(qkv, {ShardBlock{{0, 0}, qkv.shape}}, 10);
     // (working directory, checkpoint argument): relative with .., absolute, a checkpoint.dir.
     const std::vector<std::pair<fs::path, std::string>> cases{
-        {scratch_ / "elsewhere", "../ckpt/step_00000010"},
-        {"/", path},
-        {scratch_, "ckpt"}};
+        {scratch_ / "elsewhere", "../ckpt/step_00000010"}, {"/", path}, {scratch_, "ckpt"}};
     for (const auto& [cwd, arg] : cases) {
       int st = 0;
-      const std::string out = run_command(
-          fmt::format("cd '{}' && env -u HDF5_VDS_PREFIX /usr/bin/python3 '{}' '{}' "
-                      "params/h0.qkvw --all 2>&1",
-                      cwd.string(), tool, arg),
-          &st);
+      const std::string out =
+          run_command(fmt::format("cd '{}' && env -u HDF5_VDS_PREFIX /usr/bin/python3 '{}' '{}' "
+                                  "params/h0.qkvw --all 2>&1",
+                                  cwd.string(), tool, arg),
+                      &st);
       ASSERT_EQ(st, 0) << out;
       std::istringstream lines(out);
       std::string line, shape, nan, values;
@@ -408,7 +407,11 @@ void expect_rejected(const std::string& path, int shard, const std::vector<std::
         if (pass == 0) std::printf("rank %d: %s\n", world_rank(), msg.c_str());
       } else {
         // The others carry the finder's message too, so whichever rank reports names the file.
-        EXPECT_EQ(msg.rfind(fmt::format("checkpoint {}: verification failed on rank {}: ", path, finder), 0), 0u) << msg;
+        EXPECT_EQ(
+            msg.rfind(fmt::format("checkpoint {}: verification failed on rank {}: ", path, finder),
+                      0),
+            0u)
+            << msg;
         EXPECT_NE(msg.find(ckpt::shard_file_name(shard) + ": "), std::string::npos) << msg;
       }
     }
@@ -424,7 +427,8 @@ TEST_F(CheckpointIo, FlippedByteIsFound) {
   const int shard = world_size() - 1;
   const TestTensor rows = tensor_specs(world_size())[0];
   bool owner = false;
-  const auto original = block_values(rows, blocks_for(rows, Layout::kSaved, shard, world_size(), &owner), 10);
+  const auto original =
+      block_values(rows, blocks_for(rows, Layout::kSaved, shard, world_size(), &owner), 10);
   if (world_rank() == 0) {
     hid_t f = H5Fopen(shard_path(path, shard).c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
     hid_t d = H5Dopen2(f, "params/rows/0", H5P_DEFAULT);
@@ -441,13 +445,15 @@ TEST_F(CheckpointIo, FlippedByteIsFound) {
   }
   barrier();
   const uint32_t crc = ckpt::crc32_of(original.data(), original.size() * sizeof(float));
-  expect_rejected(path, shard, {"dataset params/rows/0: CRC-32 0x", "expected " + ckpt::hex32(crc)});
+  expect_rejected(path, shard,
+                  {"dataset params/rows/0: CRC-32 0x", "expected " + ckpt::hex32(crc)});
 }
 
 TEST_F(CheckpointIo, TruncatedShardIsFound) {
   const std::string path = save(dir_, 10, 10);
   const int shard = world_size() - 1;
-  if (world_rank() == 0) fs::resize_file(shard_path(path, shard), fs::file_size(shard_path(path, shard)) / 2);
+  if (world_rank() == 0)
+    fs::resize_file(shard_path(path, shard), fs::file_size(shard_path(path, shard)) / 2);
   barrier();
   expect_rejected(path, shard, {"not a readable HDF5 file", "truncated"});
 }
@@ -489,7 +495,8 @@ TEST_F(CheckpointIo, LoadNamesMissingTensorAndWrongShape) {
     auto ts = make_tensors(Layout::kSaved, world_rank(), world_size(), 10, false);
     std::vector<float> extra(4);
     auto v = views(ts);
-    if (world_rank() == last && pass == 0) v.push_back({"params/nope", {4}, {ShardBlock{{0}, {4}}}, extra.data()});
+    if (world_rank() == last && pass == 0)
+      v.push_back({"params/nope", {4}, {ShardBlock{{0}, {4}}}, extra.data()});
     if (world_rank() == last && pass == 1) v[0].global_shape[1] += 1;
     try {
       load_checkpoint(path, v, MPI_COMM_WORLD);
@@ -498,10 +505,14 @@ TEST_F(CheckpointIo, LoadNamesMissingTensorAndWrongShape) {
       const std::string msg = e.what();
       EXPECT_EQ(e.code(), ExitCode::kBadInput) << msg;
       if (world_rank() == last)
-        EXPECT_NE(msg.find(pass == 0 ? "no tensor params/nope" : "tensor params/rows has global shape"),
-                  std::string::npos) << msg;
+        EXPECT_NE(
+            msg.find(pass == 0 ? "no tensor params/nope" : "tensor params/rows has global shape"),
+            std::string::npos)
+            << msg;
       else
-        EXPECT_EQ(msg.rfind(fmt::format("checkpoint {}: loading failed on rank {}: ", path, last), 0), 0u) << msg;
+        EXPECT_EQ(
+            msg.rfind(fmt::format("checkpoint {}: loading failed on rank {}: ", path, last), 0), 0u)
+            << msg;
     }
   }
 }
@@ -517,11 +528,13 @@ TEST_F(CheckpointIo, SaveRejectsTwoOwnersOnEveryRank) {
   } catch (const Error& e) {
     const std::string msg = e.what();
     if (world_rank() == 0)
-      EXPECT_NE(msg.find("checkpoint tensor params/repl: more than one owner"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("checkpoint tensor params/repl: more than one owner"), std::string::npos)
+          << msg;
     else
       EXPECT_NE(msg.find("checkpoint save to " + (dir_ / "step_00000010").string() +
                          ": failed on rank 0"),
-                std::string::npos) << msg;
+                std::string::npos)
+          << msg;
   }
   EXPECT_EQ(latest_checkpoint(dir_.string()), "");
   barrier();
@@ -539,7 +552,8 @@ TEST_F(CheckpointIo, DirLockIsExclusive) {
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ExitCode::kBadInput);
       EXPECT_EQ(std::string(e.what()), fmt::format("checkpoint.dir {} is in use by another run "
-                                                   "(pid {})", dir.string(), ::getpid()));
+                                                   "(pid {})",
+                                                   dir.string(), ::getpid()));
     }
     // Another process (flock(1)) cannot take it either.
     if (std::system("command -v flock >/dev/null 2>&1") == 0)

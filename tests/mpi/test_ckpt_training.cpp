@@ -171,9 +171,7 @@ TEST(Checkpoint, UnevenStagesLoadWithOtherUnevenStages) {
 }
 
 // And uneven stages into tensor parallelism.
-TEST(Checkpoint, UnevenStagesLoadWithTp) {
-  reshard({.pp = 2, .stage_layers = "3,1"}, {.tp = 2});
-}
+TEST(Checkpoint, UnevenStagesLoadWithTp) { reshard({.pp = 2, .stage_layers = "3,1"}, {.tp = 2}); }
 
 TEST(Checkpoint, SavedWithPipelineLoadsWithTp) {
   const std::string dir = scratch_dir("pp_to_tp");
@@ -191,7 +189,8 @@ TEST(Checkpoint, SavedWithPipelineLoadsWithTp) {
   t.load(latest_checkpoint(dir));
   const RunResult after = run(t, 3, 6);
   for (int i = 0; i < 3; ++i)
-    EXPECT_NEAR(after.losses[i], reference.losses[i], 1e-5 * reference.losses[i]) << "step " << 4 + i;
+    EXPECT_NEAR(after.losses[i], reference.losses[i], 1e-5 * reference.losses[i])
+        << "step " << 4 + i;
 }
 
 }  // namespace

@@ -4,10 +4,10 @@
 #include <mpi.h>
 
 #include <algorithm>
-#include <numeric>
-#include <mutex>
 #include <atomic>
 #include <cstring>
+#include <mutex>
+#include <numeric>
 #include <random>
 #include <thread>
 
@@ -58,8 +58,8 @@ std::vector<float> make_grads(size_t n, int rank, bool exact, unsigned seed = 1)
 }
 
 std::vector<float> reference_sum(std::vector<float> g, const MpiComm& comm) {
-  TRIDENT_MPI(MPI_Allreduce(MPI_IN_PLACE, g.data(), static_cast<int>(g.size()), MPI_FLOAT,
-                            MPI_SUM, comm.raw()));
+  TRIDENT_MPI(MPI_Allreduce(MPI_IN_PLACE, g.data(), static_cast<int>(g.size()), MPI_FLOAT, MPI_SUM,
+                            comm.raw()));
   return g;
 }
 
@@ -150,7 +150,8 @@ TEST(GradReducer, OverlapOnAndOffAreBitwiseIdentical) {
     // in any order).
     const auto expected = reference_sum(initial, *comm);
     double worst = 0;
-    for (size_t i = 0; i < on.size(); ++i) worst = std::max(worst, double(std::abs(on[i] - expected[i])));
+    for (size_t i = 0; i < on.size(); ++i)
+      worst = std::max(worst, double(std::abs(on[i] - expected[i])));
     EXPECT_LT(worst, 1e-5);
   }
 }
@@ -193,7 +194,7 @@ TEST(GradReducer, ExtraBuffersAreReducedAfterTheBuckets) {
     for (size_t i = 0; i + 1 < params.size(); ++i) reducer.grad_ready(static_cast<int>(i));
     reducer.add_extra(rows.data(), rows.size(), "wte rows");  // before the last grad_ready
     reducer.grad_ready(static_cast<int>(params.size() - 1));
-    reducer.add_extra(norms.data(), norms.size(), "norms");   // after it
+    reducer.add_extra(norms.data(), norms.size(), "norms");  // after it
     reducer.finish();
     EXPECT_TRUE(bitwise_equal(grads, reference_sum(initial, *comm)));
     const float rank_sum = static_cast<float>(n * (n - 1) / 2);
@@ -492,13 +493,12 @@ TEST(GradReducer, OverlapHidesCommunicationBehindBackward) {
     EXPECT_TRUE(bitwise_equal(grads, reference_sum(initial, *comm)));
     exposed[overlap] = reducer.stats().exposed_comm_ms;
     comm_ms[overlap] = reducer.stats().comm_ms;
-    for (const auto& r : reducer.stats().records)
-      EXPECT_GE(r.end_ms, r.start_ms);
+    for (const auto& r : reducer.stats().records) EXPECT_GE(r.end_ms, r.start_ms);
   }
   // Model: 2(n−1)/n · 2 MB at 62.5 MB/s ≥ 32 ms of link time in total.
-  const double model_ms = 1e3 * emulated_link_seconds(LinkOp::kAllReduce,
-                                                      total_count(params) * sizeof(float),
-                                                      comm->size(), gbps, 0);
+  const double model_ms =
+      1e3 * emulated_link_seconds(LinkOp::kAllReduce, total_count(params) * sizeof(float),
+                                  comm->size(), gbps, 0);
   EXPECT_GE(comm_ms[false], model_ms);
   EXPECT_GE(exposed[false], model_ms);
   // Compare the minimum over ranks: on a loaded machine the ranks' backwards drift apart, and a

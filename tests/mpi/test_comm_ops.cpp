@@ -205,7 +205,8 @@ TEST(MpiComm, EmulatedLinkMakesAllReduceTakeTheModelTime) {
   comm->set_emulated_link(gbps, latency_us);
   std::vector<float> x(1 << 20, 1.0f);  // 4 MiB
   const size_t bytes = x.size() * sizeof(float);
-  const double model = emulated_link_seconds(LinkOp::kAllReduce, bytes, comm->size(), gbps, latency_us);
+  const double model =
+      emulated_link_seconds(LinkOp::kAllReduce, bytes, comm->size(), gbps, latency_us);
   MPI_Barrier(MPI_COMM_WORLD);
   const auto t0 = CommClock::now();
   Work w = comm->all_reduce(x.data(), x.size());
@@ -249,7 +250,8 @@ TEST(MpiComm, PacedLinkPostsEachOperationAtItsTurnInStartOrder) {
   comm->set_emulated_link(gbps, latency_us);
   const int n = comm->size();
   std::vector<float> a(1 << 20, 1.0f), b(1 << 19, 2.0f), c(1 << 18, 3.0f);
-  const double model_a = emulated_link_seconds(LinkOp::kAllReduce, a.size() * 4, n, gbps, latency_us);
+  const double model_a =
+      emulated_link_seconds(LinkOp::kAllReduce, a.size() * 4, n, gbps, latency_us);
   MPI_Barrier(MPI_COMM_WORLD);
   const auto t0 = CommClock::now();
   Work wa = comm->all_reduce(a.data(), a.size());
@@ -276,8 +278,8 @@ TEST(MpiComm, PacedLinkPostsEachOperationAtItsTurnInStartOrder) {
   EXPECT_EQ(b[777], 2.0f * n);
   EXPECT_EQ(c[777], 3.0f * n);
   // c's turn came after a's and b's: the three took at least the three model times.
-  const double model_all = model_a +
-      emulated_link_seconds(LinkOp::kAllReduce, b.size() * 4, n, gbps, latency_us) +
+  const double model_all =
+      model_a + emulated_link_seconds(LinkOp::kAllReduce, b.size() * 4, n, gbps, latency_us) +
       emulated_link_seconds(LinkOp::kAllReduce, c.size() * 4, n, gbps, latency_us);
   EXPECT_GE(seconds_since(t0), model_all * (1 - 1e-9));
   comm->set_emulated_link(0, 0);

@@ -63,10 +63,10 @@ TEST(DataParallel, EqualsSingleRankAccumulation4) {
 TEST(DataParallel, OverlapOnAndOffAreBitwiseIdenticalForEveryBucketing) {
   const Result ref = train_reference(2, 1, 8);
   const std::vector<std::vector<std::string>> bucketings = {
-      {"comm.bucket_mb=1e6", "comm.first_bucket_mb=1e6"},    // one bucket
-      {"comm.bucket_mb=1e-9", "comm.first_bucket_mb=1e-9"},  // one bucket per parameter
-      {},                                                    // the default (1 MiB, then 25)
-      {"comm.bucket_mb=0.01", "comm.first_bucket_mb=0.002"}, // several mixed buckets
+      {"comm.bucket_mb=1e6", "comm.first_bucket_mb=1e6"},     // one bucket
+      {"comm.bucket_mb=1e-9", "comm.first_bucket_mb=1e-9"},   // one bucket per parameter
+      {},                                                     // the default (1 MiB, then 25)
+      {"comm.bucket_mb=0.01", "comm.first_bucket_mb=0.002"},  // several mixed buckets
   };
   for (const auto& b : bucketings) {
     auto on = b, off = b;

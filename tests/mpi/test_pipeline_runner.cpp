@@ -52,11 +52,11 @@ class ToyStage : public PipelineStage {
  public:
   ToyStage(PipeSchedule schedule, int stages, int stage, int micro_batches, ToyShape shape)
       : stages_(stages), stage_(stage), shape_(shape), w_(stage_weight(stage)),
-        slots_(max_in_flight(schedule, stages, stage, micro_batches)),
-        seen_(micro_batches) {
+        slots_(max_in_flight(schedule, stages, stage, micro_batches)), seen_(micro_batches) {
     for (auto* v : {&in_h_, &out_h_, &dout_h_, &kept_h_})
       v->assign(slots_, std::vector<float>(shape.hidden_count()));
-    for (auto* v : {&in_a_, &out_a_, &dout_a_}) v->assign(slots_, std::vector<float>(shape.aux_count()));
+    for (auto* v : {&in_a_, &out_a_, &dout_a_})
+      v->assign(slots_, std::vector<float>(shape.aux_count()));
   }
 
   // A stage that declares a different shape for one micro-batch's forward input.
@@ -284,7 +284,8 @@ TEST(Pipeline, ZeroBubbleNeedsASplitBackward) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ExitCode::kBadInput);
     EXPECT_NE(std::string(e.what()).find("interleaved needs stages of 2 or more"),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
   }
 }
 
@@ -343,19 +344,18 @@ TEST(Pipeline, ShapeMismatchNamesBothShapesOnTheReceivingStage) {
 }
 
 TEST(Pipeline, TensorCountMismatchListsBothSides) {
-  const std::string msg = run_expecting_error(PipeSchedule::kGPipe, 2, [](ToyStage& m) {
-    m.expect_only_hidden();
-  });
+  const std::string msg =
+      run_expecting_error(PipeSchedule::kGPipe, 2, [](ToyStage& m) { m.expect_only_hidden(); });
   int stage = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &stage);
   if (stage == world_size() - 1)
-    EXPECT_NE(msg.find("expected 1 tensor 'hidden' [2, 3, 4] from stage " +
-                       std::to_string(stage - 1) + " for micro-batch 0 (activations) but "
-                       "received 2 tensors 'hidden' [2, 3, 4], 'aux' [2, 5]"),
-              std::string::npos)
+    EXPECT_NE(
+        msg.find("expected 1 tensor 'hidden' [2, 3, 4] from stage " + std::to_string(stage - 1) +
+                 " for micro-batch 0 (activations) but "
+                 "received 2 tensors 'hidden' [2, 3, 4], 'aux' [2, 5]"),
+        std::string::npos)
         << msg;
-  else
-    EXPECT_NE(msg.find("timeout"), std::string::npos) << msg;
+  else EXPECT_NE(msg.find("timeout"), std::string::npos) << msg;
 }
 
 }  // namespace

@@ -38,8 +38,7 @@ struct Outcome {
   size_t optimizer_floats = 0, model_floats = 0;  // AdamW's state per moment; the model's
 };
 
-Outcome train(Backend& be, const Deck& d, ProcessGrid& grid, Communicator* dp,
-              Communicator* tp) {
+Outcome train(Backend& be, const Deck& d, ProcessGrid& grid, Communicator* dp, Communicator* tp) {
   Trainer t(d, TrainContext{&be, 1e9, &grid, nullptr, dp, tp});
   Outcome o;
   for (int s = 0; s < d.train.steps; ++s) o.losses.push_back(t.train_step(s).loss);
@@ -57,8 +56,8 @@ void expect_layout_matches_cpu(int dp, int tp, int pp, std::vector<std::string> 
   const Outcome want = train(*cpu, d, grid, nullptr, nullptr);
   testing::StrictDeviceBackend strict;
   testing::StrictDeviceComm dp_comm(strict, grid.dp()), tp_comm(strict, grid.tp());
-  const Outcome got = train(strict, d, grid, dp > 1 ? &dp_comm : nullptr,
-                            tp > 1 ? &tp_comm : nullptr);
+  const Outcome got =
+      train(strict, d, grid, dp > 1 ? &dp_comm : nullptr, tp > 1 ? &tp_comm : nullptr);
   // Same ops, same reductions, except the tied embedding's gradient: a device backend reduces
   // it whole rather than as dense part + sparse rows (Note [Tied embedding gradient]), which
   // sums in another order: 1e-5 relative, as the other layout tests.
@@ -125,8 +124,9 @@ TEST(DeviceDiscipline, Bf16WithZeroOneCastsTheGatheredWeights) {
 TEST(DeviceDiscipline, DataParallelBucketsStartDuringBackward) {
   if (world_size() != 2) GTEST_SKIP() << "dp 2 on 2 ranks";
   ProcessGrid grid(make_layout(2, 2, 1, 1));
-  const Deck d = deck(1, 1, {"model.layers=8", "model.d_model=128", "model.seq_len=64",
-                             "comm.first_bucket_mb=0.05", "comm.bucket_mb=0.2"});
+  const Deck d = deck(1, 1,
+                      {"model.layers=8", "model.d_model=128", "model.seq_len=64",
+                       "comm.first_bucket_mb=0.05", "comm.bucket_mb=0.2"});
   auto cpu = make_cpu_backend(1);
   testing::StrictDeviceBackend strict;
   testing::StrictDeviceComm dp_comm(strict, grid.dp());

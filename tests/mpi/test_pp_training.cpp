@@ -44,7 +44,9 @@ Result train_layout(int dp, int tp, int pp, std::vector<std::string> extra = {})
 }
 
 // Single-rank reference with the same global batch (dp micro-batches become accumulation).
-Result reference(int dp) { return train(deck({fmt::format("train.accum={}", 4 * dp)}), nullptr, 10); }
+Result reference(int dp) {
+  return train(deck({fmt::format("train.accum={}", 4 * dp)}), nullptr, 10);
+}
 
 // Same bounds as the dp and tp tests (testing::expect_close): fp32 sums in another order (the
 // tied embedding's two halves summed across stages, tp partial sums), 1e-5 relative on the loss
@@ -183,13 +185,15 @@ TEST(Pipeline, ValidationEqualsOneRank) {
   const int world = world_size();
   const int pp = 2, dp = world / pp;
   auto be = make_cpu_backend(1);
-  const std::vector<std::string> valid = {std::string("data.valid=") + TRIDENT_SOURCE_DIR + "/inputs/data/tiny-valid.bin",
-                                          "train.val_batches=4"};
+  const std::vector<std::string> valid = {
+      std::string("data.valid=") + TRIDENT_SOURCE_DIR + "/inputs/data/tiny-valid.bin",
+      "train.val_batches=4"};
   auto with = [&](std::vector<std::string> extra) {
     for (const auto& v : valid) extra.push_back(v);
     return deck(extra);
   };
-  Trainer one(with({fmt::format("train.accum={}", 4 * dp)}), TrainContext{be.get(), 1e9, nullptr, nullptr});
+  Trainer one(with({fmt::format("train.accum={}", 4 * dp)}),
+              TrainContext{be.get(), 1e9, nullptr, nullptr});
   one.train_step(0);
   ProcessGrid grid(make_layout(world, dp, 1, pp));
   Trainer piped(with({"parallel.pp=2"}), TrainContext{be.get(), 1e9, &grid, nullptr});

@@ -44,10 +44,8 @@ std::map<std::string, std::vector<float>> gather_grads(GPT& m, ProcessGrid* grid
     size_t global = 1;
     for (int d : p.global_shape) global *= size_t(d);
     std::vector<float> shards(p.count * tp);
-    if (tp > 1)
-      grid->tp().all_gather(m.grads() + p.offset, shards.data(), p.count).wait();
-    else
-      std::copy(m.grads() + p.offset, m.grads() + p.offset + p.count, shards.begin());
+    if (tp > 1) grid->tp().all_gather(m.grads() + p.offset, shards.data(), p.count).wait();
+    else std::copy(m.grads() + p.offset, m.grads() + p.offset + p.count, shards.begin());
     std::vector<float> g(global, 0.0f);
     for (int r = 0; r < tp; ++r) {
       ParamInfo q = p;
@@ -56,7 +54,8 @@ std::map<std::string, std::vector<float>> gather_grads(GPT& m, ProcessGrid* grid
         const size_t gi = q.global_index(i);
         if (p.shard == Shard::kReplicated && r > 0) {
           // A replicated gradient must be the same on every tp rank.
-          EXPECT_EQ(shards[size_t(r) * p.count + i], g[gi]) << p.name << " differs on tp rank " << r;
+          EXPECT_EQ(shards[size_t(r) * p.count + i], g[gi])
+              << p.name << " differs on tp rank " << r;
           continue;
         }
         g[gi] = shards[size_t(r) * p.count + i];
@@ -128,7 +127,9 @@ TEST(TensorParallel, SequenceParallelWithAccumulationEqualsOneRank) {
 }
 
 TEST(TensorParallel, AllRanksTpEqualsOneRank) { run_layout(world_size(), false); }
-TEST(TensorParallel, AllRanksTpWithSequenceParallelEqualsOneRank) { run_layout(world_size(), true); }
+TEST(TensorParallel, AllRanksTpWithSequenceParallelEqualsOneRank) {
+  run_layout(world_size(), true);
+}
 
 TEST(TensorParallel, Dp2Tp2EqualsOneRank) {
   if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks";

@@ -95,8 +95,8 @@ void expect_equal_within_1e6(const Result& z, const Result& ref, double param_bo
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank == 0)
     fmt::print("  worst relative difference over {} steps: loss {:.2g}, grad norm {:.2g}, "
-               "parameters {:.2g} of max |p|\n", z.losses.size(), worst_loss, worst_norm,
-               worst_param);
+               "parameters {:.2g} of max |p|\n",
+               z.losses.size(), worst_loss, worst_norm, worst_param);
 }
 
 void expect_bitwise(const Result& a, const Result& b) {
@@ -232,9 +232,9 @@ TEST(Zero, ReportsTheAllGatherApartFromTheReduceScatter) {
   auto be = make_cpu_backend(1);
   Trainer t(deck({"parallel.zero=1"}), TrainContext{be.get(), 1e9, &grid, nullptr});
   const StepStats first = t.train_step(0), second = t.train_step(1);
-  EXPECT_GT(first.comm_ms, 0.0);           // the reduce-scatters
-  EXPECT_EQ(first.gather_comm_ms, 0.0);    // no round was waited for before the first update
-  EXPECT_GT(second.gather_comm_ms, 0.0);   // the first update's round, read by step 2's forward
+  EXPECT_GT(first.comm_ms, 0.0);          // the reduce-scatters
+  EXPECT_EQ(first.gather_comm_ms, 0.0);   // no round was waited for before the first update
+  EXPECT_GT(second.gather_comm_ms, 0.0);  // the first update's round, read by step 2's forward
   EXPECT_GE(second.gather_exposed_ms, 0.0);
   const std::vector<Bucket>& buckets = t.reducer()->buckets();
   ASSERT_TRUE(t.reducer()->sharded());
@@ -266,9 +266,9 @@ Result steps(Trainer& t, int from, int to) {
 void cross_load(Layout save, Layout load) {
   const int world = world_size();
   auto dp_of = [&](const Layout& l) { return l.on_one_rank ? 1 : world / (l.tp * l.pp); };
-  const std::string dir = scratch_dir(fmt::format("z{}tp{}pp{}_to_z{}tp{}pp{}{}", save.zero,
-                                                  save.tp, save.pp, load.zero, load.tp, load.pp,
-                                                  load.on_one_rank ? "_one" : ""));
+  const std::string dir =
+      scratch_dir(fmt::format("z{}tp{}pp{}_to_z{}tp{}pp{}{}", save.zero, save.tp, save.pp,
+                              load.zero, load.tp, load.pp, load.on_one_rank ? "_one" : ""));
   auto layout_deck = [&](const Layout& l, int accum) {
     return deck({fmt::format("parallel.tp={}", l.tp), fmt::format("parallel.pp={}", l.pp),
                  fmt::format("parallel.zero={}", l.zero), fmt::format("train.accum={}", accum)});
@@ -284,13 +284,15 @@ void cross_load(Layout save, Layout load) {
     reference = steps(t, 4, 8);
   }
   std::unique_ptr<ProcessGrid> grid;
-  if (!load.on_one_rank) grid = std::make_unique<ProcessGrid>(make_layout(world, 0, load.tp, load.pp));
+  if (!load.on_one_rank)
+    grid = std::make_unique<ProcessGrid>(make_layout(world, 0, load.tp, load.pp));
   Trainer t(layout_deck(load, 4 / dp_of(load)), TrainContext{be.get(), 1e9, grid.get(), nullptr});
   ASSERT_EQ(t.load(latest_checkpoint(dir)).step, 4);
   const Result after = steps(t, 4, 8);
   ASSERT_EQ(after.losses.size(), reference.losses.size());
   for (size_t i = 0; i < after.losses.size(); ++i) {
-    EXPECT_NEAR(after.losses[i], reference.losses[i], 1e-5 * reference.losses[i]) << "step " << i + 5;
+    EXPECT_NEAR(after.losses[i], reference.losses[i], 1e-5 * reference.losses[i])
+        << "step " << i + 5;
     EXPECT_NEAR(after.norms[i], reference.norms[i], 1e-4 * reference.norms[i]) << "step " << i + 5;
   }
 }
@@ -358,7 +360,8 @@ TEST(Zero, Stage2BoundsTheGradientsItHolds) {
             TrainContext{be.get(), 1e9, &grid, nullptr});
   const size_t bytes = t.model().num_params() * sizeof(float), page = 4096;
   size_t largest = 0;
-  for (const Bucket& b : t.reducer()->buckets()) largest = std::max(largest, b.count * sizeof(float));
+  for (const Bucket& b : t.reducer()->buckets())
+    largest = std::max(largest, b.count * sizeof(float));
   const size_t buckets = t.reducer()->buckets().size();
   ASSERT_GE(buckets, 8u);
   StepStats st;
@@ -377,7 +380,8 @@ TEST(Zero, NonFiniteStepsAreSkippedOnEveryRank) {
   setenv("TRIDENT_FAULT_NAN_STEPS", "3", 1);
   const Result ref = train(1, 1, {"parallel.zero=0", "train.nonfinite=skip"}, 6);
   std::vector<Result> sharded;
-  for (const char* stage : kStages) sharded.push_back(train(1, 1, {stage, "train.nonfinite=skip"}, 6));
+  for (const char* stage : kStages)
+    sharded.push_back(train(1, 1, {stage, "train.nonfinite=skip"}, 6));
   unsetenv("TRIDENT_FAULT_NAN_STEPS");
   ASSERT_TRUE(std::isnan(ref.norms[2]));
   for (const Result& z : sharded) {

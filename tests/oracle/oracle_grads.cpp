@@ -62,8 +62,8 @@ int main(int argc, char** argv) {
     std::vector<int32_t> tokens(2 * N);
     std::ifstream in(tokens_path, std::ios::binary);
     in.read(reinterpret_cast<char*>(tokens.data()), std::streamsize(tokens.size() * 4));
-    TRIDENT_CHECK(in.gcount() == std::streamsize(tokens.size() * 4),
-                  "{}: expected {} int32 tokens", tokens_path, tokens.size());
+    TRIDENT_CHECK(in.gcount() == std::streamsize(tokens.size() * 4), "{}: expected {} int32 tokens",
+                  tokens_path, tokens.size());
 
     const trident::GPTConfig cfg = trident::read_llmc_config(checkpoint);
     auto be = trident::make_cpu_backend(1);

@@ -107,23 +107,22 @@ class HardwareFileTest : public testing::ScratchDirTest {
     }
   }
 
-  static constexpr const char* kValid =
-      "name: test-node\n"
-      "kind: gpu\n"
-      "devices_per_node: 4\n"
-      "dtype: bf16\n"
-      "peak_tflops: 100\n"
-      "gemm:\n"
-      "  - {min_dim: 128, tflops: 40}\n"
-      "  - {min_dim: 1024, tflops: 80}\n"
-      "attention_tflops: 50\n"
-      "memory_gbytes_per_s: 1000\n"
-      "memory_gb: 40\n"
-      "intra_node: {gbytes_per_s: 100, latency_us: 2}\n"
-      "inter_node: {gbytes_per_s: 10, latency_us: 8}\n"
-      "overlap_slowdown: 0.1\n"
-      "sources:\n"
-      "  - \"a test: figures made up\"\n";
+  static constexpr const char* kValid = "name: test-node\n"
+                                        "kind: gpu\n"
+                                        "devices_per_node: 4\n"
+                                        "dtype: bf16\n"
+                                        "peak_tflops: 100\n"
+                                        "gemm:\n"
+                                        "  - {min_dim: 128, tflops: 40}\n"
+                                        "  - {min_dim: 1024, tflops: 80}\n"
+                                        "attention_tflops: 50\n"
+                                        "memory_gbytes_per_s: 1000\n"
+                                        "memory_gb: 40\n"
+                                        "intra_node: {gbytes_per_s: 100, latency_us: 2}\n"
+                                        "inter_node: {gbytes_per_s: 10, latency_us: 8}\n"
+                                        "overlap_slowdown: 0.1\n"
+                                        "sources:\n"
+                                        "  - \"a test: figures made up\"\n";
 };
 
 TEST_F(HardwareFileTest, ReadsEveryKey) {
@@ -212,9 +211,9 @@ TEST_F(HardwareFileTest, RefusesBadInput) {
   expect_refused(text, "did you mean 'peak_tflops'");
   expect_refused(valid_with("gpus_per_node: 8"), "gpus_per_node");
   // Each required key, missing.
-  for (const char* key : {"name", "kind", "devices_per_node", "dtype", "peak_tflops", "gemm",
-                          "memory_gbytes_per_s", "memory_gb", "intra_node", "inter_node",
-                          "sources"}) {
+  for (const char* key :
+       {"name", "kind", "devices_per_node", "dtype", "peak_tflops", "gemm", "memory_gbytes_per_s",
+        "memory_gb", "intra_node", "inter_node", "sources"}) {
     SCOPED_TRACE(key);
     std::string t = kValid;
     const size_t at = t.find(std::string(key) + ":");
@@ -281,7 +280,7 @@ TEST_F(HardwareFileTest, MissingFileNamesThePath) {
 
 TEST_F(HardwareFileTest, FindsByNameOrPath) {
   EXPECT_EQ(find_hardware(write("mine.yaml", kValid)).name, "test-node");  // a path
-  EXPECT_EQ(find_hardware("dgx-h100").name, "dgx-h100");                  // the source tree
+  EXPECT_EQ(find_hardware("dgx-h100").name, "dgx-h100");                   // the source tree
   // $TRIDENT_HARDWARE_DIR comes first.
   write("dgx-h100.yaml", kValid);
   ASSERT_EQ(setenv("TRIDENT_HARDWARE_DIR", dir_.c_str(), 1), 0);

@@ -156,8 +156,8 @@ TEST(PlanModel, TimeTermsAddUpToTheStep) {
 TEST(PlanModel, NoRateAboveThePeakAndMfuAgainstTheSameCores) {
   const PlanModel m = small_model();
   Hardware hw = round_machine();
-  hw.peak_tflops = 1;           // the GEMM point is at the peak
-  hw.compute_efficiency = 2;    // would make GEMMs run at 2 TFLOP/s: capped at the peak
+  hw.peak_tflops = 1;         // the GEMM point is at the peak
+  hw.compute_efficiency = 2;  // would make GEMMs run at 2 TFLOP/s: capped at the peak
   PlanLayout l;
   l.micro_batch = 2;
   const Prediction p = predict(m, l, hw);
@@ -190,8 +190,8 @@ TEST(PlanModel, ParameterCountIsTheModelsLayout) {
         size_t count = 0;
         for (const ParamInfo& p : gpt_param_layout(cfg, tp, 0, pipeline_stage(5, pp, s, {})))
           count += p.count;
-        EXPECT_DOUBLE_EQ(stage_params(m, l, s), double(count)) << "tp " << tp << " pp " << pp
-                                                               << " stage " << s;
+        EXPECT_DOUBLE_EQ(stage_params(m, l, s), double(count))
+            << "tp " << tp << " pp " << pp << " stage " << s;
       }
     }
 }
@@ -221,8 +221,8 @@ TEST(PlanModel, ActivationMemoryIsWhatTheModelAllocates) {
       if (bf16) options.precision = Precision::kBf16;
       GPT gpt(cfg, *backend, 2, m.seq_len, options);
       EXPECT_DOUBLE_EQ(acts, double(gpt.activation_bytes())) << dtype << " " << recompute;
-      EXPECT_DOUBLE_EQ(params, double(gpt.num_params() * (bf16 ? 2 : 4))) << dtype << " "
-                                                                           << recompute;
+      EXPECT_DOUBLE_EQ(params, double(gpt.num_params() * (bf16 ? 2 : 4)))
+          << dtype << " " << recompute;
     }
 }
 

@@ -11,10 +11,10 @@
 
 #include <cstring>
 #include <map>
-#include <mutex>
-#include <string_view>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -62,13 +62,13 @@ class StrictDeviceBackend final : public Backend {
   }
 
   // Every op: memory opened, the CPU op, memory closed again.
-  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                       int B, int T, int C) override {
+  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
+                       int T, int C) override {
     Open open(*this);
     cpu_->encoder_forward(out, tokens, wte, wpe, B, T, C);
   }
-  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                        int B, int T, int C) override {
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
+                        int T, int C) override {
     Open open(*this);
     cpu_->encoder_backward(dwte, dwpe, dout, tokens, B, T, C);
   }
@@ -83,8 +83,8 @@ class StrictDeviceBackend final : public Backend {
     Open open(*this);
     cpu_->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
   }
-  void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N,
-                      int C, int OC) override {
+  void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int C,
+                      int OC) override {
     Open open(*this);
     cpu_->matmul_forward(out, inp, w, bias, N, C, OC);
   }
@@ -142,8 +142,8 @@ class StrictDeviceBackend final : public Backend {
     Open open(*this);
     cpu_->embedding_slice_backward(dwte_slice, dwpe, dout, tokens, v0, v1, B, T, C);
   }
-  void crossentropy_slice_stats(float* stats, const float* logits, const int32_t* targets,
-                                int v0, int live, int N, int Vl) override {
+  void crossentropy_slice_stats(float* stats, const float* logits, const int32_t* targets, int v0,
+                                int live, int N, int Vl) override {
     Open open(*this);
     cpu_->crossentropy_slice_stats(stats, logits, targets, v0, live, N, Vl);
   }
@@ -152,13 +152,13 @@ class StrictDeviceBackend final : public Backend {
     Open open(*this);
     cpu_->crossentropy_slice_combine(losses, logits_to_probs, all_stats, tp, live, N, Vl);
   }
-  void crossentropy_slice_backward(float* probs, const int32_t* targets, float dloss, int v0,
-                                   int N, int Vl) override {
+  void crossentropy_slice_backward(float* probs, const int32_t* targets, float dloss, int v0, int N,
+                                   int Vl) override {
     Open open(*this);
     cpu_->crossentropy_slice_backward(probs, targets, dloss, v0, N, Vl);
   }
-  void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
-                 size_t row_bytes, size_t rows) override {
+  void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
+                 size_t rows) override {
     Open open(*this);
     cpu_->copy_rows(dst, dst_pitch, src, src_pitch, row_bytes, rows);
   }
@@ -175,12 +175,12 @@ class StrictDeviceBackend final : public Backend {
     Open open(*this);
     cpu_->cast_to_bf16(out, inp, n);
   }
-  void adamw_update_bf16(float* params, bfloat16* params16, float* m, float* v,
-                         const float* grads, size_t n, float lr, float beta1, float beta2,
-                         float eps, float weight_decay, int t, float grad_scale) override {
+  void adamw_update_bf16(float* params, bfloat16* params16, float* m, float* v, const float* grads,
+                         size_t n, float lr, float beta1, float beta2, float eps,
+                         float weight_decay, int t, float grad_scale) override {
     Open open(*this);
-    cpu_->adamw_update_bf16(params, params16, m, v, grads, n, lr, beta1, beta2, eps,
-                            weight_decay, t, grad_scale);
+    cpu_->adamw_update_bf16(params, params16, m, v, grads, n, lr, beta1, beta2, eps, weight_decay,
+                            t, grad_scale);
   }
   void matmul_gelu_forward_bf16(bfloat16* out, bfloat16* pre, const bfloat16* inp,
                                 const bfloat16* w, const float* bias, int N, int C,
@@ -201,14 +201,13 @@ class StrictDeviceBackend final : public Backend {
   }
   void layernorm_backward_add_bf16(float* dresidual, bfloat16* dresidual16, float* dw, float* db,
                                    const bfloat16* dout, const float* inp, const float* w,
-                                   const float* mean, const float* rstd, int N,
-                                   int C) override {
+                                   const float* mean, const float* rstd, int N, int C) override {
     Open open(*this);
     cpu_->layernorm_backward_add_bf16(dresidual, dresidual16, dw, db, dout, inp, w, mean, rstd, N,
                                       C);
   }
-  void matmul_forward_bf16(bfloat16* out, const bfloat16* inp, const bfloat16* w,
-                           const float* bias, int N, int C, int OC) override {
+  void matmul_forward_bf16(bfloat16* out, const bfloat16* inp, const bfloat16* w, const float* bias,
+                           int N, int C, int OC) override {
     Open open(*this);
     cpu_->matmul_forward_bf16(out, inp, w, bias, N, C, OC);
   }
@@ -219,19 +218,18 @@ class StrictDeviceBackend final : public Backend {
     cpu_->matmul_forward_add_bf16(out, residual, inp, w, bias, N, C, OC);
   }
   void matmul_backward_bf16(bfloat16* dinp, float* dw, float* dbias, const bfloat16* dout,
-                            const bfloat16* inp, const bfloat16* w, int N, int C,
-                            int OC) override {
+                            const bfloat16* inp, const bfloat16* w, int N, int C, int OC) override {
     Open open(*this);
     cpu_->matmul_backward_bf16(dinp, dw, dbias, dout, inp, w, N, C, OC);
   }
-  void attention_forward_bf16(bfloat16* out, float* att, const bfloat16* qkv, int B, int T,
-                              int C, int NH) override {
+  void attention_forward_bf16(bfloat16* out, float* att, const bfloat16* qkv, int B, int T, int C,
+                              int NH) override {
     Open open(*this);
     cpu_->attention_forward_bf16(out, att, qkv, B, T, C, NH);
   }
   void attention_backward_bf16(bfloat16* dqkv, float* scratch, const bfloat16* dout,
-                               const bfloat16* qkv, const bfloat16* out, const float* att,
-                               int B, int T, int C, int NH) override {
+                               const bfloat16* qkv, const bfloat16* out, const float* att, int B,
+                               int T, int C, int NH) override {
     Open open(*this);
     cpu_->attention_backward_bf16(dqkv, scratch, dout, qkv, out, att, B, T, C, NH);
   }
@@ -244,8 +242,8 @@ class StrictDeviceBackend final : public Backend {
     Open open(*this);
     cpu_->gelu_backward_bf16(dinp, inp, dout, n);
   }
-  void crossentropy_fused_bf16(float* losses, bfloat16* logits, const int32_t* targets,
-                               float dloss, int N, int V, int Vp) override {
+  void crossentropy_fused_bf16(float* losses, bfloat16* logits, const int32_t* targets, float dloss,
+                               int N, int V, int Vp) override {
     Open open(*this);
     cpu_->crossentropy_fused_bf16(losses, logits, targets, dloss, N, V, Vp);
   }
@@ -330,8 +328,7 @@ class StrictDeviceComm final : public Communicator {
                                   recv_count);
     });
   }
-  Work start_all_gather(const void* send, void* recv, size_t send_count,
-                        ElemType type) override {
+  Work start_all_gather(const void* send, void* recv, size_t send_count, ElemType type) override {
     TRIDENT_CHECK(type == ElemType::kFloat32, "strict comm: float data only");
     return now([&] {
       return host_.all_gather(static_cast<const float*>(send), static_cast<float*>(recv),

@@ -8,8 +8,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <string>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "trident/grid.h"

@@ -243,14 +243,17 @@ bool validate() {
 // model of comm.emulate_gbps (emulated_link_seconds), 2(dp−1)·latency + 2(dp−1)/dp·bytes/bw.
 void print_network_model(size_t bytes) {
   std::printf("union message: %zu bytes (one bit per row of %d)\n", bytes, kPaddedVocab);
-  struct Link { const char* name; double latency_us, gbps; };
+  struct Link {
+    const char* name;
+    double latency_us, gbps;
+  };
   for (const Link& l : {Link{"InfiniBand-class, 2 us, 100 Gbit/s", 2.0, 100.0},
                         Link{"Ethernet-class, 20 us, 10 Gbit/s", 20.0, 10.0}}) {
     const int dp = 64;
     const double bw = l.gbps * 1e9 / 8;
     const double rd_us = std::log2(double(dp)) * (l.latency_us + double(bytes) / bw * 1e6);
-    const double ring_us = emulated_link_seconds(LinkOp::kAllReduce, bytes, dp, l.gbps,
-                                                 l.latency_us) * 1e6;
+    const double ring_us =
+        emulated_link_seconds(LinkOp::kAllReduce, bytes, dp, l.gbps, l.latency_us) * 1e6;
     std::printf("network model at dp %d on %s: %.1f us recursive doubling, %.1f us ring\n", dp,
                 l.name, rd_us, ring_us);
   }

@@ -11,8 +11,8 @@
 #include <random>
 #include <vector>
 
-#include "trident/backend.h"
 #include "train/tied_embedding.h"
+#include "trident/backend.h"
 #include "trident/buckets.h"
 
 namespace trident {
@@ -28,7 +28,8 @@ void BM_HeadGradient(benchmark::State& state) {
   for (float& v : dlogits) v = d(rng);
   for (float& v : x) v = d(rng);
   const size_t bucket = (size_t(V) * C * 4 + size_t(K) - 1) / size_t(K);
-  const std::vector<int> rows = K > 1 ? head_gradient_pieces(V, C, 4, bucket, 32) : std::vector<int>{};
+  const std::vector<int> rows =
+      K > 1 ? head_gradient_pieces(V, C, 4, bucket, 32) : std::vector<int>{};
   for (auto _ : state) {
     if (rows.empty()) {
       be->matmul_backward(nullptr, dw.data(), nullptr, dlogits.data(), x.data(), nullptr, N, C, V);
@@ -40,13 +41,19 @@ void BM_HeadGradient(benchmark::State& state) {
     benchmark::DoNotOptimize(dw.data());
   }
   state.counters["pieces"] = double(rows.empty() ? 1 : rows.size() - 1);
-  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * N * V * C * 1e-9,
-                                                 benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * N * V * C * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_HeadGradient)
-    ->Args({384, 1024, 1})->Args({384, 1024, 3})->Args({384, 1024, 11})
-    ->Args({768, 256, 1})->Args({768, 256, 6})->Args({768, 256, 15})
-    ->Unit(benchmark::kMillisecond)->Repetitions(5)->ReportAggregatesOnly(true);
+    ->Args({384, 1024, 1})
+    ->Args({384, 1024, 3})
+    ->Args({384, 1024, 11})
+    ->Args({768, 256, 1})
+    ->Args({768, 256, 6})
+    ->Args({768, 256, 15})
+    ->Unit(benchmark::kMillisecond)
+    ->Repetitions(5)
+    ->ReportAggregatesOnly(true);
 
 }  // namespace
 }  // namespace trident

@@ -114,7 +114,8 @@ TEST(DeviceDiscipline, ZeroTwoIsRefusedOnADeviceBackend) {
     FAIL() << "parallel.zero 2 was accepted on a device backend";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("parallel.zero: 2 needs run.backend cpu"),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
   }
   d.parallel.zero = 1;
   EXPECT_NO_THROW(Trainer(d, TrainContext{&strict, 1e9}));
@@ -126,7 +127,12 @@ TEST(DeviceDisciplineDeathTest, DirectHostAccessCrashes) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");  // OpenMP's threads exist by now
   testing::StrictDeviceBackend strict;
   BackendBuffer<float> buf(strict, 16);
-  EXPECT_DEATH({ volatile float x = buf.data()[3]; (void)x; }, "");
+  EXPECT_DEATH(
+      {
+        volatile float x = buf.data()[3];
+        (void)x;
+      },
+      "");
 }
 
 }  // namespace

@@ -39,14 +39,10 @@ TEST(PipeSchedule, GPipeRunsEveryForwardThenEveryBackward) {
 TEST(PipeSchedule, OneFOneBFourStagesEightMicroBatches) {
   const auto s = PipeSchedule::kOneFOneB;
   // Warm-up 3, 2, 1, 0 forwards; then F/B pairs; then the cool-down backwards.
-  EXPECT_EQ(actions_text(s, 4, 0, 8),
-            "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7");
-  EXPECT_EQ(actions_text(s, 4, 1, 8),
-            "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7");
-  EXPECT_EQ(actions_text(s, 4, 2, 8),
-            "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 B7");
-  EXPECT_EQ(actions_text(s, 4, 3, 8),
-            "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7");
+  EXPECT_EQ(actions_text(s, 4, 0, 8), "F0 F1 F2 F3 B0 F4 B1 F5 B2 F6 B3 F7 B4 B5 B6 B7");
+  EXPECT_EQ(actions_text(s, 4, 1, 8), "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 F6 B4 F7 B5 B6 B7");
+  EXPECT_EQ(actions_text(s, 4, 2, 8), "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 B7");
+  EXPECT_EQ(actions_text(s, 4, 3, 8), "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7");
 }
 
 TEST(PipeSchedule, OneFOneBWithFewerMicroBatchesThanStages) {
@@ -152,9 +148,9 @@ TEST(PipeSchedule, EveryMicroBatchOnceInOrderAndInFlightMatches) {
       for (int micro = 1; micro <= 10; ++micro) {
         for (int stage = 0; stage < stages; ++stage) {
           const auto actions = pipeline_actions(s, stages, stage, micro);
-          const std::string where = fmt::format("{} stages {} stage {} micro {}: {}",
-                                                pipe_schedule_name(s), stages, stage, micro,
-                                                to_text(actions));
+          const std::string where =
+              fmt::format("{} stages {} stage {} micro {}: {}", pipe_schedule_name(s), stages,
+                          stage, micro, to_text(actions));
           ASSERT_EQ(actions.size(), (split ? 3u : 2u) * micro) << where;
           std::vector<int> at[3] = {std::vector<int>(micro, -1), std::vector<int>(micro, -1),
                                     std::vector<int>(micro, -1)};
@@ -196,8 +192,8 @@ bool actions_complete(PipeSchedule s, const std::vector<std::vector<PipeAction>>
                       int micro, int chunks = 1) {
   const int stages = static_cast<int>(actions.size()), virtual_stages = stages * chunks;
   auto index_of = [&](int st, PipeAction a) {
-    return static_cast<size_t>(
-        std::find(actions[st].begin(), actions[st].end(), a) - actions[st].begin());
+    return static_cast<size_t>(std::find(actions[st].begin(), actions[st].end(), a) -
+                               actions[st].begin());
   };
   // By virtual stage.
   std::vector<std::vector<char>> fwd_done(virtual_stages, std::vector<char>(micro, 0));
@@ -215,8 +211,8 @@ bool actions_complete(PipeSchedule s, const std::vector<std::vector<PipeAction>>
                              : vs == virtual_stages - 1 || bwd_done[vs + 1][a.micro];
         if (forward && vs > 0 && a.micro >= k) {
           const int prev = (vs - 1) % stages, prev_chunk = (vs - 1) / stages;
-          ready = ready && next[prev] >= index_of(prev, {PipeAction::Kind::kBackward,
-                                                         a.micro - k, prev_chunk});
+          ready = ready && next[prev] >= index_of(prev, {PipeAction::Kind::kBackward, a.micro - k,
+                                                         prev_chunk});
         }
         if (!ready) break;
         if (a.kind != PipeAction::Kind::kWeight) (forward ? fwd_done : bwd_done)[vs][a.micro] = 1;
@@ -241,9 +237,11 @@ TEST(PipeSchedule, NoDeadlockForAnyStagesAndMicroBatches) {
   // The simulation does find a deadlock: stage 0 without its warm-up waits for B0 while
   // stage 1 waits for F1.
   const auto one_f_one_b = PipeSchedule::kOneFOneB;
-  EXPECT_FALSE(actions_complete(one_f_one_b, {pipeline_actions(one_f_one_b, 3, 2, 4),
-                                 pipeline_actions(one_f_one_b, 3, 1, 4),
-                                 pipeline_actions(one_f_one_b, 3, 2, 4)}, 4));
+  EXPECT_FALSE(actions_complete(
+      one_f_one_b,
+      {pipeline_actions(one_f_one_b, 3, 2, 4), pipeline_actions(one_f_one_b, 3, 1, 4),
+       pipeline_actions(one_f_one_b, 3, 2, 4)},
+      4));
 
   for (PipeSchedule s :
        {PipeSchedule::kGPipe, PipeSchedule::kOneFOneB, PipeSchedule::kZeroBubbleH1})
@@ -380,7 +378,8 @@ TEST(PipeSchedule, InterleavedEveryChunkPassOnceInOrder) {
       for (int m = p; m <= 3 * p; m += p)
         for (int st = 0; st < p; ++st) {
           const auto actions = pipeline_actions(PipeSchedule::kInterleaved, p, st, m, v);
-          SCOPED_TRACE(fmt::format("p {} v {} m {} stage {}: {}", p, v, m, st, chunk_text(actions)));
+          SCOPED_TRACE(
+              fmt::format("p {} v {} m {} stage {}: {}", p, v, m, st, chunk_text(actions)));
           ASSERT_EQ(actions.size(), 2u * m * v);
           std::vector<int> next(2 * size_t(v), 0);  // per (kind, chunk): the next micro-batch
           std::vector<int> alive(size_t(v), 0), most(size_t(v), 0);
@@ -420,9 +419,12 @@ TEST(PipeSchedule, BadInterleavedShapesAreRefused) {
       EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
     }
   };
-  refused(PipeSchedule::kOneFOneB, 2, 4, 2, 8, "parallel.virtual_stages: 2 needs parallel.schedule: interleaved");
-  refused(PipeSchedule::kInterleaved, 4, 6, 2, 8, "train.accum 6 is not a multiple of parallel.pp 4 (use 4 or 8)");
-  refused(PipeSchedule::kInterleaved, 4, 2, 2, 8, "train.accum 2 is not a multiple of parallel.pp 4 (use 4)");
+  refused(PipeSchedule::kOneFOneB, 2, 4, 2, 8,
+          "parallel.virtual_stages: 2 needs parallel.schedule: interleaved");
+  refused(PipeSchedule::kInterleaved, 4, 6, 2, 8,
+          "train.accum 6 is not a multiple of parallel.pp 4 (use 4 or 8)");
+  refused(PipeSchedule::kInterleaved, 4, 2, 2, 8,
+          "train.accum 2 is not a multiple of parallel.pp 4 (use 4)");
   refused(PipeSchedule::kInterleaved, 4, 8, 2, 6, "= 8 model chunks, but model.layers is 6");
   refused(PipeSchedule::kInterleaved, 1, 4, 2, 8, "needs parallel.pp ≥ 2");
   refused(PipeSchedule::kInterleaved, 2, 4, 1, 8, "needs parallel.virtual_stages ≥ 2");

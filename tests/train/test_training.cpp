@@ -34,8 +34,8 @@ TEST(Schedule, WarmupThenCosineOrConstant) {
   t.min_lr_ratio = 0.1;
   EXPECT_DOUBLE_EQ(lr_at(t, 0), 0.25);
   EXPECT_DOUBLE_EQ(lr_at(t, 3), 1.0);
-  EXPECT_DOUBLE_EQ(lr_at(t, 4), 1.0);      // start of the decay
-  EXPECT_NEAR(lr_at(t, 13), 0.1, 1e-12);   // last step reaches lr·min_lr_ratio
+  EXPECT_DOUBLE_EQ(lr_at(t, 4), 1.0);                  // start of the decay
+  EXPECT_NEAR(lr_at(t, 13), 0.1, 1e-12);               // last step reaches lr·min_lr_ratio
   EXPECT_NEAR(lr_at(t, 8) + lr_at(t, 9), 1.1, 1e-12);  // cosine is symmetric about the middle
   t.lr_schedule = "constant";
   EXPECT_DOUBLE_EQ(lr_at(t, 13), 1.0);

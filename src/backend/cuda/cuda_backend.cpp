@@ -17,12 +17,12 @@
 #include <cctype>
 #include <cstring>
 #include <map>
-#include <set>
-#include <vector>
 #include <memory>
+#include <set>
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <vector>
 
 #include "attention_cudnn.h"
 #include "attention_flash.h"
@@ -51,9 +51,9 @@ void check_malloc(cudaError_t rc, size_t bytes, std::string_view what, std::stri
     size_t free_bytes = 0, total = 0;
     cudaMemGetInfo(&free_bytes, &total);
     input_error("out of GPU memory: {:.2f} GiB {} asked for, {:.2f} GiB free of {:.2f} GiB{}{} "
-                "(lower train.micro_batch, or set train.recompute)", double(bytes) / (1u << 30),
-                what, double(free_bytes) / (1u << 30), double(total) / (1u << 30),
-                on.empty() ? "" : " on ", on);
+                "(lower train.micro_batch, or set train.recompute)",
+                double(bytes) / (1u << 30), what, double(free_bytes) / (1u << 30),
+                double(total) / (1u << 30), on.empty() ? "" : " on ", on);
   }
   TRIDENT_CUDA(rc);
 }
@@ -255,7 +255,8 @@ class CudaBackend final : public Backend {
     nvtxRangePushA(name);
     if (!timing_) return;
     std::string kind(name);
-    while (!kind.empty() && (std::isdigit(static_cast<unsigned char>(kind.back())) || kind.back() == ' '))
+    while (!kind.empty() &&
+           (std::isdigit(static_cast<unsigned char>(kind.back())) || kind.back() == ' '))
       kind.pop_back();
     layer_times_.push(std::move(kind), stream_);
   }
@@ -274,17 +275,17 @@ class CudaBackend final : public Backend {
   }
 
   // --- layers ---------------------------------------------------------------------------
-  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
-                       int B, int T, int C) override {
+  void encoder_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe, int B,
+                       int T, int C) override {
     Op op(*this, "encoder fwd");
     cuda::encoder_forward_cuda(out, tokens, wte, wpe, B, T, C, stream_);
   }
-  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
-                        int B, int T, int C) override {
+  void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, int B,
+                        int T, int C) override {
     Op op(*this, "encoder bwd");
     // The sort's keys, rows and runs (Note [Deterministic dwte]); only dwte needs them.
-    void* scratch = dwte ? reduce_scratch_.of<char>(cuda::encoder_backward_scratch_bytes(B * T))
-                         : nullptr;
+    void* scratch =
+        dwte ? reduce_scratch_.of<char>(cuda::encoder_backward_scratch_bytes(B * T)) : nullptr;
     cuda::encoder_backward_cuda(dwte, dwpe, scratch, dout, tokens, B, T, C, stream_);
   }
   void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
@@ -300,8 +301,8 @@ class CudaBackend final : public Backend {
     cuda::layernorm_backward_cuda(dinp, dw, db, scratch, dout, inp, w, mean, rstd, N, C, stream_);
   }
 
-  void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N,
-                      int C, int OC) override {
+  void matmul_forward(float* out, const float* inp, const float* w, const float* bias, int N, int C,
+                      int OC) override {
     Op op(*this, "matmul fwd");
     bf16* inp16 = to_bf16(stage_a_, inp, size_t(N) * C);
     bf16* w16 = to_bf16(stage_w_, w, size_t(OC) * C);
@@ -361,8 +362,7 @@ class CudaBackend final : public Backend {
       to_f32(dqkv, dqkv16, n3);
       return;
     }
-    cuda::flash_attention_backward_cuda(dqkv, scratch, dout, qkv, out, att, B, T, C, NH,
-                                        stream_);
+    cuda::flash_attention_backward_cuda(dqkv, scratch, dout, qkv, out, att, B, T, C, NH, stream_);
   }
 
   void gelu_forward(float* out, const float* inp, size_t n) override {
@@ -406,9 +406,9 @@ class CudaBackend final : public Backend {
     Op op(*this, "cast bf16");
     cuda::cast_f32_to_bf16_cuda(dev(out), inp, n, stream_);
   }
-  void adamw_update_bf16(float* params, bfloat16* params16, float* m, float* v,
-                         const float* grads, size_t n, float lr, float beta1, float beta2,
-                         float eps, float weight_decay, int t, float grad_scale) override {
+  void adamw_update_bf16(float* params, bfloat16* params16, float* m, float* v, const float* grads,
+                         size_t n, float lr, float beta1, float beta2, float eps,
+                         float weight_decay, int t, float grad_scale) override {
     Op op(*this, "adamw");
     cuda::adamw_update_cuda(params, m, v, grads, n, lr, beta1, beta2, eps, weight_decay, t,
                             grad_scale, dev(params16), stream_);
@@ -420,15 +420,14 @@ class CudaBackend final : public Backend {
   }
   void layernorm_backward_add_bf16(float* dresidual, bfloat16* dresidual16, float* dw, float* db,
                                    const bfloat16* dout, const float* inp, const float* w,
-                                   const float* mean, const float* rstd, int N,
-                                   int C) override {
+                                   const float* mean, const float* rstd, int N, int C) override {
     Op op(*this, "layernorm bwd");
     float* scratch = reduce_scratch_.of<float>(cuda::layernorm_backward_scratch_floats(N, C));
-    cuda::layernorm_backward_add_bf16_cuda(dresidual, dev(dresidual16), dw, db, scratch,
-                                           dev(dout), inp, w, mean, rstd, N, C, stream_);
+    cuda::layernorm_backward_add_bf16_cuda(dresidual, dev(dresidual16), dw, db, scratch, dev(dout),
+                                           inp, w, mean, rstd, N, C, stream_);
   }
-  void matmul_forward_bf16(bfloat16* out, const bfloat16* inp, const bfloat16* w,
-                           const float* bias, int N, int C, int OC) override {
+  void matmul_forward_bf16(bfloat16* out, const bfloat16* inp, const bfloat16* w, const float* bias,
+                           int N, int C, int OC) override {
     Op op(*this, "matmul fwd");
     // out[N,OC] = bf16(inp[N,C] · w[OC,C]ᵀ + bias)
     gemm_->matmul_bf16(dev(out), dev(inp), dev(w), bias, N, OC, C, false, true, stream_);
@@ -441,11 +440,10 @@ class CudaBackend final : public Backend {
     gemm_->matmul_add(out, residual, dev(inp), dev(w), bias, N, OC, C, false, true, stream_);
   }
   void matmul_backward_bf16(bfloat16* dinp, float* dw, float* dbias, const bfloat16* dout,
-                            const bfloat16* inp, const bfloat16* w, int N, int C,
-                            int OC) override {
+                            const bfloat16* inp, const bfloat16* w, int N, int C, int OC) override {
     Op op(*this, "matmul bwd");
     if (N == 0) return;  // dinp has no rows and dw, dbias gain nothing
-    if (dinp)  // dinp[N,C] = bf16(dout[N,OC] · w[OC,C])
+    if (dinp)            // dinp[N,C] = bf16(dout[N,OC] · w[OC,C])
       gemm_->matmul_bf16(dev(dinp), dev(dout), dev(w), nullptr, N, C, OC, false, false, stream_);
     if (dw && dbias) {
       // dw[OC,C] += dout[N,OC]ᵀ · inp[N,C] and Σ_n dout in the same pass over dout (BGRADB;
@@ -472,8 +470,8 @@ class CudaBackend final : public Backend {
     Op op(*this, "matmul fwd");
     if (N == 0) return;
     // out, pre [N,OC] from inp[N,C] · w[OC,C]ᵀ + bias
-    if (gemm_->matmul_gelu_bf16(dev(out), dev(pre), dev(inp), dev(w), bias, N, OC, C, false,
-                                true, stream_))
+    if (gemm_->matmul_gelu_bf16(dev(out), dev(pre), dev(inp), dev(w), bias, N, OC, C, false, true,
+                                stream_))
       return;
     gemm_->matmul_bf16(dev(pre), dev(inp), dev(w), bias, N, OC, C, false, true, stream_);
     cuda::gelu_forward_bf16_cuda(dev(out), dev(pre), size_t(N) * OC, stream_);
@@ -486,8 +484,8 @@ class CudaBackend final : public Backend {
     // dpre[N,C] = bf16(gelu'(pre) ⊙ dout[N,OC] · w[OC,C]); cuBLASLt writes the bias sums.
     if (dbias) {
       float* sums = reduce_scratch_.of<float>(size_t(C));
-      if (gemm_->matmul_dgelu_bf16(dev(dpre), sums, dev(dout), dev(w), dev(pre), N, C, OC,
-                                   false, false, stream_)) {
+      if (gemm_->matmul_dgelu_bf16(dev(dpre), sums, dev(dout), dev(w), dev(pre), N, C, OC, false,
+                                   false, stream_)) {
         cuda::add_cuda(dbias, dbias, sums, size_t(C), stream_);
         return;
       }
@@ -513,8 +511,8 @@ class CudaBackend final : public Backend {
   // cuDNN's fused attention takes bf16 q|k|v and writes bf16 outputs: the tensors as they are.
   // Where it has no plan for the shape (or run.attention is flash), the fp32 flash kernel on
   // widened copies, its outputs rounded once: the op's definition, at the cost of the casts.
-  void attention_forward_bf16(bfloat16* out, float* att, const bfloat16* qkv, int B, int T,
-                              int C, int NH) override {
+  void attention_forward_bf16(bfloat16* out, float* att, const bfloat16* qkv, int B, int T, int C,
+                              int NH) override {
     Op op(*this, "attention fwd");
     if (use_cudnn(B, T, C, NH)) {
       cudnn_attention_->forward(dev(out), att, dev(qkv), B, T, C, NH, stream_);
@@ -528,8 +526,8 @@ class CudaBackend final : public Backend {
     into_bf16(dev(out), out32, n1);
   }
   void attention_backward_bf16(bfloat16* dqkv, float* scratch, const bfloat16* dout,
-                               const bfloat16* qkv, const bfloat16* out, const float* att,
-                               int B, int T, int C, int NH) override {
+                               const bfloat16* qkv, const bfloat16* out, const float* att, int B,
+                               int T, int C, int NH) override {
     Op op(*this, "attention bwd");
     if (use_cudnn(B, T, C, NH)) {
       cudnn_attention_->backward(dev(dqkv), dev(dout), dev(qkv), dev(out), att, B, T, C, NH,
@@ -582,8 +580,8 @@ class CudaBackend final : public Backend {
     cuda::embedding_slice_backward_cuda(dwte_slice, dwpe, scratch, dout, tokens, v0, v1, B, T, C,
                                         stream_);
   }
-  void crossentropy_slice_stats(float* stats, const float* logits, const int32_t* targets,
-                                int v0, int live, int N, int Vl) override {
+  void crossentropy_slice_stats(float* stats, const float* logits, const int32_t* targets, int v0,
+                                int live, int N, int Vl) override {
     Op op(*this, "crossentropy fwd");
     cuda::crossentropy_slice_stats_cuda(stats, logits, targets, v0, live, N, Vl, stream_);
   }
@@ -593,13 +591,13 @@ class CudaBackend final : public Backend {
     cuda::crossentropy_slice_combine_cuda(losses, logits_to_probs, all_stats, tp, live, N, Vl,
                                           stream_);
   }
-  void crossentropy_slice_backward(float* probs, const int32_t* targets, float dloss, int v0,
-                                   int N, int Vl) override {
+  void crossentropy_slice_backward(float* probs, const int32_t* targets, float dloss, int v0, int N,
+                                   int Vl) override {
     Op op(*this, "crossentropy bwd");
     cuda::crossentropy_slice_backward_cuda(probs, targets, dloss, v0, N, Vl, stream_);
   }
-  void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
-                 size_t row_bytes, size_t rows) override {
+  void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
+                 size_t rows) override {
     Op op(*this, "sequence permute");
     if (rows > 0 && row_bytes > 0)
       TRIDENT_CUDA(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows,
@@ -611,8 +609,8 @@ class CudaBackend final : public Backend {
     Op op(*this, "grad norm");
     double* result = norm_scratch_.of<double>(1 + cuda::sum_squares_scratch_doubles());
     cuda::sum_squares_cuda(result, result + 1, x, n, stream_);
-    TRIDENT_CUDA(cudaMemcpyAsync(host_double_, result, sizeof(double), cudaMemcpyDeviceToHost,
-                                 stream_));
+    TRIDENT_CUDA(
+        cudaMemcpyAsync(host_double_, result, sizeof(double), cudaMemcpyDeviceToHost, stream_));
     synchronize();
     return *host_double_;
   }
@@ -628,8 +626,8 @@ class CudaBackend final : public Backend {
     double* results = norm_scratch_.of<double>(count + cuda::sum_squares_scratch_doubles());
     for (size_t i = 0; i < count; ++i)
       cuda::sum_squares_cuda(results + i, results + count, xs[i], ns[i], stream_);
-    TRIDENT_CUDA(cudaMemcpyAsync(out, results, count * sizeof(double), cudaMemcpyDeviceToHost,
-                                 stream_));
+    TRIDENT_CUDA(
+        cudaMemcpyAsync(out, results, count * sizeof(double), cudaMemcpyDeviceToHost, stream_));
     synchronize();  // `out` may be pageable: the copy is complete only after this
   }
   void adamw_update(float* params, float* m, float* v, const float* grads, size_t n, float lr,
@@ -710,23 +708,28 @@ class CudaBackend final : public Backend {
     const bool ok = cudnn_attention_->supported(B, T, C, NH, &why);
     if (attention_mode_ == "cudnn" && !ok)
       input_error("run.attention is cudnn, but cuDNN has no fused-attention plan for B={} T={} "
-                  "C={} NH={}: {}", B, T, C, NH, why);
+                  "C={} NH={}: {}",
+                  B, T, C, NH, why);
     if (!ok && !cuda::flash_attention_supported(C / NH))
       input_error("attention with head size {} has neither a cuDNN plan ({}) nor a flash "
-                  "kernel (head sizes 32, 64, 128)", C / NH, why);
+                  "kernel (head sizes 32, 64, 128)",
+                  C / NH, why);
     // Said once per shape: a refusal under run.attention auto falls back to the fp32 flash
     // kernel in both directions, which costs a GPT-2 step a lot, so it must be visible. (A
     // tuple key and a note rewritten only for a larger shape: nothing is formatted per op.)
     if (!ok && refused_said_.insert({B, T, C, NH}).second)
-      fmt::print(stderr, "cuda backend: cuDNN has no fused-attention plan for B={} T={} C={} "
-                 "NH={} ({}); that attention runs on the fp32 flash kernel\n", B, T, C, NH, why);
+      fmt::print(stderr,
+                 "cuda backend: cuDNN has no fused-attention plan for B={} T={} C={} "
+                 "NH={} ({}); that attention runs on the fp32 flash kernel\n",
+                 B, T, C, NH, why);
     if (size_t(B) * T > largest_attention_tokens_) {
       largest_attention_tokens_ = size_t(B) * T;  // the note is the largest shape's (training's)
       attention_note_ = ok ? fmt::format("cuDNN fused SDPA, bf16 (B={} T={} C={} NH={}; backward "
-                                         "graph: {})", B, T, C, NH,
-                                         cudnn_attention_->backward_graph(B, T, C, NH))
+                                         "graph: {})",
+                                         B, T, C, NH, cudnn_attention_->backward_graph(B, T, C, NH))
                            : fmt::format("flash kernel, fp32 (B={} T={} C={} NH={}): cuDNN "
-                                         "refused: {}", B, T, C, NH, why);
+                                         "refused: {}",
+                                         B, T, C, NH, why);
     }
     return ok;
   }
@@ -736,8 +739,8 @@ class CudaBackend final : public Backend {
   int sm_ = 0;
   std::string device_name_;
   std::string attention_mode_;
-  std::string attention_note_;            // attention_note()
-  size_t largest_attention_tokens_ = 0;   // B·T of the note
+  std::string attention_note_;                             // attention_note()
+  size_t largest_attention_tokens_ = 0;                    // B·T of the note
   std::set<std::tuple<int, int, int, int>> refused_said_;  // (B, T, C, NH) refusals printed
   cudaStream_t stream_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;

@@ -91,8 +91,8 @@ CudaDeviceStatus classify_cuda_device(const CudaDeviceProbe& p) {
 
   if (none_found && p.visible_devices_set) {
     s.state = CudaDeviceState::kAbsent;
-    s.reason = fmt::format("CUDA_VISIBLE_DEVICES='{}' hides every device ({})",
-                           p.visible_devices, runtime);
+    s.reason = fmt::format("CUDA_VISIBLE_DEVICES='{}' hides every device ({})", p.visible_devices,
+                           runtime);
     return s;
   }
   if (p.device_nodes.empty() && (!p.driver_loads || none_found)) {

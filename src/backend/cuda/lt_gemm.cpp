@@ -65,8 +65,8 @@ cublasLtEpilogue_t lt_epilogue(LtEpilogue kind) {
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
 bool has_bias_vector(LtEpilogue k) {  // a bias, or a bias gradient, at BIAS_POINTER
-  return k == LtEpilogue::kBias || k == LtEpilogue::kGeluAuxBias ||
-         k == LtEpilogue::kDGeluBgrad || k == LtEpilogue::kBgradA;
+  return k == LtEpilogue::kBias || k == LtEpilogue::kGeluAuxBias || k == LtEpilogue::kDGeluBgrad ||
+         k == LtEpilogue::kBgradA;
 }
 bool has_aux(LtEpilogue k) {
   return k == LtEpilogue::kGeluAux || k == LtEpilogue::kGeluAuxBias || k == LtEpilogue::kDGelu ||
@@ -108,8 +108,8 @@ const LtGemm::Plan* LtGemm::plan_for(const Key& key, const EpilogueArgs& ep, boo
     TRIDENT_CHECK(it->second || may_refuse, "LtGemm: a refused plan asked for without refusal");
     return it->second;
   }
-  const auto [M, N, K, trans_a, trans_b, epilogue, accumulate, d_bf16, c_separate, align_a,
-              align_b, align_c, align_d, align_bias, align_aux, bias_bf16] = key;
+  const auto [M, N, K, trans_a, trans_b, epilogue, accumulate, d_bf16, c_separate, align_a, align_b,
+              align_c, align_d, align_bias, align_aux, bias_bf16] = key;
   // They change the call, not the plan (the alignments of the epilogue's pointers are the
   // heuristic's from the pointers themselves); keyed to be safe.
   (void)accumulate, (void)c_separate, (void)align_bias, (void)align_aux;
@@ -120,14 +120,14 @@ const LtGemm::Plan* LtGemm::plan_for(const Key& key, const EpilogueArgs& ep, boo
   const cublasOperation_t op_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   TRIDENT_CUBLAS(cublasLtMatmulDescCreate(&plan->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  TRIDENT_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a,
-                                                sizeof(op_a)));
-  TRIDENT_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b,
-                                                sizeof(op_b)));
+  TRIDENT_CUBLAS(
+      cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+  TRIDENT_CUBLAS(
+      cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
   if (epilogue != Epilogue::kNone) {
     const cublasLtEpilogue_t lt = lt_epilogue(epilogue);
-    TRIDENT_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &lt,
-                                                  sizeof(lt)));
+    TRIDENT_CUBLAS(
+        cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &lt, sizeof(lt)));
   }
   if (has_bias_vector(epilogue)) {
     // An fp32 bias also with a bf16 D: the bf16 op adds the fp32 bias before its one rounding
@@ -135,8 +135,8 @@ const LtGemm::Plan* LtGemm::plan_for(const Key& key, const EpilogueArgs& ep, boo
     // D's; whether it takes fp32 with a bf16 D is the heuristic's answer (run_bf16_bias then
     // tries a bf16 bias, and the callers fall back where neither is taken).
     const cudaDataType_t bias_type = bias_bf16 ? CUDA_R_16BF : CUDA_R_32F;
-    TRIDENT_CUBLAS(cublasLtMatmulDescSetAttribute(
-        plan->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+    TRIDENT_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                  &bias_type, sizeof(bias_type)));
     TRIDENT_CUBLAS(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                   &ep.bias, sizeof(ep.bias)));
   }
@@ -155,8 +155,7 @@ const LtGemm::Plan* LtGemm::plan_for(const Key& key, const EpilogueArgs& ep, boo
   const uint64_t b_rows = trans_a ? M : K, b_cols = trans_a ? K : M;
   TRIDENT_CUBLAS(cublasLtMatrixLayoutCreate(&plan->a, CUDA_R_16BF, a_rows, a_cols, a_rows));
   TRIDENT_CUBLAS(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_16BF, b_rows, b_cols, b_rows));
-  TRIDENT_CUBLAS(
-      cublasLtMatrixLayoutCreate(&plan->d, d_bf16 ? CUDA_R_16BF : CUDA_R_32F, N, M, N));
+  TRIDENT_CUBLAS(cublasLtMatrixLayoutCreate(&plan->d, d_bf16 ? CUDA_R_16BF : CUDA_R_32F, N, M, N));
 
   cublasLtMatmulPreference_t pref;
   TRIDENT_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
@@ -186,8 +185,7 @@ const LtGemm::Plan* LtGemm::plan_for(const Key& key, const EpilogueArgs& ep, boo
     internal_error(__FILE__, __LINE__,
                    fmt::format("cuBLASLt has no algorithm for a bf16 GEMM M={} N={} K={} "
                                "(trans_a {}, trans_b {}, epilogue {}, D {})",
-                               M, N, K, trans_a, trans_b, int(epilogue),
-                               d_bf16 ? "bf16" : "fp32"));
+                               M, N, K, trans_a, trans_b, int(epilogue), d_bf16 ? "bf16" : "fp32"));
   }
   plan->algo = result.algo;
   return plan;
@@ -201,21 +199,34 @@ bool LtGemm::run(void* D, const void* C, const bf16* A, const bf16* B, const Epi
   const bool with_bias = has_bias_vector(ep.kind), with_aux = has_aux(ep.kind);
   TRIDENT_CHECK(!with_bias || ep.bias, "LtGemm: a bias epilogue without its vector");
   if (with_bias && alignment_of(ep.bias) < 16) {
-    TRIDENT_CHECK(may_refuse, "LtGemm: the bias (or bias gradient) must be 16-byte aligned "
-                  "(N={})", N);
+    TRIDENT_CHECK(may_refuse,
+                  "LtGemm: the bias (or bias gradient) must be 16-byte aligned "
+                  "(N={})",
+                  N);
     return false;  // run_bf16_bias's aligned bf16 copy, or the caller's fallback
   }
   if (with_aux) {
     TRIDENT_CHECK(ep.aux != nullptr, "LtGemm: an aux epilogue without its matrix");
     if (alignment_of(ep.aux) < 16 || N % 8 != 0) {
-      TRIDENT_CHECK(may_refuse, "LtGemm: the aux matrix must be 16-byte aligned, N={} % 8 = 0",
-                    N);
+      TRIDENT_CHECK(may_refuse, "LtGemm: the aux matrix must be 16-byte aligned, N={} % 8 = 0", N);
       return false;
     }
   }
-  const Key key{M, N, K, trans_a, trans_b, ep.kind, beta != 0.0f, d_bf16, C != D,
-                alignment_of(A), alignment_of(B), alignment_of(C), alignment_of(D),
-                with_bias ? alignment_of(ep.bias) : 0u, with_aux ? alignment_of(ep.aux) : 0u,
+  const Key key{M,
+                N,
+                K,
+                trans_a,
+                trans_b,
+                ep.kind,
+                beta != 0.0f,
+                d_bf16,
+                C != D,
+                alignment_of(A),
+                alignment_of(B),
+                alignment_of(C),
+                alignment_of(D),
+                with_bias ? alignment_of(ep.bias) : 0u,
+                with_aux ? alignment_of(ep.aux) : 0u,
                 with_bias && ep.bias_bf16};
   const Plan* plan = plan_for(key, ep, may_refuse);
   if (!plan) return false;
@@ -241,8 +252,8 @@ bool LtGemm::run(void* D, const void* C, const bf16* A, const bf16* B, const Epi
   return true;
 }
 
-void LtGemm::matmul(float* D, const bf16* A, const bf16* B, const float* bias, int M, int N,
-                    int K, bool trans_a, bool trans_b, float beta, cudaStream_t stream) {
+void LtGemm::matmul(float* D, const bf16* A, const bf16* B, const float* bias, int M, int N, int K,
+                    bool trans_a, bool trans_b, float beta, cudaStream_t stream) {
   TRIDENT_CHECK(M >= 0 && N >= 0 && K >= 0, "LtGemm::matmul: M={} N={} K={}", M, N, K);
   if (M == 0 || N == 0) return;
   if (K == 0) {  // an empty sum: only "D += nothing" (a weight gradient over no rows) is defined
@@ -277,8 +288,10 @@ void LtGemm::matmul_bf16(bf16* D, const bf16* A, const bf16* B, const float* bia
   const size_t n = size_t(M) * N;
   grow(fallback_, fallback_floats_, n);
   if (!bf16_bias_fallback_used_)  // once per LtGemm: it costs a pass, so say so
-    fmt::print(stderr, "LtGemm: cuBLASLt has no bf16-output GEMM with a bias (M={} N={} "
-               "K={}); such GEMMs run with an fp32 output and a cast\n", M, N, K);
+    fmt::print(stderr,
+               "LtGemm: cuBLASLt has no bf16-output GEMM with a bias (M={} N={} "
+               "K={}); such GEMMs run with an fp32 output and a cast\n",
+               M, N, K);
   bf16_bias_fallback_used_ = true;
   run(fallback_, fallback_, A, B, bias_only(bias), M, N, K, trans_a, trans_b, 0.0f, false, false,
       stream);
@@ -288,14 +301,15 @@ void LtGemm::matmul_bf16(bf16* D, const bf16* A, const bf16* B, const float* bia
 void LtGemm::note_refusal(Epilogue kind, int M, int N, int K) {
   const uint32_t bit = 1u << unsigned(kind);
   if (!(refusals_noted_ & bit))  // once per kind: a fallback costs passes, so say so
-    fmt::print(stderr, "LtGemm: no cuBLASLt algorithm for epilogue {} at M={} N={} K={} (or the "
+    fmt::print(stderr,
+               "LtGemm: no cuBLASLt algorithm for epilogue {} at M={} N={} K={} (or the "
                "aux's leading dimension is not a multiple of 8); running a fallback without it\n",
                int(lt_epilogue(kind)), M, N, K);
   refusals_noted_ |= bit;
 }
 
-bool LtGemm::run_fused(void* D, const bf16* A, const bf16* B, const EpilogueArgs& ep, int M,
-                       int N, int K, bool trans_a, bool trans_b, float beta, bool d_bf16,
+bool LtGemm::run_fused(void* D, const bf16* A, const bf16* B, const EpilogueArgs& ep, int M, int N,
+                       int K, bool trans_a, bool trans_b, float beta, bool d_bf16,
                        cudaStream_t stream) {
   if (run(D, D, A, B, ep, M, N, K, trans_a, trans_b, beta, d_bf16, true, stream)) return true;
   note_refusal(ep.kind, M, N, K);
@@ -313,15 +327,16 @@ bool LtGemm::run_bf16_bias(void* D, const bf16* A, const bf16* B, EpilogueArgs e
   ep.bias_bf16 = true;
   if (!run(D, D, A, B, ep, M, N, K, trans_a, trans_b, 0.0f, true, true, stream)) return false;
   if (!bias16_noted_)
-    fmt::print(stderr, "LtGemm: cuBLASLt takes no fp32 bias with a bf16 output (epilogue {} at "
+    fmt::print(stderr,
+               "LtGemm: cuBLASLt takes no fp32 bias with a bf16 output (epilogue {} at "
                "M={} N={} K={}); its bias is rounded to bf16 for such GEMMs\n",
                int(lt_epilogue(ep.kind)), M, N, K);
   bias16_noted_ = true;
   return true;
 }
 
-bool LtGemm::matmul_gelu_bf16(bf16* D, bf16* aux, const bf16* A, const bf16* B,
-                              const float* bias, int M, int N, int K, bool trans_a, bool trans_b,
+bool LtGemm::matmul_gelu_bf16(bf16* D, bf16* aux, const bf16* A, const bf16* B, const float* bias,
+                              int M, int N, int K, bool trans_a, bool trans_b,
                               cudaStream_t stream) {
   TRIDENT_CHECK(M > 0 && N > 0 && K > 0, "LtGemm::matmul_gelu_bf16: M={} N={} K={}", M, N, K);
   TRIDENT_CHECK(D && aux && A && B, "LtGemm::matmul_gelu_bf16: null pointer");
@@ -345,9 +360,8 @@ bool LtGemm::matmul_dgelu_bf16(bf16* D, float* bias_grad, const bf16* A, const b
   return run_fused(D, A, B, ep, M, N, K, trans_a, trans_b, 0.0f, true, stream);
 }
 
-bool LtGemm::matmul_bgrad_a(float* D, float* bias_grad, const bf16* A, const bf16* B, int M,
-                            int N, int K, bool trans_a, bool trans_b, float beta,
-                            cudaStream_t stream) {
+bool LtGemm::matmul_bgrad_a(float* D, float* bias_grad, const bf16* A, const bf16* B, int M, int N,
+                            int K, bool trans_a, bool trans_b, float beta, cudaStream_t stream) {
   TRIDENT_CHECK(M > 0 && N > 0 && K > 0, "LtGemm::matmul_bgrad_a: M={} N={} K={}", M, N, K);
   TRIDENT_CHECK(D && bias_grad && A && B, "LtGemm::matmul_bgrad_a: null pointer");
   const EpilogueArgs ep{Epilogue::kBgradA, bias_grad, nullptr};

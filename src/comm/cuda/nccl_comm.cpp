@@ -96,8 +96,8 @@ class NcclWork final : public Work::Impl {
     }
     if (q != cudaErrorNotReady) {
       comm_->abort();
-      fail(fmt::format("failed on the device: {} ({})", cudaGetErrorName(q),
-                       cudaGetErrorString(q)));
+      fail(
+          fmt::format("failed on the device: {} ({})", cudaGetErrorName(q), cudaGetErrorString(q)));
     }
     comm_->check_async_error(record_.op);
     if (seconds_since(record_.start) > comm_->timeout()) {
@@ -121,10 +121,10 @@ class NcclWork final : public Work::Impl {
 
  private:
   [[noreturn]] void fail(const std::string& what) const {
-    internal_error(__FILE__, __LINE__,
-                   fmt::format("{} of {} bytes on NCCL communicator '{}' (rank {} of {}) {}",
-                               record_.op, record_.bytes, comm_->name(), comm_->rank(),
-                               comm_->size(), what));
+    internal_error(
+        __FILE__, __LINE__,
+        fmt::format("{} of {} bytes on NCCL communicator '{}' (rank {} of {}) {}", record_.op,
+                    record_.bytes, comm_->name(), comm_->rank(), comm_->size(), what));
   }
 
   NcclComm* comm_;
@@ -151,8 +151,8 @@ NcclComm::NcclComm(const ncclUniqueId& id, int rank, int size, std::string name,
                    cudaStream_t compute_stream, NcclCommOptions options)
     : name_(std::move(name)), rank_(rank), size_(size), options_(options),
       compute_stream_(compute_stream) {
-  TRIDENT_CHECK(size >= 1 && rank >= 0 && rank < size, "NcclComm '{}': rank {} of {}", name_,
-                rank, size);
+  TRIDENT_CHECK(size >= 1 && rank >= 0 && rank < size, "NcclComm '{}': rank {} of {}", name_, rank,
+                size);
   init(id);
 }
 
@@ -163,10 +163,8 @@ void NcclComm::init(const ncclUniqueId& id) {
   int least = 0, greatest = 0;
   TRIDENT_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   // Highest priority: a bucket's kernels get SMs ahead of backward's, so they finish early.
-  if (options_.on_compute_stream)
-    stream_ = compute_stream_;
-  else
-    TRIDENT_CUDA(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
+  if (options_.on_compute_stream) stream_ = compute_stream_;
+  else TRIDENT_CUDA(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
   TRIDENT_CUDA(cudaEventCreateWithFlags(&comm_done_, cudaEventDisableTiming));
 
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -292,8 +290,8 @@ Work NcclComm::launch(const char* op, size_t bytes, std::string_view label, Enqu
       if (began) cudaEventDestroy(began);
       if (done) cudaEventDestroy(done);
       abort();
-      throw Error(fmt::format("{} on NCCL communicator '{}' (rank {} of {}): {}", op, name_,
-                              rank_, size_, e.what()),
+      throw Error(fmt::format("{} on NCCL communicator '{}' (rank {} of {}): {}", op, name_, rank_,
+                              size_, e.what()),
                   e.code());
     }
   }
@@ -308,9 +306,9 @@ Work NcclComm::start_all_reduce_op(void* data, size_t count, ElemType type, Redu
                                    std::string_view label) {
   // Refused before anything is enqueued: NCCL has no bitwise OR (ReduceOp, trident/comm.h).
   if (op == ReduceOp::kBitOr)
-    internal_error(__FILE__, __LINE__,
-                   fmt::format("all_reduce bitwise OR on NCCL communicator '{}': not supported",
-                               name_));
+    internal_error(
+        __FILE__, __LINE__,
+        fmt::format("all_reduce bitwise OR on NCCL communicator '{}': not supported", name_));
   const size_t bytes = count * elem_bytes(type);
   if (options_.grad_bf16 && type == ElemType::kFloat32) {
     auto* x = static_cast<float*>(data);
@@ -334,8 +332,8 @@ Work NcclComm::start_all_reduce_op(void* data, size_t count, ElemType type, Redu
 Work NcclComm::start_reduce_scatter(const void* send, void* recv, size_t recv_count,
                                     ElemType type) {
   return launch("reduce_scatter", recv_count * size_ * elem_bytes(type), {}, [&] {
-    TRIDENT_NCCL(ncclReduceScatter(send, recv, recv_count, nccl_type(type), ncclSum, comm_,
-                                   stream_));
+    TRIDENT_NCCL(
+        ncclReduceScatter(send, recv, recv_count, nccl_type(type), ncclSum, comm_, stream_));
   });
 }
 
@@ -357,21 +355,23 @@ Work NcclComm::start_broadcast(void* data, size_t count, ElemType type, int root
 Work NcclComm::start_send(const void* data, size_t count, ElemType type, int dest, int tag) {
   TRIDENT_CHECK(dest >= 0 && dest < size_, "send to rank {} on '{}' of size {}", dest, name_,
                 size_);
-  TRIDENT_CHECK(tag == 0, "send with tag {} on NCCL communicator '{}': NCCL pairs transfers by "
-                "order, not tag", tag, name_);
+  TRIDENT_CHECK(tag == 0,
+                "send with tag {} on NCCL communicator '{}': NCCL pairs transfers by "
+                "order, not tag",
+                tag, name_);
   return launch("send", count * elem_bytes(type), {}, [&] {
     TRIDENT_NCCL(ncclSend(data, count, nccl_type(type), dest, comm_, stream_));
   });
 }
 
 Work NcclComm::start_recv(void* data, size_t count, ElemType type, int src, int tag) {
-  TRIDENT_CHECK(src >= 0 && src < size_, "recv from rank {} on '{}' of size {}", src, name_,
-                size_);
-  TRIDENT_CHECK(tag == 0, "recv with tag {} on NCCL communicator '{}': NCCL pairs transfers by "
-                "order, not tag", tag, name_);
-  return launch("recv", count * elem_bytes(type), {}, [&] {
-    TRIDENT_NCCL(ncclRecv(data, count, nccl_type(type), src, comm_, stream_));
-  });
+  TRIDENT_CHECK(src >= 0 && src < size_, "recv from rank {} on '{}' of size {}", src, name_, size_);
+  TRIDENT_CHECK(tag == 0,
+                "recv with tag {} on NCCL communicator '{}': NCCL pairs transfers by "
+                "order, not tag",
+                tag, name_);
+  return launch("recv", count * elem_bytes(type), {},
+                [&] { TRIDENT_NCCL(ncclRecv(data, count, nccl_type(type), src, comm_, stream_)); });
 }
 
 // ---- ordering with the compute stream: Note [Gradient-ready events] ----
@@ -388,8 +388,10 @@ std::shared_ptr<const ComputeMark> NcclComm::mark_compute_ready() {
 void NcclComm::order_after(const ComputeMark* mark) {
   if (!mark) return;
   const auto* event_mark = dynamic_cast<const EventMark*>(mark);
-  TRIDENT_CHECK(event_mark != nullptr, "NcclComm '{}': order_after with a mark made by another "
-                "kind of communicator", name_);
+  TRIDENT_CHECK(event_mark != nullptr,
+                "NcclComm '{}': order_after with a mark made by another "
+                "kind of communicator",
+                name_);
   bind_device();
   TRIDENT_CUDA(cudaStreamWaitEvent(stream_, event_mark->event, 0));
 }
