@@ -95,8 +95,8 @@ class Work {
   std::unique_ptr<Impl> impl_;
 };
 
-// kBitOr is the bitwise OR of integer elements (a union of bitmaps: the tied embedding's row
-// set, Note [Step row set] in train/embedding_rows.h); host communicators only (NCCL has no OR).
+// kBitOr is the bitwise OR of integer elements (a union of bitmaps, such as a set of rows each
+// rank marked); host communicators only (NCCL has no OR).
 enum class ReduceOp { kSum, kBitOr };
 
 // Note [Gradient-ready events]

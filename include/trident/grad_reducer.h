@@ -162,7 +162,7 @@ class GradReducer {
   // thread already hit.
   void grad_ready(int param_index);
   // An extra buffer outside the flat buffer, all-reduced (summed) after every bucket has
-  // been launched (e.g. the tied embedding's sparse rows). Every rank must add the same extras
+  // been launched (e.g. a sparse gradient's rows). Every rank must add the same extras
   // in the same order; `data` must stay valid until finish() returns.
   void add_extra(float* data, size_t count, std::string name);
   // Waits until every bucket and extra is reduced (summed over dp), then

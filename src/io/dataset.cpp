@@ -58,12 +58,18 @@ struct TokenLayout {
   uint32_t tokenizer;
 };
 
+// The file's first bytes, or input_error when it is shorter than a `kind` header of `bytes`.
+const unsigned char* header_bytes(const MappedFile& f, size_t bytes, const char* kind,
+                                  const std::string& path, const std::string& what) {
+  if (f.size() < bytes)
+    input_error("{}: {}: file is {} bytes, shorter than the {}-byte {} header", what, path,
+                f.size(), bytes, kind);
+  return f.bytes();
+}
+
 TokenLayout parse_trident_header(const MappedFile& f, const std::string& path,
                                  const std::string& what) {
-  const unsigned char* h = f.bytes();
-  if (f.size() < kTridentHeaderBytes)
-    input_error("{}: {}: file is {} bytes, shorter than the {}-byte trident header", what, path,
-                f.size(), kTridentHeaderBytes);
+  const unsigned char* h = header_bytes(f, kTridentHeaderBytes, "trident", path, what);
   TokenLayout l{"trident",
                 kTridentHeaderBytes,
                 load<uint32_t>(h + 12),
@@ -88,10 +94,7 @@ TokenLayout parse_trident_header(const MappedFile& f, const std::string& path,
 
 TokenLayout parse_llmc_header(const MappedFile& f, const std::string& path,
                               const std::string& what) {
-  const unsigned char* h = f.bytes();
-  if (f.size() < kLlmcHeaderBytes)
-    input_error("{}: {}: file is {} bytes, shorter than the {}-byte llm.c shard header", what, path,
-                f.size(), kLlmcHeaderBytes);
+  const unsigned char* h = header_bytes(f, kLlmcHeaderBytes, "llm.c shard", path, what);
   int32_t version = load<int32_t>(h + 4);
   int32_t n = load<int32_t>(h + 8);
   if (version != kLlmcVersion)

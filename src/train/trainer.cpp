@@ -38,9 +38,10 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
     dp_ = std::make_unique<DataParallel>(deck_, ctx_);
     const std::vector<ParamInfo> layout = gpt_param_layout(cfg, options.tp.size, options.tp.rank,
                                                            options.stage, options.wte_after_head);
-    const int wte = tied_ ? tied_->wte_index(layout) : -1;
-    dp_->lay_out(layout, tied_ ? wte : -1, tied_ ? tied_->piece_rows() : std::vector<int>{},
-                 cfg.channels, tied_ && tied_->needs_own_bucket() ? wte : -1, options);
+    const int wte = tied_ ? tied_->wte_index(layout) : -1;  // reported in pieces, maybe alone
+    const bool alone = tied_ && tied_->needs_own_bucket();
+    dp_->lay_out(layout, wte, tied_ ? tied_->piece_rows() : std::vector<int>{}, cfg.channels,
+                 alone ? wte : -1, options);
   }
   open_data(cfg);
   check_memory_plan(cfg, deck_.train.micro_batch, deck_.model.seq_len, options, *ctx_.backend,
