@@ -90,6 +90,73 @@ class Backend {
   virtual void gelu_forward(float* out, const float* inp, size_t n) = 0;
   virtual void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) = 0;
 
+  // --- Model families (Note [Block shapes] in trident/model_config.h) ---------------------
+  // The CPU backend implements these; a device backend that has not yet refuses them
+  // (internal_error: the model checks the backend before it is built).
+  // RMSNorm over the last dim: out = inp · rstd · w with rstd[n] = 1/sqrt(mean(inp[n]²) + eps),
+  // saved for backward.
+  virtual void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N,
+                               int C, float eps) {
+    (void)out, (void)rstd, (void)inp, (void)w, (void)N, (void)C, (void)eps;
+    refuse("rmsnorm_forward");
+  }
+  // dinp = ...; dw += ...
+  virtual void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp,
+                                const float* w, const float* rstd, int N, int C) {
+    (void)dinp, (void)dw, (void)dout, (void)inp, (void)w, (void)rstd, (void)N, (void)C;
+    refuse("rmsnorm_backward");
+  }
+  // Rotary position embedding, in place on the q and k heads of qkv [N, (NH + 2·KVH)·hs]
+  // (q | k | v, row n at position n % T). In each head dimensions [0, rot) turn as transformers'
+  // rotate_half does: for i < rot/2, with c = cos[t, i], s = sin[t, i],
+  //   x[i] ← x[i]·c − x[i + rot/2]·s,   x[i + rot/2] ← x[i + rot/2]·c + x[i]·s;
+  // v and dimensions [rot, hs) are untouched. cos and sin are [T, rot/2] tables (the model's).
+  virtual void rope_forward(float* qkv, const float* cos, const float* sin, int N, int T, int NH,
+                            int KVH, int hs, int rot) {
+    (void)qkv, (void)cos, (void)sin, (void)N, (void)T, (void)NH, (void)KVH, (void)hs, (void)rot;
+    refuse("rope_forward");
+  }
+  // Its backward in place on dqkv: the transposed rotation (by −angle).
+  virtual void rope_backward(float* dqkv, const float* cos, const float* sin, int N, int T, int NH,
+                             int KVH, int hs, int rot) {
+    (void)dqkv, (void)cos, (void)sin, (void)N, (void)T, (void)NH, (void)KVH, (void)hs, (void)rot;
+    refuse("rope_backward");
+  }
+  // SwiGLU: out[N,F] = silu(gate) · up, where each row of inp [N,2F] is gate[F] | up[F].
+  virtual void swiglu_forward(float* out, const float* inp, int N, int F) {
+    (void)out, (void)inp, (void)N, (void)F;
+    refuse("swiglu_forward");
+  }
+  // dinp[N,2F] = (d gate | d up) (assign).
+  virtual void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F) {
+    (void)dinp, (void)inp, (void)dout, (void)N, (void)F;
+    refuse("swiglu_backward");
+  }
+  // Exact GELU, x·Φ(x) = x·(1 + erf(x/√2))/2, elementwise over n values.
+  virtual void gelu_erf_forward(float* out, const float* inp, size_t n) {
+    (void)out, (void)inp, (void)n;
+    refuse("gelu_erf_forward");
+  }
+  virtual void gelu_erf_backward(float* dinp, const float* inp, const float* dout, size_t n) {
+    (void)dinp, (void)inp, (void)dout, (void)n;
+    refuse("gelu_erf_backward");
+  }
+  // Causal grouped-query attention: qkv [B,T,(NH + 2·KVH)·hs] is q | k | v, query head h reads
+  // key/value head h / (NH / KVH); out is [B,T,NH·hs]; `att` and scratch as attention_forward's
+  // with C = NH·hs (scale 1/sqrt(hs)). dqkv (assign) sums the gradients of a shared kv head over
+  // the query heads that read it. With KVH == NH it is attention_forward/backward.
+  virtual void attention_forward_gqa(float* out, float* att, const float* qkv, int B, int T, int NH,
+                                     int KVH, int hs) {
+    if (KVH != NH) refuse("attention_forward_gqa with kv_heads < heads");
+    attention_forward(out, att, qkv, B, T, NH * hs, NH);
+  }
+  virtual void attention_backward_gqa(float* dqkv, float* scratch, const float* dout,
+                                      const float* qkv, const float* out, const float* att, int B,
+                                      int T, int NH, int KVH, int hs) {
+    if (KVH != NH) refuse("attention_backward_gqa with kv_heads < heads");
+    attention_backward(dqkv, scratch, dout, qkv, out, att, B, T, NH * hs, NH);
+  }
+
   // out = a + b (out may alias a or b).
   virtual void add(float* out, const float* a, const float* b, size_t n) = 0;
 
@@ -258,6 +325,12 @@ class Backend {
   virtual void set_op_timing(bool on) { (void)on; }
   virtual std::vector<DeviceTime> take_op_times_ms() { return {}; }
   virtual std::vector<DeviceTime> take_range_times_ms() { return {}; }
+
+ protected:
+  // The default of an op this backend does not have.
+  [[noreturn]] void refuse(const char* op) const {
+    internal_error(__FILE__, __LINE__, std::string(op) + ": not on the " + name() + " backend");
+  }
 };
 
 // A typed array in backend memory (Note [Backend memory]); an empty one owns nothing.

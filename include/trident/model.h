@@ -24,30 +24,9 @@
 
 #include "trident/backend.h"
 #include "trident/comm.h"
+#include "trident/model_config.h"
 
 namespace trident {
-
-struct GPTConfig {
-  int max_seq_len = 64;  // wpe rows
-  int vocab = 256;       // real vocabulary
-  int padded_vocab = 256;
-  int layers = 4;
-  int heads = 4;
-  int channels = 128;
-
-  // Padded to a multiple of 128·tp, so every tp rank holds an equal, 128-aligned vocab slice.
-  static int pad_vocab(int vocab, int tp = 1) {
-    const int multiple = 128 * tp;
-    return (vocab + multiple - 1) / multiple * multiple;
-  }
-  // Parameters taking part in matmuls (12·L·C² + C·V): the FLOP count's N.
-  double matmul_params() const;
-  // Training FLOPs per token at sequence length T: 6·N_matmul + 12·L·T·C.
-  double train_flops_per_token(int T) const;
-  // llm.c's count, 6·N_matmul + 6·L·T·C (the attention FLOPs of a causal mask only), for
-  // comparison with figures published with it.
-  double llmc_flops_per_token(int T) const;
-};
 
 // Note [Tensor-parallel shards]
 // Each parameter is split over the tp ranks (Megatron-style) by the rule of its Shard, chosen

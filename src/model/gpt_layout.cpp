@@ -9,27 +9,21 @@
 
 namespace trident {
 
-double GPTConfig::matmul_params() const {
-  double C = channels, L = layers;
-  return 12.0 * L * C * C + C * vocab;
-}
-
-double GPTConfig::train_flops_per_token(int T) const {
-  return 6.0 * matmul_params() + 12.0 * layers * double(T) * channels;
-}
-
-double GPTConfig::llmc_flops_per_token(int T) const {
-  return 6.0 * matmul_params() + 6.0 * layers * double(T) * channels;
-}
-
 void check_tensor_parallel(const GPTConfig& cfg, int tp, bool sequence_parallel, int seq_len) {
   if (tp == 1) return;
   if (cfg.heads % tp != 0)
     input_error("parallel.tp={}: model.heads {} is not divisible by tp (attention heads are "
                 "split whole over tensor-parallel ranks)",
                 tp, cfg.heads);
+  if (cfg.kv_head_count() % tp != 0)
+    input_error("parallel.tp={}: model.kv_heads {} is not divisible by tp (key/value heads are "
+                "split whole, as Megatron splits query groups)",
+                tp, cfg.kv_head_count());
   if (cfg.channels % tp != 0)
     input_error("parallel.tp={}: model.d_model {} is not divisible by tp", tp, cfg.channels);
+  if (cfg.hidden() % tp != 0)
+    input_error("parallel.tp={}: the MLP width {} (model.mlp_hidden) is not divisible by tp", tp,
+                cfg.hidden());
   if (sequence_parallel && seq_len % tp != 0)
     input_error("parallel.sequence_parallel with tp={}: model.seq_len {} is not divisible by tp",
                 tp, seq_len);
