@@ -36,7 +36,21 @@ struct ModelConfig {
   int heads = 4;
   int vocab = 256;  // real vocabulary; the model pads it to a multiple of 128
   int seq_len = 64;
-  std::string init_from;  // GPT-2 weights (llm.c or safetensors); its shape replaces the deck's
+  std::string init_from;  // weights (llm.c or Hugging Face); its config replaces the deck's
+  // The block (trident/model_config.h): a family sets the defaults, each key below overrides
+  // one choice; "auto" and 0 mean the family's.
+  std::string family = "gpt2";     // gpt2 | neox | llama
+  std::string norm = "auto";       // layernorm | rmsnorm
+  double norm_eps = 0;             // 1e-5
+  std::string position = "auto";   // learned | rotary
+  double rope_base = 0;            // 10000
+  double rotary_pct = 0;           // neox 0.25, llama 1
+  std::string mlp = "auto";        // gelu_tanh | gelu_erf | swiglu
+  int mlp_hidden = 0;              // 4·d_model; swiglu: 256·ceil(8·d_model/3/256)
+  int kv_heads = 0;                // model.heads
+  std::string bias = "auto";       // true | false
+  std::string tied_head = "auto";  // true | false
+  std::string residual = "auto";   // sequential | parallel
 
   bool operator==(const ModelConfig&) const = default;
 };

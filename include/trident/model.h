@@ -1,15 +1,17 @@
-// GPT-2: token + learned position embeddings, L pre-LN blocks (causal self-attention, 4C
-// tanh-GELU MLP), final LayerNorm, LM head tied to the token embedding.
+// A GPT-style decoder: token embedding (+ learned positions or RoPE), L pre-norm blocks of the
+// configured family (Note [Block shapes] in trident/model_config.h), final norm, LM head tied to
+// wte or its own.
 //
 // Note [Parameter layout]
 // All parameters live in ONE flat buffer, laid out in the order their gradients become final
 // during backward (the reverse of the forward/declaration order, as Megatron lays out its grad
-// buffer): wte (its dense LM-head gradient comes first), lnf, then blocks L-1 … 0 (within a
-// block: fcproj, fc, ln2, attproj, qkv, ln1 — again backward order), and wpe last. Gradients
-// mirror the buffer, so a gradient bucket is an (offset, count) slice.
+// buffer): the head's weight (tied wte's dense head gradient, or lmw), the final norm, then
+// blocks L-1 … 0 (within a block: fcproj, fc, ln2, attproj, qkv, ln1 — again backward order),
+// then wpe and an untied wte. Gradients mirror the buffer: a gradient bucket is an (offset,
+// count) slice.
 //
-// The vocabulary is padded to a multiple of 128 (Vp); padded rows of wte start at zero, their
-// logits are excluded from the softmax, so they never receive a gradient and stay zero.
+// The vocabulary is padded to a multiple of 128 (Vp); padded rows of wte and lmw start at
+// zero, their logits are excluded from the softmax, so they never get a gradient and stay zero.
 #pragma once
 
 #include <algorithm>
@@ -33,20 +35,22 @@ namespace trident {
 // so that a rank's matmuls read only its own slice and attention runs on whole local heads;
 // the global tensor is recovered by ParamInfo::global_index.
 //
-//   kReplicated  every rank holds all of it (LayerNorms, row-parallel biases, wpe)
-//   kRows        rank r holds rows [r·R/tp, (r+1)·R/tp) (fcw, fcb: column-parallel; wte:
-//                vocab-parallel)
-//   kQkvRows     qkvw/qkvb: rank r holds its heads' rows of each of q, k and v, laid out
-//                q|k|v locally, so attention runs on whole local heads
+//   kReplicated  every rank holds all of it (norms, row-parallel biases, wpe)
+//   kRows        rank r holds rows [r·R/tp, (r+1)·R/tp) (column-parallel fcw/fcb; vocab-parallel
+//                wte and lmw)
+//   kPartRows    the rows are consecutive parts (ParamInfo::parts: qkv's q | k | v, SwiGLU's
+//                gate | up); rank r holds its rows of each part, laid out part after part, so
+//                attention runs on whole local heads and SwiGLU on matching gate and up columns
 //   kColumns     row-parallel weights (attprojw, fcprojw): rank r holds columns
 //                [r·K/tp, (r+1)·K/tp) of every row
-enum class Shard { kReplicated, kRows, kQkvRows, kColumns };
+enum class Shard { kReplicated, kRows, kPartRows, kColumns };
 
 struct ParamInfo {
   std::string name;        // llm.c name with block index, e.g. "h3.qkvw", "wte"
   std::vector<int> shape;  // this rank's shard
   std::vector<int> global_shape;
   Shard shard = Shard::kReplicated;
+  std::vector<int> parts;  // kPartRows: the global row count of each part
   int tp_rank = 0, tp_size = 1;
   size_t offset = 0;  // in floats, into the flat buffer
   size_t count = 0;
@@ -59,9 +63,10 @@ struct ParamInfo {
 
 // Note [Pipeline stages]
 // A pipeline stage holds a contiguous range of blocks; the first stage also the embeddings
-// (wte, wpe), the last the final LayerNorm and the LM head, whose weight is the tied wte. So
-// with pp > 1 the first and the last stage each hold a copy of wte, and their gradients are
-// summed over the embedding group (docs/design.md, "The grid") before the update.
+// (wte, and wpe with learned positions), the last the final norm and the LM head, whose weight
+// is the tied wte or its own lmw. Tied, with pp > 1 the first and the last stage each hold a
+// copy of wte, and their gradients are summed over the embedding group (docs/design.md, "The
+// grid") before the update.
 struct StageSpec {
   int first_layer = 0;
   int num_layers = -1;        // -1: all layers from first_layer
@@ -205,7 +210,7 @@ class GPT {
   const ParamInfo& param(const std::string& name) const;
 
   // GPT-2 initialisation: N(0, 0.02); residual projections (attproj, fcproj) N(0, 0.02/√(2L));
-  // LayerNorm weight 1; biases and padded vocabulary rows 0. A counter-based generator keyed by
+  // norm weights 1; biases and padded vocabulary rows 0. A counter-based generator keyed by
   // (seed, parameter name, element index) makes it independent of thread count and layout.
   void init_weights(uint64_t seed);
 
@@ -314,6 +319,7 @@ class GPT {
   // The slot holding `s`'s head buffers: itself, or slot 0 (GPTOptions::shared_head).
   Slot& head(Slot& s);
   void build_param_table();
+  void make_rope_tables();                         // Note [RoPE tables] in gpt_slots.cpp
   int param_index(const std::string& name) const;  // -1 if this stage has no such parameter
   // Block `local_layer`'s tensors in `base` (params_ or grads_).
   BlockWeights block(float* base, int local_layer) const;
@@ -352,15 +358,27 @@ class GPT {
   void reduce_rows(float* out, float* partial, int B, int T, int C);
   // full[N,C] = all ranks' rows of local[Nr,C] (a copy without sequence parallelism).
   void gather_rows(float* full, const float* local, int B, int T, int C);
-  // LayerNorm whose output is needed on all N rows: normalises this rank's rows, gathers.
-  void layernorm_gathered(float* out_full, float* mean, float* rstd, const float* inp,
-                          const float* w, const float* b, int B, int T, int C);
-  // Backward of layernorm_gathered given d(out_full) as a per-rank partial sum: reduces it to
+  // The block's norm (LayerNorm or RMSNorm, GPTConfig::norm) over N rows; mean is unused by
+  // RMSNorm, b and db are null without a shift.
+  void norm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                    const float* b, int N, int C);
+  void norm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                     const float* w, const float* mean, const float* rstd, int N, int C);
+  // RoPE in place on qkv [N, local q|k|v] (no-op with learned positions); backward: its
+  // transpose on dqkv.
+  void rope(float* qkv, int N, int T, bool backward);
+  // The MLP's activation: out [N, hidden/tp] from fch [N, fc_rows/tp]; backward dpre = (assign).
+  void activation_forward(float* out, const float* pre, int N);
+  void activation_backward(float* dpre, const float* pre, const float* dout, int N);
+  // A norm whose output is needed on all N rows: normalises this rank's rows, gathers.
+  void norm_gathered(float* out_full, float* mean, float* rstd, const float* inp, const float* w,
+                     const float* b, int B, int T, int C);
+  // Backward of norm_gathered given d(out_full) as a per-rank partial sum: reduces it to
   // this rank's rows, then dinp = ...; dw, db += (summed over tp with sequence parallelism:
   // this LayerNorm's `ln` partial sums, reduced and added when `reduce`).
-  void layernorm_gathered_backward(float* dinp, float* dw, float* db, float* dout_full_partial,
-                                   const float* inp, const float* w, const float* mean,
-                                   const float* rstd, int B, int T, int C, int ln, bool reduce);
+  void norm_gathered_backward(float* dinp, float* dw, float* db, float* dout_full_partial,
+                              const float* inp, const float* w, const float* mean,
+                              const float* rstd, int B, int T, int C, int ln, bool reduce);
   // Vocab-parallel embedding and cross-entropy (gpt_vocab_parallel.cpp).
   void embedding_forward(float* out, const int32_t* tokens, int B, int T);
   void embedding_backward(const float* dout_full, const int32_t* tokens,

@@ -7,7 +7,7 @@
 //     parallelism (LayerNorm outputs are gathered before the column-parallel linears, the
 //     row-parallel outputs reduce-scattered after);
 //   - the embedding and the LM head are vocab-parallel, the loss a vocab-parallel softmax.
-// The conjugate pair "identity forward / all-reduce backward" sits in layernorm_gathered*,
+// The conjugate pair "identity forward / all-reduce backward" sits in norm_gathered*,
 // "all-reduce forward / identity backward" in reduce_rows / gather_rows (gpt_tp.cpp): written
 // once, used by attention, MLP, embedding and head alike. With tp = 1 they are plain copies.
 // Activations live in slots, one per micro-batch in flight (gpt_slots.cpp); pp = 1 is one
@@ -40,37 +40,54 @@ void GPT::build_param_table() {
   // a 10^5-layer model quadratic, too slow even to be refused for its size).
   index_by_name_.clear();
   for (size_t i = 0; i < infos_.size(); ++i) index_by_name_.emplace(infos_[i].name, int(i));
+  auto offset_of = [&](const std::string& name) {
+    const int i = param_index(name);
+    return i < 0 ? kNoTensor : infos_[size_t(i)].offset;
+  };
   ParamTable& t = *table_;
   t.wte_index = param_index("wte");
-  t.wpe_index = param_index("wpe");
-  t.lnfb_index = param_index("lnfb");
+  t.tied_wte_index = cfg_.tied_head ? t.wte_index : -1;
+  t.head_w_index = param_index("lmw");
   if (t.wte_index >= 0) t.wte = infos_[size_t(t.wte_index)].offset;
-  if (t.wpe_index >= 0) t.wpe = infos_[size_t(t.wpe_index)].offset;
-  if (stage_.has_head) {
-    t.lnfw = param("lnfw").offset;
-    t.lnfb = param("lnfb").offset;
-  }
+  t.wpe = offset_of("wpe");
+  const int wpe_index = param_index("wpe");
   t.embedding_uses.clear();
   t.head_uses.clear();
-  if (stage_.has_embedding) t.embedding_uses = {t.wte_index, t.wpe_index};
-  if (stage_.has_head) t.head_uses = {param_index("lnfw"), t.lnfb_index, t.wte_index};
+  t.embedding_last_index = -1;
+  if (stage_.has_embedding) {
+    t.embedding_uses = {t.wte_index};
+    if (wpe_index >= 0) t.embedding_uses.push_back(wpe_index);
+    t.embedding_last_index = std::max(t.wte_index, wpe_index);
+  }
+  if (stage_.has_head) {
+    t.lnfw = param("lnfw").offset;
+    t.lnfb = offset_of("lnfb");
+    t.head_w = cfg_.tied_head ? t.wte : param("lmw").offset;
+    t.head_last_index = std::max(param_index("lnfw"), param_index("lnfb"));
+    t.head_uses = {param_index("lnfw")};
+    if (param_index("lnfb") >= 0) t.head_uses.push_back(param_index("lnfb"));
+    t.head_uses.push_back(cfg_.tied_head ? t.wte_index : t.head_w_index);
+  }
   t.layers.clear();
   for (int i = 0; i < stage_.num_layers; ++i) {
     const int l = stage_.global_layer(i);
     auto name = [l](const char* s) { return fmt::format("h{}.{}", l, s); };
-    auto off = [&](const char* s) { return param(name(s)).offset; };
-    auto ready = [&](const char* s) { return int(&param(name(s)) - infos_.data()); };
+    auto off = [&](const char* s) { return offset_of(name(s)); };
+    // The last of a group present (a weight, then maybe its bias).
+    auto ready = [&](const char* w, const char* b) {
+      return std::max(int(&param(name(w)) - infos_.data()), param_index(name(b)));
+    };
     LayerTable lt;
     lt.offset = {off("ln1w"),     off("ln1b"),     off("qkvw"),    off("qkvb"),
                  off("attprojw"), off("attprojb"), off("ln2w"),    off("ln2b"),
                  off("fcw"),      off("fcb"),      off("fcprojw"), off("fcprojb")};
-    lt.ready_fcproj = ready("fcprojb");
-    lt.ready_fc = ready("fcb");
-    lt.ready_ln2 = ready("ln2b");
-    lt.ready_attproj = ready("attprojb");
-    lt.ready_qkv = ready("qkvb");
-    lt.ready_ln1 = ready("ln1b");
-    for (int k = ready("fcprojw"); k <= lt.ready_ln1; ++k) lt.uses.push_back(k);
+    lt.ready_fcproj = ready("fcprojw", "fcprojb");
+    lt.ready_fc = ready("fcw", "fcb");
+    lt.ready_ln2 = ready("ln2w", "ln2b");
+    lt.ready_attproj = ready("attprojw", "attprojb");
+    lt.ready_qkv = ready("qkvw", "qkvb");
+    lt.ready_ln1 = ready("ln1w", "ln1b");
+    for (int k = param_index(name("fcprojw")); k <= lt.ready_ln1; ++k) lt.uses.push_back(k);
     lt.span_begin = infos_[size_t(lt.uses.front())].offset;  // ready order = buffer order
     lt.span_end = infos_[size_t(lt.ready_ln1)].offset + infos_[size_t(lt.ready_ln1)].count;
     lt.forward_phase = fmt::format("forward block {}", l);
@@ -82,9 +99,9 @@ void GPT::build_param_table() {
 
 GPT::BlockWeights GPT::block(float* base, int local_layer) const {
   const BlockOffsets& o = table_->layers[size_t(local_layer)].offset;
-  return {base + o.ln1w,     base + o.ln1b,     base + o.qkvw,    base + o.qkvb,
-          base + o.attprojw, base + o.attprojb, base + o.ln2w,    base + o.ln2b,
-          base + o.fcw,      base + o.fcb,      base + o.fcprojw, base + o.fcprojb};
+  return {at(base, o.ln1w),     at(base, o.ln1b),     at(base, o.qkvw),    at(base, o.qkvb),
+          at(base, o.attprojw), at(base, o.attprojb), at(base, o.ln2w),    at(base, o.ln2b),
+          at(base, o.fcw),      at(base, o.fcb),      at(base, o.fcprojw), at(base, o.fcprojb)};
 }
 
 void GPT::forward_accumulate(int slot, const int32_t* inputs, const int32_t* targets, int B,
@@ -117,10 +134,39 @@ const float* GPT::logits() const {
 
 void GPT::zero_grads() { be_.fill_zero(grads_.data(), grads_.size() * sizeof(float)); }
 
+void GPT::rope(float* qkv, int N, int T, bool backward) {
+  const int rot = cfg_.rotary_dims();
+  if (rot == 0) return;
+  const int NHl = cfg_.heads / tp_.size, KVHl = cfg_.kv_head_count() / tp_.size;
+  const float *cos = scratch_->rope_cos.data(), *sin = scratch_->rope_sin.data();
+  if (backward) be_.rope_backward(qkv, cos, sin, N, T, NHl, KVHl, cfg_.head_size(), rot);
+  else be_.rope_forward(qkv, cos, sin, N, T, NHl, KVHl, cfg_.head_size(), rot);
+}
+
+void GPT::activation_forward(float* out, const float* pre, int N) {
+  const int Fl = cfg_.hidden() / tp_.size;
+  switch (cfg_.activation) {
+    case Activation::kGeluTanh: be_.gelu_forward(out, pre, size_t(N) * Fl); break;
+    case Activation::kGeluErf: be_.gelu_erf_forward(out, pre, size_t(N) * Fl); break;
+    case Activation::kSwiGLU: be_.swiglu_forward(out, pre, N, Fl); break;
+  }
+}
+
+void GPT::activation_backward(float* dpre, const float* pre, const float* dout, int N) {
+  const int Fl = cfg_.hidden() / tp_.size;
+  switch (cfg_.activation) {
+    case Activation::kGeluTanh: be_.gelu_backward(dpre, pre, dout, size_t(N) * Fl); break;
+    case Activation::kGeluErf: be_.gelu_erf_backward(dpre, pre, dout, size_t(N) * Fl); break;
+    case Activation::kSwiGLU: be_.swiglu_backward(dpre, pre, dout, N, Fl); break;
+  }
+}
+
 void GPT::block_forward(const BlockWeights& w, const BlockActs& a, const float* residual_in, int B,
                         int T) {
-  const int C = cfg_.channels, tps = tp_.size;
-  const int NHl = cfg_.heads / tps, Cl = C / tps;
+  const int C = cfg_.channels, tps = tp_.size, hs = cfg_.head_size();
+  const int NHl = cfg_.heads / tps, KVHl = cfg_.kv_head_count() / tps;
+  const int Ql = NHl * hs, QKVl = cfg_.qkv_rows() / tps;
+  const int FCl = cfg_.fc_rows() / tps, Fl = cfg_.hidden() / tps;
   const int N = B * T, Nr = N / rows_divisor_;
   // The row-parallel outputs are partial sums to reduce over tp; with tp = 1 they are final,
   // so they go straight where reduce_rows would copy them (which then copies nothing).
@@ -128,18 +174,21 @@ void GPT::block_forward(const BlockWeights& w, const BlockActs& a, const float* 
   float* mlp_partial = tp_.size == 1 ? a.residual3 : scratch_->full_c.data();
   // Row-parallel biases are added by tp rank 0 only, before the sum over tp.
   const bool add_row_bias = tp_.rank == 0;
-  layernorm_gathered(a.ln1, a.ln1_mean, a.ln1_rstd, residual_in, w.ln1w, w.ln1b, B, T, C);
-  be_.matmul_forward(a.qkv, a.ln1, w.qkvw, w.qkvb, N, C, 3 * Cl);
-  be_.attention_forward(a.atty, a.att, a.qkv, B, T, Cl, NHl);
-  be_.matmul_forward(attn_partial, a.atty, w.attprojw, add_row_bias ? w.attprojb : nullptr, N, Cl,
+  norm_gathered(a.ln1, a.ln1_mean, a.ln1_rstd, residual_in, w.ln1w, w.ln1b, B, T, C);
+  be_.matmul_forward(a.qkv, a.ln1, w.qkvw, w.qkvb, N, C, QKVl);
+  rope(a.qkv, N, T, false);
+  be_.attention_forward_gqa(a.atty, a.att, a.qkv, B, T, NHl, KVHl, hs);
+  be_.matmul_forward(attn_partial, a.atty, w.attprojw, add_row_bias ? w.attprojb : nullptr, N, Ql,
                      C);
   reduce_rows(a.residual2, attn_partial, B, T, C);
   be_.add(a.residual2, a.residual2, residual_in, size_t(Nr) * C);
-  layernorm_gathered(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w.ln2w, w.ln2b, B, T, C);
-  be_.matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, N, C, 4 * Cl);
-  be_.gelu_forward(a.fch_gelu, a.fch, size_t(N) * 4 * Cl);
-  be_.matmul_forward(mlp_partial, a.fch_gelu, w.fcprojw, add_row_bias ? w.fcprojb : nullptr, N,
-                     4 * Cl, C);
+  // A parallel residual's MLP reads the block's input, as its attention does.
+  const float* mlp_in = cfg_.parallel_residual ? residual_in : a.residual2;
+  norm_gathered(a.ln2, a.ln2_mean, a.ln2_rstd, mlp_in, w.ln2w, w.ln2b, B, T, C);
+  be_.matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, N, C, FCl);
+  activation_forward(a.fch_gelu, a.fch, N);
+  be_.matmul_forward(mlp_partial, a.fch_gelu, w.fcprojw, add_row_bias ? w.fcprojb : nullptr, N, Fl,
+                     C);
   reduce_rows(a.residual3, mlp_partial, B, T, C);
   be_.add(a.residual3, a.residual3, a.residual2, size_t(Nr) * C);
 }
@@ -185,9 +234,9 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, int 
   Phase ph(be_, phases_, table_->forward_head);
   if (precision_ == Precision::kBf16) return head_forward_bf16(s, residual, targets, B, T);
   Slot& h = head(s);
-  layernorm_gathered(h.lnf.data(), h.lnf_mean.data(), h.lnf_rstd.data(), residual, P + table_->lnfw,
-                     P + table_->lnfb, B, T, C);
-  be_.matmul_forward(h.logits.data(), h.lnf.data(), P + table_->wte, nullptr, N, C, Vl);
+  norm_gathered(h.lnf.data(), h.lnf_mean.data(), h.lnf_rstd.data(), residual, P + table_->lnfw,
+                at(P, table_->lnfb), B, T, C);
+  be_.matmul_forward(h.logits.data(), h.lnf.data(), P + table_->head_w, nullptr, N, C, Vl);
   s.has_targets = targets != nullptr;
   if (!targets) return 0.0f;
   be_.copy(s.targets.data(), targets, size_t(N) * sizeof(int32_t));

@@ -71,8 +71,11 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale, const fl
                         const EmbeddingRowSink* sink, bool last_micro_batch) {
   Slot& s = slots_[slot];
   const int B = s.B, T = s.T, N = B * T, Nr = N / rows_divisor_;
-  const int C = cfg_.channels, tps = tp_.size;
-  const int NHl = cfg_.heads / tps, Cl = C / tps, Vl = cfg_.padded_vocab / tps;
+  const int C = cfg_.channels, tps = tp_.size, hs = cfg_.head_size();
+  const int NHl = cfg_.heads / tps, KVHl = cfg_.kv_head_count() / tps, Vl = cfg_.padded_vocab / tps;
+  const int Ql = NHl * hs, QKVl = cfg_.qkv_rows() / tps;
+  const int FCl = cfg_.fc_rows() / tps, Fl = cfg_.hidden() / tps;
+  const bool tied = cfg_.tied_head, parallel = cfg_.parallel_residual;
   Scratch& a = *scratch_;
   float* P = params_.data();
   float* G = grads_.data();
@@ -85,14 +88,14 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale, const fl
   };
   auto grad = [&](float* g) { return weights ? g : nullptr; };
   // Parameters are listed in ready order, so "ready" walks the list front to back, through
-  // the indices of the parameter table (Note [Parameter table]). wte is reported on its own:
-  // right after the LM head when that is its only contribution on this stage (or the sparse
-  // part goes to a sink), else after the embedding.
-  const bool wte_after_head = stage_.has_head && (!stage_.has_embedding || sink);
+  // the indices of the parameter table (Note [Parameter table]). A tied wte is reported on its
+  // own: right after the LM head when that is its only contribution on this stage (or the
+  // sparse part goes to a sink), else after the embedding.
+  const bool wte_after_head = tied && stage_.has_head && (!stage_.has_embedding || sink);
   // The slot's chunk (StageSpec): its blocks, and its run of the ready list.
   const int begin = stage_.chunk_begin(s.chunk), end = begin + stage_.chunk_size(s.chunk);
   const bool has_head = head_chunk(s), has_embedding = embedding_chunk(s);
-  ReadyWalk ready(on_ready, first_ready(s), table_->wte_index,
+  ReadyWalk ready(on_ready, first_ready(s), table_->tied_wte_index,
                   std::max(1, int(wte_piece_rows_.size()) - 1));
   // The gradient w.r.t. the residual stream on all N rows (gathered with sequence parallelism).
   auto dresidual_all_rows = [&]() -> const float* {
@@ -101,16 +104,16 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale, const fl
     return a.dfull.data();
   };
 
-  const int L = stage_.num_layers;  // LayerNorm partial sums: 2 per local block, then lnf's
+  const int L = stage_.num_layers;  // norm partial sums: 2 per local block, then lnf's
   const float* last_residual = end > begin ? block_acts(slot, end - 1).residual3 : s.encoded.data();
   if (has_head) {
     TRIDENT_CHECK(s.has_targets, "backward() needs a forward() with targets first");
     Phase ph(be_, phases_, table_->backward_head);
     // Mean over the N tokens of this micro-batch, times the caller's scale (1/accum).
     crossentropy_backward(s, s.targets.data(), dloss_scale / float(N), N);
-    // dwte first, so that when it is final it can be reduced while the head's input gradient
-    // (the rest of backward's critical path) is computed. B computes it too: the logits
-    // buffer may be shared by all slots (Note [Split backward]).
+    // The head's weight gradient first, so that when it is final it can be reduced while the
+    // head's input gradient (the rest of backward's critical path) is computed. B computes it
+    // too: the logits buffer may be shared by all slots (Note [Split backward]).
     Slot& h = head(s);
     if (wte_after_head && !wte_piece_rows_.empty()) {
       // The same GEMM, a slice of its rows at a time, each reported (and so reduced) as soon
@@ -121,20 +124,22 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale, const fl
                                         h.lnf.data(), N, C, rows);
         ready.wte_piece(int(k));
       }
-    } else if (wte_after_head) {
-      be_.matmul_backward(nullptr, G + table_->wte, nullptr, h.logits.data(), h.lnf.data(),
-                          P + table_->wte, N, C, Vl);
-      ready.wte();
+    } else if (wte_after_head || !tied) {
+      be_.matmul_backward(nullptr, G + table_->head_w, nullptr, h.logits.data(), h.lnf.data(),
+                          P + table_->head_w, N, C, Vl);
+      if (tied) ready.wte();
+      else ready.through(table_->head_w_index);
     }
-    // The head's input gradient. Where wte is not reported here (final only after the
+    // The head's input gradient. Where a tied wte is not reported here (final only after the
     // embedding), the same call computes its dW: one GEMM call, so a device casts the [N, V]
     // logit gradient to bf16 once rather than twice (the same GEMMs, the same bits).
-    be_.matmul_backward(a.dbuf_c.data(), wte_after_head ? nullptr : G + table_->wte, nullptr,
-                        h.logits.data(), h.lnf.data(), P + table_->wte, N, C, Vl);
-    layernorm_gathered_backward(a.dresidual.data(), G + table_->lnfw, G + table_->lnfb,
-                                a.dbuf_c.data(), last_residual, P + table_->lnfw, h.lnf_mean.data(),
-                                h.lnf_rstd.data(), B, T, C, 2 * L, last_micro_batch);
-    ready.through(table_->lnfb_index);
+    const bool dw_here = tied && !wte_after_head;
+    be_.matmul_backward(a.dbuf_c.data(), dw_here ? G + table_->wte : nullptr, nullptr,
+                        h.logits.data(), h.lnf.data(), P + table_->head_w, N, C, Vl);
+    norm_gathered_backward(a.dresidual.data(), G + table_->lnfw, at(G, table_->lnfb),
+                           a.dbuf_c.data(), last_residual, P + table_->lnfw, h.lnf_mean.data(),
+                           h.lnf_rstd.data(), B, T, C, 2 * L, last_micro_batch);
+    ready.through(table_->head_last_index);
   } else {
     TRIDENT_CHECK(dstage_output != nullptr, "a stage before the last needs its output gradient");
     be_.copy(a.dresidual.data(), dstage_output, size_t(Nr) * C * sizeof(float));
@@ -154,35 +159,41 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale, const fl
     const float* dout = dresidual_all_rows();
     keep_copy(act.residual3, dres, size_t(Nr) * C);
     be_.matmul_backward(a.dbuf_4c.data(), grad(dw.fcprojw), grad(dw.fcprojb), dout, act.fch_gelu,
-                        w.fcprojw, N, 4 * Cl, C);
+                        w.fcprojw, N, Fl, C);
     ready.through(lt.ready_fcproj);
-    be_.gelu_backward(a.dbuf_4c2.data(), act.fch, a.dbuf_4c.data(), size_t(N) * 4 * Cl);
-    keep_copy(act.fch, a.dbuf_4c2.data(), size_t(N) * 4 * Cl);
+    activation_backward(a.dbuf_4c2.data(), act.fch, a.dbuf_4c.data(), N);
+    keep_copy(act.fch, a.dbuf_4c2.data(), size_t(N) * FCl);
     be_.matmul_backward(a.dbuf_c.data(), grad(dw.fcw), grad(dw.fcb), a.dbuf_4c2.data(), act.ln2,
-                        w.fcw, N, C, 4 * Cl);
+                        w.fcw, N, C, FCl);
     ready.through(lt.ready_fc);
-    layernorm_gathered_backward(a.dbuf_c2.data(), dw.ln2w, dw.ln2b, a.dbuf_c.data(), act.residual2,
-                                w.ln2w, act.ln2_mean, act.ln2_rstd, B, T, C, 2 * i + 1,
-                                last_micro_batch);
+    // Sequential: the MLP read residual2, whose gradient gets the MLP input's. Parallel: it
+    // read the block's input, whose gradient collects it at the end (dparallel); residual2's
+    // gradient is the block output's, already gathered in dout.
+    norm_gathered_backward(parallel ? a.dparallel.data() : a.dbuf_c2.data(), dw.ln2w, dw.ln2b,
+                           a.dbuf_c.data(), parallel ? residual_in : act.residual2, w.ln2w,
+                           act.ln2_mean, act.ln2_rstd, B, T, C, 2 * i + 1, last_micro_batch);
     ready.through(lt.ready_ln2);
-    be_.add(dres, dres, a.dbuf_c2.data(), size_t(Nr) * C);  // now w.r.t. residual2
+    if (!parallel) {
+      be_.add(dres, dres, a.dbuf_c2.data(), size_t(Nr) * C);  // now w.r.t. residual2
+      dout = dresidual_all_rows();
+    }
 
-    dout = dresidual_all_rows();
     keep_copy(act.residual2, dres, size_t(Nr) * C);
     be_.matmul_backward(a.dbuf_c.data(), grad(dw.attprojw), grad(dw.attprojb), dout, act.atty,
-                        w.attprojw, N, Cl, C);
+                        w.attprojw, N, Ql, C);
     ready.through(lt.ready_attproj);
-    be_.attention_backward(a.dbuf_3c.data(), a.datt.data(), a.dbuf_c.data(), act.qkv, act.atty,
-                           act.att, B, T, Cl, NHl);
-    keep_copy(act.qkv, a.dbuf_3c.data(), size_t(N) * 3 * Cl);
+    be_.attention_backward_gqa(a.dbuf_3c.data(), a.datt.data(), a.dbuf_c.data(), act.qkv, act.atty,
+                               act.att, B, T, NHl, KVHl, hs);
+    rope(a.dbuf_3c.data(), N, T, true);
+    keep_copy(act.qkv, a.dbuf_3c.data(), size_t(N) * QKVl);
     be_.matmul_backward(a.dbuf_c.data(), grad(dw.qkvw), grad(dw.qkvb), a.dbuf_3c.data(), act.ln1,
-                        w.qkvw, N, C, 3 * Cl);
+                        w.qkvw, N, C, QKVl);
     ready.through(lt.ready_qkv);
-    layernorm_gathered_backward(a.dbuf_c2.data(), dw.ln1w, dw.ln1b, a.dbuf_c.data(), residual_in,
-                                w.ln1w, act.ln1_mean, act.ln1_rstd, B, T, C, 2 * i,
-                                last_micro_batch);
+    norm_gathered_backward(a.dbuf_c2.data(), dw.ln1w, dw.ln1b, a.dbuf_c.data(), residual_in, w.ln1w,
+                           act.ln1_mean, act.ln1_rstd, B, T, C, 2 * i, last_micro_batch);
     ready.through(lt.ready_ln1);
     be_.add(dres, dres, a.dbuf_c2.data(), size_t(Nr) * C);  // now w.r.t. the block's input
+    if (parallel) be_.add(dres, dres, a.dparallel.data(), size_t(Nr) * C);
   }
   if (!has_embedding) {
     TRIDENT_CHECK(dstage_input != nullptr,
@@ -193,25 +204,28 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale, const fl
   }
   keep_copy(s.encoded.data(), a.dresidual.data(), size_t(Nr) * C);
   if (!weights) return;
-  // The token embedding's second (sparse) contribution comes last (Note [Tied embedding gradient]):
-  // into the sink's compact rows, or into wte's gradient, which is final only now.
+  // The token embedding's gradient (for a tied wte its second, sparse contribution: Note [Tied
+  // embedding gradient]) comes last: into the sink's compact rows, or into wte's gradient.
   Phase ph(be_, phases_, table_->backward_embedding);
   embedding_backward(dresidual_all_rows(), s.inputs.data(), sink, B, T);
-  ready.through(table_->wpe_index);
-  if (!wte_after_head) ready.wte();
+  ready.through(table_->embedding_last_index);
+  if (tied && !wte_after_head) ready.wte();
 }
 
 void GPT::backward_weight(int slot, const GradReadyFn& on_ready, const EmbeddingRowSink* sink) {
   Slot& s = slots_[slot];
   const int B = s.B, T = s.T, N = B * T;
-  const int C = cfg_.channels, Cl = C / tp_.size;
+  const int C = cfg_.channels, tps = tp_.size;
+  const int Ql = cfg_.heads / tps * cfg_.head_size(), QKVl = cfg_.qkv_rows() / tps;
+  const int FCl = cfg_.fc_rows() / tps, Fl = cfg_.hidden() / tps;
+  const bool tied = cfg_.tied_head;
   float* P = params_.data();
   float* G = grads_.data();
-  // As in backward_pass: the same ready order, and wte reported on its own.
-  const bool wte_after_head = stage_.has_head && (!stage_.has_embedding || sink);
+  // As in backward_pass: the same ready order, and a tied wte reported on its own.
+  const bool wte_after_head = tied && stage_.has_head && (!stage_.has_embedding || sink);
   const int begin = stage_.chunk_begin(s.chunk), end = begin + stage_.chunk_size(s.chunk);
   const bool has_head = head_chunk(s), has_embedding = embedding_chunk(s);
-  ReadyWalk ready(on_ready, first_ready(s), table_->wte_index,
+  ReadyWalk ready(on_ready, first_ready(s), table_->tied_wte_index,
                   std::max(1, int(wte_piece_rows_.size()) - 1));
   // A kept output gradient of this rank's rows, on all N rows (Note [Split backward]).
   auto all_rows = [&](const float* local) -> const float* {
@@ -222,7 +236,7 @@ void GPT::backward_weight(int slot, const GradReadyFn& on_ready, const Embedding
 
   if (has_head) {  // the head's gradients are final since B
     if (wte_after_head) ready.wte();
-    ready.through(table_->lnfb_index);
+    ready.through(table_->head_last_index);
   }
   for (int i = end - 1; i >= begin; --i) {
     progress();
@@ -232,14 +246,14 @@ void GPT::backward_weight(int slot, const GradReadyFn& on_ready, const Embedding
     const BlockWeights w = block(P, i);
     const BlockWeights dw = block(G, i);
     be_.matmul_backward(nullptr, dw.fcprojw, dw.fcprojb, all_rows(act.residual3), act.fch_gelu,
-                        w.fcprojw, N, 4 * Cl, C);
+                        w.fcprojw, N, Fl, C);
     ready.through(lt.ready_fcproj);
-    be_.matmul_backward(nullptr, dw.fcw, dw.fcb, act.fch, act.ln2, w.fcw, N, C, 4 * Cl);
+    be_.matmul_backward(nullptr, dw.fcw, dw.fcb, act.fch, act.ln2, w.fcw, N, C, FCl);
     ready.through(lt.ready_ln2);  // ln2's gradients were final after B
     be_.matmul_backward(nullptr, dw.attprojw, dw.attprojb, all_rows(act.residual2), act.atty,
-                        w.attprojw, N, Cl, C);
+                        w.attprojw, N, Ql, C);
     ready.through(lt.ready_attproj);
-    be_.matmul_backward(nullptr, dw.qkvw, dw.qkvb, act.qkv, act.ln1, w.qkvw, N, C, 3 * Cl);
+    be_.matmul_backward(nullptr, dw.qkvw, dw.qkvb, act.qkv, act.ln1, w.qkvw, N, C, QKVl);
     ready.through(lt.ready_ln1);
   }
   if (!has_embedding) {
@@ -248,8 +262,8 @@ void GPT::backward_weight(int slot, const GradReadyFn& on_ready, const Embedding
   }
   Phase ph(be_, phases_, table_->weight_embedding);
   embedding_backward(all_rows(s.encoded.data()), s.inputs.data(), sink, B, T);
-  ready.through(table_->wpe_index);
-  if (!wte_after_head) ready.wte();
+  ready.through(table_->embedding_last_index);
+  if (tied && !wte_after_head) ready.wte();
 }
 
 }  // namespace trident

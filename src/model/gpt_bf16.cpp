@@ -91,7 +91,7 @@ void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
   const bool wte_after_head = stage_.has_head && (!stage_.has_embedding || sink);
   const int begin = stage_.chunk_begin(s.chunk), end = begin + stage_.chunk_size(s.chunk);
   const bool has_head = head_chunk(s), has_embedding = embedding_chunk(s);
-  ReadyWalk ready(on_ready, first_ready(s), table_->wte_index, 1);
+  ReadyWalk ready(on_ready, first_ready(s), table_->tied_wte_index, 1);
 
   const float* last_residual =
       end > begin ? block_acts16(slot, end - 1).residual3 : s.encoded.data();
@@ -117,7 +117,7 @@ void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
     be_.layernorm_backward_add_bf16(dres, dres16, G + table_->lnfw, G + table_->lnfb,
                                     a.d16_c.data(), last_residual, P + table_->lnfw,
                                     h.lnf_mean.data(), h.lnf_rstd.data(), N, C);
-    ready.through(table_->lnfb_index);
+    ready.through(table_->head_last_index);
   } else {
     TRIDENT_CHECK(dstage_output != nullptr, "a stage before the last needs its output gradient");
     be_.copy(dres, dstage_output, size_t(N) * C * sizeof(float));
@@ -173,7 +173,7 @@ void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
   }
   Phase ph(be_, phases_, table_->backward_embedding);
   embedding_backward(dres, s.inputs.data(), sink, B, T);
-  ready.through(table_->wpe_index);
+  ready.through(table_->embedding_last_index);
   if (!wte_after_head) ready.wte();
 }
 

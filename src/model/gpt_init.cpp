@@ -1,4 +1,4 @@
-// GPT-2 initialisation with a counter-based generator.
+// GPT-2's initialisation, for every family, with a counter-based generator.
 //
 // Every element's value is a pure function of (seed, parameter name, element index), so the
 // weights do not depend on the thread count, and a later tensor-parallel shard can take its
@@ -51,7 +51,7 @@ void GPT::init_weights(uint64_t seed) {
       std::fill(w, w + p.count, 1.0f);
       continue;
     }
-    if (!p.decay) {  // biases and LayerNorm biases
+    if (!p.decay) {  // biases and LayerNorm shifts
       std::fill(w, w + p.count, 0.0f);
       continue;
     }
@@ -60,7 +60,8 @@ void GPT::init_weights(uint64_t seed) {
     const uint64_t key = splitmix64(seed ^ fnv1a(p.name));
     // Values are drawn by global index (Note [Tensor-parallel shards]), so every layout holds
     // the same global weights. Padded vocabulary rows of wte stay zero.
-    const size_t live = p.name == "wte" ? size_t(cfg_.vocab) * cfg_.channels : SIZE_MAX;
+    const bool vocab_rows = p.name == "wte" || p.name == "lmw";
+    const size_t live = vocab_rows ? size_t(cfg_.vocab) * cfg_.channels : SIZE_MAX;
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < p.count; ++i) {
       const size_t g = p.global_index(i);

@@ -39,11 +39,17 @@ size_t ParamInfo::global_index(size_t local) const {
   const size_t r = local / cols, c = local % cols;
   switch (shard) {
     case Shard::kRows: return (size_t(tp_rank) * rows + r) * cols + c;
-    case Shard::kQkvRows: {
-      // Local rows are q|k|v blocks of rows/3 each; globally each block has global_rows/3.
-      const size_t block = rows / 3, global_block = size_t(global_shape[0]) / 3;
-      const size_t part = r / block, within = r % block;
-      return (part * global_block + size_t(tp_rank) * block + within) * cols + c;
+    case Shard::kPartRows: {
+      // Local rows are the parts' local rows, part after part; part k has parts[k] global rows.
+      size_t local_begin = 0, global_begin = 0;
+      for (int part : parts) {
+        const size_t local_rows = size_t(part) / size_t(tp_size);
+        if (r < local_begin + local_rows)
+          return (global_begin + size_t(tp_rank) * local_rows + (r - local_begin)) * cols + c;
+        local_begin += local_rows;
+        global_begin += size_t(part);
+      }
+      internal_error(__FILE__, __LINE__, "global_index past the parts of " + name);
     }
     case Shard::kColumns: return r * size_t(global_shape[1]) + size_t(tp_rank) * cols + c;
     case Shard::kReplicated: break;
@@ -132,13 +138,15 @@ Precision parse_precision(const std::string& text) {
 
 std::vector<ParamInfo> gpt_param_layout(const GPTConfig& cfg, int tp, int tp_rank, StageSpec stage,
                                         bool wte_after_head) {
-  const int C = cfg.channels;
+  const int C = cfg.channels, hs = cfg.head_size(), F = cfg.hidden();
+  const int q_rows = cfg.heads * hs, kv_rows = cfg.kv_head_count() * hs;
   if (stage.num_layers < 0) stage.num_layers = cfg.layers - stage.first_layer;
   std::vector<ParamInfo> out;
   size_t offset = 0;
-  auto add = [&](std::string name, std::vector<int> global, Shard shard, bool decay, int layer) {
+  auto add = [&](std::string name, std::vector<int> global, Shard shard, bool decay, int layer,
+                 std::vector<int> parts = {}) {
     std::vector<int> local = global;
-    if (tp > 1 && (shard == Shard::kRows || shard == Shard::kQkvRows)) local[0] /= tp;
+    if (tp > 1 && (shard == Shard::kRows || shard == Shard::kPartRows)) local[0] /= tp;
     if (tp > 1 && shard == Shard::kColumns) local[1] /= tp;
     size_t count = 1;
     for (int d : local) count *= size_t(d);
@@ -147,6 +155,7 @@ std::vector<ParamInfo> gpt_param_layout(const GPTConfig& cfg, int tp, int tp_ran
     p.shape = local;
     p.global_shape = global;
     p.shard = tp > 1 ? shard : Shard::kReplicated;
+    if (p.shard == Shard::kPartRows) p.parts = std::move(parts);
     p.tp_rank = tp_rank;
     p.tp_size = tp;
     p.offset = offset;
@@ -156,35 +165,41 @@ std::vector<ParamInfo> gpt_param_layout(const GPTConfig& cfg, int tp, int tp_ran
     out.push_back(std::move(p));
     offset += count;
   };
-  // Ready order: the LM head's dense wte gradient, the final LayerNorm, blocks last to first
-  // (each in its own backward order), the position embedding — and wte there instead on a
-  // first stage without the head, or with it but without a sink (wte_after_head false), where
-  // its (sparse) gradient is final only at the very end.
-  const bool wte_first = stage.has_head && (!stage.has_embedding || wte_after_head);
+  const bool bias = cfg.bias, norm_bias = cfg.norm_has_bias();
+  const bool swiglu = cfg.activation == Activation::kSwiGLU;
+  // Ready order: the head's weight (the tied wte's dense gradient, or lmw), the final norm,
+  // blocks last to first (each in its own backward order), the position embedding, and an
+  // untied wte — the tied one there instead on a first stage without the head, or with it but
+  // without a sink (wte_after_head false), where its (sparse) gradient is final only at the end.
+  const bool wte_first =
+      cfg.tied_head && stage.has_head && (!stage.has_embedding || wte_after_head);
   if (wte_first) add("wte", {cfg.padded_vocab, C}, Shard::kRows, true, -1);
+  if (stage.has_head && !cfg.tied_head) add("lmw", {cfg.padded_vocab, C}, Shard::kRows, true, -1);
   if (stage.has_head) {
     add("lnfw", {C}, Shard::kReplicated, false, -1);
-    add("lnfb", {C}, Shard::kReplicated, false, -1);
+    if (norm_bias) add("lnfb", {C}, Shard::kReplicated, false, -1);
   }
+  const std::vector<int> qkv_parts = {q_rows, kv_rows, kv_rows};
+  const std::vector<int> fc_parts = swiglu ? std::vector<int>{F, F} : std::vector<int>{F};
   // With chunks, the last chunk's blocks come first: its backward runs first.
   for (int i = stage.num_layers - 1; i >= 0; --i) {
     const int l = stage.global_layer(i);
     auto n = [l](const char* s) { return fmt::format("h{}.{}", l, s); };
-    add(n("fcprojw"), {C, 4 * C}, Shard::kColumns, true, l);
-    add(n("fcprojb"), {C}, Shard::kReplicated, false, l);
-    add(n("fcw"), {4 * C, C}, Shard::kRows, true, l);
-    add(n("fcb"), {4 * C}, Shard::kRows, false, l);
+    add(n("fcprojw"), {C, F}, Shard::kColumns, true, l);
+    if (bias) add(n("fcprojb"), {C}, Shard::kReplicated, false, l);
+    add(n("fcw"), {cfg.fc_rows(), C}, Shard::kPartRows, true, l, fc_parts);
+    if (bias) add(n("fcb"), {cfg.fc_rows()}, Shard::kPartRows, false, l, fc_parts);
     add(n("ln2w"), {C}, Shard::kReplicated, false, l);
-    add(n("ln2b"), {C}, Shard::kReplicated, false, l);
-    add(n("attprojw"), {C, C}, Shard::kColumns, true, l);
-    add(n("attprojb"), {C}, Shard::kReplicated, false, l);
-    add(n("qkvw"), {3 * C, C}, Shard::kQkvRows, true, l);
-    add(n("qkvb"), {3 * C}, Shard::kQkvRows, false, l);
+    if (norm_bias) add(n("ln2b"), {C}, Shard::kReplicated, false, l);
+    add(n("attprojw"), {C, q_rows}, Shard::kColumns, true, l);
+    if (bias) add(n("attprojb"), {C}, Shard::kReplicated, false, l);
+    add(n("qkvw"), {cfg.qkv_rows(), C}, Shard::kPartRows, true, l, qkv_parts);
+    if (bias) add(n("qkvb"), {cfg.qkv_rows()}, Shard::kPartRows, false, l, qkv_parts);
     add(n("ln1w"), {C}, Shard::kReplicated, false, l);
-    add(n("ln1b"), {C}, Shard::kReplicated, false, l);
+    if (norm_bias) add(n("ln1b"), {C}, Shard::kReplicated, false, l);
   }
   if (stage.has_embedding) {
-    add("wpe", {cfg.max_seq_len, C}, Shard::kReplicated, true, -1);
+    if (cfg.has_wpe()) add("wpe", {cfg.max_seq_len, C}, Shard::kReplicated, true, -1);
     if (!wte_first) add("wte", {cfg.padded_vocab, C}, Shard::kRows, true, -1);
   }
   return out;

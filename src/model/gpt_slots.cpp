@@ -12,6 +12,7 @@
 // B·NH·T·T attention buffer. The recomputation runs the same ops on the same inputs, so
 // results are bitwise those of none.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "model/gpt_state.h"
@@ -28,7 +29,17 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
       tp_(options.tp), stage_(options.stage), recompute_mode_(options.recompute),
       precision_(options.precision), dloss_scale_(options.dloss_scale) {
   TRIDENT_CHECK(T <= cfg.max_seq_len, "T {} > max_seq_len {}", T, cfg.max_seq_len);
-  TRIDENT_CHECK(cfg.channels % cfg.heads == 0, "C {} % NH {}", cfg.channels, cfg.heads);
+  check_model_config(cfg);
+  // Note [Families on the GPT-2 paths]
+  // The bf16 path and the CUDA backend fuse and implement GPT-2's block only; another block
+  // runs in fp32 on the CPU until their kernels exist (issue 35, part 5). Refused here, before
+  // any allocation, rather than at the first op a backend lacks.
+  if (!cfg.is_gpt2_block() && options.precision == Precision::kBf16)
+    input_error("run.precision bf16 runs GPT-2's block only; this model is {} (use fp32)",
+                describe_block(cfg));
+  if (!cfg.is_gpt2_block() && backend.is_device())
+    input_error("the {} backend runs GPT-2's block only; this model is {} (use run.backend cpu)",
+                backend.name(), describe_block(cfg));
   TRIDENT_CHECK(tp_.size == 1 || tp_.comm != nullptr, "tp {} without a communicator", tp_.size);
   TRIDENT_CHECK(options.slots >= 1, "slots {}", options.slots);
   check_tensor_parallel(cfg, tp_.size, tp_.sequence_parallel, T);
@@ -80,7 +91,8 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   }
 
   const size_t C = cfg.channels, tps = tp_.size;
-  const size_t NHl = cfg.heads / tps, Cl = C / tps, Vl = cfg.padded_vocab / tps;
+  const size_t NHl = cfg.heads / tps, Ql = NHl * cfg.head_size(), Vl = cfg.padded_vocab / tps;
+  const size_t QKVl = cfg.qkv_rows() / tps, FCl = cfg.fc_rows() / tps, Fl = cfg.hidden() / tps;
   const size_t N = size_t(B) * T, Nr = N / rows_divisor_;
   block_sizes_ = block_sizes();
   const std::array<size_t, kBlockBuffers>& sizes = block_sizes_;
@@ -138,17 +150,19 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   if (bf16) {  // tp 1: no LayerNorm staging; the gradients between ops are bf16
     a.dresidual16 = halves(N * C);
     a.d16_c = halves(N * C);
-    a.d16_3c = halves(N * 3 * Cl);
-    a.d16_4c = halves(N * 4 * Cl);  // the GELU's input gradient (DGELU in fcproj's GEMM)
+    a.d16_3c = halves(N * QKVl);
+    a.d16_4c = halves(N * FCl);  // the GELU's input gradient (DGELU in fcproj's GEMM)
   } else {
     a.ln_out = floats(Nr * C);
     a.dbuf_c = floats(N * C);
     a.dbuf_c2 = floats(Nr * C);
-    a.dbuf_3c = floats(N * 3 * Cl);
-    a.dbuf_4c = floats(N * 4 * Cl);
-    a.dbuf_4c2 = floats(N * 4 * Cl);
+    a.dbuf_3c = floats(N * QKVl);
+    a.dbuf_4c = floats(N * Fl);
+    a.dbuf_4c2 = floats(N * FCl);
+    if (cfg.parallel_residual) a.dparallel = floats(Nr * C);
   }
-  a.datt = floats(be_.attention_scratch_floats(B, T, int(Cl), int(NHl)));
+  a.datt = floats(be_.attention_scratch_floats(B, T, int(Ql), int(NHl)));
+  if (cfg.rotary_dims() > 0) make_rope_tables();
   // Zero now and after every reduction (Note [Sequence-parallel LayerNorm gradients]).
   a.dln_partials = floats((2 * size_t(stage_.num_layers) + 1) * 2 * C);
   be_.fill_zero(a.dln_partials.data(), a.dln_partials.size() * sizeof(float));
@@ -161,11 +175,12 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
 // In BlockActs order: ln1 ln1_mean ln1_rstd qkv att atty residual2 ln2 ln2_mean ln2_rstd fch
 // fch_gelu residual3.
 std::array<size_t, GPT::kBlockBuffers> GPT::block_sizes() const {
-  const size_t C = cfg_.channels, tps = tp_.size, Cl = C / tps, NHl = cfg_.heads / tps;
+  const size_t C = cfg_.channels, tps = tp_.size, NHl = cfg_.heads / tps;
+  const size_t Ql = NHl * cfg_.head_size(), QKVl = cfg_.qkv_rows() / tps;
+  const size_t FCl = cfg_.fc_rows() / tps, Fl = cfg_.hidden() / tps;
   const size_t N = size_t(maxB_) * maxT_, Nr = N / rows_divisor_;
-  const size_t att = be_.attention_saved_floats(maxB_, maxT_, int(Cl), int(NHl));
-  return {N * C, Nr, Nr, N * 3 * Cl, att,        N * Cl, Nr * C,
-          N * C, Nr, Nr, N * 4 * Cl, N * 4 * Cl, Nr * C};
+  const size_t att = be_.attention_saved_floats(maxB_, maxT_, int(Ql), int(NHl));
+  return {N * C, Nr, Nr, N * QKVl, att, N * Ql, Nr * C, N * C, Nr, Nr, N * FCl, N * Fl, Nr * C};
 }
 
 std::array<bool, GPT::kBlockBuffers> GPT::block_kept() const {
@@ -211,12 +226,11 @@ void GPT::recompute_block(int slot, int local_layer, const float* residual_in) {
   }
   const Slot& s = slots_[slot];
   const int B = s.B, T = s.T, N = B * T;
-  const int Cl = cfg_.channels / tp_.size;
   const BlockWeights w = block(params_.data(), local_layer);
   BlockActs a = block_acts(slot, local_layer);
   if (recompute_mode_ == Recompute::kMlp) {
-    be_.matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, N, cfg_.channels, 4 * Cl);
-    be_.gelu_forward(a.fch_gelu, a.fch, size_t(N) * 4 * Cl);
+    be_.matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, N, cfg_.channels, cfg_.fc_rows() / tp_.size);
+    activation_forward(a.fch_gelu, a.fch, N);
     return;
   }
   a.residual3 = recompute_[12].data();  // the kept output is already there; do not rewrite it
@@ -242,12 +256,34 @@ size_t GPT::activation_bytes() const {
   for (const auto& b : recompute_) floats += b.size();
   for (const auto& b : recompute16_) halves += b.size();
   const Scratch& a = *scratch_;
-  for (const auto* v :
-       {&a.full_c, &a.stage, &a.ln_out, &a.dresidual, &a.dfull, &a.dbuf_c, &a.dbuf_c2, &a.dbuf_3c,
-        &a.dbuf_4c, &a.dbuf_4c2, &a.datt, &a.dln_partials, &a.ce_stats, &a.ce_all})
+  for (const auto* v : {&a.full_c, &a.stage, &a.ln_out, &a.dresidual, &a.dfull, &a.dbuf_c,
+                        &a.dbuf_c2, &a.dbuf_3c, &a.dbuf_4c, &a.dbuf_4c2, &a.datt, &a.dln_partials,
+                        &a.ce_stats, &a.ce_all, &a.rope_cos, &a.rope_sin, &a.dparallel})
     floats += v->size();
   for (const auto* v : {&a.dresidual16, &a.d16_c, &a.d16_3c, &a.d16_4c}) halves += v->size();
   return floats * sizeof(float) + halves * sizeof(bfloat16);
+}
+
+// Note [RoPE tables]
+// cos and sin of every (position, frequency) are computed once, in fp32 as transformers
+// computes them: inv_freq[i] = 1 / base^(2i/rot), angle = t · inv_freq[i], so that the same
+// weights give the same rotations as transformers' Llama and GPT-NeoX.
+void GPT::make_rope_tables() {
+  const int rot = cfg_.rotary_dims(), half = rot / 2, T = cfg_.max_seq_len;
+  std::vector<float> cos(size_t(T) * half), sin(cos.size());
+  for (int i = 0; i < half; ++i) {
+    const float inv_freq = 1.0f / std::pow(cfg_.rope_base, float(2 * i) / float(rot));
+    for (int t = 0; t < T; ++t) {
+      const float angle = float(t) * inv_freq;
+      cos[size_t(t) * half + i] = std::cos(angle);
+      sin[size_t(t) * half + i] = std::sin(angle);
+    }
+  }
+  Scratch& a = *scratch_;
+  a.rope_cos = BackendBuffer<float>(be_, cos.size());
+  a.rope_sin = BackendBuffer<float>(be_, sin.size());
+  be_.copy(a.rope_cos.data(), cos.data(), cos.size() * sizeof(float));
+  be_.copy(a.rope_sin.data(), sin.data(), sin.size() * sizeof(float));
 }
 
 GPT::~GPT() = default;

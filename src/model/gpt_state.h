@@ -4,12 +4,17 @@
 #pragma once
 
 #include <array>
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "trident/model.h"
 
 namespace trident {
+
+// The offset of a tensor this model does not have (a bias with model.bias false, RMSNorm's
+// shift, wpe with rotary positions).
+inline constexpr size_t kNoTensor = SIZE_MAX;
 
 // One block's activations (pointers into a slot's storage or the shared recompute scratch).
 struct GPT::BlockActs {
@@ -51,11 +56,15 @@ struct GPT::Scratch {
   BackendBuffer<float> dresidual, dfull, dbuf_c, dbuf_c2, dbuf_3c, dbuf_4c, dbuf_4c2, datt,
       dln_partials;  // sequence parallelism: [2·layers + 1][2C] LayerNorm gradient partial sums
   BackendBuffer<float> ce_stats, ce_all;  // vocab-parallel loss: [N,3] and [tp,N,3]
+  // Rotary positions: cos and sin [max_seq_len, rot/2], computed once (Note [RoPE tables] in
+  // gpt_slots.cpp); the parallel residual's second input gradient [Nr,C].
+  BackendBuffer<float> rope_cos, rope_sin, dparallel;
   // bf16: the residual gradient's bf16 copy [N,C] and the input gradients between the ops
   // (instead of dbuf_c, dbuf_3c, dbuf_4c, dbuf_4c2).
   BackendBuffer<bfloat16> dresidual16, d16_c, d16_3c, d16_4c;
 };
 
+// Null where the block has no such tensor (biases with model.bias false, RMSNorm's shift).
 struct GPT::BlockWeights {
   float *ln1w, *ln1b, *qkvw, *qkvb, *attprojw, *attprojb, *ln2w, *ln2b, *fcw, *fcb, *fcprojw,
       *fcprojb;
@@ -80,11 +89,14 @@ struct GPT::LayerTable {
   size_t span_begin = 0, span_end = 0;  // the block's span of the flat buffer (bf16 casts)
 };
 struct GPT::ParamTable {
-  // Offsets of the non-block tensors, valid where this stage holds them.
-  size_t wte = 0, wpe = 0, lnfw = 0, lnfb = 0;
-  int wte_index = -1;   // -1: not on this stage
-  int lnfb_index = -1;  // last head parameter (the final LayerNorm's)
-  int wpe_index = -1;
+  // Offsets of the non-block tensors, valid where this stage holds them; head_w is the head's
+  // weight (wte's, or lmw's when untied); lnfb and wpe are kNoTensor when absent.
+  size_t wte = 0, wpe = 0, lnfw = 0, lnfb = 0, head_w = 0;
+  int wte_index = -1;              // -1: not on this stage
+  int tied_wte_index = -1;         // wte_index when the head is tied (reported on its own), else -1
+  int head_w_index = -1;           // lmw's index when untied
+  int head_last_index = -1;        // last head parameter (the final norm's)
+  int embedding_last_index = -1;   // last embedding parameter in ready order
   std::vector<LayerTable> layers;  // per local layer (stage_.first_layer + i)
   std::string forward_embedding = "forward embedding", forward_head = "forward head+loss",
               backward_head = "backward head+loss", backward_embedding = "backward embedding",
@@ -95,5 +107,10 @@ struct GPT::ParamTable {
 struct GPT::BlockWeights16 {
   const bfloat16 *qkvw, *attprojw, *fcw, *fcprojw;
 };
+
+// base + offset, or null for kNoTensor.
+inline float* at(float* base, size_t offset) {
+  return offset == kNoTensor ? nullptr : base + offset;
+}
 
 }  // namespace trident

@@ -76,24 +76,36 @@ void GPT::gather_rows(float* full, const float* local, int B, int T, int C) {
                   Tl * row, size_t(B));
 }
 
-void GPT::layernorm_gathered(float* out_full, float* mean, float* rstd, const float* inp,
-                             const float* w, const float* b, int B, int T, int C) {
+void GPT::norm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,
+                       const float* b, int N, int C) {
+  if (cfg_.norm == Norm::kRMSNorm) be_.rmsnorm_forward(out, rstd, inp, w, N, C, cfg_.norm_eps);
+  else be_.layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+}
+
+void GPT::norm_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                        const float* w, const float* mean, const float* rstd, int N, int C) {
+  if (cfg_.norm == Norm::kRMSNorm) be_.rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
+  else be_.layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+}
+
+void GPT::norm_gathered(float* out_full, float* mean, float* rstd, const float* inp, const float* w,
+                        const float* b, int B, int T, int C) {
   const int N = B * T;
   if (!tp_.sequence_parallel) {
-    be_.layernorm_forward(out_full, mean, rstd, inp, w, b, N, C);
+    norm_forward(out_full, mean, rstd, inp, w, b, N, C);
     return;
   }
   const int Nr = N / tp_.size;
-  be_.layernorm_forward(scratch_->ln_out.data(), mean, rstd, inp, w, b, Nr, C);
+  norm_forward(scratch_->ln_out.data(), mean, rstd, inp, w, b, Nr, C);
   gather_rows(out_full, scratch_->ln_out.data(), B, T, C);
 }
 
-void GPT::layernorm_gathered_backward(float* dinp, float* dw, float* db, float* dout_full_partial,
-                                      const float* inp, const float* w, const float* mean,
-                                      const float* rstd, int B, int T, int C, int ln, bool reduce) {
+void GPT::norm_gathered_backward(float* dinp, float* dw, float* db, float* dout_full_partial,
+                                 const float* inp, const float* w, const float* mean,
+                                 const float* rstd, int B, int T, int C, int ln, bool reduce) {
   const int N = B * T;
   if (tp_.size == 1) {
-    be_.layernorm_backward(dinp, dw, db, dout_full_partial, inp, w, mean, rstd, N, C);
+    norm_backward(dinp, dw, db, dout_full_partial, inp, w, mean, rstd, N, C);
     return;
   }
   // The backward of "identity forward": the column-parallel linears each produced a partial
@@ -103,7 +115,7 @@ void GPT::layernorm_gathered_backward(float* dinp, float* dw, float* db, float* 
   reduce_rows(dout, dout_full_partial, B, T, C);
   if (!tp_.sequence_parallel) {
     // Every rank normalised the same rows: the weight gradients are already identical.
-    be_.layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    norm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
     return;
   }
   // Note [Sequence-parallel LayerNorm gradients]
@@ -113,11 +125,12 @@ void GPT::layernorm_gathered_backward(float* dinp, float* dw, float* db, float* 
   // db and zeroes it: one latency-bound all-reduce per LayerNorm per step, not per micro-batch.
   // With accum > 1 the sums run over micro-batches first, then ranks: equal within rounding.
   float* partial = scratch_->dln_partials.data() + size_t(ln) * 2 * C;
-  be_.layernorm_backward(dinp, partial, partial + C, dout, inp, w, mean, rstd, N / tp_.size, C);
+  norm_backward(dinp, partial, db ? partial + C : nullptr, dout, inp, w, mean, rstd, N / tp_.size,
+                C);
   if (!reduce) return;
   tp_wait(tp_.comm->all_reduce(partial, 2 * size_t(C)));
   be_.add(dw, dw, partial, size_t(C));
-  be_.add(db, db, partial + C, size_t(C));
+  if (db) be_.add(db, db, partial + C, size_t(C));
   be_.fill_zero(partial, 2 * size_t(C) * sizeof(float));
 }
 

@@ -18,9 +18,13 @@ namespace trident {
 void GPT::embedding_forward(float* out, const int32_t* tokens, int B, int T) {
   const int C = cfg_.channels;
   const float* wte = params_.data() + table_->wte;
-  const float* wpe = params_.data() + table_->wpe;
-  if (tp_.size == 1) {
+  const float* wpe = at(params_.data(), table_->wpe);  // null with rotary positions
+  if (tp_.size == 1 && wpe) {
     be_.encoder_forward(out, tokens, wte, wpe, B, T, C);
+    return;
+  }
+  if (tp_.size == 1) {  // the whole vocabulary is this rank's slice
+    be_.embedding_slice_forward(out, tokens, wte, nullptr, 0, cfg_.padded_vocab, B, T, C);
     return;
   }
   // Each rank adds its own vocabulary's rows (zeros elsewhere) and rank 0 the positions; the
@@ -35,7 +39,7 @@ void GPT::embedding_backward(const float* dout, const int32_t* tokens, const Emb
                              int B, int T) {
   const int C = cfg_.channels;
   float* dwte = grads_.data() + table_->wte;
-  float* dwpe = grads_.data() + table_->wpe;
+  float* dwpe = at(grads_.data(), table_->wpe);
   if (tp_.size == 1) {
     if (sink) be_.encoder_backward(sink->rows, dwpe, dout, sink->row_of_input, B, T, C);
     else be_.encoder_backward(dwte, dwpe, dout, tokens, B, T, C);
@@ -54,7 +58,7 @@ void GPT::embedding_backward(const float* dout, const int32_t* tokens, const Emb
   for (int c = 0; c < C; ++c) {
     for (int n = 0; n < B * T; ++n) {
       const float g = dout[size_t(n) * C + c];
-      dwpe[size_t(n % T) * C + c] += g;
+      if (dwpe) dwpe[size_t(n % T) * C + c] += g;
       const int tok = tokens[n];
       if (tok < v0 || tok >= v1) continue;
       const int32_t row = sink->row_of_input[n];

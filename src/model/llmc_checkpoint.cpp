@@ -134,6 +134,10 @@ void save_llmc_weights(GPT& model, const std::string& path) {
   const GPTConfig& cfg = model.config();
   TRIDENT_CHECK(model.tensor_parallel().size == 1,
                 "save_llmc_weights needs the whole model (tp 1)");
+  if (!cfg.is_gpt2_block())
+    input_error("llm.c's checkpoint holds GPT-2's block only; this model is {} (export it as "
+                "safetensors)",
+                describe_block(cfg));
   int32_t h[256] = {};
   h[0] = kMagic;
   h[1] = kVersion;

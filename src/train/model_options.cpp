@@ -27,6 +27,32 @@ std::vector<int> parse_stage_layers(const std::string& text) {
   return out;
 }
 
+// The family's defaults, then each key that says otherwise (deck.h: "auto" and 0 keep them).
+void apply_block_keys(const ModelConfig& m, GPTConfig& cfg) {
+  cfg.apply_family(m.family == "neox"    ? Family::kNeoX
+                   : m.family == "llama" ? Family::kLlama
+                                         : Family::kGPT2);
+  if (m.norm != "auto") cfg.norm = m.norm == "rmsnorm" ? Norm::kRMSNorm : Norm::kLayerNorm;
+  if (m.norm_eps > 0) cfg.norm_eps = float(m.norm_eps);
+  if (m.position != "auto")
+    cfg.position = m.position == "rotary" ? Position::kRotary : Position::kLearned;
+  if (m.rope_base > 0) cfg.rope_base = float(m.rope_base);
+  if (m.rotary_pct > 0) cfg.rotary_pct = float(m.rotary_pct);
+  if (m.mlp != "auto")
+    cfg.activation = m.mlp == "swiglu"     ? Activation::kSwiGLU
+                     : m.mlp == "gelu_erf" ? Activation::kGeluErf
+                                           : Activation::kGeluTanh;
+  cfg.mlp_hidden = m.mlp_hidden;
+  // Llama's rule for SwiGLU's width: two thirds of 4·C (the three matrices cost what GELU's
+  // two do), rounded up to a multiple of 256.
+  if (m.mlp_hidden == 0 && cfg.activation == Activation::kSwiGLU)
+    cfg.mlp_hidden = (8 * cfg.channels / 3 + 255) / 256 * 256;
+  cfg.kv_heads = m.kv_heads;
+  if (m.bias != "auto") cfg.bias = m.bias == "true";
+  if (m.tied_head != "auto") cfg.tied_head = m.tied_head == "true";
+  if (m.residual != "auto") cfg.parallel_residual = m.residual == "parallel";
+}
+
 }  // namespace
 
 GPTConfig model_config_from_deck(const Deck& deck, std::string* note) {
@@ -54,6 +80,9 @@ GPTConfig model_config_from_deck(const Deck& deck, std::string* note) {
   cfg.vocab = m.vocab;
   cfg.padded_vocab = GPTConfig::pad_vocab(m.vocab, deck.parallel.tp);
   cfg.max_seq_len = m.seq_len;
+  apply_block_keys(m, cfg);
+  check_model_config(cfg);
+  if (note && !cfg.is_gpt2_block()) *note = "model: " + describe_block(cfg);
   return cfg;
 }
 

@@ -31,7 +31,7 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
   GPTOptions options = stage_options(deck_, cfg, ctx_, schedule_, pp_size_, pp_rank_, dp_size_);
   DataParallel::check_deck(deck_, ctx_.backend->is_device(), chunks_, splits_backward(schedule_));
   // The parts that shape the model's parameter layout, before it is allocated.
-  if (options.stage.has_embedding || options.stage.has_head)
+  if (cfg.tied_head && (options.stage.has_embedding || options.stage.has_head))
     tied_ = std::make_unique<TiedEmbedding>(cfg, dp_size_, pp_size_, ctx_.backend->is_device(),
                                             DataParallel::bucket_bytes(deck_.comm), options);
   if (dp_size_ > 1) {

@@ -10,19 +10,22 @@
 namespace trident {
 namespace {
 
+// wte and lmw: rows of the padded vocabulary, saved up to the real one.
+bool vocab_rows(const ParamInfo& p) { return p.name == "wte" || p.name == "lmw"; }
+
 // This rank's blocks of a parameter's global tensor (Note [Tensor-parallel shards]); wte's
 // global tensor is cut to the real vocabulary, so the padding (which differs between layouts)
 // is never saved.
 std::vector<ShardBlock> blocks_of(const ParamInfo& p, int vocab, std::vector<int64_t>* global) {
   std::vector<int64_t> g(p.global_shape.begin(), p.global_shape.end());
   std::vector<int64_t> local(p.shape.begin(), p.shape.end());
-  if (p.name == "wte") g[0] = vocab;
+  if (vocab_rows(p)) g[0] = vocab;
   *global = g;
   const int r = p.tp_rank;
   std::vector<ShardBlock> out;
   switch (p.shard) {
     case Shard::kReplicated:
-      if (p.name == "wte") {
+      if (vocab_rows(p)) {
         out.push_back({{0, 0}, {vocab, g[1]}});
       } else {
         out.push_back({std::vector<int64_t>(g.size(), 0), g});
@@ -38,13 +41,15 @@ std::vector<ShardBlock> blocks_of(const ParamInfo& p, int vocab, std::vector<int
       out.push_back(b);
       break;
     }
-    case Shard::kQkvRows: {
-      const int64_t block = local[0] / 3, global_block = g[0] / 3;
-      for (int part = 0; part < 3; ++part) {
+    case Shard::kPartRows: {
+      int64_t global_begin = 0;
+      for (int part : p.parts) {
+        const int64_t rows = part / p.tp_size;
         ShardBlock b{std::vector<int64_t>(g.size(), 0), local};
-        b.start[0] = part * global_block + int64_t(r) * block;
-        b.count[0] = block;
+        b.start[0] = global_begin + int64_t(r) * rows;
+        b.count[0] = rows;
         out.push_back(b);
+        global_begin += part;
       }
       break;
     }
@@ -61,7 +66,7 @@ std::vector<ShardBlock> blocks_of(const ParamInfo& p, int vocab, std::vector<int
 std::vector<ShardBlock> range_blocks(const ParamInfo& p, int vocab, size_t lo, size_t hi) {
   const bool matrix = p.shape.size() > 1;
   const int64_t rows = p.shape[0], cols = matrix ? p.shape[1] : 1;
-  const int64_t global_rows = p.name == "wte" ? vocab : p.global_shape[0];
+  const int64_t global_rows = vocab_rows(p) ? vocab : p.global_shape[0];
   std::vector<ShardBlock> out;
   // Local rows [r, r + n), columns [c, c + w) → global blocks.
   auto add = [&](int64_t r, int64_t n, int64_t c, int64_t w) {
@@ -76,12 +81,19 @@ std::vector<ShardBlock> range_blocks(const ParamInfo& p, int vocab, size_t lo, s
       case Shard::kReplicated: emit(r, n, c); break;
       case Shard::kRows: emit(t * rows + r, n, c); break;
       case Shard::kColumns: emit(r, n, t * cols + c); break;
-      case Shard::kQkvRows: {
-        const int64_t block = rows / 3, global_block = p.global_shape[0] / 3;
+      case Shard::kPartRows: {
+        // Local row `row` lies in the part whose local rows [local_begin, +part/tp) hold it.
         for (int64_t row = r; row < r + n;) {
-          const int64_t part = row / block, within = row % block;
-          const int64_t take = std::min(block - within, r + n - row);
-          emit(part * global_block + t * block + within, take, c);
+          int64_t local_begin = 0, global_begin = 0, part_rows = 0;
+          for (int part : p.parts) {
+            part_rows = part / p.tp_size;
+            if (row < local_begin + part_rows) break;
+            local_begin += part_rows;
+            global_begin += part;
+          }
+          const int64_t within = row - local_begin;
+          const int64_t take = std::min(part_rows - within, r + n - row);
+          emit(global_begin + t * part_rows + within, take, c);
           row += take;
         }
         break;
@@ -109,6 +121,8 @@ std::vector<ShardBlock> range_blocks(const ParamInfo& p, int vocab, size_t lo, s
 std::vector<ShardTensor> Trainer::checkpoint_tensors(float* params, float* m, float* v) {
   const int tp_rank = model_->tensor_parallel().rank;
   const StageSpec& stage = model_->stage();
+  // A tied wte is on the first and the last stage: the last one's copy is saved.
+  const bool tied = model_->config().tied_head;
   std::vector<ShardTensor> out;
   struct Source {
     const char* prefix;
@@ -125,7 +139,7 @@ std::vector<ShardTensor> Trainer::checkpoint_tensors(float* params, float* m, fl
       t.data = src.base + p.offset;
       const bool replicated = p.shard == Shard::kReplicated;
       t.owner = dp_rank_ == 0 && (!replicated || tp_rank == 0) &&
-                (p.name != "wte" || stage.has_head) && !t.blocks.empty();
+                (p.name != "wte" || stage.has_head || !tied) && !t.blocks.empty();
       out.push_back(std::move(t));
     }
   // ZeRO: each rank saves (and loads) the pieces of m and v it owns.
@@ -152,11 +166,11 @@ std::vector<ShardTensor> Trainer::checkpoint_tensors(float* params, float* m, fl
         ShardTensor t;
         t.name = src.prefix + p.name;
         t.global_shape.assign(p.global_shape.begin(), p.global_shape.end());
-        if (p.name == "wte") t.global_shape[0] = model_->config().vocab;
+        if (vocab_rows(p)) t.global_shape[0] = model_->config().vocab;
         t.blocks = std::move(blocks);
         t.data = src.base + piece.shard;
-        t.owner =
-            (p.shard != Shard::kReplicated || tp_rank == 0) && (p.name != "wte" || stage.has_head);
+        t.owner = (p.shard != Shard::kReplicated || tp_rank == 0) &&
+                  (p.name != "wte" || stage.has_head || !tied);
         out.push_back(std::move(t));
       }
     }

@@ -80,8 +80,9 @@ std::vector<size_t> forward_gather_order(const std::vector<ParamInfo>& params,
                                          const std::vector<Bucket>& buckets) {
   // When forward first reads a parameter: the embedding 0, block l at l + 1 (layer indices
   // grow in forward order on every stage), the final LayerNorm and a head-only stage's wte last.
+  // The embedding is on the stage that holds block 0 (the first), with or without wpe.
   bool has_embedding = false;
-  for (const ParamInfo& p : params) has_embedding = has_embedding || p.name == "wpe";
+  for (const ParamInfo& p : params) has_embedding = has_embedding || p.layer == 0;
   auto first_use = [&](const ParamInfo& p) -> long {
     if (p.layer >= 0) return long(p.layer) + 1;
     if (p.name == "wpe" || (p.name == "wte" && has_embedding)) return 0;
