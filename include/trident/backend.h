@@ -44,9 +44,11 @@ class Backend {
                                 int B, int T, int C) = 0;
 
   // LayerNorm over the last dim (eps 1e-5); mean and rstd [N] are saved for backward.
+  // b == nullptr: no shift (a LayerNorm without bias, model.bias false); backward then takes
+  // db == nullptr (CPU backend; a device backend may still require b).
   virtual void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                                  const float* w, const float* b, int N, int C) = 0;
-  // dinp = ...; dw += ...; db += ...
+  // dinp = ...; dw += ...; db += ... (dw or db null: skipped)
   virtual void layernorm_backward(float* dinp, float* dw, float* db, const float* dout,
                                   const float* inp, const float* w, const float* mean,
                                   const float* rstd, int N, int C) = 0;

@@ -69,6 +69,54 @@ class CpuBackend final : public Backend {
     cpu::attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH, threads_);
   }
 
+  void attention_forward_gqa(float* out, float* att, const float* qkv, int B, int T, int NH,
+                             int KVH, int hs) override {
+    check_heads(NH, KVH, hs);
+    cpu::attention_forward_gqa(out, att, qkv, B, T, NH, KVH, hs, threads_);
+  }
+  void attention_backward_gqa(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                              const float* /*out*/, const float* att, int B, int T, int NH, int KVH,
+                              int hs) override {
+    check_heads(NH, KVH, hs);
+    cpu::attention_backward_gqa(dqkv, scratch, dout, qkv, att, B, T, NH, KVH, hs, threads_);
+  }
+
+  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N, int C,
+                       float eps) override {
+    TRIDENT_CHECK(C > 0 && eps >= 0.0f, "rmsnorm: need C > 0 and eps >= 0, got C = {}, eps = {}", C,
+                  eps);
+    cpu::rmsnorm_forward(out, rstd, inp, w, N, C, eps, threads_);
+  }
+  void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                        const float* rstd, int N, int C) override {
+    cpu::rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C, threads_);
+  }
+
+  void rope_forward(float* qkv, const float* cos, const float* sin, int N, int T, int NH, int KVH,
+                    int hs, int rot) override {
+    check_rope(T, NH, KVH, hs, rot);
+    cpu::rope_forward(qkv, cos, sin, N, T, NH, KVH, hs, rot, threads_);
+  }
+  void rope_backward(float* dqkv, const float* cos, const float* sin, int N, int T, int NH, int KVH,
+                     int hs, int rot) override {
+    check_rope(T, NH, KVH, hs, rot);
+    cpu::rope_backward(dqkv, cos, sin, N, T, NH, KVH, hs, rot, threads_);
+  }
+
+  void swiglu_forward(float* out, const float* inp, int N, int F) override {
+    cpu::swiglu_forward(out, inp, N, F, threads_);
+  }
+  void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F) override {
+    cpu::swiglu_backward(dinp, inp, dout, N, F, threads_);
+  }
+
+  void gelu_erf_forward(float* out, const float* inp, size_t n) override {
+    cpu::gelu_erf_forward(out, inp, n, threads_);
+  }
+  void gelu_erf_backward(float* dinp, const float* inp, const float* dout, size_t n) override {
+    cpu::gelu_erf_backward(dinp, inp, dout, n, threads_);
+  }
+
   void gelu_forward(float* out, const float* inp, size_t n) override {
     cpu::gelu_forward(out, inp, n, threads_);
   }
@@ -110,6 +158,17 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  static void check_heads(int NH, int KVH, int hs) {
+    TRIDENT_CHECK(KVH > 0 && NH % KVH == 0 && hs > 0,
+                  "attention: kv heads {} must divide heads {}, head size {} > 0", KVH, NH, hs);
+  }
+  static void check_rope(int T, int NH, int KVH, int hs, int rot) {
+    check_heads(NH, KVH, hs);
+    TRIDENT_CHECK(T > 0 && rot >= 0 && rot % 2 == 0 && rot <= hs,
+                  "rope: need T > 0 and an even rot in [0, hs], got T = {}, rot = {}, hs = {}", T,
+                  rot, hs);
+  }
+
   int threads_;
 };
 

@@ -1,10 +1,17 @@
-// Elementwise ops: tanh-approximation GELU and add.
+// Elementwise ops: tanh-approximation GELU, exact GELU and add.
 //
 // GELU(x) = x/2 · (1 + tanh(u)), u = sqrt(2/π)·(x + 0.044715·x³). Since (1 + tanh(u))/2 equals
 // the logistic σ(2u), this computes x·σ(2u) = x / (1 + exp(-2u)) with the vectorisable exp_fast
 // (glibc's tanhf is a scalar call ~30x slower). For x → -inf, exp overflows to inf and the result
 // is -0, no NaN (the slope stays finite up to |x| ~ 1e12, where x³ overflows).
 // The derivative: σ(2u) + x · 2σ(2u)(1 - σ(2u)) · du/dx.
+//
+// Exact GELU(x) = x·Φ(x), Φ the normal CDF, taken as erfc(−x/√2)/2 rather than (1 + erf(x/√2))/2:
+// the same function, but for x << 0 the latter cancels (at x = −5 it keeps 2 of float's 7 digits)
+// while erfc keeps its relative accuracy. Its derivative is Φ(x) + x·φ(x), φ = exp(−x²/2)/√(2π).
+// std::erfc is a scalar libm call, so these loops do not vectorise.
+#include <cmath>
+
 #include "backend/fast_math.h"
 #include "backend/kernels.h"
 #include "backend/parallel.h"
@@ -14,6 +21,8 @@ namespace {
 
 constexpr double kSqrt2OverPi = 0.79788456080286535588;
 constexpr double kCubic = 0.044715;
+constexpr double kInvSqrt2 = 0.70710678118654752440;
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;
 
 }  // namespace
 
@@ -47,6 +56,28 @@ void gelu_backward(Real* dinp, const Real* inp, const Real* dout, size_t n, int 
   });
 }
 
+template <typename Real>
+void gelu_erf_forward(Real* out, const Real* inp, size_t n, int threads) {
+  parallel_range(n, threads, [=](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      const Real x = inp[i];
+      out[i] = x * Real(0.5) * std::erfc(-x * Real(kInvSqrt2));
+    }
+  });
+}
+
+template <typename Real>
+void gelu_erf_backward(Real* dinp, const Real* inp, const Real* dout, size_t n, int threads) {
+  parallel_range(n, threads, [=](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      const Real x = inp[i];
+      const Real cdf = Real(0.5) * std::erfc(-x * Real(kInvSqrt2));
+      const Real pdf = Real(kInvSqrt2Pi) * exp_fast(Real(-0.5) * x * x);
+      dinp[i] = (cdf + x * pdf) * dout[i];
+    }
+  });
+}
+
 // out may alias a or b: each index is read before it is written.
 template <typename Real>
 void add(Real* out, const Real* a, const Real* b, size_t n, int threads) {
@@ -55,9 +86,11 @@ void add(Real* out, const Real* a, const Real* b, size_t n, int threads) {
   });
 }
 
-#define TRIDENT_INSTANTIATE(Real)                                                  \
-  template void gelu_forward<Real>(Real*, const Real*, size_t, int);               \
-  template void gelu_backward<Real>(Real*, const Real*, const Real*, size_t, int); \
+#define TRIDENT_INSTANTIATE(Real)                                                      \
+  template void gelu_forward<Real>(Real*, const Real*, size_t, int);                   \
+  template void gelu_backward<Real>(Real*, const Real*, const Real*, size_t, int);     \
+  template void gelu_erf_forward<Real>(Real*, const Real*, size_t, int);               \
+  template void gelu_erf_backward<Real>(Real*, const Real*, const Real*, size_t, int); \
   template void add<Real>(Real*, const Real*, const Real*, size_t, int);
 TRIDENT_INSTANTIATE(float)
 TRIDENT_INSTANTIATE(double)

@@ -21,7 +21,7 @@ template <typename Real>
 void encoder_backward(Real* dwte, Real* dwpe, const Real* dout, const int32_t* tokens, int B, int T,
                       int C, int threads);
 
-// ---- layernorm.cpp (eps = 1e-5)
+// ---- layernorm.cpp (eps = 1e-5); b, dw and db may be null (b: LayerNorm without a shift)
 template <typename Real>
 void layernorm_forward(Real* out, Real* mean, Real* rstd, const Real* inp, const Real* w,
                        const Real* b, int N, int C, int threads);
@@ -43,7 +43,36 @@ template <typename Real>
 void matmul_backward_weight_rows(Real* dw, const Real* dout, int ld, const Real* inp, int N, int C,
                                  int rows, int threads);
 
-// ---- attention.cpp: causal multi-head attention, qkv [B,T,3C], att [B,NH,T,T]
+// ---- rmsnorm.cpp: out = inp · rstd · w (Backend::rmsnorm_forward); dw may be null
+template <typename Real>
+void rmsnorm_forward(Real* out, Real* rstd, const Real* inp, const Real* w, int N, int C, Real eps,
+                     int threads);
+template <typename Real>
+void rmsnorm_backward(Real* dinp, Real* dw, const Real* dout, const Real* inp, const Real* w,
+                      const Real* rstd, int N, int C, int threads);
+
+// ---- rope.cpp: rotary embedding in place on q|k|v rows [N, (NH + 2·KVH)·hs], tables [T, rot/2]
+template <typename Real>
+void rope_forward(Real* qkv, const Real* cos, const Real* sin, int N, int T, int NH, int KVH,
+                  int hs, int rot, int threads);
+template <typename Real>
+void rope_backward(Real* dqkv, const Real* cos, const Real* sin, int N, int T, int NH, int KVH,
+                   int hs, int rot, int threads);
+
+// ---- swiglu.cpp: out[N,F] = silu(gate) · up, inp rows gate[F] | up[F]
+template <typename Real>
+void swiglu_forward(Real* out, const Real* inp, int N, int F, int threads);
+template <typename Real>
+void swiglu_backward(Real* dinp, const Real* inp, const Real* dout, int N, int F, int threads);
+
+// ---- attention.cpp: causal attention, att [B,NH,T,T]. qkv [B,T,(NH + 2·KVH)·hs] with KVH kv
+// heads (Backend::attention_forward_gqa); the multi-head forms take qkv [B,T,3C], KVH = NH.
+template <typename Real>
+void attention_forward_gqa(Real* out, Real* att, const Real* qkv, int B, int T, int NH, int KVH,
+                           int hs, int threads);
+template <typename Real>
+void attention_backward_gqa(Real* dqkv, Real* scratch, const Real* dout, const Real* qkv,
+                            const Real* att, int B, int T, int NH, int KVH, int hs, int threads);
 template <typename Real>
 void attention_forward(Real* out, Real* att, const Real* qkv, int B, int T, int C, int NH,
                        int threads);
@@ -51,11 +80,15 @@ template <typename Real>
 void attention_backward(Real* dqkv, Real* scratch, const Real* dout, const Real* qkv,
                         const Real* att, int B, int T, int C, int NH, int threads);
 
-// ---- elementwise.cpp: tanh-GELU and add
+// ---- elementwise.cpp: tanh-GELU, exact (erf) GELU and add
 template <typename Real>
 void gelu_forward(Real* out, const Real* inp, size_t n, int threads);
 template <typename Real>
 void gelu_backward(Real* dinp, const Real* inp, const Real* dout, size_t n, int threads);
+template <typename Real>
+void gelu_erf_forward(Real* out, const Real* inp, size_t n, int threads);
+template <typename Real>
+void gelu_erf_backward(Real* dinp, const Real* inp, const Real* dout, size_t n, int threads);
 template <typename Real>
 void add(Real* out, const Real* a, const Real* b, size_t n, int threads);
 

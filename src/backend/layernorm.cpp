@@ -1,4 +1,5 @@
-// LayerNorm over the last dimension, eps 1e-5.
+// LayerNorm over the last dimension, eps 1e-5. b == nullptr is a LayerNorm without a shift
+// (model.bias false); backward then takes db == nullptr.
 #include <omp.h>
 
 #include <algorithm>
@@ -22,7 +23,10 @@ void layernorm_forward(Real* out, Real* mean, Real* rstd, const Real* inp, const
         sum_lanes<Real>(C, [x, mu](size_t i) { return (x[i] - mu) * (x[i] - mu); }) / C;
     const Real rs = Real(1) / std::sqrt(var + kEps);
     Real* o = out + size_t(n) * C;
-    for (int c = 0; c < C; ++c) o[c] = (x[c] - mu) * rs * w[c] + b[c];
+    if (b)
+      for (int c = 0; c < C; ++c) o[c] = (x[c] - mu) * rs * w[c] + b[c];
+    else
+      for (int c = 0; c < C; ++c) o[c] = (x[c] - mu) * rs * w[c];
     mean[n] = mu;
     rstd[n] = rs;
   }
