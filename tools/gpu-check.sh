@@ -20,8 +20,8 @@
 # Every command runs under run_capped: a cap from what is left of the deadline, TERM at the cap,
 # KILL 5 s later (timeout -k, its whole process group), abandoned 3 s after that if even KILL
 # did not end it; output to a log, never a pipe a stuck process could hold open. A benchmark
-# that times out is a row and a problem, not a retry: only a refusal to fit (exit 2, out of
-# memory) tries the next micro-batch. table.md is rewritten after every phase with the verdict
+# that times out is a row and a problem, not a retry: only a refusal to fit (the memory plan's,
+# out of memory) tries the next micro-batch. table.md is rewritten after every phase with the verdict
 # so far, so a call cut off anywhere still returns a table and a verdict.
 #
 # Under $OUT (the device tool's output folder, which returns at most 8 files; else
@@ -415,10 +415,10 @@ bench_model() {
       problems+=("bench $name: timed out at micro-batch $mb after $last_s s (not retried at a smaller one)")
       return 0
     fi
-    # Exit 2 is trident's refusal of its input (the memory plan's among them).
-    if [ "$last_rc" -ne 2 ] && ! grep -qi "out of memory\|out of GPU memory" "$log"; then
+    # Does not fit: the memory plan's refusal (Note [Memory plan]), an allocation's or CUDA's.
+    if ! grep -qi "not enough memory\|out of GPU memory\|out of memory" "$log"; then
       row "| $name | $mb | failed (exit $last_rc) | | | | | | | | | | logs.tar.gz: bench-$name-mb$mb.log |"
-      problems+=("bench $name: failed at micro-batch $mb (exit $last_rc)")
+      problems+=("bench $name: failed at micro-batch $mb (exit $last_rc): $(grep -m1 -i "error" "$log" | cut -c1-160)")
       return 0
     fi
   done

@@ -6,11 +6,12 @@
 #   1. smoke ignores TERM (KILL must end it), one bf16 accuracy run stops its own timeout (it
 #      must be abandoned), bench gpt2-350m-bf16 hangs (recorded as timed out, not retried);
 #      the script ends within its deadline with a FAIL verdict naming each, the other benchmarks
-#      measured (1.5B retried at micro-batch 16 after a refusal to fit at 32), MFU against the
+#      measured (1.5B retried at micro-batch 16 after a refusal to fit at 32; 124M in fp32
+#      not retried after a refusal not about memory), MFU against the
 #      H100 PCIe's 756 TFLOP/s (the fake's 0.4000 against 989: 0.4 · 989 / 756 = 0.5233), and
 #      the cuDNN refusal of a shape no deck runs reported, not failed;
 #   2. the script killed (SIGKILL) while smoke hangs still leaves a table with an INCOMPLETE
-#      verdict naming the phase.
+#      verdict naming the phase, and the hung job ends at its own cap.
 # usage: test_gpu_check.sh TRIDENT_BINARY SOURCE_DIR SCRATCH_DIR (the binary is not used)
 source "$(dirname "$0")/lib.sh" "$@"
 fakes=$src/tests/cli/gpu_check_fakes
@@ -29,6 +30,8 @@ table=$scratch/out/table.md
 grep -q "^gpu-check: FAIL" "$table" && ok "table.md ends with a verdict" || fail "no verdict in table.md"
 grep -q "^- smoke: trident train on the GPU timed out" "$table" &&
   ok "smoke's hang (TERM ignored) is a timeout" || fail "smoke's timeout not in the verdict"
+grep -q "^smoke: still running" run1.log && fail "smoke had to be abandoned: KILL did not end it" ||
+  ok "KILL ended smoke"
 grep -q "accuracy-bf16-1338: still running .* abandoned" run1.log &&
   ok "the stuck accuracy run was abandoned" || fail "no abandoned accuracy run in the log"
 grep -q "^- bf16 accuracy: the bf16 run of seed 1338 timed out" "$table" &&
@@ -39,6 +42,10 @@ grep -q "bench gpt2-350m-bf16 micro_batch 16" run1.log &&
   fail "gpt2-350m-bf16 retried at micro-batch 16 after a timeout" || ok "no retry after the timeout"
 grep -q "^| gpt2-1.5b-bf16 | 16 | 163840.0 |" "$table" &&
   ok "gpt2-1.5b-bf16 measured at 16 after 32 did not fit" || fail "no gpt2-1.5b-bf16 row at 16"
+grep -q "^| gpt2-124m | 64 | failed (exit 2) |" "$table" &&
+  ok "gpt2-124m's refusal (not about memory) recorded" || fail "no failed row for gpt2-124m at 64"
+grep -q "bench gpt2-124m micro_batch 32" run1.log &&
+  fail "gpt2-124m retried after a refusal not about memory" || ok "no retry after a refusal not about memory"
 grep -q "^| gpt2-124m-bf16 | 64 | 163840.0 | 100.00 | 0.5233 |" "$table" &&
   ok "MFU against the H100 PCIe's 756 TFLOP/s" || fail "MFU not 0.5233: $(grep gpt2-124m-bf16 "$table")"
 grep -q "^- test_cuda Shapes/AttentionTest.CudnnMatchesCpu/3 skipped" "$table" &&
@@ -61,6 +68,10 @@ kill -KILL "$pid"; wait "$pid" 2>/dev/null
 grep -q '^gpu-check: INCOMPLETE: cut off in phase "smoke' "$scratch/out2/table.md" &&
   ok "killed during smoke: table.md says INCOMPLETE in smoke" ||
   fail "no INCOMPLETE verdict after a kill: $(tail -3 "$scratch/out2/table.md")"
+# Its smoke job has a timeout of its own: gone by its cap and KILL margin (11 + 5 s) at most.
+for _ in $(seq 1 30); do pgrep -f 'trap "" TERM; while' >/dev/null || break; sleep 1; done
+pgrep -f 'trap "" TERM; while' >/dev/null && fail "the hung smoke outlived its cap after the kill" ||
+  ok "the hung smoke ended by its own timeout after the kill"
 grep -q "PASS" "$scratch/out2/table.md" && fail "a cut-off run's table says PASS" ||
   ok "a cut-off run's table says no PASS"
 finish
