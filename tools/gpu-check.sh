@@ -519,7 +519,8 @@ else
   [ -n "$tests_ran" ] || problems+=("test_cuda did not finish (exit $tests_rc: a crash, or its cap of ${job_cap[test_cuda]} s)")
   [ "$tests_failed" -eq 0 ] || problems+=("test_cuda: $tests_failed test(s) failed")
   [ "$tests_skipped" -eq 0 ] || problems+=("test_cuda: $tests_skipped test(s) skipped (none may skip here)")
-  [ "$tests_rc" -eq 0 ] || [ "$tests_failed" -gt 0 ] || problems+=("test_cuda exited with $tests_rc")
+  [ "$tests_rc" -eq 0 ] || [ "$tests_failed" -gt 0 ] || [ -z "$tests_ran" ] ||
+    problems+=("test_cuda exited with $tests_rc")
 fi
 if [ -n "$tests_bin" ] && [ $tests_rc -ne 0 ]; then
   step "GPU tests that did not pass, each alone"
@@ -557,7 +558,11 @@ if [ -n "$tests_bin" ] && [ "$(left)" -gt "$(s 40)" ]; then
   grep -vE "^\s*$" "$LOGS/bench_kernels.txt" | cut -c1-150 | head -45
   # A benchmark that fails its validation (or finds no GPU) reports ERROR OCCURRED, exit 0.
   bench_errors=$(grep -c "ERROR OCCURRED" "$LOGS/bench_kernels.txt")
-  [ "$bench_rc" -eq 0 ] || problems+=("bench_kernels exited with $bench_rc (124: its cap of ${job_cap[bench_kernels]} s)")
+  if [ "$bench_rc" -eq 124 ]; then
+    problems+=("bench_kernels timed out at its cap of ${job_cap[bench_kernels]} s")
+  elif [ "$bench_rc" -ne 0 ]; then
+    problems+=("bench_kernels exited with $bench_rc")
+  fi
   [ "$bench_errors" -eq 0 ] || problems+=("bench_kernels: $bench_errors benchmark(s) failed validation or could not run")
 else
   echo "kernel microbenchmarks: skipped (out of time, or no binary)"
