@@ -51,7 +51,7 @@ void put_bytes(std::string& out, int field, std::string_view data) {
 }
 
 // Field numbers (tensorboard/compat/proto: event.proto, summary.proto, tensor.proto).
-enum EventField { kWallTime = 1, kStep = 2, kFileVersion = 3, kSummary = 5, kSessionLog = 6 };
+enum EventField { kWallTime = 1, kStep = 2, kFileVersion = 3, kSummary = 5, kSessionLog = 7 };
 enum ValueField { kTag = 1, kSimpleValue = 2, kTensor = 8, kMetadata = 9 };
 constexpr int kSummaryValue = 1;   // Summary.value
 constexpr int kSessionStatus = 1;  // SessionLog.status; START = 1

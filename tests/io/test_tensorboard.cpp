@@ -112,8 +112,8 @@ TEST_F(TensorBoardTest, ResumedFileStartsASessionAfterTheCheckpoint) {
   const std::vector<std::string> r = read_records(only_file(dir_));
   ASSERT_EQ(r.size(), 2u);
   expect_step(r[1], 41);  // the first step the resumed run writes
-  // session_log: field 6 (0x32), 2 bytes: status (field 1, varint) = START (1).
-  EXPECT_EQ(r[1].substr(11), std::string("\x32\x02\x08\x01", 4));
+  // session_log: field 7 (0x3a), 2 bytes: status (field 1, varint) = START (1).
+  EXPECT_EQ(r[1].substr(11), std::string("\x3a\x02\x08\x01", 4));
 }
 
 TEST_F(TensorBoardTest, StepScalarsAreSimpleValues) {
