@@ -5,6 +5,8 @@ every scalar with the run's metrics.jsonl. Run with tools/tb_venv.sh's python.
                                      resumed run appends) is in DIR, each once, equal
     tb_check.py prefix DIR METRICS   DIR holds steps 1..n once each (n >= 3, n >= the lines of
                                      METRICS less one: a kill between the two writes), equal
+    tb_check.py bench DIR METRICS    as equal, and every number of bench.json (beside METRICS)
+                                     is bench/<key> at the last step
 
 Equal means exactly equal to the JSON number rounded to float32 (TensorBoard's simple_value
 is a float32; both sides round the same double to nearest). Prints what is wrong, exit 1.
@@ -50,7 +52,7 @@ def main():
     scalars = {tag: acc.Scalars(tag) for tag in acc.Tags()["scalars"]}
     problems = []
     loss_steps = [e.step for e in scalars.get("train/loss", [])]
-    if mode == "equal":
+    if mode in ("equal", "bench"):
         steps = sorted(rows)
         if loss_steps != steps:
             problems.append(f"train/loss steps {loss_steps}, metrics.jsonl steps {steps}")
@@ -82,11 +84,20 @@ def main():
     missing = [t for t in ("train/loss", "perf/tokens_per_s", "memory/param_mib")
                if t not in scalars]
     texts = acc.Tags()["tensors"]
-    missing += [t for t in ("run/deck", "run/layout") if t not in texts]
+    texts_wanted = ("run/deck",) if mode == "bench" else ("run/deck", "run/layout")
+    missing += [t for t in texts_wanted if t not in texts]
     if missing:
         problems.append(f"missing tags {missing}")
     elif b"train:" not in acc.Tensors("run/deck")[0].tensor_proto.string_val[0]:
         problems.append("run/deck does not hold the deck")
+    if mode == "bench":
+        figures = json.load(open(metrics.rsplit("/", 1)[0] + "/bench.json"))
+        for key, value in figures.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            got = [(e.step, e.value) for e in scalars.get("bench/" + key, [])]
+            if got != [(steps[-1], f32(value))]:
+                problems.append(f"bench/{key}: {got}, bench.json {value!r} at step {steps[-1]}")
     for p in problems[:20]:
         print(f"tb_check: {p}")
     if problems:

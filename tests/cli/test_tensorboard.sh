@@ -3,10 +3,12 @@
 # the test skips only when pip cannot install it):
 #   1. a 2-rank run: TensorBoard's event accumulator reads every scalar equal to metrics.jsonl
 #      (tests/cli/tb_check.py), and the deck and layout as text;
+#      bench writes its steps and bench.json's figures the same way;
 #   2. resume: the run goes on from its step-3 checkpoint after having logged 6 steps; the new
 #      event file's SessionLog START makes every step show once, with the resumed run's values;
 #   3. SIGKILL mid-training leaves a readable file holding the steps before the kill;
-#   4. `tensorboard --logdir` serves both runs on localhost: its HTTP API lists their tags, and
+#   4. `tensorboard --logdir` serves both runs on localhost: its HTTP API lists their tags and
+#      the resumed run's steps once each, and
 #      headless Chromium (Debian's, tools/setup.sh) renders the page with both runs and every tag
 #      group, and a screenshot of the scalars (tensorboard.png in the scratch directory).
 # usage: test_tensorboard.sh TRIDENT_BINARY SOURCE_DIR SCRATCH_DIR
@@ -24,6 +26,15 @@ if timeout 300 mpirun -n 2 "$bin" train "${common[@]}" --set train.steps=6 --set
   ok "dp 2: $out"
 else
   fail "dp 2: $(tail -5 dp2.log) ${out:-}"
+fi
+
+# 1b. bench: its steps the same way, and its figures (bench.json) as bench/* at the last step.
+if timeout 300 "$bin" bench "${common[@]}" --steps 2 --warmup 1 --set run.out_dir=bench \
+     --set log.tensorboard=true >bench.log 2>&1 \
+   && out=$($tbpy "$check" bench bench/tensorboard bench/metrics.jsonl 2>&1); then
+  ok "bench: $out"
+else
+  fail "bench: $(tail -3 bench.log) ${out:-}"
 fi
 
 # 2. 6 steps with checkpoints at 3 and 6, then `latest` back to step 3 and a resume: steps 4-6
@@ -78,17 +89,25 @@ trap 'kill $server 2>/dev/null' EXIT
 tags=$($tbpy - "$port" <<'PY' 2>&1
 import json, sys, time, urllib.request
 want = {"train/loss", "val/loss", "perf/tokens_per_s", "time/forward_ms", "memory/param_mib"}
+last = f"no runs dp2 and resumed with tags {sorted(want)}"
 for _ in range(120):
     try:
         runs = json.load(urllib.request.urlopen(
             f"http://127.0.0.1:{sys.argv[1]}/data/plugin/scalars/tags", timeout=5))
         if set(runs) >= {"dp2", "resumed"} and all(want <= set(runs[r]) for r in ("dp2", "resumed")):
-            print(f"runs {sorted(runs)}, {len(runs['dp2'])} tags each")
-            sys.exit(0)
+            # The server honours the restart too: the resumed run's steps once each.
+            loss = json.load(urllib.request.urlopen(
+                f"http://127.0.0.1:{sys.argv[1]}/data/plugin/scalars/scalars"
+                "?run=resumed&tag=train/loss", timeout=5))
+            steps = [point[1] for point in loss]
+            if steps == [1, 2, 3, 4, 5, 6]:
+                print(f"runs {sorted(runs)}, {len(runs['dp2'])} tags each; resumed: steps {steps}")
+                sys.exit(0)
+            last = f"run resumed: train/loss at steps {steps}"
     except OSError:
         pass
     time.sleep(1)
-sys.exit(f"no runs dp2 and resumed with tags {sorted(want)}")
+sys.exit(last)
 PY
 )
 if [ $? = 0 ]; then ok "tensorboard serves $tags"; else fail "tensorboard: $tags $(tail -3 server.log)"; fi
