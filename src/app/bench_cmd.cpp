@@ -86,11 +86,12 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
   if (lead) {
     std::filesystem::create_directories(out_dir);
     metrics = std::make_unique<JsonlWriter>((out_dir / deck.log.jsonl).string());
-    if (!deck.log.tensorboard.empty()) {  // the deck, the steps as train writes them, figures
-      tensorboard = std::make_unique<TensorBoardWriter>(deck.log.tensorboard, 0);
-      tensorboard->write_code_text(0, "run/deck", deck.to_yaml());
-    }
   }
+  setup_step([&] {  // the deck, the steps as train writes them, then the figures
+    if (!lead || deck.log.tensorboard.empty()) return;
+    tensorboard = std::make_unique<TensorBoardWriter>(deck.log.tensorboard, 0);
+    tensorboard->write_code_text(0, "run/deck", deck.to_yaml());
+  });
   std::vector<double> ms, fwd, bwd, opt, comm, comm_cpu, exposed, overlap, tp_comm, bubble, gather,
       gather_exposed, held_wait;
   // Per-op device time (device backends): measured on one extra step after the timed ones, so

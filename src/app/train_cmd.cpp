@@ -191,6 +191,11 @@ int run_train(const DeckArgs& args, const BlasCoreCheck& blas) {
   std::unique_ptr<JsonlWriter> metrics;
   std::unique_ptr<TensorBoardWriter> tensorboard;
   const CoreCheck cores = check_rank_cores(deck);  // Note [Threads and binding]
+  // A new event file per run start; a directory that cannot be made stops every rank.
+  setup_step([&] {
+    if (lead && !deck.log.tensorboard.empty())
+      tensorboard = std::make_unique<TensorBoardWriter>(deck.log.tensorboard, first_step);
+  });
   if (lead) {
     fs::create_directories(metrics_path.parent_path());
     fs::create_directories(out_dir);
@@ -209,8 +214,7 @@ int run_train(const DeckArgs& args, const BlasCoreCheck& blas) {
         grid->world_size(), grid->layout().dp, grid->layout().tp, grid->layout().pp,
         backend->name(), backend->threads(), cores.cores, peak.measured_flops / 1e9, blas.chosen);
     fmt::print("{}", layout);
-    if (!deck.log.tensorboard.empty()) {  // a new file per run start; the texts once in it
-      tensorboard = std::make_unique<TensorBoardWriter>(deck.log.tensorboard, first_step);
+    if (tensorboard) {  // the texts once per run start
       tensorboard->write_code_text(first_step, "run/deck", deck.to_yaml());
       tensorboard->write_code_text(first_step, "run/layout", layout);
       fmt::print("tensorboard: {}\n", tensorboard->path());

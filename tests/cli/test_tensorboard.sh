@@ -2,7 +2,8 @@
 # log.tensorboard end to end, read back by TensorBoard itself (PyPI, tools/tb_venv.sh's venv;
 # the test skips only when pip cannot install it):
 #   1. a 2-rank run: TensorBoard's event accumulator reads every scalar equal to metrics.jsonl
-#      (tests/cli/tb_check.py), and the deck and layout as text;
+#      (tests/cli/tb_check.py), and the deck and layout as text; a directory that cannot be
+#      made is bad input (exit 2, one message);
 #      bench writes its steps and bench.json's figures the same way;
 #   2. resume: the run goes on from its step-3 checkpoint after having logged 6 steps; the new
 #      event file's SessionLog START makes every step show once, with the resumed run's values;
@@ -26,6 +27,17 @@ if timeout 300 mpirun -n 2 "$bin" train "${common[@]}" --set train.steps=6 --set
   ok "dp 2: $out"
 else
   fail "dp 2: $(tail -5 dp2.log) ${out:-}"
+fi
+
+# 1a. A directory that cannot be made stops both ranks with one message and status 2.
+touch afile
+timeout 120 mpirun -n 2 "$bin" train "${common[@]}" --set train.steps=2 --set run.out_dir=bad \
+  --set log.tensorboard="$PWD/afile/tb" >bad.log 2>bad.err
+rc=$?
+if [ $rc = 2 ] && [ "$(grep -c '^trident: error' bad.err)" = 1 ] && grep -q "log.tensorboard" bad.err; then
+  ok "bad log.tensorboard: exit 2, $(grep '^trident: error' bad.err)"
+else
+  fail "bad log.tensorboard: exit $rc (2 expected): $(head -3 bad.err)"
 fi
 
 # 1b. bench: its steps the same way, and its figures (bench.json) as bench/* at the last step.
