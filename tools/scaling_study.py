@@ -16,7 +16,9 @@ submitted with sbatch (jobs/slurm/bench-point.sbatch, srun inside); otherwise it
 mpirun (`--mpirun` gives the command before `-n`, e.g. the emulated nodes' prefix). Points run
 one after another, never together, so they do not disturb each other's timing.
 
-Output in DIR: points/<layout>/ (bench.json, metrics.jsonl, the job's log), study.csv (a row
+Output in DIR: points/<layout>/ (bench.json, metrics.jsonl, the job's log), tensorboard/<layout>/
+(each point a run of `tensorboard --logdir DIR/tensorboard`: its steps, and its bench.json
+figures as bench/* at the last step), study.csv (a row
 per point: the layout, the medians of the timed steps from bench.json, the speedup and
 efficiency against the smallest point, the step split into compute, tp communication, exposed
 dp communication and pipeline bubble), study.json (what was run, on what CPU), and the plots
@@ -130,8 +132,11 @@ def cpu_model():
 def bench_args(args, layout, batch, out_dir):
     dp, tp, pp = layout
     mb, accum = batch
+    # Each point is its own TensorBoard run, DIR/tensorboard/<layout>, side by side.
+    tensorboard = Path(out_dir).parent.parent / "tensorboard" / Path(out_dir).name
     sets = [f"parallel.dp={dp}", f"parallel.tp={tp}", f"parallel.pp={pp}",
-            f"train.micro_batch={mb}", f"train.accum={accum}", f"run.out_dir={out_dir}"]
+            f"train.micro_batch={mb}", f"train.accum={accum}", f"run.out_dir={out_dir}",
+            f"log.tensorboard={tensorboard}"]
     rest = ["--steps", str(args.steps), "--warmup", str(args.warmup)]
     for s in list(args.set) + sets:  # the layout's keys last: they win
         rest += ["--set", s]
@@ -283,6 +288,7 @@ def cmd_run(args):
         pdir = out / "points" / name
         if pdir.exists():
             shutil.rmtree(pdir)
+        shutil.rmtree(out / "tensorboard" / name, ignore_errors=True)  # a rerun's point anew
         pdir.mkdir(parents=True)
         ranks = layout[0] * layout[1] * layout[2]
         label = f"point {i + 1}/{len(layouts)} {name} ({ranks} ranks, micro_batch {batch[0]} x accum {batch[1]})"

@@ -11,6 +11,7 @@ packages=(
   libgtest-dev libbenchmark-dev libcli11-dev libfmt-dev nlohmann-json3-dev
   python3-h5py python3-matplotlib python3-numpy python3-torch python3-yaml
   slurmctld slurmd slurm-client munge
+  chromium  # headless browser of tests/cli/test_tensorboard.sh (122 MB download, about 40 s)
 )
 # `tools/setup.sh fuzz`: also clang 14 and its libFuzzer, ASan and OpenMP runtimes (tools/run-fuzz.sh).
 if [ "${1:-}" = fuzz ]; then

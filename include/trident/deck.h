@@ -91,6 +91,9 @@ struct LogConfig {
   int every = 1;                        // print every N steps (metrics file gets every step)
   std::string jsonl = "metrics.jsonl";  // relative to run.out_dir
   std::string trace;                    // Chrome-trace JSON per rank; empty: none
+  // TensorBoard event files' directory (rank 0); empty: none; resolved by the deck reader:
+  // true/on/yes is run.out_dir/tensorboard, a relative path is under run.out_dir.
+  std::string tensorboard;
 
   bool operator==(const LogConfig&) const = default;
 };

@@ -15,6 +15,7 @@
 #include "app/commands.h"
 #include "app/gemm_peak.h"
 #include "app/run_setup.h"
+#include "io/tensorboard.h"
 #include "trident/metrics.h"
 #include "trident/peak_check.h"
 #include "trident/pipeline.h"
@@ -82,11 +83,17 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
   // values, numbers unrounded; mfu null when not reported), so a scaling study reads figures,
   // not log text, and anyone can recompute the medians from the steps.
   std::unique_ptr<JsonlWriter> metrics;
+  std::unique_ptr<TensorBoardWriter> tensorboard;
   const std::filesystem::path out_dir = deck.run.out_dir;
   if (lead) {
     std::filesystem::create_directories(out_dir);
     metrics = std::make_unique<JsonlWriter>((out_dir / deck.log.jsonl).string());
   }
+  setup_step([&] {  // the deck, the steps as train writes them, then the figures
+    if (!lead || deck.log.tensorboard.empty()) return;
+    tensorboard = std::make_unique<TensorBoardWriter>(deck.log.tensorboard, 0);
+    tensorboard->write_code_text(0, "run/deck", deck.to_yaml());
+  });
   std::vector<double> ms, fwd, bwd, opt, comm, comm_cpu, exposed, overlap, tp_comm, bubble, gather,
       gather_exposed, held_wait;
   // Per-op device time (device backends): measured on one extra step after the timed ones, so
@@ -120,12 +127,13 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
     }
     const bool timed = i >= args.warmup_steps;
     if (lead) {
-      nlohmann::json record = step_record(s);
+      nlohmann::json record = step_record(s, trainer.memory_bytes());
       record["timed"] = timed;
       record["pipeline_ms"] = s.pipeline_ms;
       record["pipeline_wait_ms"] = s.pipeline_wait_ms;
       record["comm_cpu_ms"] = s.comm_cpu_ms;
       metrics->write(record);
+      if (tensorboard) tensorboard->write_step(record);
       fmt::print("bench: step {} {}: {:.1f} ms (forward {:.1f}, backward {:.1f}, optimizer "
                  "{:.1f}, comm {:.1f}, exposed comm {:.1f}, comm thread cpu {:.1f} in {} polls{}) "
                  "loss {:.4f}\n",
@@ -288,6 +296,7 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
     summary["warmup_steps"] = args.warmup_steps;
     summary["timed_steps"] = args.steps;
     std::ofstream(out_dir / "bench.json") << summary.dump(1) << "\n";
+    if (tensorboard) tensorboard->write_scalars(total_steps, summary, "bench/");
     fmt::print("bench: figures in {}, steps in {}\n", (out_dir / "bench.json").string(),
                metrics->path());
     fmt::print("{}\n", line);

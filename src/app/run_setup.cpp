@@ -89,7 +89,8 @@ Run make_run(const Deck& deck, const std::function<double(Backend&)>& measure_pe
   return run;
 }
 
-nlohmann::json step_record(const StepStats& s) {
+nlohmann::json step_record(const StepStats& s, const Trainer::MemoryBytes& memory) {
+  constexpr double mib = 1024.0 * 1024.0;
   nlohmann::json j = {{"step", s.step},
                       {"loss", s.loss},
                       {"lr", s.lr},
@@ -105,7 +106,13 @@ nlohmann::json step_record(const StepStats& s) {
                       {"overlap", s.overlap},
                       {"gather_comm_ms", s.gather_comm_ms},
                       {"gather_exposed_ms", s.gather_exposed_ms},
-                      {"tp_comm_ms", s.tp_comm_ms}};
+                      {"tp_comm_ms", s.tp_comm_ms},
+                      {"bubble", s.pipeline_ms > 0 ? s.pipeline_wait_ms / s.pipeline_ms : 0.0},
+                      {"param_mib", memory.params / mib},
+                      {"grad_mib", memory.grads / mib},
+                      {"grad_resident_mib", memory.grads_resident / mib},
+                      {"optimizer_mib", memory.optimizer / mib},
+                      {"activation_mib", memory.activations / mib}};
   if (!std::isnan(s.val_loss)) j["val_loss"] = s.val_loss;
   if (s.skipped) {
     j["skipped"] = true;

@@ -70,7 +70,8 @@ struct CoreCheck {
 // See Note [Threads and binding]. Collective over MPI_COMM_WORLD; a device backend is not checked.
 CoreCheck check_rank_cores(const Deck& deck);
 
-// One step's line of metrics.jsonl (train and bench write the same fields; README lists them).
-nlohmann::json step_record(const StepStats& s);
+// One step's line of metrics.jsonl (train and bench write the same fields; README lists them),
+// with this rank's memory (Trainer::memory_bytes) in MiB. log.tensorboard writes the same.
+nlohmann::json step_record(const StepStats& s, const Trainer::MemoryBytes& memory);
 
 }  // namespace trident

@@ -16,6 +16,7 @@
 #include "app/commands.h"
 #include "app/gemm_peak.h"
 #include "app/run_setup.h"
+#include "io/tensorboard.h"
 #include "trident/check.h"
 #include "trident/checkpoint.h"
 #include "trident/metrics.h"
@@ -188,7 +189,13 @@ int run_train(const DeckArgs& args, const BlasCoreCheck& blas) {
   const fs::path out_dir = deck.run.out_dir;
   const fs::path metrics_path = out_dir / deck.log.jsonl;
   std::unique_ptr<JsonlWriter> metrics;
+  std::unique_ptr<TensorBoardWriter> tensorboard;
   const CoreCheck cores = check_rank_cores(deck);  // Note [Threads and binding]
+  // A new event file per run start; a directory that cannot be made stops every rank.
+  setup_step([&] {
+    if (lead && !deck.log.tensorboard.empty())
+      tensorboard = std::make_unique<TensorBoardWriter>(deck.log.tensorboard, first_step);
+  });
   if (lead) {
     fs::create_directories(metrics_path.parent_path());
     fs::create_directories(out_dir);
@@ -196,7 +203,7 @@ int run_train(const DeckArgs& args, const BlasCoreCheck& blas) {
     std::ofstream(out_dir / "deck.yaml") << deck.to_yaml();
     // A resumed run continues its metrics file.
     metrics = std::make_unique<JsonlWriter>(metrics_path.string(), /*append=*/first_step > 0);
-    fmt::print(
+    const std::string layout = fmt::format(
         "model: {} layers, d_model {}, {} heads, vocab {} (padded {}), {:.2f} M parameters\n"
         "batch: {} tokens/step ({} micro-batch x {} seq x {} accum x {} dp), {} steps\n"
         "ranks: {} (dp {} x tp {} x pp {}), backend {} with {} threads per rank on {} allowed "
@@ -206,6 +213,12 @@ int run_train(const DeckArgs& args, const BlasCoreCheck& blas) {
         deck.model.seq_len, deck.train.accum, trainer.dp_size(), deck.train.steps,
         grid->world_size(), grid->layout().dp, grid->layout().tp, grid->layout().pp,
         backend->name(), backend->threads(), cores.cores, peak.measured_flops / 1e9, blas.chosen);
+    fmt::print("{}", layout);
+    if (tensorboard) {  // the texts once per run start
+      tensorboard->write_code_text(first_step, "run/deck", deck.to_yaml());
+      tensorboard->write_code_text(first_step, "run/layout", layout);
+      fmt::print("tensorboard: {}\n", tensorboard->path());
+    }
     if (const std::string n = blas_core_note(blas); !n.empty()) fmt::print("{}\n", n);
     if (!cores.warning.empty()) fmt::print("WARNING: {}\n", cores.warning);
     if (!peak.problem.empty()) fmt::print("WARNING: {}\n", peak.problem);
@@ -233,7 +246,9 @@ int run_train(const DeckArgs& args, const BlasCoreCheck& blas) {
                    "bench` measures it carefully.\n",
                    s.step, ctx.peak_flops / 1e9, blas.chosen);
       }
-      metrics->write(step_record(s));
+      const nlohmann::json record = step_record(s, trainer.memory_bytes());
+      metrics->write(record);
+      if (tensorboard) tensorboard->write_step(record);
       if (s.skipped) {  // Note [Non-finite steps]: always shown
         fmt::print("step {:>5}/{} | skipped: loss {:.4f}, norm {:.3f} not finite; no update "
                    "({} in a row, train.max_skips {})\n",

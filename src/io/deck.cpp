@@ -4,6 +4,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -217,6 +218,13 @@ Deck read_deck(const std::string& text, const std::string& label, const fs::path
   for (const std::string& item : overrides) apply_override(r, item, cwd.string());
   validate(r);
   if (r.deck.run.out_dir.empty()) r.deck.run.out_dir = (cwd / "runs" / stem).string();
+  // log.tensorboard: a switch, or a directory under run.out_dir (an absolute one stays).
+  std::string& tb = r.deck.log.tensorboard;
+  std::string word = tb;
+  for (char& c : word) c = char(std::tolower(static_cast<unsigned char>(c)));
+  if (word == "false" || word == "no" || word == "off") tb.clear();
+  else if (word == "true" || word == "yes" || word == "on") tb = "tensorboard";
+  if (!tb.empty()) tb = (fs::path(r.deck.run.out_dir) / tb).lexically_normal().string();
   return r.deck;
 }
 

@@ -142,6 +142,9 @@ const std::vector<Key>& table() {
        .help = "metrics file, relative to run.out_dir"},
       {.name = "log.trace", .field = at<&Deck::log, &LogConfig::trace>(), .text = Text::kPath,
        .help = "Chrome-trace JSON per rank; empty: none"},
+      {.name = "log.tensorboard", .field = at<&Deck::log, &LogConfig::tensorboard>(),
+       .help = "TensorBoard event files (rank 0): a directory relative to run.out_dir, true for "
+               "run.out_dir/tensorboard; empty or false: none"},
 
       {.name = "run.threads", .field = at<&Deck::run, &RunConfig::threads>(), .min = ge(1),
        .help = "CPU threads per rank"},

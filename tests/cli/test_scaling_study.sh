@@ -6,7 +6,8 @@
 #      steps recomputed here), with each other (tokens/s, efficiency, the step split) and with
 #      the deck (tokens per step); the three PNGs are drawn; `plot` draws them again from the
 #      CSV alone without submitting anything; a file that is not a study CSV is refused;
-#   2. under mpirun, a strong-scaling study over dp x tp layouts keeps the global batch.
+#   2. under mpirun, a strong-scaling study over dp x tp layouts keeps the global batch, and
+#      writes each point's TensorBoard events as its own run.
 # Skips (77) when Slurm is not installed (tools/setup.sh installs it).
 # usage: test_scaling_study.sh TRIDENT_BINARY SOURCE_DIR SCRATCH_DIR
 source "$(dirname "$0")/lib.sh" "$@"
@@ -100,6 +101,9 @@ else
   out=$(check_csv strong/study.csv dp1_tp1_pp1,dp2_tp1_pp1,dp1_tp2_pp1 3 strong) && ok "strong study under mpirun: $out" || fail "strong study CSV: $out"
   mbs=$($py -c "import csv; print(' '.join(r['micro_batch'] + 'x' + r['accum'] for r in csv.DictReader(open('strong/study.csv'))))")
   [ "$mbs" = "8x1 4x1 8x1" ] && ok "strong micro_batch x accum per point: $mbs" || fail "strong per-point batches: $mbs"
+  # Each point its own TensorBoard run (tests/cli/test_tensorboard.sh reads bench's files back).
+  runs=$(for d in strong/tensorboard/*/; do ls "$d" | grep -q '^events.out.tfevents' && basename "$d"; done | tr '\n' ' ')
+  [ "$runs" = "dp1_tp1_pp1 dp1_tp2_pp1 dp2_tp1_pp1 " ] && ok "TensorBoard runs per point: $runs" || fail "TensorBoard runs: '$runs'"
 fi
 
 finish
