@@ -1,0 +1,246 @@
+#!/usr/bin/python3
+"""trident and transformers' checkpoints, against transformers 4.36.2 itself (tools/hf_venv.sh):
+
+  1. tests/oracle/hf_oracle.py saves a tiny gpt2, GPT-NeoX and Llama (F32, sharded, BF16);
+  2. hf_tensors (trident's reader, no model) takes from each the config transformers wrote
+     (family, shape, every option) and every tensor, converted to trident's layout exactly as
+     the oracle's own numpy conversion does: F32 and sharded bitwise, BF16 as the F32 weights
+     rounded to bfloat16 (round to nearest even, as torch casts); padded vocabulary rows zero;
+  3. for the families the model runs (--model-families): `trident export` of model.init_from
+     DIR into a directory reads back bitwise, and transformers' from_pretrained loads it and
+     gives the same logits as the original model (same weights, same code: bitwise);
+  4. configs and files trident does not implement exit 2 from `trident export`, naming the key
+     or the tensor.
+Exit 77 (skip) only when tools/hf_venv.sh cannot install transformers.
+usage: test_hf_checkpoints.py --trident BIN --hf-tensors BIN --source DIR --scratch DIR
+       [--model-families gpt2,neox,llama]
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cli"))
+import safetensors_check  # noqa: E402  (numpy's safetensors reader and writer)
+
+failures = 0
+FAMILIES = ["gpt2", "neox", "llama"]
+DECK = "inputs/gpt-tiny.yaml"
+SET = ["--set", "model.seq_len=16", "--set", "run.threads=1"]
+# What trident must take from each config.json hf_oracle.py writes.
+EXPECTED = {
+    "gpt2": dict(family="gpt2", layers=2, channels=64, heads=4, kv_heads=4, vocab=300,
+                 padded_vocab=384, max_seq_len=32, norm="layernorm", position="learned",
+                 activation="gelu_tanh", mlp_hidden=256, bias=True, tied_head=True,
+                 parallel_residual=False),
+    "neox": dict(family="neox", layers=2, channels=64, heads=4, kv_heads=4, vocab=300,
+                 padded_vocab=384, max_seq_len=32, norm="layernorm", position="rotary",
+                 rotary_dims=4, rope_base=10000.0, activation="gelu_erf", mlp_hidden=256,
+                 bias=True, tied_head=False, parallel_residual=True),
+    "llama": dict(family="llama", layers=2, channels=64, heads=4, kv_heads=2, vocab=300,
+                  padded_vocab=384, max_seq_len=32, norm="rmsnorm", position="rotary",
+                  rotary_dims=16, rope_base=10000.0, activation="swiglu", mlp_hidden=160,
+                  bias=False, tied_head=False, parallel_residual=False),
+}
+
+
+def ok(msg):
+    print(f"ok   {msg}")
+
+
+def fail(msg):
+    global failures
+    failures += 1
+    print(f"FAIL {msg}")
+
+
+def check(cond, msg):
+    (ok if cond else fail)(msg)
+    return cond
+
+
+def run(cmd, cwd=None, timeout=300):
+    p = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=timeout)
+    return p.returncode, p.stdout
+
+
+def bf16_round(x):
+    """float32 → bfloat16 → float32, round to nearest even (torch's cast)."""
+    b = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    b = (b + 0x7FFF + ((b >> 16) & 1)) >> 16 << 16
+    return b.astype(np.uint32).view(np.float32)
+
+
+def read_tensors(folder):
+    cfg = json.load(open(os.path.join(folder, "config.json")))
+    out = {}
+    for f in os.listdir(folder):
+        if f.endswith(".f32"):
+            out[f[:-4]] = np.fromfile(os.path.join(folder, f), dtype="<f4")
+    return cfg, out
+
+
+def compare_tensors(label, got, ref, rounding=None):
+    """got: trident's flat tensors (padded); ref: the oracle's float64 of F32 weights."""
+    bad = []
+    if set(got) != set(ref):
+        fail(f"{label}: names differ: missing {sorted(set(ref) - set(got))}, extra "
+             f"{sorted(set(got) - set(ref))}")
+        return
+    for n, r in ref.items():
+        want = r.astype(np.float32).ravel()
+        if rounding:
+            want = rounding(want)
+        g = got[n]
+        if g.size < want.size or not np.array_equal(g[:want.size], want) or np.any(g[want.size:] != 0):
+            bad.append(n)
+    check(not bad, f"{label}: all {len(ref)} tensors in trident's layout equal the oracle's "
+          f"conversion bitwise{' (bf16-rounded)' if rounding else ''}"
+          + (f"; differ: {bad[:6]}" if bad else ""))
+
+
+def check_reader(args, fam, d):
+    ref = dict(np.load(os.path.join(d, "params.npz")))
+    for variant, rounding in [("hf", None), ("hf_sharded", None), ("hf_bf16", bf16_round)]:
+        out = os.path.join(d, "read_" + variant)
+        rc, text = run([args.hf_tensors, os.path.join(d, variant), out])
+        if not check(rc == 0, f"{fam} {variant}: trident reads it"):
+            print(text[-800:])
+            continue
+        cfg, got = read_tensors(out)
+        wrong = {k: (cfg.get(k), v) for k, v in EXPECTED[fam].items()
+                 if cfg.get(k) != v and not (isinstance(v, float) and abs(cfg.get(k, 0) - v) < 1e-6 * v)}
+        check(not wrong, f"{fam} {variant}: the config trident took: {cfg['describe']}"
+              + (f"; wrong (got, want): {wrong}" if wrong else ""))
+        compare_tensors(f"{fam} {variant}", got, ref, rounding)
+
+
+LOGITS = """
+import sys, torch, numpy as np
+from transformers import AutoModelForCausalLM
+torch.manual_seed(0)
+a = AutoModelForCausalLM.from_pretrained(sys.argv[1]).eval()
+b = AutoModelForCausalLM.from_pretrained(sys.argv[2]).eval()
+x = torch.randint(0, a.config.vocab_size, (2, 16))
+with torch.no_grad():
+    la, lb = a(input_ids=x).logits, b(input_ids=x).logits
+print(type(b).__name__, float((la - lb).abs().max()), float(la.abs().max()))
+"""
+
+
+def check_export(args, venv_py, fam, d):
+    src = os.path.join(d, "hf")
+    out = os.path.join(d, "export") + "/"
+    rc, text = run([args.trident, "export", os.path.join(args.source, DECK), "--set",
+                    f"model.init_from={src}"] + SET + ["--format", "safetensors", out])
+    if not check(rc == 0, f"{fam}: trident export of model.init_from {src} into a directory"):
+        print(text[-800:])
+        return
+    check(os.path.exists(out + "config.json") and os.path.exists(out + "model.safetensors"),
+          f"{fam}: the export wrote model.safetensors and config.json")
+    rc, text = run([args.hf_tensors, out, os.path.join(d, "read_export")])
+    if check(rc == 0, f"{fam}: trident reads its own export"):
+        _, got = read_tensors(os.path.join(d, "read_export"))
+        compare_tensors(f"{fam} export", got, dict(np.load(os.path.join(d, "params.npz"))))
+    rc, text = run([venv_py, "-c", LOGITS, src, out])
+    m = re.search(r"^(\w+) (\S+) (\S+)$", text.strip().splitlines()[-1]) if rc == 0 else None
+    # The same fp32 weights through the same transformers code: the logits are bitwise equal.
+    if check(m is not None and float(m.group(2)) == 0.0,
+             f"{fam}: transformers loads trident's export"
+             + (f" as {m.group(1)}; logits equal the original's (max |diff| {m.group(2)}, max "
+                f"|logit| {float(m.group(3)):.2f})" if m else "")):
+        return
+    print(text[-1500:])
+
+
+def bad_configs(args, d_llama, d_neox, scratch):
+    """(case, source dir, edit(dir), regex the message must match)"""
+    def config_edit(**kv):
+        def edit(d):
+            p = os.path.join(d, "config.json")
+            c = json.load(open(p))
+            c.update(kv)
+            json.dump(c, open(p, "w"))
+        return edit
+
+    def drop_tensor(name):
+        def edit(d):
+            path = os.path.join(d, "model.safetensors")
+            header, tensors, _ = safetensors_check.read_safetensors(path)
+            del tensors[name]
+            safetensors_check.write_safetensors(path, tensors, header.get("__metadata__"))
+        return edit
+
+    cases = [
+        ("model_type", "hf", d_llama, config_edit(model_type="mistral"), r"model_type \"mistral\": not a model trident reads"),
+        ("rope_scaling", "hf", d_llama, config_edit(rope_scaling={"type": "linear", "factor": 2.0}), r"rope_scaling .*: trident's RoPE has no scaling"),
+        ("attention_bias", "hf", d_llama, config_edit(attention_bias=True), r"attention_bias true: trident's Llama attention has no biases"),
+        ("mlp_bias", "hf", d_llama, config_edit(mlp_bias=True), r"mlp_bias true: trident's Llama MLP has no biases"),
+        ("hidden_act", "hf", d_llama, config_edit(hidden_act="gelu"), r"hidden_act \"gelu\": trident's Llama MLP is SwiGLU"),
+        ("head_dim", "hf", d_llama, config_edit(head_dim=32), r"head_dim 32: trident's head size is hidden_size / num_attention_heads"),
+        ("kv_heads", "hf", d_llama, config_edit(num_key_value_heads=3), r"kv_heads 3 must divide"),
+        ("neox_act", "hf", d_neox, config_edit(hidden_act="relu"), r"hidden_act \"relu\": not an activation trident implements"),
+        ("neox_eps", "hf", d_neox, config_edit(layer_norm_eps=1e-6), r"LayerNorm eps 1e-06 .*: trident's LayerNorm has eps 1e-5 only"),
+        ("rotary_odd", "hf", d_neox, config_edit(rotary_pct=0.1), r"rotates 1 dimensions: RoPE needs an even number"),
+        ("misshapen", "hf", d_llama, config_edit(intermediate_size=128), r"tensor model\.layers\.0\.mlp\.gate_proj\.weight: shape \[160, 64\], .* needs \[128, 64\]"),
+        ("missing", "hf", d_neox, drop_tensor("gpt_neox.layers.1.attention.dense.bias"),
+         r"no tensor layers\.1\.attention\.dense\.bias \(nor gpt_neox\.layers\.1\.attention\.dense\.bias\)"),
+        ("unknown", "hf", d_llama, config_edit(num_hidden_layers=1), r"tensor model\.layers\.1\.[a-z_.]+: not a Llama parameter"),
+        ("no_config", "hf", d_llama, lambda d: os.remove(os.path.join(d, "config.json")), r"not a GPT-2 state dict; a GPT-NeoX or Llama checkpoint needs its config.json"),
+    ]
+    for case, variant, src, edit, expect in cases:
+        d = os.path.join(scratch, "bad", case)
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(os.path.join(src, variant), d)
+        edit(d)
+        rc, text = run([args.trident, "export", os.path.join(args.source, DECK), "--set",
+                        f"model.init_from={d}"] + SET + ["--format", "llmc", os.path.join(d, "x.bin")])
+        line = next((l for l in text.splitlines() if "model.init_from" in l), text.strip()[-200:])
+        check(rc == 2 and re.search(expect, text) is not None,
+              f"{case}: exit {rc} (want 2): {line[:220]}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trident", required=True)
+    ap.add_argument("--hf-tensors", required=True)
+    ap.add_argument("--source", required=True)
+    ap.add_argument("--scratch", required=True)
+    ap.add_argument("--model-families", default="gpt2")
+    args = ap.parse_args()
+    rc, text = run(["bash", os.path.join(args.source, "tools", "hf_venv.sh")], timeout=1200)
+    if rc == 77:
+        print(f"SKIP: {text.strip()}")
+        return 77
+    if rc != 0:
+        print(text)
+        return 1
+    venv_py = text.strip().splitlines()[-1]
+    shutil.rmtree(args.scratch, ignore_errors=True)
+    os.makedirs(args.scratch)
+    oracle = os.path.join(args.source, "tests", "oracle", "hf_oracle.py")
+    dirs = {}
+    for fam in FAMILIES:
+        d = os.path.join(args.scratch, fam)
+        rc, text = run([venv_py, oracle, fam, d])
+        if not check(rc == 0, f"{fam}: transformers saved the model ({text.strip().splitlines()[-1][:120]})"):
+            print(text[-1500:])
+            continue
+        dirs[fam] = d
+        check_reader(args, fam, d)
+        if fam in args.model_families.split(","):
+            check_export(args, venv_py, fam, d)
+    if "llama" in dirs and "neox" in dirs:
+        bad_configs(args, dirs["llama"], dirs["neox"], args.scratch)
+    print(f"{failures} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
