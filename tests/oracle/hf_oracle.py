@@ -82,8 +82,9 @@ def make_model(family):
 
 
 def to_trident(family, sd, cfg):
-    """transformers' state dict (numpy) → trident's global tensors (Note [Hugging Face
-    tensors]), written here from the two definitions, not from trident's converter."""
+    """transformers' state dict (numpy) → trident's global tensors, as
+    Note [Hugging Face tensors] states them; written here from the two definitions, not from
+    trident's converter."""
     out = {}
     if family == "gpt2":
         p = "transformer."

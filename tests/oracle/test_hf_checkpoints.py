@@ -10,7 +10,10 @@
      DIR into a directory reads back bitwise, and transformers' from_pretrained loads it and
      gives the same logits as the original model (same weights, same code: bitwise);
   4. configs and files trident does not implement exit 2 from `trident export`, naming the key
-     or the tensor.
+     or the tensor;
+  5. tools/make_indexed.py --tokenizer (a BPE tokenizer.json trained here by `tokenizers`, with
+     Llama's BOS post-processor) writes each line's tokenizer ids as a document, BOS first
+     with --add-special-tokens.
 Exit 77 (skip) only when tools/hf_venv.sh cannot install transformers.
 usage: test_hf_checkpoints.py --trident BIN --hf-tensors BIN --source DIR --scratch DIR
        [--model-families gpt2,neox,llama]
@@ -206,6 +209,49 @@ def bad_configs(args, d_llama, d_neox, scratch):
               f"{case}: exit {rc} (want 2): {line[:220]}")
 
 
+TOKENIZER = """
+import sys
+from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+tok = Tokenizer(models.BPE(unk_token="<unk>"))
+tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+tok.train([sys.argv[1]], trainers.BpeTrainer(vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"]))
+tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+tok.save(sys.argv[2])
+lines = open(sys.argv[1], encoding="utf-8").read().splitlines(keepends=True)
+for e in tok.encode_batch(lines, add_special_tokens=False):
+    print(" ".join(map(str, e.ids)))
+"""
+
+
+def check_tokenizer(args, venv_py, scratch):
+    d = os.path.join(scratch, "tokenizer")
+    os.makedirs(d, exist_ok=True)
+    text = os.path.join(args.source, "docs", "data-format.md")
+    rc, out = run([venv_py, "-c", TOKENIZER, text, os.path.join(d, "tokenizer.json")])
+    if not check(rc == 0, "tokenizers trained a BPE tokenizer.json"):
+        print(out[-800:])
+        return
+    want = [[int(x) for x in line.split()] for line in out.strip().splitlines()]
+    want = [w for w in want if w]
+    tool = os.path.join(args.source, "tools", "make_indexed.py")
+    for special in (False, True):
+        prefix = os.path.join(d, "bos" if special else "plain")
+        rc, out = run([venv_py, tool, "text", text, "--tokenizer", os.path.join(d, "tokenizer.json"),
+                       "-o", prefix] + (["--add-special-tokens"] if special else []))
+        if not check(rc == 0, f"make_indexed.py text --tokenizer{' --add-special-tokens' if special else ''}"):
+            print(out[-800:])
+            continue
+        idx = open(prefix + ".idx", "rb").read()
+        n = int(np.frombuffer(idx, dtype="<u8", count=1, offset=18)[0])
+        sizes = np.frombuffer(idx, dtype="<i4", count=n, offset=34)
+        tokens = np.fromfile(prefix + ".bin", dtype="<u2")
+        docs = np.split(tokens, np.cumsum(sizes)[:-1])
+        expect = [([1] if special else []) + w for w in want]
+        check(len(docs) == len(expect) and all(list(a) == b for a, b in zip(docs, expect)),
+              f"{len(docs)} documents, one per line, hold the tokenizer's ids"
+              + (", each after BOS (id 1)" if special else "") + f" ({len(tokens)} tokens)")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--trident", required=True)
@@ -236,6 +282,7 @@ def main():
         check_reader(args, fam, d)
         if fam in args.model_families.split(","):
             check_export(args, venv_py, fam, d)
+    check_tokenizer(args, venv_py, args.scratch)
     if "llama" in dirs and "neox" in dirs:
         bad_configs(args, dirs["llama"], dirs["neox"], args.scratch)
     print(f"{failures} failure(s)")
