@@ -8,14 +8,19 @@
      rounded to bfloat16 (round to nearest even, as torch casts); padded vocabulary rows zero;
   3. for the families the model runs (--model-families): `trident export` of model.init_from
      DIR into a directory reads back bitwise, and transformers' from_pretrained loads it and
-     gives the same logits as the original model (same weights, same code: bitwise);
+     gives the same logits as the original model (same weights, same code: bitwise); and
+     oracle_grads (trident's loader and CPU model) on the saved directory gives the first
+     step's loss and every gradient of hf_oracle.py's float64 transformers run, and
+     `trident train` from it, on 1 rank and at tp 2, the losses and gradient norms of its
+     AdamW steps;
   4. configs and files trident does not implement exit 2 from `trident export`, naming the key
      or the tensor;
   5. tools/make_indexed.py --tokenizer (a BPE tokenizer.json trained here by `tokenizers`, with
      Llama's BOS post-processor) writes each line's tokenizer ids as a document, BOS first
      with --add-special-tokens.
 Exit 77 (skip) only when tools/hf_venv.sh cannot install transformers.
-usage: test_hf_checkpoints.py --trident BIN --hf-tensors BIN --source DIR --scratch DIR
+usage: test_hf_checkpoints.py --trident BIN --hf-tensors BIN --oracle-grads BIN --source DIR
+       --scratch DIR
        [--model-families gpt2,neox,llama]
 """
 import argparse
@@ -137,6 +142,96 @@ print(type(b).__name__, float((la - lb).abs().max()), float(la.abs().max()))
 """
 
 
+# trident in fp32 against transformers in float64, the bounds of tests/oracle/test_torch_oracle.py
+# (same sizes, same rounding): loss relative 3e-7, per tensor max |diff| / max |g| 3e-6.
+LOSS_REL = 3e-7
+GRAD_REL = 3e-6
+
+
+def check_first_step(args, fam, d):
+    report = json.load(open(os.path.join(d, "oracle.json")))
+    B, T = report["B"], report["T"]
+    tokens = safetensors_check_tokens(os.path.join(d, "shard.bin"))
+    windows = np.stack([tokens[j * T: j * T + T + 1] for j in range(B)])
+    tok_path = os.path.join(d, "step_tokens.i32")
+    np.concatenate([windows[:, :-1].ravel(), windows[:, 1:].ravel()]).astype("<i4").tofile(tok_path)
+    out = os.path.join(d, "trident_grads")
+    rc, text = run([args.oracle_grads, os.path.join(d, "hf"), tok_path, str(B), str(T), out])
+    if not check(rc == 0, f"{fam}: oracle_grads ran on the transformers directory"):
+        print(text[-800:])
+        return
+    loss = float(open(os.path.join(out, "loss.txt")).read())
+    rel = abs(loss - report["loss"]) / report["loss"]
+    check(rel < LOSS_REL, f"{fam}: first-step loss: trident {loss:.7f}, transformers (float64) "
+          f"{report['loss']:.7f} nats/token (relative {rel:.1e}, bound {LOSS_REL:.0e})")
+    grads = dict(np.load(os.path.join(d, "grads.npz")))
+    worst, worst_name, bad = 0.0, "", []
+    for n, ref in grads.items():
+        g = np.load(os.path.join(out, n + ".npy")).astype(np.float64)
+        if n in ("wte", "lmw"):
+            if np.any(g[ref.shape[0]:] != 0):
+                bad.append(n + " (padded rows)")
+            g = g[:ref.shape[0]]
+        r = float(np.max(np.abs(g - ref)) / max(np.max(np.abs(ref)), 1e-30))
+        if r > worst:
+            worst, worst_name = r, n
+        if r >= GRAD_REL:
+            bad.append(f"{n} {r:.1e}")
+    check(not bad, f"{fam}: all {len(grads)} gradients match transformers: worst max |diff| / "
+          f"max |g| {worst:.1e} ({worst_name}, bound {GRAD_REL:.0e})" + (f"; over: {bad}" if bad else ""))
+
+
+DECK_TEXT = """\
+model: {layers: 3, d_model: 96, heads: 3, vocab: 256, seq_len: %(T)d}
+train: {micro_batch: %(micro_batch)d, accum: %(accum)d, steps: %(steps)d, lr: %(lr)r,
+        lr_schedule: %(lr_schedule)s, warmup_steps: %(warmup_steps)d, weight_decay: %(weight_decay)r,
+        grad_clip: %(grad_clip)r, beta1: %(beta1)r, beta2: %(beta2)r, eps: %(eps)r, seed: 7,
+        val_every: 0}
+data: {train: %(shard)s, shuffle: false}
+log: {every: 1}
+run: {threads: 1}
+"""
+# Losses and norms of the steps, relative: test_torch_oracle.py's bounds for 8 steps.
+TRAIN_LOSS_REL = 1e-6
+TRAIN_NORM_REL = 2e-6
+
+
+def check_training(args, fam, d):
+    report = json.load(open(os.path.join(d, "oracle.json")))
+    deck = os.path.join(d, "deck.yaml")
+    with open(deck, "w") as f:
+        f.write(DECK_TEXT % dict(report["train"], T=report["T"], shard=os.path.join(d, "shard.bin")))
+    ref = report["steps"]
+    for label, launcher, extra in [("1 rank", [], []),
+                                   ("tp 2", [args.mpiexec, "-n", "2"], ["--set", "parallel.tp=2"])]:
+        out = os.path.join(d, "train_" + label.replace(" ", ""))
+        rc, text = run(launcher + [args.trident, "train", deck, "--set",
+                                   f"model.init_from={os.path.join(d, 'hf')}", "--set",
+                                   f"run.out_dir={out}"] + extra)
+        if not check(rc == 0, f"{fam} {label}: trident train from the transformers directory"):
+            print(text[-800:])
+            continue
+        check("its block too: " + EXPECTED[fam]["family"] in text,
+              f"{fam} {label}: the run says which block it took")
+        rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+        if not check(len(rows) == len(ref), f"{fam} {label}: {len(rows)} steps, {len(ref)} expected"):
+            continue
+        loss_rel = max(abs(r["loss"] - x["loss"]) / x["loss"] for r, x in zip(rows, ref))
+        norm_rel = max(abs(r["grad_norm"] - x["grad_norm"]) / x["grad_norm"] for r, x in zip(rows, ref))
+        clipped = sum(x["clipped"] for x in ref)
+        check(loss_rel < TRAIN_LOSS_REL and norm_rel < TRAIN_NORM_REL,
+              f"{fam} {label}: {len(ref)} AdamW steps ({clipped} clipped) match transformers: "
+              f"losses relative {loss_rel:.1e} (bound {TRAIN_LOSS_REL:.0e}), norms {norm_rel:.1e} "
+              f"(bound {TRAIN_NORM_REL:.0e})")
+
+
+def safetensors_check_tokens(path):
+    """The tokens of an llm.c token shard (tests/oracle/llmc_write.py's format)."""
+    blob = open(path, "rb").read()
+    n = int(np.frombuffer(blob, dtype="<i4", count=3)[2])
+    return np.frombuffer(blob, dtype="<u2", count=n, offset=1024).astype(np.int64)
+
+
 def check_export(args, venv_py, fam, d):
     src = os.path.join(d, "hf")
     out = os.path.join(d, "export") + "/"
@@ -256,6 +351,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--trident", required=True)
     ap.add_argument("--hf-tensors", required=True)
+    ap.add_argument("--oracle-grads", required=True)
+    ap.add_argument("--mpiexec", default="mpirun")
     ap.add_argument("--source", required=True)
     ap.add_argument("--scratch", required=True)
     ap.add_argument("--model-families", default="gpt2")
@@ -282,6 +379,8 @@ def main():
         check_reader(args, fam, d)
         if fam in args.model_families.split(","):
             check_export(args, venv_py, fam, d)
+            check_first_step(args, fam, d)
+            check_training(args, fam, d)
     check_tokenizer(args, venv_py, args.scratch)
     if "llama" in dirs and "neox" in dirs:
         bad_configs(args, dirs["llama"], dirs["neox"], args.scratch)
