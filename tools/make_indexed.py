@@ -2,10 +2,16 @@
 """Writes a Megatron-LM / GPT-NeoX indexed dataset (PREFIX.bin + PREFIX.idx) for trident.
 
   tools/make_indexed.py text book.txt [more.txt ...] -o data/book [--document line|file]
+      [--tokenizer tokenizer.json [--add-special-tokens]]
   tools/make_indexed.py tokens data/book-train.bin -o data/book-train [--split-after 10]
   tools/make_indexed.py show data/book [--head 3]
 
-text: byte-level tokens (each byte is one token, vocabulary 256). A document is one line,
+text: byte-level tokens (each byte is one token, vocabulary 256), or with --tokenizer the
+tokens of a Hugging Face tokenizer.json (GPT-NeoX's, Llama's, ...) through the `tokenizers`
+package, a tool-only dependency: run with tools/hf_venv.sh's python. The input is UTF-8 text;
+--add-special-tokens applies the tokenizer's post-processor (Llama's adds BOS to every
+document); the vocabulary is the tokenizer's, added tokens included (docs/data-format.md, "BOS
+and EOD by family"). A document is one line,
 its newline included (--document line, the default), or one whole input file (--document
 file); either way the dataset's tokens, read in order, are exactly the input bytes, so it
 trains like `tools/text_to_tokens.py` on the same text. tokens: the tokens of a trident token
@@ -47,6 +53,30 @@ def text_documents(paths, per_file):
         parts = [data] if per_file else data.splitlines(keepends=True)
         docs += [np.frombuffer(p, dtype=np.uint8).astype(np.int64) for p in parts]
     return docs, 256
+
+
+def tokenizer_documents(paths, per_file, tokenizer_path, special):
+    """Documents as a tokenizer.json encodes them (the `tokenizers` package)."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError as e:
+        raise SystemExit(f"--tokenizer needs the tokenizers package ({e}): run this tool with "
+                         f"the python tools/hf_venv.sh prints")
+    try:
+        tok = Tokenizer.from_file(tokenizer_path)
+    except Exception as e:  # the package raises its own exception types
+        raise SystemExit(f"{tokenizer_path}: not a tokenizer.json the tokenizers package reads: {e}")
+    docs = []
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise SystemExit(f"{path}: cannot read as UTF-8 text: {e}")
+        parts = [text] if per_file else text.splitlines(keepends=True)
+        encoded = tok.encode_batch(parts, add_special_tokens=special)
+        docs += [np.array(e.ids, dtype=np.int64) for e in encoded]
+    return docs, tok.get_vocab_size(with_added_tokens=True)
 
 
 def read_token_file(path):
@@ -129,6 +159,10 @@ def main():
     t = sub.add_parser("text", help="byte-level text -> indexed dataset")
     t.add_argument("inputs", nargs="+")
     t.add_argument("--document", choices=("line", "file"), default="line")
+    t.add_argument("--tokenizer", metavar="TOKENIZER_JSON",
+                   help="encode with a Hugging Face tokenizer.json instead of bytes")
+    t.add_argument("--add-special-tokens", action="store_true",
+                   help="with --tokenizer: its post-processor's tokens (Llama: BOS first)")
     k = sub.add_parser("tokens", help="trident token file -> indexed dataset")
     k.add_argument("input")
     k.add_argument("--split-after", type=int, metavar="TOKEN",
@@ -148,7 +182,12 @@ def main():
         show(args.prefix[:-4] if args.prefix.endswith((".bin", ".idx")) else args.prefix,
              args.head)
         return
-    if args.command == "text":
+    if args.command == "text" and args.tokenizer:
+        docs, vocab = tokenizer_documents(args.inputs, args.document == "file", args.tokenizer,
+                                          args.add_special_tokens)
+    elif args.command == "text":
+        if args.add_special_tokens:
+            raise SystemExit("--add-special-tokens needs --tokenizer")
         docs, vocab = text_documents(args.inputs, args.document == "file")
     else:
         if os.path.abspath(args.input) == os.path.abspath(args.output + ".bin"):

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -436,15 +437,24 @@ void load_llmc_weights(GPT& model, const std::string& path);
 // Writes the model in the same format (`trident export`, tests, handing weights to llm.c).
 void save_llmc_weights(GPT& model, const std::string& path);
 
-// Hugging Face GPT-2 weights as safetensors (Note [GPT-2 safetensors] in
-// model/safetensors.cpp): names, [in, out] Conv1D weights, the real vocabulary's wte rows.
-// is_safetensors: by the .safetensors extension, or a JSON header after the length. read_ checks
-// the whole header against GPT-2 and the file (input_error naming the file and tensor); load_
-// fills the model, whose shape must be the file's; save_ writes the whole model (one rank) and
-// returns the bytes written.
+// Hugging Face weights (model/hf_checkpoint.cpp, Note [Hugging Face checkpoints]): transformers'
+// gpt2, gpt_neox and llama as save_pretrained writes them, in a directory (config.json and
+// model.safetensors, or a sharded model.safetensors.index.json), an index file, or one
+// .safetensors file (GPT-2 needs no config.json: names, [in, out] Conv1D weights, the heads in
+// __metadata__). is_safetensors: such a directory, an index, or a file by its extension or a
+// JSON header after the length. read_ takes the family, shape and options from config.json and
+// checks every tensor against them (input_error naming the file, key or tensor); load_ fills the
+// model (this rank and stage), whose config must be the file's; save_ writes the whole model
+// (one rank) and, with_config or for a family other than GPT-2, config.json beside it; returns
+// the bytes of the tensor file.
 bool is_safetensors(const std::string& path);
 GPTConfig read_safetensors_config(const std::string& path);
 void load_safetensors_weights(GPT& model, const std::string& path);
-size_t save_safetensors_weights(GPT& model, const std::string& path);
+size_t save_safetensors_weights(GPT& model, const std::string& path, bool with_config = false);
+// Every trident global tensor of the checkpoint, by ParamInfo name (row-major, the vocabulary
+// padded as read_safetensors_config pads it, padded rows zero), without building a model: what
+// the loader converts, for tests and tools.
+std::map<std::string, std::vector<float>> read_hf_global_tensors(const std::string& path,
+                                                                 GPTConfig* cfg = nullptr);
 
 }  // namespace trident

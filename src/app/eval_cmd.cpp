@@ -1,6 +1,6 @@
 // The commands that use a trained model: `trident eval DECK --ckpt PATH` (validation loss, in
 // the deck's layout), `trident generate DECK --ckpt PATH --prompt TEXT` (sampling, one rank)
-// and `trident export DECK [--ckpt PATH] --format llmc|safetensors OUT` (GPT-2 weights out).
+// and `trident export DECK [--ckpt PATH] --format llmc|safetensors OUT` (weights out).
 #include <mpi.h>
 
 #include <fmt/format.h>
@@ -136,7 +136,16 @@ int run_export(const ExportArgs& args) {
     save_llmc_weights(model, args.out);
     bytes = std::filesystem::file_size(args.out);
   } else {
-    bytes = save_safetensors_weights(model, args.out);
+    // A directory gets what from_pretrained reads: model.safetensors and config.json.
+    std::string out = args.out;
+    std::error_code ec;
+    const bool directory = out.ends_with('/') || std::filesystem::is_directory(out, ec);
+    if (directory) {
+      std::filesystem::create_directories(out, ec);
+      if (ec) input_error("export: cannot make the directory {}: {}", out, ec.message());
+      out = (std::filesystem::path(out) / "model.safetensors").string();
+    }
+    bytes = save_safetensors_weights(model, out, /*with_config=*/directory);
   }
   const GPTConfig& cfg = model.config();
   const std::string from =
@@ -145,9 +154,9 @@ int run_export(const ExportArgs& args) {
                             : l.deck.model.init_from)
                      : fmt::format("checkpoint {} (step {})", l.path, l.meta.step);
   fmt::print("export: {} -> {} ({}, {} bytes): layers={} d_model={} heads={} vocab={} "
-             "max_seq_len={}\n",
+             "max_seq_len={}; {}\n",
              from, args.out, args.format, bytes, cfg.layers, cfg.channels, cfg.heads, cfg.vocab,
-             cfg.max_seq_len);
+             cfg.max_seq_len, describe_block(cfg));
   return 0;
 }
 

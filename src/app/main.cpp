@@ -108,10 +108,14 @@ int main(int argc, char** argv) {
 
   ExportArgs export_args;
   auto* export_cmd = app.add_subcommand(
-      "export", "write a checkpoint's GPT-2 weights as llm.c's checkpoint or Hugging Face "
-                "safetensors (one rank)");
+      "export", "write a checkpoint's weights as llm.c's GPT-2 checkpoint or as Hugging Face "
+                "safetensors with config.json (one rank)");
   export_cmd->add_option("deck", export_args.deck.deck, "YAML input deck (the model)")->required();
-  export_cmd->add_option("out", export_args.out, "file to write")->required();
+  export_cmd
+      ->add_option("out", export_args.out,
+                   "file to write; safetensors: a directory (an existing one, or a path "
+                   "ending in /) gets model.safetensors and config.json")
+      ->required();
   export_cmd->add_option("--ckpt", export_args.checkpoint,
                          "checkpoint directory (or checkpoint.dir: its latest); without it, the "
                          "deck's own weights (model.init_from, or its seed's initialisation)");

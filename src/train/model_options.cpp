@@ -63,9 +63,9 @@ GPTConfig model_config_from_deck(const Deck& deck, std::string* note) {
     if (note)
       *note = fmt::format(
           "model.init_from {}: its shape replaces the deck's: layers={} d_model={} heads={} "
-          "vocab={} (padded {}) max_seq_len={}",
+          "vocab={} (padded {}) max_seq_len={}; its block too: {}",
           m.init_from, cfg.layers, cfg.channels, cfg.heads, cfg.vocab, cfg.padded_vocab,
-          cfg.max_seq_len);
+          cfg.max_seq_len, describe_block(cfg));
     // The file's padding may not split evenly over tp: pad again (the loader maps rows).
     if (cfg.padded_vocab % (128 * deck.parallel.tp) != 0)
       cfg.padded_vocab = GPTConfig::pad_vocab(cfg.vocab, deck.parallel.tp);
