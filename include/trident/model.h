@@ -320,7 +320,7 @@ class GPT {
   // The slot holding `s`'s head buffers: itself, or slot 0 (GPTOptions::shared_head).
   Slot& head(Slot& s);
   void build_param_table();
-  void make_rope_tables();                         // Note [RoPE tables] in gpt_slots.cpp
+  void make_rope_tables();                         // Note [RoPE tables] in src/model/gpt_slots.cpp
   int param_index(const std::string& name) const;  // -1 if this stage has no such parameter
   // Block `local_layer`'s tensors in `base` (params_ or grads_).
   BlockWeights block(float* base, int local_layer) const;

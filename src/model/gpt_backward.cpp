@@ -204,8 +204,8 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale, const fl
   }
   keep_copy(s.encoded.data(), a.dresidual.data(), size_t(Nr) * C);
   if (!weights) return;
-  // The token embedding's gradient (for a tied wte its second, sparse contribution: Note [Tied
-  // embedding gradient]) comes last: into the sink's compact rows, or into wte's gradient.
+  // The token embedding's gradient comes last (a tied wte's second, sparse contribution:
+  // Note [Tied embedding gradient]): into the sink's compact rows, or into wte's gradient.
   Phase ph(be_, phases_, table_->backward_embedding);
   embedding_backward(dresidual_all_rows(), s.inputs.data(), sink, B, T);
   ready.through(table_->embedding_last_index);
