@@ -52,7 +52,9 @@ grep -q "^- test_cuda Shapes/AttentionTest.CudnnMatchesCpu/3 skipped" "$table" &
   ok "the cuDNN refusal is reported" || fail "the cuDNN refusal is not reported"
 grep -q "test(s) skipped" "$table" && fail "the reported skip counted as a problem" ||
   ok "the reported skip is no problem"
-tar -tzf "$scratch/out/logs.tar.gz" | grep -q "smoke.log" &&
+# Listed whole first: grep -q would stop reading early and, under pipefail, tar's SIGPIPE fails it.
+archived=$(tar -tzf "$scratch/out/logs.tar.gz")
+grep -q "smoke.log" <<<"$archived" &&
   ok "logs.tar.gz holds smoke.log" || fail "logs.tar.gz lacks smoke.log"
 sleep 1
 pgrep -f 'kill -STOP \$PPID' >/dev/null && fail "a hung job outlived the script" ||
