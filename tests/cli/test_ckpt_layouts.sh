@@ -4,6 +4,7 @@
 #   3D, stop_at 4  -> resume as tp 2 (2 ranks)        steps 5..8
 #   dp 2, stop_at 4 -> resume in 3D (8 ranks)         steps 5..8
 #   3D at parallel.zero 2, stop_at 4 -> one rank, zero 0   steps 5..8
+#   NeoX and Llama blocks, 3D at zero 1 -> one rank / tp 2  steps 5..8
 # Each combined run (the resumed run appends to the saving run's metrics.jsonl) must match an
 # uninterrupted dp-2 run step by step (tolerances below). The global batch is the same in every
 # layout (micro-batch 4 × accum × dp = 16 samples), so the same samples are seen.
@@ -80,5 +81,28 @@ timeout 300 "$bin" train "${common[@]}" --set train.accum=4 --set run.out_dir=ze
   --set checkpoint.resume=true >zero1rank_resume.log 2>&1 || fail "one-rank resume: $(tail -3 zero1rank_resume.log)"
 resumed zero1rank_resume.log 4 "dp 2 x tp 2 x pp 2" || fail "one-rank resume: $(grep -m1 -E '^resumed|error' zero1rank_resume.log)"
 compare "3D zero 2 (steps 1-4) then one rank zero 0 (5-8) vs dp 2" zero3d/metrics.jsonl ref/metrics.jsonl
+
+# 4. The other blocks (model.family; tests/mpi/test_family_layouts.cpp covers 2 and 4 ranks): a
+# NeoX checkpoint (partial rotary, parallel residual, untied head) and a Llama one (RMSNorm,
+# SwiGLU, 2 kv heads of 4, untied head) saved in 3D at zero 1 resume on one rank and as tp 2,
+# against the family's own uninterrupted dp-2 run, within the same bounds.
+declare -A family_keys=([neox]="--set model.family=neox"
+                        [llama]="--set model.family=llama --set model.kv_heads=2")
+declare -A resume_as=([neox]="1 --set train.accum=4" [llama]="2 --set parallel.tp=2 --set train.accum=4")
+for f in neox llama; do
+  read -ra keys <<<"${family_keys[$f]}"
+  read -ra resume <<<"${resume_as[$f]}"
+  run_np 2 "${keys[@]}" --set train.accum=2 --set run.out_dir=ref_$f >ref_$f.log 2>&1 ||
+    fail "$f reference run: $(tail -3 ref_$f.log)"
+  run_np 8 "${layout_3d[@]}" "${keys[@]}" --set parallel.zero=1 --set run.out_dir=$f \
+    --set checkpoint.dir=ck_$f --set train.stop_at=4 >${f}_save.log 2>&1 ||
+    fail "$f 3D save: $(tail -3 ${f}_save.log)"
+  run_np "${resume[@]}" "${keys[@]}" --set run.out_dir=$f --set checkpoint.dir=ck_$f \
+    --set checkpoint.resume=true >${f}_resume.log 2>&1 || fail "$f resume: $(tail -3 ${f}_resume.log)"
+  resumed ${f}_resume.log 4 "dp 2 x tp 2 x pp 2" ||
+    fail "$f resume: $(grep -m1 -E '^resumed|error' ${f}_resume.log)"
+  compare "$f: 3D zero 1 (steps 1-4) then ${resume[0]} rank(s) (5-8) vs dp 2" $f/metrics.jsonl \
+    ref_$f/metrics.jsonl
+done
 
 finish

@@ -37,6 +37,19 @@ inline int world_size() {
   return n;
 }
 
+// The deck keys of a block family (model.family, model_config.h's table) for the layout tests:
+// none for gpt2. neox: rotary on 25% of each head, parallel residual, exact GELU, untied head,
+// biases. llama: RMSNorm, SwiGLU of width 64, grouped-query attention, no biases, untied head;
+// its kv heads must split over every tp the world allows, so 2 kv heads of 4 on up to 2 ranks,
+// 4 of 8 on 4 or more (two query heads per kv head either way). The decks' d_model is 32.
+inline std::vector<std::string> family_keys(const std::string& family) {
+  if (family == "gpt2") return {};
+  if (family == "neox") return {"model.family=neox"};
+  if (world_size() >= 4)
+    return {"model.family=llama", "model.heads=8", "model.kv_heads=4", "model.mlp_hidden=64"};
+  return {"model.family=llama", "model.heads=4", "model.kv_heads=2", "model.mlp_hidden=64"};
+}
+
 struct RunResult {
   std::vector<double> losses, norms;
   std::vector<float> params;  // this rank's, after the last step
