@@ -9,10 +9,10 @@
 //     ...                                   // other work
 //     w.wait();                             // or poll w.test()
 //
-// A communicator is used by one thread at a time (Note [One thread per communicator]; the one
-// exception is mark_compute_ready, Note [Gradient-ready events]); different communicators may
-// be used by different threads at once. A Work must not outlive its communicator, and its
-// buffers must stay alive until it completed.
+// A communicator is used by one thread at a time (Note [One thread per communicator]; the
+// exceptions are new_mark and record_mark, Note [Gradient-ready events]); different
+// communicators may be used by different threads at once. A Work must not outlive its communicator,
+// and its buffers must stay alive until it completed.
 #pragma once
 
 #include <mpi.h>
@@ -156,10 +156,21 @@ class Communicator {
 
   // Ordering with a compute stream: Note [Gradient-ready events]. The defaults are those of a
   // host communicator: no mark, nothing to wait for.
-  // mark_compute_ready: on the compute thread, right after the gradients' kernels were
-  // enqueued; the one call a thread other than the communicator's user may make (it touches
-  // only the compute stream and a new event, never the communication library or its stream).
-  virtual std::shared_ptr<const ComputeMark> mark_compute_ready() { return nullptr; }
+  // new_mark: a mark made once and recorded again and again (null on a host; `timed`: one for
+  // Note [Device time of an operation], null where this communicator does not time).
+  // record_mark: on the compute thread, right after the kernels the mark stands for were
+  // enqueued, moves it to the compute stream's current point; record a mark again only after
+  // every order_after that read it. These two are the calls a thread other than the
+  // communicator's user may make (they touch only the compute stream and the mark's event).
+  virtual std::shared_ptr<ComputeMark> new_mark(bool timed) {
+    (void)timed;
+    return nullptr;
+  }
+  virtual void record_mark(ComputeMark& mark) { (void)mark; }
+  // A fresh mark recorded now, untimed or timed (null on a host); for one-off orderings and
+  // tests: hot paths make their marks once (Note [Marks made once]).
+  std::shared_ptr<const ComputeMark> mark_compute_ready() { return recorded(new_mark(false)); }
+  std::shared_ptr<const ComputeMark> mark_compute_time() { return recorded(new_mark(true)); }
   // On the user thread, before starting the operation that reads the marked gradients: the
   // communication stream waits for the mark on the device.
   virtual void order_after(const ComputeMark* mark) { (void)mark; }
@@ -173,12 +184,11 @@ class Communicator {
   // device, spans and exposed time are device times, in ms after an `origin` mark on the
   // compute stream; host times are used only where there is none (host communicators).
   //
-  // mark_compute_time: a timed mark on the compute stream (compute thread); null on a host.
+  // new_mark(true): a timed mark on the compute stream (compute thread); null on a host.
   // device_span: the device start and end of completed Work `w` (user thread); false where
   // there is no device time. mark_elapsed_ms: `mark` after `origin` (waits until `mark` is
   // reached); false without device time. The GradReducer times a step with them when
-  // mark_compute_time gives a mark.
-  virtual std::shared_ptr<const ComputeMark> mark_compute_time() { return nullptr; }
+  // new_mark(true) gives a mark.
   virtual bool device_span(const Work& w, const ComputeMark& origin, double* start_ms,
                            double* end_ms) {
     (void)w, (void)origin, (void)start_ms, (void)end_ms;
@@ -190,6 +200,10 @@ class Communicator {
   }
 
  protected:
+  std::shared_ptr<const ComputeMark> recorded(std::shared_ptr<ComputeMark> mark) {
+    if (mark) record_mark(*mark);
+    return mark;
+  }
   // The sum.
   virtual Work start_all_reduce(void* data, size_t count, ElemType type) = 0;
   // The default: kSum is start_all_reduce; kBitOr is refused on more than one rank (a

@@ -141,7 +141,7 @@ struct GatherStats {
 class GradReducer {
  public:
   // `dp` is used only by the reducer's thread between begin_step(true) and finish() (apart
-  // from dp.mark_compute_ready, called by grad_ready and add_extra); `grads` (host memory for a
+  // from dp.record_mark, called by grad_ready and add_extra); `grads` (host memory for a
   // host communicator, device memory for a device one) must stay valid for the reducer's
   // lifetime.
   GradReducer(Communicator& dp, float* grads, std::vector<GradParam> params_in_ready_order,
@@ -200,6 +200,7 @@ class GradReducer {
  private:
   void name_buckets();
   void init_sharded(const GradReducerOptions& options);
+  void start();  // the marks (Note [Marks made once]) and the thread
   struct State;  // shared with the communication thread; defined in grad_reducer.cpp
   std::unique_ptr<State> state_;
 };

@@ -26,6 +26,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,10 @@ struct NcclCommOptions {
   // contract"). Ordering with compute is then the stream's own; a Work still polls an
   // event after the operation, so a stuck collective ends at the timeout instead of hanging.
   bool on_compute_stream = false;
+  // Profiling asked for (log.trace, or an NVTX tool attached): each operation gets an NVTX
+  // range named after it and two timed events (Note [Device time of an operation]). Without
+  // it an operation formats no string and takes its completion event from a pool.
+  bool profile = false;
 };
 
 class NcclComm final : public Communicator {
@@ -74,11 +79,11 @@ class NcclComm final : public Communicator {
   double timeout() const { return options_.timeout_s; }
   bool grad_bf16() const { return options_.grad_bf16; }
 
-  std::shared_ptr<const ComputeMark> mark_compute_ready() override;
+  // new_mark(true) is null unless options.profile (Note [Device time of an operation]).
+  std::shared_ptr<ComputeMark> new_mark(bool timed) override;
+  void record_mark(ComputeMark& mark) override;
   void order_after(const ComputeMark* mark) override;
   void compute_waits_for_comm() override;
-  // Note [Device time of an operation] (trident/comm.h): CUDA events, timed.
-  std::shared_ptr<const ComputeMark> mark_compute_time() override;
   bool device_span(const Work& w, const ComputeMark& origin, double* start_ms,
                    double* end_ms) override;
   bool mark_elapsed_ms(const ComputeMark& origin, const ComputeMark& later, double* ms) override;
@@ -90,6 +95,9 @@ class NcclComm final : public Communicator {
   // Aborts the NCCL communicator (idempotent); every later operation throws.
   void abort() noexcept;
   bool aborted() const { return aborted_; }
+  // Untimed events for operations' completion, reused (Work objects give theirs back).
+  cudaEvent_t take_event();
+  void give_event(cudaEvent_t event) noexcept;
 
  protected:
   Work start_all_reduce(void* data, size_t count, ElemType type) override;
@@ -122,6 +130,8 @@ class NcclComm final : public Communicator {
   bool aborted_ = false;
   void* staging_ = nullptr;  // bf16 copies of float all-reduces; grow-only
   size_t staging_bytes_ = 0;
+  std::mutex events_mutex_;  // Works may end on another thread than the one starting them
+  std::vector<cudaEvent_t> free_events_;
 };
 
 }  // namespace trident

@@ -2,6 +2,8 @@
 
 #include <mpi.h>
 
+#include <cstdlib>
+
 #include "trident/check.h"
 #ifdef TRIDENT_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -26,6 +28,12 @@ int node_local_rank() {
   MPI_Comm_rank(node, &rank);
   MPI_Comm_free(&node);
   return rank;
+}
+
+// Profiling is asked for with log.trace, or by a profiler that injects an NVTX tool (Nsight
+// Systems sets NVTX_INJECTION64_PATH): only then do collectives name and time themselves.
+bool profiling(const Deck& deck) {
+  return !deck.log.trace.empty() || std::getenv("NVTX_INJECTION64_PATH") != nullptr;
 }
 #endif
 
@@ -60,12 +68,14 @@ DeviceComms make_device_comms(const Deck& deck, Backend& backend, ProcessGrid& g
     NcclCommOptions options;
     options.timeout_s = deck.comm.timeout_s;
     options.grad_bf16 = deck.comm.grad_dtype == "bf16";
+    options.profile = profiling(deck);
     comms.dp = std::make_unique<NcclComm>(grid.dp().raw(), "dp (nccl)", stream, options);
   }
   if (grid.layout().tp > 1) {
     NcclCommOptions options;
     options.timeout_s = deck.comm.timeout_s;
     options.on_compute_stream = true;
+    options.profile = profiling(deck);
     comms.tp = std::make_unique<NcclComm>(grid.tp().raw(), "tp (nccl)", stream, options);
   }
 #else

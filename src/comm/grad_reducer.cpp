@@ -8,7 +8,7 @@
 //    reducer's thread touches the dp communicator (Note [One thread per communicator] in
 //    trident/comm.h). The compute thread's grad_ready, add_extra and finish only push events
 //    into a queue under a mutex; finish() then sleeps on a condition variable. Its one dp call
-//    is mark_compute_ready (Note [Gradient-ready events] in trident/comm.h). Tensor-parallel
+//    is record_mark (Note [Gradient-ready events] in trident/comm.h). Tensor-parallel
 //    collectives run on the compute thread meanwhile, on other communicators: hence
 //    MPI_THREAD_MULTIPLE.
 // 2. In what order: Note [Same buckets, same order]. Several operations may be in flight.
@@ -113,8 +113,7 @@ GradReducer::GradReducer(Communicator& dp, float* grads,
     bucket.offset = descending && !ascending ? p[last].offset : p[first].offset;
   }
   name_buckets();
-  s.marked.assign(p.size(), 0);
-  s.thread = std::thread([&s] { s.run(); });
+  start();
 }
 
 void GradReducer::name_buckets() {
@@ -182,8 +181,30 @@ void GradReducer::init_sharded(const GradReducerOptions& options) {
                 "GradReducer: gather order has {} of {} buckets", s.gather_order.size(),
                 s.buckets.size());
   name_buckets();
-  s.marked.assign(p.size(), 0);
+  start();
+}
+
+// Note [Marks made once]
+// A device mark is an event, and making one is host work. Only the grad_ready that completes a
+// bucket is waited on, so the reducer makes one mark per bucket (and for the gathers, the
+// extras, the timed origin and end of backward) here, and records it again each step. finish()
+// and the gathers' waits come after the thread's order_after of the last round, so no mark is
+// recorded again while the thread may still read it.
+void GradReducer::start() {
+  State& s = *state_;
+  for (size_t b = 0; b < s.buckets.size(); ++b) s.bucket_marks.push_back(s.dp.new_mark(false));
+  s.gather_mark = s.dp.new_mark(false);
+  s.origin_mark = s.dp.new_mark(true);  // Note [Device time of an operation]; null untimed
+  s.end_mark = s.dp.new_mark(true);
+  s.marked.assign(s.params.size(), 0);
   s.thread = std::thread([&s] { s.run(); });
+}
+
+// A made-once mark recorded now, as shared with the thread (null on a host communicator).
+std::shared_ptr<const ComputeMark> GradReducer::State::record(
+    const std::shared_ptr<ComputeMark>& mark) {
+  if (mark) dp.record_mark(*mark);
+  return mark;
 }
 
 GradReducer::~GradReducer() {
@@ -208,6 +229,7 @@ void GradReducer::begin_step(bool reduce, bool accumulate_shards) {
   s.unmarked.resize(s.buckets.size());
   for (size_t b = 0; b < s.buckets.size(); ++b) s.unmarked[b] = s.buckets[b].num_params;
   s.held_wait_ms = 0;
+  s.extras_added = 0;
   {
     std::lock_guard lock(s.mutex);
     s.held_bytes = 0;  // every bucket of the last step was released (or the step failed)
@@ -218,7 +240,7 @@ void GradReducer::begin_step(bool reduce, bool accumulate_shards) {
                   "GradReducer: accumulating into the shards needs ZeRO-2 on the host");
     Event e(EventKind::kBegin);
     e.param = accumulate_shards ? 1 : 0;
-    e.mark = s.dp.mark_compute_time();  // Note [Device time of an operation]; null on a host
+    e.mark = s.record(s.origin_mark);  // Note [Device time of an operation]; null untimed
     s.events.push_back(std::move(e));
   }
   s.wake_thread.notify_one();
@@ -241,9 +263,10 @@ void GradReducer::grad_ready(int param_index) {
   s.marked[i] = 1;
   Event e(EventKind::kReady);
   e.param = i;
-  e.mark = s.dp.mark_compute_ready();  // after the gradient's kernels were enqueued
   const size_t b = s.bucket_of_param[i];
   const bool completes = --s.unmarked[b] == 0;
+  // Note [Marks made once]: after the gradient's kernels were enqueued, the bucket's last only.
+  if (completes) e.mark = s.record(s.bucket_marks[b]);
   if (!completes || s.max_held_bytes == 0) {
     s.post(std::move(e));
     return;
@@ -272,7 +295,8 @@ void GradReducer::add_extra(float* data, size_t count, std::string name) {
   e.data = data;
   e.count = count;
   e.name = std::move(name);
-  e.mark = s.dp.mark_compute_ready();
+  if (s.extras_added == s.extra_marks.size()) s.extra_marks.push_back(s.dp.new_mark(false));
+  e.mark = s.record(s.extra_marks[s.extras_added++]);  // Note [Marks made once]
   s.post(std::move(e));
 }
 
@@ -285,7 +309,7 @@ void GradReducer::finish() {
     return;
   }
   Event e(EventKind::kFinish);
-  e.mark = s.dp.mark_compute_time();  // the end of backward on the compute stream, if timed
+  e.mark = s.record(s.end_mark);  // the end of backward on the compute stream, if timed
   s.post(std::move(e));
   std::unique_lock lock(s.mutex);
   s.step_done_cv.wait(lock, [&] { return s.step_done; });
@@ -309,7 +333,7 @@ void GradReducer::start_param_gather(float* params) {
     std::fill(s.gathered.begin(), s.gathered.end(), 0);
     Event e(EventKind::kGather);
     e.data = params;
-    e.mark = s.dp.mark_compute_ready();  // after the optimizer's kernels (device communicators)
+    e.mark = s.record(s.gather_mark);  // after the optimizer's kernels (device communicators)
     s.events.push_back(std::move(e));
   }
   s.wake_thread.notify_one();

@@ -83,6 +83,11 @@ struct GradReducer::State {
   double held_wait_ms = 0;       // Note [Bounded gradient memory]
   ReduceStats finished_stats;
   double gather_wait_ms = 0;  // waiting in wait_gathered since the last take_gather_stats
+  // Note [Marks made once]: null on a host communicator (timed ones: where it does not time).
+  std::vector<std::shared_ptr<ComputeMark>> bucket_marks, extra_marks;
+  std::shared_ptr<ComputeMark> gather_mark, origin_mark, end_mark;
+  size_t extras_added = 0;  // add_extra calls this step
+  std::shared_ptr<const ComputeMark> record(const std::shared_ptr<ComputeMark>& mark);
 
   // Shared, under `mutex`.
   std::mutex mutex;

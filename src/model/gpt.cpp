@@ -168,10 +168,10 @@ void GPT::block_forward(const BlockWeights& w, const BlockActs& a, const float* 
   const int Ql = NHl * hs, QKVl = cfg_.qkv_rows() / tps;
   const int FCl = cfg_.fc_rows() / tps, Fl = cfg_.hidden() / tps;
   const int N = B * T, Nr = N / rows_divisor_;
-  // The row-parallel outputs are partial sums to reduce over tp; with tp = 1 they are final,
-  // so they go straight where reduce_rows would copy them (which then copies nothing).
-  float* attn_partial = tp_.size == 1 ? a.residual2 : scratch_->full_c.data();
-  float* mlp_partial = tp_.size == 1 ? a.residual3 : scratch_->full_c.data();
+  // The row-parallel outputs are partial sums to reduce over tp, in place unless sequence
+  // parallelism reduce-scatters them (Note [Reduce in place]); with tp = 1 they are final.
+  float* attn_partial = tp_.sequence_parallel ? scratch_->full_c.data() : a.residual2;
+  float* mlp_partial = tp_.sequence_parallel ? scratch_->full_c.data() : a.residual3;
   // Row-parallel biases are added by tp rank 0 only, before the sum over tp.
   const bool add_row_bias = tp_.rank == 0;
   norm_gathered(a.ln1, a.ln1_mean, a.ln1_rstd, residual_in, w.ln1w, w.ln1b, B, T, C);

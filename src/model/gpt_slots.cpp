@@ -141,11 +141,12 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
     else recompute_[k] = floats(sizes[k]);
   }
   Scratch& a = *scratch_;
-  // Only tensor parallelism uses these: the partial sums before a tp reduction, and with
-  // sequence parallelism the collectives' staging and the gathered gradient (at GPT-2 1.5B,
-  // B 16 × 1024, 100 MB each that tp 1 would allocate and never touch).
-  if (tps > 1) a.full_c = floats(N * C);
-  if (tp_.sequence_parallel) a.stage = floats(N * C), a.dfull = floats(N * C);
+  // Only sequence parallelism uses these: the partial sums before a reduce-scatter (tp alone
+  // reduces in place, Note [Reduce in place] in src/model/gpt_tp.cpp), the collectives'
+  // staging and the gathered gradient (at GPT-2 1.5B, B 16 × 1024, 100 MB each).
+  if (tp_.sequence_parallel) {
+    a.full_c = floats(N * C), a.stage = floats(N * C), a.dfull = floats(N * C);
+  }
   a.dresidual = floats(Nr * C);
   if (bf16) {  // tp 1: no LayerNorm staging; the gradients between ops are bf16
     a.dresidual16 = halves(N * C);

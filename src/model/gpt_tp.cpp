@@ -39,15 +39,16 @@ void GPT::tp_wait(Work w) {
   tp_comm_ms_ += ms_since(t0);
 }
 
+// Note [Reduce in place]
+// Without sequence parallelism the sum over tp is an all-reduce of every row, so callers pass
+// out == partial (the partial products are written where the sum is wanted) and nothing is
+// copied back; a copy of N·C floats four times per block is what a separate buffer would cost.
+// With sequence parallelism the sum is a reduce-scatter into this rank's rows, out != partial.
 void GPT::reduce_rows(float* out, float* partial, int B, int T, int C) {
   const size_t N = size_t(B) * T;
-  if (tp_.size == 1) {
-    be_.copy(out, partial, N * C * sizeof(float));
-    return;
-  }
   if (!tp_.sequence_parallel) {
-    tp_wait(tp_.comm->all_reduce(partial, N * C));
-    be_.copy(out, partial, N * C * sizeof(float));
+    if (tp_.size > 1) tp_wait(tp_.comm->all_reduce(partial, N * C));
+    if (out != partial) be_.copy(out, partial, N * C * sizeof(float));
     return;
   }
   const int tps = tp_.size, Tl = T / tps;
@@ -110,8 +111,8 @@ void GPT::norm_gathered_backward(float* dinp, float* dw, float* db, float* dout_
   }
   // The backward of "identity forward": the column-parallel linears each produced a partial
   // input gradient; sum them over tp (reduce-scatter to this rank's rows with sequence
-  // parallelism).
-  float* dout = scratch_->ln_out.data();
+  // parallelism; Note [Reduce in place] without).
+  float* dout = tp_.sequence_parallel ? scratch_->ln_out.data() : dout_full_partial;
   reduce_rows(dout, dout_full_partial, B, T, C);
   if (!tp_.sequence_parallel) {
     // Every rank normalised the same rows: the weight gradients are already identical.

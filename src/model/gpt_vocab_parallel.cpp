@@ -28,8 +28,8 @@ void GPT::embedding_forward(float* out, const int32_t* tokens, int B, int T) {
     return;
   }
   // Each rank adds its own vocabulary's rows (zeros elsewhere) and rank 0 the positions; the
-  // sum over tp (reduced to this rank's rows) is the embedding.
-  float* partial = scratch_->full_c.data();
+  // sum over tp (reduced to this rank's rows) is the embedding (Note [Reduce in place]).
+  float* partial = tp_.sequence_parallel ? scratch_->full_c.data() : out;
   be_.embedding_slice_forward(partial, tokens, wte, tp_.rank == 0 ? wpe : nullptr, vocab_begin(),
                               vocab_end(), B, T, C);
   reduce_rows(out, partial, B, T, C);

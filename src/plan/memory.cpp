@@ -133,9 +133,9 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
     double scratch = 0;
     for (int k = 0; k < kBuffers; ++k)
       if (!kept[k] || (k == 12 && l.recompute == "full")) scratch += bytes(k);
-    // GPT's Scratch (gpt_slots.cpp), fp32 unless said: full_c with tp > 1; stage and dfull
-    // with sequence parallelism; dresidual; the attention scratch; the LayerNorm partials.
-    const double tp_bufs = (l.tp > 1 ? 1 : 0) + (l.tp > 1 && l.sequence_parallel ? 2 : 0);
+    // GPT's Scratch (gpt_slots.cpp), fp32 unless said: full_c, stage and dfull with sequence
+    // parallelism; dresidual; the attention scratch; the LayerNorm partials.
+    const double tp_bufs = l.tp > 1 && l.sequence_parallel ? 3 : 0;
     scratch += 4 * (tp_bufs * N * C + Nr * C + att_scratch + (2.0 * stage.num_layers + 1) * 2 * C);
     if (fp32)  // ln_out, dbuf_c, dbuf_c2, dbuf_3c, dbuf_4c, dbuf_4c2
       scratch += 4 * (2 * Nr * C + N * C + N * 3 * Cl + 2 * N * 4 * Cl);

@@ -268,22 +268,31 @@ TEST(GradReducer, ReadyOrderCheckNamesTheBucketThatHeldTheOthersBack) {
   }
 }
 
-// A host communicator that hands out numbered compute marks and logs the ordering calls, as a
-// device communicator sees them (Note [Gradient-ready events]).
+// A host communicator whose marks, as a device communicator's (Note [Gradient-ready events]),
+// hold the position the test set when they were last recorded, and which logs the ordering
+// calls and counts the marks made and recorded (Note [Marks made once]).
 class MarkingComm : public MpiComm {
  public:
   using MpiComm::MpiComm;
   struct Mark : ComputeMark {
-    explicit Mark(int s) : seq(s) {}
+    Mark(int s, bool t) : seq(s), timed(t) {}
     int seq;
+    bool timed;  // timed marks keep the seq they were made with (DeviceTimedComm)
   };
-  std::shared_ptr<const ComputeMark> mark_compute_ready() override {  // compute thread
+  std::shared_ptr<ComputeMark> new_mark(bool timed) override {  // compute thread
     std::lock_guard lock(mutex_);
-    return std::make_shared<Mark>(next_seq_++);
+    ++made_;
+    return std::make_shared<Mark>(-1, timed);
+  }
+  void record_mark(ComputeMark& mark) override {  // compute thread
+    std::lock_guard lock(mutex_);
+    ++recorded_;
+    auto& m = static_cast<Mark&>(mark);
+    if (!m.timed) m.seq = position;
   }
   void order_after(const ComputeMark* mark) override {  // communication thread
     std::lock_guard lock(mutex_);
-    ordered_after_.push_back(mark ? static_cast<const Mark*>(mark)->seq : -1);
+    ordered_after_.push_back(mark ? static_cast<const Mark*>(mark)->seq : -2);
   }
   void compute_waits_for_comm() override { ++compute_waits_; }
   std::vector<int> ordered_after() {
@@ -292,10 +301,21 @@ class MarkingComm : public MpiComm {
   }
   int compute_waits() const { return compute_waits_; }
   void reset_compute_waits() { compute_waits_ = 0; }
+  int made() {
+    std::lock_guard lock(mutex_);
+    return made_;
+  }
+  int recorded() {
+    std::lock_guard lock(mutex_);
+    return recorded_;
+  }
+  std::atomic<int> position{0};  // set by the test before each grad_ready
+
+ protected:
+  std::mutex mutex_;
 
  private:
-  std::mutex mutex_;
-  int next_seq_ = 0;
+  int made_ = 0, recorded_ = 0;
   std::vector<int> ordered_after_;
   std::atomic<int> compute_waits_{0};
 };
@@ -308,8 +328,9 @@ class MarkingComm : public MpiComm {
 class DeviceTimedComm : public MarkingComm {
  public:
   using MarkingComm::MarkingComm;
-  std::shared_ptr<const ComputeMark> mark_compute_time() override {  // compute thread
-    return std::make_shared<Mark>(timed_marks_++ == 0 ? 0 : 12);     // origin, then the end
+  std::shared_ptr<ComputeMark> new_mark(bool timed) override {  // compute thread
+    if (!timed) return MarkingComm::new_mark(false);
+    return std::make_shared<Mark>(timed_marks_++ == 0 ? 0 : 12, true);  // origin, then the end
   }
   bool device_span(const Work&, const ComputeMark& origin, double* start_ms,
                    double* end_ms) override {
@@ -365,41 +386,55 @@ TEST(GradReducer, EachBucketWaitsForItsLastReadyMark) {
     SCOPED_TRACE(l.name);
     auto grads = initial;
     std::vector<float> extra(5, 1.0f);
+    const int made_before = comm.made();
     GradReducer reducer(comm, grads.data(), params, options(l, true));
-    // A no-reduce micro-batch takes no marks and orders nothing.
+    const size_t n = reducer.buckets().size();
+    // A no-reduce micro-batch records no marks and orders nothing.
+    const int recorded_before = comm.recorded();
     reducer.begin_step(false);
     for (size_t i = 0; i < params.size(); ++i) reducer.grad_ready(static_cast<int>(i));
     reducer.finish();
     EXPECT_EQ(comm.compute_waits(), 0);
+    EXPECT_EQ(comm.recorded(), recorded_before);
 
-    std::vector<int> order(params.size());
-    std::iota(order.begin(), order.end(), 0);
-    std::mt19937 rng(7 + comm.rank());
-    std::shuffle(order.begin(), order.end(), rng);
-    const size_t before = comm.ordered_after().size();
-    reducer.begin_step(true);
-    std::vector<int> seq_of_param(params.size());
-    for (size_t k = 0; k < order.size(); ++k) {
-      reducer.grad_ready(order[k]);
-      seq_of_param[static_cast<size_t>(order[k])] = static_cast<int>(k);
-    }
-    reducer.add_extra(extra.data(), extra.size(), "extra");
-    reducer.finish();
-    EXPECT_TRUE(bitwise_equal(grads, reference_sum(initial, comm)));
-    EXPECT_EQ(comm.compute_waits(), 1);
-    comm.reset_compute_waits();
+    for (int step = 0; step < 2; ++step) {
+      std::vector<int> order(params.size());
+      std::iota(order.begin(), order.end(), 0);
+      std::mt19937 rng(7 + comm.rank() + step);
+      std::shuffle(order.begin(), order.end(), rng);
+      const size_t before = comm.ordered_after().size();
+      const int recorded_at_begin = comm.recorded();
+      grads = initial;
+      reducer.begin_step(true);
+      std::vector<int> seq_of_param(params.size());
+      for (size_t k = 0; k < order.size(); ++k) {
+        comm.position = static_cast<int>(k);
+        reducer.grad_ready(order[k]);
+        seq_of_param[static_cast<size_t>(order[k])] = static_cast<int>(k);
+      }
+      comm.position = 1000;
+      reducer.add_extra(extra.data(), extra.size(), "extra");
+      reducer.finish();
+      EXPECT_TRUE(bitwise_equal(grads, reference_sum(initial, comm)));
+      EXPECT_EQ(comm.compute_waits(), 1);
+      comm.reset_compute_waits();
+      // Note [Marks made once]: one record per bucket (its completing grad_ready), one for the
+      // extra and the step's timed origin and end of backward, none for the other parameters;
+      // no mark made after the first step.
+      EXPECT_EQ(comm.recorded() - recorded_at_begin, static_cast<int>(n) + 3) << "step " << step;
+      if (step == 1) EXPECT_EQ(comm.made() - made_before, static_cast<int>(n) + 4);
 
-    const auto log = comm.ordered_after();
-    const std::vector<int> got(log.begin() + static_cast<std::ptrdiff_t>(before), log.end());
-    ASSERT_EQ(got.size(), reducer.buckets().size() + 1);
-    // Marks are numbered across steps: this step's first is the extra's minus params.size().
-    const int seq_base = got.back() - static_cast<int>(params.size());
-    for (size_t b = 0; b < reducer.buckets().size(); ++b) {
-      const Bucket& bucket = reducer.buckets()[b];
-      int last = -1;
-      for (size_t i = bucket.first_param; i < bucket.first_param + bucket.num_params; ++i)
-        last = std::max(last, seq_of_param[i]);
-      EXPECT_EQ(got[b] - seq_base, last) << "bucket " << b;
+      const auto log = comm.ordered_after();
+      const std::vector<int> got(log.begin() + static_cast<std::ptrdiff_t>(before), log.end());
+      ASSERT_EQ(got.size(), n + 1);
+      EXPECT_EQ(got.back(), 1000) << "the extra waits for its own mark";
+      for (size_t b = 0; b < n; ++b) {
+        const Bucket& bucket = reducer.buckets()[b];
+        int last = -1;
+        for (size_t i = bucket.first_param; i < bucket.first_param + bucket.num_params; ++i)
+          last = std::max(last, seq_of_param[i]);
+        EXPECT_EQ(got[b], last) << "bucket " << b << ", step " << step;
+      }
     }
   }
 }

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -232,18 +233,29 @@ class CudaBackend final : public Backend {
     const size_t n = std::max<size_t>(bytes, 256);
     check_malloc(cudaMalloc(&p, n), n, "more", device_name_);
     TRIDENT_CUDA(cudaMemsetAsync(p, 0, n, stream_));
+    blocks_[reinterpret_cast<uintptr_t>(p)] = n;
     return p;
   }
-  void release(void* p) noexcept override { cudaFree(p); }
+  void release(void* p) noexcept override {
+    blocks_.erase(reinterpret_cast<uintptr_t>(p));
+    cudaFree(p);
+  }
+  // Note [Copies to the host wait]
+  // Note [Backend memory] promises a copy to host memory has completed on return. The runtime
+  // waits by itself for pageable memory, not for pinned memory, so every destination outside
+  // this backend's own allocations is waited for. The backend knows its blocks (a lookup in a
+  // map, no driver call per copy); device memory from elsewhere is only waited for needlessly.
   void copy(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0 || dst == src) return;
     TRIDENT_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
-    // Note [Backend memory] promises a copy to host memory has completed on return. The
-    // runtime waits by itself for pageable memory, not for pinned memory: wait for any host
-    // destination, so the promise does not depend on how the caller's buffer was allocated.
-    cudaPointerAttributes where{};
-    TRIDENT_CUDA(cudaPointerGetAttributes(&where, dst));
-    if (where.type != cudaMemoryTypeDevice && where.type != cudaMemoryTypeManaged) synchronize();
+    if (!owns(dst)) synchronize();
+  }
+  bool owns(const void* p) const {
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    auto it = blocks_.upper_bound(a);
+    if (it == blocks_.begin()) return false;
+    --it;
+    return a < it->first + it->second;
   }
   void fill_zero(void* p, size_t bytes) override {
     if (bytes > 0) TRIDENT_CUDA(cudaMemsetAsync(p, 0, bytes, stream_));
@@ -748,6 +760,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::CudnnAttention> cudnn_attention_;
   Scratch stage_a_, stage_b_, stage_c_, stage_d_, stage_w_, reduce_scratch_, norm_scratch_;
   double* host_double_ = nullptr;
+  std::map<uintptr_t, size_t> blocks_;  // allocate()'s blocks: start → bytes
   bool timing_ = false;
   EventPool events_;
   SpanTimer op_times_{events_}, layer_times_{events_}, cast_times_{events_};

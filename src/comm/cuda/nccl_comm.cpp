@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 #include <nvtx3/nvToolsExt.h>
 
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -69,6 +70,7 @@ class EventMark final : public ComputeMark {
 
 class NcclWork final : public Work::Impl {
  public:
+  // `began`: null unless profiling; `done`: from the communicator's pool unless profiling.
   NcclWork(NcclComm* comm, const char* op, size_t bytes, cudaEvent_t began, cudaEvent_t done,
            CommClock::time_point start)
       : comm_(comm), began_(began), done_(done) {
@@ -77,8 +79,12 @@ class NcclWork final : public Work::Impl {
     record_.start = start;
   }
   ~NcclWork() override {
-    cudaEventDestroy(began_);
-    cudaEventDestroy(done_);
+    if (began_) {
+      cudaEventDestroy(began_);
+      cudaEventDestroy(done_);
+    } else {
+      comm_->give_event(done_);
+    }
   }
   NcclWork(const NcclWork&) = delete;
   NcclWork& operator=(const NcclWork&) = delete;
@@ -114,7 +120,8 @@ class NcclWork final : public Work::Impl {
   }
 
   const OpRecord& record() const override { return record_; }
-  // Note [Device time of an operation]: both events are on the communication stream, timed.
+  // Note [Device time of an operation]: both events are on the communication stream, timed
+  // (profiling only; otherwise began() is null).
   cudaEvent_t began() const { return began_; }
   cudaEvent_t done() const { return done_; }
   bool complete() const { return complete_; }
@@ -197,6 +204,7 @@ NcclComm::~NcclComm() {
   }
   if (staging_) cudaFreeAsync(staging_, stream_);
   if (comm_done_) cudaEventDestroy(comm_done_);
+  for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
   if (stream_ && !options_.on_compute_stream) cudaStreamDestroy(stream_);
 }
 
@@ -273,29 +281,56 @@ Work NcclComm::launch(const char* op, size_t bytes, std::string_view label, Enqu
                                op, name_, rank_, size_));
   bind_device();
   const auto start = CommClock::now();
-  cudaEvent_t began = nullptr, done = nullptr;  // timed: Note [Device time of an operation]
-  {
+  // Named and timed only when profiling (NcclCommOptions::profile): a step formats no string.
+  std::optional<NvtxRange> range;
+  if (options_.profile) {
     const double mb = static_cast<double>(bytes) / 1e6;
-    NvtxRange range(label.empty() ? fmt::format("{} ({:.1f} MB)", op, mb)
-                                  : fmt::format("{} {} ({:.1f} MB)", op, label, mb));
-    try {
+    range.emplace(label.empty() ? fmt::format("{} ({:.1f} MB)", op, mb)
+                                : fmt::format("{} {} ({:.1f} MB)", op, label, mb));
+  }
+  cudaEvent_t began = nullptr, done = nullptr;  // timed: Note [Device time of an operation]
+  try {
+    if (options_.profile) {
       TRIDENT_CUDA(cudaEventCreate(&began));
       TRIDENT_CUDA(cudaEventRecord(began, stream_));
-      enqueue();
-      wait_while_in_progress(op);
-      TRIDENT_CUDA(cudaEventCreate(&done));
-      TRIDENT_CUDA(cudaEventRecord(done, stream_));
-    } catch (const Error& e) {
-      // A half-enqueued operation leaves the peers waiting: abort, so nothing hangs here.
-      if (began) cudaEventDestroy(began);
-      if (done) cudaEventDestroy(done);
-      abort();
-      throw Error(fmt::format("{} on NCCL communicator '{}' (rank {} of {}): {}", op, name_, rank_,
-                              size_, e.what()),
-                  e.code());
     }
+    enqueue();
+    wait_while_in_progress(op);
+    if (options_.profile) TRIDENT_CUDA(cudaEventCreate(&done));
+    else done = take_event();
+    TRIDENT_CUDA(cudaEventRecord(done, stream_));
+  } catch (const Error& e) {
+    // A half-enqueued operation leaves the peers waiting: abort, so nothing hangs here.
+    if (began) cudaEventDestroy(began);
+    if (done && began) cudaEventDestroy(done);
+    else if (done) give_event(done);
+    abort();
+    throw Error(fmt::format("{} on NCCL communicator '{}' (rank {} of {}): {}", op, name_, rank_,
+                            size_, e.what()),
+                e.code());
   }
   return Work(std::make_unique<NcclWork>(this, op, bytes, began, done, start));
+}
+
+cudaEvent_t NcclComm::take_event() {
+  {
+    std::lock_guard lock(events_mutex_);
+    if (!free_events_.empty()) {
+      cudaEvent_t e = free_events_.back();
+      free_events_.pop_back();
+      return e;
+    }
+  }
+  cudaEvent_t e = nullptr;
+  TRIDENT_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return e;
+}
+
+// Recording a pooled event again is safe even if its operation is still pending: a later
+// query sees the new record, and the Work that polled the old one is gone.
+void NcclComm::give_event(cudaEvent_t event) noexcept {
+  std::lock_guard lock(events_mutex_);
+  free_events_.push_back(event);
 }
 
 Work NcclComm::start_all_reduce(void* data, size_t count, ElemType type) {
@@ -312,8 +347,9 @@ Work NcclComm::start_all_reduce_op(void* data, size_t count, ElemType type, Redu
   const size_t bytes = count * elem_bytes(type);
   if (options_.grad_bf16 && type == ElemType::kFloat32) {
     auto* x = static_cast<float*>(data);
-    // Sum in bf16, widened back into x.
-    const std::string bf16_label = fmt::format("{}{}bf16", label, label.empty() ? "" : " ");
+    // Sum in bf16, widened back into x. (The label is formatted only for a profiler.)
+    const std::string bf16_label =
+        options_.profile ? fmt::format("{}{}bf16", label, label.empty() ? "" : " ") : "";
     return launch("all_reduce", bytes, bf16_label, [&] {
       auto* wire = static_cast<cuda::bf16*>(staging(count * sizeof(cuda::bf16)));
       cuda::cast_f32_to_bf16_cuda(wire, x, count, stream_);
@@ -376,13 +412,23 @@ Work NcclComm::start_recv(void* data, size_t count, ElemType type, int src, int 
 
 // ---- ordering with the compute stream: Note [Gradient-ready events] ----
 
-// Called on the compute thread: touches only compute_stream_ and a new event.
-std::shared_ptr<const ComputeMark> NcclComm::mark_compute_ready() {
+// Called on the compute thread (Note [Marks made once] in src/comm/grad_reducer.cpp).
+std::shared_ptr<ComputeMark> NcclComm::new_mark(bool timed) {
+  if (timed && !options_.profile) return nullptr;  // Note [Device time of an operation]
   bind_device();
   auto mark = std::make_shared<EventMark>();
-  TRIDENT_CUDA(cudaEventCreateWithFlags(&mark->event, cudaEventDisableTiming));
-  TRIDENT_CUDA(cudaEventRecord(mark->event, compute_stream_));
+  TRIDENT_CUDA(cudaEventCreateWithFlags(&mark->event, timed ? 0u : cudaEventDisableTiming));
   return mark;
+}
+
+// Called on the compute thread: touches only compute_stream_ and the mark's event.
+void NcclComm::record_mark(ComputeMark& mark) {
+  auto* event_mark = dynamic_cast<EventMark*>(&mark);
+  TRIDENT_CHECK(event_mark != nullptr,
+                "NcclComm '{}': record_mark with a mark made by another kind of communicator",
+                name_);
+  bind_device();
+  TRIDENT_CUDA(cudaEventRecord(event_mark->event, compute_stream_));
 }
 
 void NcclComm::order_after(const ComputeMark* mark) {
@@ -397,15 +443,6 @@ void NcclComm::order_after(const ComputeMark* mark) {
 }
 
 // ---- device time: Note [Device time of an operation] ----
-
-// Called on the compute thread, as mark_compute_ready, but with a timed event.
-std::shared_ptr<const ComputeMark> NcclComm::mark_compute_time() {
-  bind_device();
-  auto mark = std::make_shared<EventMark>();
-  TRIDENT_CUDA(cudaEventCreate(&mark->event));
-  TRIDENT_CUDA(cudaEventRecord(mark->event, compute_stream_));
-  return mark;
-}
 
 // cudaEventElapsedTime of two recorded, completed, timed events; false if either is not yet
 // complete (then the caller keeps host times).
@@ -425,7 +462,7 @@ bool NcclComm::device_span(const Work& w, const ComputeMark& origin, double* sta
                            double* end_ms) {
   const auto* work = dynamic_cast<const NcclWork*>(w.impl());
   const auto* mark = dynamic_cast<const EventMark*>(&origin);
-  if (!work || !mark || !work->complete()) return false;
+  if (!work || !mark || !work->began() || !work->complete()) return false;
   bind_device();
   return elapsed_ms(mark->event, work->began(), start_ms) &&
          elapsed_ms(mark->event, work->done(), end_ms);
