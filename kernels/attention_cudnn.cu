@@ -541,7 +541,12 @@ struct CudnnAttention::Impl {
       uids.push_back(kDsum);
       ptrs.push_back(static_cast<char*>(ws) + p.dsum_offset());
     }
-    if (p.full_bytes > 0) {  // written by the graph's matmuls, then reduced
+    if (p.full_bytes > 0) {  // the graph's matmuls write them, its reductions read them
+      // Zeroed like the dQ accumulator (cheap: two tensors of dQ's size), in case an engine
+      // accumulates into them tile by tile.
+      char* full = static_cast<char*>(ws) + p.dk_full_offset();
+      const size_t full_span = size_t(p.dv_full_offset() - p.dk_full_offset() + p.full_bytes);
+      TRIDENT_CUDA(cudaMemsetAsync(full, 0, full_span, stream));
       uids.push_back(kdKFull);
       ptrs.push_back(static_cast<char*>(ws) + p.dk_full_offset());
       uids.push_back(kdVFull);
