@@ -349,11 +349,11 @@ __global__ void __launch_bounds__(kThreads)
   const BwdTiles<HS, TILE> s(smem);
   const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
   const int qt = int(gridDim.x) - 1 - int(blockIdx.x);
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH, kv = h / (NH / KVH);
+  const int bh = blockIdx.y, b = bh / NH, h = bh % NH, kv_head = h / (NH / KVH);
   const int q0 = qt * TILE;
   const size_t C = size_t(NH) * HS, stride = size_t(NH + 2 * KVH) * HS;
   const float* q_base = qkv + size_t(b) * T * stride + size_t(h) * HS;
-  const float* k_base = qkv + size_t(b) * T * stride + size_t(NH + kv) * HS;
+  const float* k_base = qkv + size_t(b) * T * stride + size_t(NH + kv_head) * HS;
   const float* v_base = k_base + size_t(KVH) * HS;
   const float* do_base = dout + size_t(b) * T * C + size_t(h) * HS;
 
