@@ -15,6 +15,10 @@
 //             dropout scale's inverse would); P = exp(mask(scale·Q·Kᵀ) − Stats); dV = Pᵀ·dO;
 //             dS = scale · P ⊙ (dO·Vᵀ − Dsum); dK = dSᵀ·Q; dQ = dS·K (through an fp32
 //             accumulator in the workspace, zeroed before each run, then cast).
+// Grouped-query attention (KVH < NH key/value heads) is the same graph with K and V described
+// as [B, KVH, ...]: the matmuls broadcast a kv head over its NH/KVH query heads. Backward then
+// writes dK and dV per query head into fp32 tensors [B, NH, T, HS] in the workspace, and a
+// reduction node adds each group into the [B, KVH, T, HS] dK, dV, as cuDNN's frontend does.
 // Kᵀ, Vᵀ, Pᵀ and dSᵀ are strided views (a transpose is a stride swap, or a reshape node for
 // virtual tensors), so the packed [B,T,3,NH,HS] qkv buffer is used in place.
 //
@@ -207,7 +211,9 @@ enum Uid : int64_t {
   kdK,
   kdV,
   kdQAccum,
-  kDsum
+  kDsum,
+  kdKFull,
+  kdVFull
 };
 
 int64_t align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
@@ -219,12 +225,18 @@ struct Plan {
   int64_t workspace = 0;       // cuDNN's own
   int64_t dq_accum_bytes = 0;  // backward: the fp32 dQ accumulator placed after it
   int64_t dsum_bytes = 0;      // backward: the fp32 row sums Σ dO⊙O, after the accumulator
+  int64_t full_bytes = 0;      // backward with KVH < NH: each of the per-query-head fp32 dK, dV
   bool uses_one = false;       // backward: binds the ·1 scalar (kOne)
   std::string variant;         // backward: which of kBackwardVariants was planned
-  // The workspace's layout: cuDNN's part, the accumulator, the row sums, each 256-aligned.
+  // The workspace's layout: cuDNN's part, the accumulator, the row sums, then (KVH < NH) the
+  // per-query-head dK and dV, each 256-aligned.
   int64_t accum_offset() const { return align_up(workspace, 256); }
   int64_t dsum_offset() const { return accum_offset() + align_up(dq_accum_bytes, 256); }
-  int64_t workspace_bytes() const { return dsum_offset() + dsum_bytes; }
+  int64_t dk_full_offset() const { return dsum_offset() + align_up(dsum_bytes, 256); }
+  int64_t dv_full_offset() const { return dk_full_offset() + align_up(full_bytes, 256); }
+  int64_t workspace_bytes() const {
+    return full_bytes > 0 ? dv_full_offset() + full_bytes : dsum_offset() + dsum_bytes;
+  }
 };
 
 // Tries the heuristics' engine configs in order; the first that finalizes becomes the plan.
@@ -267,12 +279,18 @@ void choose_plan(Plan& p, cudnnHandle_t handle, cudnnBackendDescriptor_t graph) 
   throw Error("no cuDNN execution plan:" + reasons, ExitCode::kInternal);
 }
 
+// qkv rows are q | k | v of (NH + 2·KVH)·HS values (3C when KVH = NH); o, dO rows C = NH·HS.
 struct Shape {
-  int64_t B, T, C, NH, HS;
-  Dims qkv_dims() const { return {B, NH, T, HS}; }
-  Dims qkv_strides() const { return {T * 3 * C, HS, 3 * C, 1}; }    // q, k, v and dq, dk, dv
-  Dims qkv_t_strides() const { return {T * 3 * C, HS, 1, 3 * C}; }  // kᵀ, vᵀ: [B,NH,HS,T]
-  Dims out_strides() const { return {T * C, HS, C, 1}; }            // o, do
+  int64_t B, T, NH, KVH, HS;
+  int64_t C() const { return NH * HS; }
+  int64_t row() const { return (NH + 2 * KVH) * HS; }
+  bool grouped() const { return KVH != NH; }
+  Dims qkv_dims() const { return {B, NH, T, HS}; }  // q, dq (and o, dO with out_strides)
+  Dims qkv_strides() const { return {T * row(), HS, row(), 1}; }
+  Dims kv_dims() const { return {B, KVH, T, HS}; }  // k, v, dk, dv: qkv_strides
+  Dims kv_t_dims() const { return {B, KVH, HS, T}; }
+  Dims qkv_t_strides() const { return {T * row(), HS, 1, row()}; }  // kᵀ, vᵀ
+  Dims out_strides() const { return {T * C(), HS, C(), 1}; }        // o, do
   Dims scores() const { return {B, NH, T, T}; }
   Dims rows() const { return {B, NH, T, 1}; }
 };
@@ -300,8 +318,8 @@ cudnnBackendDescriptor_t masked_scores(GraphBuilder& g, const Shape& s, cudnnBac
 void build_forward(Plan& p, cudnnHandle_t handle, const Shape& s) {
   GraphBuilder g(p.descs);
   auto q = g.tensor(kQ, CUDNN_DATA_BFLOAT16, s.qkv_dims(), s.qkv_strides());
-  auto kt = g.tensor(kK, CUDNN_DATA_BFLOAT16, {s.B, s.NH, s.HS, s.T}, s.qkv_t_strides());
-  auto v = g.tensor(kV, CUDNN_DATA_BFLOAT16, s.qkv_dims(), s.qkv_strides());
+  auto kt = g.tensor(kK, CUDNN_DATA_BFLOAT16, s.kv_t_dims(), s.qkv_t_strides());
+  auto v = g.tensor(kV, CUDNN_DATA_BFLOAT16, s.kv_dims(), s.qkv_strides());
   auto o = g.tensor(kO, CUDNN_DATA_BFLOAT16, s.qkv_dims(), s.out_strides());
   auto stats = g.tensor(kStats, CUDNN_DATA_FLOAT, s.rows(), packed_strides(s.rows()));
   auto scale = g.scalar(kScale);
@@ -350,14 +368,22 @@ void build_backward(Plan& p, cudnnHandle_t handle, const Shape& s, const Backwar
   GraphBuilder g(p.descs);
   p.variant = v.name;
   auto q = g.tensor(kQ, CUDNN_DATA_BFLOAT16, s.qkv_dims(), s.qkv_strides());
-  auto kt = g.tensor(kK, CUDNN_DATA_BFLOAT16, {s.B, s.NH, s.HS, s.T}, s.qkv_t_strides());
-  auto vt = g.tensor(kV, CUDNN_DATA_BFLOAT16, {s.B, s.NH, s.HS, s.T}, s.qkv_t_strides());
+  auto kt = g.tensor(kK, CUDNN_DATA_BFLOAT16, s.kv_t_dims(), s.qkv_t_strides());
+  auto vt = g.tensor(kV, CUDNN_DATA_BFLOAT16, s.kv_t_dims(), s.qkv_t_strides());
   auto o = g.tensor(kO, CUDNN_DATA_BFLOAT16, s.qkv_dims(), s.out_strides());
   auto dout = g.tensor(kdO, CUDNN_DATA_BFLOAT16, s.qkv_dims(), s.out_strides());
   auto stats = g.tensor(kStats, CUDNN_DATA_FLOAT, s.rows(), packed_strides(s.rows()));
   auto dq = g.tensor(kdQ, CUDNN_DATA_BFLOAT16, s.qkv_dims(), s.qkv_strides());
-  auto dk = g.tensor(kdK, CUDNN_DATA_BFLOAT16, s.qkv_dims(), s.qkv_strides());
-  auto dv = g.tensor(kdV, CUDNN_DATA_BFLOAT16, s.qkv_dims(), s.qkv_strides());
+  auto dk = g.tensor(kdK, CUDNN_DATA_BFLOAT16, s.kv_dims(), s.qkv_strides());
+  auto dv = g.tensor(kdV, CUDNN_DATA_BFLOAT16, s.kv_dims(), s.qkv_strides());
+  // KVH < NH: dK and dV per query head (fp32, workspace), then summed over each group.
+  cudnnBackendDescriptor_t dk_full = dk, dv_full = dv;
+  if (s.grouped()) {
+    const Dims packed = packed_strides(s.qkv_dims());
+    dk_full = g.tensor(kdKFull, CUDNN_DATA_FLOAT, s.qkv_dims(), packed);
+    dv_full = g.tensor(kdVFull, CUDNN_DATA_FLOAT, s.qkv_dims(), packed);
+    p.full_bytes = s.B * s.NH * s.T * s.HS * int64_t(sizeof(float));
+  }
   auto scale = g.scalar(kScale);
   auto mask_value = g.scalar(kMaskValue);
   cudnnBackendDescriptor_t one = nullptr;
@@ -394,7 +420,8 @@ void build_backward(Plan& p, cudnnHandle_t handle, const Shape& s, const Backwar
   auto probs = g.pointwise_new(CUDNN_POINTWISE_EXP, shifted, nullptr, CUDNN_DATA_FLOAT, s.scores());
   auto probs_t = g.virt(CUDNN_DATA_BFLOAT16, s.scores(), transposed_scores_strides);
   g.reshape(probs, probs_t);
-  g.matmul(probs_t, dout, dv);
+  g.matmul(probs_t, dout, dv_full);
+  if (s.grouped()) g.reduction(CUDNN_REDUCE_TENSOR_ADD, dv_full, dv);
 
   // dS = scale · P ⊙ (dO·Vᵀ − Dsum); dK = dSᵀ·Q
   auto dp = g.virt(CUDNN_DATA_FLOAT, s.scores());
@@ -406,10 +433,11 @@ void build_backward(Plan& p, cudnnHandle_t handle, const Shape& s, const Backwar
   auto ds = g.pointwise_new(CUDNN_POINTWISE_MUL, ds0, scale, CUDNN_DATA_FLOAT, s.scores());
   auto ds_t = g.virt(CUDNN_DATA_BFLOAT16, s.scores(), transposed_scores_strides);
   g.reshape(ds, ds_t);
-  g.matmul(ds_t, q, dk);
+  g.matmul(ds_t, q, dk_full);
+  if (s.grouped()) g.reduction(CUDNN_REDUCE_TENSOR_ADD, dk_full, dk);
 
   // dQ = dS·K, K being Kᵀ seen back through a reshape
-  auto k = g.virt(CUDNN_DATA_BFLOAT16, s.qkv_dims(), s.qkv_strides());
+  auto k = g.virt(CUDNN_DATA_BFLOAT16, s.kv_dims(), s.qkv_strides());
   g.reshape(kt, k);
   if (v.accumulator) {
     auto accum = g.tensor(
@@ -434,21 +462,21 @@ struct CudnnAttention::Impl {
     std::unique_ptr<Plan> forward, backward;
     std::string backward_refusals;  // the backward graphs tried before the planned one
   };
-  std::map<std::tuple<int, int, int, int>, Entry> plans;  // (B, T, C, NH)
+  std::map<std::tuple<int, int, int, int, int>, Entry> plans;  // (B, T, NH, KVH, HS)
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 
-  Entry& entry(int B, int T, int C, int NH) {
-    auto [it, inserted] = plans.try_emplace({B, T, C, NH});
+  Entry& entry(int B, int T, int NH, int KVH, int HS) {
+    auto [it, inserted] = plans.try_emplace({B, T, NH, KVH, HS});
     Entry& e = it->second;
     if (!inserted) return e;
-    if (B <= 0 || T <= 0 || NH <= 0 || C % NH != 0 || (C / NH) % 8 != 0) {
-      e.why = fmt::format("cuDNN SDPA graph not built: shape B={} T={} C={} "
-                          "NH={} needs a head size that is a multiple of 8",
-                          B, T, C, NH);
+    if (B <= 0 || T <= 0 || NH <= 0 || KVH <= 0 || NH % KVH != 0 || HS <= 0 || HS % 8 != 0) {
+      e.why = fmt::format("cuDNN SDPA graph not built: shape B={} T={} NH={} KVH={} HS={} needs "
+                          "kv heads dividing the heads and a head size that is a multiple of 8",
+                          B, T, NH, KVH, HS);
       return e;
     }
-    const Shape s{B, T, C, NH, C / NH};
+    const Shape s{B, T, NH, KVH, HS};
     std::string step = "forward";
     try {
       e.forward = std::make_unique<Plan>();
@@ -481,8 +509,8 @@ struct CudnnAttention::Impl {
     return e;
   }
 
-  Entry& require(int B, int T, int C, int NH) {
-    Entry& e = entry(B, T, C, NH);
+  Entry& require(int B, int T, int NH, int KVH, int HS) {
+    Entry& e = entry(B, T, NH, KVH, HS);
     TRIDENT_CHECK(e.ok, "{}", e.why);
     return e;
   }
@@ -513,6 +541,17 @@ struct CudnnAttention::Impl {
       uids.push_back(kDsum);
       ptrs.push_back(static_cast<char*>(ws) + p.dsum_offset());
     }
+    if (p.full_bytes > 0) {  // the graph's matmuls write them, its reductions read them
+      // Zeroed like the dQ accumulator (cheap: two tensors of dQ's size), in case an engine
+      // accumulates into them tile by tile.
+      char* full = static_cast<char*>(ws) + p.dk_full_offset();
+      const size_t full_span = size_t(p.dv_full_offset() - p.dk_full_offset() + p.full_bytes);
+      TRIDENT_CUDA(cudaMemsetAsync(full, 0, full_span, stream));
+      uids.push_back(kdKFull);
+      ptrs.push_back(static_cast<char*>(ws) + p.dk_full_offset());
+      uids.push_back(kdVFull);
+      ptrs.push_back(static_cast<char*>(ws) + p.dv_full_offset());
+    }
     Descriptors descs;
     cudnnBackendDescriptor_t pack = descs.make(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
     set(pack, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, int64_t(uids.size()),
@@ -533,51 +572,76 @@ CudnnAttention::~CudnnAttention() {
   if (impl_->workspace) cudaFree(impl_->workspace);
 }
 
-std::string CudnnAttention::backward_graph(int B, int T, int C, int NH) {
-  const Impl::Entry& e = impl_->entry(B, T, C, NH);
+std::string CudnnAttention::backward_graph_gqa(int B, int T, int NH, int KVH, int HS) {
+  const Impl::Entry& e = impl_->entry(B, T, NH, KVH, HS);
   if (!e.ok) return {};
   return e.backward_refusals.empty()
              ? e.backward->variant
              : e.backward->variant + " (refused before it: " + e.backward_refusals + ")";
 }
 
-bool CudnnAttention::supported(int B, int T, int C, int NH, std::string* why) {
-  const Impl::Entry& e = impl_->entry(B, T, C, NH);
+bool CudnnAttention::supported_gqa(int B, int T, int NH, int KVH, int HS, std::string* why) {
+  const Impl::Entry& e = impl_->entry(B, T, NH, KVH, HS);
   if (!e.ok && why) *why = e.why;
   return e.ok;
 }
 
+void CudnnAttention::forward_gqa(bf16* out, float* stats, const bf16* qkv, int B, int T, int NH,
+                                 int KVH, int HS, cudaStream_t stream) {
+  const Impl::Entry& e = impl_->require(B, T, NH, KVH, HS);
+  // By-value scalars are read from host memory when the call is enqueued.
+  float scale = 1.0f / std::sqrt(float(HS)), mask_value = std::numeric_limits<float>::lowest();
+  bf16* q = const_cast<bf16*>(qkv);
+  bf16* k = q + size_t(NH) * HS;
+  bf16* v = k + size_t(KVH) * HS;
+  impl_->execute(*e.forward, {kQ, kK, kV, kO, kStats, kScale, kMaskValue},
+                 {q, k, v, out, stats, &scale, &mask_value}, stream);
+}
+
+void CudnnAttention::backward_gqa(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
+                                  const float* stats, int B, int T, int NH, int KVH, int HS,
+                                  cudaStream_t stream) {
+  const Impl::Entry& e = impl_->require(B, T, NH, KVH, HS);
+  float scale = 1.0f / std::sqrt(float(HS)), mask_value = std::numeric_limits<float>::lowest(),
+        one = 1.0f;
+  const size_t k_at = size_t(NH) * HS, v_at = size_t(NH + KVH) * HS;
+  bf16* q = const_cast<bf16*>(qkv);
+  std::vector<int64_t> uids = {kQ, kK, kV, kO, kdO, kStats, kdQ, kdK, kdV, kScale, kMaskValue};
+  std::vector<void*> ptrs = {q,
+                             q + k_at,
+                             q + v_at,
+                             const_cast<bf16*>(out),
+                             const_cast<bf16*>(dout),
+                             const_cast<float*>(stats),
+                             dqkv,
+                             dqkv + k_at,
+                             dqkv + v_at,
+                             &scale,
+                             &mask_value};
+  if (e.backward->uses_one) uids.push_back(kOne), ptrs.push_back(&one);
+  impl_->execute(*e.backward, std::move(uids), std::move(ptrs), stream);
+}
+
+// Multi-head attention: KVH = NH, HS = C/NH (a C that NH does not divide gets HS = 0, which
+// entry() refuses with its reason).
+std::string CudnnAttention::backward_graph(int B, int T, int C, int NH) {
+  return backward_graph_gqa(B, T, NH, NH, NH > 0 && C % NH == 0 ? C / NH : 0);
+}
+
+bool CudnnAttention::supported(int B, int T, int C, int NH, std::string* why) {
+  return supported_gqa(B, T, NH, NH, NH > 0 && C % NH == 0 ? C / NH : 0, why);
+}
+
 void CudnnAttention::forward(bf16* out, float* stats, const bf16* qkv, int B, int T, int C, int NH,
                              cudaStream_t stream) {
-  const Impl::Entry& e = impl_->require(B, T, C, NH);
-  // By-value scalars are read from host memory when the call is enqueued.
-  float scale = 1.0f / std::sqrt(float(C / NH)), mask_value = std::numeric_limits<float>::lowest();
-  bf16* q = const_cast<bf16*>(qkv);
-  impl_->execute(*e.forward, {kQ, kK, kV, kO, kStats, kScale, kMaskValue},
-                 {q, q + C, q + 2 * size_t(C), out, stats, &scale, &mask_value}, stream);
+  forward_gqa(out, stats, qkv, B, T, NH, NH, NH > 0 && C % NH == 0 ? C / NH : 0, stream);
 }
 
 void CudnnAttention::backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
                               const float* stats, int B, int T, int C, int NH,
                               cudaStream_t stream) {
-  const Impl::Entry& e = impl_->require(B, T, C, NH);
-  float scale = 1.0f / std::sqrt(float(C / NH)), mask_value = std::numeric_limits<float>::lowest(),
-        one = 1.0f;
-  bf16* q = const_cast<bf16*>(qkv);
-  std::vector<int64_t> uids = {kQ, kK, kV, kO, kdO, kStats, kdQ, kdK, kdV, kScale, kMaskValue};
-  std::vector<void*> ptrs = {q,
-                             q + C,
-                             q + 2 * size_t(C),
-                             const_cast<bf16*>(out),
-                             const_cast<bf16*>(dout),
-                             const_cast<float*>(stats),
-                             dqkv,
-                             dqkv + C,
-                             dqkv + 2 * size_t(C),
-                             &scale,
-                             &mask_value};
-  if (e.backward->uses_one) uids.push_back(kOne), ptrs.push_back(&one);
-  impl_->execute(*e.backward, std::move(uids), std::move(ptrs), stream);
+  backward_gqa(dqkv, dout, qkv, out, stats, B, T, NH, NH, NH > 0 && C % NH == 0 ? C / NH : 0,
+               stream);
 }
 
 }  // namespace trident::cuda

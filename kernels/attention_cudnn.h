@@ -32,6 +32,17 @@ class CudnnAttention {
   void backward(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out, const float* stats,
                 int B, int T, int C, int NH, cudaStream_t stream);
 
+  // Grouped-query attention, as the calls above with KVH key/value heads (NH % KVH == 0): qkv
+  // rows [(NH + 2·KVH)·HS] are q | k | v, query head h reads kv head h / (NH/KVH); out and dout
+  // [B,T,NH·HS]; dqkv's dK, dV are the sums over each kv head's query heads. KVH = NH and
+  // HS = C/NH are the calls above (the same plans).
+  bool supported_gqa(int B, int T, int NH, int KVH, int HS, std::string* why = nullptr);
+  std::string backward_graph_gqa(int B, int T, int NH, int KVH, int HS);
+  void forward_gqa(bf16* out, float* stats, const bf16* qkv, int B, int T, int NH, int KVH, int HS,
+                   cudaStream_t stream);
+  void backward_gqa(bf16* dqkv, const bf16* dout, const bf16* qkv, const bf16* out,
+                    const float* stats, int B, int T, int NH, int KVH, int HS, cudaStream_t stream);
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

@@ -1,5 +1,9 @@
 // Flash-style causal attention in fp32 (see attention_flash.h for the layout).
 //
+// Grouped-query attention (NH query heads, KVH key/value heads, query head h reading kv head
+// h / (NH/KVH)): qkv rows are q | k | v of (NH + 2·KVH)·HS floats; with KVH = NH this is the
+// [B,T,3C] multi-head layout.
+//
 // Every kernel works on square tiles of TILE queries × TILE keys of one (batch, head) pair,
 // staged in shared memory; nothing of size T×T is stored. 256 threads per block, arranged as
 // 16 × 16: thread (ty, tx) owns the RM = TILE/16 tile rows ty·RM + i and, of a score tile, the
@@ -12,7 +16,8 @@
 //
 // Backward, deterministic (no atomics, fixed summation order):
 //   D_i = Σ_d dO_id·O_id                                  (attention_rowdot_kernel)
-//   per key tile:   dV_j = Σ_i P_ij dO_i, dK_j = s·Σ_i dS_ij Q_i, looping over query tiles
+//   per key tile:   dV_j = Σ_i P_ij dO_i, dK_j = s·Σ_i dS_ij Q_i, looping over the query heads
+//                   that read the kv head (in head order) and, per head, over query tiles
 //   per query tile: dQ_i = s·Σ_j dS_ij K_j,               looping over key tiles
 // with P_ij = exp(s·q_i·k_j − lse_i), dS_ij = P_ij (dO_i·v_j − D_i). Both passes recompute P
 // and dS; that costs FLOPs but keeps each output written by exactly one thread.
@@ -76,7 +81,7 @@ constexpr size_t fwd_smem_floats() {
 // grid (query tiles, B·NH); the last query tiles (most key tiles) are scheduled first.
 template <int HS, int TILE>
 __global__ void __launch_bounds__(kThreads)
-    attention_fwd_kernel(float* out, float* lse, const float* qkv, int T, int C, int NH,
+    attention_fwd_kernel(float* out, float* lse, const float* qkv, int T, int NH, int KVH,
                          float scale_log2) {
   constexpr int LD = HS + 1, SLD = TILE + 1, RM = TILE / 16, CM = HS / 16;
   extern __shared__ float smem[];
@@ -91,10 +96,12 @@ __global__ void __launch_bounds__(kThreads)
   const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
   const int warp = tid / kWarp, lane = tid % kWarp;
   const int qt = int(gridDim.x) - 1 - int(blockIdx.x);
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int bh = blockIdx.y, b = bh / NH, h = bh % NH, kv = h / (NH / KVH);
   const int q0 = qt * TILE;
-  const size_t stride = 3 * size_t(C);
+  const size_t C = size_t(NH) * HS, stride = size_t(NH + 2 * KVH) * HS;
   const float* q_base = qkv + size_t(b) * T * stride + size_t(h) * HS;
+  const float* k_base = qkv + size_t(b) * T * stride + size_t(NH + kv) * HS;
+  const float* v_base = k_base + size_t(KVH) * HS;
 
   load_rows<HS, TILE>(Qs, q_base, stride, q0, T);
   if (tid < TILE) {
@@ -110,8 +117,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int kt = 0; kt <= qt; ++kt) {
     const int k0 = kt * TILE;
     __syncthreads();  // the previous tile's Ks, Vs, Ss are no longer read
-    load_rows<HS, TILE>(Ks, q_base + C, stride, k0, T);
-    load_rows<HS, TILE>(Vs, q_base + 2 * size_t(C), stride, k0, T);
+    load_rows<HS, TILE>(Ks, k_base, stride, k0, T);
+    load_rows<HS, TILE>(Vs, v_base, stride, k0, T);
     __syncthreads();
 
     float s[RM][RM];
@@ -228,9 +235,9 @@ struct BwdTiles {
 template <int HS, int TILE>
 __device__ void load_query_side(const BwdTiles<HS, TILE>& s, const float* q_base,
                                 const float* do_base, const float* lse_bh, const float* D_bh,
-                                int q0, int T, int C) {
-  load_rows<HS, TILE>(s.Qs, q_base, 3 * size_t(C), q0, T);
-  load_rows<HS, TILE>(s.dOs, do_base, size_t(C), q0, T);
+                                int q0, int T, size_t stride, size_t C) {
+  load_rows<HS, TILE>(s.Qs, q_base, stride, q0, T);
+  load_rows<HS, TILE>(s.dOs, do_base, C, q0, T);
   if (threadIdx.x < TILE) {
     const int query = q0 + threadIdx.x;
     s.lse2[threadIdx.x] = query < T ? lse_bh[query] * kLog2e : 0.0f;
@@ -258,67 +265,76 @@ __device__ void probs_and_dscores(const BwdTiles<HS, TILE>& s, int q0, int k0, i
     }
 }
 
-// grid (key tiles, B·NH); key tile kt visits query tiles kt..last (low kt = most work, first).
+// grid (key tiles, B·KVH); key tile kt of kv head kv visits, for each query head h of its group
+// in order, query tiles kt..last (low kt = most work, first). The group's sum stays in registers:
+// each dK, dV element is written once, by one thread, its terms added in a fixed order (heads
+// outer, as Note [Shared kv head gradients] in src/backend/attention.cpp has it on the CPU).
 template <int HS, int TILE>
 __global__ void __launch_bounds__(kThreads)
     attention_bwd_dkdv_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
-                              const float* D, int T, int C, int NH, float scale, float scale_log2) {
+                              const float* D, int T, int NH, int KVH, float scale,
+                              float scale_log2) {
   constexpr int LD = HS + 1, SLD = TILE + 1, RM = TILE / 16, CM = HS / 16;
   extern __shared__ float smem[];
   const BwdTiles<HS, TILE> s(smem);
   const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
   const int kt = blockIdx.x, n_tiles = gridDim.x;
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int bkv = blockIdx.y, b = bkv / KVH, kv = bkv % KVH, group = NH / KVH;
   const int k0 = kt * TILE;
-  const size_t stride = 3 * size_t(C);
-  const float* q_base = qkv + size_t(b) * T * stride + size_t(h) * HS;
-  const float* do_base = dout + size_t(b) * T * C + size_t(h) * HS;
+  const size_t C = size_t(NH) * HS, stride = size_t(NH + 2 * KVH) * HS;
+  const float* k_base = qkv + size_t(b) * T * stride + size_t(NH + kv) * HS;
+  const float* v_base = k_base + size_t(KVH) * HS;
 
-  load_rows<HS, TILE>(s.Ks, q_base + C, stride, k0, T);
-  load_rows<HS, TILE>(s.Vs, q_base + 2 * size_t(C), stride, k0, T);
+  load_rows<HS, TILE>(s.Ks, k_base, stride, k0, T);
+  load_rows<HS, TILE>(s.Vs, v_base, stride, k0, T);
   float dk[RM][CM], dv[RM][CM];  // rows: keys ty·RM+i
 #pragma unroll
   for (int i = 0; i < RM; ++i)
 #pragma unroll
     for (int k = 0; k < CM; ++k) dk[i][k] = dv[i][k] = 0.0f;
 
-  for (int qt = kt; qt < n_tiles; ++qt) {
-    const int q0 = qt * TILE;
-    __syncthreads();  // the previous query tile is no longer read
-    load_query_side<HS, TILE>(s, q_base, do_base, lse + size_t(bh) * T, D + size_t(bh) * T, q0, T,
-                              C);
-    __syncthreads();
-    probs_and_dscores<HS, TILE>(s, q0, k0, T, scale_log2, ty, tx);
-    __syncthreads();
+  for (int g = 0; g < group; ++g)
+    for (int qt = kt; qt < n_tiles; ++qt) {
+      const int h = kv * group + g, bh = b * NH + h;
+      const float* q_base = qkv + size_t(b) * T * stride + size_t(h) * HS;
+      const float* do_base = dout + size_t(b) * T * C + size_t(h) * HS;
+      const int q0 = qt * TILE;
+      __syncthreads();  // the previous query tile is no longer read
+      load_query_side<HS, TILE>(s, q_base, do_base, lse + size_t(bh) * T, D + size_t(bh) * T, q0, T,
+                                stride, C);
+      __syncthreads();
+      probs_and_dscores<HS, TILE>(s, q0, k0, T, scale_log2, ty, tx);
+      __syncthreads();
 #pragma unroll 4
-    for (int r = 0; r < TILE; ++r) {  // r: query row of the tile
-      float p[RM], ds[RM];
-#pragma unroll
-      for (int i = 0; i < RM; ++i) {
-        p[i] = s.Ps[r * SLD + ty * RM + i];
-        ds[i] = s.dSs[r * SLD + ty * RM + i];
-      }
-#pragma unroll
-      for (int k = 0; k < CM; ++k) {
-        const float dov = s.dOs[r * LD + tx + 16 * k], qv = s.Qs[r * LD + tx + 16 * k];
+      for (int r = 0; r < TILE; ++r) {  // r: query row of the tile
+        float p[RM], ds[RM];
 #pragma unroll
         for (int i = 0; i < RM; ++i) {
-          dv[i][k] = fmaf(p[i], dov, dv[i][k]);
-          dk[i][k] = fmaf(ds[i], qv, dk[i][k]);
+          p[i] = s.Ps[r * SLD + ty * RM + i];
+          ds[i] = s.dSs[r * SLD + ty * RM + i];
+        }
+#pragma unroll
+        for (int k = 0; k < CM; ++k) {
+          const float dov = s.dOs[r * LD + tx + 16 * k], qv = s.Qs[r * LD + tx + 16 * k];
+#pragma unroll
+          for (int i = 0; i < RM; ++i) {
+            dv[i][k] = fmaf(p[i], dov, dv[i][k]);
+            dk[i][k] = fmaf(ds[i], qv, dk[i][k]);
+          }
         }
       }
     }
-  }
 
 #pragma unroll
   for (int i = 0; i < RM; ++i) {
     const int key = k0 + ty * RM + i;
     if (key >= T) continue;
-    float* row = dqkv + (size_t(b) * T + key) * stride + size_t(h) * HS;
+    float* dk_row = dqkv + (size_t(b) * T + key) * stride + size_t(NH + kv) * HS;
+    float* dv_row = dk_row + size_t(KVH) * HS;
 #pragma unroll
     for (int k = 0; k < CM; ++k) {
-      row[C + tx + 16 * k] = dk[i][k] * scale;
-      row[2 * size_t(C) + tx + 16 * k] = dv[i][k];
+      dk_row[tx + 16 * k] = dk[i][k] * scale;
+      dv_row[tx + 16 * k] = dv[i][k];
     }
   }
 }
@@ -327,19 +343,22 @@ __global__ void __launch_bounds__(kThreads)
 template <int HS, int TILE>
 __global__ void __launch_bounds__(kThreads)
     attention_bwd_dq_kernel(float* dqkv, const float* dout, const float* qkv, const float* lse,
-                            const float* D, int T, int C, int NH, float scale, float scale_log2) {
+                            const float* D, int T, int NH, int KVH, float scale, float scale_log2) {
   constexpr int LD = HS + 1, SLD = TILE + 1, RM = TILE / 16, CM = HS / 16;
   extern __shared__ float smem[];
   const BwdTiles<HS, TILE> s(smem);
   const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
   const int qt = int(gridDim.x) - 1 - int(blockIdx.x);
-  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int bh = blockIdx.y, b = bh / NH, h = bh % NH, kv_head = h / (NH / KVH);
   const int q0 = qt * TILE;
-  const size_t stride = 3 * size_t(C);
+  const size_t C = size_t(NH) * HS, stride = size_t(NH + 2 * KVH) * HS;
   const float* q_base = qkv + size_t(b) * T * stride + size_t(h) * HS;
+  const float* k_base = qkv + size_t(b) * T * stride + size_t(NH + kv_head) * HS;
+  const float* v_base = k_base + size_t(KVH) * HS;
   const float* do_base = dout + size_t(b) * T * C + size_t(h) * HS;
 
-  load_query_side<HS, TILE>(s, q_base, do_base, lse + size_t(bh) * T, D + size_t(bh) * T, q0, T, C);
+  load_query_side<HS, TILE>(s, q_base, do_base, lse + size_t(bh) * T, D + size_t(bh) * T, q0, T,
+                            stride, C);
   float dq[RM][CM];  // rows: queries ty·RM+i
 #pragma unroll
   for (int i = 0; i < RM; ++i)
@@ -349,8 +368,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int kt = 0; kt <= qt; ++kt) {
     const int k0 = kt * TILE;
     __syncthreads();  // the previous key tile is no longer read
-    load_rows<HS, TILE>(s.Ks, q_base + C, stride, k0, T);
-    load_rows<HS, TILE>(s.Vs, q_base + 2 * size_t(C), stride, k0, T);
+    load_rows<HS, TILE>(s.Ks, k_base, stride, k0, T);
+    load_rows<HS, TILE>(s.Vs, v_base, stride, k0, T);
     __syncthreads();
     probs_and_dscores<HS, TILE>(s, q0, k0, T, scale_log2, ty, tx);
     __syncthreads();
@@ -381,7 +400,7 @@ __global__ void __launch_bounds__(kThreads)
 // The kernels need more than the default 48 KB of dynamic shared memory: allow_dynamic_smem
 // (launch.cuh), once per instantiation (the statics below are per template instance).
 template <int HS>
-void forward_hs(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
+void forward_hs(float* out, float* lse, const float* qkv, int B, int T, int NH, int KVH,
                 cudaStream_t stream) {
   constexpr int TILE = tile_for<HS>();
   const size_t smem = fwd_smem_floats<HS, TILE>() * sizeof(float);
@@ -390,34 +409,34 @@ void forward_hs(float* out, float* lse, const float* qkv, int B, int T, int C, i
   allow_dynamic_smem(attention_fwd_kernel<HS, TILE>, smem, allowed);
   const dim3 grid(ceil_div(T, TILE), unsigned(B * NH));
   attention_fwd_kernel<HS, TILE>
-      <<<grid, kThreads, smem, stream>>>(out, lse, qkv, T, C, NH, scale_log2);
+      <<<grid, kThreads, smem, stream>>>(out, lse, qkv, T, NH, KVH, scale_log2);
   TRIDENT_CUDA_LAUNCHED();
 }
 
 template <int HS>
 void backward_hs(float* dqkv, const float* D, const float* dout, const float* qkv, const float* lse,
-                 int B, int T, int C, int NH, cudaStream_t stream) {
+                 int B, int T, int NH, int KVH, cudaStream_t stream) {
   constexpr int TILE = tile_for<HS>();
   const size_t smem = bwd_smem_floats<HS, TILE>() * sizeof(float);
   const float scale = 1.0f / std::sqrt(float(HS));
   const float scale_log2 = scale * kLog2e;
-  const dim3 grid(ceil_div(T, TILE), unsigned(B * NH));
   static std::atomic<size_t> allowed_dkdv{0}, allowed_dq{0};
   allow_dynamic_smem(attention_bwd_dkdv_kernel<HS, TILE>, smem, allowed_dkdv);
+  const dim3 kv_grid(ceil_div(T, TILE), unsigned(B * KVH));
   attention_bwd_dkdv_kernel<HS, TILE>
-      <<<grid, kThreads, smem, stream>>>(dqkv, dout, qkv, lse, D, T, C, NH, scale, scale_log2);
+      <<<kv_grid, kThreads, smem, stream>>>(dqkv, dout, qkv, lse, D, T, NH, KVH, scale, scale_log2);
   TRIDENT_CUDA_LAUNCHED();
   allow_dynamic_smem(attention_bwd_dq_kernel<HS, TILE>, smem, allowed_dq);
+  const dim3 q_grid(ceil_div(T, TILE), unsigned(B * NH));
   attention_bwd_dq_kernel<HS, TILE>
-      <<<grid, kThreads, smem, stream>>>(dqkv, dout, qkv, lse, D, T, C, NH, scale, scale_log2);
+      <<<q_grid, kThreads, smem, stream>>>(dqkv, dout, qkv, lse, D, T, NH, KVH, scale, scale_log2);
   TRIDENT_CUDA_LAUNCHED();
 }
 
-void check_shape(int B, int T, int C, int NH) {
-  TRIDENT_CHECK(B >= 0 && T >= 0 && NH > 0 && C % NH == 0, "attention shape B={} T={} C={} NH={}",
-                B, T, C, NH);
-  TRIDENT_CHECK(flash_attention_supported(C / NH), "flash attention has no kernel for HS={}",
-                C / NH);
+void check_shape(int B, int T, int NH, int KVH, int HS) {
+  TRIDENT_CHECK(B >= 0 && T >= 0 && NH > 0 && KVH > 0 && NH % KVH == 0 && HS > 0,
+                "attention shape B={} T={} NH={} KVH={} HS={}", B, T, NH, KVH, HS);
+  TRIDENT_CHECK(flash_attention_supported(HS), "flash attention has no kernel for HS={}", HS);
   TRIDENT_CHECK(size_t(B) * NH <= 65535, "B*NH = {} exceeds the grid's y dimension", B * NH);
 }
 
@@ -425,15 +444,21 @@ void check_shape(int B, int T, int C, int NH) {
 
 bool flash_attention_supported(int HS) { return HS == 32 || HS == 64 || HS == 128; }
 
+void flash_attention_forward_gqa_cuda(float* out, float* lse, const float* qkv, int B, int T,
+                                      int NH, int KVH, int HS, cudaStream_t stream) {
+  check_shape(B, T, NH, KVH, HS);
+  if (B == 0 || T == 0) return;
+  switch (HS) {
+    case 32: return forward_hs<32>(out, lse, qkv, B, T, NH, KVH, stream);
+    case 64: return forward_hs<64>(out, lse, qkv, B, T, NH, KVH, stream);
+    case 128: return forward_hs<128>(out, lse, qkv, B, T, NH, KVH, stream);
+  }
+}
+
 void flash_attention_forward_cuda(float* out, float* lse, const float* qkv, int B, int T, int C,
                                   int NH, cudaStream_t stream) {
-  check_shape(B, T, C, NH);
-  if (B == 0 || T == 0) return;
-  switch (C / NH) {
-    case 32: return forward_hs<32>(out, lse, qkv, B, T, C, NH, stream);
-    case 64: return forward_hs<64>(out, lse, qkv, B, T, C, NH, stream);
-    case 128: return forward_hs<128>(out, lse, qkv, B, T, C, NH, stream);
-  }
+  TRIDENT_CHECK(NH > 0 && C % NH == 0, "attention shape C={} NH={}", C, NH);
+  flash_attention_forward_gqa_cuda(out, lse, qkv, B, T, NH, NH, C / NH, stream);
 }
 
 size_t flash_attention_backward_scratch_floats(int B, int T, int C, int NH) {
@@ -441,21 +466,29 @@ size_t flash_attention_backward_scratch_floats(int B, int T, int C, int NH) {
   return size_t(B) * NH * T;
 }
 
-void flash_attention_backward_cuda(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                                   const float* out, const float* lse, int B, int T, int C, int NH,
-                                   cudaStream_t stream) {
-  check_shape(B, T, C, NH);
+void flash_attention_backward_gqa_cuda(float* dqkv, float* scratch, const float* dout,
+                                       const float* qkv, const float* out, const float* lse, int B,
+                                       int T, int NH, int KVH, int HS, cudaStream_t stream) {
+  check_shape(B, T, NH, KVH, HS);
   if (B == 0 || T == 0) return;
   const size_t rows = size_t(B) * NH * T;
   const int block = 256;
   attention_rowdot_kernel<<<grid_for(rows * kWarp, block), block, 0, stream>>>(scratch, dout, out,
-                                                                               B, T, C, NH);
+                                                                               B, T, NH * HS, NH);
   TRIDENT_CUDA_LAUNCHED();
-  switch (C / NH) {
-    case 32: return backward_hs<32>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, stream);
-    case 64: return backward_hs<64>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, stream);
-    case 128: return backward_hs<128>(dqkv, scratch, dout, qkv, lse, B, T, C, NH, stream);
+  switch (HS) {
+    case 32: return backward_hs<32>(dqkv, scratch, dout, qkv, lse, B, T, NH, KVH, stream);
+    case 64: return backward_hs<64>(dqkv, scratch, dout, qkv, lse, B, T, NH, KVH, stream);
+    case 128: return backward_hs<128>(dqkv, scratch, dout, qkv, lse, B, T, NH, KVH, stream);
   }
+}
+
+void flash_attention_backward_cuda(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                                   const float* out, const float* lse, int B, int T, int C, int NH,
+                                   cudaStream_t stream) {
+  TRIDENT_CHECK(NH > 0 && C % NH == 0, "attention shape C={} NH={}", C, NH);
+  flash_attention_backward_gqa_cuda(dqkv, scratch, dout, qkv, out, lse, B, T, NH, NH, C / NH,
+                                    stream);
 }
 
 }  // namespace trident::cuda

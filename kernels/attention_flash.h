@@ -22,4 +22,14 @@ void flash_attention_backward_cuda(float* dqkv, float* scratch, const float* dou
                                    const float* out, const float* lse, int B, int T, int C, int NH,
                                    cudaStream_t stream);
 
+// Grouped-query attention (CPU twin: Backend::attention_forward_gqa/backward_gqa): qkv
+// [B,T,(NH + 2·KVH)·HS] is q | k | v, query head h reads kv head h / (NH/KVH); out [B,T,NH·HS];
+// lse [B,NH,T]. Backward's dK, dV sum over the query heads of a group, in head order, in
+// registers (deterministic); scratch as above with C = NH·HS. KVH = NH is the calls above.
+void flash_attention_forward_gqa_cuda(float* out, float* lse, const float* qkv, int B, int T,
+                                      int NH, int KVH, int HS, cudaStream_t stream);
+void flash_attention_backward_gqa_cuda(float* dqkv, float* scratch, const float* dout,
+                                       const float* qkv, const float* out, const float* lse, int B,
+                                       int T, int NH, int KVH, int HS, cudaStream_t stream);
+
 }  // namespace trident::cuda

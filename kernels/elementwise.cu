@@ -1,8 +1,10 @@
-// Elementwise ops: tanh-GELU forward/backward (fp32, and bf16 in/out), add, fp32 <-> bf16 casts.
+// Elementwise ops: tanh-GELU forward/backward (fp32, and bf16 in/out), exact GELU forward/backward,
+// add, fp32 <-> bf16 casts.
 //
 // All memory-bound, one pass each. Grid-stride loops over float4 when every pointer is 16-byte
 // aligned (slices of the flat buffers need not be), then a scalar tail; otherwise all scalar.
 // GELU follows the CPU twin (src/backend/elementwise.cpp): x·σ(2u), u = sqrt(2/π)(x + 0.044715x³).
+// Exact GELU too: Φ(x) as erfc(−x/√2)/2, which keeps its relative accuracy for x << 0.
 #include <cstdint>
 
 #include "elementwise.h"
@@ -14,6 +16,8 @@ namespace {
 constexpr int kBlock = 256;
 constexpr float kSqrt2OverPi = 0.79788456080286535588f;
 constexpr float kCubic = 0.044715f;
+constexpr float kInvSqrt2 = 0.70710678118654752440f;
+constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 bool aligned8(const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; }
@@ -32,6 +36,15 @@ __device__ __forceinline__ float gelu_grad(float x, float dout) {
   // 1 - s as 1/(1 + 1/e), as in the CPU twin: no cancellation once s ≈ 1, no 0·inf.
   const float one_minus_s = 1.0f / (1.0f + 1.0f / e);
   return (s + x * 2.0f * s * one_minus_s * du) * dout;
+}
+
+__device__ __forceinline__ float gelu_erf(float x) { return x * 0.5f * erfcf(-x * kInvSqrt2); }
+
+// Φ(x) + x·φ(x), φ(x) = exp(−x²/2)/√(2π).
+__device__ __forceinline__ float gelu_erf_grad(float x, float dout) {
+  const float cdf = 0.5f * erfcf(-x * kInvSqrt2);
+  const float pdf = kInvSqrt2Pi * expf(-0.5f * x * x);
+  return (cdf + x * pdf) * dout;
 }
 
 struct Range4 {
@@ -64,6 +77,31 @@ __global__ void gelu_bwd_kernel(float* __restrict__ dinp, const float* __restric
                                                      gelu_grad(x.z, d.z), gelu_grad(x.w, d.w));
   }
   for (size_t i = 4 * r.n4 + r.start; i < n; i += r.stride) dinp[i] = gelu_grad(inp[i], dout[i]);
+}
+
+__global__ void gelu_erf_fwd_kernel(float* __restrict__ out, const float* __restrict__ inp,
+                                    size_t n, bool vec) {
+  const Range4 r = range4(n, vec);
+  for (size_t i = r.start; i < r.n4; i += r.stride) {
+    float4 x = reinterpret_cast<const float4*>(inp)[i];
+    x.x = gelu_erf(x.x), x.y = gelu_erf(x.y), x.z = gelu_erf(x.z), x.w = gelu_erf(x.w);
+    reinterpret_cast<float4*>(out)[i] = x;
+  }
+  for (size_t i = 4 * r.n4 + r.start; i < n; i += r.stride) out[i] = gelu_erf(inp[i]);
+}
+
+__global__ void gelu_erf_bwd_kernel(float* __restrict__ dinp, const float* __restrict__ inp,
+                                    const float* __restrict__ dout, size_t n, bool vec) {
+  const Range4 r = range4(n, vec);
+  for (size_t i = r.start; i < r.n4; i += r.stride) {
+    const float4 x = reinterpret_cast<const float4*>(inp)[i];
+    const float4 d = reinterpret_cast<const float4*>(dout)[i];
+    reinterpret_cast<float4*>(dinp)[i] =
+        make_float4(gelu_erf_grad(x.x, d.x), gelu_erf_grad(x.y, d.y), gelu_erf_grad(x.z, d.z),
+                    gelu_erf_grad(x.w, d.w));
+  }
+  for (size_t i = 4 * r.n4 + r.start; i < n; i += r.stride)
+    dinp[i] = gelu_erf_grad(inp[i], dout[i]);
 }
 
 // The bf16 variants (Note [bf16 activations]): bf16 in and out, the same fp32 math, one rounding.
@@ -154,6 +192,23 @@ void gelu_backward_cuda(float* dinp, const float* inp, const float* dout, size_t
   TRIDENT_CHECK(dinp && inp && dout, "{}: null pointer", __func__);
   const bool vec = aligned16(dinp) && aligned16(inp) && aligned16(dout);
   gelu_bwd_kernel<<<grid_for_vec(n, vec), kBlock, 0, stream>>>(dinp, inp, dout, n, vec);
+  TRIDENT_CUDA_LAUNCHED();
+}
+
+void gelu_erf_forward_cuda(float* out, const float* inp, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  TRIDENT_CHECK(out && inp, "{}: null pointer", __func__);
+  const bool vec = aligned16(out) && aligned16(inp);
+  gelu_erf_fwd_kernel<<<grid_for_vec(n, vec), kBlock, 0, stream>>>(out, inp, n, vec);
+  TRIDENT_CUDA_LAUNCHED();
+}
+
+void gelu_erf_backward_cuda(float* dinp, const float* inp, const float* dout, size_t n,
+                            cudaStream_t stream) {
+  if (n == 0) return;
+  TRIDENT_CHECK(dinp && inp && dout, "{}: null pointer", __func__);
+  const bool vec = aligned16(dinp) && aligned16(inp) && aligned16(dout);
+  gelu_erf_bwd_kernel<<<grid_for_vec(n, vec), kBlock, 0, stream>>>(dinp, inp, dout, n, vec);
   TRIDENT_CUDA_LAUNCHED();
 }
 

@@ -7,7 +7,7 @@
 
 namespace trident::cuda {
 
-// out[N,C] = (inp - mean) * rstd * w + b; mean, rstd [N] saved for backward.
+// out[N,C] = (inp - mean) * rstd * w + b (b null: no shift); mean, rstd [N] saved for backward.
 void layernorm_forward_cuda(float* out, float* mean, float* rstd, const float* inp, const float* w,
                             const float* b, int N, int C, cudaStream_t stream);
 

@@ -31,15 +31,14 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   TRIDENT_CHECK(T <= cfg.max_seq_len, "T {} > max_seq_len {}", T, cfg.max_seq_len);
   check_model_config(cfg);
   // Note [Families on the GPT-2 paths]
-  // The bf16 path and the CUDA backend fuse and implement GPT-2's block only; another block
-  // runs in fp32 on the CPU until their kernels exist (issue 35, part 5). Refused here, before
-  // any allocation, rather than at the first op a backend lacks.
+  // The bf16 path (run.precision bf16) fuses and implements GPT-2's block only; another block
+  // runs fp32 activations, on the CPU or the CUDA backend, which has every family's kernels
+  // (issue 35, part 5: RMSNorm, RoPE, SwiGLU, exact GELU, grouped-query attention). Refused
+  // here, before any allocation, rather than at the first op the bf16 path lacks.
   if (!cfg.is_gpt2_block() && options.precision == Precision::kBf16)
-    input_error("run.precision bf16 runs GPT-2's block only; this model is {} (use fp32)",
+    input_error("run.precision bf16 runs GPT-2's block only; this model is {} (use run.precision "
+                "fp32, on the cpu or cuda backend)",
                 describe_block(cfg));
-  if (!cfg.is_gpt2_block() && backend.is_device())
-    input_error("the {} backend runs GPT-2's block only; this model is {} (use run.backend cpu)",
-                backend.name(), describe_block(cfg));
   TRIDENT_CHECK(tp_.size == 1 || tp_.comm != nullptr, "tp {} without a communicator", tp_.size);
   TRIDENT_CHECK(options.slots >= 1, "slots {}", options.slots);
   check_tensor_parallel(cfg, tp_.size, tp_.sequence_parallel, T);

@@ -81,18 +81,19 @@ inline Errors check_encoder_backward(int B, int T, int C, int vocab, bool with_w
   return {{"dwte", err_vs(got.dwte, dwte), kFp32Tol}, {"dwpe", err_vs(got.dwpe, dwpe), kFp32Tol}};
 }
 
-inline Errors check_layernorm_forward(int N, int C, uint32_t seed = 1) {
+// with_bias false: b null, the LayerNorm of model.bias false.
+inline Errors check_layernorm_forward(int N, int C, uint32_t seed = 1, bool with_bias = true) {
   std::mt19937 rng(seed);
   // A mean offset from 0, so that a one-pass variance would show its cancellation.
   const std::vector<float> inp = random_floats(size_t(N) * C, rng, -2.0, 3.0);
   const std::vector<float> w = random_floats(C, rng), b = random_floats(C, rng);
   std::vector<float> out(size_t(N) * C), mean(N), rstd(N);
   cpu_twin()->layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), w.data(),
-                                b.data(), N, C);
+                                with_bias ? b.data() : nullptr, N, C);
 
   DeviceBuffer<float> d_out(size_t(N) * C), d_mean(N), d_rstd(N), d_inp(inp), d_w(w), d_b(b);
   cuda::layernorm_forward_cuda(d_out.get(), d_mean.get(), d_rstd.get(), d_inp.get(), d_w.get(),
-                               d_b.get(), N, C, nullptr);
+                               with_bias ? d_b.get() : nullptr, N, C, nullptr);
   return {{"out", err_vs(d_out.download(), out), kFp32Tol},
           {"mean", err_vs(d_mean.download(), mean), kFp32Tol},
           {"rstd", err_vs(d_rstd.download(), rstd), kFp32Tol}};

@@ -73,6 +73,14 @@ TEST(KernelLayernorm, ForwardMatchesCpu) {
     expect_within(check_layernorm_forward(N, C, 21), fmt::format("N={} C={}", N, C));
 }
 
+// model.bias false: no shift (b null), as the CPU twin.
+TEST(KernelLayernorm, ForwardWithoutBiasMatchesCpu) {
+  TRIDENT_REQUIRE_GPU();
+  for (auto [N, C] : Shapes2{{37, 1600}, {5, 37}})
+    expect_within(check_layernorm_forward(N, C, 28, /*with_bias=*/false),
+                  fmt::format("N={} C={}", N, C));
+}
+
 TEST(KernelLayernorm, BackwardMatchesCpu) {
   TRIDENT_REQUIRE_GPU();
   // N = 1000 > 128 row chunks, with a last chunk shorter than the others.

@@ -8,7 +8,7 @@
 // sets: a wrong kernel (a transposed GEMM, a missing mask, a dropped gradient term) moves the
 // loss by far more within a few steps. The first step's gradients, before any update could
 // amplify anything, are compared tighter: 2e-2 of the tensor's largest entry, parameter by
-// parameter, so a bug names its tensor.
+// parameter, so a bug names its tensor. The Llama and NeoX blocks are held to the same bars.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -50,8 +50,11 @@ GpuRun train(const Deck& d, Backend& be, int steps) {
   return r;
 }
 
-void expect_gpu_matches_cpu(const std::string& attention) {
-  const Deck d = tiny_deck({"run.attention=" + attention});
+// `model` overrides the block (model.family and its keys): the other families' kernels and
+// grouped-query attention on the GPU against the CPU's, at the same bar as GPT-2's.
+void expect_gpu_matches_cpu(const std::string& attention, std::vector<std::string> model = {}) {
+  model.push_back("run.attention=" + attention);
+  const Deck d = tiny_deck(model);
   auto cpu = make_cpu_backend(2);
   auto gpu = make_cuda_backend({.device = 0, .attention = attention});
   const GpuRun want = train(d, *cpu, 50);
@@ -76,6 +79,24 @@ TEST(ModelGpu, CudnnAttentionTrainsLikeCpu) {
 TEST(ModelGpu, FlashAttentionTrainsLikeCpu) {
   TRIDENT_REQUIRE_GPU();
   expect_gpu_matches_cpu("flash");
+}
+
+// Llama's block: RMSNorm, RoPE on whole heads, SwiGLU, 2 kv heads for 4 query heads (the
+// tiny deck's heads), no biases, untied head; through cuDNN's grouped graph and the flash kernel.
+TEST(ModelGpu, LlamaCudnnAttentionTrainsLikeCpu) {
+  TRIDENT_REQUIRE_GPU();
+  expect_gpu_matches_cpu("auto", {"model.family=llama", "model.kv_heads=2"});
+}
+
+TEST(ModelGpu, LlamaFlashAttentionTrainsLikeCpu) {
+  TRIDENT_REQUIRE_GPU();
+  expect_gpu_matches_cpu("flash", {"model.family=llama", "model.kv_heads=2"});
+}
+
+// GPT-NeoX's block: LayerNorm, RoPE on a quarter of each head, exact GELU, parallel residual.
+TEST(ModelGpu, NeoxTrainsLikeCpu) {
+  TRIDENT_REQUIRE_GPU();
+  expect_gpu_matches_cpu("auto", {"model.family=neox"});
 }
 
 // Two GPU runs of the same deck are bitwise equal: every kernel is deterministic (no float

@@ -117,6 +117,54 @@ class StrictDeviceBackend final : public Backend {
     Open open(*this);
     cpu_->gelu_backward(dinp, inp, dout, n);
   }
+  // The model families' ops (Note [Families on the GPT-2 paths] in src/model/gpt_slots.cpp).
+  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N, int C,
+                       float eps) override {
+    Open open(*this);
+    cpu_->rmsnorm_forward(out, rstd, inp, w, N, C, eps);
+  }
+  void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                        const float* rstd, int N, int C) override {
+    Open open(*this);
+    cpu_->rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, C);
+  }
+  void rope_forward(float* qkv, const float* cos, const float* sin, int N, int T, int NH, int KVH,
+                    int hs, int rot) override {
+    Open open(*this);
+    cpu_->rope_forward(qkv, cos, sin, N, T, NH, KVH, hs, rot);
+  }
+  void rope_backward(float* dqkv, const float* cos, const float* sin, int N, int T, int NH, int KVH,
+                     int hs, int rot) override {
+    Open open(*this);
+    cpu_->rope_backward(dqkv, cos, sin, N, T, NH, KVH, hs, rot);
+  }
+  void swiglu_forward(float* out, const float* inp, int N, int F) override {
+    Open open(*this);
+    cpu_->swiglu_forward(out, inp, N, F);
+  }
+  void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F) override {
+    Open open(*this);
+    cpu_->swiglu_backward(dinp, inp, dout, N, F);
+  }
+  void gelu_erf_forward(float* out, const float* inp, size_t n) override {
+    Open open(*this);
+    cpu_->gelu_erf_forward(out, inp, n);
+  }
+  void gelu_erf_backward(float* dinp, const float* inp, const float* dout, size_t n) override {
+    Open open(*this);
+    cpu_->gelu_erf_backward(dinp, inp, dout, n);
+  }
+  void attention_forward_gqa(float* out, float* att, const float* qkv, int B, int T, int NH,
+                             int KVH, int hs) override {
+    Open open(*this);
+    cpu_->attention_forward_gqa(out, att, qkv, B, T, NH, KVH, hs);
+  }
+  void attention_backward_gqa(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                              const float* out, const float* att, int B, int T, int NH, int KVH,
+                              int hs) override {
+    Open open(*this);
+    cpu_->attention_backward_gqa(dqkv, scratch, dout, qkv, out, att, B, T, NH, KVH, hs);
+  }
   void add(float* out, const float* a, const float* b, size_t n) override {
     Open open(*this);
     cpu_->add(out, a, b, n);

@@ -15,9 +15,11 @@
 namespace trident {
 namespace {
 
-Deck small_deck() {
+// `family`: the model block (model.family; llama with 2 kv heads for the 4 query heads).
+Deck small_deck(const std::string& family = "gpt2") {
   const std::string yaml = R"(
-model: {layers: 2, d_model: 64, heads: 4, vocab: 256, seq_len: 32}
+model: {layers: 2, d_model: 64, heads: 4, vocab: 256, seq_len: 32, family: )" +
+                           family + (family == "llama" ? ", kv_heads: 2" : "") + R"(}
 train: {micro_batch: 4, accum: 2, steps: 6, lr: 3.0e-3, warmup_steps: 2, seed: 7,
         val_every: 3, val_batches: 2, grad_clip: 0.5}
 data: {train: inputs/data/tiny-train.bin, valid: inputs/data/tiny-valid.bin, shuffle: true}
@@ -32,8 +34,9 @@ struct Outcome {
   std::vector<float> params, logits;
 };
 
-Outcome train(Backend& be, const std::string& precision = "fp32") {
-  Deck d = small_deck();
+Outcome train(Backend& be, const std::string& precision = "fp32",
+              const std::string& family = "gpt2") {
+  Deck d = small_deck(family);
   d.run.precision = precision;  // bf16: past the deck's refusal of a CPU run, for the test
   Trainer t(d, TrainContext{&be, 1e9});
   Outcome o;
@@ -65,6 +68,24 @@ TEST(DeviceDiscipline, TrainingTouchesBackendMemoryOnlyThroughCopies) {
   EXPECT_EQ(got.val, want.val);
   EXPECT_EQ(got.params, want.params);
   EXPECT_EQ(got.logits, want.logits);
+}
+
+// The Llama and GPT-NeoX blocks on a device backend (Note [Families on the GPT-2 paths]): the
+// RoPE tables, the untied head, the parallel residual and the grouped kv heads' buffers are
+// reached only through the ops and copies, with the CPU's bits.
+TEST(DeviceDiscipline, FamilyTrainingTouchesBackendMemoryOnlyThroughCopies) {
+  for (const char* family : {"llama", "neox"}) {
+    SCOPED_TRACE(family);
+    auto cpu = make_cpu_backend(1);
+    testing::StrictDeviceBackend strict;
+    const Outcome want = train(*cpu, "fp32", family);
+    const Outcome got = train(strict, "fp32", family);
+    EXPECT_EQ(got.losses, want.losses);
+    EXPECT_EQ(got.norms, want.norms);
+    EXPECT_EQ(got.val, want.val);
+    EXPECT_EQ(got.params, want.params);
+    EXPECT_EQ(got.logits, want.logits);
+  }
 }
 
 // The bf16 path (Note [bf16 activations]) on the strict backend: its buffers, the bf16 weight

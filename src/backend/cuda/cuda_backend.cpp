@@ -35,6 +35,9 @@
 #include "encoder.h"
 #include "layernorm.h"
 #include "optimizer.h"
+#include "rmsnorm.h"
+#include "rope.h"
+#include "swiglu.h"
 #include "trident/cuda_backend.h"
 #include "vocab_parallel.h"
 
@@ -389,6 +392,80 @@ class CudaBackend final : public Backend {
     Op op(*this, "residual add");
     cuda::add_cuda(out, a, b, n, stream_);
   }
+  // --- model families (Note [Block shapes] in trident/model_config.h) --------------------
+  void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N, int C,
+                       float eps) override {
+    Op op(*this, "rmsnorm fwd");
+    cuda::rmsnorm_forward_cuda(out, rstd, inp, w, N, C, eps, stream_);
+  }
+  void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                        const float* rstd, int N, int C) override {
+    Op op(*this, "rmsnorm bwd");
+    float* scratch = reduce_scratch_.of<float>(cuda::rmsnorm_backward_scratch_floats(N, C));
+    cuda::rmsnorm_backward_cuda(dinp, dw, scratch, dout, inp, w, rstd, N, C, stream_);
+  }
+  void rope_forward(float* qkv, const float* cos, const float* sin, int N, int T, int NH, int KVH,
+                    int hs, int rot) override {
+    Op op(*this, "rope fwd");
+    cuda::rope_forward_cuda(qkv, cos, sin, N, T, NH, KVH, hs, rot, stream_);
+  }
+  void rope_backward(float* dqkv, const float* cos, const float* sin, int N, int T, int NH, int KVH,
+                     int hs, int rot) override {
+    Op op(*this, "rope bwd");
+    cuda::rope_backward_cuda(dqkv, cos, sin, N, T, NH, KVH, hs, rot, stream_);
+  }
+  void swiglu_forward(float* out, const float* inp, int N, int F) override {
+    Op op(*this, "swiglu fwd");
+    cuda::swiglu_forward_cuda(out, inp, N, F, stream_);
+  }
+  void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F) override {
+    Op op(*this, "swiglu bwd");
+    cuda::swiglu_backward_cuda(dinp, inp, dout, N, F, stream_);
+  }
+  void gelu_erf_forward(float* out, const float* inp, size_t n) override {
+    Op op(*this, "gelu erf fwd");
+    cuda::gelu_erf_forward_cuda(out, inp, n, stream_);
+  }
+  void gelu_erf_backward(float* dinp, const float* inp, const float* dout, size_t n) override {
+    Op op(*this, "gelu erf bwd");
+    cuda::gelu_erf_backward_cuda(dinp, inp, dout, n, stream_);
+  }
+  // Grouped-query attention: with KVH = NH the multi-head ops above (their plans and notes);
+  // else the same two paths with K and V of KVH heads. The saved lse and the scratch are the
+  // multi-head sizes with C = NH·hs (attention_saved_floats, attention_scratch_floats).
+  void attention_forward_gqa(float* out, float* att, const float* qkv, int B, int T, int NH,
+                             int KVH, int hs) override {
+    if (KVH == NH) return attention_forward(out, att, qkv, B, T, NH * hs, NH);
+    Op op(*this, "attention fwd");
+    if (use_cudnn(B, T, NH, KVH, hs)) {
+      const size_t n3 = size_t(B) * T * (NH + 2 * KVH) * hs, n1 = size_t(B) * T * NH * hs;
+      bf16* qkv16 = to_bf16(stage_a_, qkv, n3);
+      bf16* out16 = stage_b_.of<bf16>(n1);
+      cudnn_attention_->forward_gqa(out16, att, qkv16, B, T, NH, KVH, hs, stream_);
+      to_f32(out, out16, n1);
+      return;
+    }
+    cuda::flash_attention_forward_gqa_cuda(out, att, qkv, B, T, NH, KVH, hs, stream_);
+  }
+  void attention_backward_gqa(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                              const float* out, const float* att, int B, int T, int NH, int KVH,
+                              int hs) override {
+    if (KVH == NH) return attention_backward(dqkv, scratch, dout, qkv, out, att, B, T, NH * hs, NH);
+    Op op(*this, "attention bwd");
+    if (use_cudnn(B, T, NH, KVH, hs)) {
+      const size_t n3 = size_t(B) * T * (NH + 2 * KVH) * hs, n1 = size_t(B) * T * NH * hs;
+      bf16* qkv16 = to_bf16(stage_a_, qkv, n3);
+      bf16* out16 = to_bf16(stage_b_, out, n1);
+      bf16* dout16 = to_bf16(stage_c_, dout, n1);
+      bf16* dqkv16 = stage_d_.of<bf16>(n3);
+      cudnn_attention_->backward_gqa(dqkv16, dout16, qkv16, out16, att, B, T, NH, KVH, hs, stream_);
+      to_f32(dqkv, dqkv16, n3);
+      return;
+    }
+    cuda::flash_attention_backward_gqa_cuda(dqkv, scratch, dout, qkv, out, att, B, T, NH, KVH, hs,
+                                            stream_);
+  }
+
   void crossentropy_forward(float* losses, float* logits_to_probs, const int32_t* targets, int N,
                             int V, int Vp) override {
     Op op(*this, "crossentropy fwd");
@@ -712,36 +789,42 @@ class CudaBackend final : public Backend {
     cuda::cast_bf16_to_f32_cuda(out, x, 1.0f, n, stream_);
   }
   bool use_cudnn(int B, int T, int C, int NH) {
+    return use_cudnn(B, T, NH, NH, NH > 0 && C % NH == 0 ? C / NH : 0);
+  }
+  // The shape in words, for the messages and notes below only (never per op).
+  static std::string shape_words(int B, int T, int NH, int KVH, int HS) {
+    return KVH == NH ? fmt::format("B={} T={} C={} NH={}", B, T, NH * HS, NH)
+                     : fmt::format("B={} T={} C={} NH={} KVH={}", B, T, NH * HS, NH, KVH);
+  }
+  bool use_cudnn(int B, int T, int NH, int KVH, int HS) {
     if (attention_mode_ == "flash") {
       if (attention_note_.empty()) attention_note_ = "flash kernel, fp32 (run.attention: flash)";
       return false;
     }
     std::string why;
-    const bool ok = cudnn_attention_->supported(B, T, C, NH, &why);
+    const bool ok = cudnn_attention_->supported_gqa(B, T, NH, KVH, HS, &why);
     if (attention_mode_ == "cudnn" && !ok)
-      input_error("run.attention is cudnn, but cuDNN has no fused-attention plan for B={} T={} "
-                  "C={} NH={}: {}",
-                  B, T, C, NH, why);
-    if (!ok && !cuda::flash_attention_supported(C / NH))
+      input_error("run.attention is cudnn, but cuDNN has no fused-attention plan for {}: {}",
+                  shape_words(B, T, NH, KVH, HS), why);
+    if (!ok && !cuda::flash_attention_supported(HS))
       input_error("attention with head size {} has neither a cuDNN plan ({}) nor a flash "
                   "kernel (head sizes 32, 64, 128)",
-                  C / NH, why);
+                  HS, why);
     // Said once per shape: a refusal under run.attention auto falls back to the fp32 flash
     // kernel in both directions, which costs a GPT-2 step a lot, so it must be visible. (A
     // tuple key and a note rewritten only for a larger shape: nothing is formatted per op.)
-    if (!ok && refused_said_.insert({B, T, C, NH}).second)
+    if (!ok && refused_said_.insert({B, T, NH, KVH, HS}).second)
       fmt::print(stderr,
-                 "cuda backend: cuDNN has no fused-attention plan for B={} T={} C={} "
-                 "NH={} ({}); that attention runs on the fp32 flash kernel\n",
-                 B, T, C, NH, why);
+                 "cuda backend: cuDNN has no fused-attention plan for {} ({}); that attention "
+                 "runs on the fp32 flash kernel\n",
+                 shape_words(B, T, NH, KVH, HS), why);
     if (size_t(B) * T > largest_attention_tokens_) {
       largest_attention_tokens_ = size_t(B) * T;  // the note is the largest shape's (training's)
-      attention_note_ = ok ? fmt::format("cuDNN fused SDPA, bf16 (B={} T={} C={} NH={}; backward "
-                                         "graph: {})",
-                                         B, T, C, NH, cudnn_attention_->backward_graph(B, T, C, NH))
-                           : fmt::format("flash kernel, fp32 (B={} T={} C={} NH={}): cuDNN "
-                                         "refused: {}",
-                                         B, T, C, NH, why);
+      attention_note_ = ok ? fmt::format("cuDNN fused SDPA, bf16 ({}; backward graph: {})",
+                                         shape_words(B, T, NH, KVH, HS),
+                                         cudnn_attention_->backward_graph_gqa(B, T, NH, KVH, HS))
+                           : fmt::format("flash kernel, fp32 ({}): cuDNN refused: {}",
+                                         shape_words(B, T, NH, KVH, HS), why);
     }
     return ok;
   }
@@ -751,9 +834,9 @@ class CudaBackend final : public Backend {
   int sm_ = 0;
   std::string device_name_;
   std::string attention_mode_;
-  std::string attention_note_;                             // attention_note()
-  size_t largest_attention_tokens_ = 0;                    // B·T of the note
-  std::set<std::tuple<int, int, int, int>> refused_said_;  // (B, T, C, NH) refusals printed
+  std::string attention_note_;                                  // attention_note()
+  size_t largest_attention_tokens_ = 0;                         // B·T of the note
+  std::set<std::tuple<int, int, int, int, int>> refused_said_;  // (B, T, NH, KVH, HS) said
   cudaStream_t stream_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;
   std::unique_ptr<cuda::LtGemm> gemm_;
