@@ -14,6 +14,7 @@ with every tensor perturbed (so no bias or norm weight is a constant), and write
   params.npz      every tensor in trident's names and layout (Note [Hugging Face tensors]),
                   float64 from the F32 weights; wte/lmw with the real vocabulary's rows only
   grads.npz       the first step's gradient of the mean loss, same names and shapes, float64
+  params_final.npz  the weights after the AdamW steps, same names and shapes, float64
   oracle.json     {"family", "config" (the config.json), "B", "T", "train" (the deck's train.*
                   keys the steps used), "decayed" (names with weight decay), "loss" (first
                   step), "loss_float32" (transformers unpatched, a check of the patches),
@@ -225,6 +226,8 @@ def main():
                 wd = c["weight_decay"] if n in hf_decayed else 0.0
                 p -= c["lr"] * (mhat / (torch.sqrt(vhat) + c["eps"]) + wd * p)
         steps.append(dict(step=t, lr=c["lr"], loss=float(loss), grad_norm=norm, clipped=scale < 1.0))
+    final = to_trident(args.family, sd(params), cfg_json)
+    np.savez(os.path.join(args.out, "params_final.npz"), **final)
     # The float64 model (patches included) is the float32 one, up to float32's rounding: 1e-5
     # relative is ~100x float32's epsilon at loss ~6, far below what a wrong patch would move.
     rel = abs(loss32 - steps[0]["loss"]) / steps[0]["loss"]

@@ -6,15 +6,15 @@
      (family, shape, every option) and every tensor, converted to trident's layout exactly as
      the oracle's own numpy conversion does: F32 and sharded bitwise, BF16 as the F32 weights
      rounded to bfloat16 (round to nearest even, as torch casts); padded vocabulary rows zero;
-  3. for the families the model runs (--model-families): `trident export` of model.init_from
-     DIR into a directory reads back bitwise, and transformers' from_pretrained loads it and
-     gives the same logits as the original model (same weights, same code: bitwise); and
-     oracle_grads (trident's loader and CPU model) on the saved directory gives the first
-     step's loss and every gradient of hf_oracle.py's float64 transformers run, and
-     `trident train` from it, on 1 rank and at tp 2, the losses and gradient norms of its
-     AdamW steps;
+  3. for each family of --model-families (all three by default and in CTest): `trident
+     export` of model.init_from DIR into a directory reads back bitwise, and transformers'
+     from_pretrained loads it and gives the same logits as the original model (same weights,
+     same code: bitwise); oracle_grads (trident's loader and CPU model) on the saved directory
+     gives the first step's loss and every gradient of hf_oracle.py's float64 transformers
+     run; and `trident train` from it, on 1 rank and at tp 2, the losses and gradient norms of
+     its AdamW steps, and, from its last checkpoint exported, the weights the steps made;
   4. configs and files trident does not implement exit 2 from `trident export`, naming the key
-     or the tensor;
+     or the tensor (another model_type, rope_scaling, a missing tensor, a missing shard, ...);
   5. tools/make_indexed.py --tokenizer (a BPE tokenizer.json trained here by `tokenizers`, with
      Llama's BOS post-processor) writes each line's tokenizer ids as a document, BOS first
      with --add-special-tokens.
@@ -194,6 +194,17 @@ run: {threads: 1}
 # Losses and norms of the steps, relative: test_torch_oracle.py's bounds for 8 steps.
 TRAIN_LOSS_REL = 1e-6
 TRAIN_NORM_REL = 2e-6
+# Note [Key bias]
+# Softmax ignores a constant added to one query's scores, so the key bias's gradient is exactly
+# zero on every dimension RoPE does not rotate (all of GPT-2's): transformers' float64 gives
+# ~1e-19, trident's fp32 ~1e-10, and AdamW, which divides by |g| + 1e-8, turns that rounding
+# into updates up to lr. Those rows of qkvb carry no information; the update check leaves them.
+
+# The weights' updates after the steps, per tensor, |trident - transformers| / |transformers'|
+# in the 2-norm: measured at most 2e-4 (AdamW's m / sqrt(v) magnifies fp32's gradient rounding
+# on elements with small gradients). Weight decay dropped from any one matrix moves it by
+# 5 steps · lr · wd · |p|, 7e-3 to 9e-3 of its update in these models: the bound sits between.
+UPDATE_REL = 1e-3
 
 
 def check_training(args, fam, d):
@@ -205,9 +216,9 @@ def check_training(args, fam, d):
     for label, launcher, extra in [("1 rank", [], []),
                                    ("tp 2", [args.mpiexec, "-n", "2"], ["--set", "parallel.tp=2"])]:
         out = os.path.join(d, "train_" + label.replace(" ", ""))
-        rc, text = run(launcher + [args.trident, "train", deck, "--set",
-                                   f"model.init_from={os.path.join(d, 'hf')}", "--set",
-                                   f"run.out_dir={out}"] + extra)
+        init = ["--set", f"model.init_from={os.path.join(d, 'hf')}"]
+        rc, text = run(launcher + [args.trident, "train", deck] + init +
+                       ["--set", f"run.out_dir={out}", "--set", f"checkpoint.dir={out}/ckpt"] + extra)
         if not check(rc == 0, f"{fam} {label}: trident train from the transformers directory"):
             print(text[-800:])
             continue
@@ -223,6 +234,41 @@ def check_training(args, fam, d):
               f"{fam} {label}: {len(ref)} AdamW steps ({clipped} clipped) match transformers: "
               f"losses relative {loss_rel:.1e} (bound {TRAIN_LOSS_REL:.0e}), norms {norm_rel:.1e} "
               f"(bound {TRAIN_NORM_REL:.0e})")
+        check_final_weights(args, fam, label, d, deck, init, out)
+
+
+def check_final_weights(args, fam, label, d, deck, init, out):
+    """The weights after the steps (the run's checkpoint, exported as safetensors and read back)
+    against the oracle's: per tensor, |trident's update - transformers' update| / |transformers'
+    update| in the 2-norm over the tensor."""
+    rc, text = run([args.trident, "export", deck] + init +
+                   ["--ckpt", os.path.join(out, "ckpt"), "--format", "safetensors", out + "/export/"])
+    if rc == 0:
+        rc, text = run([args.hf_tensors, out + "/export", out + "/read_export"])
+    if not check(rc == 0, f"{fam} {label}: the checkpoint after the steps exports and reads back"):
+        print(text[-800:])
+        return
+    _, got = read_tensors(out + "/read_export")
+    start = dict(np.load(os.path.join(d, "params.npz")))
+    final = dict(np.load(os.path.join(d, "params_final.npz")))
+    heads, rot = EXPECTED[fam]["heads"], EXPECTED[fam].get("rotary_dims", 0)
+    hs = EXPECTED[fam]["channels"] // heads
+    worst, worst_name, bad = 0.0, "", []
+    for n, ref in final.items():
+        keep = np.ones(ref.size, dtype=bool)
+        if n.endswith(".qkvb"):  # Note [Key bias]: drop the rows without a gradient
+            keep[heads * hs: 2 * heads * hs] = np.tile(np.arange(hs) < rot, heads)
+        g = got[n][:ref.size].astype(np.float64)[keep]
+        want = (ref - start[n]).ravel()[keep]
+        began = start[n].ravel().astype(np.float32)[keep]  # as trident loaded it
+        r = float(np.linalg.norm(g - began - want) / np.linalg.norm(want))
+        if r > worst:
+            worst, worst_name = r, n
+        if r >= UPDATE_REL:
+            bad.append(f"{n} {r:.1e}")
+    check(not bad, f"{fam} {label}: every tensor's update over the steps matches transformers': "
+          f"worst |diff| / |update| {worst:.1e} ({worst_name}, bound {UPDATE_REL:.0e})"
+          + (f"; over: {bad[:6]}" if bad else ""))
 
 
 def safetensors_check_tokens(path):
@@ -275,6 +321,12 @@ def bad_configs(args, d_llama, d_neox, scratch):
             safetensors_check.write_safetensors(path, tensors, header.get("__metadata__"))
         return edit
 
+    def drop_shard(name):  # the shard file the index names for tensor `name`
+        def edit(d):
+            index = json.load(open(os.path.join(d, "model.safetensors.index.json")))
+            os.remove(os.path.join(d, index["weight_map"][name]))
+        return edit
+
     cases = [
         ("model_type", "hf", d_llama, config_edit(model_type="mistral"), r"model_type \"mistral\": not a model trident reads"),
         ("rope_scaling", "hf", d_llama, config_edit(rope_scaling={"type": "linear", "factor": 2.0}), r"rope_scaling .*: trident's RoPE has no scaling"),
@@ -289,6 +341,10 @@ def bad_configs(args, d_llama, d_neox, scratch):
         ("misshapen", "hf", d_llama, config_edit(intermediate_size=128), r"tensor model\.layers\.0\.mlp\.gate_proj\.weight: shape \[160, 64\], .* needs \[128, 64\]"),
         ("missing", "hf", d_neox, drop_tensor("gpt_neox.layers.1.attention.dense.bias"),
          r"no tensor layers\.1\.attention\.dense\.bias \(nor gpt_neox\.layers\.1\.attention\.dense\.bias\)"),
+        ("missing_part", "hf", d_llama, drop_tensor("model.layers.0.self_attn.k_proj.weight"),
+         r"no tensor layers\.0\.self_attn\.k_proj\.weight \(nor model\.layers\.0\.self_attn\.k_proj\.weight\)"),
+        ("missing_shard", "hf_sharded", d_llama, drop_shard("model.norm.weight"),
+         r"cannot open .*/model-\d+-of-\d+\.safetensors"),
         ("unknown", "hf", d_llama, config_edit(num_hidden_layers=1), r"tensor model\.layers\.1\.[a-z_.]+: not a Llama parameter"),
         ("no_config", "hf", d_llama, lambda d: os.remove(os.path.join(d, "config.json")), r"not a GPT-2 state dict; a GPT-NeoX or Llama checkpoint needs its config.json"),
     ]
@@ -355,7 +411,7 @@ def main():
     ap.add_argument("--mpiexec", default="mpirun")
     ap.add_argument("--source", required=True)
     ap.add_argument("--scratch", required=True)
-    ap.add_argument("--model-families", default="gpt2")
+    ap.add_argument("--model-families", default="gpt2,neox,llama")
     args = ap.parse_args()
     rc, text = run(["bash", os.path.join(args.source, "tools", "hf_venv.sh")], timeout=1200)
     if rc == 77:
