@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "trident/deck.h"
+#include "trident/model_config.h"
 
 namespace trident {
 
@@ -95,6 +96,10 @@ struct PlanLayout {
 // The model's shape and what the deck says about the run (emulated link, overlap, buckets).
 struct PlanModel {
   int layers = 0, d_model = 0, heads = 0, vocab = 0, seq_len = 0;
+  // The block's architecture (family, norm, position, MLP and its width, kv_heads, biases,
+  // head, residual) as the trainer resolves the deck's keys; its shape fields are not read
+  // (the ones above are). Default: GPT-2's block.
+  GPTConfig block;
   bool overlap = true;  // comm.overlap
   double bucket_mb = 25, first_bucket_mb = 1;
   double emulate_gbps = 0, emulate_latency_us = 0;  // comm.emulate_*: the dp link instead
