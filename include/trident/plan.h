@@ -64,7 +64,8 @@ struct Hardware {
 Hardware load_hardware(const std::string& path);
 // NAME or a path: a path that exists is read; otherwise inputs/hardware/NAME.yaml, looked up in
 // $TRIDENT_HARDWARE_DIR, then beside the executable (../inputs/hardware), then in the source
-// tree the binary was built from. Unknown names list the files that are there.
+// tree the binary was built from; a name that begins exactly one description's name up to a
+// dash (dgx-a100 for dgx-a100-80gb) reads that one. Unknown names list the files that are there.
 Hardware find_hardware(const std::string& name_or_path);
 // The source tree's inputs/hardware, where `trident plan --calibrate` writes by default (the
 // tree trident_plan was built from; its TRIDENT_SOURCE_DIR).
