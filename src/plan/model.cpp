@@ -31,7 +31,9 @@
 // reduction leaves exposed: the all-reduce (ZeRO: reduce-scatter) hides under the last
 // micro-batch's backward, the bucket that becomes ready last never hides, and compute under it
 // runs overlap_slowdown slower; ZeRO's parameter all-gather hides under the next step's first
-// forward. Last the optimizer, memory-bound over the rank's (ZeRO: shard's) parameters.
+// forward. A tied head with pp > 1 then sums wte's gradient over the first and last stages,
+// blocking (TiedEmbedding::sum_over_stages; an untied head has none). Last the optimizer,
+// memory-bound over the rank's (ZeRO: shard's) parameters.
 //
 // Approximations, stated: layers are costed alike (no per-layer imbalance beyond the
 // embedding and head); the bubble uses the slowest stage's micro-batch time for every stage;
@@ -313,6 +315,13 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
   const double opt_params = l.zero > 0 ? params_local / l.dp : params_local;
   const double opt_bw = kernel_bandwidth(hw, place, hw.optimizer_gbytes_per_s);
   const double optimizer = opt_params * (hw.dtype == "fp32" ? 32.0 : 38.0) / opt_bw;
+  // The tied wte's fp32 gradient (ZeRO: this rank's shard of its own bucket) all-reduced
+  // between the first and the last stage, after the data-parallel reduction.
+  double tied = 0;
+  if (m.block.tied_head && l.pp > 1) {
+    const double wte = double(padded_vocab(m, l)) / l.tp * m.d_model;
+    tied = ring_seconds(LinkOp::kAllReduce, (l.zero > 0 ? wte / l.dp : wte) * 4, 2, place.pp_link);
+  }
 
   p.time = {{"gemm", micro * slow.gemm},
             {"attention", micro * slow.attention},
@@ -324,6 +333,7 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
             {l.zero > 0 ? "reduce_scatter_exposed" : "dp_allreduce_exposed", reduce_exposed},
             {"all_gather_exposed", gather_exposed},
             {"overlap_slowdown", slowdown},
+            {"tied_embedding_allreduce", tied},
             {"optimizer", optimizer}};
   for (const PlanTerm& t : p.time) p.step_s += t.value;
   p.info = {{"dp_reduce_s", reduce},

@@ -320,6 +320,27 @@ TEST(PlanModel, LlamaGemmTermCountsGqaAndSwiGLU) {
   EXPECT_NEAR(g.term("gemm"), (72 * N * C * C * L + 6 * N * V * C) / 1e12, 1e-15);
 }
 
+// A tied head with pp > 1 sums wte's fp32 gradient over the first and last stages: one ring
+// all-reduce of two ranks, 2·(1/2)·bytes / 10 GB/s on the round machine; ZeRO sends its dp
+// shard; an untied head (NeoX) sends nothing. wte: 128 padded rows × 64 = 8192 floats.
+TEST(PlanModel, TiedHeadSumsWteOverStagesAndAnUntiedHeadDoesNot) {
+  PlanModel m = small_model();
+  PlanLayout l;
+  l.pp = 2, l.accum = 2;
+  const double bytes = 128 * 64 * 4.0;
+  EXPECT_NEAR(predict(m, l, round_machine()).term("tied_embedding_allreduce"), bytes / 10e9, 1e-18);
+  l.dp = 2, l.zero = 1;
+  EXPECT_NEAR(predict(m, l, round_machine()).term("tied_embedding_allreduce"), bytes / 2 / 10e9,
+              1e-18);
+  l.dp = 1, l.zero = 0, l.pp = 1;
+  EXPECT_EQ(predict(m, l, round_machine()).term("tied_embedding_allreduce"), 0.0);
+  l.pp = 2;
+  m.block.apply_family(Family::kNeoX);
+  const Prediction p = predict(m, l, round_machine());
+  ASSERT_TRUE(p.fits) << p.why_not;
+  EXPECT_EQ(p.term("tied_embedding_allreduce"), 0.0);
+}
+
 TEST(PlanModel, RefusedLayoutsSayWhy) {
   const PlanModel m = small_model();
   PlanLayout l;
