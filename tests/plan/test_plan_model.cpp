@@ -292,13 +292,16 @@ TEST(PlanModel, FamilyActivationMemoryIsWhatTheModelAllocates) {
       PlanLayout l;
       l.micro_batch = 2;
       l.recompute = recompute;
-      double acts = 0;
-      for (const PlanTerm& t : memory_terms(m, l, round_machine()))
+      double acts = 0, params = 0;
+      for (const PlanTerm& t : memory_terms(m, l, round_machine())) {
         if (t.name == "activations" || t.name == "scratch") acts += t.value;
+        if (t.name == "params") params = t.value;
+      }
       GPTOptions options;
       options.recompute = parse_recompute(recompute);
       GPT gpt(gpt_config(m, l), *backend, 2, m.seq_len, options);
       EXPECT_DOUBLE_EQ(acts, double(gpt.activation_bytes())) << family_name(f) << " " << recompute;
+      EXPECT_DOUBLE_EQ(params, double(gpt.num_params() * 4)) << family_name(f);
     }
 }
 
