@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "trident/deck.h"
+#include "trident/model_config.h"
 
 namespace trident {
 
@@ -63,7 +64,8 @@ struct Hardware {
 Hardware load_hardware(const std::string& path);
 // NAME or a path: a path that exists is read; otherwise inputs/hardware/NAME.yaml, looked up in
 // $TRIDENT_HARDWARE_DIR, then beside the executable (../inputs/hardware), then in the source
-// tree the binary was built from. Unknown names list the files that are there.
+// tree the binary was built from; a name that begins exactly one description's name up to a
+// dash (dgx-a100 for dgx-a100-80gb) reads that one. Unknown names list the files that are there.
 Hardware find_hardware(const std::string& name_or_path);
 // The source tree's inputs/hardware, where `trident plan --calibrate` writes by default (the
 // tree trident_plan was built from; its TRIDENT_SOURCE_DIR).
@@ -95,6 +97,10 @@ struct PlanLayout {
 // The model's shape and what the deck says about the run (emulated link, overlap, buckets).
 struct PlanModel {
   int layers = 0, d_model = 0, heads = 0, vocab = 0, seq_len = 0;
+  // The block's architecture (family, norm, position, MLP and its width, kv_heads, biases,
+  // head, residual) as the trainer resolves the deck's keys; its shape fields are not read
+  // (the ones above are). Default: GPT-2's block.
+  GPTConfig block;
   bool overlap = true;  // comm.overlap
   double bucket_mb = 25, first_bucket_mb = 1;
   double emulate_gbps = 0, emulate_latency_us = 0;  // comm.emulate_*: the dp link instead

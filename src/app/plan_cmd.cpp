@@ -115,6 +115,12 @@ int run_plan(const PlanArgs& args) {
     fmt::print("plan: model.init_from is set ({}); the plan uses the deck's model.* shape "
                "({} layers, d_model {}, {} heads, vocab {}), not the file's: set them to match\n",
                deck.model.init_from, model.layers, model.d_model, model.heads, model.vocab);
+  GPTConfig block = model.block;
+  block.channels = model.d_model;
+  if (hw.kind == "gpu" && !block.is_gpt2_block() && !args.json)
+    fmt::print("plan: {}; trident's GPU path runs GPT-2's block only today (issue 35, part 5), so "
+               "this plan is a target for it\n",
+               describe_block(block));
   const int deck_dp = deck.parallel.dp > 0 ? deck.parallel.dp : 1;
   const int global_batch = args.global_batch > 0
                                ? args.global_batch

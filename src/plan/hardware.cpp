@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
-#include <set>
+#include <map>
 #include <string_view>
 #include <system_error>
 
@@ -343,19 +343,29 @@ Hardware find_hardware(const std::string& name_or_path) {
     const fs::path file = dir / (name_or_path + ".yaml");
     if (fs::is_regular_file(file, ec)) return load_hardware(file.string());
   }
-  std::set<std::string> names;
+  // Every description there, the first directory's where two share a name.
+  std::map<std::string, fs::path> found;
   std::string searched;
   for (const fs::path& dir : dirs) {
     searched += fmt::format("{}{}", searched.empty() ? "" : ", ", dir.string());
     if (!fs::is_directory(dir, ec)) continue;
     for (const auto& entry : fs::directory_iterator(dir, ec))
-      if (entry.path().extension() == ".yaml") names.insert(entry.path().stem().string());
+      if (entry.path().extension() == ".yaml") found.emplace(entry.path().stem().string(), entry);
   }
+  // A name that is the start of exactly one description's, up to a dash ("dgx-a100" for
+  // dgx-a100-80gb), reads that one; two or more are listed.
+  std::vector<std::string> starting;
+  for (const auto& [n, path] : found)
+    if (n.starts_with(name_or_path + "-")) starting.push_back(n);
+  if (starting.size() == 1) return load_hardware(found.at(starting.front()).string());
   std::string listing;
-  for (const std::string& n : names) listing += fmt::format("{}{}", listing.empty() ? "" : ", ", n);
-  input_error("--hardware {}: no such hardware description (looked for {}.yaml in {}); "
+  for (const auto& [n, path] : found)
+    listing += fmt::format("{}{}", listing.empty() ? "" : ", ", n);
+  input_error("--hardware {}: no such hardware description (looked for {}.yaml in {}{}); "
               "available: {}",
-              name_or_path, name_or_path, searched, listing.empty() ? "none" : listing);
+              name_or_path, name_or_path, searched,
+              starting.size() > 1 ? ", and more than one name starts with it" : "",
+              listing.empty() ? "none" : listing);
 }
 
 std::string source_hardware_dir() { return (tree_roots().back() / "inputs" / "hardware").string(); }

@@ -43,7 +43,7 @@ int padded_vocab(const PlanModel& m, const PlanLayout& l) {
 }
 
 GPTConfig gpt_config(const PlanModel& m, const PlanLayout& l) {
-  GPTConfig cfg;
+  GPTConfig cfg = m.block;
   cfg.layers = m.layers;
   cfg.channels = m.d_model;
   cfg.heads = m.heads;
@@ -56,14 +56,20 @@ GPTConfig gpt_config(const PlanModel& m, const PlanLayout& l) {
 double stage_params(const PlanModel& m, const PlanLayout& l, int s) {
   const int chunks = l.schedule == "interleaved" ? l.v : 1;
   const StageSpec stage = pipeline_stage(m.layers, l.pp, s, {}, chunks);
-  const double C = m.d_model, tp = l.tp;
-  // Per block (gpt_param_layout): qkv 3C·C/tp + 3C/tp, attproj C·C/tp + C, fc 4C·C/tp + 4C/tp,
-  // fcproj C·4C/tp + C, two LayerNorms 4C.
-  const double block = 12 * C * C / tp + 7 * C / tp + 6 * C;
+  const GPTConfig cfg = gpt_config(m, l);
+  const double C = m.d_model, tp = l.tp, QKV = cfg.qkv_rows(), FC = cfg.fc_rows();
+  const double F = cfg.hidden(), bias = cfg.bias ? 1 : 0, norm = cfg.norm_has_bias() ? 2 : 1;
+  // Per block (gpt_param_layout): qkv [QKV, C] (q | k | v, kv_heads of them), attproj [C, C],
+  // fc [FC, C] (SwiGLU: gate | up), fcproj [C, F], split over tp; biases QKV/tp, C, FC/tp, C;
+  // two norms of C weights (+ C shifts with LayerNorm and biases).
+  const double block =
+      (QKV * C + C * C + FC * C + F * C) / tp + bias * (QKV / tp + C + FC / tp + C) + 2 * norm * C;
   double n = stage.num_layers * block;
   const double wte = double(padded_vocab(m, l)) / tp * C;
-  if (stage.has_embedding) n += double(m.seq_len) * C + wte;  // wpe (max_seq_len = seq_len)
-  if (stage.has_head) n += 2 * C + (stage.has_embedding ? 0 : wte);
+  if (stage.has_embedding) n += (cfg.has_wpe() ? double(m.seq_len) * C : 0) + wte;
+  // The head: the final norm and the LM head's weight: the tied wte (a copy on a last stage
+  // without the embedding), or an untied one of its own.
+  if (stage.has_head) n += norm * C + (cfg.tied_head && stage.has_embedding ? 0 : wte);
   return n;
 }
 
@@ -91,6 +97,8 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
   const double E = fp32 ? 4 : 2;
   const double B = l.micro_batch, T = m.seq_len, C = m.d_model, tp = l.tp;
   const double N = B * T, Cl = C / tp, NHl = double(m.heads) / tp;
+  const GPTConfig cfg = gpt_config(m, l);  // the family's widths (GPT::block_sizes)
+  const double QKVl = cfg.qkv_rows() / tp, FCl = cfg.fc_rows() / tp, Fl = cfg.hidden() / tp;
   const bool sp = l.sequence_parallel && l.tp > 1;
   const double Nr = sp ? N / tp : N, Vl = double(padded_vocab(m, l)) / tp;
   const bool fused = hw.attention_tflops > 0;
@@ -98,8 +106,8 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
   const double att_scratch = fused ? 4 * N * Cl : att_saved;  // flash backward: dq accumulators
   // block_sizes() in element counts; bf16 runs hold GPT::kBf16Buffer's in 2 B, the rest
   // (residual stream, LayerNorm statistics, attention state) in 4 B.
-  const double sizes[GPT::kBlockBuffers] = {N * C, Nr, Nr, N * 3 * Cl, att_saved,  N * Cl, Nr * C,
-                                            N * C, Nr, Nr, N * 4 * Cl, N * 4 * Cl, Nr * C};
+  const double sizes[GPT::kBlockBuffers] = {N * C, Nr, Nr, N * QKVl, att_saved, N * Cl, Nr * C,
+                                            N * C, Nr, Nr, N * FCl,  N * Fl,    Nr * C};
   constexpr int kBuffers = int(GPT::kBlockBuffers);
   bool kept[kBuffers];
   std::fill(kept, kept + kBuffers, l.recompute != "full");
@@ -137,10 +145,12 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
     // parallelism; dresidual; the attention scratch; the LayerNorm partials.
     const double tp_bufs = l.tp > 1 && l.sequence_parallel ? 3 : 0;
     scratch += 4 * (tp_bufs * N * C + Nr * C + att_scratch + (2.0 * stage.num_layers + 1) * 2 * C);
-    if (fp32)  // ln_out, dbuf_c, dbuf_c2, dbuf_3c, dbuf_4c, dbuf_4c2
-      scratch += 4 * (2 * Nr * C + N * C + N * 3 * Cl + 2 * N * 4 * Cl);
+    scratch += 4 * T * cfg.rotary_dims();  // RoPE's cos and sin tables, T × rot/2 each
+    if (fp32)                              // ln_out, dbuf_c, dbuf_c2, dbuf_3c, dbuf_4c, dbuf_4c2
+      scratch += 4 * (2 * Nr * C + N * C + N * QKVl + N * Fl + N * FCl +
+                      (cfg.parallel_residual ? Nr * C : 0));  // + dparallel
     else  // bf16 gradients between ops: dresidual16, d16_c, d16_3c, d16_4c (DGELU in the GEMM)
-      scratch += 2 * (2 * N * C + N * 3 * Cl + N * 4 * Cl);
+      scratch += 2 * (2 * N * C + N * QKVl + N * FCl);
     if (stage.has_head && l.tp > 1) scratch += 4 * (N * 3 + tp * N * 3);
     const double shard = l.zero > 0 ? params / l.dp : 0;
     double grads = params * 4 + shard * 4;

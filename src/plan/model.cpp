@@ -16,14 +16,14 @@
 //                 (attention_tflops = 0: the full square products as GEMMs of min dimension
 //                 head_dim, plus the score matrix through memory: written, read, written by
 //                 the softmax, twice more in backward);
-//   memory_bound  LayerNorm, GELU, residual adds, the embedding, cross-entropy: bytes read and
+//   memory_bound  norms, GELU/SwiGLU, RoPE, residual adds, embedding, cross-entropy: bytes read and
 //                 written / the rank's memory bandwidth (a CPU node's bandwidth is shared by its
 //                 ranks);
 //   tp_comm       Megatron's two all-reduces per block in forward and two in backward (with
 //                 sequence parallelism an all-gather and a reduce-scatter each: the same ring
 //                 volume), on the link the tp group sits on; not overlapped;
 //   pp_p2p        one activation send per chunk boundary forward, one gradient back;
-//   recompute     mlp: fc and GELU again in backward; full: the block's whole forward again.
+//   recompute     mlp: fc and its activation again in backward; full: the block's forward again.
 // A step is accum micro-batches through the pipeline: busy = m·t_mb on the slowest stage,
 // and the schedule's idle share (bubble_model in trident/pipeline.h, the same function bench
 // prints) adds bubble = m·t̄·f/(1−f), t̄ the other stages' mean micro-batch time (the fill and
@@ -31,7 +31,9 @@
 // reduction leaves exposed: the all-reduce (ZeRO: reduce-scatter) hides under the last
 // micro-batch's backward, the bucket that becomes ready last never hides, and compute under it
 // runs overlap_slowdown slower; ZeRO's parameter all-gather hides under the next step's first
-// forward. Last the optimizer, memory-bound over the rank's (ZeRO: shard's) parameters.
+// forward. A tied head with pp > 1 then sums wte's gradient over the first and last stages,
+// blocking (TiedEmbedding::sum_over_stages; an untied head has none). Last the optimizer,
+// memory-bound over the rank's (ZeRO: shard's) parameters.
 //
 // Approximations, stated: layers are costed alike (no per-layer imbalance beyond the
 // embedding and head); the bubble uses the slowest stage's micro-batch time for every stage;
@@ -47,6 +49,7 @@
 #include "trident/model.h"
 #include "trident/peak_check.h"
 #include "trident/pipeline.h"
+#include "trident/train.h"
 
 namespace trident {
 namespace {
@@ -72,6 +75,12 @@ PlanModel PlanModel::from_deck(const Deck& deck) {
   m.heads = deck.model.heads;
   m.vocab = deck.model.vocab;
   m.seq_len = deck.model.seq_len;
+  // The deck's block keys resolved as the trainer resolves them (refusing what it refuses), on
+  // the deck's own shape: the plan never reads model.init_from.
+  Deck shape = deck;
+  shape.model.init_from.clear();
+  shape.parallel.tp = 1;
+  m.block = model_config_from_deck(shape, nullptr);
   m.overlap = deck.comm.overlap;
   m.bucket_mb = deck.comm.bucket_mb;
   m.first_bucket_mb = deck.comm.first_bucket_mb;
@@ -155,12 +164,15 @@ StageCost stage_cost(const PlanModel& m, const PlanLayout& l, const Hardware& hw
   const double elementwise_bw = kernel_bandwidth(hw, place, hw.elementwise_gbytes_per_s);
   auto mem = [&](double elements) { return elements * E / (elementwise_bw * eff); };
 
-  // One block, forward and backward, per part.
-  const double qkv = 3 * C / tp, proj_in = C / tp, fc = 4 * C / tp;
+  // One block, forward and backward, per part, at the family's widths (Note [Block shapes] in
+  // trident/model_config.h): qkv's rows shrink with kv_heads, SwiGLU's fc is gate | up.
+  const GPTConfig cfg = gpt_config(m, l);
+  const double qkv = cfg.qkv_rows() / tp, proj_in = C / tp;
+  const double fc = cfg.fc_rows() / tp, hidden = cfg.hidden() / tp;
   const double block_gemm_f =
-      linear_f(qkv, C) + linear_f(C, proj_in) + linear_f(fc, C) + linear_f(C, fc);
+      linear_f(qkv, C) + linear_f(C, proj_in) + linear_f(fc, C) + linear_f(C, hidden);
   const double block_gemm_b =
-      linear_b(qkv, C) + linear_b(C, proj_in) + linear_b(fc, C) + linear_b(C, fc);
+      linear_b(qkv, C) + linear_b(C, proj_in) + linear_b(fc, C) + linear_b(C, hidden);
   const double heads_local = NH / tp;
   double att_f = 0, att_b = 0, att_mem_f = 0, att_mem_b = 0;
   if (hw.attention_tflops > 0) {
@@ -175,11 +187,16 @@ StageCost stage_cost(const PlanModel& m, const PlanLayout& l, const Hardware& hw
     att_mem_f = mem(3 * scores);
     att_mem_b = mem(6 * scores);
   }
-  // Elementwise traffic per block (elements read + written): LayerNorm 2× in, 1× out each;
-  // residual adds 2 in, 1 out; GELU 1 in, 1 out over 4C/tp. Backward about twice that.
-  const double block_mem_f = mem(2 * 3 * rows * C + 2 * 3 * rows * C + 2 * N * fc) + att_mem_f;
-  const double block_mem_b =
-      mem(2 * (2 * 3 * rows * C + 2 * 3 * rows * C + 2 * N * fc)) + att_mem_b;
+  // Elementwise traffic per block (elements read + written): each norm 2× in, 1× out (RMSNorm
+  // reads twice too: the sum of squares, then the scaling); two residual adds 2 in, 1 out (a
+  // parallel residual adds twice as well, src/model/gpt.cpp); the activation over the local
+  // hidden width: GELU 1 in, 1 out, SwiGLU gate and up in, 1 out; RoPE reads and writes the
+  // rotated dimensions of the local q and k heads. Backward about twice that.
+  const double act = (cfg.activation == Activation::kSwiGLU ? 3 : 2) * N * hidden;
+  const double rope = 2 * N * double(cfg.heads + cfg.kv_head_count()) / tp * cfg.rotary_dims();
+  const double block_elems = 2 * 3 * rows * C + 2 * 3 * rows * C + act + rope;
+  const double block_mem_f = mem(block_elems) + att_mem_f;
+  const double block_mem_b = mem(2 * block_elems) + att_mem_b;
   // Two all-reduces of the block's [N, C] activations forward, two backward.
   const double tp_one = ring_seconds(LinkOp::kAllReduce, N * C * E, l.tp, place.tp_link);
   const double block_tp = 2 * tp_one;
@@ -192,13 +209,14 @@ StageCost stage_cost(const PlanModel& m, const PlanLayout& l, const Hardware& hw
   c.backward = layers * (block_gemm_b + att_b + block_mem_b + block_tp);
   c.forward = layers * (block_gemm_f + att_f + block_mem_f + block_tp);
   if (l.recompute == "mlp") {
-    c.recompute = layers * (linear_f(fc, C) + mem(2 * N * fc));
+    c.recompute = layers * (linear_f(fc, C) + mem(act));
   } else if (l.recompute == "full") {
     c.recompute = layers * (block_gemm_f + att_f + block_mem_f + block_tp);
   }
   c.backward += c.recompute;
-  if (stage.has_embedding) {  // token + position rows summed; backward scatters them
-    const double e = mem(3 * N * C), eb = mem(3 * N * C);
+  if (stage.has_embedding) {  // token (+ learned position) rows summed; backward scatters them
+    const double rows_read = cfg.has_wpe() ? 3 : 2;
+    const double e = mem(rows_read * N * C), eb = mem(rows_read * N * C);
     c.memory_bound += e + eb;
     c.forward += e;
     c.backward += eb;
@@ -297,6 +315,13 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
   const double opt_params = l.zero > 0 ? params_local / l.dp : params_local;
   const double opt_bw = kernel_bandwidth(hw, place, hw.optimizer_gbytes_per_s);
   const double optimizer = opt_params * (hw.dtype == "fp32" ? 32.0 : 38.0) / opt_bw;
+  // The tied wte's fp32 gradient (ZeRO: this rank's shard of its own bucket) all-reduced
+  // between the first and the last stage, after the data-parallel reduction.
+  double tied = 0;
+  if (m.block.tied_head && l.pp > 1) {
+    const double wte = double(padded_vocab(m, l)) / l.tp * m.d_model;
+    tied = ring_seconds(LinkOp::kAllReduce, (l.zero > 0 ? wte / l.dp : wte) * 4, 2, place.pp_link);
+  }
 
   p.time = {{"gemm", micro * slow.gemm},
             {"attention", micro * slow.attention},
@@ -308,6 +333,7 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
             {l.zero > 0 ? "reduce_scatter_exposed" : "dp_allreduce_exposed", reduce_exposed},
             {"all_gather_exposed", gather_exposed},
             {"overlap_slowdown", slowdown},
+            {"tied_embedding_allreduce", tied},
             {"optimizer", optimizer}};
   for (const PlanTerm& t : p.time) p.step_s += t.value;
   p.info = {{"dp_reduce_s", reduce},

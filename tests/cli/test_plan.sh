@@ -3,7 +3,8 @@
 # emulated link: it prints its progress with units, writes a cpu description that carries
 # every key with positive figures (Note [Hardware files]), and refuses a bad --out with exit 2.
 # Then the planner on that file: the ranked table, --json's keys, --png, exit 2 naming the key
-# for a bad hardware file, an unknown hardware name and a layout trident refuses; and last
+# for a bad hardware file, an unknown hardware name and a layout trident refuses; the NeoX and
+# Llama decks' FLOP counts and a refused kv_heads; and last
 # predictions against `trident bench` for a few layouts (tools/plan_validate.py --cases quick)
 # within the tolerance stated below. About 2 minutes on 2 cores.
 # usage: test_plan.sh TRIDENT_BINARY SOURCE_DIR SCRATCH_DIR
@@ -95,6 +96,30 @@ expect_bad "unknown hardware" "no-such-machine" "$bin" plan "$tiny" --hardware n
 expect_bad "refused layout" "parallel.tp" "$bin" plan "$tiny" --hardware "$out" --layout tp=3
 expect_bad "unknown layout key" "dq" "$bin" plan "$tiny" --hardware "$out" --layout dq=2
 expect_bad "layout against --gpus" "--gpus" "$bin" plan "$tiny" --hardware "$out" --layout dp=2 --gpus 4
+
+# The family decks (issue 35 part 6): each plans, and its FLOPs per step are 6·N_matmul + 12·L·T·C
+# per token with N_matmul counted here from the published shapes (NeoX: 12·C² per layer; Llama:
+# q, k, v with 8 kv heads, attproj and SwiGLU's three matrices), the head's C·V once each.
+for deck in neox-2.7b llama-3-8b; do
+  "$bin" plan "$src/inputs/$deck.yaml" --hardware dgx-h100 --gpus 16 --json --top 1 > "$deck.jsonl"; rc=$?
+  if [ $rc -eq 0 ] && "$py" - "$deck" "$deck.jsonl" <<'PY'
+import json, sys
+r = json.loads(open(sys.argv[2]).readline())
+if sys.argv[1] == "neox-2.7b":
+    L, C, T, V, batch = 32, 2560, 2048, 50432, 512
+    matmul = L * 12 * C * C + C * V
+else:
+    L, C, T, V, batch = 32, 4096, 8192, 128256, 128
+    matmul = L * (C * (32 + 2 * 8) * 128 + C * C + 3 * C * 14336) + C * V
+flops = (6 * matmul + 12 * L * T * C) * batch * T
+got = r["tflops_per_gpu"] * 1e12 * r["step_s"] * r["dp"] * r["tp"] * r["pp"]
+assert abs(got / flops - 1) < 1e-9, (got, flops)
+assert r["fits"] and 0 < r["mfu"] <= 1, r
+PY
+  then ok "$deck plans, with its family's FLOP count"; else fail "$deck: exit $rc, $(head -c 300 "$deck.jsonl")"; fi
+done
+expect_bad "kv_heads not dividing heads" "model.kv_heads" \
+  "$bin" plan "$src/inputs/llama-3-8b.yaml" --hardware dgx-h100 --gpus 8 --set model.kv_heads=5
 
 # Predicted against measured on this machine, with the file calibrated just now: each of four
 # layouts within a factor 2 (predicted/measured in [0.5, 2]). The documented validation

@@ -281,6 +281,9 @@ TEST_F(HardwareFileTest, MissingFileNamesThePath) {
 TEST_F(HardwareFileTest, FindsByNameOrPath) {
   EXPECT_EQ(find_hardware(write("mine.yaml", kValid)).name, "test-node");  // a path
   EXPECT_EQ(find_hardware("dgx-h100").name, "dgx-h100");                   // the source tree
+  EXPECT_EQ(find_hardware("dgx-a100").name, "dgx-a100-80gb");              // the one name it begins
+  EXPECT_THROW(find_hardware("dgx"), Error);      // begins dgx-a100-80gb and dgx-h100: ambiguous
+  EXPECT_THROW(find_hardware("dgx-a10"), Error);  // not up to a dash
   // $TRIDENT_HARDWARE_DIR comes first.
   write("dgx-h100.yaml", kValid);
   ASSERT_EQ(setenv("TRIDENT_HARDWARE_DIR", dir_.c_str(), 1), 0);

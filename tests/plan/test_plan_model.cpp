@@ -40,6 +40,12 @@ PlanModel small_model() {
   return m;
 }
 
+PlanModel small_model_layers(int layers) {
+  PlanModel m = small_model();
+  m.layers = layers, m.heads = 4;
+  return m;
+}
+
 TEST(PlanModel, GemmTermIsSeventyTwoNC2PerLayerPlusTheHead) {
   const PlanModel m = small_model();
   PlanLayout l;
@@ -224,6 +230,118 @@ TEST(PlanModel, ActivationMemoryIsWhatTheModelAllocates) {
       EXPECT_DOUBLE_EQ(params, double(gpt.num_params() * (bf16 ? 2 : 4)))
           << dtype << " " << recompute;
     }
+}
+
+// The families' parameter counts against published totals (not derived from trident):
+// Pythia-2.8B, GPT-NeoX's 2.7B shape with vocabulary 50304, has 2,775,208,960 parameters (its
+// model card); Llama-3-8B has 8,030,261,248 (transformers' num_parameters() of
+// meta-llama/Meta-Llama-3-8B, "8.03B"). Exact integers: the count is closed-form.
+TEST(PlanModel, FamilyParameterCountsMatchPublishedModels) {
+  PlanModel neox;
+  neox.layers = 32, neox.d_model = 2560, neox.heads = 32, neox.vocab = 50304, neox.seq_len = 2048;
+  neox.block.apply_family(Family::kNeoX);
+  EXPECT_DOUBLE_EQ(stage_params(neox, PlanLayout{}, 0), 2775208960.0);
+  // The seed's deck pads to 50432: 2·128·2560 more rows of wte and of the untied head.
+  neox.vocab = 50432;
+  EXPECT_DOUBLE_EQ(stage_params(neox, PlanLayout{}, 0), 2775208960.0 + 2 * 128 * 2560.0);
+
+  PlanModel llama;
+  llama.layers = 32, llama.d_model = 4096, llama.heads = 32, llama.vocab = 128256;
+  llama.seq_len = 8192;
+  llama.block.apply_family(Family::kLlama);
+  llama.block.kv_heads = 8, llama.block.mlp_hidden = 14336;
+  EXPECT_DOUBLE_EQ(stage_params(llama, PlanLayout{}, 0), 8030261248.0);
+  // Tied, the same model would hold one V·C matrix less (the head reads wte).
+  llama.block.tied_head = true;
+  EXPECT_DOUBLE_EQ(stage_params(llama, PlanLayout{}, 0), 8030261248.0 - 128256.0 * 4096);
+}
+
+// Small families of every kind against the model's own layout (gpt_param_layout) and its
+// allocation (a GPT built on the CPU backend), over tp and pp.
+PlanModel family_model(Family f) {
+  PlanModel m = small_model();
+  m.layers = 4, m.heads = 4;
+  m.block.apply_family(f);
+  if (f == Family::kLlama) m.block.kv_heads = 2, m.block.mlp_hidden = 96;
+  return m;
+}
+
+TEST(PlanModel, FamilyParameterCountIsTheModelsLayout) {
+  for (Family f : {Family::kGPT2, Family::kNeoX, Family::kLlama})
+    for (int tp : {1, 2})
+      for (int pp : {1, 2}) {
+        const PlanModel m = family_model(f);
+        PlanLayout l;
+        l.tp = tp, l.pp = pp;
+        for (int s = 0; s < pp; ++s) {
+          size_t count = 0;
+          for (const ParamInfo& p :
+               gpt_param_layout(gpt_config(m, l), tp, 0, pipeline_stage(m.layers, pp, s, {})))
+            count += p.count;
+          EXPECT_DOUBLE_EQ(stage_params(m, l, s), double(count))
+              << family_name(f) << " tp " << tp << " pp " << pp << " stage " << s;
+        }
+      }
+}
+
+TEST(PlanModel, FamilyActivationMemoryIsWhatTheModelAllocates) {
+  auto backend = make_cpu_backend(1);
+  for (Family f : {Family::kNeoX, Family::kLlama})
+    for (const char* recompute : {"none", "mlp", "full"}) {
+      const PlanModel m = family_model(f);
+      PlanLayout l;
+      l.micro_batch = 2;
+      l.recompute = recompute;
+      double acts = 0, params = 0;
+      for (const PlanTerm& t : memory_terms(m, l, round_machine())) {
+        if (t.name == "activations" || t.name == "scratch") acts += t.value;
+        if (t.name == "params") params = t.value;
+      }
+      GPTOptions options;
+      options.recompute = parse_recompute(recompute);
+      GPT gpt(gpt_config(m, l), *backend, 2, m.seq_len, options);
+      EXPECT_DOUBLE_EQ(acts, double(gpt.activation_bytes())) << family_name(f) << " " << recompute;
+      EXPECT_DOUBLE_EQ(params, double(gpt.num_params() * 4)) << family_name(f);
+    }
+}
+
+// The GEMM term at the family's widths, by hand: a Llama block with 4 query heads of 16 and 2
+// kv heads (qkv rows 4·16 + 2·2·16 = 128), SwiGLU hidden 96 (fc rows 192), C 64, N 32; the
+// untied head V 128. Forward 2·N·C·(128 + 64 + 192 + 96) per block, backward twice that.
+TEST(PlanModel, LlamaGemmTermCountsGqaAndSwiGLU) {
+  const PlanModel m = family_model(Family::kLlama);
+  PlanLayout l;
+  l.micro_batch = 2;
+  const Prediction p = predict(m, l, round_machine());
+  ASSERT_TRUE(p.fits) << p.why_not;
+  const double N = 32, C = 64, V = 128, L = 4;
+  const double flops = L * 3 * 2 * N * C * (128 + 64 + 192 + 96) + 6 * N * V * C;
+  EXPECT_DOUBLE_EQ(flops, 25165824.0);
+  EXPECT_NEAR(p.term("gemm"), flops / 1e12, 1e-15);
+  // GPT-2's block of the same shape: 12·C² per layer, so 72·N·C²·L + the head.
+  const Prediction g = predict(small_model_layers(4), l, round_machine());
+  EXPECT_NEAR(g.term("gemm"), (72 * N * C * C * L + 6 * N * V * C) / 1e12, 1e-15);
+}
+
+// A tied head with pp > 1 sums wte's fp32 gradient over the first and last stages: one ring
+// all-reduce of two ranks, 2·(1/2)·bytes / 10 GB/s on the round machine; ZeRO sends its dp
+// shard; an untied head (NeoX) sends nothing. wte: 128 padded rows × 64 = 8192 floats.
+TEST(PlanModel, TiedHeadSumsWteOverStagesAndAnUntiedHeadDoesNot) {
+  PlanModel m = small_model();
+  PlanLayout l;
+  l.pp = 2, l.accum = 2;
+  const double bytes = 128 * 64 * 4.0;
+  EXPECT_NEAR(predict(m, l, round_machine()).term("tied_embedding_allreduce"), bytes / 10e9, 1e-18);
+  l.dp = 2, l.zero = 1;
+  EXPECT_NEAR(predict(m, l, round_machine()).term("tied_embedding_allreduce"), bytes / 2 / 10e9,
+              1e-18);
+  l.dp = 1, l.zero = 0, l.pp = 1;
+  EXPECT_EQ(predict(m, l, round_machine()).term("tied_embedding_allreduce"), 0.0);
+  l.pp = 2;
+  m.block.apply_family(Family::kNeoX);
+  const Prediction p = predict(m, l, round_machine());
+  ASSERT_TRUE(p.fits) << p.why_not;
+  EXPECT_EQ(p.term("tied_embedding_allreduce"), 0.0);
 }
 
 TEST(PlanModel, RefusedLayoutsSayWhy) {
