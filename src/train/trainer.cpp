@@ -45,7 +45,8 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
   }
   open_data(cfg);
   check_memory_plan(cfg, deck_.train.micro_batch, deck_.model.seq_len, options, *ctx_.backend,
-                    dp_ && dp_->sharded() ? dp_size_ : 1);  // Note [Memory plan]
+                    dp_ && dp_->sharded() ? dp_size_ : 1,  // Note [Memory plan]
+                    ctx_.pp_links && ctx_.backend->is_device());
   model_ = std::make_unique<GPT>(cfg, *ctx_.backend, deck_.train.micro_batch, deck_.model.seq_len,
                                  options);
   if (deck_.model.init_from.empty()) model_->init_weights(deck_.train.seed);
