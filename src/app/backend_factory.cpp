@@ -85,6 +85,8 @@ DeviceComms make_device_comms(const Deck& deck, Backend& backend, ProcessGrid& g
     options.timeout_s = deck.comm.timeout_s;
     options.profile = profiling(deck);
     comms.links = std::make_unique<StageLinks>();
+    BackendBuffer<float> probe(backend, 1);
+    backend.synchronize();  // its zeroing done before a link writes it
     for (const StageLinkGroup& link : split_stage_links(grid.pp().raw())) {
       const char* name =
           link.direction == 0
@@ -93,6 +95,10 @@ DeviceComms make_device_comms(const Deck& deck, Backend& backend, ProcessGrid& g
       comms.pp_links.push_back(std::make_unique<NcclComm>(link.group, name, stream, options));
       MPI_Comm group = link.group;
       TRIDENT_MPI(MPI_Comm_free(&group));
+      // One float over the new link, while both ranks are here: NCCL connects a pair at its
+      // first transfer, so the link is connected at setup rather than in the first step.
+      Communicator& c = *comms.pp_links.back();
+      (link.sending ? c.send(probe.data(), 1, 1) : c.recv(probe.data(), 1, 0)).wait();
       (link.sending ? comms.links->send : comms.links->recv)[link.direction] =
           comms.pp_links.back().get();
     }
