@@ -123,6 +123,35 @@ class PipelineStage {
   std::function<void()> progress_;
 };
 
+// Note [Stage transfers on a device]
+// NCCL pairs transfers by order, not tag, and runs a communicator's in order: one over pp
+// could queue a send behind a receive its neighbour matches only after that send (1F1B). So
+// each directed link (s → s+1 activations, s → s−1 gradients) is a two-rank communicator of its
+// own, sender rank 0. Headers stay on pp (host MPI, tagged) and carry the sender's count, which
+// the receiver checks: a mismatched order is an Error, not data in the wrong buffer. A link
+// operation starts after a mark recorded just before on the compute stream; compute waits for
+// a receive before reading it.
+struct StageLinks {
+  // By direction (0 forward: activations to the next stage; 1 backward: gradients to the
+  // previous one): this stage's link for sending (it is rank 0) and for receiving (rank 1).
+  // Null where a pipeline of one stage has none.
+  Communicator* send[2] = {nullptr, nullptr};
+  Communicator* recv[2] = {nullptr, nullptr};
+};
+
+// The two-rank MPI groups of the links of this rank's stage in `pp` (collective over pp: every
+// rank calls it). Links are numbered forward s → s+1 as s, backward s → s−1 as stages + s
+// (around the ring: interleaved schedules use the wrap), and returned in that order, which is
+// the order every rank must make its device communicators in (each making is collective over
+// its two ranks; in one global order none waits for a rank that waits for it). Empty for one
+// stage. The caller frees the groups (MPI_Comm_free) once its communicators are made.
+struct StageLinkGroup {
+  MPI_Comm group = MPI_COMM_NULL;
+  int direction = 0;  // 0 forward, 1 backward
+  bool sending = false;
+};
+std::vector<StageLinkGroup> split_stage_links(MPI_Comm pp);
+
 struct PipelineStats {
   double total_ms = 0;    // the whole schedule on this stage
   double compute_ms = 0;  // inside forward()/backward()
@@ -154,12 +183,17 @@ struct PipelineStats {
 // stage's inputs, last stage's outputs) are not asked for. With stages == 1 nothing is sent
 // and pp is not used. After an Error the pp communicator may hold unmatched messages (a
 // neighbour then ends at the comm timeout): end the program, as the app does on any error.
+//
+// `links` null: the tensors travel over pp with the headers (host memory). Otherwise
+// Note [Stage transfers on a device]: the tensors are device memory and travel over the links.
 PipelineStats run_pipeline(PipeSchedule schedule, Communicator& pp, int stages, int stage,
-                           int micro_batches, PipelineStage& model, int chunks = 1);
+                           int micro_batches, PipelineStage& model, int chunks = 1,
+                           const StageLinks* links = nullptr);
 // Forward only (validation): forward(m) for m = 0 .. micro_batches − 1 on every chunk, with the
 // same messages, header checks and errors as run_pipeline; nothing goes backward. Every stage
 // of pp calls it with the same micro_batches.
 PipelineStats run_pipeline_forward(Communicator& pp, int stages, int stage, int micro_batches,
-                                   PipelineStage& model, int chunks = 1);
+                                   PipelineStage& model, int chunks = 1,
+                                   const StageLinks* links = nullptr);
 
 }  // namespace trident

@@ -97,6 +97,12 @@ struct TrainContext {
   // model's tensor-parallel collectives.
   Communicator* dp_device = nullptr;
   Communicator* tp_device = nullptr;
+  // Pipeline stages on a device (Note [Stage transfers on a device] in trident/pipeline.h):
+  // the links the boundary tensors travel on in device memory, and the device communicator
+  // of the embedding group (first and last stage) that sums the tied wte's gradient. Null:
+  // host copies over grid->pp() and grid->embedding().
+  const StageLinks* pp_links = nullptr;
+  Communicator* embedding_device = nullptr;
 };
 
 // One rank's training run: assembles the model, the data, the data-parallel unit

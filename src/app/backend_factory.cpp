@@ -78,6 +78,41 @@ DeviceComms make_device_comms(const Deck& deck, Backend& backend, ProcessGrid& g
     options.profile = profiling(deck);
     comms.tp = std::make_unique<NcclComm>(grid.tp().raw(), "tp (nccl)", stream, options);
   }
+  if (grid.layout().pp > 1) {
+    // Note [Stage transfers on a device] (trident/pipeline.h): a link of two ranks per
+    // direction and neighbour, each on its own stream, made in link order on every rank.
+    NcclCommOptions options;
+    options.timeout_s = deck.comm.timeout_s;
+    options.profile = profiling(deck);
+    comms.links = std::make_unique<StageLinks>();
+    BackendBuffer<float> probe(backend, 1);
+    backend.synchronize();  // its zeroing done before a link writes it
+    for (const StageLinkGroup& link : split_stage_links(grid.pp().raw())) {
+      const char* name =
+          link.direction == 0
+              ? (link.sending ? "pp activations out (nccl)" : "pp activations in (nccl)")
+              : (link.sending ? "pp gradients out (nccl)" : "pp gradients in (nccl)");
+      comms.pp_links.push_back(std::make_unique<NcclComm>(link.group, name, stream, options));
+      MPI_Comm group = link.group;
+      TRIDENT_MPI(MPI_Comm_free(&group));
+      // One float over the new link, while both ranks are here: NCCL connects a pair at its
+      // first transfer, so the link is connected at setup rather than in the first step.
+      Communicator& c = *comms.pp_links.back();
+      (link.sending ? c.send(probe.data(), 1, 1) : c.recv(probe.data(), 1, 0)).wait();
+      (link.sending ? comms.links->send : comms.links->recv)[link.direction] =
+          comms.pp_links.back().get();
+    }
+  }
+  if (grid.layout().pp > 1 && grid.in_embedding_group()) {
+    // Note [Stage sum in device memory] (train/tied_embedding.cpp): on the compute stream,
+    // since the norm and AdamW need the sum right after it.
+    NcclCommOptions options;
+    options.timeout_s = deck.comm.timeout_s;
+    options.on_compute_stream = true;
+    options.profile = profiling(deck);
+    comms.embedding =
+        std::make_unique<NcclComm>(grid.embedding().raw(), "embedding (nccl)", stream, options);
+  }
 #else
   (void)grid;
 #endif

@@ -7,6 +7,7 @@
 #include "trident/comm.h"
 #include "trident/deck.h"
 #include "trident/grid.h"
+#include "trident/pipeline.h"
 
 namespace trident {
 
@@ -14,11 +15,17 @@ namespace trident {
 // input_error naming run.backend when the build or the machine has no CUDA.
 std::unique_ptr<Backend> make_backend(const Deck& deck);
 
-// Communicators for device buffers (TrainContext::dp_device, tp_device): NcclComms over the
-// grid's dp ranks (its own stream, ordered after the backend's) and tp ranks (on the
-// backend's stream). Null for a host backend or a group of one. Collective over the world.
+// Communicators for device buffers (TrainContext::dp_device, tp_device, pp_links,
+// embedding_device): NcclComms over the grid's dp ranks (its own stream, ordered after the
+// backend's), tp ranks (on the backend's stream), this stage's pipeline links (two ranks each,
+// own streams: Note [Stage transfers on a device] in trident/pipeline.h) and the embedding
+// group (on the backend's stream). Null (empty) for a host backend or a group of one.
+// Collective over the world.
 struct DeviceComms {
   std::unique_ptr<Communicator> dp, tp;
+  std::vector<std::unique_ptr<Communicator>> pp_links;  // owned; `links` points into them
+  std::unique_ptr<StageLinks> links;                    // null without pp_links
+  std::unique_ptr<Communicator> embedding;
 };
 DeviceComms make_device_comms(const Deck& deck, Backend& backend, ProcessGrid& grid);
 

@@ -80,9 +80,14 @@ Run make_run(const Deck& deck, const std::function<double(Backend&)>& measure_pe
     const double peak = measure_peak(*run.backend);
     run.device_comms = make_device_comms(deck, *run.backend, *run.grid);
     run.trace = make_trace(deck, *run.grid);
-    run.context = TrainContext{
-        run.backend.get(),        peak, run.grid.get(), run.trace.get(), run.device_comms.dp.get(),
-        run.device_comms.tp.get()};
+    run.context = TrainContext{run.backend.get(),
+                               peak,
+                               run.grid.get(),
+                               run.trace.get(),
+                               run.device_comms.dp.get(),
+                               run.device_comms.tp.get(),
+                               run.device_comms.links.get(),
+                               run.device_comms.embedding.get()};
     // Validates the datasets and model.init_from before anything is written.
     run.trainer = std::make_unique<Trainer>(deck, run.context);
   });

@@ -17,10 +17,17 @@ void per_slot(std::vector<std::vector<T>>& buffers, int slots, bool needed, size
   buffers.assign(needed ? size_t(slots) : 0, std::vector<T>(n));
 }
 
+void per_slot(std::vector<BackendBuffer<float>>& buffers, Backend& be, int slots, bool needed,
+              size_t n) {
+  buffers.clear();
+  for (int i = 0; needed && i < slots; ++i) buffers.emplace_back(be, n);
+}
+
 }  // namespace
 
-GPTStage::GPTStage(GPT& model, DataParallel* dp, TiedEmbedding* tied)
-    : model_(model), dp_(dp), tied_(tied), slots_(model.num_slots()) {
+GPTStage::GPTStage(GPT& model, DataParallel* dp, TiedEmbedding* tied, bool device_links)
+    : model_(model), dp_(dp), tied_(tied), slots_(model.num_slots()),
+      device_links_(device_links && model.backend().is_device()) {
   each_micro_batch_ = dp_ && dp_->reduces_every_micro_batch();
   // Note [Progress during compute] (trident/pipeline.h): the model calls this between its
   // layers; it tests the transfers of the pipeline run in progress (none outside one). One
@@ -52,16 +59,19 @@ void GPTStage::begin_step(const StepInputs& in, const SampleOrder& order) {
   const bool sends = !st.has_head || st.chunks() > 1;
   per_slot(inputs_, slots_, needs_tokens, tokens);
   per_slot(targets_, slots_, needs_tokens, tokens);
-  per_slot(doutput_, slots_, sends, boundary);
   // One sent gradient per slot suffices: micro-batch m's forward starts only once the send of
   // m − slots's gradient has completed (Note [Slot reuse] in train/pipeline_runner.cpp).
-  per_slot(dinput_, slots_, receives, boundary);
-  // Note [Stage transfers on a device]: the received gradients (doutput_) and the sent ones
-  // (dinput_) are host buffers already, which the model copies from and to; the activations
-  // need host copies of their own.
-  const bool device = model_.backend().is_device();
-  per_slot(input_host_, slots_, device && receives, boundary);
-  per_slot(output_host_, slots_, device && sends, boundary);
+  Backend& be = model_.backend();
+  per_slot(doutput_, slots_, sends && !device_links_, boundary);
+  per_slot(dinput_, slots_, receives && !device_links_, boundary);
+  per_slot(doutput_dev_, be, slots_, sends && device_links_, boundary);
+  per_slot(dinput_dev_, be, slots_, receives && device_links_, boundary);
+  // Note [Stage transfers on a device] (trident/pipeline.h): without links the received
+  // gradients (doutput_) and the sent ones (dinput_) are host buffers already, which the model
+  // copies from and to; the activations need host copies of their own.
+  const bool staged = be.is_device() && !device_links_;
+  per_slot(input_host_, slots_, staged && receives, boundary);
+  per_slot(output_host_, slots_, staged && sends, boundary);
 }
 
 uint64_t GPTStage::first_sample(const StepInputs& in, int micro) {
@@ -72,6 +82,14 @@ uint64_t GPTStage::first_sample(const StepInputs& in, int micro) {
 
 size_t GPTStage::boundary_floats() const {
   return model_.boundary_rows(in_.micro_batch, in_.seq_len) * size_t(model_.config().channels);
+}
+
+float* GPTStage::doutput(int slot) {
+  return device_links_ ? doutput_dev_[size_t(slot)].data() : doutput_[size_t(slot)].data();
+}
+
+float* GPTStage::dinput(int slot) {
+  return device_links_ ? dinput_dev_[size_t(slot)].data() : dinput_[size_t(slot)].data();
 }
 
 StageTensor GPTStage::boundary(const char* name, float* data) const {
@@ -114,7 +132,7 @@ std::vector<StageTensor> GPTStage::forward_outputs(int micro, int chunk) {
 }
 
 std::vector<StageTensor> GPTStage::backward_inputs(int micro, int chunk) {
-  return {boundary("dhidden", doutput_[slot(micro, chunk)].data())};
+  return {boundary("dhidden", doutput(slot(micro, chunk)))};
 }
 
 GradReadyFn GPTStage::begin_reduction(int micro) {
@@ -185,16 +203,16 @@ void GPTStage::backward_weight(int micro, int chunk) {
   backward_ms_ += ms_since(t0);
 }
 
-const float* GPTStage::received_gradient(int micro, int chunk) const {
-  return head_chunk(chunk) ? nullptr : doutput_[slot(micro, chunk)].data();
+const float* GPTStage::received_gradient(int micro, int chunk) {
+  return head_chunk(chunk) ? nullptr : doutput(slot(micro, chunk));
 }
 
 float* GPTStage::sent_gradient(int micro, int chunk) {
-  return embedding_chunk(chunk) ? nullptr : dinput_[slot(micro, chunk)].data();
+  return embedding_chunk(chunk) ? nullptr : dinput(slot(micro, chunk));
 }
 
 std::vector<StageTensor> GPTStage::backward_outputs(int micro, int chunk) {
-  return {boundary("dhidden", dinput_[slot(micro, chunk)].data())};
+  return {boundary("dhidden", dinput(slot(micro, chunk)))};
 }
 
 }  // namespace trident

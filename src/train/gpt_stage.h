@@ -30,7 +30,10 @@ class GPTStage : public PipelineStage {
   static uint64_t first_sample(const StepInputs& in, int micro);
   // `dp` null: dp = 1; `tied` null: no tied embedding on this stage. Sets the model's progress
   // hook for its lifetime (Note [Progress during compute] in trident/pipeline.h).
-  GPTStage(GPT& model, DataParallel* dp, TiedEmbedding* tied);
+  // `device_links`: on a device backend the runner gets StageLinks, so the boundary tensors
+  // it is given are device memory (Note [Stage transfers on a device] in trident/pipeline.h);
+  // without, they are host copies.
+  GPTStage(GPT& model, DataParallel* dp, TiedEmbedding* tied, bool device_links = false);
   ~GPTStage() override;
   GPTStage(const GPTStage&) = delete;
   GPTStage& operator=(const GPTStage&) = delete;
@@ -69,12 +72,15 @@ class GPTStage : public PipelineStage {
   }
 
   StageTensor boundary(const char* name, float* data) const;
+  // A slot's received and sent gradient: host vectors, or device buffers with device links.
+  float* doutput(int slot);
+  float* dinput(int slot);
   // The reducer's hook for this micro-batch's gradient-ready events (empty without dp).
   GradReadyFn begin_reduction(int micro);
   const EmbeddingRowSink* sink_for(int micro);  // the tied embedding's, for this micro-batch
   float dloss_scale() const;
-  const float* received_gradient(int micro, int chunk) const;  // null on the last stage
-  float* sent_gradient(int micro, int chunk);                  // null on the first stage
+  const float* received_gradient(int micro, int chunk);  // null on the last stage
+  float* sent_gradient(int micro, int chunk);            // null on the first stage
   bool reducing_ = false;  // this step's reducing begin_step was called (Note in begin_reduction)
   bool each_micro_batch_ = false;  // Note [ZeRO-2 and accumulation] (train/zero.h)
   ReduceStats earlier_rounds_;     // this step's rounds before the last, summed
@@ -90,9 +96,11 @@ class GPTStage : public PipelineStage {
   std::vector<std::vector<int32_t>> inputs_, targets_;  // the micro-batch's tokens
   std::vector<std::vector<float>> doutput_;             // received gradients
   std::vector<std::vector<float>> dinput_;              // sent gradients
-  // Note [Stage transfers on a device]
-  // With a device backend the boundary activations travel through host copies (per slot),
-  // since the pipeline's communicator works on host memory.
+  // Note [Stage transfers on a device] (trident/pipeline.h): with device links the gradients
+  // are device buffers and the activations the model's own. Without links, on a device
+  // backend, the activations travel through host copies (per slot) over host MPI.
+  bool device_links_ = false;
+  std::vector<BackendBuffer<float>> doutput_dev_, dinput_dev_;
   std::vector<std::vector<float>> input_host_, output_host_;
   size_t boundary_floats() const;
   double forward_ms_ = 0, backward_ms_ = 0;

@@ -8,17 +8,26 @@ namespace trident {
 
 // Note [Memory plan] (src/backend/counting_backend.cpp): what this rank will allocate — the
 // model built on a counting backend (parameters, gradients, activations and scratch, exactly
-// as the real build will), plus AdamW's moments and ZeRO's shard gradients — against what the
-// backend has free. Host memory is shared by the ranks on the machine, so there the sum over
-// them is compared. The refusal is an input_error of this rank; setup_step (app) makes every
-// rank exit 2 with the lowest failing rank's message.
+// as the real build will), plus AdamW's moments, ZeRO's shard gradients and, with device
+// pipeline links, GPTStage's boundary gradients — against what the backend has free. Host memory is
+// shared by the ranks on the machine, so there the sum over them is compared. The refusal is an
+// input_error of this rank; setup_step (app) makes every rank exit 2 with the lowest failing rank's
+// message.
 void check_memory_plan(const GPTConfig& cfg, int B, int T, const GPTOptions& options,
-                       Backend& backend, int shard_ranks) {
-  size_t model_bytes = 0;
+                       Backend& backend, int shard_ranks, bool stage_gradients) {
+  size_t model_bytes = 0, stage_bytes = 0;
   {
     auto counter = make_counting_backend(backend, &model_bytes);
     GPT probe(cfg, *counter, B, T, options);
+    if (stage_gradients) {  // per slot, a received and a sent one where the stage has them
+      const StageSpec& st = options.stage;
+      const size_t buffers =
+          size_t(!st.has_embedding || st.chunks() > 1) + size_t(!st.has_head || st.chunks() > 1);
+      stage_bytes = size_t(probe.num_slots()) * buffers * probe.boundary_rows(B, T) *
+                    size_t(cfg.channels) * sizeof(float);
+    }
   }
+  model_bytes += stage_bytes;  // counted with the activations
   size_t param_floats = options.param_total;
   if (param_floats == 0)
     for (const ParamInfo& p : gpt_param_layout(cfg, options.tp.size, options.tp.rank, options.stage,

@@ -10,7 +10,9 @@
 // The header:
 //     [0] kHeaderMagic   [1] direction (0 forward, 1 backward)   [2] micro-batch
 //     [3] sending stage  [4] tensor count n ≤ kMaxStageTensors
-//     then per tensor i < n, 10 words at 5 + 10·i:
+//     [5] the sender's count of earlier messages in this direction (checked with links:
+//         Note [Stage transfers on a device] in trident/pipeline.h)
+//     then per tensor i < n, 10 words at 6 + 10·i:
 //         [0..1] the first 16 bytes of the name (zero-padded)  [2] FNV-1a hash of the full name
 //         [3] ndim ≤ kMaxStageDims (0: a scalar)   [4..9] the dims (unused ones 0)
 //
@@ -28,6 +30,9 @@
 // tests its pending transfers between actions, the model calls progress_transfers() between
 // its layers (Note [Progress during compute] in trident/pipeline.h), and every wait (a test()
 // loop) progresses them too.
+//
+// With links (Note [Stage transfers on a device]) only the headers travel as above; the tensors
+// go over the direction's link, tag 0, in the same order on both sides.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -63,8 +68,8 @@ size_t StageTensor::count() const {
 
 namespace {
 
-constexpr int64_t kHeaderMagic = 0x7472696465ab01;  // "tride", version 1
-constexpr int kHeaderFixed = 5;
+constexpr int64_t kHeaderMagic = 0x7472696465ab02;  // "tride", version 2
+constexpr int kHeaderFixed = 6;
 constexpr int kNameBytes = 16;
 constexpr int kWordsPerTensor = 4 + kMaxStageDims;
 constexpr int kHeaderWords = kHeaderFixed + kMaxStageTensors * kWordsPerTensor;
@@ -138,13 +143,15 @@ void check_tensors(const std::vector<StageTensor>& tensors, int stage, Direction
   }
 }
 
-Header encode_header(const std::vector<StageTensor>& tensors, Direction dir, int micro, int stage) {
+Header encode_header(const std::vector<StageTensor>& tensors, Direction dir, int micro, int stage,
+                     int64_t sequence) {
   Header h{};
   h[0] = kHeaderMagic;
   h[1] = dir;
   h[2] = micro;
   h[3] = stage;
   h[4] = static_cast<int64_t>(tensors.size());
+  h[5] = sequence;
   for (size_t i = 0; i < tensors.size(); ++i) {
     int64_t* w = &h[kHeaderFixed + i * kWordsPerTensor];
     char name[kNameBytes] = {};
@@ -218,6 +225,7 @@ struct PendingSend {
 // A posted boundary receive: its header's and its tensors' receives, started together.
 struct PostedReceive {
   int micro = -1, chunk = 0;  // micro -1: none posted
+  int64_t sequence = 0;       // this direction's receives posted before it
   std::unique_ptr<Header> header;
   Work header_work;
   std::vector<Work> works;
@@ -241,11 +249,16 @@ class StageRunner {
   // once the forward of the micro-batch in_flight before has been sent, not its backward.
   StageRunner(Communicator& pp, int stages, int stage, int micro_batches, int chunks,
               std::vector<int> in_flight, bool split, bool forward_only,
-              const std::vector<PipeAction>& actions, PipelineStage& model)
+              const std::vector<PipeAction>& actions, PipelineStage& model, const StageLinks* links)
       : pp_(pp), stages_(stages), stage_(stage), micro_batches_(micro_batches), chunks_(chunks),
         in_flight_(std::move(in_flight)), split_(split), forward_only_(forward_only), model_(model),
-        forwarded_(size_t(micro_batches) * chunks, 0),
+        links_(links), forwarded_(size_t(micro_batches) * chunks, 0),
         backwarded_(size_t(micro_batches) * chunks, 0) {
+    if (links_)  // marks made once (Note [Marks made once]), recorded before each operation
+      for (Direction dir : {kForwardDir, kBackwardDir}) {
+        if (links_->send[dir]) send_mark_[dir] = links_->send[dir]->new_mark(false);
+        if (links_->recv[dir]) recv_mark_[dir] = links_->recv[dir]->new_mark(false);
+      }
     for (const PipeAction& a : actions) {
       if (a.kind == PipeAction::Kind::kForward && !first(a.chunk))
         receives_[kForwardDir].push_back(a);
@@ -295,6 +308,9 @@ class StageRunner {
     const auto t0 = CommClock::now();
     for (PendingSend& p : pending_) wait_send(p);
     pending_.clear();
+    for (Landing& l : landing_)
+      for (Work& w : l.works) wait_naming(w, "receiving", l.dir, l.micro, l.chunk);
+    landing_.clear();
     stats_.wait_ms += ms_since(t0);
   }
 
@@ -354,14 +370,20 @@ class StageRunner {
                   dir == kForwardDir ? "forward output" : "backward output");
     const int dest = peer_rank(dir, true);
     const int u = unit(micro, dir == kForwardDir ? chunk_after(chunk) : chunk_before(chunk));
-    PendingSend p{
-        dir, micro, chunk, std::make_unique<Header>(encode_header(tensors, dir, micro, vs)), {}};
+    PendingSend p{dir,
+                  micro,
+                  chunk,
+                  std::make_unique<Header>(encode_header(tensors, dir, micro, vs, sent_[dir]++)),
+                  {}};
     p.works.push_back(pp_.send(p.header->data(), kHeaderWords, dest, message_tag(dir, u, 0)));
+    Communicator* link = links_ ? links_->send[dir] : nullptr;
+    if (link) order_link_after_compute(*link, send_mark_[dir].get());  // the data is written
     for (size_t i = 0; i < tensors.size(); ++i) {
       const size_t n = tensors[i].count();
       if (n == 0) continue;
       p.works.push_back(
-          pp_.send(tensors[i].data, n, dest, message_tag(dir, u, static_cast<int>(i) + 1)));
+          link ? link->send(tensors[i].data, n, 1)
+               : pp_.send(tensors[i].data, n, dest, message_tag(dir, u, static_cast<int>(i) + 1)));
       stats_.bytes_sent += n * sizeof(float);
     }
     ++stats_.messages_sent;
@@ -402,14 +424,18 @@ class StageRunner {
     r.chunk = chunk;
     r.header = std::make_unique<Header>();
     r.header_work = pp_.recv(r.header->data(), kHeaderWords, src, message_tag(dir, u, 0));
+    r.sequence = received_[dir]++;
     r.expected.clear();
     r.works.clear();
+    Communicator* link = links_ ? links_->recv[dir] : nullptr;
+    if (link) order_link_after_compute(*link, recv_mark_[dir].get());  // the buffers are free
     for (size_t i = 0; i < tensors.size(); ++i) {
       r.expected.push_back(describe(tensors[i]));
       const size_t n = tensors[i].count();
       if (n == 0) continue;
       r.works.push_back(
-          pp_.recv(tensors[i].data, n, src, message_tag(dir, u, static_cast<int>(i) + 1)));
+          link ? link->recv(tensors[i].data, n, 0)
+               : pp_.recv(tensors[i].data, n, src, message_tag(dir, u, static_cast<int>(i) + 1)));
       stats_.bytes_received += n * sizeof(float);
     }
     ++next_post_[dir];
@@ -428,9 +454,30 @@ class StageRunner {
     const auto t0 = CommClock::now();
     wait_naming(r.header_work, "receiving", dir, micro, chunk);
     check_received(r.expected, decode_header(*r.header, vs, src, dir, micro), vs, src, dir, micro);
+    if (links_ && links_->recv[dir]) {
+      // Note [Stage transfers on a device]: the link paired this receive with the sender's
+      // message of the same count; the header says which message that is.
+      if ((*r.header)[5] != r.sequence)
+        internal_error(__FILE__, __LINE__,
+                       fmt::format("pipeline: stage {} posted its receive {} of {} from stage {} "
+                                   "for micro-batch {}, which the sender sent as its message {}: "
+                                   "the two sides order this link's messages differently",
+                                   vs, r.sequence, what_moves(dir), src, micro, (*r.header)[5]));
+      // Compute waits for the link on the device; the host only tests the receive from now on.
+      links_->recv[dir]->compute_waits_for_comm();
+      landing_.push_back({dir, micro, chunk, std::move(r.works)});
+      r.works.clear();
+    }
     for (Work& w : r.works) wait_naming(w, "receiving", dir, micro, chunk);
     stats_.wait_ms += ms_since(t0);
     r.micro = -1;
+  }
+
+  // A link operation reads or writes what compute wrote or read up to now.
+  static void order_link_after_compute(Communicator& link, ComputeMark* mark) {
+    if (!mark) return;
+    link.record_mark(*mark);
+    link.order_after(mark);
   }
 
   // Waits for w, with a failure (e.g. the comm timeout when a neighbour stopped) saying which
@@ -464,11 +511,18 @@ class StageRunner {
     for (Work& w : p.works) wait_naming(w, "sending", p.dir, p.micro, p.chunk);
   }
 
-  // Drives progress on every pending send and drops the completed ones.
+  // Drives progress on every pending send (and landing receive) and drops the completed ones.
   void poll_sends() {
     std::erase_if(pending_, [](PendingSend& p) {
       bool done = true;
       for (Work& w : p.works) done = w.test() && done;
+      return done;
+    });
+    std::erase_if(landing_, [this](Landing& l) {
+      bool done = true;
+      naming("receiving", l.dir, l.micro, l.chunk, [&] {
+        for (Work& w : l.works) done = w.test() && done;
+      });
       return done;
     });
   }
@@ -483,11 +537,23 @@ class StageRunner {
     stats_.wait_ms += ms_since(t0);
   }
 
+  // A link receive the compute stream already waits for, tested until it completed (a failure
+  // or the comm timeout is still reported).
+  struct Landing {
+    Direction dir;
+    int micro, chunk;
+    std::vector<Work> works;
+  };
+
   Communicator& pp_;
   const int stages_, stage_, micro_batches_, chunks_;
   const std::vector<int> in_flight_;  // by chunk
   const bool split_, forward_only_;
   PipelineStage& model_;
+  const StageLinks* links_;                                   // null: the tensors travel over pp
+  std::shared_ptr<ComputeMark> send_mark_[2], recv_mark_[2];  // by Direction; null on a host
+  int64_t sent_[2] = {0, 0}, received_[2] = {0, 0};           // messages so far, by Direction
+  std::vector<Landing> landing_;
   std::vector<PendingSend> pending_;
   std::vector<PipeAction> receives_[2];       // by Direction: the actions that receive, in order
   PostedReceive posted_[2];                   // by Direction
@@ -502,15 +568,25 @@ namespace {
 
 PipelineStats run_actions(Communicator& pp, int stages, int stage, int micro_batches, int chunks,
                           const std::vector<PipeAction>& actions, std::vector<int> in_flight,
-                          bool split, bool forward_only, PipelineStage& model) {
+                          bool split, bool forward_only, PipelineStage& model,
+                          const StageLinks* links) {
   TRIDENT_CHECK(pp.size() == stages && pp.rank() == stage,
                 "run_pipeline for stage {} of {} on communicator '{}' where this rank is {} of {}",
                 stage, stages, pp.name(), pp.rank(), pp.size());
   TRIDENT_CHECK(model.chunks() == chunks, "run_pipeline with {} chunks for a stage holding {}",
                 chunks, model.chunks());
+  if (links && stages > 1)
+    for (int dir : {0, 1})
+      for (Communicator* link : {links->send[dir], links->recv[dir]})
+        TRIDENT_CHECK(link != nullptr && link->size() == 2 &&
+                          link->rank() == (link == links->send[dir] ? 0 : 1),
+                      "run_pipeline: stage {}'s {} link for {} is not a two-rank communicator "
+                      "with the sender at rank 0",
+                      stage, link == links->send[dir] ? "sending" : "receiving",
+                      dir == 0 ? "activations" : "gradients");
   const auto t0 = CommClock::now();
   StageRunner runner(pp, stages, stage, micro_batches, chunks, std::move(in_flight), split,
-                     forward_only, actions, model);
+                     forward_only, actions, model, stages > 1 ? links : nullptr);
   model.set_transfer_progress([&runner] { runner.progress(); });
   try {
     for (const PipeAction& a : actions) runner.run_action(a);
@@ -528,7 +604,8 @@ PipelineStats run_actions(Communicator& pp, int stages, int stage, int micro_bat
 }  // namespace
 
 PipelineStats run_pipeline(PipeSchedule schedule, Communicator& pp, int stages, int stage,
-                           int micro_batches, PipelineStage& model, int chunks) {
+                           int micro_batches, PipelineStage& model, int chunks,
+                           const StageLinks* links) {
   if (schedule == PipeSchedule::kInterleaved && chunks < 2)
     input_error("parallel.schedule: interleaved needs stages of 2 or more model chunks "
                 "(PipelineStage::chunks(), parallel.virtual_stages), not {}; use 1f1b",
@@ -543,11 +620,11 @@ PipelineStats run_pipeline(PipeSchedule schedule, Communicator& pp, int stages, 
     in_flight.push_back(max_in_flight(schedule, stages, stage, micro_batches, chunks, c));
   return run_actions(pp, stages, stage, micro_batches, chunks,
                      pipeline_actions(schedule, stages, stage, micro_batches, chunks),
-                     std::move(in_flight), split, /*forward_only=*/false, model);
+                     std::move(in_flight), split, /*forward_only=*/false, model, links);
 }
 
 PipelineStats run_pipeline_forward(Communicator& pp, int stages, int stage, int micro_batches,
-                                   PipelineStage& model, int chunks) {
+                                   PipelineStage& model, int chunks, const StageLinks* links) {
   // Micro-batch by micro-batch, each through the stage's chunks in order: the order the
   // neighbours' outputs arrive in, around the ring with several chunks. One micro-batch in
   // flight per chunk: forward(m) starts once forward(m − 1)'s send has completed.
@@ -556,7 +633,7 @@ PipelineStats run_pipeline_forward(Communicator& pp, int stages, int stage, int 
     for (int c = 0; c < chunks; ++c) actions.push_back({PipeAction::Kind::kForward, m, c});
   return run_actions(pp, stages, stage, micro_batches, chunks, actions,
                      std::vector<int>(size_t(chunks), 1), /*split=*/false,
-                     /*forward_only=*/true, model);
+                     /*forward_only=*/true, model, links);
 }
 
 }  // namespace trident

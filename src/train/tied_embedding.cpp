@@ -58,10 +58,13 @@ int TiedEmbedding::wte_index(const std::vector<ParamInfo>& params) const {
 }
 
 void TiedEmbedding::attach(GPT& model, DataParallel* dp, ProcessGrid* grid,
-                           const SampleOrder& order, TraceWriter* trace, long tokens_per_step) {
+                           Communicator* device_comm, const SampleOrder& order, TraceWriter* trace,
+                           long tokens_per_step) {
   model_ = &model;
   dp_ = dp;
   grid_ = grid;
+  device_comm_ = pp_size_ > 1 ? device_comm : nullptr;
+  if (device_comm_) sum_mark_ = device_comm_->new_mark(false);
   order_ = &order;
   trace_ = trace;
   wte_ = wte_index(model.params_info());
@@ -143,20 +146,38 @@ void TiedEmbedding::add_rows_to_gradient() {
 
 void TiedEmbedding::sum_over_stages() {
   if (pp_size_ == 1) return;
-  Backend& be = model_->backend();
+  float* grads = nullptr;
+  size_t count = 0;
   if (dp_ && dp_->sharded()) {
     // wte has a bucket of its own on both stages (needs_own_bucket), so this rank's shard is
     // the same slice of wte on the first and the last stage.
     const DataParallel::ShardSlice shard = dp_->shard_of(dp_->unit(wte_, 0));
-    HostView<float> g(be, shard.grads, shard.count, /*load=*/true);
-    grid_->embedding().all_reduce(g.data(), shard.count).wait();
-    g.commit();
+    grads = shard.grads;
+    count = shard.count;
+  } else {
+    const ParamInfo& wte = model_->params_info()[size_t(wte_)];
+    grads = model_->grads() + wte.offset;
+    count = wte.count;
+  }
+  if (device_comm_) {
+    // Note [Stage sum in device memory]
+    // On a device wte's gradient is summed where it is, by one all-reduce ordered after the
+    // compute stream's point now (the gradient final) and before its next kernels (the norm,
+    // AdamW): the host neither copies nor waits. The last step's sum completed long ago on the
+    // device; waiting for it here only reports its failure or timeout.
+    sum_.wait();
+    if (sum_mark_) {
+      device_comm_->record_mark(*sum_mark_);
+      device_comm_->order_after(sum_mark_.get());
+    }
+    sum_ = device_comm_->all_reduce(grads, count, ReduceOp::kSum, "wte over stages");
+    device_comm_->compute_waits_for_comm();
     return;
   }
-  const ParamInfo& wte = model_->params_info()[size_t(wte_)];
-  // Host MPI on a host view (Note [Stage transfers on a device] in train/gpt_stage.h).
-  HostView<float> g(be, model_->grads() + wte.offset, wte.count, /*load=*/true);
-  grid_->embedding().all_reduce(g.data(), wte.count).wait();
+  // Host MPI on a host view: a copy of wte's gradient there and back (without a device
+  // communicator for the embedding group).
+  HostView<float> g(model_->backend(), grads, count, /*load=*/true);
+  grid_->embedding().all_reduce(g.data(), count).wait();
   g.commit();
 }
 

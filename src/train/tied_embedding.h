@@ -44,8 +44,10 @@ class TiedEmbedding {
   bool needs_own_bucket() const { return pp_size_ > 1; }
 
   // After the model and its DataParallel unit (null with dp = 1). `grid` null: one rank.
-  void attach(GPT& model, DataParallel* dp, ProcessGrid* grid, const SampleOrder& order,
-              TraceWriter* trace, long tokens_per_step);
+  // `device_comm`: the embedding group's device communicator, which sums wte's gradient over
+  // the stages in device memory (Note [Stage sum in device memory]); null: host MPI on a copy.
+  void attach(GPT& model, DataParallel* dp, ProcessGrid* grid, Communicator* device_comm,
+              const SampleOrder& order, TraceWriter* trace, long tokens_per_step);
 
   // Before the step's pipeline: with the row sink, the step's rows united over dp
   // (Note [Step row set]); returns that collective's milliseconds (0 without the sink), which
@@ -75,6 +77,9 @@ class TiedEmbedding {
   GPT* model_ = nullptr;
   DataParallel* dp_ = nullptr;
   ProcessGrid* grid_ = nullptr;
+  Communicator* device_comm_ = nullptr;
+  std::shared_ptr<ComputeMark> sum_mark_;  // device_comm_'s, made once
+  Work sum_;                               // the last step's sum over the stages
   const SampleOrder* order_ = nullptr;
   TraceWriter* trace_ = nullptr;
   int wte_ = -1;                           // wte's index in the model's parameters

@@ -45,7 +45,8 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
   }
   open_data(cfg);
   check_memory_plan(cfg, deck_.train.micro_batch, deck_.model.seq_len, options, *ctx_.backend,
-                    dp_ && dp_->sharded() ? dp_size_ : 1);  // Note [Memory plan]
+                    dp_ && dp_->sharded() ? dp_size_ : 1,  // Note [Memory plan]
+                    ctx_.pp_links && ctx_.backend->is_device());
   model_ = std::make_unique<GPT>(cfg, *ctx_.backend, deck_.train.micro_batch, deck_.model.seq_len,
                                  options);
   if (deck_.model.init_from.empty()) model_->init_weights(deck_.train.seed);
@@ -53,10 +54,11 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
   // The parts that work on the model's buffers.
   if (dp_) dp_->attach(*model_);
   if (tied_)
-    tied_->attach(*model_, dp_.get(), ctx_.grid, *train_order_, ctx_.trace, tokens_per_step());
+    tied_->attach(*model_, dp_.get(), ctx_.grid, ctx_.embedding_device, *train_order_, ctx_.trace,
+                  tokens_per_step());
   opt_ = std::make_unique<AdamW>(*ctx_.backend,
                                  dp_ && dp_->sharded() ? dp_->shard_size() : model_->num_params());
-  stage_ = std::make_unique<GPTStage>(*model_, dp_.get(), tied_.get());
+  stage_ = std::make_unique<GPTStage>(*model_, dp_.get(), tied_.get(), ctx_.pp_links != nullptr);
   norm_ = std::make_unique<GradNorm>(*model_, dp_.get(), tied_.get(), ctx_.grid, *pp_comm_);
   if (ctx_.trace)
     model_->set_phase_recorder([this](const std::string& phase, auto b, auto e) {
@@ -127,8 +129,8 @@ StepStats Trainer::train_step(int step) {
                                 tc.accum, dp_size_,       dp_rank_};
   const double rows_ms = tied_ ? tied_->begin_step(in) : 0.0;
   stage_->begin_step(in, *train_order_);
-  const PipelineStats ps =
-      run_pipeline(schedule_, *pp_comm_, pp_size_, pp_rank_, tc.accum, *stage_, chunks_);
+  const PipelineStats ps = run_pipeline(schedule_, *pp_comm_, pp_size_, pp_rank_, tc.accum, *stage_,
+                                        chunks_, ctx_.pp_links);
   s.forward_ms = stage_->forward_ms();
   s.backward_ms = stage_->backward_ms();
   s.pipeline_ms = ps.total_ms;
@@ -235,7 +237,7 @@ double Trainer::validate() {
   if (mine > 0) {
     stage_->begin_step({0, deck_.train.micro_batch, deck_.model.seq_len, mine, dp_size_, dp_rank_},
                        *valid_order_);
-    run_pipeline_forward(*pp_comm_, pp_size_, pp_rank_, mine, *stage_, chunks_);
+    run_pipeline_forward(*pp_comm_, pp_size_, pp_rank_, mine, *stage_, chunks_, ctx_.pp_links);
     sum[0] = stage_->take_loss_sum();
   }
   if (pp_size_ > 1) pp_comm_->all_reduce(&sum[0], 1).wait();

@@ -16,8 +16,9 @@ GPTOptions stage_options(const Deck& deck, const GPTConfig& cfg, const TrainCont
                          PipeSchedule schedule, int pp_size, int pp_rank, int dp_size);
 
 // Refuses (input_error) a model that cannot fit (Note [Memory plan]). `shard_ranks`: the dp
-// ranks ZeRO shards the optimizer and gradient shards over (1: none).
+// ranks ZeRO shards the optimizer and gradient shards over (1: none). `stage_gradients`: the
+// pipeline stage keeps its boundary gradients in backend memory (device links).
 void check_memory_plan(const GPTConfig& cfg, int B, int T, const GPTOptions& options,
-                       Backend& backend, int shard_ranks);
+                       Backend& backend, int shard_ranks, bool stage_gradients = false);
 
 }  // namespace trident

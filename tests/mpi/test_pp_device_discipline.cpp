@@ -1,14 +1,20 @@
 // Note [Backend memory] in every parallel layout: trained on a backend whose memory the host
 // cannot touch (StrictDeviceBackend), with "device" communicators for dp and tp
-// (StrictDeviceComm: as a device backend gets NcclComms) and host MPI for the pipeline's
-// transfers (Note [Stage transfers on a device]), every layout equals the CPU backend's run of
-// the same layout. Any host access to backend memory on these paths — a buffer handed to host
-// MPI, a host loop over activations — crashes the test instead.
+// (StrictDeviceComm: as a device backend gets NcclComms) and, for the pipeline's transfers,
+// either host copies over host MPI or device links (Note [Stage transfers on a device] in
+// trident/pipeline.h), every layout equals the CPU backend's run of the same layout. Any host
+// access to backend memory on these paths — a buffer handed to host MPI, a host loop over
+// activations — crashes the test instead; a link transfer not ordered with compute fails it.
 // Runs under mpirun with 2, 4 and 8 ranks.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cmath>
+#include <limits>
+#include <memory>
 
 #include "strict_device_backend.h"
 #include "train_harness.h"
@@ -36,12 +42,46 @@ struct Outcome {
   std::vector<double> losses;
   double val = 0;
   size_t optimizer_floats = 0, model_floats = 0;  // AdamW's state per moment; the model's
+  size_t step_copies_to_host = 0;                 // the strict backend's, over the steps
 };
 
-Outcome train(Backend& be, const Deck& d, ProcessGrid& grid, Communicator* dp, Communicator* tp) {
-  Trainer t(d, TrainContext{&be, 1e9, &grid, nullptr, dp, tp});
+struct Outcome;
+Outcome train(Backend& be, const Deck& d, ProcessGrid& grid, Communicator* dp, Communicator* tp,
+              const StageLinks* links = nullptr, Communicator* embedding = nullptr);
+
+// The strict device links of this rank's stage (split_stage_links), each a StrictDeviceComm
+// over a two-rank MpiComm, and the embedding group's strict communicator.
+struct StrictLinks {
+  std::vector<std::unique_ptr<MpiComm>> hosts;
+  std::vector<std::unique_ptr<testing::StrictDeviceComm>> devices;
+  StageLinks links;
+  std::unique_ptr<testing::StrictDeviceComm> embedding;
+  size_t transfers() const {
+    size_t n = 0;
+    for (const auto& d : devices) n += d->point_to_point_count();
+    return n;
+  }
+};
+std::unique_ptr<StrictLinks> strict_links(testing::StrictDeviceBackend& be, ProcessGrid& grid) {
+  auto s = std::make_unique<StrictLinks>();
+  for (const StageLinkGroup& g : split_stage_links(grid.pp().raw())) {
+    s->hosts.push_back(std::make_unique<MpiComm>(g.group, "link"));  // owns the group
+    s->devices.push_back(std::make_unique<testing::StrictDeviceComm>(be, *s->hosts.back()));
+    (g.sending ? s->links.send : s->links.recv)[g.direction] = s->devices.back().get();
+  }
+  if (grid.layout().pp > 1 && grid.in_embedding_group())
+    s->embedding = std::make_unique<testing::StrictDeviceComm>(be, grid.embedding());
+  return s;
+}
+
+Outcome train(Backend& be, const Deck& d, ProcessGrid& grid, Communicator* dp, Communicator* tp,
+              const StageLinks* links, Communicator* embedding) {
+  Trainer t(d, TrainContext{&be, 1e9, &grid, nullptr, dp, tp, links, embedding});
   Outcome o;
+  auto* strict = dynamic_cast<testing::StrictDeviceBackend*>(&be);
+  const size_t copies_before = strict ? strict->copies_to_host() : 0;
   for (int s = 0; s < d.train.steps; ++s) o.losses.push_back(t.train_step(s).loss);
+  o.step_copies_to_host = strict ? strict->copies_to_host() - copies_before : 0;
   o.val = t.validate();
   o.optimizer_floats = t.optimizer().size();
   o.model_floats = t.model().num_params();
@@ -175,6 +215,103 @@ TEST(DeviceDiscipline, EveryLayout) {
   } else {
     GTEST_SKIP() << "layouts for 2, 4 and 8 ranks";
   }
+}
+
+// Note [Stage transfers on a device] with the strict backend and strict links, in every
+// schedule: the boundary tensors go from device memory to device memory over the links (a
+// host access to them crashes; a transfer not ordered after compute, or a receive read before
+// compute waited for it, fails: StrictDeviceComm), and the tied wte is summed over the stages
+// in device memory. The run must equal the host-staged one bit for bit (the same ops on the same
+// data; only where the bytes travel differs) and so the CPU's within the layouts' 1e-5, and it
+// must save the staging's copies to the host: per step and stage, one per micro-batch (stage
+// 0's activations out, the last stage's gradients out) and one of wte's gradient.
+void expect_links_match_staged(int dp, int pp, std::vector<std::string> extra) {
+  SCOPED_TRACE(fmt::format("dp {} pp {} {}", dp, pp, fmt::join(extra, " ")));
+  ProcessGrid grid(make_layout(world_size(), dp, 1, pp));
+  const Deck d = deck(1, pp, extra);
+  auto cpu = make_cpu_backend(1);
+  const Outcome want = train(*cpu, d, grid, nullptr, nullptr);
+  testing::StrictDeviceBackend strict;
+  testing::StrictDeviceComm dp_comm(strict, grid.dp());
+  Communicator* dpc = dp > 1 ? &dp_comm : nullptr;
+  const Outcome staged = train(strict, d, grid, dpc, nullptr);
+  auto links = strict_links(strict, grid);
+  const Outcome linked =
+      train(strict, d, grid, dpc, nullptr, &links->links, links->embedding.get());
+  EXPECT_GT(links->transfers(), 0u);
+  ASSERT_EQ(linked.losses.size(), want.losses.size());
+  for (size_t i = 0; i < want.losses.size(); ++i) {
+    EXPECT_EQ(linked.losses[i], staged.losses[i]) << "step " << i + 1;
+    EXPECT_NEAR(linked.losses[i], want.losses[i], 1e-5 * std::abs(want.losses[i]))
+        << "step " << i + 1;
+  }
+  EXPECT_EQ(linked.val, staged.val);
+  // Staged, each micro-batch's send from a chunk copies to the host: activations from every
+  // virtual stage but the last, gradients from every one but the first; wte's sum one more.
+  const int v = d.parallel.virtual_stages, stage = grid.coord().pp;
+  size_t per_step = (stage == 0 || stage == pp - 1) ? 1 : 0;
+  for (int chunk = 0; chunk < v; ++chunk) {
+    const int vs = chunk * pp + stage;
+    per_step += size_t(d.train.accum) * ((vs != pp * v - 1) + (vs != 0));
+  }
+  EXPECT_EQ(staged.step_copies_to_host - linked.step_copies_to_host,
+            size_t(d.train.steps) * per_step)
+      << "staged " << staged.step_copies_to_host << ", linked " << linked.step_copies_to_host;
+}
+
+TEST(DeviceDiscipline, PipelineOverDeviceLinksInEverySchedule) {
+  const int world = world_size();
+  if (world == 2) {
+    for (const char* schedule : {"gpipe", "1f1b", "zb-h1"})
+      expect_links_match_staged(1, 2, {fmt::format("parallel.schedule={}", schedule)});
+    expect_links_match_staged(1, 2, {"parallel.schedule=interleaved", "parallel.virtual_stages=2"});
+  } else if (world == 4) {
+    expect_links_match_staged(2, 2, {"parallel.schedule=1f1b"});
+    expect_links_match_staged(2, 2, {"parallel.schedule=1f1b", "parallel.zero=1"});
+    expect_links_match_staged(1, 4,
+                              {"parallel.schedule=interleaved", "parallel.virtual_stages=2",
+                               "train.accum=4", "model.layers=8"});
+  } else {
+    GTEST_SKIP() << "pipeline layouts for 2 and 4 ranks";
+  }
+}
+
+// The strict links themselves must catch the two mistakes they stand for: a transfer started
+// without ordering after compute, and a received buffer read before compute waited for it.
+TEST(DeviceDiscipline, StrictLinksCatchAMissingOrderOrWait) {
+  if (world_size() != 2) GTEST_SKIP() << "one link of 2 ranks";
+  ProcessGrid grid(make_layout(2, 1, 1, 2));
+  testing::StrictDeviceBackend strict;
+  auto links = strict_links(strict, grid);
+  const bool sender = grid.coord().pp == 0;
+  Communicator& link = sender ? *links->links.send[0] : *links->links.recv[0];
+  const size_t n = 64;
+  BackendBuffer<float> buf(strict, n);
+  std::vector<float> host(n, 0.0f);
+  for (size_t i = 0; i < n; ++i) host[i] = float(i) + 0.5f;
+  if (sender) strict.copy(buf.data(), host.data(), n * sizeof(float));
+  // No mark at all: refused on both sides.
+  EXPECT_THROW(sender ? link.send(buf.data(), n, 1) : link.recv(buf.data(), n, 0), Error);
+  auto mark = link.new_mark(false);
+  ASSERT_NE(mark, nullptr);
+  link.record_mark(*mark);
+  strict.fill_zero(host.data(), 0);  // a backend op after the mark: the mark is stale
+  link.order_after(mark.get());
+  EXPECT_THROW(sender ? link.send(buf.data(), n, 1) : link.recv(buf.data(), n, 0), Error);
+  link.record_mark(*mark);
+  link.order_after(mark.get());
+  if (sender) {
+    link.send(buf.data(), n, 1).wait();
+    return;
+  }
+  Work w = link.recv(buf.data(), n, 0);
+  w.wait();
+  std::vector<float> got(n, 0.0f);
+  strict.copy(got.data(), buf.data(), n * sizeof(float));
+  EXPECT_TRUE(std::isnan(got[0])) << "complete on the link, but compute has not waited";
+  link.compute_waits_for_comm();
+  strict.copy(got.data(), buf.data(), n * sizeof(float));
+  EXPECT_EQ(got, host);
 }
 
 }  // namespace

@@ -9,12 +9,15 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -307,10 +310,13 @@ class StrictDeviceBackend final : public Backend {
   // operation). Counted, so that a communication thread's operation and the compute thread's
   // ops may overlap: the memory closes when the last one ends (while both are open, a stray
   // host access on the other thread goes unnoticed — the test is weaker there, not wrong).
+  // `op`: a backend op or copy (the "compute stream" of its thread, counted per thread for
+  // StrictDeviceComm's marks); a communicator's own access is not one.
   class Open {
    public:
-    explicit Open(StrictDeviceBackend& be) : be_(be) {
+    explicit Open(StrictDeviceBackend& be, bool op = true) : be_(be) {
       std::lock_guard<std::mutex> lock(be_.mutex_);
+      if (op) ++be_.ops_[std::this_thread::get_id()];
       if (be_.open_++ == 0) be_.protect(PROT_READ | PROT_WRITE);
     }
     ~Open() {
@@ -321,6 +327,12 @@ class StrictDeviceBackend final : public Backend {
    private:
     StrictDeviceBackend& be_;
   };
+
+  // The ops and copies the calling thread has run so far (its compute stream's position).
+  uint64_t ops_on_this_thread() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return ops_[std::this_thread::get_id()];
+  }
 
  private:
   bool mine(const void* p) const {
@@ -339,12 +351,25 @@ class StrictDeviceBackend final : public Backend {
   std::mutex mutex_;
   int open_ = 0;
   size_t copies_to_host_ = 0;
+  std::map<std::thread::id, uint64_t> ops_;
 };
 
-// A "device communicator" for the strict backend's memory: each operation runs to completion
+// A "device communicator" for the strict backend's memory: each collective runs to completion
 // on the wrapped host communicator while the memory is open, so code that hands backend memory
 // to it (the GradReducer, the model's tp collectives) works, and code that hands backend
 // memory to a host communicator instead crashes.
+//
+// Point-to-point transfers behave as a device link's, strictly
+// (Note [Stage transfers on a device] in trident/pipeline.h):
+//   - pairing by order: only tag 0 is accepted (the host transfers all use tag 0, which MPI
+//     matches in order, as NCCL does);
+//   - a send or receive must be ordered after everything the calling thread's compute stream
+//     did so far (a mark recorded, then order_after it, with no backend op between): else an
+//     Error, the send might read data not yet written or the receive overwrite data in use;
+//   - a received buffer holds NaN from the receive's start and the data only once compute
+//     waited for it (compute_waits_for_comm), as a kernel that read it earlier might see: a
+//     missing wait trains on NaN.
+// A send copies its data out at its start (the device would read it once ordered there).
 class StrictDeviceComm final : public Communicator {
  public:
   StrictDeviceComm(StrictDeviceBackend& be, Communicator& host) : be_(be), host_(host) {}
@@ -352,10 +377,40 @@ class StrictDeviceComm final : public Communicator {
   int size() const override { return host_.size(); }
   const std::string& name() const override { return host_.name(); }
 
+  struct Mark : ComputeMark {
+    std::thread::id thread;
+    uint64_t ops = 0;
+    bool recorded = false;
+  };
+  std::shared_ptr<ComputeMark> new_mark(bool timed) override {
+    if (timed) return nullptr;  // no device time
+    return std::make_shared<Mark>();
+  }
+  void record_mark(ComputeMark& mark) override {
+    Mark& m = static_cast<Mark&>(mark);
+    m.thread = std::this_thread::get_id();
+    m.ops = be_.ops_on_this_thread();
+    m.recorded = true;
+  }
+  void order_after(const ComputeMark* mark) override {
+    if (mark) ordered_ = static_cast<const Mark&>(*mark);
+  }
+  // The receives started so far land in their buffers.
+  void compute_waits_for_comm() override {
+    for (auto& t : landing_) {
+      if (!t->done) t->host.wait();
+      t->done = true;
+      StrictDeviceBackend::Open open(be_, /*op=*/false);
+      std::memcpy(t->dst, t->staging.data(), t->staging.size() * sizeof(float));
+    }
+    landing_.clear();
+  }
+  size_t point_to_point_count() const { return transfers_; }
+
  protected:
   template <typename Fn>
   Work now(Fn fn) {
-    StrictDeviceBackend::Open open(be_);
+    StrictDeviceBackend::Open open(be_, /*op=*/false);
     Work w = fn();
     w.wait();
     return Work();
@@ -386,16 +441,69 @@ class StrictDeviceComm final : public Communicator {
   Work start_broadcast(void*, size_t, ElemType, int) override {
     internal_error(__FILE__, __LINE__, "strict comm: broadcast not needed");
   }
-  Work start_send(const void*, size_t, ElemType, int, int) override {
-    internal_error(__FILE__, __LINE__, "strict comm: send not needed");
+  Work start_send(const void* data, size_t count, ElemType type, int dest, int tag) override {
+    check_point_to_point("send", type, tag);
+    auto t = std::make_shared<Transfer>();
+    t->staging.resize(count);
+    {
+      StrictDeviceBackend::Open open(be_, /*op=*/false);
+      std::memcpy(t->staging.data(), data, count * sizeof(float));
+    }
+    t->host = host_.send(t->staging.data(), count, dest, 0);
+    return Work(std::make_unique<TransferWork>(t));
   }
-  Work start_recv(void*, size_t, ElemType, int, int) override {
-    internal_error(__FILE__, __LINE__, "strict comm: recv not needed");
+  Work start_recv(void* data, size_t count, ElemType type, int src, int tag) override {
+    check_point_to_point("recv", type, tag);
+    auto t = std::make_shared<Transfer>();
+    t->staging.resize(count);
+    t->dst = static_cast<float*>(data);
+    {
+      StrictDeviceBackend::Open open(be_, /*op=*/false);
+      std::fill_n(t->dst, count, std::numeric_limits<float>::quiet_NaN());
+    }
+    t->host = host_.recv(t->staging.data(), count, src, 0);
+    landing_.push_back(t);
+    return Work(std::make_unique<TransferWork>(t));
   }
 
  private:
+  struct Transfer {
+    std::vector<float> staging;
+    Work host;
+    bool done = false;
+    float* dst = nullptr;  // a receive's buffer
+  };
+  class TransferWork final : public Work::Impl {
+   public:
+    explicit TransferWork(std::shared_ptr<Transfer> t) : t_(std::move(t)) {}
+    bool test() override { return t_->done || (t_->done = t_->host.test()); }
+    void wait() override {
+      if (!t_->done) t_->host.wait();
+      t_->done = true;
+    }
+    const OpRecord& record() const override { return t_->host.record(); }
+
+   private:
+    std::shared_ptr<Transfer> t_;
+  };
+
+  void check_point_to_point(const char* op, ElemType type, int tag) {
+    TRIDENT_CHECK(type == ElemType::kFloat32, "strict comm: float data only");
+    TRIDENT_CHECK(tag == 0, "strict comm '{}': {} with tag {}; a device link pairs by order",
+                  name(), op, tag);
+    TRIDENT_CHECK(ordered_.recorded && ordered_.thread == std::this_thread::get_id() &&
+                      ordered_.ops == be_.ops_on_this_thread(),
+                  "strict comm '{}': a {} not ordered after the compute stream's last op (record "
+                  "a mark, then order_after it, right before)",
+                  name(), op);
+    ++transfers_;
+  }
+
   StrictDeviceBackend& be_;
   Communicator& host_;
+  Mark ordered_;  // the last order_after's
+  std::vector<std::shared_ptr<Transfer>> landing_;
+  size_t transfers_ = 0;
 };
 
 }  // namespace trident::testing
