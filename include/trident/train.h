@@ -74,7 +74,7 @@ struct StepStats {
   long comm_polls = 0;             // its tests of in-flight all-reduces (each one enters MPI)
   double tp_comm_ms = 0.0;         // waiting in tensor-parallel collectives (compute thread)
   // Pipeline (this stage): time in the schedule, and the part spent waiting for neighbours.
-  double pipeline_ms = 0.0, pipeline_wait_ms = 0.0;
+  double pipeline_ms = 0.0, pipeline_wait_ms = 0.0, pipeline_compute_ms = 0.0;
   double val_loss = NAN;  // NaN when not validated this step
   // Note [Non-finite steps]: the loss or the norm was not finite and train.nonfinite is skip:
   // the update was dropped. skips_in_a_row counts this one.

@@ -95,7 +95,7 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
     tensorboard->write_code_text(0, "run/deck", deck.to_yaml());
   });
   std::vector<double> ms, fwd, bwd, opt, comm, comm_cpu, exposed, overlap, tp_comm, bubble, gather,
-      gather_exposed, held_wait;
+      gather_exposed, held_wait, runner;
   // Per-op device time (device backends): measured on one extra step after the timed ones, so
   // the events around every op do not slow the timed steps.
   const int total_steps = args.warmup_steps + args.steps;
@@ -160,16 +160,24 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
     overlap.push_back(s.overlap);
     tp_comm.push_back(s.tp_comm_ms);
     bubble.push_back(s.pipeline_ms > 0 ? s.pipeline_wait_ms / s.pipeline_ms : 0.0);
+    // The runner's own share: neither compute nor waiting (headers, posting, tests, copies).
+    runner.push_back(s.pipeline_ms > 0
+                         ? (s.pipeline_ms - s.pipeline_compute_ms - s.pipeline_wait_ms) /
+                               s.pipeline_ms
+                         : 0.0);
   }
   // Note [Per-stage figures]
-  // Every stage's median bubble and activation memory, gathered over pp (every rank takes
-  // part), printed by the lead for its pipeline next to the schedule's model: the idle fraction
-  // with equal pass costs, and the micro-batches in flight that the activations are sized for.
+  // Every stage's median bubble, runner share and activation memory, gathered over pp (every
+  // rank takes part), printed by the lead for its pipeline next to the schedule's model: the
+  // idle fraction with equal pass costs, and the micro-batches in flight that the activations
+  // are sized for.
   const int pp = grid->layout().pp;
-  std::vector<double> per_stage(2 * size_t(pp));
+  constexpr int kPerStage = 3;
+  std::vector<double> per_stage(kPerStage * size_t(pp));
   {
-    const double own[2] = {median(bubble), double(trainer.model().activation_bytes())};
-    grid->pp().all_gather(own, per_stage.data(), 2).wait();
+    const double own[kPerStage] = {median(bubble), double(trainer.model().activation_bytes()),
+                                   median(runner)};
+    grid->pp().all_gather(own, per_stage.data(), kPerStage).wait();
   }
   if (!backend->is_device()) peak = std::max(peak, backend->measure_gemm_peak_flops());
   const double step_ms = median(ms);
@@ -214,18 +222,21 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
     };
     for (int st = 0; st < pp && pp > 1; ++st)
       fmt::print("bench: stage {} of {} ({}{}, {} micro-batches): bubble {:.3f} (model {:.3f}), "
-                 "activations {:.1f} MiB for {} micro-batches{} in flight\n",
+                 "runner {:.4f} of the schedule's time, activations {:.1f} MiB for {} "
+                 "micro-batches{} in flight\n",
                  st, pp, pipe_schedule_name(schedule),
                  chunks > 1 ? fmt::format(" × {} chunks", chunks) : std::string(), deck.train.accum,
-                 per_stage[2 * st], model_bubble, per_stage[2 * st + 1] / (1024.0 * 1024.0),
-                 in_flight(st), chunks > 1 ? " (chunk passes)" : "");
+                 per_stage[kPerStage * st], model_bubble, per_stage[kPerStage * st + 2],
+                 per_stage[kPerStage * st + 1] / (1024.0 * 1024.0), in_flight(st),
+                 chunks > 1 ? " (chunk passes)" : "");
     // The pipeline's bubble: idle stage-time over all stage-time, the mean of the stages'
     // (each runs the whole schedule). Stage 0's alone (`bubble`) also holds the imbalance of
     // the stages: the first waits for a slower last one in every steady-state F/B pair.
-    double activation_max = 0, bubble_mean = 0;
+    double activation_max = 0, bubble_mean = 0, runner_max = 0;
     for (int st = 0; st < pp; ++st) {
-      activation_max = std::max(activation_max, per_stage[2 * st + 1]);
-      bubble_mean += per_stage[2 * st] / pp;
+      runner_max = std::max(runner_max, per_stage[kPerStage * st + 2]);
+      activation_max = std::max(activation_max, per_stage[kPerStage * st + 1]);
+      bubble_mean += per_stage[kPerStage * st] / pp;
     }
     const Trainer::MemoryBytes memory = trainer.memory_bytes();  // per rank
     constexpr double mib = 1024.0 * 1024.0;
@@ -255,6 +266,7 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
         {"bubble", median(bubble), 3},
         {"bubble_mean", bubble_mean, 3},
         {"bubble_model", model_bubble, 3},
+        {"pipeline_runner_max", runner_max, 4},
         {"activation_mb", trainer.model().activation_bytes() / (1024.0 * 1024.0), 1},
         {"activation_max_stage_mb", activation_max / (1024.0 * 1024.0), 1},
         {"schedule", pipe_schedule_name(schedule), -1},

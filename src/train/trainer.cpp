@@ -135,6 +135,7 @@ StepStats Trainer::train_step(int step) {
   s.backward_ms = stage_->backward_ms();
   s.pipeline_ms = ps.total_ms;
   s.pipeline_wait_ms = ps.wait_ms;
+  s.pipeline_compute_ms = ps.compute_ms;
   if (dp_) {
     if (tied_) tied_->add_rows_to_reduction();
     dp_->finish(s, stage_->earlier_rounds(), rows_ms);  // gradients are now the dp average

@@ -310,7 +310,8 @@ units = [k for k in f if re.search(r"_(ms|mb|gflops|per_s|m)$", k)]
 bad = [k for k in units if not (k in num and num[k] >= 0 and math.isfinite(num[k]))]
 if bad: fail(f"not a non-negative number: {[(k, f[k]) for k in bad]}")
 else: ok(f"{len(units)} fields with a unit suffix are non-negative numbers")
-bad = [k for k in ("overlap", "bubble", "bubble_model") if not 0 <= num.get(k, -1) <= 1]
+bad = [k for k in ("overlap", "bubble", "bubble_model", "pipeline_runner_max")
+       if not 0 <= num.get(k, -1) <= 1]
 # MFU is never above 1, and not reported ("n/a") when it cannot be true: a printed 0 would
 # claim that no useful work was done.
 bad += [k for k in ("mfu", "mfu_nominal") if f[k] != "n/a" and not 0 < num.get(k, -1) <= 1]
@@ -322,6 +323,10 @@ tokens = micro * accum * dp * T
 expect = {"tokens_per_step": tokens, "ranks": 2, "dp": dp, "tp": 1, "pp": 1, "threads": 1,
           "bubble_model": 0.0, "bubble": 0.0}
 wrong = [(k, f.get(k), v) for k, v in expect.items() if num.get(k) != v]
+# The runner's own time (neither compute nor waiting) is ~1e-4 of the schedule's here; 1e-2
+# would be 10 ms in a 1 s step, far more than its bookkeeping per action costs.
+if not num.get("pipeline_runner_max", 1) < 1e-2:
+    wrong.append(("pipeline_runner_max", f.get("pipeline_runner_max"), "< 0.01"))
 if wrong: fail(f"fields against the deck (key, printed, expected): {wrong}")
 if f.get("backend") != "cpu" or not f["blas_core"] or f["blas_core"] in ("n/a", "unknown"):
     wrong.append(("backend, blas_core", f.get("backend"), f["blas_core"]))
