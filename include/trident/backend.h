@@ -250,8 +250,8 @@ class Backend {
   virtual void gelu_backward_bf16(bfloat16* dinp, const bfloat16* inp, const bfloat16* dout,
                                   size_t n);
   // The families' ops on the bf16 path (src/backend/bf16_family_ops.cpp), each its fp32 family
-  // op above under the same rule; host definitions only so far, no device overrides them (the
-  // model refuses a family's bf16 path where this is false). RMSNorm, as LayerNorm's:
+  // op above under the same rule. A device backend that overrides them says so here (the model
+  // refuses a family's bf16 path where this is false). RMSNorm, as LayerNorm's:
   virtual bool has_bf16_family_ops() const { return !is_device(); }
   virtual void rmsnorm_forward_bf16(bfloat16* out, float* rstd, const float* inp, const float* w,
                                     int N, int C, float eps);

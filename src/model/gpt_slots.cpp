@@ -31,10 +31,10 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   TRIDENT_CHECK(T <= cfg.max_seq_len, "T {} > max_seq_len {}", T, cfg.max_seq_len);
   check_model_config(cfg);
   // Note [Families on the GPT-2 paths]
-  // The bf16 path (run.precision bf16) runs every family with the host definitions of the bf16
-  // ops; the CUDA backend has GPT-2's bf16 kernels only so far (Backend::has_bf16_family_ops),
-  // so another block there is refused here, before any allocation, rather than at the first op
-  // it lacks. There another block runs fp32 activations: CUDA has every family's fp32 kernels.
+  // The bf16 path (run.precision bf16) runs every family where the backend has the families'
+  // bf16 ops (Backend::has_bf16_family_ops: the CPU's host definitions, the CUDA backend's
+  // kernels). A device backend without them is refused here, before any allocation, rather
+  // than at the first op it lacks; it runs another block with fp32 activations.
   if (!cfg.is_gpt2_block() && options.precision == Precision::kBf16 &&
       !backend.has_bf16_family_ops())
     input_error("run.precision bf16 on the {} backend runs GPT-2's block only; this model is {} "

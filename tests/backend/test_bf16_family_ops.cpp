@@ -264,8 +264,8 @@ TEST_F(Bf16FamilyOps, LayerNormAndMatmulsWithoutBiasAreTheFp32OpsRoundedOnce) {
   EXPECT_TRUE(same_bits(dwt16, dwt));
 }
 
-// The CPU backend has the families' bf16 ops; a device backend says it has not (the model
-// refuses a family's bf16 path there: Note [Families on the GPT-2 paths]).
+// The CPU backend has the families' bf16 ops (the model refuses a family's bf16 path on a
+// backend that says it has not: Note [Families on the GPT-2 paths]).
 TEST_F(Bf16FamilyOps, TheCpuBackendHasThem) { EXPECT_TRUE(be->has_bf16_family_ops()); }
 
 }  // namespace
