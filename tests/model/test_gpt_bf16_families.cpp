@@ -247,7 +247,7 @@ TEST(GptBf16Families, TwoStagesEqualOneStage) {
 // A device backend without the families' bf16 kernels refuses them as bad input, before it
 // allocates (Note [Families on the GPT-2 paths]); GPT-2's block still builds there.
 TEST(GptBf16Families, ADeviceWithoutTheirKernelsRefusesThem) {
-  testing::StrictDeviceBackend device;
+  testing::StrictDeviceBackend device(/*bf16_family_ops=*/false);
   for (const FamilyCase& f : families()) {
     try {
       GPT m(f.config, device, kB, kT, bf16_options());
