@@ -249,6 +249,36 @@ class Backend {
   virtual void gelu_forward_bf16(bfloat16* out, const bfloat16* inp, size_t n);
   virtual void gelu_backward_bf16(bfloat16* dinp, const bfloat16* inp, const bfloat16* dout,
                                   size_t n);
+  // The families' ops on the bf16 path (src/backend/bf16_family_ops.cpp), each its fp32 family
+  // op above under the same rule. A device backend that overrides them says so here (the model
+  // refuses a family's bf16 path where this is false). RMSNorm, as LayerNorm's:
+  virtual bool has_bf16_family_ops() const { return !is_device(); }
+  virtual void rmsnorm_forward_bf16(bfloat16* out, float* rstd, const float* inp, const float* w,
+                                    int N, int C, float eps);
+  virtual void rmsnorm_backward_add_bf16(float* dresidual, bfloat16* dresidual16, float* dw,
+                                         const bfloat16* dout, const float* inp, const float* w,
+                                         const float* rstd, int N, int C);
+  // RoPE in place on bf16 q|k|v (or its gradient), the fp32 tables: rope_forward/backward,
+  // each rotated value rounded once (the rest are unchanged: widening then rounding is exact).
+  virtual void rope_forward_bf16(bfloat16* qkv, const float* cos, const float* sin, int N, int T,
+                                 int NH, int KVH, int hs, int rot);
+  virtual void rope_backward_bf16(bfloat16* dqkv, const float* cos, const float* sin, int N, int T,
+                                  int NH, int KVH, int hs, int rot);
+  // SwiGLU on bf16 gate | up [N, 2F] → [N, F]; backward assigns dinp [N, 2F].
+  virtual void swiglu_forward_bf16(bfloat16* out, const bfloat16* inp, int N, int F);
+  virtual void swiglu_backward_bf16(bfloat16* dinp, const bfloat16* inp, const bfloat16* dout,
+                                    int N, int F);
+  // Exact (erf) GELU, elementwise.
+  virtual void gelu_erf_forward_bf16(bfloat16* out, const bfloat16* inp, size_t n);
+  virtual void gelu_erf_backward_bf16(bfloat16* dinp, const bfloat16* inp, const bfloat16* dout,
+                                      size_t n);
+  // attention_forward_gqa/backward_gqa on bf16 q|k|v. With KVH == NH these are
+  // attention_forward_bf16/backward_bf16 (which a device overrides), called as such.
+  virtual void attention_forward_gqa_bf16(bfloat16* out, float* att, const bfloat16* qkv, int B,
+                                          int T, int NH, int KVH, int hs);
+  virtual void attention_backward_gqa_bf16(bfloat16* dqkv, float* scratch, const bfloat16* dout,
+                                           const bfloat16* qkv, const bfloat16* out,
+                                           const float* att, int B, int T, int NH, int KVH, int hs);
   // The fused classifier: from bf16 logits [N,Vp], losses[n] = -log softmax(logits)[target]
   // (fp32) and, in the same pass, in place, logits = bf16(dloss · (probs - onehot(target)))
   // (padded columns 0). Forward and backward of the loss at once: the probabilities are never

@@ -338,6 +338,15 @@ class GPT {
   void block_forward_bf16(const BlockWeights& w, const BlockWeights16& w16, const BlockActs16& a,
                           const float* residual_in, int B, int T);
   void recompute_block_bf16(int slot, int local_layer, const float* residual_in);
+  // The family's norm, RoPE and MLP up-projection with its activation on the bf16 path.
+  void norm_forward_bf16(bfloat16* out, float* mean, float* rstd, const float* inp, const float* w,
+                         const float* b, int N, int C);
+  void norm_backward_add_bf16(float* dresidual, bfloat16* dresidual16, float* dw, float* db,
+                              const bfloat16* dout, const float* inp, const float* w,
+                              const float* mean, const float* rstd, int N, int C);
+  void rope_bf16(bfloat16* qkv, int N, int T, bool backward);
+  void mlp_up_forward_bf16(const BlockWeights& w, const BlockWeights16& w16, const BlockActs16& a,
+                           int N);
   float head_forward_bf16(Slot& s, const float* residual, const int32_t* targets, int B, int T);
   void backward_bf16(int slot, float dloss_scale, const float* dstage_output, float* dstage_input,
                      const GradReadyFn& on_ready, const EmbeddingRowSink* sink);

@@ -20,29 +20,15 @@
 #include <cstring>
 #include <vector>
 
+#include "backend/bf16_host.h"
 #include "trident/backend.h"
 #include "trident/check.h"
 
 namespace trident {
-namespace {
 
-std::vector<float> widen(const bfloat16* x, size_t n) {
-  std::vector<float> out(n);
-  for (size_t i = 0; i < n; ++i) out[i] = to_float(x[i]);
-  return out;
-}
-
-void round_into(bfloat16* out, const float* x, size_t n) {
-  for (size_t i = 0; i < n; ++i) out[i] = to_bfloat16(x[i]);
-}
-
-void host_only(const Backend& be, const char* op) {
-  if (be.is_device())
-    internal_error(__FILE__, __LINE__,
-                   std::string(op) + ": the host definition was called on a device backend");
-}
-
-}  // namespace
+using bf16_host::host_only;
+using bf16_host::round_into;
+using bf16_host::widen;
 
 void Backend::cast_to_bf16(bfloat16* out, const float* inp, size_t n) {
   host_only(*this, __func__);

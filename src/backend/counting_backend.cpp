@@ -20,6 +20,7 @@ class CountingBackend final : public Backend {
   std::string name() const override { return "counting(" + real_.name() + ")"; }
   int threads() const override { return real_.threads(); }
   bool is_device() const override { return real_.is_device(); }
+  bool has_bf16_family_ops() const override { return real_.has_bf16_family_ops(); }
   size_t attention_saved_floats(int B, int T, int C, int NH) const override {
     return real_.attention_saved_floats(B, T, C, NH);
   }

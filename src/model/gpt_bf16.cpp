@@ -1,11 +1,13 @@
-// GPT-2's bf16 path (GPTOptions::precision, Note [bf16 activations] in src/backend/bf16_ops.cpp):
-// the same model and the same gradients as gpt.cpp and gpt_backward.cpp, in the ops that read
-// bf16 without a cast pass, with tp = 1. The residual stream and its gradient stay fp32; the
-// row-parallel linears add into the residual in their own op (matmul_forward_add_bf16) and
-// LayerNorm's backward adds into the residual gradient (layernorm_backward_add_bf16), which also
-// writes the bf16 copy the next GEMMs read. The loss and its logit gradient are one pass in
-// forward (crossentropy_fused_bf16), so backward starts at the LM head's GEMMs. Gradient-ready
-// events and the ready order are the fp32 path's.
+// The bf16 path (GPTOptions::precision, Note [bf16 activations] in src/backend/bf16_ops.cpp):
+// the same model and the same gradients as gpt.cpp and gpt_backward.cpp, every family's block
+// (Note [Block shapes]), in the ops that read bf16 without a cast pass, with tp = 1. The
+// residual stream and its gradient stay fp32; the row-parallel linears add into the residual in
+// their own op (matmul_forward_add_bf16) and the norm's backward adds into the residual gradient
+// (layernorm_backward_add_bf16), which also writes the bf16 copy the next GEMMs read. The loss
+// and its logit gradient are one pass in forward (crossentropy_fused_bf16), so backward starts
+// at the LM head's GEMMs. GPT-2's tanh GELU is in fc's GEMM (forward) and fcproj's input-gradient
+// GEMM (backward); exact GELU and SwiGLU are ops of their own after and before them.
+// Gradient-ready events and the ready order are the fp32 path's.
 #include "model/gpt_phase.h"
 #include "model/gpt_state.h"
 #include "model/ready_walk.h"
@@ -26,29 +28,71 @@ void GPT::cast_weights(size_t span, size_t begin, size_t end) {
   cast_version_[span] = weights_version_;
 }
 
+void GPT::norm_forward_bf16(bfloat16* out, float* mean, float* rstd, const float* inp,
+                            const float* w, const float* b, int N, int C) {
+  if (cfg_.norm == Norm::kRMSNorm) be_.rmsnorm_forward_bf16(out, rstd, inp, w, N, C, cfg_.norm_eps);
+  else be_.layernorm_forward_bf16(out, mean, rstd, inp, w, b, N, C);
+}
+
+void GPT::norm_backward_add_bf16(float* dresidual, bfloat16* dresidual16, float* dw, float* db,
+                                 const bfloat16* dout, const float* inp, const float* w,
+                                 const float* mean, const float* rstd, int N, int C) {
+  if (cfg_.norm == Norm::kRMSNorm)
+    be_.rmsnorm_backward_add_bf16(dresidual, dresidual16, dw, dout, inp, w, rstd, N, C);
+  else
+    be_.layernorm_backward_add_bf16(dresidual, dresidual16, dw, db, dout, inp, w, mean, rstd, N, C);
+}
+
+void GPT::rope_bf16(bfloat16* qkv, int N, int T, bool backward) {
+  const int rot = cfg_.rotary_dims();
+  if (rot == 0) return;
+  const int NH = cfg_.heads, KVH = cfg_.kv_head_count(), hs = cfg_.head_size();
+  const float *cos = scratch_->rope_cos.data(), *sin = scratch_->rope_sin.data();
+  if (backward) be_.rope_backward_bf16(qkv, cos, sin, N, T, NH, KVH, hs, rot);
+  else be_.rope_forward_bf16(qkv, cos, sin, N, T, NH, KVH, hs, rot);
+}
+
+// fc and its activation: fch = fc's output, fch_gelu = the activation's.
+void GPT::mlp_up_forward_bf16(const BlockWeights& w, const BlockWeights16& w16,
+                              const BlockActs16& a, int N) {
+  const int C = cfg_.channels, F = cfg_.hidden(), FC = cfg_.fc_rows();
+  if (cfg_.activation == Activation::kGeluTanh) {
+    be_.matmul_gelu_forward_bf16(a.fch_gelu, a.fch, a.ln2, w16.fcw, w.fcb, N, C, FC);
+    return;
+  }
+  be_.matmul_forward_bf16(a.fch, a.ln2, w16.fcw, w.fcb, N, C, FC);
+  if (cfg_.activation == Activation::kSwiGLU) be_.swiglu_forward_bf16(a.fch_gelu, a.fch, N, F);
+  else be_.gelu_erf_forward_bf16(a.fch_gelu, a.fch, size_t(N) * F);
+}
+
 void GPT::block_forward_bf16(const BlockWeights& w, const BlockWeights16& w16, const BlockActs16& a,
                              const float* residual_in, int B, int T) {
-  const int C = cfg_.channels, NH = cfg_.heads, N = B * T;
-  be_.layernorm_forward_bf16(a.ln1, a.ln1_mean, a.ln1_rstd, residual_in, w.ln1w, w.ln1b, N, C);
-  be_.matmul_forward_bf16(a.qkv, a.ln1, w16.qkvw, w.qkvb, N, C, 3 * C);
-  be_.attention_forward_bf16(a.atty, a.att, a.qkv, B, T, C, NH);
-  be_.matmul_forward_add_bf16(a.residual2, residual_in, a.atty, w16.attprojw, w.attprojb, N, C, C);
-  be_.layernorm_forward_bf16(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, w.ln2w, w.ln2b, N, C);
-  be_.matmul_gelu_forward_bf16(a.fch_gelu, a.fch, a.ln2, w16.fcw, w.fcb, N, C, 4 * C);
+  const int C = cfg_.channels, NH = cfg_.heads, KVH = cfg_.kv_head_count(), hs = cfg_.head_size();
+  const int N = B * T, Q = NH * hs;
+  norm_forward_bf16(a.ln1, a.ln1_mean, a.ln1_rstd, residual_in, w.ln1w, w.ln1b, N, C);
+  be_.matmul_forward_bf16(a.qkv, a.ln1, w16.qkvw, w.qkvb, N, C, cfg_.qkv_rows());
+  rope_bf16(a.qkv, N, T, false);
+  be_.attention_forward_gqa_bf16(a.atty, a.att, a.qkv, B, T, NH, KVH, hs);
+  be_.matmul_forward_add_bf16(a.residual2, residual_in, a.atty, w16.attprojw, w.attprojb, N, Q, C);
+  // A parallel residual's MLP reads the block's input, as its attention does; either way the
+  // block's output is residual2 plus the MLP's.
+  const float* mlp_in = cfg_.parallel_residual ? residual_in : a.residual2;
+  norm_forward_bf16(a.ln2, a.ln2_mean, a.ln2_rstd, mlp_in, w.ln2w, w.ln2b, N, C);
+  mlp_up_forward_bf16(w, w16, a, N);
   be_.matmul_forward_add_bf16(a.residual3, a.residual2, a.fch_gelu, w16.fcprojw, w.fcprojb, N,
-                              4 * C, C);
+                              cfg_.hidden(), C);
 }
 
 // As recompute_block: the same ops on the same inputs (and the bf16 weights forward cast,
 // unchanged since), so the recomputed values are forward's bits.
 void GPT::recompute_block_bf16(int slot, int local_layer, const float* residual_in) {
   const Slot& s = slots_[slot];
-  const int B = s.B, T = s.T, N = B * T, C = cfg_.channels;
+  const int B = s.B, T = s.T, N = B * T;
   const BlockWeights w = block(params_.data(), local_layer);
   const BlockWeights16 w16 = block16(local_layer);
   BlockActs16 a = block_acts16(slot, local_layer);
   if (recompute_mode_ == Recompute::kMlp) {
-    be_.matmul_gelu_forward_bf16(a.fch_gelu, a.fch, a.ln2, w16.fcw, w.fcb, N, C, 4 * C);
+    mlp_up_forward_bf16(w, w16, a, N);
     return;
   }
   a.residual3 = recompute_[12].data();  // the kept output is already there; do not rewrite it
@@ -57,12 +101,12 @@ void GPT::recompute_block_bf16(int slot, int local_layer, const float* residual_
 
 float GPT::head_forward_bf16(Slot& s, const float* residual, const int32_t* targets, int B, int T) {
   const int C = cfg_.channels, V = cfg_.vocab, Vp = cfg_.padded_vocab, N = B * T;
-  const float* P = params_.data();
+  float* P = params_.data();
   Slot& h = head(s);
-  cast_weights(table_->layers.size(), table_->wte, table_->wte + size_t(Vp) * C);
-  be_.layernorm_forward_bf16(h.lnf16.data(), h.lnf_mean.data(), h.lnf_rstd.data(), residual,
-                             P + table_->lnfw, P + table_->lnfb, N, C);
-  be_.matmul_forward_bf16(h.logits16.data(), h.lnf16.data(), params16_.data() + table_->wte,
+  cast_weights(table_->layers.size(), table_->head_w, table_->head_w + size_t(Vp) * C);
+  norm_forward_bf16(h.lnf16.data(), h.lnf_mean.data(), h.lnf_rstd.data(), residual,
+                    P + table_->lnfw, at(P, table_->lnfb), N, C);
+  be_.matmul_forward_bf16(h.logits16.data(), h.lnf16.data(), params16_.data() + table_->head_w,
                           nullptr, N, C, Vp);
   s.has_targets = targets != nullptr;
   if (!targets) return 0.0f;  // bf16 logits stay for the caller (none reads them yet)
@@ -79,16 +123,20 @@ void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
                         const EmbeddingRowSink* sink) {
   Slot& s = slots_[slot];
   const int B = s.B, T = s.T, N = B * T;
-  const int C = cfg_.channels, NH = cfg_.heads, Vp = cfg_.padded_vocab;
+  const int C = cfg_.channels, NH = cfg_.heads, KVH = cfg_.kv_head_count(), hs = cfg_.head_size();
+  const int Q = NH * hs, QKV = cfg_.qkv_rows(), FC = cfg_.fc_rows(), F = cfg_.hidden();
+  const int Vp = cfg_.padded_vocab;
+  const bool tied = cfg_.tied_head, parallel = cfg_.parallel_residual;
+  const bool gelu_in_gemm = cfg_.activation == Activation::kGeluTanh;
   Scratch& a = *scratch_;
-  const float* P = params_.data();
+  float* P = params_.data();
   float* G = grads_.data();
   const bfloat16* P16 = params16_.data();
   float* dres = a.dresidual.data();         // w.r.t. the current block's output, fp32
   bfloat16* dres16 = a.dresidual16.data();  // its bf16 copy, for the GEMMs
-  // As backward_pass: wte right after the head where that is its only contribution here (or
-  // the sparse part goes to a sink), else after the embedding. One piece (check in GPT()).
-  const bool wte_after_head = stage_.has_head && (!stage_.has_embedding || sink);
+  // As backward_pass: a tied wte right after the head where that is its only contribution here
+  // (or the sparse part goes to a sink), else after the embedding. One piece (check in GPT()).
+  const bool wte_after_head = tied && stage_.has_head && (!stage_.has_embedding || sink);
   const int begin = stage_.chunk_begin(s.chunk), end = begin + stage_.chunk_size(s.chunk);
   const bool has_head = head_chunk(s), has_embedding = embedding_chunk(s);
   ReadyWalk ready(on_ready, first_ready(s), table_->tied_wte_index, 1);
@@ -104,19 +152,21 @@ void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
                   dloss_scale, s.dloss * float(N));
     Phase ph(be_, phases_, table_->backward_head);
     Slot& h = head(s);
-    // dwte and the head's input gradient in one call where both are computed now: wte is
-    // final here only when reported here; otherwise the embedding adds to it later.
-    if (wte_after_head) {
-      be_.matmul_backward_bf16(nullptr, G + table_->wte, nullptr, h.logits16.data(), h.lnf16.data(),
-                               P16 + table_->wte, N, C, Vp);
-      ready.wte();
+    // The head's dW first where it is final here (an untied lmw, or wte reported here), and the
+    // input gradient after; else (a tied wte the embedding adds to later) one call for both.
+    if (wte_after_head || !tied) {
+      be_.matmul_backward_bf16(nullptr, G + table_->head_w, nullptr, h.logits16.data(),
+                               h.lnf16.data(), P16 + table_->head_w, N, C, Vp);
+      if (tied) ready.wte();
+      else ready.through(table_->head_w_index);
     }
-    be_.matmul_backward_bf16(a.d16_c.data(), wte_after_head ? nullptr : G + table_->wte, nullptr,
-                             h.logits16.data(), h.lnf16.data(), P16 + table_->wte, N, C, Vp);
+    const bool dw_here = tied && !wte_after_head;
+    be_.matmul_backward_bf16(a.d16_c.data(), dw_here ? G + table_->wte : nullptr, nullptr,
+                             h.logits16.data(), h.lnf16.data(), P16 + table_->head_w, N, C, Vp);
     be_.fill_zero(dres, size_t(N) * C * sizeof(float));
-    be_.layernorm_backward_add_bf16(dres, dres16, G + table_->lnfw, G + table_->lnfb,
-                                    a.d16_c.data(), last_residual, P + table_->lnfw,
-                                    h.lnf_mean.data(), h.lnf_rstd.data(), N, C);
+    norm_backward_add_bf16(dres, dres16, G + table_->lnfw, at(G, table_->lnfb), a.d16_c.data(),
+                           last_residual, P + table_->lnfw, h.lnf_mean.data(), h.lnf_rstd.data(), N,
+                           C);
     ready.through(table_->head_last_index);
   } else {
     TRIDENT_CHECK(dstage_output != nullptr, "a stage before the last needs its output gradient");
@@ -131,37 +181,49 @@ void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
     const float* residual_in = i == begin ? s.encoded.data() : block_acts16(slot, i - 1).residual3;
     recompute_block(slot, i, residual_in);
     const BlockActs16 act = block_acts16(slot, i);
-    const BlockWeights w = block(params_.data(), i);
+    const BlockWeights w = block(P, i);
     const BlockWeights16 w16 = block16(i);
     const BlockWeights dw = block(G, i);
 
-    be_.matmul_backward_bf16(nullptr, dw.fcprojw, dw.fcprojb, dres16, act.fch_gelu, nullptr, N,
-                             4 * C, C);
+    be_.matmul_backward_bf16(nullptr, dw.fcprojw, dw.fcprojb, dres16, act.fch_gelu, nullptr, N, F,
+                             C);
     ready.through(lt.ready_fcproj);
-    // Through fcproj and the GELU in one GEMM, with fc's bias gradient (DGELU_BGRAD).
-    be_.matmul_dgelu_backward_bf16(a.d16_4c.data(), dw.fcb, dres16, w16.fcprojw, act.fch, N, 4 * C,
-                                   C);
-    be_.matmul_backward_bf16(a.d16_c.data(), dw.fcw, nullptr, a.d16_4c.data(), act.ln2, w16.fcw, N,
-                             C, 4 * C);
+    if (gelu_in_gemm) {
+      // Through fcproj and the GELU in one GEMM, with fc's bias gradient (DGELU_BGRAD).
+      be_.matmul_dgelu_backward_bf16(a.d16_4c.data(), dw.fcb, dres16, w16.fcprojw, act.fch, N, F,
+                                     C);
+    } else {
+      be_.matmul_backward_bf16(a.d16_act.data(), nullptr, nullptr, dres16, nullptr, w16.fcprojw, N,
+                               F, C);
+      if (cfg_.activation == Activation::kSwiGLU)
+        be_.swiglu_backward_bf16(a.d16_4c.data(), act.fch, a.d16_act.data(), N, F);
+      else be_.gelu_erf_backward_bf16(a.d16_4c.data(), act.fch, a.d16_act.data(), size_t(N) * F);
+    }
+    be_.matmul_backward_bf16(a.d16_c.data(), dw.fcw, gelu_in_gemm ? nullptr : dw.fcb,
+                             a.d16_4c.data(), act.ln2, w16.fcw, N, C, FC);
     ready.through(lt.ready_fc);
-    // Now w.r.t. residual2 (the residual path's gradient plus the MLP branch's).
-    be_.layernorm_backward_add_bf16(dres, dres16, dw.ln2w, dw.ln2b, a.d16_c.data(), act.residual2,
-                                    w.ln2w, act.ln2_mean, act.ln2_rstd, N, C);
+    // Sequential: now w.r.t. residual2 (the residual path's gradient plus the MLP branch's),
+    // and its bf16 copy for attproj. Parallel: the MLP read the block's input, so its gradient
+    // collects into dres for the block's input while dres16 stays the block output's (which is
+    // residual2's), the gradient attproj needs.
+    norm_backward_add_bf16(dres, parallel ? nullptr : dres16, dw.ln2w, dw.ln2b, a.d16_c.data(),
+                           parallel ? residual_in : act.residual2, w.ln2w, act.ln2_mean,
+                           act.ln2_rstd, N, C);
     ready.through(lt.ready_ln2);
 
     be_.matmul_backward_bf16(a.d16_c.data(), dw.attprojw, dw.attprojb, dres16, act.atty,
-                             w16.attprojw, N, C, C);
+                             w16.attprojw, N, Q, C);
     ready.through(lt.ready_attproj);
-    be_.attention_backward_bf16(a.d16_3c.data(), a.datt.data(), a.d16_c.data(), act.qkv, act.atty,
-                                act.att, B, T, C, NH);
+    be_.attention_backward_gqa_bf16(a.d16_3c.data(), a.datt.data(), a.d16_c.data(), act.qkv,
+                                    act.atty, act.att, B, T, NH, KVH, hs);
+    rope_bf16(a.d16_3c.data(), N, T, true);
     be_.matmul_backward_bf16(a.d16_c.data(), dw.qkvw, dw.qkvb, a.d16_3c.data(), act.ln1, w16.qkvw,
-                             N, C, 3 * C);
+                             N, C, QKV);
     ready.through(lt.ready_qkv);
     // Now w.r.t. the block's input. The bf16 copy is for the next block's GEMMs; the stage's
     // input gradient (embedding, previous stage) is the fp32 one.
-    be_.layernorm_backward_add_bf16(dres, i > begin ? dres16 : nullptr, dw.ln1w, dw.ln1b,
-                                    a.d16_c.data(), residual_in, w.ln1w, act.ln1_mean, act.ln1_rstd,
-                                    N, C);
+    norm_backward_add_bf16(dres, i > begin ? dres16 : nullptr, dw.ln1w, dw.ln1b, a.d16_c.data(),
+                           residual_in, w.ln1w, act.ln1_mean, act.ln1_rstd, N, C);
     ready.through(lt.ready_ln1);
   }
   if (!has_embedding) {
@@ -174,7 +236,7 @@ void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
   Phase ph(be_, phases_, table_->backward_embedding);
   embedding_backward(dres, s.inputs.data(), sink, B, T);
   ready.through(table_->embedding_last_index);
-  if (!wte_after_head) ready.wte();
+  if (tied && !wte_after_head) ready.wte();
 }
 
 }  // namespace trident

@@ -31,14 +31,15 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   TRIDENT_CHECK(T <= cfg.max_seq_len, "T {} > max_seq_len {}", T, cfg.max_seq_len);
   check_model_config(cfg);
   // Note [Families on the GPT-2 paths]
-  // The bf16 path (run.precision bf16) fuses and implements GPT-2's block only; another block
-  // runs fp32 activations, on the CPU or the CUDA backend, which has every family's kernels
-  // (issue 35, part 5: RMSNorm, RoPE, SwiGLU, exact GELU, grouped-query attention). Refused
-  // here, before any allocation, rather than at the first op the bf16 path lacks.
-  if (!cfg.is_gpt2_block() && options.precision == Precision::kBf16)
-    input_error("run.precision bf16 runs GPT-2's block only; this model is {} (use run.precision "
-                "fp32, on the cpu or cuda backend)",
-                describe_block(cfg));
+  // The bf16 path (run.precision bf16) runs every family where the backend has the families'
+  // bf16 ops (Backend::has_bf16_family_ops: the CPU's host definitions, the CUDA backend's
+  // kernels). A device backend without them is refused here, before any allocation, rather
+  // than at the first op it lacks; it runs another block with fp32 activations.
+  if (!cfg.is_gpt2_block() && options.precision == Precision::kBf16 &&
+      !backend.has_bf16_family_ops())
+    input_error("run.precision bf16 on the {} backend runs GPT-2's block only; this model is {} "
+                "(use run.precision fp32)",
+                backend.name(), describe_block(cfg));
   TRIDENT_CHECK(tp_.size == 1 || tp_.comm != nullptr, "tp {} without a communicator", tp_.size);
   TRIDENT_CHECK(options.slots >= 1, "slots {}", options.slots);
   check_tensor_parallel(cfg, tp_.size, tp_.sequence_parallel, T);
@@ -152,6 +153,7 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
     a.d16_c = halves(N * C);
     a.d16_3c = halves(N * QKVl);
     a.d16_4c = halves(N * FCl);  // the GELU's input gradient (DGELU in fcproj's GEMM)
+    if (cfg.activation != Activation::kGeluTanh) a.d16_act = halves(N * Fl);
   } else {
     a.ln_out = floats(Nr * C);
     a.dbuf_c = floats(N * C);
@@ -260,7 +262,8 @@ size_t GPT::activation_bytes() const {
                         &a.dbuf_c2, &a.dbuf_3c, &a.dbuf_4c, &a.dbuf_4c2, &a.datt, &a.dln_partials,
                         &a.ce_stats, &a.ce_all, &a.rope_cos, &a.rope_sin, &a.dparallel})
     floats += v->size();
-  for (const auto* v : {&a.dresidual16, &a.d16_c, &a.d16_3c, &a.d16_4c}) halves += v->size();
+  for (const auto* v : {&a.dresidual16, &a.d16_c, &a.d16_3c, &a.d16_4c, &a.d16_act})
+    halves += v->size();
   return floats * sizeof(float) + halves * sizeof(bfloat16);
 }
 

@@ -61,7 +61,9 @@ struct GPT::Scratch {
   BackendBuffer<float> rope_cos, rope_sin, dparallel;
   // bf16: the residual gradient's bf16 copy [N,C] and the input gradients between the ops
   // (instead of dbuf_c, dbuf_3c, dbuf_4c, dbuf_4c2).
-  BackendBuffer<bfloat16> dresidual16, d16_c, d16_3c, d16_4c;
+  // d16_act: the activation's output gradient [N, hidden] where it is not in fcproj's GEMM
+  // (exact GELU, SwiGLU).
+  BackendBuffer<bfloat16> dresidual16, d16_c, d16_3c, d16_4c, d16_act;
 };
 
 // Null where the block has no such tensor (biases with model.bias false, RMSNorm's shift).

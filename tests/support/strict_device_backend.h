@@ -29,7 +29,10 @@ namespace trident::testing {
 
 class StrictDeviceBackend final : public Backend {
  public:
-  StrictDeviceBackend() : cpu_(make_cpu_backend(1)) {}
+  // bf16_family_ops false: a device without the families' bf16 kernels (the model refuses a
+  // family's bf16 path on it).
+  explicit StrictDeviceBackend(bool bf16_family_ops = true)
+      : cpu_(make_cpu_backend(1)), bf16_family_ops_(bf16_family_ops) {}
   ~StrictDeviceBackend() override {
     for (auto& [p, bytes] : regions_) munmap(p, bytes);
   }
@@ -298,6 +301,58 @@ class StrictDeviceBackend final : public Backend {
     Open open(*this);
     cpu_->crossentropy_fused_bf16(losses, logits, targets, dloss, N, V, Vp);
   }
+  // The families' bf16 ops: the CPU backend's host definitions.
+  bool has_bf16_family_ops() const override { return bf16_family_ops_; }
+  void rmsnorm_forward_bf16(bfloat16* out, float* rstd, const float* inp, const float* w, int N,
+                            int C, float eps) override {
+    Open open(*this);
+    cpu_->rmsnorm_forward_bf16(out, rstd, inp, w, N, C, eps);
+  }
+  void rmsnorm_backward_add_bf16(float* dresidual, bfloat16* dresidual16, float* dw,
+                                 const bfloat16* dout, const float* inp, const float* w,
+                                 const float* rstd, int N, int C) override {
+    Open open(*this);
+    cpu_->rmsnorm_backward_add_bf16(dresidual, dresidual16, dw, dout, inp, w, rstd, N, C);
+  }
+  void rope_forward_bf16(bfloat16* qkv, const float* cos, const float* sin, int N, int T, int NH,
+                         int KVH, int hs, int rot) override {
+    Open open(*this);
+    cpu_->rope_forward_bf16(qkv, cos, sin, N, T, NH, KVH, hs, rot);
+  }
+  void rope_backward_bf16(bfloat16* dqkv, const float* cos, const float* sin, int N, int T, int NH,
+                          int KVH, int hs, int rot) override {
+    Open open(*this);
+    cpu_->rope_backward_bf16(dqkv, cos, sin, N, T, NH, KVH, hs, rot);
+  }
+  void swiglu_forward_bf16(bfloat16* out, const bfloat16* inp, int N, int F) override {
+    Open open(*this);
+    cpu_->swiglu_forward_bf16(out, inp, N, F);
+  }
+  void swiglu_backward_bf16(bfloat16* dinp, const bfloat16* inp, const bfloat16* dout, int N,
+                            int F) override {
+    Open open(*this);
+    cpu_->swiglu_backward_bf16(dinp, inp, dout, N, F);
+  }
+  void gelu_erf_forward_bf16(bfloat16* out, const bfloat16* inp, size_t n) override {
+    Open open(*this);
+    cpu_->gelu_erf_forward_bf16(out, inp, n);
+  }
+  void gelu_erf_backward_bf16(bfloat16* dinp, const bfloat16* inp, const bfloat16* dout,
+                              size_t n) override {
+    Open open(*this);
+    cpu_->gelu_erf_backward_bf16(dinp, inp, dout, n);
+  }
+  void attention_forward_gqa_bf16(bfloat16* out, float* att, const bfloat16* qkv, int B, int T,
+                                  int NH, int KVH, int hs) override {
+    Open open(*this);
+    cpu_->attention_forward_gqa_bf16(out, att, qkv, B, T, NH, KVH, hs);
+  }
+  void attention_backward_gqa_bf16(bfloat16* dqkv, float* scratch, const bfloat16* dout,
+                                   const bfloat16* qkv, const bfloat16* out, const float* att,
+                                   int B, int T, int NH, int KVH, int hs) override {
+    Open open(*this);
+    cpu_->attention_backward_gqa_bf16(dqkv, scratch, dout, qkv, out, att, B, T, NH, KVH, hs);
+  }
   void adamw_update(float* params, float* m, float* v, const float* grads, size_t n, float lr,
                     float beta1, float beta2, float eps, float weight_decay, int t,
                     float grad_scale) override {
@@ -347,6 +402,7 @@ class StrictDeviceBackend final : public Backend {
   }
 
   std::unique_ptr<Backend> cpu_;
+  bool bf16_family_ops_ = true;
   std::map<void*, size_t> regions_;
   std::mutex mutex_;
   int open_ = 0;

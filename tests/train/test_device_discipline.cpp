@@ -103,6 +103,24 @@ TEST(DeviceDiscipline, Bf16TrainingTouchesBackendMemoryOnlyThroughCopies) {
   EXPECT_NE(got.losses, fp32.losses);  // it did run the bf16 path
 }
 
+// The families' bf16 path on the strict backend: the RoPE tables, the activation's gradient
+// buffer, the untied head's bf16 weights are reached only through the ops and copies, with the
+// CPU's bits.
+TEST(DeviceDiscipline, FamilyBf16TrainingTouchesBackendMemoryOnlyThroughCopies) {
+  for (const char* family : {"llama", "neox"}) {
+    SCOPED_TRACE(family);
+    auto cpu = make_cpu_backend(1);
+    testing::StrictDeviceBackend strict;
+    const Outcome want = train(*cpu, "bf16", family);
+    const Outcome got = train(strict, "bf16", family);
+    EXPECT_EQ(got.losses, want.losses);
+    EXPECT_EQ(got.norms, want.norms);
+    EXPECT_EQ(got.val, want.val);
+    EXPECT_EQ(got.params, want.params);
+    EXPECT_NE(got.losses, train(*cpu, "fp32", family).losses);  // it did run the bf16 path
+  }
+}
+
 // The loss stays on the device until the step ends (GPT::forward_accumulate): a step reads
 // backend memory on the host as often with 4 micro-batches as with 1. Before, each
 // micro-batch's forward copied its losses to the host (a device wait per micro-batch).

@@ -34,6 +34,7 @@
 #include "cuda_check.h"
 #include "elementwise.h"
 #include "encoder.h"
+#include "families_bf16.h"
 #include "layernorm.h"
 #include "optimizer.h"
 #include "rmsnorm.h"
@@ -515,6 +516,82 @@ class CudaBackend final : public Backend {
                           size_t n) override {
     Op op(*this, "gelu bwd");
     cuda::gelu_backward_bf16_cuda(dev(dinp), dev(inp), dev(dout), n, stream_);
+  }
+  // The families' bf16 ops (kernels/families_bf16.cu; CPU twins in bf16_family_ops.cpp).
+  bool has_bf16_family_ops() const override { return true; }
+  void rmsnorm_forward_bf16(bfloat16* out, float* rstd, const float* inp, const float* w, int N,
+                            int C, float eps) override {
+    Op op(*this, "rmsnorm fwd");
+    cuda::rmsnorm_forward_bf16_cuda(dev(out), rstd, inp, w, N, C, eps, stream_);
+  }
+  void rmsnorm_backward_add_bf16(float* dresidual, bfloat16* dresidual16, float* dw,
+                                 const bfloat16* dout, const float* inp, const float* w,
+                                 const float* rstd, int N, int C) override {
+    Op op(*this, "rmsnorm bwd");
+    float* scratch = reduce_scratch_.of<float>(cuda::rmsnorm_backward_scratch_floats(N, C));
+    cuda::rmsnorm_backward_add_bf16_cuda(dresidual, dev(dresidual16), dw, scratch, dev(dout), inp,
+                                         w, rstd, N, C, stream_);
+  }
+  void rope_forward_bf16(bfloat16* qkv, const float* cos, const float* sin, int N, int T, int NH,
+                         int KVH, int hs, int rot) override {
+    Op op(*this, "rope fwd");
+    cuda::rope_forward_bf16_cuda(dev(qkv), cos, sin, N, T, NH, KVH, hs, rot, stream_);
+  }
+  void rope_backward_bf16(bfloat16* dqkv, const float* cos, const float* sin, int N, int T, int NH,
+                          int KVH, int hs, int rot) override {
+    Op op(*this, "rope bwd");
+    cuda::rope_backward_bf16_cuda(dev(dqkv), cos, sin, N, T, NH, KVH, hs, rot, stream_);
+  }
+  void swiglu_forward_bf16(bfloat16* out, const bfloat16* inp, int N, int F) override {
+    Op op(*this, "swiglu fwd");
+    cuda::swiglu_forward_bf16_cuda(dev(out), dev(inp), N, F, stream_);
+  }
+  void swiglu_backward_bf16(bfloat16* dinp, const bfloat16* inp, const bfloat16* dout, int N,
+                            int F) override {
+    Op op(*this, "swiglu bwd");
+    cuda::swiglu_backward_bf16_cuda(dev(dinp), dev(inp), dev(dout), N, F, stream_);
+  }
+  void gelu_erf_forward_bf16(bfloat16* out, const bfloat16* inp, size_t n) override {
+    Op op(*this, "gelu erf fwd");
+    cuda::gelu_erf_forward_bf16_cuda(dev(out), dev(inp), n, stream_);
+  }
+  void gelu_erf_backward_bf16(bfloat16* dinp, const bfloat16* inp, const bfloat16* dout,
+                              size_t n) override {
+    Op op(*this, "gelu erf bwd");
+    cuda::gelu_erf_backward_bf16_cuda(dev(dinp), dev(inp), dev(dout), n, stream_);
+  }
+  // Grouped-query attention on bf16 q|k|v: cuDNN's graph with K and V of KVH heads on the
+  // tensors as they are, else the fp32 flash kernel on widened copies (as the multi-head op).
+  void attention_forward_gqa_bf16(bfloat16* out, float* att, const bfloat16* qkv, int B, int T,
+                                  int NH, int KVH, int hs) override {
+    if (KVH == NH) return attention_forward_bf16(out, att, qkv, B, T, NH * hs, NH);
+    Op op(*this, "attention fwd");
+    if (use_cudnn(B, T, NH, KVH, hs))
+      return cudnn_attention_->forward_gqa(dev(out), att, dev(qkv), B, T, NH, KVH, hs, stream_);
+    const size_t n3 = size_t(B) * T * (NH + 2 * KVH) * hs, n1 = size_t(B) * T * NH * hs;
+    float *qkv32 = stage_a_.of<float>(n3), *out32 = stage_b_.of<float>(n1);
+    to_f32(qkv32, dev(qkv), n3);
+    cuda::flash_attention_forward_gqa_cuda(out32, att, qkv32, B, T, NH, KVH, hs, stream_);
+    into_bf16(dev(out), out32, n1);
+  }
+  void attention_backward_gqa_bf16(bfloat16* dqkv, float* scratch, const bfloat16* dout,
+                                   const bfloat16* qkv, const bfloat16* out, const float* att,
+                                   int B, int T, int NH, int KVH, int hs) override {
+    if (KVH == NH)
+      return attention_backward_bf16(dqkv, scratch, dout, qkv, out, att, B, T, NH * hs, NH);
+    Op op(*this, "attention bwd");
+    if (use_cudnn(B, T, NH, KVH, hs))
+      return cudnn_attention_->backward_gqa(dev(dqkv), dev(dout), dev(qkv), dev(out), att, B, T, NH,
+                                            KVH, hs, stream_);
+    const size_t n3 = size_t(B) * T * (NH + 2 * KVH) * hs, n1 = size_t(B) * T * NH * hs;
+    float *qkv32 = stage_a_.of<float>(n3), *out32 = stage_b_.of<float>(n1);
+    float *dout32 = stage_c_.of<float>(n1), *dqkv32 = stage_d_.of<float>(n3);
+    to_f32(qkv32, dev(qkv), n3);
+    to_f32(out32, dev(out), n1);
+    to_f32(dout32, dev(dout), n1);
+    cuda::flash_attention_backward_gqa_cuda(dqkv32, scratch, dout32, qkv32, out32, att, B, T, NH,
+                                            KVH, hs, stream_);
+    into_bf16(dev(dqkv), dqkv32, n3);
   }
   // Forward and backward of the loss in one kernel: timed as the forward, its larger half.
   void crossentropy_fused_bf16(float* losses, bfloat16* logits_to_dlogits, const int32_t* targets,
