@@ -34,9 +34,10 @@ class CountingBackend final : public Backend {
     return reinterpret_cast<void*>(next_);
   }
   void release(void*) noexcept override {}
-  void copy(void*, const void*, size_t) override { refuse("copy"); }
-  // Zeroing what was just allocated is part of building (buffers that must start at zero) and
-  // takes no memory: nothing to do. Every other op is refused.
+  // Zeroing or filling what was just allocated is part of building (buffers that must start at
+  // zero, the RoPE tables copied in from the host) and takes no memory: nothing to do. Every
+  // other op is refused.
+  void copy(void*, const void*, size_t) override {}
   void fill_zero(void*, size_t) override {}
 
   void encoder_forward(float*, const int32_t*, const float*, const float*, int, int, int) override {
