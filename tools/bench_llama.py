@@ -109,6 +109,10 @@ def driver(a):
     loads = []
     for r in range(a.rounds):
         for name, cmd, env in variants:
+            waited = 0
+            while load() > a.max_load and waited < a.max_wait:
+                time.sleep(10)
+                waited += 10
             before = load()
             kv = run(cmd, env)
             loads.append(before)
@@ -148,6 +152,10 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-load", type=float, default=1e9,
+                    help="before each run, wait while the 1-minute load average is above this")
+    ap.add_argument("--max-wait", type=int, default=300,
+                    help="seconds to wait for --max-load at most, then run anyway")
     ap.add_argument("--trident", default=os.path.join(ROOT, "build", "trident"))
     ap.add_argument("--python", default=None,
                     help="the python with transformers 4.36.2 (default: tools/hf_venv.sh's)")
