@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The family decks run through the binary as a user runs them: `trident train` and
 # `trident bench` on inputs/llama-124m.yaml (shrunk to 2 layers of width 128 so the test takes
-# seconds) exit 0 and print their figures. Before this test, the memory plan (Note [Memory
-# plan]) stopped every rotary model at start-up with an internal error: building the model
-# on the counting backend copies the RoPE tables in, and the counting backend refused copy.
+# seconds) exit 0 and print their figures. Before this test, the memory plan stopped every
+# rotary model at start-up with an internal error (src/backend/counting_backend.cpp): building
+# the model on the counting backend copies the RoPE tables in, and that backend refused copy.
 # usage: test_family_decks.sh TRIDENT_BINARY SOURCE_DIR SCRATCH_DIR
 source "$(dirname "$0")/lib.sh" "$@"
 
