@@ -118,8 +118,8 @@ int run_plan(const PlanArgs& args) {
   GPTConfig block = model.block;
   block.channels = model.d_model;
   if (hw.kind == "gpu" && !block.is_gpt2_block() && !args.json)
-    fmt::print("plan: {}; trident's GPU path runs GPT-2's block only today (issue 35, part 5), so "
-               "this plan is a target for it\n",
+    fmt::print("plan: {}; trident's GPU kernels for this block are built but have not yet run "
+               "on a GPU (tools/gpu-check.sh), so this plan is a target for it\n",
                describe_block(block));
   const int deck_dp = deck.parallel.dp > 0 ? deck.parallel.dp : 1;
   const int global_batch = args.global_batch > 0
