@@ -129,12 +129,13 @@ expect_bad "kv_heads not dividing heads" "model.kv_heads" \
 # check that the model has not gone wrong as a whole (a doubled step, a missing half). Each
 # term is checked against a hand calculation in tests/plan/test_plan_model.cpp. Under ctest -j
 # a neighbour's burst can land between the calibration above and a bench, so a failed round gets
-# one more, calibrated right before its benches; a model wrong by 2x fails both.
+# one more, calibrated before and after its benches (--bracket: each bench predicted from the
+# two, interpolated by time); a model wrong by 2x fails both.
 if "$py" "$src/tools/plan_validate.py" --trident "$bin" --hardware "$out" --cases quick \
      --within-factor 2; then
   ok "predictions within a factor 2 of bench"
 elif echo "test_plan: a ratio outside [0.5, 2]; once more, calibrated again" &&
-     "$py" "$src/tools/plan_validate.py" --trident "$bin" --calibrate-each-round --cases quick \
+     "$py" "$src/tools/plan_validate.py" --trident "$bin" --bracket --cases quick \
        --within-factor 2; then
   ok "predictions within a factor 2 of bench (second round)"
 else
