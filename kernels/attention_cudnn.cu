@@ -17,8 +17,9 @@
 //             accumulator in the workspace, zeroed before each run, then cast).
 // Grouped-query attention (KVH < NH key/value heads) is the same graph with K and V described
 // as [B, KVH, ...]: the matmuls broadcast a kv head over its NH/KVH query heads. Backward then
-// writes dK and dV per query head into fp32 tensors [B, NH, T, HS] in the workspace, and a
-// reduction node adds each group into the [B, KVH, T, HS] dK, dV, as cuDNN's frontend does.
+// computes dK and dV per query head, [B, NH, T, HS], and a reduction node adds each group into
+// the [B, KVH, T, HS] dK, dV, as cuDNN's frontend does (its per-head tensors are virtual, of the
+// input type; the fallback graphs write them as fp32 tensors in the workspace).
 // Kᵀ, Vᵀ, Pᵀ and dSᵀ are strided views (a transpose is a stride swap, or a reshape node for
 // virtual tensors), so the packed [B,T,3,NH,HS] qkv buffer is used in place.
 //
@@ -345,23 +346,25 @@ void build_forward(Plan& p, cudnnHandle_t handle, const Shape& s) {
 // the row sums Σ dO⊙O reduced, multiplied by the dropout scale's inverse (by 1 without
 // dropout: the frontend keeps that node, "needed for non-dropout graphs") into a real fp32
 // tensor in the workspace, no ·1 after dO·Vᵀ, and dQ accumulated in fp32 (workspace) then
-// cast. The second is the same without the ·1; the last two have a virtual row sum, ·1 nodes,
-// and an F16x16-reordered accumulator or dQ written directly (docs/decisions.md,
-// Note [cuDNN SDPA graph]).
+// cast; with KVH < NH, per-query-head dK and dV virtual in bf16, as the frontend has them for
+// this layout. The second is the same without the ·1; the last two have a virtual row sum, ·1
+// nodes, and an F16x16-reordered accumulator or dQ written directly; these three write the
+// per-query-head dK, dV in fp32 to the workspace (docs/decisions.md, Note [cuDNN SDPA graph]).
 struct BackwardVariant {
   const char* name;
-  bool real_dsum;       // Σ dO⊙O in the workspace (else virtual)
-  bool one_after_sum;   // a ·1 node between the row sum's reduction and its use
-  bool one_after_dp;    // a ·1 node after dO·Vᵀ
-  bool accumulator;     // dQ through an fp32 accumulator in the workspace
-  bool reorder_f16x16;  // that accumulator with CUDNN_TENSOR_REORDERING_F16x16
+  bool real_dsum;        // Σ dO⊙O in the workspace (else virtual)
+  bool one_after_sum;    // a ·1 node between the row sum's reduction and its use
+  bool one_after_dp;     // a ·1 node after dO·Vᵀ
+  bool accumulator;      // dQ through an fp32 accumulator in the workspace
+  bool reorder_f16x16;   // that accumulator with CUDNN_TENSOR_REORDERING_F16x16
+  bool real_full_heads;  // KVH < NH: per-query-head dK, dV in the workspace (else virtual)
 };
 constexpr BackwardVariant kBackwardVariants[] = {
     {"frontend's (row sum ·1 into a real fp32 tensor, fp32 dQ accumulator)", true, true, false,
-     true, false},
-    {"real row sum, fp32 dQ accumulator", true, false, false, true, false},
-    {"virtual row sum, ·1 nodes, F16x16 dQ accumulator", false, true, true, true, true},
-    {"virtual row sum, ·1 nodes, dQ direct", false, true, true, false, false},
+     true, false, false},
+    {"real row sum, fp32 dQ accumulator", true, false, false, true, false, true},
+    {"virtual row sum, ·1 nodes, F16x16 dQ accumulator", false, true, true, true, true, true},
+    {"virtual row sum, ·1 nodes, dQ direct", false, true, true, false, false, true},
 };
 
 void build_backward(Plan& p, cudnnHandle_t handle, const Shape& s, const BackwardVariant& v) {
@@ -376,13 +379,16 @@ void build_backward(Plan& p, cudnnHandle_t handle, const Shape& s, const Backwar
   auto dq = g.tensor(kdQ, CUDNN_DATA_BFLOAT16, s.qkv_dims(), s.qkv_strides());
   auto dk = g.tensor(kdK, CUDNN_DATA_BFLOAT16, s.kv_dims(), s.qkv_strides());
   auto dv = g.tensor(kdV, CUDNN_DATA_BFLOAT16, s.kv_dims(), s.qkv_strides());
-  // KVH < NH: dK and dV per query head (fp32, workspace), then summed over each group.
+  // KVH < NH: dK and dV per query head, then summed over each group.
   cudnnBackendDescriptor_t dk_full = dk, dv_full = dv;
-  if (s.grouped()) {
+  if (s.grouped() && v.real_full_heads) {
     const Dims packed = packed_strides(s.qkv_dims());
     dk_full = g.tensor(kdKFull, CUDNN_DATA_FLOAT, s.qkv_dims(), packed);
     dv_full = g.tensor(kdVFull, CUDNN_DATA_FLOAT, s.qkv_dims(), packed);
     p.full_bytes = s.B * s.NH * s.T * s.HS * int64_t(sizeof(float));
+  } else if (s.grouped()) {
+    dk_full = g.virt(CUDNN_DATA_BFLOAT16, s.qkv_dims());
+    dv_full = g.virt(CUDNN_DATA_BFLOAT16, s.qkv_dims());
   }
   auto scale = g.scalar(kScale);
   auto mask_value = g.scalar(kMaskValue);
