@@ -69,7 +69,10 @@ TEST(KernelEncoder, BackwardWithOneGradientNull) {
 
 TEST(KernelLayernorm, ForwardMatchesCpu) {
   TRIDENT_REQUIRE_GPU();
-  for (auto [N, C] : Shapes2{{37, 1600}, {64, 96}, {5, 37}, {1000, 768}, {3, 1}})
+  // C = 2560: NeoX 2.7B's. C = 4096: the row cache passes 48 KB (from C = 3073), so this kernel
+  // too needs its shared-memory opt-in.
+  for (auto [N, C] :
+       Shapes2{{37, 1600}, {64, 96}, {5, 37}, {1000, 768}, {3, 1}, {7, 2560}, {3, 4096}})
     expect_within(check_layernorm_forward(N, C, 21), fmt::format("N={} C={}", N, C));
 }
 
@@ -83,8 +86,10 @@ TEST(KernelLayernorm, ForwardWithoutBiasMatchesCpu) {
 
 TEST(KernelLayernorm, BackwardMatchesCpu) {
   TRIDENT_REQUIRE_GPU();
-  // N = 1000 > 128 row chunks, with a last chunk shorter than the others.
-  for (auto [N, C] : Shapes2{{37, 1600}, {64, 96}, {5, 37}, {1000, 768}, {300, 1024}})
+  // N = 1000 > 128 row chunks, with a last chunk shorter than the others. C = 1600 passes the
+  // 48 KB of shared memory, C = 2560 (NeoX 2.7B) and 4096 then need larger opt-ins.
+  for (auto [N, C] :
+       Shapes2{{37, 1600}, {64, 96}, {5, 37}, {1000, 768}, {300, 1024}, {7, 2560}, {3, 4096}})
     expect_within(check_layernorm_backward(N, C, 22), fmt::format("N={} C={}", N, C));
 }
 
@@ -117,14 +122,26 @@ TEST(CudaBackendMatmul, MatchesCpu) {
 
 TEST(KernelCrossentropy, ForwardMatchesCpu) {
   TRIDENT_REQUIRE_GPU();
-  for (auto [N, V, Vp] : Shapes3{{37, 250, 384}, {4, 50257, 50304}, {3, 5, 5}, {2, 1000, 1001}})
+  // The decks' vocabularies: GPT-2's padded, Llama's 32000 and Llama 3's 128256 unpadded.
+  for (auto [N, V, Vp] : Shapes3{{37, 250, 384},
+                                 {4, 50257, 50304},
+                                 {3, 5, 5},
+                                 {2, 1000, 1001},
+                                 {2, 32000, 32000},
+                                 {2, 128256, 128256}})
     expect_within(check_crossentropy_forward(N, V, Vp, 41),
                   fmt::format("N={} V={} Vp={}", N, V, Vp));
 }
 
 TEST(KernelCrossentropy, BackwardMatchesCpu) {
   TRIDENT_REQUIRE_GPU();
-  for (auto [N, V, Vp] : Shapes3{{37, 250, 384}, {4, 50257, 50304}, {3, 5, 5}, {2, 1000, 1001}})
+  // The decks' vocabularies: GPT-2's padded, Llama's 32000 and Llama 3's 128256 unpadded.
+  for (auto [N, V, Vp] : Shapes3{{37, 250, 384},
+                                 {4, 50257, 50304},
+                                 {3, 5, 5},
+                                 {2, 1000, 1001},
+                                 {2, 32000, 32000},
+                                 {2, 128256, 128256}})
     expect_within(check_crossentropy_backward(N, V, Vp, 42),
                   fmt::format("N={} V={} Vp={}", N, V, Vp));
 }

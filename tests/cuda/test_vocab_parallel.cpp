@@ -62,9 +62,14 @@ TEST(KernelVocabSlice, EmbeddingBackwardIsDeterministic) {
 
 TEST(KernelVocabSlice, CrossentropyStatsMatchesCpu) {
   TRIDENT_REQUIRE_GPU();
-  // live = 0: a rank holding only padding (max -inf, sum 0, target 0).
-  for (auto [N, Vl, live] : std::initializer_list<std::tuple<int, int, int>>{
-           {37, 384, 250}, {37, 384, 0}, {37, 384, 384}, {3, 25152, 25000}})
+  // live = 0: a rank holding only padding (max -inf, sum 0, target 0). Vl = 16000 and 64128:
+  // Llama's and Llama 3's vocabularies at tp 2.
+  for (auto [N, Vl, live] : std::initializer_list<std::tuple<int, int, int>>{{37, 384, 250},
+                                                                             {37, 384, 0},
+                                                                             {37, 384, 384},
+                                                                             {3, 25152, 25000},
+                                                                             {3, 16000, 16000},
+                                                                             {2, 64128, 64128}})
     expect_within(check_crossentropy_slice_stats(N, Vl, live, 54),
                   fmt::format("N={} Vl={} live={}", N, Vl, live));
 }
