@@ -35,8 +35,9 @@
 # on this machine no GPU test may skip. It exits non-zero, after printing the table and a
 # verdict that lists every reason, if any GPU test failed, skipped or did not finish, the smoke
 # run failed, a kernel benchmark failed its validation, a model benchmark failed or timed out,
-# or a phase was skipped for want of time. What training never runs (cuDNN refusing a test
-# shape no deck uses) is listed as reported, not as a failure.
+# or a phase was skipped for want of time. What training never runs here (cuDNN refusing a test
+# shape no deck uses, a test that needs more GPUs than the machine has) is listed as reported,
+# not as a failure.
 # For the rehearsal and tests only (tools/gpu-check-rehearse.sh, tests/cli/test_gpu_check.sh):
 # TRIDENT_GPU_CHECK_REHEARSE_HANG=NAME[:stuck],... makes every run_capped job whose name starts
 # with NAME hang (ignoring TERM; `:stuck` also stops its timeout, so only abandoning ends it);
@@ -138,7 +139,7 @@ verdict_lines() {  # [so-far]: the problems found until a cut, with no PASS or F
     printf -- '- %s\n' "${problems[@]}"
   fi
   if [ ${#reported[@]} -gt 0 ]; then
-    echo "Reported, not failures (nothing training runs):"
+    echo "Reported, not failures (nothing training runs here):"
     printf -- '- %s\n' "${reported[@]}"
   fi
 }
@@ -511,9 +512,11 @@ else
     "$LOGS/test_cuda.log" | head -60
   echo "test_cuda exit code: $tests_rc"
   # Skips, each with its message: a skip the test marks as a shape no deck runs (cuDNN's
-  # refusals, tests/cuda/test_attention.cpp) is reported; any other is a problem.
+  # refusals, tests/cuda/test_attention.cpp) or as needing more GPUs than are here (a
+  # two-GPU test on this one-GPU machine, tests/cuda/test_pipeline_links.cpp) is reported; any
+  # other is a problem.
   awk '/^\[ RUN +\]/ {test = $NF; body = ""; next}
-       test != "" && /^\[ +SKIPPED +\]/ {print (body ~ /a shape no deck runs/ ? "reported" : "skipped"), test, body; test = ""; next}
+       test != "" && /^\[ +SKIPPED +\]/ {print (body ~ /a shape no deck runs|needs [0-9]+ GPUs/ ? "reported" : "skipped"), test, body; test = ""; next}
        test != "" && /^\[ +(OK|FAILED) +\]/ {test = ""; next}
        test != "" {body = body " " $0}' "$LOGS/test_cuda.log" > "$LOGS/test_skips.txt"
   while read -r kind t rest; do

@@ -70,11 +70,15 @@ class DeviceBuffer {
   size_t size() const { return n_; }
   size_t bytes() const { return n_ * sizeof(T); }
   // 0xFF bytes: NaN for float, double and bf16, -1 for integers.
-  void poison() { TRIDENT_CUDA(cudaMemset(ptr_, 0xFF, bytes())); }
-  void zero() { TRIDENT_CUDA(cudaMemset(ptr_, 0, bytes())); }
+  // Each write below is complete on return: it runs on the legacy default stream, which does
+  // not order with the non-blocking streams of the backend and NcclComm, and cudaMemset (like
+  // cudaMemcpy from pageable memory) may return before the device has written.
+  void poison() { fill(0xFF); }
+  void zero() { fill(0); }
   void upload(const std::vector<T>& host) {
     TRIDENT_CHECK(host.size() == n_, "upload of {} into {}", host.size(), n_);
     TRIDENT_CUDA(cudaMemcpy(ptr_, host.data(), bytes(), cudaMemcpyHostToDevice));
+    TRIDENT_CUDA(cudaDeviceSynchronize());
   }
   std::vector<T> download() const {
     std::vector<T> host(n_);
@@ -84,6 +88,11 @@ class DeviceBuffer {
   }
 
  private:
+  void fill(int byte) {
+    TRIDENT_CUDA(cudaMemset(ptr_, byte, bytes()));
+    TRIDENT_CUDA(cudaDeviceSynchronize());
+  }
+
   T* ptr_ = nullptr;
   size_t n_ = 0;
 };
