@@ -405,7 +405,7 @@ void forward_hs(float* out, float* lse, const float* qkv, int B, int T, int NH, 
   constexpr int TILE = tile_for<HS>();
   const size_t smem = fwd_smem_floats<HS, TILE>() * sizeof(float);
   const float scale_log2 = kLog2e / std::sqrt(float(HS));
-  static std::atomic<size_t> allowed{0};
+  static SmemOptIn allowed;
   allow_dynamic_smem(attention_fwd_kernel<HS, TILE>, smem, allowed);
   const dim3 grid(ceil_div(T, TILE), unsigned(B * NH));
   attention_fwd_kernel<HS, TILE>
@@ -420,7 +420,7 @@ void backward_hs(float* dqkv, const float* D, const float* dout, const float* qk
   const size_t smem = bwd_smem_floats<HS, TILE>() * sizeof(float);
   const float scale = 1.0f / std::sqrt(float(HS));
   const float scale_log2 = scale * kLog2e;
-  static std::atomic<size_t> allowed_dkdv{0}, allowed_dq{0};
+  static SmemOptIn allowed_dkdv, allowed_dq;
   allow_dynamic_smem(attention_bwd_dkdv_kernel<HS, TILE>, smem, allowed_dkdv);
   const dim3 kv_grid(ceil_div(T, TILE), unsigned(B * KVH));
   attention_bwd_dkdv_kernel<HS, TILE>

@@ -19,16 +19,24 @@ inline unsigned grid_for(size_t n, int block, unsigned max_blocks = 132 * 16) {
   return need < max_blocks ? (need > 0 ? need : 1) : max_blocks;
 }
 
-// Dynamic shared memory above the default 48 KB needs an opt-in per kernel
-// (cudaFuncSetAttribute), which stays set: one driver call per kernel and size, not per launch.
-// `allowed` (a static at the call site) holds the largest size opted in so far; two threads
-// racing both set it, which is harmless. trident runs one device per process.
+// Dynamic shared memory above the default 48 KB needs an opt-in per kernel and per device
+// (cudaFuncSetAttribute), which stays set: one driver call per kernel, size and device, not per
+// launch. `allowed` (a static at the call site) holds the largest size opted in so far on each
+// device (a process drives two in the two-GPU tests); two threads racing both set it, harmless.
+struct SmemOptIn {
+  static constexpr int kDevices = 16;  // beyond this, every launch above 48 KB opts in again
+  std::atomic<size_t> bytes[kDevices] = {};
+};
+
 template <typename Kernel>
-void allow_dynamic_smem(Kernel kernel, size_t bytes, std::atomic<size_t>& allowed) {
-  if (bytes <= allowed.load(std::memory_order_acquire)) return;
+void allow_dynamic_smem(Kernel kernel, size_t bytes, SmemOptIn& allowed) {
+  int device = 0;
+  TRIDENT_CUDA(cudaGetDevice(&device));
+  std::atomic<size_t>* seen = device < SmemOptIn::kDevices ? &allowed.bytes[device] : nullptr;
+  if (seen && bytes <= seen->load(std::memory_order_acquire)) return;
   TRIDENT_CUDA(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-  allowed.store(bytes, std::memory_order_release);
+  if (seen) seen->store(bytes, std::memory_order_release);
 }
 
 __device__ __forceinline__ float warp_sum(float x) {

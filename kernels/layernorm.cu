@@ -144,9 +144,9 @@ __global__ void layernorm_bwd_finish_kernel(float* __restrict__ dw, float* __res
 }
 
 // Dynamic shared memory above the default 48 KB needs an opt-in per kernel, made once per size
-// (allow_dynamic_smem in launch.cuh; `allowed` is the call site's static).
+// per device (allow_dynamic_smem in launch.cuh; `allowed` is the call site's static).
 template <typename Kernel>
-void allow_smem(Kernel kernel, size_t bytes, int C, std::atomic<size_t>& allowed) {
+void allow_smem(Kernel kernel, size_t bytes, int C, SmemOptIn& allowed) {
   TRIDENT_CHECK(bytes <= kMaxSmem, "layernorm: C={} needs {} bytes of shared memory", C, bytes);
   if (bytes > kDefaultSmem) allow_dynamic_smem(kernel, bytes, allowed);
 }
@@ -158,7 +158,7 @@ void layernorm_forward(Out* out, float* mean, float* rstd, const float* inp, con
   if (N == 0) return;
   TRIDENT_CHECK(out && mean && rstd && inp && w, "{}: null pointer", __func__);
   const size_t smem = size_t(kRowsPerBlock) * C * sizeof(float);
-  static std::atomic<size_t> allowed{0};  // one per instantiation, as the opt-in is per kernel
+  static SmemOptIn allowed;  // one per instantiation, as the opt-in is per kernel
   allow_smem(layernorm_fwd_kernel<Out>, smem, C, allowed);
   layernorm_fwd_kernel<Out>
       <<<ceil_div(size_t(N), kRowsPerBlock), kRowsPerBlock * kWarp, smem, stream>>>(
@@ -174,10 +174,12 @@ void layernorm_backward(float* dinp, bf16* dinp16, float* dw, float* db, float* 
   TRIDENT_CHECK(N >= 0 && C > 0, "layernorm_backward_cuda: N={} C={}", N, C);
   if (N == 0) return;
   TRIDENT_CHECK(dout && inp && mean && rstd, "{}: null input", __func__);
+  TRIDENT_CHECK(static_cast<const void*>(dinp16) != static_cast<const void*>(dout) || (!dw && !db),
+                "{}: dresidual16 is dout, which dw and db read after it is written", __func__);
   if (dinp) {
     TRIDENT_CHECK(w, "{}: null w", __func__);
     const size_t smem = size_t(kRowsPerBlock) * 2 * C * sizeof(float);
-    static std::atomic<size_t> allowed{0};
+    static SmemOptIn allowed;
     allow_smem(layernorm_bwd_dinp_kernel<Dout, kAdd>, smem, C, allowed);
     layernorm_bwd_dinp_kernel<Dout, kAdd>
         <<<ceil_div(size_t(N), kRowsPerBlock), kRowsPerBlock * kWarp, smem, stream>>>(

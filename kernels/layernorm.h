@@ -24,6 +24,7 @@ void layernorm_backward_cuda(float* dinp, float* dw, float* db, float* scratch, 
                              int N, int C, cudaStream_t stream);
 // dresidual += dinp (in place), then dresidual16 = bf16(dresidual) if non-null, in one pass;
 // dw, db as above; dout bf16 (CPU twin: Backend::layernorm_backward_add_bf16). Same scratch.
+// dresidual16 must not be dout (dw, db read dout after dresidual16 is written).
 void layernorm_backward_add_bf16_cuda(float* dresidual, bf16* dresidual16, float* dw, float* db,
                                       float* scratch, const bf16* dout, const float* inp,
                                       const float* w, const float* mean, const float* rstd, int N,
