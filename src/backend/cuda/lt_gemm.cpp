@@ -24,6 +24,7 @@
 
 #include <fmt/format.h>
 
+#include "backend/cuda/device_resources.h"
 #include "elementwise.h"
 
 namespace trident::cuda {
@@ -47,7 +48,7 @@ void grow(T*& p, size_t& have, size_t n) {
   TRIDENT_CUDA(cudaFree(p));
   p = nullptr;
   have = 0;  // stays empty if the allocation below fails
-  TRIDENT_CUDA(cudaMalloc(&p, n * sizeof(T)));
+  check_malloc(cudaMalloc(&p, n * sizeof(T)), n * sizeof(T), "of GEMM staging", {});
   have = n;
 }
 
@@ -91,7 +92,7 @@ LtGemm::LtGemm() {
   TRIDENT_CUBLAS(cublasLtCreate(&handle_));
   // 32 MiB: what NVIDIA recommends for Hopper so every kernel choice is available.
   workspace_bytes_ = size_t(32) << 20;
-  TRIDENT_CUDA(cudaMalloc(&workspace_, workspace_bytes_));
+  check_malloc(cudaMalloc(&workspace_, workspace_bytes_), workspace_bytes_, "of cuBLASLt workspace", {});
 }
 
 LtGemm::~LtGemm() {
