@@ -92,7 +92,8 @@ LtGemm::LtGemm() {
   TRIDENT_CUBLAS(cublasLtCreate(&handle_));
   // 32 MiB: what NVIDIA recommends for Hopper so every kernel choice is available.
   workspace_bytes_ = size_t(32) << 20;
-  check_malloc(cudaMalloc(&workspace_, workspace_bytes_), workspace_bytes_, "of cuBLASLt workspace", {});
+  check_malloc(cudaMalloc(&workspace_, workspace_bytes_), workspace_bytes_, "of cuBLASLt workspace",
+               {});
 }
 
 LtGemm::~LtGemm() {
