@@ -21,6 +21,9 @@ void gelu_erf_backward_cuda(float* dinp, const float* inp, const float* dout, si
 void gelu_forward_bf16_cuda(bf16* out, const bf16* inp, size_t n, cudaStream_t stream);
 void gelu_backward_bf16_cuda(bf16* dinp, const bf16* inp, const bf16* dout, size_t n,
                              cudaStream_t stream);
+void gelu_erf_forward_bf16_cuda(bf16* out, const bf16* inp, size_t n, cudaStream_t stream);
+void gelu_erf_backward_bf16_cuda(bf16* dinp, const bf16* inp, const bf16* dout, size_t n,
+                                 cudaStream_t stream);
 // out = a + b; out may alias a or b.
 void add_cuda(float* out, const float* a, const float* b, size_t n, cudaStream_t stream);
 

@@ -39,6 +39,14 @@ void allow_dynamic_smem(Kernel kernel, size_t bytes, SmemOptIn& allowed) {
   if (seen) seen->store(bytes, std::memory_order_release);
 }
 
+// An activation element as fp32 arithmetic sees it: fp32 as is, bf16 widened on load and rounded
+// once on store, to nearest even (Note [bf16 activations]). The kernels that take either are
+// templates over these.
+__device__ __forceinline__ void store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store(bf16* p, float v) { *p = __float2bfloat16(v); }
+__device__ __forceinline__ float load(const float* p) { return *p; }
+__device__ __forceinline__ float load(const bf16* p) { return __bfloat162float(*p); }
+
 __device__ __forceinline__ float warp_sum(float x) {
   for (int o = kWarp / 2; o > 0; o /= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
   return x;

@@ -19,12 +19,6 @@ constexpr int kRowsPerBlock = 4;  // warps per block, one row each
 constexpr size_t kDefaultSmem = 48 * 1024;
 constexpr size_t kMaxSmem = 227 * 1024;  // sm_90 opt-in limit per block
 
-// fp32 or bf16 (rounded to nearest even once, from the fp32 value: Note [bf16 activations]).
-__device__ __forceinline__ void store(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store(bf16* p, float v) { *p = __float2bfloat16(v); }
-__device__ __forceinline__ float load(const float* p) { return *p; }
-__device__ __forceinline__ float load(const bf16* p) { return __bfloat162float(*p); }
-
 // Two passes like the CPU twin (mean, then squared deviations): no cancellation when
 // |mean| >> std. Out is float or bf16; the arithmetic is the same fp32 for both. b null: no
 // shift (model.bias false).

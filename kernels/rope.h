@@ -13,5 +13,10 @@ void rope_forward_cuda(float* qkv, const float* cos, const float* sin, int N, in
 // In place on dqkv: the transposed rotation (by −angle).
 void rope_backward_cuda(float* dqkv, const float* cos, const float* sin, int N, int T, int NH,
                         int KVH, int hs, int rot, cudaStream_t stream);
+// The same on bf16 q|k|v (or its gradient): widened, turned in fp32, rounded once.
+void rope_forward_bf16_cuda(bf16* qkv, const float* cos, const float* sin, int N, int T, int NH,
+                            int KVH, int hs, int rot, cudaStream_t stream);
+void rope_backward_bf16_cuda(bf16* dqkv, const float* cos, const float* sin, int N, int T, int NH,
+                             int KVH, int hs, int rot, cudaStream_t stream);
 
 }  // namespace trident::cuda

@@ -1,7 +1,8 @@
 // The model families' bf16 ops (RMSNorm, RoPE, SwiGLU, exact GELU, grouped-query attention):
 // host definitions by Note [bf16 activations]'s rule, each the fp32 family op on the widened
-// inputs with every bf16 output rounded once: the CPU twins of kernels/families_bf16.cu and the
-// CUDA backend's bf16 GQA attention (tests/cuda/test_kernels_bf16_families.cpp).
+// inputs with every bf16 output rounded once: the CPU twins of the bf16 instances of
+// kernels/rmsnorm.cu, rope.cu, swiglu.cu, elementwise.cu and the CUDA backend's bf16 GQA attention
+// (tests/cuda/test_kernels_bf16_families.cpp).
 //
 // Exact GELU is its own elementwise op after matmul_forward_bf16, not an erf variant of
 // matmul_gelu_forward_bf16: cuBLASLt's GELU epilogues are the tanh form, so a fused erf op

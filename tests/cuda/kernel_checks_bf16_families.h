@@ -1,9 +1,10 @@
-// Checks of the CUDA backend's bf16 family ops (kernels/families_bf16.cu and the bf16 GQA
-// attention) against their CPU twins (src/backend/bf16_family_ops.cpp), as kernel_checks_bf16.h
-// checks GPT-2's, with its tolerances: a bf16 output within one bf16 ulp of the twin's plus
-// kFp32Tol of the tensor's scale (the two fp32 values before rounding differ by the fp32
-// kernels' rounding, kernel_checks.h); fp32 outputs (rstd, the residual gradient, dw) within
-// kFp32Tol; attention as check_attention_bf16 (cuDNN keeps P and dS in bf16: kBf16Tol).
+// Checks of the CUDA backend's bf16 family ops (the bf16 instances of kernels/rmsnorm.cu, rope.cu,
+// swiglu.cu, elementwise.cu, and the bf16 GQA attention) against their CPU twins
+// (src/backend/bf16_family_ops.cpp), as kernel_checks_bf16.h checks GPT-2's, with its tolerances: a
+// bf16 output within one bf16 ulp of the twin's plus kFp32Tol of the tensor's scale (the two fp32
+// values before rounding differ by the fp32 kernels' rounding, kernel_checks.h); fp32 outputs
+// (rstd, the residual gradient, dw) within kFp32Tol; attention as check_attention_bf16 (cuDNN keeps
+// P and dS in bf16: kBf16Tol).
 #pragma once
 
 #include <string>

@@ -34,7 +34,6 @@
 #include "cuda_check.h"
 #include "elementwise.h"
 #include "encoder.h"
-#include "families_bf16.h"
 #include "layernorm.h"
 #include "optimizer.h"
 #include "rmsnorm.h"
@@ -519,7 +518,8 @@ class CudaBackend final : public Backend {
     Op op(*this, "gelu bwd");
     cuda::gelu_backward_bf16_cuda(dev(dinp), dev(inp), dev(dout), n, stream_);
   }
-  // The families' bf16 ops (kernels/families_bf16.cu; CPU twins in bf16_family_ops.cpp).
+  // The families' bf16 ops: the fp32 kernels instantiated on bf16 (kernels/rmsnorm.cu, rope.cu,
+  // swiglu.cu, elementwise.cu); CPU twins in bf16_family_ops.cpp.
   bool has_bf16_family_ops() const override { return true; }
   void rmsnorm_forward_bf16(bfloat16* out, float* rstd, const float* inp, const float* w, int N,
                             int C, float eps) override {
