@@ -56,6 +56,12 @@ inline std::string describe(const Errors& errors) {
     s += fmt::format("{}: err {:.3g} (tol {:.0e}); ", e.name, e.err, e.tol);
   return s;
 }
+// One expectation per output: its error within its tolerance, said with the shape and every
+// output's error on failure.
+inline void expect_within(const Errors& errors, const std::string& shape) {
+  for (const OutputError& e : errors)
+    EXPECT_LE(e.err, e.tol) << e.name << " at " << shape << " (" << describe(errors) << ")";
+}
 
 inline std::vector<float> random_floats(size_t n, std::mt19937& rng, double lo = -1.0,
                                         double hi = 1.0) {

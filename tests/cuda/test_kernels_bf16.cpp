@@ -14,11 +14,6 @@
 namespace trident::testing {
 namespace {
 
-void expect_within(const Errors& errors, const std::string& shape) {
-  for (const OutputError& e : errors)
-    EXPECT_LE(e.err, e.tol) << e.name << " at " << shape << " (" << describe(errors) << ")";
-}
-
 using Shapes2 = std::vector<std::tuple<int, int>>;
 using Shapes3 = std::vector<std::tuple<int, int, int>>;
 

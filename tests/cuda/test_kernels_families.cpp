@@ -11,10 +11,6 @@
 namespace trident::testing {
 namespace {
 
-void expect_within(const Errors& errors, const std::string& shape) {
-  for (const OutputError& e : errors) EXPECT_LE(e.err, e.tol) << e.name << " at " << shape;
-}
-
 TEST(KernelRmsnorm, ForwardMatchesCpu) {
   TRIDENT_REQUIRE_GPU();
   // C 37: fewer columns than a warp's lanes twice over; 2048: Llama-1B's width.

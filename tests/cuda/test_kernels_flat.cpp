@@ -11,10 +11,6 @@
 namespace trident::testing {
 namespace {
 
-void expect_within(const Errors& errors, const std::string& shape) {
-  for (const OutputError& e : errors) EXPECT_LE(e.err, e.tol) << e.name << " at " << shape;
-}
-
 constexpr size_t kSizes[] = {1, 3, 4, 37, 4099, 1000003};
 constexpr size_t kOffsets[] = {0, 1};
 

@@ -15,10 +15,6 @@ using Shapes2 = std::initializer_list<std::tuple<int, int>>;
 using Shapes3 = std::initializer_list<std::tuple<int, int, int>>;
 using Shapes4 = std::initializer_list<std::tuple<int, int, int, int>>;
 
-void expect_within(const Errors& errors, const std::string& shape) {
-  for (const OutputError& e : errors) EXPECT_LE(e.err, e.tol) << e.name << " at " << shape;
-}
-
 TEST(KernelEncoder, ForwardMatchesCpu) {
   TRIDENT_REQUIRE_GPU();
   // C = 96 and 768 take the float4 path, 37 and 1601 the scalar one.

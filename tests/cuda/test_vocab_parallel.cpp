@@ -10,10 +10,6 @@
 namespace trident::testing {
 namespace {
 
-void expect_within(const Errors& errors, const std::string& shape) {
-  for (const OutputError& e : errors) EXPECT_LE(e.err, e.tol) << e.name << " at " << shape;
-}
-
 TEST(KernelVocabSlice, EmbeddingForwardMatchesCpu) {
   TRIDENT_REQUIRE_GPU();
   // B = 3: with one sequence the position n % T is n itself, so a kernel indexing wpe by n
