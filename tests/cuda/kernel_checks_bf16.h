@@ -166,6 +166,19 @@ inline Errors check_layernorm_forward_bf16(Backend& gpu, int N, int C, uint32_t 
           {"rstd", err_vs(download(gpu, d_rstd.data(), N), rstd), kFp32Tol}};
 }
 
+// The bf16 copy of a residual gradient (the *_backward_add_bf16 ops): within one bf16 ulp of the
+// twin's, and bit for bit the GPU's own fp32 result rounded once.
+inline void add_dresidual16_errors(Errors& errors, Backend& gpu, const bfloat16* d_dres16,
+                                   const std::vector<float>& got_dres,
+                                   const std::vector<bfloat16>& dres16) {
+  const size_t n = got_dres.size();
+  const std::vector<bfloat16> got16 = download(gpu, d_dres16, n);
+  std::vector<bfloat16> own(n);
+  for (size_t i = 0; i < n; ++i) own[i] = to_bfloat16(got_dres[i]);
+  errors.push_back({"dresidual16_ulps", bf16_ulp_err(got16, dres16, kFp32Tol), 1.0});
+  errors.push_back({"dresidual16_bits_vs_gpu_dresidual", bits_differ(got16, own), 0.0});
+}
+
 // mean and rstd from the CPU's forward, so both sides see the same saved values; dresidual,
 // dw, db start from the same random values. With dresidual16, its bits are checked against the
 // rounding of the GPU's own dresidual too (the copy must be of the sum just written).
@@ -197,13 +210,7 @@ inline Errors check_layernorm_backward_add_bf16(Backend& gpu, int N, int C, bool
   Errors errors{{"dresidual", err_vs(got_dres, dres), kFp32Tol},
                 {"dw", err_vs(download(gpu, d_dw.data(), C), dw), kFp32Tol},
                 {"db", err_vs(download(gpu, d_db.data(), C), db), kFp32Tol}};
-  if (with_copy) {
-    const std::vector<bfloat16> got16 = download(gpu, d_dres16.data(), n);
-    std::vector<bfloat16> own(n);
-    for (size_t i = 0; i < n; ++i) own[i] = to_bfloat16(got_dres[i]);
-    errors.push_back({"dresidual16_ulps", bf16_ulp_err(got16, dres16, kFp32Tol), 1.0});
-    errors.push_back({"dresidual16_bits_vs_gpu_dresidual", bits_differ(got16, own), 0.0});
-  }
+  if (with_copy) add_dresidual16_errors(errors, gpu, d_dres16.data(), got_dres, dres16);
   return errors;
 }
 

@@ -116,28 +116,22 @@ TEST(CudaBackendMatmul, MatchesCpu) {
     expect_within(check_matmul(*gpu, N, C, OC, 32), fmt::format("N={} C={} OC={}", N, C, OC));
 }
 
+// N, V, Vp: the decks' vocabularies (GPT-2's padded, Llama's 32000 and Llama 3's 128256
+// unpadded) and small odd ones.
+constexpr std::tuple<int, int, int> kCrossentropyShapes[] = {
+    {37, 250, 384},  {4, 50257, 50304}, {3, 5, 5},
+    {2, 1000, 1001}, {2, 32000, 32000}, {2, 128256, 128256}};
+
 TEST(KernelCrossentropy, ForwardMatchesCpu) {
   TRIDENT_REQUIRE_GPU();
-  // The decks' vocabularies: GPT-2's padded, Llama's 32000 and Llama 3's 128256 unpadded.
-  for (auto [N, V, Vp] : Shapes3{{37, 250, 384},
-                                 {4, 50257, 50304},
-                                 {3, 5, 5},
-                                 {2, 1000, 1001},
-                                 {2, 32000, 32000},
-                                 {2, 128256, 128256}})
+  for (auto [N, V, Vp] : kCrossentropyShapes)
     expect_within(check_crossentropy_forward(N, V, Vp, 41),
                   fmt::format("N={} V={} Vp={}", N, V, Vp));
 }
 
 TEST(KernelCrossentropy, BackwardMatchesCpu) {
   TRIDENT_REQUIRE_GPU();
-  // The decks' vocabularies: GPT-2's padded, Llama's 32000 and Llama 3's 128256 unpadded.
-  for (auto [N, V, Vp] : Shapes3{{37, 250, 384},
-                                 {4, 50257, 50304},
-                                 {3, 5, 5},
-                                 {2, 1000, 1001},
-                                 {2, 32000, 32000},
-                                 {2, 128256, 128256}})
+  for (auto [N, V, Vp] : kCrossentropyShapes)
     expect_within(check_crossentropy_backward(N, V, Vp, 42),
                   fmt::format("N={} V={} Vp={}", N, V, Vp));
 }
