@@ -30,6 +30,13 @@ namespace trident {
 // both backends' adamw_update use, so their updates agree.
 inline double adamw_bias_correction(double beta, int t) { return 1.0 / (1.0 - std::pow(beta, t)); }
 
+// What a fused attention (flash, cuDNN) saves per layer: the softmax statistics, one float per
+// row of each head, padded to whole 16 bytes so that each layer's slice starts aligned (cuDNN
+// declares the tensor 16-byte aligned). The CUDA backend allocates by it, the planner counts by it.
+inline size_t fused_attention_saved_floats(int B, int T, int NH) {
+  return (size_t(B) * NH * T + 3) / 4 * 4;
+}
+
 class Backend {
  public:
   virtual ~Backend() = default;

@@ -31,7 +31,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
 
 #include "plan/plan_parts.h"
 #include "trident/check.h"
@@ -103,8 +102,8 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
   const bool sp = l.sequence_parallel && l.tp > 1;
   const double Nr = sp ? N / tp : N, Vl = double(padded_vocab(m, l)) / tp;
   const bool fused = hw.attention_tflops > 0;
-  // fused: the softmax statistics, padded to 16 bytes as CudaBackend::attention_saved_floats.
-  const double att_saved = fused ? std::ceil(B * NHl * T / 4) * 4 : B * NHl * T * T;
+  const double att_saved =
+      fused ? double(fused_attention_saved_floats(int(B), int(T), int(NHl))) : B * NHl * T * T;
   const double att_scratch = fused ? 4 * N * Cl : att_saved;  // flash backward: dq accumulators
   // block_sizes() in element counts; bf16 runs hold GPT::kBf16Buffer's in 2 B, the rest
   // (residual stream, LayerNorm statistics, attention state) in 4 B.

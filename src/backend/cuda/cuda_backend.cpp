@@ -216,11 +216,9 @@ class CudaBackend final : public Backend {
 
   // Attention state (Note [Backend memory]): both paths save only the per-row log-sum-exp
   // [B,NH,T]; backward takes the forward output from the model.
-  // The softmax statistics, B·NH·T floats, rounded up to whole 16 bytes: each layer's slice
-  // starts at l times this, and cuDNN's graph declares the stats tensor 16-byte aligned.
   size_t attention_saved_floats(int B, int T, int C, int NH) const override {
     (void)C;
-    return (size_t(B) * NH * T + 3) / 4 * 4;
+    return fused_attention_saved_floats(B, T, NH);
   }
   size_t attention_scratch_floats(int B, int T, int C, int NH) const override {
     return std::max<size_t>(cuda::flash_attention_backward_scratch_floats(B, T, C, NH), 1);
