@@ -676,42 +676,7 @@ class CudaBackend final : public Backend {
                             grad_scale, nullptr, stream_);
   }
 
-  // bf16 inputs, fp32 accumulation and output: the configuration every GEMM of the model uses.
-  double measure_gemm_peak_flops() override {
-    const int n = 8192;
-    bf16* a = stage_a_.of<bf16>(size_t(n) * n);
-    bf16* b = stage_w_.of<bf16>(size_t(n) * n);
-    float* d = reduce_scratch_.of<float>(size_t(n) * n);
-    // Nonzero data: on zeros the tensor cores run ~10% faster (less power), which would
-    // inflate the peak. Values in [-0.5, 0.5), rounded to bf16.
-    {
-      std::vector<float> host(size_t(n) * n);
-      for (size_t i = 0; i < host.size(); ++i)
-        host[i] = float((i * 2654435761u) % 1000u) / 1000.0f - 0.5f;
-      float* staging = norm_scratch_.of<float>(host.size());
-      copy(staging, host.data(), host.size() * sizeof(float));
-      cuda::cast_f32_to_bf16_cuda(a, staging, host.size(), stream_);
-      cuda::cast_f32_to_bf16_cuda(b, staging, host.size(), stream_);
-      synchronize();
-    }
-    auto run = [&] { gemm_->matmul(d, a, b, nullptr, n, n, n, false, true, 0.0f, stream_); };
-    for (int i = 0; i < 3; ++i) run();
-    cudaEvent_t start, stop;
-    TRIDENT_CUDA(cudaEventCreate(&start));
-    TRIDENT_CUDA(cudaEventCreate(&stop));
-    const int reps = 20;
-    TRIDENT_CUDA(cudaEventRecord(start, stream_));
-    for (int i = 0; i < reps; ++i) run();
-    TRIDENT_CUDA(cudaEventRecord(stop, stream_));
-    TRIDENT_CUDA(cudaEventSynchronize(stop));
-    float ms = 0;
-    TRIDENT_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-    // 768 MiB of staging the model's own shapes may never need: give it back (cudaFree waits).
-    for (Scratch* s : {&stage_a_, &stage_w_, &reduce_scratch_, &norm_scratch_}) s->release();
-    return 2.0 * double(n) * n * n * reps / (double(ms) * 1e-3);
-  }
+  double measure_gemm_peak_flops() override { return gemm_->measure_peak_flops(stream_); }
   // H100/H200 (sm_90) SXM: 989 TFLOP/s dense bf16.
   double nominal_peak_flops() const override { return sm_ == 90 ? 989e12 : 0.0; }
 

@@ -55,11 +55,6 @@ class Scratch {
     }
     return p_;
   }
-  void release() {
-    cudaFree(p_);
-    p_ = nullptr;
-    bytes_ = 0;
-  }
   template <typename T>
   T* of(size_t n) {
     return static_cast<T*>(get(std::max<size_t>(n, 1) * sizeof(T)));

@@ -24,6 +24,8 @@
 
 #include <fmt/format.h>
 
+#include <vector>
+
 #include "backend/cuda/device_resources.h"
 #include "elementwise.h"
 
@@ -94,6 +96,42 @@ LtGemm::LtGemm() {
   workspace_bytes_ = size_t(32) << 20;
   check_malloc(cudaMalloc(&workspace_, workspace_bytes_), workspace_bytes_, "of cuBLASLt workspace",
                {});
+}
+
+double LtGemm::measure_peak_flops(cudaStream_t stream) {
+  const int n = 8192;
+  const size_t nn = size_t(n) * n;
+  Scratch a_mem, b_mem, d_mem, staging_mem;  // freed on return
+  bf16* a = a_mem.of<bf16>(nn);
+  bf16* b = b_mem.of<bf16>(nn);
+  float* d = d_mem.of<float>(nn);
+  // Nonzero data: on zeros the tensor cores run ~10% faster (less power), which would inflate
+  // the peak. Values in [-0.5, 0.5), rounded to bf16.
+  {
+    std::vector<float> host(nn);
+    for (size_t i = 0; i < nn; ++i) host[i] = float((i * 2654435761u) % 1000u) / 1000.0f - 0.5f;
+    float* staging = staging_mem.of<float>(nn);
+    TRIDENT_CUDA(
+        cudaMemcpyAsync(staging, host.data(), nn * sizeof(float), cudaMemcpyHostToDevice, stream));
+    cast_f32_to_bf16_cuda(a, staging, nn, stream);
+    cast_f32_to_bf16_cuda(b, staging, nn, stream);
+    TRIDENT_CUDA(cudaStreamSynchronize(stream));  // before `host` goes
+  }
+  auto run = [&] { matmul(d, a, b, nullptr, n, n, n, false, true, 0.0f, stream); };
+  for (int i = 0; i < 3; ++i) run();
+  cudaEvent_t start, stop;
+  TRIDENT_CUDA(cudaEventCreate(&start));
+  TRIDENT_CUDA(cudaEventCreate(&stop));
+  const int reps = 20;
+  TRIDENT_CUDA(cudaEventRecord(start, stream));
+  for (int i = 0; i < reps; ++i) run();
+  TRIDENT_CUDA(cudaEventRecord(stop, stream));
+  TRIDENT_CUDA(cudaEventSynchronize(stop));
+  float ms = 0;
+  TRIDENT_CUDA(cudaEventElapsedTime(&ms, start, stop));
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return 2.0 * double(n) * n * n * reps / (double(ms) * 1e-3);
 }
 
 LtGemm::~LtGemm() {

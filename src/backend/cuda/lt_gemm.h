@@ -63,6 +63,11 @@ class LtGemm {
   // Whether bf16-output GEMMs with a bias run through the fp32-output fallback (this cuBLASLt
   // took neither an fp32 nor a bf16 bias with a bf16 D): for tests and the report, once one ran.
   bool bf16_bias_fallback_used() const { return bf16_bias_fallback_used_; }
+  // The rate of matmul (bf16 inputs, fp32 accumulation and output: every model GEMM's
+  // configuration) at 8192³ on nonzero data, in FLOP/s: the MFU denominator. Its 768 MiB of
+  // operands are allocated for the measurement and freed after it (cudaFree waits for the device:
+  // call it before the steps, with no collective in flight).
+  double measure_peak_flops(cudaStream_t stream);
 
  private:
   struct Plan;
