@@ -43,7 +43,9 @@ std::vector<Bucket> assign_buckets(const std::vector<size_t>& param_counts_in_re
 // which parameters go together, except that a parameter marked `alone` gets a bucket of its own.
 //
 // padded_bucket_layout: assign_buckets on the unpadded sizes, then the padding. multiple = 1 with
-// nothing alone gives assign_buckets's buckets and the unpadded, contiguous layout.
+// nothing alone gives assign_buckets's buckets and the unpadded, contiguous layout. A parameter
+// marked in `breaks` starts a new bucket (ZeRO-3: a bucket never holds two units, so a unit is
+// gathered as whole buckets: Note [ZeRO-3 units] in train/zero3.h).
 struct BucketLayout {
   std::vector<Bucket> buckets;        // offset, count: the padded slice of the flat buffer
   std::vector<size_t> param_offsets;  // each parameter's offset, in ready order
@@ -53,6 +55,7 @@ struct BucketLayout {
 };
 BucketLayout padded_bucket_layout(const std::vector<size_t>& param_counts_in_ready_order,
                                   size_t elem_bytes, size_t first_bucket_bytes, size_t bucket_bytes,
-                                  size_t multiple, const std::vector<char>& alone = {});
+                                  size_t multiple, const std::vector<char>& alone = {},
+                                  const std::vector<char>& breaks = {});
 
 }  // namespace trident

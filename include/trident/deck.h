@@ -129,6 +129,10 @@ struct ParallelConfig {
   // ZeRO-2 with train.accum > 1 (Note [ZeRO-2 and accumulation] in train/zero.h): "step"
   // reduce-scatters once, on the last micro-batch; "micro_batch" after every one.
   std::string zero_reduce = "step";
+  // ZeRO-3 (Note [ZeRO-3 units] in train/zero3.h): release a unit after its forward, and
+  // gather per micro-batch or once per step.
+  bool reshard_after_forward = true;
+  std::string zero3_gather = "micro_batch";
 
   bool operator==(const ParallelConfig&) const = default;
 };

@@ -65,6 +65,7 @@ struct GradReducerOptions {
   // and the reducer also all-gathers the updated parameters (start_param_gather).
   float* shard_grads = nullptr;
   std::vector<char> alone;           // parameters in a bucket of their own (ready order)
+  std::vector<char> breaks;          // parameters that start a bucket (ZeRO-3: each unit's first)
   std::vector<size_t> gather_order;  // buckets in the order forward first reads them
   // ZeRO-2 (Note [ZeRO-2 on the host] in train/zero.h; host gradients only): once a bucket's
   // reduce-scatter completed, its slice of the full gradient buffer is zeroed and its pages
@@ -76,6 +77,14 @@ struct GradReducerOptions {
   // reduce-scatter's release, so backward writes no further gradients until the link has taken
   // some; 0: no bound. The full buffer then holds at most this plus the buckets being written.
   size_t max_held_bytes = 0;
+  // ZeRO-3 (Note [ZeRO-3 units] in train/zero3.h; with shard_grads and release_reduced): the
+  // parameters live in shard_params (this rank's shard of bucket b at shard_offset(b)); the
+  // full buffer `params` (host memory, laid out like the gradients) holds a bucket only between
+  // gather() and release_gathered(). The gathers run on gather_comm, a communicator of their
+  // own with dp's ranks, so that they pair among themselves whatever the reduce-scatters do.
+  float* params = nullptr;
+  float* shard_params = nullptr;
+  Communicator* gather_comm = nullptr;
 };
 
 // One all-reduce of a step: a bucket or an extra buffer.
@@ -132,10 +141,13 @@ struct ReduceStats {
 // compute thread's waiting for them. Reported by the step in which they were waited for.
 struct GatherStats {
   bool gathered = false;  // a round completed since the last take_gather_stats
-  double comm_ms = 0;     // union of the round's all-gather intervals
+  double comm_ms = 0;     // union of the rounds' all-gather intervals
   double exposed_ms = 0;  // the compute thread waited this long (wait_gathered, begin_step)
   size_t bytes = 0;       // gathered (full buckets)
   std::vector<BucketRecord> records;
+  // ZeRO-3: the most bytes of the full parameter buffer found resident, right before a
+  // release_gathered; 0 otherwise.
+  size_t params_resident_peak_bytes = 0;
 };
 
 class GradReducer {
@@ -180,7 +192,19 @@ class GradReducer {
   // thread's error. wait_all_gathered: every bucket.
   void wait_gathered(size_t bucket);
   void wait_all_gathered();
-  // The last completed round's figures and the waiting since the previous call; then reset.
+  // ZeRO-3 (options.shard_params set): starts the all-gather of buckets [first, end) (one unit's)
+  // from the shards into the full buffer, on the reducer's thread, in call order (the same on
+  // every rank: Note [Same buckets, same order]); `unit` names them in records and errors. The
+  // buckets must be released (not gathered, not in flight). Any time, in a step or between.
+  void gather(size_t first, size_t end, const std::string& unit);
+  // ZeRO-3: buckets [first, end) are no longer read: they count as not gathered again, and their
+  // pages go back to the kernel. Each must have been waited for (wait_gathered).
+  void release_gathered(size_t first, size_t end);
+  // ZeRO-3: the full buffer's buckets [first, end) hold new values (initialisation, weights
+  // loaded whole): this rank's shard of each is copied into shard_params, and their pages go
+  // back. None of them may be gathered or in flight.
+  void take_shards(size_t first, size_t end);
+  // The completed rounds' figures and the waiting since the previous call; then reset.
   GatherStats take_gather_stats();
   bool sharded() const;
   // This rank's shard of bucket b: shard_count(b) elements at flat offset
@@ -200,6 +224,7 @@ class GradReducer {
  private:
   void name_buckets();
   void init_sharded(const GradReducerOptions& options);
+  void init_zero3(const GradReducerOptions& options);
   void start();  // the marks (Note [Marks made once]) and the thread
   struct State;  // shared with the communication thread; defined in grad_reducer.cpp
   std::unique_ptr<State> state_;

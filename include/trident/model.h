@@ -148,9 +148,13 @@ using PhaseFn =
                        std::chrono::steady_clock::time_point end)>;
 
 // Called by forward() right before it first reads a group of parameters (the embedding's, one
-// block's, the head's), with their indices: ZeRO's parameter all-gather waits there for the
-// buckets that hold them, and for nothing else (Note [Gathers before use] in train/zero.h).
-using ParamUseFn = std::function<void(const std::vector<int>& param_indices)>;
+// block's, the head's), and by backward() before the head's and each block's, with the pass and
+// their indices: ZeRO's parameter all-gather waits there for the buckets that hold them, and for
+// nothing else (Note [Gathers before use] in train/zero.h); ZeRO-3 also gathers the next group
+// ahead and releases the last (Note [ZeRO-3 units] in train/zero3.h). The embedding's backward
+// reads no weights and announces nothing.
+enum class ParamPass { kForward, kBackward };
+using ParamUseFn = std::function<void(ParamPass pass, const std::vector<int>& param_indices)>;
 
 struct GPTOptions {
   TensorParallel tp;
@@ -267,8 +271,15 @@ class GPT {
   size_t activation_bytes() const;
   // Optional timeline of forward/backward phases (empty: none).
   void set_phase_recorder(PhaseFn fn) { phases_ = std::move(fn); }
-  // Optional hook before each group of parameters is first read in forward (empty: none).
+  // Optional hook before each group of parameters is first read in forward and backward
+  // (empty: none).
   void set_param_use(ParamUseFn fn) { param_use_ = std::move(fn); }
+  // The groups of parameter indices a pass over `chunk` announces to that hook, in order: what
+  // ZeRO-3 prefetches by.
+  std::vector<std::vector<int>> param_use_sequence(int chunk, ParamPass pass) const;
+  // init_weights for parameters [first, end) of params_info() only (the same values), so that
+  // ZeRO-3 can initialise its shards a unit at a time, never holding the whole model.
+  void init_params(uint64_t seed, size_t first, size_t end);
   // Optional hook called between layers in forward and backward (the pipeline's transfer
   // progress: Note [Progress during compute] in trident/pipeline.h; empty: none).
   void set_progress(std::function<void()> fn) { progress_ = std::move(fn); }

@@ -25,6 +25,7 @@ class DataParallel;
 class TiedEmbedding;
 class GradNorm;
 struct OwnedPiece;
+struct Zero3Memory;
 
 // Linear warmup over warmup_steps (step 0 gets lr/warmup), then cosine decay to
 // lr·min_lr_ratio at the last step, or constant. `step` is 0-based.
@@ -68,6 +69,9 @@ struct StepStats {
   // (launched after the previous step's optimizer, Note [Gathers before use]) are apart.
   double comm_ms = 0.0, exposed_comm_ms = 0.0, overlap = 0.0;
   double gather_comm_ms = 0.0, gather_exposed_ms = 0.0;
+  // ZeRO-3 (Note [ZeRO-3 units] in train/zero3.h): the units gathered in this step, and how many
+  // of them were not asked for one group ahead of their use (beyond each pass's first group).
+  int unit_gathers = 0, late_unit_gathers = 0;
   double comm_cpu_ms = 0.0;        // CPU time of the dp communication thread (ReduceStats)
   size_t grad_resident_bytes = 0;  // ZeRO-2: peak resident bytes of the full gradient buffer
   double held_wait_ms = 0.0;       // ZeRO-2: backward blocked by Note [Bounded gradient memory]
@@ -155,6 +159,7 @@ class Trainer {
 
  private:
   void place_on_grid();
+  Zero3Memory zero3_memory() const;  // what check_memory_plan needs of ZeRO-3
   void open_data(const GPTConfig& cfg);
   void skip_step(StepStats& s);  // Note [Non-finite steps]
   void poison_gradient();

@@ -118,6 +118,10 @@ nlohmann::json step_record(const StepStats& s, const Trainer::MemoryBytes& memor
                       {"grad_resident_mib", memory.grads_resident / mib},
                       {"optimizer_mib", memory.optimizer / mib},
                       {"activation_mib", memory.activations / mib}};
+  if (s.unit_gathers > 0) {  // ZeRO-3
+    j["unit_gathers"] = s.unit_gathers;
+    j["late_unit_gathers"] = s.late_unit_gathers;
+  }
   if (!std::isnan(s.val_loss)) j["val_loss"] = s.val_loss;
   if (s.skipped) {
     j["skipped"] = true;

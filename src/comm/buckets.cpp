@@ -36,14 +36,15 @@ std::vector<Bucket> assign_buckets(const std::vector<size_t>& param_counts_in_re
 
 BucketLayout padded_bucket_layout(const std::vector<size_t>& counts, size_t elem_bytes,
                                   size_t first_bucket_bytes, size_t bucket_bytes, size_t multiple,
-                                  const std::vector<char>& alone) {
-  // Group with assign_buckets, one run of non-alone parameters at a time; bucket 0 of the whole
-  // list keeps the first-bucket limit.
+                                  const std::vector<char>& alone, const std::vector<char>& breaks) {
+  // Group with assign_buckets, one run of non-alone parameters at a time (a break also ends a
+  // run); bucket 0 of the whole list keeps the first-bucket limit.
+  auto flag = [](const std::vector<char>& v, size_t i) { return i < v.size() && v[i]; };
   std::vector<Bucket> groups;
   for (size_t i = 0; i < counts.size();) {
-    const bool single = i < alone.size() && alone[i];
+    const bool single = flag(alone, i);
     size_t end = i + 1;
-    while (!single && end < counts.size() && !(end < alone.size() && alone[end])) ++end;
+    while (!single && end < counts.size() && !flag(alone, end) && !flag(breaks, end)) ++end;
     const std::vector<size_t> run(counts.begin() + std::ptrdiff_t(i),
                                   counts.begin() + std::ptrdiff_t(end));
     const size_t first_limit = groups.empty() ? first_bucket_bytes : bucket_bytes;

@@ -140,7 +140,7 @@ void GradReducer::init_sharded(const GradReducerOptions& options) {
   const auto ranks = size_t(s.dp.size());
   const BucketLayout layout =
       padded_bucket_layout(counts, sizeof(float), options.first_bucket_bytes, options.bucket_bytes,
-                           ranks, options.alone);
+                           ranks, options.alone, options.breaks);
   for (size_t i = 0; i < p.size(); ++i)
     if (p[i].offset != layout.param_offsets[i])
       internal_error(__FILE__, __LINE__,
@@ -181,7 +181,27 @@ void GradReducer::init_sharded(const GradReducerOptions& options) {
                 "GradReducer: gather order has {} of {} buckets", s.gather_order.size(),
                 s.buckets.size());
   name_buckets();
+  if (options.shard_params) init_zero3(options);
   start();
+}
+
+// Note [ZeRO-3 units] (train/zero3.h): nothing is gathered until a unit asks.
+void GradReducer::init_zero3(const GradReducerOptions& options) {
+  State& s = *state_;
+  TRIDENT_CHECK(options.params && options.gather_comm && s.release_reduced,
+                "GradReducer: ZeRO-3 needs the full parameter buffer, a gather communicator and "
+                "released gradients");
+  TRIDENT_CHECK(
+      options.gather_comm->size() == s.dp.size() && options.gather_comm->rank() == s.dp.rank(),
+      "GradReducer: the gather communicator (rank {} of {}) is not dp's (rank {} of {})",
+      options.gather_comm->rank(), options.gather_comm->size(), s.dp.rank(), s.dp.size());
+  s.full_params = options.params;
+  s.shard_params = options.shard_params;
+  s.gather_comm = options.gather_comm;
+  s.gathered.assign(s.buckets.size(), 0);
+  s.requested.assign(s.buckets.size(), 0);
+  prefer_huge_pages(s.full_params, s.grads_total * sizeof(float));
+  release_host_floats(s.full_params, s.grads_total);
 }
 
 // Note [Marks made once]
@@ -224,7 +244,8 @@ void GradReducer::begin_step(bool reduce, bool accumulate_shards) {
   s.step_open = true;
   s.step_reduces = reduce;
   if (!reduce) return;
-  if (s.shard_grads) wait_all_gathered();  // the thread is done with the last round
+  // The thread is done with the last round (ZeRO-1/2). ZeRO-3's gathers go on through the step.
+  if (s.shard_grads && !s.shard_params) wait_all_gathered();
   std::fill(s.marked.begin(), s.marked.end(), 0);
   s.unmarked.resize(s.buckets.size());
   for (size_t b = 0; b < s.buckets.size(); ++b) s.unmarked[b] = s.buckets[b].num_params;
@@ -341,6 +362,9 @@ void GradReducer::start_param_gather(float* params) {
 
 void GradReducer::wait_gathered(size_t bucket) {
   State& s = *state_;
+  TRIDENT_CHECK(!s.shard_params || s.requested.at(bucket),
+                "GradReducer: waiting for {}, which no unit's gather asked for",
+                s.bucket_names.at(bucket));
   std::unique_lock lock(s.mutex);
   if (s.gathered[bucket] && !s.error) return;
   const auto t0 = CommClock::now();
@@ -356,6 +380,73 @@ void GradReducer::wait_all_gathered() {
   for (size_t b : state_->gather_order) wait_gathered(b);
 }
 
+void GradReducer::gather(size_t first, size_t end, const std::string& unit) {
+  State& s = *state_;
+  TRIDENT_CHECK(s.shard_params, "GradReducer::gather('{}') without ZeRO-3", unit);
+  TRIDENT_CHECK(first < end && end <= s.buckets.size(),
+                "GradReducer::gather('{}'): buckets [{}, {})"
+                " of {}",
+                unit, first, end, s.buckets.size());
+  if (s.failed.load(std::memory_order_acquire)) s.rethrow_error();
+  {
+    std::lock_guard lock(s.mutex);
+    for (size_t b = first; b < end; ++b) {
+      TRIDENT_CHECK(!s.requested[b],
+                    "GradReducer: unit '{}' gathered twice ({} is gathered or "
+                    "in flight)",
+                    unit, s.bucket_names[b]);
+      s.requested[b] = 1;
+      s.gathered[b] = 0;
+    }
+    Event e(EventKind::kUnitGather);
+    e.param = first;
+    e.count = end;
+    e.name = unit;
+    s.events.push_back(std::move(e));
+  }
+  s.wake_thread.notify_one();
+}
+
+void GradReducer::release_gathered(size_t first, size_t end) {
+  State& s = *state_;
+  TRIDENT_CHECK(s.shard_params && first < end && end <= s.buckets.size(),
+                "GradReducer::release_gathered [{}, {}) of {} buckets", first, end,
+                s.buckets.size());
+  s.params_resident_peak =
+      std::max(s.params_resident_peak,
+               resident_bytes(s.full_params, s.grads_total * sizeof(float), s.params_page_scratch));
+  {
+    std::lock_guard lock(s.mutex);
+    for (size_t b = first; b < end; ++b) {
+      TRIDENT_CHECK(s.requested[b] && s.gathered[b],
+                    "GradReducer: {} released before it was "
+                    "gathered",
+                    s.bucket_names[b]);
+      s.requested[b] = 0;
+      s.gathered[b] = 0;
+    }
+  }
+  const size_t begin = s.buckets[first].offset;
+  release_host_floats(s.full_params + begin,
+                      s.buckets[end - 1].offset + s.buckets[end - 1].count - begin);
+}
+
+void GradReducer::take_shards(size_t first, size_t end) {
+  State& s = *state_;
+  TRIDENT_CHECK(s.shard_params && first < end && end <= s.buckets.size(),
+                "GradReducer::take_shards [{}, {}) of {} buckets", first, end, s.buckets.size());
+  const auto r = size_t(s.dp.rank());
+  for (size_t b = first; b < end; ++b) {
+    TRIDENT_CHECK(!s.requested[b], "GradReducer::take_shards: {} is gathered or in flight",
+                  s.bucket_names[b]);
+    std::copy_n(s.full_params + s.buckets[b].offset + r * s.shard_count[b], s.shard_count[b],
+                s.shard_params + s.shard_offset[b]);
+  }
+  const size_t begin = s.buckets[first].offset;
+  release_host_floats(s.full_params + begin,
+                      s.buckets[end - 1].offset + s.buckets[end - 1].count - begin);
+}
+
 GatherStats GradReducer::take_gather_stats() {
   State& s = *state_;
   GatherStats out;
@@ -364,8 +455,16 @@ GatherStats GradReducer::take_gather_stats() {
     out = std::move(s.published_gather);
     s.published_gather = GatherStats{};
   }
+  std::vector<std::pair<double, double>> busy;
+  for (const BucketRecord& r : out.records) {
+    busy.emplace_back(r.start_ms, r.end_ms);
+    out.bytes += r.bytes;
+  }
+  out.comm_ms = reducer::union_ms(std::move(busy));
   out.exposed_ms = s.gather_wait_ms;
+  out.params_resident_peak_bytes = s.params_resident_peak;
   s.gather_wait_ms = 0;
+  s.params_resident_peak = 0;
   return out;
 }
 

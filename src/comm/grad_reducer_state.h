@@ -22,13 +22,13 @@
 namespace trident {
 namespace reducer {
 
-enum class EventKind { kBegin, kReady, kExtra, kFinish, kGather };
+enum class EventKind { kBegin, kReady, kExtra, kFinish, kGather, kUnitGather };
 
 struct Event {
   explicit Event(EventKind k) : kind(k), time(CommClock::now()) {}
   EventKind kind;
   CommClock::time_point time;  // when the compute thread posted it
-  size_t param = 0;            // kReady
+  size_t param = 0;            // kReady; kUnitGather: the first bucket (count: the end)
   float* data = nullptr;       // kExtra; kGather: the parameters
   size_t count = 0;
   std::string name;
@@ -45,6 +45,9 @@ struct ExtraBuffer {
 };
 
 // CPU time the calling thread has used, in ms (its own clock, not the wall).
+// Union of [start, end] intervals, in ms (grad_reducer_thread.cpp).
+double union_ms(std::vector<std::pair<double, double>> intervals);
+
 inline double thread_cpu_ms() {
   timespec t{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
@@ -70,7 +73,14 @@ struct GradReducer::State {
   std::vector<size_t> shard_count, shard_offset;
   size_t shard_total = 0;
   std::vector<size_t> gather_order;
-  bool release_reduced = false;    // ZeRO-2 on the host
+  // ZeRO-3: the full parameter buffer, the shards, the gathers' communicator (null otherwise).
+  float* full_params = nullptr;
+  float* shard_params = nullptr;
+  Communicator* gather_comm = nullptr;
+  std::vector<char> requested;  // compute thread: per bucket, gathered or in flight
+  std::vector<unsigned char> params_page_scratch;  // compute thread's, for resident_bytes
+  size_t params_resident_peak = 0;                 // compute thread's, until taken
+  bool release_reduced = false;                    // ZeRO-2 on the host
   bool accumulate_shards = false;  // this round adds to the shard (begin_step's accumulate)
   size_t grads_total = 0;          // elements of the flat gradient buffer
   std::vector<unsigned char> page_scratch;  // resident_bytes's, this thread's
@@ -169,6 +179,7 @@ struct GradReducer::State {
   CommClock::time_point next_poll(int idle_polls) const;
   void handle(reducer::Event& e);
   void start_gathers(float* params, const ComputeMark* after);
+  void start_unit_gathers(size_t first, size_t end, const std::string& unit);
   void end_gather_round(size_t last_bucket);
   void release_bucket(size_t b);
   size_t reduces_in_flight() const;

@@ -17,7 +17,10 @@ namespace {
 
 constexpr std::chrono::microseconds kPollBesideCompute{200};  // Note [Polling beside compute]
 
-// Union of [start, end] intervals, in ms.
+}  // namespace
+
+namespace reducer {
+
 double union_ms(std::vector<std::pair<double, double>> intervals) {
   std::sort(intervals.begin(), intervals.end());
   double total = 0, open_start = 0, open_end = 0;
@@ -36,12 +39,13 @@ double union_ms(std::vector<std::pair<double, double>> intervals) {
   return total;
 }
 
-}  // namespace
+}  // namespace reducer
 
 using reducer::Event;
 using reducer::EventKind;
 using reducer::ExtraBuffer;
 using reducer::thread_cpu_ms;
+using reducer::union_ms;
 
 void GradReducer::State::run() {
   std::vector<Event> batch;
@@ -109,7 +113,8 @@ void GradReducer::State::handle(Event& e) {
     first_incomplete = 0;
     extras.clear();
     next_extra = 0;
-    in_flight.clear();
+    // ZeRO-3's gathers in flight go on (Note [ZeRO-3 units] in train/zero3.h).
+    std::erase_if(in_flight, [](const InFlight& f) { return f.gather_bucket < 0; });
     building = ReduceStats{};
     building.reduced = true;
     step_origin = std::move(e.mark);
@@ -119,6 +124,10 @@ void GradReducer::State::handle(Event& e) {
   }
   if (e.kind == EventKind::kGather) {
     start_gathers(e.data, e.mark.get());
+    return;
+  }
+  if (e.kind == EventKind::kUnitGather) {
+    start_unit_gathers(e.param, e.count, e.name);
     return;
   }
   if (!active) return;  // leftovers of a step that already failed
@@ -153,7 +162,8 @@ void GradReducer::State::handle(Event& e) {
       backward_end = std::move(e.mark);
       break;
     case EventKind::kBegin:
-    case EventKind::kGather: break;
+    case EventKind::kGather:
+    case EventKind::kUnitGather: break;
   }
 }
 
@@ -182,19 +192,37 @@ void GradReducer::State::start_gathers(float* params, const ComputeMark* after) 
   if (gathers_left == 0) end_gather_round(SIZE_MAX);
 }
 
-// The round's figures are published before its last bucket is marked gathered, so a compute
-// thread that saw every bucket gathered also finds them.
-void GradReducer::State::end_gather_round(size_t last_bucket) {
-  std::vector<std::pair<double, double>> busy;
-  for (const BucketRecord& r : gather_building.records) {
-    busy.emplace_back(r.start_ms, r.end_ms);
-    gather_building.bytes += r.bytes;
+// Note [ZeRO-3 units] (train/zero3.h): one unit's buckets, from the shards into the full
+// buffer, in the order the compute thread asked (its program order, the same on every rank).
+// A round is open while any gather is in flight; units asked for meanwhile join it.
+void GradReducer::State::start_unit_gathers(size_t first, size_t end, const std::string& unit) {
+  if (!gathering) gather_building = GatherStats{};
+  gathering = true;
+  for (size_t b = first; b < end; ++b) {
+    BucketRecord rec;
+    rec.name = fmt::format("unit {}: {}", unit, bucket_names[b]);
+    rec.bucket = static_cast<int>(b);
+    rec.bytes = buckets[b].count * sizeof(float);
+    rec.start_ms = ms(CommClock::now());
+    rec.ready_ms = rec.start_ms;
+    in_flight.push_back({gather_comm->all_gather(shard_params + shard_offset[b],
+                                                 full_params + buckets[b].offset, shard_count[b]),
+                         gather_building.records.size(), static_cast<int>(b)});
+    gather_building.records.push_back(std::move(rec));
+    ++gathers_left;
   }
-  gather_building.comm_ms = union_ms(std::move(busy));
+}
+
+// The round's records join those not yet taken (take_gather_stats sums them up) before its
+// last bucket is marked gathered, so a compute thread that saw every bucket gathered also finds
+// them.
+void GradReducer::State::end_gather_round(size_t last_bucket) {
   gather_building.gathered = true;
   gathering = false;
   std::lock_guard lock(mutex);
-  published_gather = std::move(gather_building);
+  published_gather.gathered = true;
+  for (BucketRecord& r : gather_building.records) published_gather.records.push_back(std::move(r));
+  gather_building = GatherStats{};
   if (last_bucket < gathered.size()) gathered[last_bucket] = 1;
 }
 
@@ -415,6 +443,7 @@ void GradReducer::State::throw_never_ready() {
 void GradReducer::State::fail_step(std::exception_ptr e) {
   active = false;
   gathering = false;
+  gathers_left = 0;
   in_flight.clear();  // abandoned: an MPI collective cannot be cancelled
   {
     std::lock_guard lock(mutex);

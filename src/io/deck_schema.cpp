@@ -182,10 +182,22 @@ const std::vector<Key>& table() {
        .help = "blocks per pipeline stage, comma-separated (e.g. \"3,1\"); with "
                "parallel.virtual_stages, per virtual stage (chunk·pp + stage); empty: balanced"},
       {.name = "parallel.zero", .field = at<&Deck::parallel, &ParallelConfig::zero>(), .min = ge(0),
-       .max = le(2),
+       .max = le(3),
        .help = "ZeRO stage: 0 replicates AdamW's state; 1 shards it over dp (reduce-scatter, "
                "then all-gather of the parameters); 2 also releases each reduced bucket's "
-               "gradients"},
+               "gradients; 3 also shards the parameters, gathered unit by unit (a block, wte, "
+               "wpe, the head) while they run (run.backend cpu)"},
+      {.name = "parallel.reshard_after_forward",
+       .field = at<&Deck::parallel, &ParallelConfig::reshard_after_forward>(),
+       .help = "with parallel.zero 3: release each unit after its forward and gather it again "
+               "for backward (true), or keep it gathered from forward to backward, at ZeRO-2's "
+               "parameter memory (false)"},
+      {.name = "parallel.zero3_gather",
+       .field = at<&Deck::parallel, &ParallelConfig::zero3_gather>(), .text = Text::kEnum,
+       .choices = {"micro_batch", "step"},
+       .help = "with parallel.zero 3 and several micro-batches (train.accum, pipelines): gather "
+               "the units again for every micro-batch (micro_batch), or once per step, keeping "
+               "the stage's units gathered to the step's end (step)"},
       {.name = "parallel.zero_reduce",
        .field = at<&Deck::parallel, &ParallelConfig::zero_reduce>(), .text = Text::kEnum,
        .choices = {"step", "micro_batch"},

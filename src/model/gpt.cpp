@@ -193,6 +193,23 @@ void GPT::block_forward(const BlockWeights& w, const BlockActs& a, const float* 
   be_.add(a.residual3, a.residual3, a.residual2, size_t(Nr) * C);
 }
 
+std::vector<std::vector<int>> GPT::param_use_sequence(int chunk, ParamPass pass) const {
+  TRIDENT_CHECK(chunk >= 0 && chunk < stage_.chunks(), "chunk {} of {}", chunk, stage_.chunks());
+  const bool embedding = stage_.has_embedding && chunk == 0;
+  const bool head = stage_.has_head && chunk == stage_.chunks() - 1;
+  const int begin = stage_.chunk_begin(chunk), end = begin + stage_.chunk_size(chunk);
+  std::vector<std::vector<int>> seq;
+  if (pass == ParamPass::kForward) {
+    if (embedding) seq.push_back(table_->embedding_uses);
+    for (int i = begin; i < end; ++i) seq.push_back(table_->layers[size_t(i)].uses);
+    if (head) seq.push_back(table_->head_uses);
+    return seq;
+  }
+  if (head) seq.push_back(table_->head_uses);
+  for (int i = end - 1; i >= begin; --i) seq.push_back(table_->layers[size_t(i)].uses);
+  return seq;
+}
+
 float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, int B, int T) {
   TRIDENT_CHECK(B <= maxB_ && T <= maxT_, "micro-batch {}x{} exceeds {}x{}", B, T, maxB_, maxT_);
   TRIDENT_CHECK(slot >= 0 && slot < int(slots_.size()), "slot {} of {}", slot, slots_.size());
@@ -208,14 +225,14 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, int 
   if (embedding_chunk(s)) {
     TRIDENT_CHECK(inputs != nullptr, "the first stage needs the input tokens");
     be_.copy(s.inputs.data(), inputs, size_t(N) * sizeof(int32_t));
-    if (param_use_) param_use_(table_->embedding_uses);
+    if (param_use_) param_use_(ParamPass::kForward, table_->embedding_uses);
     Phase ph(be_, phases_, table_->forward_embedding);
     embedding_forward(s.encoded.data(), s.inputs.data(), B, T);
   }
   const float* residual = s.encoded.data();
   for (int i = begin; i < end; ++i) {
     progress();
-    if (param_use_) param_use_(table_->layers[size_t(i)].uses);
+    if (param_use_) param_use_(ParamPass::kForward, table_->layers[size_t(i)].uses);
     const LayerTable& lt = table_->layers[size_t(i)];
     Phase ph(be_, phases_, lt.forward_phase);
     if (precision_ == Precision::kBf16) {
@@ -230,7 +247,7 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, int 
     residual = a.residual3;
   }
   if (!head_chunk(s)) return 0.0f;
-  if (param_use_) param_use_(table_->head_uses);
+  if (param_use_) param_use_(ParamPass::kForward, table_->head_uses);
   Phase ph(be_, phases_, table_->forward_head);
   if (precision_ == Precision::kBf16) return head_forward_bf16(s, residual, targets, B, T);
   Slot& h = head(s);

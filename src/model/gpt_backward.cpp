@@ -108,6 +108,7 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale, const fl
   const float* last_residual = end > begin ? block_acts(slot, end - 1).residual3 : s.encoded.data();
   if (has_head) {
     TRIDENT_CHECK(s.has_targets, "backward() needs a forward() with targets first");
+    if (param_use_) param_use_(ParamPass::kBackward, table_->head_uses);
     Phase ph(be_, phases_, table_->backward_head);
     // Mean over the N tokens of this micro-batch, times the caller's scale (1/accum).
     crossentropy_backward(s, s.targets.data(), dloss_scale / float(N), N);
@@ -148,6 +149,7 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale, const fl
   for (int i = end - 1; i >= begin; --i) {
     progress();
     const LayerTable& lt = table_->layers[size_t(i)];
+    if (param_use_) param_use_(ParamPass::kBackward, lt.uses);  // before the recomputation
     Phase ph(be_, phases_, lt.backward_phase);
     const float* residual_in = i == begin ? s.encoded.data() : block_acts(slot, i - 1).residual3;
     recompute_block(slot, i, residual_in);

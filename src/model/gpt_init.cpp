@@ -3,10 +3,12 @@
 // Every element's value is a pure function of (seed, parameter name, element index), so the
 // weights do not depend on the thread count, and a later tensor-parallel shard can take its
 // slice of the same global weights by global index.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <numbers>
 
+#include "trident/check.h"
 #include "trident/mix.h"
 #include "trident/model.h"
 
@@ -39,12 +41,25 @@ bool ends_with(const std::string& s, const char* suffix) {
 
 }  // namespace
 
-void GPT::init_weights(uint64_t seed) {
+void GPT::init_weights(uint64_t seed) { init_params(seed, 0, infos_.size()); }
+
+void GPT::init_params(uint64_t seed, size_t first, size_t end) {
+  TRIDENT_CHECK(first <= end && end <= infos_.size(), "init_params [{}, {}) of {}", first, end,
+                infos_.size());
+  if (first == end) return;
   const double std_base = 0.02;
   const double std_residual = 0.02 / std::sqrt(2.0 * cfg_.layers);
-  HostView<float> host(be_, params(), params_.size(), /*load=*/false);  // params(): stale bf16
-  for (const ParamInfo& p : infos_) {
-    float* w = host.data() + p.offset;
+  // A view of the parameters' span only (on a host backend no copy at all). params(): the
+  // bf16 copy is stale from here on.
+  size_t view_lo = SIZE_MAX, view_hi = 0;
+  for (size_t i = first; i < end; ++i) {
+    view_lo = std::min(view_lo, infos_[i].offset);
+    view_hi = std::max(view_hi, infos_[i].offset + infos_[i].count);
+  }
+  HostView<float> host(be_, params() + view_lo, view_hi - view_lo, /*load=*/true);
+  for (size_t i = first; i < end; ++i) {
+    const ParamInfo& p = infos_[i];
+    float* w = host.data() + (p.offset - view_lo);
     const bool is_ln_weight =
         ends_with(p.name, "ln1w") || ends_with(p.name, "ln2w") || p.name == "lnfw";
     if (is_ln_weight) {

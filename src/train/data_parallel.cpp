@@ -27,11 +27,24 @@ void DataParallel::check_deck(const Deck& deck, bool device, int chunks, bool sp
     input_error("parallel.zero: {} with comm.grad_dtype bf16: the bf16 path compresses "
                 "all-reduces only, not the sharded optimizer's reduce-scatter; use fp32",
                 zero);
-  if (deck.parallel.zero_reduce == "micro_batch" && (zero != 2 || chunks > 1 || split_backward))
-    input_error("parallel.zero_reduce: micro_batch needs parallel.zero 2 (got {}), one chunk per "
-                "stage (parallel.virtual_stages {}) and a schedule whose backward is one pass "
+  if (deck.parallel.zero_reduce == "micro_batch" && (zero < 2 || chunks > 1 || split_backward))
+    input_error("parallel.zero_reduce: micro_batch needs parallel.zero 2 or 3 (got {}), one chunk "
+                "per stage (parallel.virtual_stages {}) and a schedule whose backward is one pass "
                 "(parallel.schedule {}); use parallel.zero_reduce: step",
                 zero, chunks, deck.parallel.schedule);
+  // Note [ZeRO-3 units] (train/zero3.h): what is not built yet is refused by name.
+  if (zero == 3 && device)
+    input_error("parallel.zero: 3 needs run.backend cpu: its gathered units live in host pages "
+                "given back after use (Note [ZeRO-3 units]); a device needs a pool of unit "
+                "buffers, which is not built. parallel.zero: 1 works on the device");
+  if (zero == 3 && deck.run.precision != "fp32")
+    input_error("parallel.zero: 3 with run.precision {}: the bf16 copy of the weights is kept "
+                "whole, not gathered per unit; use run.precision fp32",
+                deck.run.precision);
+  if (zero == 3 && split_backward)
+    input_error("parallel.zero: 3 with parallel.schedule {}: the split backward's weight pass "
+                "is not announced to the unit gathers; use gpipe, 1f1b or interleaved",
+                deck.parallel.schedule);
 }
 
 size_t DataParallel::first_bucket_bytes(const CommConfig& comm) {
@@ -47,13 +60,15 @@ DataParallel::DataParallel(const Deck& deck, const TrainContext& ctx) : deck_(de
   if (ctx_.backend->is_device() && !ctx_.dp_device)
     internal_error(__FILE__, __LINE__, "a device backend with dp > 1 needs a device communicator");
   sharded_ = deck_.parallel.zero > 0;
-  release_grads_ = sharded_ && deck_.parallel.zero == 2;  // Note [ZeRO-2 on the host]
+  release_grads_ = sharded_ && deck_.parallel.zero >= 2;  // Note [ZeRO-2 on the host]
+  zero3_ = deck_.parallel.zero == 3;                      // Note [ZeRO-3 units]
 }
 
 DataParallel::~DataParallel() {
   // Gathers still in flight must end before the communicator and the buffers go.
   try {
-    sync_params();
+    if (zero3_ && unit_gathers_) unit_gathers_->release_all();
+    else sync_params();
   } catch (...) {
   }
 }
@@ -75,9 +90,17 @@ void DataParallel::lay_out(const std::vector<ParamInfo>& params, int split_param
     for (int u = units.first[i]; u < units.first[i + 1]; ++u)
       alone_.push_back(int(i) == alone_param || units.pieces[size_t(u)]);
   if (!sharded_) return;
+  // Note [ZeRO-3 units]: a bucket never holds two units.
+  breaks_.clear();
+  if (zero3_) {
+    const std::vector<std::string> names = zero3_unit_names(params);
+    for (size_t i = 0; i < params.size(); ++i)
+      for (int u = units.first[i]; u < units.first[i + 1]; ++u)
+        breaks_.push_back(i > 0 && u == units.first[i] && names[i] != names[i - 1]);
+  }
   const BucketLayout layout =
       padded_bucket_layout(units.counts(), sizeof(float), first_bucket_bytes(deck_.comm),
-                           bucket_bytes(deck_.comm), size_t(size_), alone_);
+                           bucket_bytes(deck_.comm), size_t(size_), alone_, breaks_);
   gather_order_ = forward_gather_order(units.units, layout.buckets);
   // A parameter starts where its first unit does; a split parameter's pieces follow each other
   // with no padding between (its piece rows are aligned so).
@@ -130,20 +153,63 @@ void DataParallel::attach(GPT& model) {
     // written.
     opt.max_held_bytes = release_grads_ ? opt.bucket_bytes : 0;
     opt.alone = alone_;
+    opt.breaks = breaks_;
     opt.gather_order = gather_order_;
+  }
+  if (zero3_) {
+    shard_params_ = BackendBuffer<float>(*ctx_.backend, model.num_params() / size_t(size_));
+    gather_comm_ = MpiComm::duplicate(dp.raw(), "dp (ZeRO-3 gathers)");
+    gather_comm_->set_timeout(dp.timeout());
+    if (cc.emulate_gbps > 0)
+      gather_comm_->set_emulated_link(cc.emulate_gbps, cc.emulate_latency_us);
+    opt.params = model.params();
+    opt.shard_params = shard_params_.data();
+    opt.gather_comm = gather_comm_.get();
   }
   reducer_ = std::make_unique<GradReducer>(*reduce_comm, model.grads(), std::move(params), opt);
   if (!sharded_) return;
   owned_ = owned_pieces(infos, *reducer_, rank_);
   owned_runs_ = merge_pieces(owned_);
+  if (zero3_) {
+    // AdamW updates the shards where they are (Note [ZeRO-3 units]).
+    shard_runs_ = owned_runs_;
+    for (OwnedPiece& r : shard_runs_) r.flat = r.shard;
+    UnitGathers::Options uo;
+    uo.reshard_after_forward = deck_.parallel.reshard_after_forward;
+    uo.per_step = deck_.parallel.zero3_gather == "step";
+    unit_gathers_ = std::make_unique<UnitGathers>(*reducer_, model, unit_first_, uo);
+    model.set_param_use([this](ParamPass pass, const std::vector<int>& indices) {
+      unit_gathers_->use(pass, indices);
+    });
+    return;
+  }
   // Note [Gathers before use] (train/zero.h): the model calls this hook right before it first
   // reads a group of parameters in forward; it waits for the buckets holding them, and only
   // those. Set once here, for the model's lifetime (this unit outlives no model it serves).
-  model.set_param_use([this](const std::vector<int>& indices) {
+  model.set_param_use([this](ParamPass pass, const std::vector<int>& indices) {
+    if (pass != ParamPass::kForward) return;  // gathered once, before the first forward read
     for (int i : indices)
       for (int u = unit_first_[size_t(i)]; u < unit_first_[size_t(i) + 1]; ++u)
         reducer_->wait_gathered(reducer_->bucket_of_param(size_t(u)));
   });
+}
+
+void DataParallel::init_params(GPT& model, uint64_t seed) {
+  TRIDENT_CHECK(zero3_, "DataParallel::init_params without ZeRO-3");
+  for (const Zero3Unit& u : unit_gathers_->units()) {
+    model.init_params(seed, u.first_param, u.end_param);
+    reducer_->take_shards(u.first_bucket, u.end_bucket);
+  }
+}
+
+void DataParallel::take_params() {
+  TRIDENT_CHECK(zero3_, "DataParallel::take_params without ZeRO-3");
+  for (const Zero3Unit& u : unit_gathers_->units())
+    reducer_->take_shards(u.first_bucket, u.end_bucket);
+}
+
+void DataParallel::release_params() {
+  if (zero3_) unit_gathers_->release_all();
 }
 
 DataParallel::ShardSlice DataParallel::shard_of(int unit) {
@@ -173,6 +239,21 @@ void DataParallel::finish(StepStats& s, const ReduceStats& earlier_rounds, doubl
   s.held_wait_ms = rs.held_wait_ms;
   grad_resident_peak_ = std::max(grad_resident_peak_, rs.grad_resident_peak_bytes);
   s.overlap = s.comm_ms > 0 ? std::max(0.0, 1.0 - s.exposed_comm_ms / s.comm_ms) : 0.0;
+  if (zero3_) {
+    // Note [ZeRO-3 units]: the step's last units go back before the optimizer changes the
+    // shards; this step's gathers are reported by this step.
+    unit_gathers_->release_all();
+    const GatherStats g = reducer_->take_gather_stats();
+    const UnitGathers::Counts c = unit_gathers_->take_counts();
+    s.gather_comm_ms = g.comm_ms;
+    s.gather_exposed_ms = g.exposed_ms;
+    s.unit_gathers = c.gathers;
+    s.late_unit_gathers = c.late;
+    params_resident_peak_ = std::max(params_resident_peak_, g.params_resident_peak_bytes);
+    if (ctx_.trace)
+      for (const BucketRecord& r : g.records)
+        ctx_.trace->span("all-gather", r.name, r.start_ms, r.end_ms, "comm");
+  }
   if (rs.ahead_bucket >= 0 && !ready_order_warned_) {  // Note [Ready order check]
     ready_order_warned_ = true;
     s.warning = fmt::format(
@@ -190,6 +271,11 @@ void DataParallel::finish(StepStats& s, const ReduceStats& earlier_rounds, doubl
 
 void DataParallel::update_shard(AdamW& opt, Backend& be, GPT& model, const TrainConfig& tc,
                                 float lr, int t, float grad_scale, StepStats& s) {
+  if (zero3_) {  // the units gather the updated shards when next used
+    opt.update_shard(be, shard_params_.data(), shard_grads_.data(), shard_runs_, tc, lr, t,
+                     grad_scale);
+    return;
+  }
   opt.update_shard(be, model.params(), shard_grads_.data(), owned_runs_, tc, lr, t, grad_scale);
   // The round waited for in this step: the last step's, launched after its optimizer and
   // complete now (forward read every bucket); with overlap off, this step's own.
@@ -207,7 +293,9 @@ void DataParallel::update_shard(AdamW& opt, Backend& be, GPT& model, const Train
 }
 
 void DataParallel::sync_params() {
-  if (sharded_ && reducer_) reducer_->wait_all_gathered();
+  if (!sharded_ || !reducer_) return;
+  if (zero3_) unit_gathers_->gather_all();  // the whole model, held until the next step uses it
+  else reducer_->wait_all_gathered();
 }
 
 }  // namespace trident

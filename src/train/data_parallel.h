@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "train/zero.h"
+#include "train/zero3.h"
 #include "trident/deck.h"
 #include "trident/grad_reducer.h"
 #include "trident/model.h"
@@ -36,12 +37,27 @@ class DataParallel {
                const std::vector<int>& piece_rows, int row_elems, int alone_param,
                GPTOptions& options);
   // After the model: builds the reducer over its gradients, ZeRO's shard buffer and pieces, and
-  // the gather hook.
+  // the gather hook. With ZeRO-3 the model's full parameter buffer is released: its values
+  // must come into the shards by init_params or take_params after.
   void attach(GPT& model);
+  // ZeRO-3: the model's initialisation (GPT::init_weights' values), a unit at a time into the
+  // shards, so the whole model is never held; take_params: the model's full buffer holds the
+  // weights (loaded whole), which go into the shards and the buffer is released.
+  void init_params(GPT& model, uint64_t seed);
+  void take_params();
 
   int size() const { return size_; }
   int rank() const { return rank_; }
   bool sharded() const { return sharded_; }
+  bool zero3() const { return zero3_; }  // Note [ZeRO-3 units]
+  // ZeRO-3: this rank's shard of the parameters (at the owned pieces' shard offsets), and the
+  // units' gathers.
+  float* shard_params() { return shard_params_.data(); }
+  UnitGathers& unit_gathers() { return *unit_gathers_; }
+  // ZeRO-3: the units still gathered after a forward-only pass (validation) go back.
+  void release_params();
+  // ZeRO-3: the most bytes of the full parameter buffer found resident so far.
+  size_t params_resident_peak() const { return params_resident_peak_; }
   bool releases_grads() const { return release_grads_; }  // ZeRO-2 (Note [ZeRO-2 on the host])
   // Whether every micro-batch's backward is a reducing round (Note [ZeRO-2 and accumulation]).
   bool reduces_every_micro_batch() const;
@@ -78,17 +94,22 @@ class DataParallel {
   const Deck& deck_;
   TrainContext ctx_;
   int size_ = 1, rank_ = 0;
-  bool sharded_ = false, release_grads_ = false;
+  bool sharded_ = false, release_grads_ = false, zero3_ = false;
   // lay_out's split, kept for attach: the parameter in row pieces (-1: none), its piece rows.
   int split_param_ = -1, row_elems_ = 1;
   std::vector<int> piece_rows_;
   std::vector<char> alone_;           // per unit: a bucket of its own (padded layout)
+  std::vector<char> breaks_;          // ZeRO-3, per unit: starts a bucket (a new ZeRO-3 unit)
   std::vector<size_t> gather_order_;  // ZeRO: buckets in forward order
   std::vector<int> unit_first_;
   // Destroyed in reverse: the reducer's thread stops before its buffers and communicator go.
-  std::unique_ptr<MpiComm> grad_comm_;  // the gradients' own duplicate of dp, where needed
-  BackendBuffer<float> shard_grads_;
+  std::unique_ptr<MpiComm> grad_comm_;    // the gradients' own duplicate of dp, where needed
+  std::unique_ptr<MpiComm> gather_comm_;  // ZeRO-3: the gathers' own duplicate of dp
+  BackendBuffer<float> shard_grads_, shard_params_;
   std::unique_ptr<GradReducer> reducer_;
+  std::unique_ptr<UnitGathers> unit_gathers_;  // ZeRO-3
+  std::vector<OwnedPiece> shard_runs_;         // ZeRO-3: owned_runs_ with flat = shard offset
+  size_t params_resident_peak_ = 0;
   std::vector<OwnedPiece> owned_;       // this rank's piece of each parameter, buffer order
   std::vector<OwnedPiece> owned_runs_;  // the same merged: AdamW's passes
   size_t grad_resident_peak_ = 0;

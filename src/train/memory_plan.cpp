@@ -1,7 +1,10 @@
 #include <algorithm>
 #include <cstdlib>
+#include <map>
+#include <string>
 
 #include "train/trainer_parts.h"
+#include "train/zero3.h"
 #include "trident/check.h"
 
 namespace trident {
@@ -13,8 +16,40 @@ namespace trident {
 // shared by the ranks on the machine, so there the sum over them is compared. The refusal is an
 // input_error of this rank; setup_step (app) makes every rank exit 2 with the lowest failing rank's
 // message.
+size_t zero3_pool_bytes(const std::vector<ParamInfo>& layout, const StageSpec& stage, bool tied,
+                        const Zero3Memory& zero3) {
+  const std::vector<std::string> names = zero3_unit_names(layout);
+  std::map<std::string, size_t> unit_floats;
+  size_t total = 0, largest = 0;
+  for (size_t i = 0; i < layout.size(); ++i) {
+    unit_floats[names[i]] += layout[i].count;
+    total += layout[i].count;
+  }
+  for (const auto& [name, n] : unit_floats) largest = std::max(largest, n);
+  auto floats = [&](const std::string& u) {
+    auto it = unit_floats.find(u);
+    return it == unit_floats.end() ? size_t(0) : it->second;
+  };
+  // The groups forward announces (GPT::param_use_sequence), whole stage; backward's are the same.
+  std::vector<size_t> groups;
+  if (stage.has_embedding) groups.push_back(floats("wte") + floats("wpe"));
+  for (const auto& [name, n] : unit_floats)
+    if (name[0] == 'h') groups.push_back(n);
+  if (stage.has_head) groups.push_back(floats("head") + (tied ? floats("wte") : 0));
+  size_t pair = 0, group = 0;
+  for (size_t k = 0; k < groups.size(); ++k) {
+    group = std::max(group, groups[k]);
+    pair = std::max(pair, groups[k] + (k + 1 < groups.size() ? groups[k + 1] : 0));
+  }
+  const size_t params = zero3.keeps_params ? total : std::min(total, pair + group);
+  const size_t grads =
+      zero3.keeps_grads ? total : std::min(total, largest + 2 * zero3.bucket_bytes / sizeof(float));
+  return (params + grads) * sizeof(float);
+}
+
 void check_memory_plan(const GPTConfig& cfg, int B, int T, const GPTOptions& options,
-                       Backend& backend, int shard_ranks, bool stage_gradients) {
+                       Backend& backend, int shard_ranks, bool stage_gradients,
+                       const Zero3Memory& zero3) {
   size_t model_bytes = 0, stage_bytes = 0;
   {
     auto counter = make_counting_backend(backend, &model_bytes);
@@ -28,17 +63,26 @@ void check_memory_plan(const GPTConfig& cfg, int B, int T, const GPTOptions& opt
     }
   }
   model_bytes += stage_bytes;  // counted with the activations
+  const std::vector<ParamInfo> layout = gpt_param_layout(cfg, options.tp.size, options.tp.rank,
+                                                         options.stage, options.wte_after_head);
   size_t param_floats = options.param_total;
   if (param_floats == 0)
-    for (const ParamInfo& p : gpt_param_layout(cfg, options.tp.size, options.tp.rank, options.stage,
-                                               options.wte_after_head))
-      param_floats += p.count;
+    for (const ParamInfo& p : layout) param_floats += p.count;
   const bool sharded = shard_ranks > 1;
   const size_t shard_floats = sharded ? param_floats / size_t(shard_ranks) : 0;
-  const double params = double(param_floats) * 4, shard = double(shard_floats) * 4;
+  double params = double(param_floats) * 4, shard = double(shard_floats) * 4;
   const double optimizer = 2.0 * double(sharded ? shard_floats : param_floats) * 4;
   const double acts = double(model_bytes) - 2 * params;
-  const double need = double(model_bytes) + optimizer + shard;
+  double need = double(model_bytes) + optimizer + shard;
+  double grads = params + shard;
+  if (zero3.on) {
+    // Note [ZeRO-3 units]: the shards of the parameters and gradients, and the pool; the full
+    // buffers' address space takes no memory.
+    const double pool = double(zero3_pool_bytes(layout, options.stage, cfg.tied_head, zero3));
+    params = shard;
+    grads = shard + pool;
+    need = acts + params + grads + optimizer;
+  }
   // Ranks sharing this machine's memory, from the launcher (Open MPI sets it under mpirun and
   // srun); not a collective: ranks may have failed an earlier, rank-local check (their data),
   // and setup_step agrees on the outcome (a collective here would pair with its all-reduce).
@@ -56,8 +100,7 @@ void check_memory_plan(const GPTConfig& cfg, int B, int T, const GPTOptions& opt
       "gradients {:.2f}, optimizer state {:.2f}, activations and scratch {:.2f}; the "
       "largest: {}){}, but only {:.2f} GiB is free ({}); lower model.* or "
       "train.micro_batch, set train.recompute, or shard with parallel.tp/pp/zero",
-      need / GiB, backend.name(), params / GiB, (params + shard) / GiB, optimizer / GiB, acts / GiB,
-      largest,
+      need / GiB, backend.name(), params / GiB, grads / GiB, optimizer / GiB, acts / GiB, largest,
       local > 1
           ? fmt::format(", {:.2f} GiB for the {} ranks on this machine", need * local / GiB, local)
           : std::string(),

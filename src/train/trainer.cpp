@@ -46,13 +46,21 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
   open_data(cfg);
   check_memory_plan(cfg, deck_.train.micro_batch, deck_.model.seq_len, options, *ctx_.backend,
                     dp_ && dp_->sharded() ? dp_size_ : 1,  // Note [Memory plan]
-                    ctx_.pp_links && ctx_.backend->is_device());
+                    ctx_.pp_links && ctx_.backend->is_device(), zero3_memory());
   model_ = std::make_unique<GPT>(cfg, *ctx_.backend, deck_.train.micro_batch, deck_.model.seq_len,
                                  options);
-  if (deck_.model.init_from.empty()) model_->init_weights(deck_.train.seed);
-  else load_llmc_weights(*model_, deck_.model.init_from);
-  // The parts that work on the model's buffers.
-  if (dp_) dp_->attach(*model_);
+  // The parts that work on the model's buffers. ZeRO-3 initialises its shards a unit at a time
+  // (Note [ZeRO-3 units]); weights read from a file come whole, then go into the shards.
+  const bool zero3 = dp_ && dp_->zero3();
+  if (zero3) dp_->attach(*model_);
+  if (deck_.model.init_from.empty()) {
+    if (zero3) dp_->init_params(*model_, deck_.train.seed);
+    else model_->init_weights(deck_.train.seed);
+  } else {
+    load_llmc_weights(*model_, deck_.model.init_from);
+    if (zero3) dp_->take_params();
+  }
+  if (dp_ && !zero3) dp_->attach(*model_);
   if (tied_)
     tied_->attach(*model_, dp_.get(), ctx_.grid, ctx_.embedding_device, *train_order_, ctx_.trace,
                   tokens_per_step());
@@ -68,6 +76,17 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
 }
 
 Trainer::~Trainer() = default;
+
+Zero3Memory Trainer::zero3_memory() const {
+  Zero3Memory z;
+  if (!dp_ || !dp_->zero3()) return z;
+  const ParallelConfig& p = deck_.parallel;
+  z.on = true;
+  z.bucket_bytes = DataParallel::bucket_bytes(deck_.comm);
+  z.keeps_params = !p.reshard_after_forward || p.zero3_gather == "step";
+  z.keeps_grads = deck_.train.accum > 1 && p.zero_reduce == "step";
+  return z;
+}
 
 void Trainer::place_on_grid() {
   if (!ctx_.grid) {
@@ -105,6 +124,8 @@ Trainer::MemoryBytes Trainer::memory_bytes() const {
   MemoryBytes m;
   const size_t shard = dp_ ? dp_->shard_size() : 0;
   m.params = model_->num_params() * sizeof(float);
+  if (dp_ && dp_->zero3())  // the shard, and what was gathered at most (Note [ZeRO-3 units])
+    m.params = shard * sizeof(float) + dp_->params_resident_peak();
   m.grads = (model_->num_params() + shard) * sizeof(float);
   m.grads_resident =
       dp_ && dp_->releases_grads() ? dp_->grad_resident_peak() + shard * sizeof(float) : m.grads;
@@ -241,6 +262,7 @@ double Trainer::validate() {
     run_pipeline_forward(*pp_comm_, pp_size_, pp_rank_, mine, *stage_, chunks_, ctx_.pp_links);
     sum[0] = stage_->take_loss_sum();
   }
+  if (dp_) dp_->release_params();  // ZeRO-3: the units the forward passes left gathered
   if (pp_size_ > 1) pp_comm_->all_reduce(&sum[0], 1).wait();
   if (dp_size_ > 1) ctx_.grid->dp().all_reduce(sum, 2).wait();
   return sum[0] / sum[1];

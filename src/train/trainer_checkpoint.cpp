@@ -128,11 +128,14 @@ std::vector<ShardTensor> Trainer::checkpoint_tensors(float* params, float* m, fl
     const char* prefix;
     float* base;
   };
-  const Source sources[] = {{"params/", params}, {"adam_m/", m}, {"adam_v/", v}};
+  // ZeRO-3: the parameters too are pieces of the shard (Note [ZeRO-3 units]), from `params`,
+  // then the shard buffer.
   const bool sharded = dp_ && dp_->sharded();
+  const bool params_sharded = sharded && dp_->zero3();
+  const Source sources[] = {{"params/", params}, {"adam_m/", m}, {"adam_v/", v}};
   for (const Source& src : sources)
     for (const ParamInfo& p : model_->params_info()) {
-      if (sharded && src.base != params) continue;  // the shards' pieces, below
+      if (sharded && (src.base != params || params_sharded)) continue;  // pieces, below
       ShardTensor t;
       t.name = src.prefix + p.name;
       t.blocks = blocks_of(p, model_->config().vocab, &t.global_shape);
@@ -142,38 +145,40 @@ std::vector<ShardTensor> Trainer::checkpoint_tensors(float* params, float* m, fl
                 (p.name != "wte" || stage.has_head || !tied) && !t.blocks.empty();
       out.push_back(std::move(t));
     }
-  // ZeRO: each rank saves (and loads) the pieces of m and v it owns.
+  // ZeRO: each rank saves (and loads) the pieces of m and v it owns (ZeRO-3: of the parameters
+  // too).
   // A parameter in several buckets (wte's head gradient in pieces, Note [Head gradient in pieces])
   // has a piece in each, next to each other in the shard: one tensor whose blocks are the
   // pieces' in shard order.
-  if (sharded)
-    for (const Source& src : {sources[1], sources[2]}) {
-      size_t prev_param = SIZE_MAX, prev_end = 0;  // the last tensor's piece, in the shard
-      for (const OwnedPiece& piece : dp_->owned()) {
-        const ParamInfo& p = model_->params_info()[piece.param];
-        std::vector<ShardBlock> blocks = range_blocks(
-            p, model_->config().vocab, piece.flat - p.offset, piece.flat - p.offset + piece.count);
-        if (blocks.empty()) continue;
-        if (piece.param == prev_param) {
-          TRIDENT_CHECK(piece.shard == prev_end, "the shard's pieces of {} are not adjacent",
-                        p.name);
-          out.back().blocks.insert(out.back().blocks.end(), blocks.begin(), blocks.end());
-          prev_end = piece.shard + piece.count;
-          continue;
-        }
-        prev_param = piece.param;
+  std::vector<Source> sharded_sources;
+  if (params_sharded) sharded_sources.push_back(sources[0]);
+  if (sharded) sharded_sources.insert(sharded_sources.end(), {sources[1], sources[2]});
+  for (const Source& src : sharded_sources) {
+    size_t prev_param = SIZE_MAX, prev_end = 0;  // the last tensor's piece, in the shard
+    for (const OwnedPiece& piece : dp_->owned()) {
+      const ParamInfo& p = model_->params_info()[piece.param];
+      std::vector<ShardBlock> blocks = range_blocks(
+          p, model_->config().vocab, piece.flat - p.offset, piece.flat - p.offset + piece.count);
+      if (blocks.empty()) continue;
+      if (piece.param == prev_param) {
+        TRIDENT_CHECK(piece.shard == prev_end, "the shard's pieces of {} are not adjacent", p.name);
+        out.back().blocks.insert(out.back().blocks.end(), blocks.begin(), blocks.end());
         prev_end = piece.shard + piece.count;
-        ShardTensor t;
-        t.name = src.prefix + p.name;
-        t.global_shape.assign(p.global_shape.begin(), p.global_shape.end());
-        if (vocab_rows(p)) t.global_shape[0] = model_->config().vocab;
-        t.blocks = std::move(blocks);
-        t.data = src.base + piece.shard;
-        t.owner = (p.shard != Shard::kReplicated || tp_rank == 0) &&
-                  (p.name != "wte" || stage.has_head || !tied);
-        out.push_back(std::move(t));
+        continue;
       }
+      prev_param = piece.param;
+      prev_end = piece.shard + piece.count;
+      ShardTensor t;
+      t.name = src.prefix + p.name;
+      t.global_shape.assign(p.global_shape.begin(), p.global_shape.end());
+      if (vocab_rows(p)) t.global_shape[0] = model_->config().vocab;
+      t.blocks = std::move(blocks);
+      t.data = src.base + piece.shard;
+      t.owner = (p.shard != Shard::kReplicated || tp_rank == 0) &&
+                (p.name != "wte" || stage.has_head || !tied);
+      out.push_back(std::move(t));
     }
+  }
   return out;
 }
 
@@ -190,23 +195,27 @@ std::string Trainer::save(const std::string& dir, int steps_done, const std::str
     meta.tp = g.tp;
     meta.pp = g.pp;
   }
-  // HDF5 reads the tensors on the host (Note [Backend memory]).
-  sync_params();
+  // HDF5 reads the tensors on the host (Note [Backend memory]). ZeRO-3 saves its shards as they
+  // are: nothing is gathered.
+  const bool zero3 = dp_ && dp_->zero3();
+  if (!zero3) sync_params();
   Backend& be = *ctx_.backend;
-  const size_t n = model_->num_params(), k = opt_->size();
-  HostView<float> p(be, model_->params(), n, true), m(be, opt_->m(), k, true),
-      v(be, opt_->v(), k, true);
+  const size_t n = zero3 ? dp_->shard_size() : model_->num_params(), k = opt_->size();
+  HostView<float> p(be, zero3 ? dp_->shard_params() : model_->params(), n, true),
+      m(be, opt_->m(), k, true), v(be, opt_->v(), k, true);
   return save_checkpoint(dir, meta, checkpoint_tensors(p.data(), m.data(), v.data()), keep,
                          MPI_COMM_WORLD, deck_.comm.timeout_s);
 }
 
 CheckpointMeta Trainer::load(const std::string& path) {
   const CheckpointMeta meta = read_checkpoint_meta(path);
-  sync_params();
+  const bool zero3 = dp_ && dp_->zero3();
+  if (zero3) dp_->release_params();  // the shards change: nothing gathered may stay
+  else sync_params();
   Backend& be = *ctx_.backend;
-  const size_t n = model_->num_params(), k = opt_->size();
-  HostView<float> p(be, model_->params(), n, true), m(be, opt_->m(), k, true),
-      v(be, opt_->v(), k, true);
+  const size_t n = zero3 ? dp_->shard_size() : model_->num_params(), k = opt_->size();
+  HostView<float> p(be, zero3 ? dp_->shard_params() : model_->params(), n, true),
+      m(be, opt_->m(), k, true), v(be, opt_->v(), k, true);
   load_checkpoint(path, checkpoint_tensors(p.data(), m.data(), v.data()), MPI_COMM_WORLD,
                   deck_.comm.timeout_s);
   p.commit();

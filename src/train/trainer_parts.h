@@ -18,7 +18,22 @@ GPTOptions stage_options(const Deck& deck, const GPTConfig& cfg, const TrainCont
 // Refuses (input_error) a model that cannot fit (Note [Memory plan]). `shard_ranks`: the dp
 // ranks ZeRO shards the optimizer and gradient shards over (1: none). `stage_gradients`: the
 // pipeline stage keeps its boundary gradients in backend memory (device links).
+// `zero3`: with ZeRO-3 (Note [ZeRO-3 units]) the full parameter and gradient buffers count only
+// as what they hold at most (zero3_pool_bytes).
+struct Zero3Memory {
+  bool on = false;
+  size_t bucket_bytes = 0;
+  bool keeps_params = false;  // reshard_after_forward false, or zero3_gather step
+  bool keeps_grads = false;   // accumulation reduced once per step: the full gradient all step
+};
 void check_memory_plan(const GPTConfig& cfg, int B, int T, const GPTOptions& options,
-                       Backend& backend, int shard_ranks, bool stage_gradients = false);
+                       Backend& backend, int shard_ranks, bool stage_gradients = false,
+                       const Zero3Memory& zero3 = {});
+// ZeRO-3's most resident bytes of the full parameter and gradient buffers: two neighbouring
+// groups of units (the one running and the one gathered ahead) and one more left from the last
+// pass; the gradient of the largest unit being written and two buckets waiting or on the wire
+// (Note [Bounded gradient memory]); the whole buffer for what `zero3` keeps.
+size_t zero3_pool_bytes(const std::vector<ParamInfo>& layout, const StageSpec& stage, bool tied,
+                        const Zero3Memory& zero3);
 
 }  // namespace trident
