@@ -152,7 +152,8 @@ class Trainer {
   MemoryBytes memory_bytes() const;
   int dp_size() const { return dp_size_; }
   int pp_size() const { return pp_size_; }
-  const GradReducer* reducer() const;  // null with dp = 1
+  const GradReducer* reducer() const;                  // null with dp = 1
+  DataParallel* data_parallel() { return dp_.get(); }  // null with dp = 1 (tests, tools)
   // Whether this stage holds a TiedEmbedding: a tied head on a stage holding wte; never with
   // an untied head, whose stages run nothing of the tie.
   bool has_tied_embedding() const { return tied_ != nullptr; }

@@ -87,7 +87,12 @@ class UnitGathers {
     int position;  // the group's place in its pass; -1: release_all or gather_all
   };
   const std::vector<LogEntry>& log() const { return log_; }
-  void clear_log() { log_.clear(); }
+  // Starts (true) or stops keeping the log, emptied.
+  void set_log(bool on) {
+    options_.log = on;
+    log_.clear();
+    if (on) log_.reserve(16 * units_.size());
+  }
 
  private:
   void request(int unit, bool late, ParamPass pass, int position);

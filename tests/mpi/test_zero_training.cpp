@@ -1,9 +1,11 @@
 // ZeRO (parallel.zero, Note [ZeRO-1] and Note [ZeRO-2 on the host] in train/zero.h): AdamW's
 // state sharded over dp, each bucket reduce-scattered and the parameters all-gathered before
-// the next forward; with stage 2 each reduced bucket's gradient pages are released too. Both
-// stages must train as the replicated optimizer does, in every layout, with overlap on or off,
-// and their checkpoints must load in any layout at any stage. Runs under mpirun with 2 and 4
-// ranks; the layouts that need 4 (dp 2 × tp 2, dp 2 × pp 2) are skipped on 2.
+// the next forward; with stage 2 each reduced bucket's gradient pages are released too; with 3
+// the parameters are sharded and gathered unit by unit (Note [ZeRO-3 units] in train/zero3.h;
+// its own tests: test_zero3_training.cpp). All stages must train as the replicated optimizer does,
+// in every layout, with overlap on or off, and their checkpoints must load in any layout at any
+// stage. Runs under mpirun with 2 and 4 ranks; the layouts that need 4 (dp 2 × tp 2, dp 2 × pp 2)
+// are skipped on 2.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -106,7 +108,7 @@ void expect_bitwise(const Result& a, const Result& b) {
   ASSERT_EQ(0, std::memcmp(a.params.data(), b.params.data(), a.params.size() * 4));
 }
 
-const char* const kStages[] = {"parallel.zero=1", "parallel.zero=2"};
+const char* const kStages[] = {"parallel.zero=1", "parallel.zero=2", "parallel.zero=3"};
 
 TEST(Zero, DataParallelEqualsZero0) {
   const Result ref = train(1, 1, {"parallel.zero=0"});
@@ -300,6 +302,7 @@ void cross_load(Layout save, Layout load) {
 TEST(Zero, CheckpointLoadsAtZero0OnOneRank) {
   cross_load({.zero = 1}, {.zero = 0, .on_one_rank = true});
   cross_load({.zero = 2}, {.zero = 0, .on_one_rank = true});  // the issue's: zero 2 → one rank
+  cross_load({.zero = 3}, {.zero = 0, .on_one_rank = true});  // ZeRO-3's parameter pieces
 }
 
 TEST(Zero, CheckpointsCrossLoadBetweenStagesAndLayouts) {
@@ -308,9 +311,14 @@ TEST(Zero, CheckpointsCrossLoadBetweenStagesAndLayouts) {
     cross_load({.tp = 2, .zero = 1}, {.pp = 2, .zero = 2});  // dp 2 × tp 2 → dp 2 × pp 2
     cross_load({.pp = 2, .zero = 2}, {.zero = 0});           // dp 2 × pp 2 → dp 4, zero 0
     cross_load({.zero = 2}, {.zero = 1});                    // dp 4, stage 2 → stage 1
+    cross_load({.zero = 3}, {.tp = 2, .zero = 1});           // ZeRO-3 dp 4 → dp 2 × tp 2
+    cross_load({.tp = 2, .zero = 1}, {.zero = 3});           // and back
+    cross_load({.pp = 2, .zero = 3}, {.tp = 2, .zero = 3});  // dp 2 × pp 2 → dp 2 × tp 2
   } else {
     cross_load({.zero = 0}, {.zero = 2});
     cross_load({.zero = 2}, {.zero = 1});
+    cross_load({.zero = 3}, {.zero = 1});
+    cross_load({.zero = 0}, {.zero = 3});
   }
 }
 
@@ -411,7 +419,7 @@ TEST(Zero, RefusesWhatIsNotBuilt) {
   EXPECT_NE(message_of({"parallel.zero=1", "comm.grad_dtype=bf16"}).find("comm.grad_dtype bf16"),
             std::string::npos);
   EXPECT_NE(message_of({"parallel.zero=1", "parallel.zero_reduce=micro_batch"})
-                .find("parallel.zero_reduce: micro_batch needs parallel.zero 2 (got 1)"),
+                .find("parallel.zero_reduce: micro_batch needs parallel.zero 2 or 3 (got 1)"),
             std::string::npos);
 }
 

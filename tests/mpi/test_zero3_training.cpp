@@ -1,0 +1,234 @@
+// ZeRO-3 (parallel.zero 3, Note [ZeRO-3 units] in train/zero3.h): parameters sharded over dp and
+// gathered unit by unit, one group ahead. test_zero_training.cpp runs zero 3 beside zero 1 and 2
+// in its layouts (dp, dp × tp with and without SP, dp × pp 1F1B and GPipe, accumulation, overlap
+// on and off, non-finite steps, checkpoints); this file adds what only ZeRO-3 has: the gathers'
+// schedule and count, its two modes, the families, recomputation, the interleaved pipeline and
+// the memory it holds. Runs under mpirun with 2 and 4 ranks (dp 2 × pp 2 needs 4).
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "comm/host_pages.h"
+#include "train/data_parallel.h"
+#include "train/zero3.h"
+#include "train_harness.h"
+#include "trident/check.h"
+#include "trident/grad_reducer.h"
+
+namespace trident {
+namespace {
+
+using testing::world_size;
+
+Deck deck(std::vector<std::string> overrides) {
+  const std::string yaml = R"(
+model: {layers: 4, d_model: 32, heads: 4, vocab: 250, seq_len: 16}
+train: {micro_batch: 2, accum: 1, steps: 20, lr: 3.0e-3, warmup_steps: 3, seed: 11,
+        val_every: 0}
+data: {train: inputs/data/tiny-train.bin, shuffle: true}
+comm: {bucket_mb: 0.02, first_bucket_mb: 0.005}
+run: {threads: 1}
+)";
+  return parse_deck(yaml, TRIDENT_SOURCE_DIR, overrides);
+}
+
+struct Result {
+  std::vector<double> losses, norms;
+  std::vector<float> params;  // this rank's tensors back to back, padding left out
+};
+
+Result train(int tp, int pp, std::vector<std::string> overrides, int steps = 8) {
+  overrides.push_back(fmt::format("parallel.tp={}", tp));
+  overrides.push_back(fmt::format("parallel.pp={}", pp));
+  ProcessGrid grid(make_layout(world_size(), 0, tp, pp));
+  auto be = make_cpu_backend(1);
+  Trainer t(deck(overrides), TrainContext{be.get(), 1e9, &grid, nullptr});
+  Result r;
+  for (int s = 0; s < steps; ++s) {
+    const StepStats st = t.train_step(s);
+    r.losses.push_back(st.loss);
+    r.norms.push_back(st.grad_norm);
+  }
+  t.sync_params();  // ZeRO-3: gathers every unit
+  for (const ParamInfo& p : t.model().params_info())
+    r.params.insert(r.params.end(), t.model().params() + p.offset,
+                    t.model().params() + p.offset + p.count);
+  return r;
+}
+
+// Within 1e-6 relative (loss and norm, step by step; the final parameters against max |p|), the
+// bound of test_zero_training.cpp for the same reason: ZeRO-3 reduce-scatters the same buckets as
+// zero 1 and 2, so it differs from zero 0 only by the order of a bucket's addends at dp 4 (and is
+// bitwise equal at dp 2, checked where it applies). A unit gathered stale or into the wrong
+// place moves the loss by 1e-3 or more within a step.
+void expect_equal(const Result& z, const Result& ref, bool bitwise) {
+  ASSERT_EQ(z.losses.size(), ref.losses.size());
+  for (size_t i = 0; i < z.losses.size(); ++i) {
+    EXPECT_NEAR(z.losses[i], ref.losses[i], 1e-6 * ref.losses[i]) << "step " << i + 1;
+    EXPECT_NEAR(z.norms[i], ref.norms[i], 1e-6 * ref.norms[i]) << "step " << i + 1;
+  }
+  ASSERT_EQ(z.params.size(), ref.params.size());
+  float scale = 0, worst = 0;
+  for (float x : ref.params) scale = std::max(scale, std::abs(x));
+  for (size_t i = 0; i < z.params.size(); ++i)
+    worst = std::max(worst, std::abs(z.params[i] - ref.params[i]) / scale);
+  EXPECT_LE(worst, 1e-6);
+  if (bitwise) {
+    EXPECT_EQ(z.losses, ref.losses);
+    EXPECT_EQ(0, std::memcmp(z.params.data(), ref.params.data(), z.params.size() * 4));
+  }
+}
+
+bool dp2() { return world_size() == 2; }
+
+TEST(Zero3, FamiliesAndRecomputationEqualZero0) {
+  for (const char* family : {"gpt2", "neox", "llama"})
+    for (const char* recompute : {"none", "mlp", "full"}) {
+      SCOPED_TRACE(fmt::format("{}, recompute {}", family, recompute));
+      std::vector<std::string> keys = testing::family_keys(family);
+      keys.push_back(fmt::format("train.recompute={}", recompute));
+      auto with = [&](const char* zero) {
+        auto o = keys;
+        o.push_back(zero);
+        return o;
+      };
+      expect_equal(train(1, 1, with("parallel.zero=3"), 4), train(1, 1, with("parallel.zero=0"), 4),
+                   dp2());
+    }
+}
+
+// The two modes move the same numbers: bitwise equal to the default, and so to zero 0.
+TEST(Zero3, ModesEqualZero0) {
+  const Result ref = train(1, 1, {"parallel.zero=0", "train.accum=3"}, 5);
+  for (const char* mode :
+       {"parallel.reshard_after_forward=true", "parallel.reshard_after_forward=false"})
+    for (const char* gather : {"parallel.zero3_gather=micro_batch", "parallel.zero3_gather=step"}) {
+      SCOPED_TRACE(fmt::format("{}, {}", mode, gather));
+      expect_equal(train(1, 1, {"parallel.zero=3", "train.accum=3", mode, gather}, 5), ref, dp2());
+    }
+  // Each micro-batch's gradients reduced at once, into the shard (Note [ZeRO-2 and accumulation]).
+  expect_equal(
+      train(1, 1, {"parallel.zero=3", "train.accum=3", "parallel.zero_reduce=micro_batch"}, 5), ref,
+      false);
+}
+
+// Under pp, both modes with every schedule that announces its passes (zb-h1 is refused).
+TEST(Zero3, PipelineSchedulesAndModesEqualZero0) {
+  if (world_size() != 4) GTEST_SKIP() << "dp 2 x pp 2 needs 4 ranks";
+  for (const char* schedule : {"1f1b", "gpipe", "interleaved"}) {
+    std::vector<std::string> common = {fmt::format("parallel.schedule={}", schedule),
+                                       "train.accum=4"};
+    if (std::string(schedule) == "interleaved") common.push_back("parallel.virtual_stages=2");
+    auto with = [&](std::vector<std::string> extra) {
+      auto o = common;
+      o.insert(o.end(), extra.begin(), extra.end());
+      return o;
+    };
+    const Result ref = train(1, 2, with({"parallel.zero=0"}), 4);
+    for (const char* gather : {"parallel.zero3_gather=micro_batch", "parallel.zero3_gather=step"}) {
+      SCOPED_TRACE(fmt::format("{}, {}", schedule, gather));
+      expect_equal(train(1, 2, with({"parallel.zero=3", gather}), 4), ref, true);
+    }
+  }
+}
+
+// The gathers of one step, from the unit log (Note [ZeRO-3 units]). Each wait at a group after a
+// pass's first must find its unit asked for at an earlier group (one ahead), never at its own:
+// a gather issued late fails here; one issued twice fails the reducer's check and the count.
+// The counts, by hand, for 4 tied GPT-2 blocks on one stage (units wte, head, h3..h0, wpe):
+//   forward   {wte, wpe}, h0, h1, h2, h3, {head, wte}     wte twice: 4 + 4 = 8
+//   backward  {head, wte} still held, h3, h2, h1, h0      4
+//   accum 2   the second forward finds h0 held (released only when unused): 7, backward 4
+//   reshard_after_forward false: each unit once, 7 (wpe, h*, head, wte); zero3_gather step the same
+void expect_ahead(const std::vector<UnitGathers::LogEntry>& log,
+                  const std::vector<Zero3Unit>& units) {
+  for (size_t i = 0; i < log.size(); ++i) {
+    const auto& e = log[i];
+    if (e.kind != UnitGathers::LogEntry::kWait || e.position == 0) continue;
+    for (size_t j = i; j-- > 0;) {
+      if (log[j].unit != e.unit || log[j].kind != UnitGathers::LogEntry::kRequest) continue;
+      EXPECT_FALSE(log[j].pass == e.pass && log[j].position == e.position)
+          << "unit " << units[size_t(e.unit)].name << " asked for at the group that waits for it ("
+          << (e.pass == ParamPass::kForward ? "forward" : "backward") << " group " << e.position
+          << ")";
+      break;
+    }
+  }
+}
+
+int gathers_in_step(std::vector<std::string> overrides, bool check_ahead = true) {
+  overrides.push_back("parallel.zero=3");
+  ProcessGrid grid(make_layout(world_size(), 0, 1, 1));
+  auto be = make_cpu_backend(1);
+  Trainer t(deck(overrides), TrainContext{be.get(), 1e9, &grid, nullptr});
+  t.train_step(0);
+  UnitGathers& g = t.data_parallel()->unit_gathers();
+  g.set_log(true);
+  const StepStats s = t.train_step(1);
+  if (check_ahead) expect_ahead(g.log(), g.units());
+  EXPECT_EQ(s.late_unit_gathers, 0);
+  int requests = 0;
+  for (const auto& e : g.log()) requests += e.kind == UnitGathers::LogEntry::kRequest;
+  EXPECT_EQ(requests, s.unit_gathers);
+  return s.unit_gathers;
+}
+
+TEST(Zero3, GathersEachUnitOneGroupAheadAndCountsThem) {
+  EXPECT_EQ(gathers_in_step({}), 12);
+  EXPECT_EQ(gathers_in_step({"train.accum=2"}), 23);
+  EXPECT_EQ(gathers_in_step({"parallel.reshard_after_forward=false"}), 7);
+  EXPECT_EQ(gathers_in_step({"parallel.zero3_gather=step", "train.accum=2"}), 7);
+  // An untied Llama: units head (lmw and the final norm), h3..h0, wte; forward wte, h0..h3, head;
+  // backward h3..h0 (the head held): 6 + 4.
+  EXPECT_EQ(gathers_in_step(testing::family_keys("llama")), 10);
+}
+
+// After a step nothing is gathered: the full parameter buffer keeps at most the partial pages at
+// its units' ends (and reads zero), and the shards are 1/dp of the padded model. The reported
+// peak is about two blocks (the one running, the one gathered ahead: 6.3 MB of the model's
+// 25 MB here) plus what transparent huge pages round up (2 MiB at each end); gathering every
+// unit, or never releasing one, reaches the whole model.
+TEST(Zero3, HoldsOnlyTheShardsBetweenSteps) {
+  ProcessGrid grid(make_layout(world_size(), 0, 1, 1));
+  auto be = make_cpu_backend(1);
+  Trainer t(deck({"parallel.zero=3", "model.d_model=256", "model.layers=8", "comm.bucket_mb=0.25"}),
+            TrainContext{be.get(), 1e9, &grid, nullptr});
+  t.train_step(0);
+  t.train_step(1);
+  DataParallel& dp = *t.data_parallel();
+  const size_t bytes = t.model().num_params() * sizeof(float), page = 4096;
+  std::vector<unsigned char> scratch;
+  const size_t units = dp.unit_gathers().units().size();
+  EXPECT_LE(resident_bytes(t.model().params(), bytes, scratch), 2 * units * page);
+  EXPECT_LE(resident_bytes(t.model().grads(), bytes, scratch),
+            (2 * t.reducer()->buckets().size() + 1) * page);
+  EXPECT_EQ(dp.shard_size() * size_t(world_size()), t.model().num_params());
+  EXPECT_GT(dp.params_resident_peak(), 0u);
+  EXPECT_LT(dp.params_resident_peak(), bytes / 2) << "of " << bytes << " bytes";
+  const float* p = t.model().params();
+  EXPECT_TRUE(std::all_of(p, p + t.model().num_params(), [](float x) { return x == 0.0f; }));
+}
+
+TEST(Zero3, RefusesWhatIsNotBuilt) {
+  ProcessGrid grid(make_layout(world_size(), 0, 1, 1));
+  auto be = make_cpu_backend(1);
+  auto message_of = [&](std::vector<std::string> o) -> std::string {
+    try {
+      Trainer t(deck(o), TrainContext{be.get(), 1e9, &grid, nullptr});
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(message_of({"parallel.zero=3", "run.precision=bf16"}).find("run.precision bf16"),
+            std::string::npos);
+  EXPECT_NE(message_of({"parallel.zero=3", "comm.grad_dtype=bf16"}).find("comm.grad_dtype bf16"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace trident
