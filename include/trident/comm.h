@@ -295,6 +295,10 @@ class MpiComm : public Communicator {
   // emulation off.
   void set_emulated_link(double gbps, double latency_us);
   bool link_emulated() const { return link_gbps_ > 0; }
+  // Emulates `other`'s link (its speed, and the same queue of time: one operation at a time
+  // over both): two communicators over one wire, e.g. ZeRO-3's gathers beside the gradients'
+  // reduce-scatters. Both must then be used from one thread; `other` must outlive this one.
+  void share_emulated_link(MpiComm& other);
 
   // When on, every completed operation's OpRecord is kept until taken (for comm_ms accounting
   // of a communicator that is not driven by a GradReducer, e.g. tp()).
@@ -355,6 +359,7 @@ class MpiComm : public Communicator {
   double timeout_s_ = kDefaultCommTimeoutSeconds;
   double link_gbps_ = 0, link_latency_us_ = 0;
   CommClock::time_point link_free_at_{};
+  CommClock::time_point* link_clock_ = &link_free_at_;  // share_emulated_link: another's
   std::deque<MpiWork*> unposted_;  // Note [Paced link]: in start order
   bool recording_ = false;
   std::vector<OpRecord> records_;

@@ -256,6 +256,12 @@ void MpiComm::set_emulated_link(double gbps, double latency_us) {
   link_latency_us_ = std::max(0.0, latency_us);
 }
 
+void MpiComm::share_emulated_link(MpiComm& other) {
+  link_gbps_ = other.link_gbps_;
+  link_latency_us_ = other.link_latency_us_;
+  link_clock_ = other.link_clock_;
+}
+
 std::vector<OpRecord> MpiComm::take_records() { return std::exchange(records_, {}); }
 
 void MpiComm::note_completed(const OpRecord& record) {
@@ -279,10 +285,10 @@ Work MpiComm::make_work(const char* op, LinkOp link_op, size_t bytes, size_t req
   if (link_gbps_ > 0) {
     // The emulated link carries one operation at a time: this one starts when it is free.
     const double s = emulated_link_seconds(link_op, bytes, size_, link_gbps_, link_latency_us_);
-    post_at = std::max(start, link_free_at_);
+    post_at = std::max(start, *link_clock_);
     link_done =
         post_at + std::chrono::duration_cast<CommClock::duration>(std::chrono::duration<double>(s));
-    link_free_at_ = link_done;
+    *link_clock_ = link_done;
   }
   auto work = std::make_unique<MpiWork>(this, op, bytes, requests, std::move(post), start, post_at,
                                         link_done);

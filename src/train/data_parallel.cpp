@@ -160,8 +160,9 @@ void DataParallel::attach(GPT& model) {
     shard_params_ = BackendBuffer<float>(*ctx_.backend, model.num_params() / size_t(size_));
     gather_comm_ = MpiComm::duplicate(dp.raw(), "dp (ZeRO-3 gathers)");
     gather_comm_->set_timeout(dp.timeout());
-    if (cc.emulate_gbps > 0)
-      gather_comm_->set_emulated_link(cc.emulate_gbps, cc.emulate_latency_us);
+    // One emulated wire for the gathers and the reduce-scatters (both driven by the reducer's
+    // thread), or ZeRO-3 would be measured on twice the link.
+    if (cc.emulate_gbps > 0) gather_comm_->share_emulated_link(*grad_comm_);
     opt.params = model.params();
     opt.shard_params = shard_params_.data();
     opt.gather_comm = gather_comm_.get();
