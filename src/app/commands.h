@@ -49,7 +49,8 @@ int run_export(const ExportArgs& args);
 int run_ckpt_verify(const std::string& path);
 int run_ckpt_inspect(const std::string& path);
 int run_bench(const BenchArgs& args, const BlasCoreCheck& blas);
-int run_grid(int world, int dp, int tp, int pp);
+struct GridSizes;  // trident/grid.h
+int run_grid(const GridSizes& sizes);
 
 struct PlanArgs {
   DeckArgs deck;

@@ -38,7 +38,7 @@ Loaded load_for_inference(const DeckArgs& args, const std::string& checkpoint, b
     l.deck = load_deck(args.deck, args.overrides);
     if (!whole) return;
     ParallelConfig& p = l.deck.parallel;
-    p.dp = p.tp = p.pp = 1;
+    p.dp = p.tp = p.pp = p.cp = p.dp_replicate = p.dp_shard = 1;
     p.stage_layers.clear();
     p.sequence_parallel = false;
     p.zero = 0;

@@ -1,4 +1,5 @@
-// `trident grid --world N [--dp D] --tp T --pp P`: who is who in the grid, without MPI.
+// `trident grid --world N [--dp D] [--dp-replicate R] [--dp-shard S] [--cp C] --tp T --pp P`:
+// who is who in the grid, without MPI.
 #include <fmt/format.h>
 
 #include "app/commands.h"
@@ -6,8 +7,8 @@
 
 namespace trident {
 
-int run_grid(int world, int dp, int tp, int pp) {
-  const GridLayout layout = make_layout(world, dp, tp, pp);
+int run_grid(const GridSizes& sizes) {
+  const GridLayout layout = complete_layout(sizes);
   fmt::print("{}", format_grid_table(layout));
   return 0;
 }

@@ -134,12 +134,20 @@ int main(int argc, char** argv) {
   auto* inspect = ckpt->add_subcommand("inspect", "layout, step and tensors of a checkpoint");
   inspect->add_option("path", ckpt_path, "checkpoint directory (or checkpoint.dir)")->required();
 
-  int world = 1, dp = 0, tp = 1, pp = 1;
-  auto* grid = app.add_subcommand("grid", "print each rank's (dp, tp, pp) place; no MPI needed");
-  grid->add_option("--world", world, "number of ranks")->required()->check(CLI::PositiveNumber);
-  grid->add_option("--dp", dp, "data-parallel size (0: world / (tp*pp))");
-  grid->add_option("--tp", tp, "tensor-parallel size")->check(CLI::PositiveNumber);
-  grid->add_option("--pp", pp, "pipeline-parallel size")->check(CLI::PositiveNumber);
+  GridSizes grid_sizes;
+  auto* grid = app.add_subcommand("grid", "print each rank's place and groups; no MPI needed");
+  grid->add_option("--world", grid_sizes.world, "number of ranks")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  grid->add_option("--dp", grid_sizes.dp, "data-parallel size (0: world / (tp*pp*cp))");
+  grid->add_option("--dp-replicate", grid_sizes.dp_replicate,
+                   "replicas of the sharded data-parallel group (dp = dp_replicate * dp_shard)")
+      ->check(CLI::PositiveNumber);
+  grid->add_option("--dp-shard", grid_sizes.dp_shard,
+                   "data-parallel ranks inside one replica (0: dp / dp_replicate)");
+  grid->add_option("--cp", grid_sizes.cp, "context-parallel size")->check(CLI::PositiveNumber);
+  grid->add_option("--tp", grid_sizes.tp, "tensor-parallel size")->check(CLI::PositiveNumber);
+  grid->add_option("--pp", grid_sizes.pp, "pipeline-parallel size")->check(CLI::PositiveNumber);
 
   PlanArgs plan_args;
   CalibrateArgs calibrate_args;
@@ -201,7 +209,7 @@ int main(int argc, char** argv) {
   if (*train) install_stop_signal_handlers();
 
   try {
-    if (*grid) return run_grid(world, dp, tp, pp);
+    if (*grid) return run_grid(grid_sizes);
     if (*plan && !calibrate) {
       if (plan_args.deck.deck.empty() || plan_args.hardware.empty())
         input_error("trident plan needs a deck and --hardware NAME (or --calibrate)");

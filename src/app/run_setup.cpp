@@ -55,8 +55,22 @@ std::unique_ptr<ProcessGrid> make_grid(const Deck& deck) {
     input_error("the resolved deck differs between ranks (this is rank {}): every rank must be "
                 "started with the same deck and --set options",
                 rank);
-  const GridLayout layout =
-      make_layout(world, deck.parallel.dp, deck.parallel.tp, deck.parallel.pp);
+  const ParallelConfig& p = deck.parallel;
+  GridSizes sizes;
+  sizes.world = world;
+  sizes.dp = p.dp;
+  sizes.tp = p.tp;
+  sizes.pp = p.pp;
+  sizes.cp = p.cp;
+  sizes.dp_replicate = p.dp_replicate;
+  sizes.dp_shard = p.dp_shard;
+  const GridLayout layout = complete_layout(sizes);
+  // The grid places cp ranks (`trident grid --cp` prints them), but nothing in the model or the
+  // batch reader splits a sequence yet: a run would silently compute each sequence cp times.
+  if (layout.cp > 1)
+    input_error("parallel.cp is {}, but context parallelism is not built yet: train, bench and "
+                "eval run with parallel.cp 1 (trident grid --cp {} prints the layout)",
+                layout.cp, layout.cp);
   auto grid = std::make_unique<ProcessGrid>(layout);
   grid->set_timeout(deck.comm.timeout_s);  // all of the grid's communicators; set only here
   return grid;

@@ -203,16 +203,21 @@ int run_train(const DeckArgs& args, const BlasCoreCheck& blas) {
     std::ofstream(out_dir / "deck.yaml") << deck.to_yaml();
     // A resumed run continues its metrics file.
     metrics = std::make_unique<JsonlWriter>(metrics_path.string(), /*append=*/first_step > 0);
+    const GridLayout& g = grid->layout();
+    const std::string dp_split =  // HSDP's split of dp, when there is one
+        g.dp_replicate > 1
+            ? fmt::format(" (dp_replicate {} x dp_shard {})", g.dp_replicate, g.dp_shard)
+            : "";
     const std::string layout = fmt::format(
         "model: {} layers, d_model {}, {} heads, vocab {} (padded {}), {:.2f} M parameters\n"
         "batch: {} tokens/step ({} micro-batch x {} seq x {} accum x {} dp), {} steps\n"
-        "ranks: {} (dp {} x tp {} x pp {}), backend {} with {} threads per rank on {} allowed "
+        "ranks: {} (dp {}{} x tp {} x pp {}), backend {} with {} threads per rank on {} allowed "
         "core(s), GEMM peak {:.1f} GFLOP/s per rank, blas_core={}\n",
         shape.layers, shape.channels, shape.heads, shape.vocab, shape.padded_vocab,
         trainer.model().num_params() / 1e6, trainer.tokens_per_step(), deck.train.micro_batch,
         deck.model.seq_len, deck.train.accum, trainer.dp_size(), deck.train.steps,
-        grid->world_size(), grid->layout().dp, grid->layout().tp, grid->layout().pp,
-        backend->name(), backend->threads(), cores.cores, peak.measured_flops / 1e9, blas.chosen);
+        grid->world_size(), g.dp, dp_split, g.tp, g.pp, backend->name(), backend->threads(),
+        cores.cores, peak.measured_flops / 1e9, blas.chosen);
     fmt::print("{}", layout);
     if (tensorboard) {  // the texts once per run start
       tensorboard->write_code_text(first_step, "run/deck", deck.to_yaml());

@@ -161,11 +161,22 @@ const std::vector<Key>& table() {
        .help = "activations: fp32, or bf16 for what the GEMMs read (cuda, tp 1)"},
 
       {.name = "parallel.dp", .field = at<&Deck::parallel, &ParallelConfig::dp>(), .min = ge(0),
-       .help = "data-parallel ranks; 0: world size / (tp * pp)"},
+       .help = "data-parallel ranks; 0: world size / (tp * pp * cp)"},
       {.name = "parallel.tp", .field = at<&Deck::parallel, &ParallelConfig::tp>(), .min = ge(1),
        .help = "tensor-parallel ranks; must divide model.heads"},
       {.name = "parallel.pp", .field = at<&Deck::parallel, &ParallelConfig::pp>(), .min = ge(1),
        .help = "pipeline stages; at most model.layers"},
+      {.name = "parallel.dp_replicate",
+       .field = at<&Deck::parallel, &ParallelConfig::dp_replicate>(), .min = ge(1),
+       .help = "HSDP: dp = dp_replicate * dp_shard; replicas of the sharded group, the outer "
+               "data-parallel dimension (the grid only: gradients still reduce over all of dp)"},
+      {.name = "parallel.dp_shard", .field = at<&Deck::parallel, &ParallelConfig::dp_shard>(),
+       .min = ge(0),
+       .help = "data-parallel ranks inside one replica (the inner dimension); 0: dp / "
+               "dp_replicate"},
+      {.name = "parallel.cp", .field = at<&Deck::parallel, &ParallelConfig::cp>(), .min = ge(1),
+       .help = "context-parallel ranks (between dp and tp in the rank order); the grid and "
+               "trident grid take it, train and bench refuse > 1 (not built yet)"},
       {.name = "parallel.sequence_parallel",
        .field = at<&Deck::parallel, &ParallelConfig::sequence_parallel>(),
        .help = "split LayerNorm and residual regions along the sequence over tp ranks"},

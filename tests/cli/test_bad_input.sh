@@ -66,10 +66,17 @@ expect model-too-big "not enough memory: each rank needs [0-9.]+ GiB .*largest: 
 # Layouts
 expect grid-not-dividing "world 6 is not divisible by tp 4" -- "$bin" grid --world 6 --tp 4
 expect dp-not-fitting "dp 3.*world is 1|world 1.*dp 3" -- "$bin" train deck.yaml "${common[@]}" --set parallel.dp=3
+# The named dimensions (Note [Grid rank order] in src/comm/grid.cpp): dp = dp_replicate × dp_shard.
+expect dp-split-not-fitting "dp_replicate 2 × dp_shard 3 = 6 but dp is 4" -- "$bin" train deck.yaml "${common[@]}" --set parallel.dp=4 --set parallel.dp_replicate=2 --set parallel.dp_shard=3
+expect grid-dp-replicate-not-dividing "dp 8 is not divisible by dp_replicate 3" -- "$bin" grid --world 8 --dp-replicate 3
+expect grid-cp-not-dividing "world 6 is not divisible by tp 1 × pp 1 × cp 4" -- "$bin" grid --world 6 --cp 4
 # On two ranks: every rank exits 2, one message (from the lowest failing rank).
 mpi=(mpirun -n 2)
 expect stages-over-layers "parallel.pp \(2\) must be at most model.layers \(1\)" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set parallel.pp=2 --set model.layers=1
 expect stage-layers-sum "stage_layers.*6 layers but model.layers is 4" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set parallel.pp=2 --set parallel.stage_layers=3,3
+# The grid places cp ranks, but nothing splits a sequence yet: train and bench refuse it.
+expect cp-not-built "parallel.cp is 2, but context parallelism is not built yet" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set parallel.cp=2
+expect cp-not-built-bench "parallel.cp is 2, but context parallelism is not built yet" -- "${mpi[@]}" "$bin" bench deck.yaml "${common[@]}" --set parallel.cp=2
 expect tp-not-dividing-heads "parallel.tp.*heads" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set parallel.tp=2 --set model.heads=1 --set model.d_model=128
 expect sp-not-dividing-seq "seq_len 63 is not divisible" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set parallel.tp=2 --set parallel.sequence_parallel=true --set model.seq_len=63
 expect two-ranks-bad-deck "rank 0.*train.lr" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set train.lr=-1

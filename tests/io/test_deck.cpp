@@ -234,6 +234,25 @@ TEST_F(DeckTest, OutOfRangeShowsTheRange) {
   EXPECT_EQ(d.train.grad_clip, 0.0);
 }
 
+// The grid's named dimensions (Note [Grid rank order] in src/comm/grid.cpp): the defaults keep
+// the plain dp × tp × pp grid; whether the sizes fit the world is the grid's check.
+TEST_F(DeckTest, GridDimensionsDefaultToThePlainGrid) {
+  Deck d = parse_deck(kMinimal, "/tmp");
+  EXPECT_EQ(d.parallel.dp_replicate, 1);
+  EXPECT_EQ(d.parallel.dp_shard, 0);
+  EXPECT_EQ(d.parallel.cp, 1);
+  d = parse_deck(kMinimal, "/tmp",
+                 {"parallel.dp_replicate=2", "parallel.dp_shard=4", "parallel.cp=2"});
+  EXPECT_EQ(d.parallel.dp_replicate, 2);
+  EXPECT_EQ(d.parallel.dp_shard, 4);
+  EXPECT_EQ(d.parallel.cp, 2);
+  EXPECT_EQ(parse_error(kMinimal, {"parallel.cp=0"}), "--set parallel.cp: must be >= 1, got 0");
+  EXPECT_EQ(parse_error(kMinimal, {"parallel.dp_replicate=0"}),
+            "--set parallel.dp_replicate: must be >= 1, got 0");
+  EXPECT_EQ(parse_error(kMinimal, {"parallel.dp_shard=-1"}),
+            "--set parallel.dp_shard: must be >= 0, got -1");
+}
+
 TEST_F(DeckTest, EnumListsTheChoices) {
   EXPECT_TRUE(Contains(parse_error(std::string(kMinimal) + "train:\n  lr_schedule: linear\n"),
                        "train.lr_schedule: must be one of cosine|constant, got \"linear\""));
