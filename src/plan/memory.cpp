@@ -34,9 +34,11 @@
 // shards a unit's parameters, gradients and AdamW state over dp_shard ranks (all of dp, or the
 // HSDP split dp_replicate × dp_shard). A unit is one block, or wte (with the tied head), wpe,
 // or the head (final norm + untied LM head): stage_units. Per rank and stage, Ψ its parameters
-// (of its tp rank), S = dp_shard, E the bytes the GEMMs read a parameter in (bf16 2, fp32 4):
+// (of its tp rank), S = dp_shard, E the bytes the GEMMs read a parameter in (bf16 2, fp32 4).
+//
 //   sharded     16·Ψ/S: the fp32 master (fp32: the parameter itself), m and v, and the fp32
 //               gradient shard; counted in params (fp32), optimizer (master, m, v) and grads;
+//
 //   pool        full parameters only while a unit runs: the communication thread gathers one
 //               unit ahead, so 2 × the largest unit's parameters (E B each); with
 //               reshard_after_forward false, or zero3_gather step under pp or accumulation
@@ -44,9 +46,11 @@
 //               a unit's full fp32 gradient from its backward until its reduce-scatter is done:
 //               two buckets held plus the largest unit being written, at most the stage's 4·Ψ
 //               (Note [Bounded gradient memory] in src/train/zero.h, as ZeRO-2).
+//
 // So per rank ≈ 16·Ψ/S + 2·E·U + 2·bucket_bytes + 4·U (U the largest unit) + activations; HSDP's
 // replicas keep the same shard (optimizer state is not sharded over dp_replicate). Traffic and
 // its overlap: Note [Plan model].
+//
 // Assumed, where the trainer's ZeRO-3 was not yet there to read: a tied wte is one unit
 // (gathered once per pass, also serving the head); under accumulation the gradient pool stays
 // bounded while the reduce-scatter is counted once per step (Ψ), as the issue states it. Both

@@ -36,15 +36,16 @@
 // memory-bound over the rank's (ZeRO: shard's) parameters.
 //
 //
-// ZeRO-3 (Note [Plan ZeRO-3] in memory.cpp) gathers each unit's parameters before it runs, over
-// the dp_shard group: per step Ψ·E forward and Ψ·E again in backward (units are freed after
-// use), then reduce-scatters Ψ of gradients: 3Ψ where ZeRO-0 all-reduces 2Ψ, each at the ring's
-// (n−1)/n. reshard_after_forward false drops the backward gathers (2Ψ). Under pp or
-// accumulation zero3_gather micro_batch gathers per micro-batch (2·m·Ψ + Ψ for m micro-batches
-// per stage), step once per step (Ψ + Ψ). The thread gathers one unit ahead, so a pass's
-// gathers hide under its compute except the first unit's (wte forward, the stage's last unit
-// backward) or all beyond the compute; the last backward's gathers come before its reduction
-// in the thread's queue, so the reduction hides only in what of that backward they leave.
+// ZeRO-3 (Note [Plan ZeRO-3] in src/plan/memory.cpp) gathers each unit's parameters before it
+// runs, over the dp_shard group: per step Ψ·E forward and Ψ·E again in backward (units are
+// freed after use), then reduce-scatters Ψ of gradients: 3Ψ where ZeRO-0 all-reduces 2Ψ, each
+// at the ring's (n−1)/n. reshard_after_forward false drops the backward gathers (2Ψ). Under pp
+// or accumulation zero3_gather micro_batch gathers per micro-batch (2·m·Ψ + Ψ for m
+// micro-batches per stage), step once per step (Ψ + Ψ). The thread gathers one unit ahead, so a
+// pass's gathers hide under its compute except the first unit's (wte forward, the stage's last
+// unit backward) or all beyond the compute; the last backward's gathers come before its
+// reduction in the thread's queue, so the reduction hides only in what of that backward they
+// leave.
 // HSDP then all-reduces each rank's gradient shard across the dp_replicate replicas (the
 // inter-node link when the shard group fills a node): 2·(Ψ/S)·(R−1)/R, after its bucket's
 // reduce-scatter, in the same chain; the chain's exposed time is split between the two terms

@@ -45,8 +45,8 @@ double stage_params(const PlanModel& model, const PlanLayout& layout, int stage)
 // The same parameters as ZeRO-3's units, in forward order: wte (and the tied head), wpe, one per
 // block, the head (final norm + untied LM head); they sum to stage_params.
 std::vector<double> stage_units(const PlanModel& model, const PlanLayout& layout, int stage);
-// Bytes of parameters, gradients and optimizer state on `stage` (Note [Plan memory], Note
-// [Plan ZeRO-3]): the model states, without activations.
+// Bytes of parameters, gradients and optimizer state on `stage`, without activations
+// (Note [Plan memory], Note [Plan ZeRO-3]).
 struct ModelStates {
   double params = 0, grads = 0, optimizer = 0;
 };

@@ -1,6 +1,6 @@
-// ZeRO-3 and HSDP in the plan model (Note [Plan ZeRO-3] in src/plan/memory.cpp, Note [Plan
-// model]): memory per rank and traffic against hand-computed figures for a small model, the
-// HSDP terms, and the search proposing ZeRO-3 where ZeRO-2 does not fit.
+// ZeRO-3 and HSDP in the plan model (Note [Plan ZeRO-3] in src/plan/memory.cpp, and
+// Note [Plan model]): memory per rank and traffic against hand-computed figures for a small
+// model, the HSDP terms, and the search proposing ZeRO-3 where ZeRO-2 does not fit.
 #include <gtest/gtest.h>
 
 #include <algorithm>
