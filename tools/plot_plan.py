@@ -19,7 +19,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 def label(p):
     first = f"dp{p['dp']} tp{p['tp']} pp{p['pp']}" + (f" v{p['v']}" if p["v"] > 1 else "")
-    second = [f"mb{p['micro_batch']}", f"zero{p['zero']}"]
+    zero = f"zero{p['zero']}"
+    if p["zero"] == 3 and p.get("dp_replicate", 1) > 1:  # HSDP: replicas × shard group
+        zero += f" {p['dp_replicate']}x{p['dp_shard']}"
+    second = [f"mb{p['micro_batch']}", zero]
     if p["recompute"] != "none":
         second.append(f"rc {p['recompute']}")
     lines = [first, " ".join(second)]

@@ -5,6 +5,7 @@
 // (docs/plan.md) and the tests all call predict(). Every term has a name and is printed.
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -84,14 +85,21 @@ struct PlanLayout {
   int dp = 1, tp = 1, pp = 1;
   int v = 1;  // virtual stages per pipeline stage (interleaved)
   int micro_batch = 1;
-  int accum = 1;                   // micro-batches per step per dp rank (global / (dp·micro))
-  int zero = 0;                    // 0 | 1 | 2
-  std::string recompute = "none";  // none | mlp | full
-  std::string schedule = "1f1b";   // gpipe | 1f1b | zb-h1 | interleaved
+  int accum = 1;  // micro-batches per step per dp rank (global / (dp·micro))
+  int zero = 0;   // 0 | 1 | 2 | 3 (Note [Plan ZeRO-3] in src/plan/memory.cpp)
+  // ZeRO-3 only: the ranks a unit's parameters, gradients and optimizer state are sharded over
+  // (parallel.dp_shard; 0: all of dp). dp / dp_shard replicas (parallel.dp_replicate) make HSDP.
+  int dp_shard = 0;
+  bool reshard_after_forward = true;         // false: units stay gathered from forward to backward
+  std::string zero3_gather = "micro_batch";  // micro_batch | step: gathers under pp or accum
+  std::string recompute = "none";            // none | mlp | full
+  std::string schedule = "1f1b";             // gpipe | 1f1b | zb-h1 | interleaved
   bool sequence_parallel = false;
   int threads = 1;         // cpu: threads per rank (run.threads)
   int ranks_per_node = 0;  // 0: devices_per_node (gpu), devices_per_node/threads (cpu)
   int world() const { return dp * tp * pp; }
+  int shard() const { return zero == 3 && dp_shard > 0 ? dp_shard : dp; }  // ZeRO's shard group
+  int replicas() const { return dp / std::max(1, shard()); }               // HSDP's replicas
 };
 
 // The model's shape and what the deck says about the run (emulated link, overlap, buckets).
@@ -141,7 +149,10 @@ struct PlanSearch {
   int global_batch = 0;  // sequences per step
   std::vector<int> micro_batches = {1, 2, 4, 8};
   std::vector<std::string> recompute = {"none", "mlp", "full"};
-  std::vector<int> zero = {0, 1, 2};
+  std::vector<int> zero = {0, 1, 2, 3};
+  // ZeRO-3's shard sizes: every divisor of dp that keeps tp·dp_shard inside a node, and dp
+  // itself (empty: those); only these otherwise.
+  std::vector<int> dp_shard;
   std::vector<std::string> schedules = {"1f1b", "interleaved", "zb-h1"};
   int max_v = 4;
   int threads = 1;                              // cpu
@@ -151,7 +162,22 @@ struct PlanSearch {
 std::vector<Prediction> rank_layouts(const PlanModel& model, const Hardware& hw,
                                      const PlanSearch& search);
 
+// The largest model that fits, by ZeRO stage and device count (the ZeRO paper's Figure 1 and
+// Table 1): the model's family and width with its layers scaled, at plain data parallelism
+// over `devices` (dp = devices, tp = pp = 1), counting the model states the plan counts
+// (params, grads, optimizer; ZeRO-3's gathered pool) and no activations.
+struct ZeroCapacity {
+  int zero = 0, devices = 1;
+  int layers = 0;             // the most blocks that fit (0: not even one)
+  double params = 0;          // that model's parameters
+  double state_bytes = 0;     // its model states per rank
+  double capacity_bytes = 0;  // one rank's memory (hw.memory_gb)
+};
+ZeroCapacity zero_capacity(const PlanModel& model, const Hardware& hw, int zero, int devices);
+
 // "dp=2,tp=1,pp=2,v=1,micro=4,zero=1,recompute=none[,schedule=..,sp=..,accum=..,threads=..]";
+// zero=3 adds dp_replicate=R,dp_shard=S (R·S = dp) and, where not the default,
+// reshard_after_forward=false and zero3_gather=step.
 // missing keys take the defaults (accum from global_batch when given). Bad keys throw (exit 2).
 // Keys not in `text` keep their value in `defaults` (the deck's layout, for trident plan).
 PlanLayout parse_layout(const std::string& text, int global_batch, const PlanLayout& defaults = {});

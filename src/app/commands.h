@@ -62,9 +62,12 @@ struct PlanArgs {
   int top = 10;          // layouts printed
   std::string png;       // a PNG of the top layouts' predicted step split
   // Restrict the search (empty: everything): sizes and options to try.
-  std::vector<int> tp, pp, micro, zero, sp;
+  std::vector<int> tp, pp, micro, zero, sp, dp_shard;
   std::vector<std::string> recompute, schedules;
   int max_v = 4;
+  // The largest model per device count at each ZeRO stage (zero_capacity) instead of a plan.
+  bool zero_capacity = false;
+  double memory_gb = 0;  // > 0: one device's memory instead of the hardware file's
 };
 // No MPI: a model evaluated on one process (src/plan/, Note [Plan model]).
 int run_plan(const PlanArgs& args);

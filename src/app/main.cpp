@@ -174,9 +174,17 @@ int main(int argc, char** argv) {
   plan->add_option("--micro", plan_args.micro, "search: micro-batch sizes (default 1,2,4,8)")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);
-  plan->add_option("--zero", plan_args.zero, "search: ZeRO stages (default 0,1,2)")
+  plan->add_option("--zero", plan_args.zero, "search: ZeRO stages (default 0,1,2,3)")
       ->delimiter(',')
-      ->check(CLI::Range(0, 2));
+      ->check(CLI::Range(0, 3));
+  plan->add_option("--dp-shard", plan_args.dp_shard,
+                   "search: ZeRO-3 shard sizes (default dp and the in-node HSDP splits)")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
+  plan->add_flag("--zero-capacity", plan_args.zero_capacity,
+                 "the largest model that fits per device count at ZeRO 0-3 (no activations)");
+  plan->add_option("--memory-gb", plan_args.memory_gb, "one device's memory (default: the file's)")
+      ->check(CLI::PositiveNumber);
   plan->add_option("--sp", plan_args.sp, "search: sequence parallelism 0,1 with tp > 1")
       ->delimiter(',')
       ->check(CLI::Range(0, 1));

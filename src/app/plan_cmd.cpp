@@ -25,6 +25,10 @@ nlohmann::json to_json(const Prediction& p, const Hardware& hw) {
                       {"micro_batch", l.micro_batch},
                       {"accum", l.accum},
                       {"zero", l.zero},
+                      {"dp_shard", l.shard()},
+                      {"dp_replicate", l.replicas()},
+                      {"reshard_after_forward", l.reshard_after_forward},
+                      {"zero3_gather", l.zero3_gather},
                       {"recompute", l.recompute},
                       {"schedule", l.schedule},
                       {"sequence_parallel", l.sequence_parallel},
@@ -105,11 +109,50 @@ void draw_png(const std::vector<Prediction>& top, const Hardware& hw, const std:
   fmt::print("plan: wrote {} (data {})\n", png, data);
 }
 
+// The largest model per device count at each ZeRO stage: 1, 2, 4, ... up to --gpus (1024).
+int print_zero_capacity(const PlanArgs& args, const PlanModel& model, const Hardware& hw) {
+  const int most = args.gpus > 0 ? args.gpus : 1024;
+  std::vector<int> devices;
+  for (int n = 1; n < most; n *= 2) devices.push_back(n);
+  devices.push_back(most);
+  const std::vector<int> zeros = args.zero.empty() ? std::vector<int>{0, 1, 2, 3} : args.zero;
+  if (!args.json)
+    fmt::print("plan: the largest model that fits {:.4g} GB per {} ({}, {}), by ZeRO stage: "
+               "the deck's block (d_model {}) with its layers scaled, dp = devices, model "
+               "states only (params, grads, optimizer; ZeRO-3's gathered pool), no "
+               "activations\n{:>8}",
+               hw.memory_gb, hw.kind == "cpu" ? "node" : "device", hw.name, hw.dtype, model.d_model,
+               "devices");
+  if (!args.json)
+    for (int z : zeros) fmt::print("  {:>14}", fmt::format("zero {} params", z));
+  for (int n : devices) {
+    if (!args.json) fmt::print("\n{:>8}", n);
+    for (int z : zeros) {
+      const ZeroCapacity c = zero_capacity(model, hw, z, n);
+      if (args.json)
+        fmt::print("{}\n", nlohmann::json{{"zero", c.zero},
+                                          {"devices", c.devices},
+                                          {"layers", c.layers},
+                                          {"d_model", model.d_model},
+                                          {"params", c.params},
+                                          {"model_states_gb_per_rank", c.state_bytes / 1e9},
+                                          {"memory_gb", c.capacity_bytes / 1e9},
+                                          {"hardware", hw.name},
+                                          {"dtype", hw.dtype}}
+                               .dump());
+      else fmt::print("  {:>14.4g}", c.params);
+    }
+  }
+  if (!args.json) fmt::print("\n");
+  return 0;
+}
+
 }  // namespace
 
 int run_plan(const PlanArgs& args) {
   const Deck deck = load_deck(args.deck.deck, args.deck.overrides);
-  const Hardware hw = find_hardware(args.hardware);
+  Hardware hw = find_hardware(args.hardware);
+  if (args.memory_gb > 0) hw.memory_gb = args.memory_gb;
   const PlanModel model = PlanModel::from_deck(deck);
   if (!deck.model.init_from.empty() && !args.json)
     fmt::print("plan: model.init_from is set ({}); the plan uses the deck's model.* shape "
@@ -127,8 +170,11 @@ int run_plan(const PlanArgs& args) {
                                : deck.train.micro_batch * deck.train.accum * deck_dp;
   const int threads = hw.kind == "cpu" ? deck.run.threads : 1;
 
+  if (args.zero_capacity) return print_zero_capacity(args, model, hw);
+
   if (!args.layout.empty()) {
-    // Keys the text leaves out keep the deck's values.
+    // Keys the text leaves out keep the deck's values (ZeRO-3's and HSDP's keys too, once the
+    // deck has them: parallel.dp_shard, reshard_after_forward, zero3_gather).
     PlanLayout defaults;
     defaults.dp = deck_dp;
     defaults.tp = deck.parallel.tp;
@@ -162,6 +208,7 @@ int run_plan(const PlanArgs& args) {
   if (!args.pp.empty()) search.pp = args.pp;
   if (!args.micro.empty()) search.micro_batches = args.micro;
   if (!args.zero.empty()) search.zero = args.zero;
+  if (!args.dp_shard.empty()) search.dp_shard = args.dp_shard;
   if (!args.sp.empty()) search.sequence_parallel = args.sp;
   if (!args.recompute.empty()) search.recompute = args.recompute;
   if (!args.schedules.empty()) search.schedules = args.schedules;
@@ -181,11 +228,11 @@ int run_plan(const PlanArgs& args) {
                "global batch {} sequences; {} layouts, {} fit\n",
                deck.source, model.layers, model.d_model, model.heads, model.seq_len, hw.name,
                hw.path, args.gpus, args.gpus > 1 ? "s" : "", global_batch, ranked.size(), fitting);
-    fmt::print("{:>3}  {:<70} {:>11} {:>9} {:>6} {:>9}  {}\n", "#", "layout", "tokens/s", "TFLOP/s",
+    fmt::print("{:>3}  {:<90} {:>11} {:>9} {:>6} {:>9}  {}\n", "#", "layout", "tokens/s", "TFLOP/s",
                "MFU", "GB/rank", "step split");
     for (size_t i = 0; i < top; ++i) {
       const Prediction& p = ranked[i];
-      fmt::print("{:>3}  {:<70} {:>11.4g} {:>9.4g} {:>6} {:>9.3g}  {}{}\n", i + 1,
+      fmt::print("{:>3}  {:<90} {:>11.4g} {:>9.4g} {:>6} {:>9.3g}  {}{}\n", i + 1,
                  format_layout(p.layout), p.tokens_per_s, p.tflops_per_gpu,
                  format_mfu_percent(p.mfu), p.memory_bytes / 1e9, p.fits ? "" : "[does not fit] ",
                  split(p));

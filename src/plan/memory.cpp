@@ -28,6 +28,34 @@
 // layer with Korthikanti et al. 2022). With tp > 1, which the bf16 path refuses for now, the
 // bf16 terms are the same buffers at the tp sizes: a target, as Megatron's accounting is, not
 // yet an allocation.
+//
+// Note [Plan ZeRO-3]
+// ZeRO-3 (parallel.zero: 3, Rajbhandari et al. 2020's P_os+g+p; PyTorch FSDP's FULL_SHARD)
+// shards a unit's parameters, gradients and AdamW state over dp_shard ranks (all of dp, or the
+// HSDP split dp_replicate × dp_shard). A unit is one block, or wte (with the tied head), wpe,
+// or the head (final norm + untied LM head): stage_units. Per rank and stage, Ψ its parameters
+// (of its tp rank), S = dp_shard, E the bytes the GEMMs read a parameter in (bf16 2, fp32 4).
+//
+//   sharded     16·Ψ/S: the fp32 master (fp32: the parameter itself), m and v, and the fp32
+//               gradient shard; counted in params (fp32), optimizer (master, m, v) and grads;
+//
+//   pool        full parameters only while a unit runs: the communication thread gathers one
+//               unit ahead, so 2 × the largest unit's parameters (E B each); with
+//               reshard_after_forward false, or zero3_gather step under pp or accumulation
+//               (units kept for the step), the whole stage's, Ψ·E, ZeRO-2's parameter memory;
+//               a unit's full fp32 gradient from its backward until its reduce-scatter is done:
+//               two buckets held plus the largest unit being written, at most the stage's 4·Ψ
+//               (Note [Bounded gradient memory] in src/train/zero.h, as ZeRO-2).
+//
+// So per rank ≈ 16·Ψ/S + 2·E·U + 2·bucket_bytes + 4·U (U the largest unit) + activations; HSDP's
+// replicas keep the same shard (optimizer state is not sharded over dp_replicate). Traffic and
+// its overlap: Note [Plan model].
+//
+// Assumed, where the trainer's ZeRO-3 was not yet there to read: a tied wte is one unit
+// (gathered once per pass, also serving the head); under accumulation the gradient pool stays
+// bounded while the reduce-scatter is counted once per step (Ψ), as the issue states it. Both
+// cannot hold at once in a trainer (the micro-batches' gradients must sum somewhere: a full
+// buffer, 4·Ψ resident, or the shard, m reduce-scatters); docs/plan.md says so.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -53,7 +81,7 @@ GPTConfig gpt_config(const PlanModel& m, const PlanLayout& l) {
   return cfg;
 }
 
-double stage_params(const PlanModel& m, const PlanLayout& l, int s) {
+std::vector<double> stage_units(const PlanModel& m, const PlanLayout& l, int s) {
   const int chunks = l.schedule == "interleaved" ? l.v : 1;
   const StageSpec stage = pipeline_stage(m.layers, l.pp, s, {}, chunks);
   const GPTConfig cfg = gpt_config(m, l);
@@ -64,19 +92,35 @@ double stage_params(const PlanModel& m, const PlanLayout& l, int s) {
   // two norms of C weights (+ C shifts with LayerNorm and biases).
   const double block =
       (QKV * C + C * C + FC * C + F * C) / tp + bias * (QKV / tp + C + FC / tp + C) + 2 * norm * C;
-  double n = stage.num_layers * block;
   const double wte = double(padded_vocab(m, l)) / tp * C;
-  if (stage.has_embedding) n += (cfg.has_wpe() ? double(m.seq_len) * C : 0) + wte;
+  std::vector<double> units;
+  if (stage.has_embedding) {
+    units.push_back(wte);
+    if (cfg.has_wpe()) units.push_back(double(m.seq_len) * C);
+  }
+  units.insert(units.end(), size_t(stage.num_layers), block);
   // The head: the final norm and the LM head's weight: the tied wte (a copy on a last stage
-  // without the embedding), or an untied one of its own.
-  if (stage.has_head) n += norm * C + (cfg.tied_head && stage.has_embedding ? 0 : wte);
+  // without the embedding; on the embedding's stage it is wte's unit), or an untied one.
+  if (stage.has_head) units.push_back(norm * C + (cfg.tied_head && stage.has_embedding ? 0 : wte));
+  return units;
+}
+
+double stage_params(const PlanModel& m, const PlanLayout& l, int s) {
+  double n = 0;
+  for (double u : stage_units(m, l, s)) n += u;  // integers below 2^53: the sum is exact
   return n;
 }
 
 std::string layout_problem(const PlanModel& m, const PlanLayout& l) {
   if (l.dp < 1 || l.tp < 1 || l.pp < 1 || l.v < 1 || l.micro_batch < 1 || l.accum < 1)
     return "sizes must be at least 1";
-  if (l.zero < 0 || l.zero > 2) return fmt::format("zero={}: must be 0, 1 or 2", l.zero);
+  if (l.zero < 0 || l.zero > 3) return fmt::format("zero={}: must be 0, 1, 2 or 3", l.zero);
+  if (l.dp_shard < 0 || (l.dp_shard > 0 && l.dp % l.dp_shard != 0))
+    return fmt::format("dp_shard={} must divide dp={}", l.dp_shard, l.dp);
+  if (l.zero != 3 && l.dp_shard > 0 && l.dp_shard != l.dp)
+    return fmt::format("dp_shard={} < dp={} (HSDP) needs zero=3", l.dp_shard, l.dp);
+  if (l.zero3_gather != "micro_batch" && l.zero3_gather != "step")
+    return fmt::format("zero3_gather={}: must be micro_batch or step", l.zero3_gather);
   try {
     check_tensor_parallel(gpt_config(m, l), l.tp, l.sequence_parallel, m.seq_len);
     const PipeSchedule schedule = parse_pipe_schedule(l.schedule, "schedule");
@@ -89,6 +133,55 @@ std::string layout_problem(const PlanModel& m, const PlanLayout& l) {
     return e.what();
   }
   return {};
+}
+
+ModelStates model_state_bytes(const PlanModel& m, const PlanLayout& l, const Hardware& hw, int s) {
+  const bool fp32 = hw.dtype == "fp32";
+  const double E = fp32 ? 4 : 2;  // a parameter as the GEMMs read it
+  const double params = stage_params(m, l, s);
+  const double shard = l.zero > 0 ? params / l.shard() : 0;
+  const double bucket = m.bucket_mb * 1024 * 1024;
+  ModelStates st;
+  st.params = params * E;
+  st.grads = params * 4 + shard * 4;
+  if (l.zero == 2) st.grads = shard * 4 + std::min(params * 4, 2 * bucket);
+  st.optimizer = (l.zero > 0 ? shard : params) * (fp32 ? 8 : 12);
+  if (l.zero == 3) {  // Note [Plan ZeRO-3]
+    double largest = 0;
+    for (double u : stage_units(m, l, s)) largest = std::max(largest, u);
+    const bool kept =
+        !l.reshard_after_forward || (l.zero3_gather == "step" && (l.pp > 1 || l.accum > 1));
+    st.params = (fp32 ? shard * 4 : 0) + (kept ? params : std::min(params, 2 * largest)) * E;
+    st.grads = shard * 4 + std::min(params * 4, 2 * bucket + largest * 4);
+  }
+  return st;
+}
+
+ZeroCapacity zero_capacity(const PlanModel& model, const Hardware& hw, int zero, int devices) {
+  ZeroCapacity c;
+  c.zero = zero, c.devices = devices;
+  const int sharing = hw.kind == "cpu" ? std::min(devices, hw.devices_per_node) : 1;
+  c.capacity_bytes = hw.memory_gb * 1e9 / sharing;
+  PlanModel m = model;
+  PlanLayout l;
+  l.dp = devices, l.zero = zero;
+  auto states = [&](int layers) {
+    m.layers = layers;
+    const ModelStates st = model_state_bytes(m, l, hw, 0);
+    return st.params + st.grads + st.optimizer;
+  };
+  if (states(1) > c.capacity_bytes) return c;  // not even one block
+  // The bytes grow with the layers: double until they do not fit, then bisect.
+  int lo = 1, hi = 2;
+  while (hi < (1 << 28) && states(hi) <= c.capacity_bytes) lo = hi, hi *= 2;
+  while (hi - lo > 1) {
+    const int mid = lo + (hi - lo) / 2;
+    (states(mid) <= c.capacity_bytes ? lo : hi) = mid;
+  }
+  c.layers = lo;
+  c.state_bytes = states(lo);
+  c.params = stage_params(m, l, 0);
+  return c;
 }
 
 std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, const Hardware& hw) {
@@ -123,7 +216,6 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
   const std::vector<int> stages = l.pp > 1 ? std::vector<int>{0, l.pp - 1} : std::vector<int>{0};
   for (int s : stages) {
     const StageSpec stage = pipeline_stage(m.layers, l.pp, s, {}, chunks);
-    const double params = stage_params(m, l, s);
     double acts = 0;
     int slots_total = 0;
     for (int c = 0; c < chunks; ++c) {
@@ -153,13 +245,10 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
     else  // bf16 gradients between ops: dresidual16, d16_c, d16_3c, d16_4c (DGELU in the GEMM)
       scratch += 2 * (2 * N * C + N * QKVl + N * FCl);
     if (stage.has_head && l.tp > 1) scratch += 4 * (N * 3 + tp * N * 3);
-    const double shard = l.zero > 0 ? params / l.dp : 0;
-    double grads = params * 4 + shard * 4;
-    if (l.zero == 2) grads = shard * 4 + std::min(params * 4, 2 * m.bucket_mb * 1024 * 1024);
-    const double optimizer = (l.zero > 0 ? shard : params) * (fp32 ? 8 : 12);
-    std::vector<PlanTerm> terms = {{"params", params * (fp32 ? 4 : 2)},
-                                   {"grads", grads},
-                                   {"optimizer", optimizer},
+    const ModelStates states = model_state_bytes(m, l, hw, s);
+    std::vector<PlanTerm> terms = {{"params", states.params},
+                                   {"grads", states.grads},
+                                   {"optimizer", states.optimizer},
                                    {"activations", acts},
                                    {"scratch", scratch}};
     double total = 0;

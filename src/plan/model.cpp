@@ -35,6 +35,22 @@
 // blocking (TiedEmbedding::sum_over_stages; an untied head has none). Last the optimizer,
 // memory-bound over the rank's (ZeRO: shard's) parameters.
 //
+//
+// ZeRO-3 (Note [Plan ZeRO-3] in src/plan/memory.cpp) gathers each unit's parameters before it
+// runs, over the dp_shard group: per step Ψ·E forward and Ψ·E again in backward (units are
+// freed after use), then reduce-scatters Ψ of gradients: 3Ψ where ZeRO-0 all-reduces 2Ψ, each
+// at the ring's (n−1)/n. reshard_after_forward false drops the backward gathers (2Ψ). Under pp
+// or accumulation zero3_gather micro_batch gathers per micro-batch (2·m·Ψ + Ψ for m
+// micro-batches per stage), step once per step (Ψ + Ψ). The thread gathers one unit ahead, so a
+// pass's gathers hide under its compute except the first unit's (wte forward, the stage's last
+// unit backward) or all beyond the compute; the last backward's gathers come before its
+// reduction in the thread's queue, so the reduction hides only in what of that backward they
+// leave.
+// HSDP then all-reduces each rank's gradient shard across the dp_replicate replicas (the
+// inter-node link when the shard group fills a node): 2·(Ψ/S)·(R−1)/R, after its bucket's
+// reduce-scatter, in the same chain; the chain's exposed time is split between the two terms
+// by their shares. Stage 0 stands for every stage here, as for ZeRO-1/2.
+//
 // Approximations, stated: layers are costed alike (no per-layer imbalance beyond the
 // embedding and head); the bubble uses the slowest stage's micro-batch time for every stage;
 // kernel launch overheads and the CPU's thread scaling (taken as linear) are not modelled.
@@ -135,6 +151,10 @@ RankPlace rank_place(const PlanLayout& l, const Hardware& hw, double busy_fracti
   auto inside = [&](int span) { return l.world() <= per_node || per_node % span == 0; };
   r.tp_link = inside(l.tp) ? hw.intra_node : hw.inter_node;
   r.dp_link = inside(l.tp * l.dp) ? hw.intra_node : hw.inter_node;
+  // HSDP orders the dp index shard-fastest (torchtitan's dp_replicate × dp_shard mesh), so a
+  // shard group of tp·dp_shard consecutive ranks fits a node when that divides it.
+  r.shard_link = inside(l.tp * l.shard()) ? hw.intra_node : hw.inter_node;
+  r.replicate_link = r.dp_link;
   r.pp_link = l.world() <= per_node ? hw.intra_node : hw.inter_node;
   return r;
 }
@@ -285,34 +305,81 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
   // Data parallelism over the rank's gradients.
   const double params_local = stage_params(m, l, 0);
   const double grad_bytes = params_local * m.grad_comm_bytes;
-  auto dp_seconds = [&](LinkOp op, double bytes) {
-    if (l.dp <= 1) return 0.0;
+  const double param_bytes = hw.dtype == "fp32" ? 4 : 2;
+  auto group_seconds = [&](LinkOp op, double bytes, int n, const LinkSpec& link) {
+    if (n <= 1) return 0.0;
     if (m.emulate_gbps > 0)
-      return emulated_link_seconds(op, size_t(bytes), l.dp, m.emulate_gbps, m.emulate_latency_us);
-    return ring_seconds(op, bytes, l.dp, place.dp_link);
+      return emulated_link_seconds(op, size_t(bytes), n, m.emulate_gbps, m.emulate_latency_us);
+    return ring_seconds(op, bytes, n, link);
   };
-  const LinkOp reduce_op = l.zero > 0 ? LinkOp::kReduceScatter : LinkOp::kAllReduce;
-  const double reduce = dp_seconds(reduce_op, grad_bytes);
-  const double last_bucket =
-      dp_seconds(reduce_op, std::min(grad_bytes, m.first_bucket_mb * 1024 * 1024));
-  const double gather =
-      l.zero > 0 ? dp_seconds(LinkOp::kAllGather, params_local * (hw.dtype == "fp32" ? 4 : 2))
-                 : 0.0;
-  double reduce_exposed = reduce, gather_exposed = gather, slowdown = 0;
-  if (m.overlap && l.dp > 1) {
-    const double window = first_backward;  // stage 0's last backward: the step's last compute
-    reduce_exposed = std::max(last_bucket, reduce - window);
-    slowdown = hw.overlap_slowdown * std::min(reduce, window);
-    if (l.zero > 0) {
-      const double first_gather = dp_seconds(LinkOp::kAllGather, m.first_bucket_mb * 1024 * 1024);
-      gather_exposed = std::max(std::min(first_gather, gather), gather - first_forward);
-      slowdown += hw.overlap_slowdown * std::min(gather, first_forward);
+  auto dp_seconds = [&](LinkOp op, double bytes) {
+    return group_seconds(op, bytes, l.dp, place.dp_link);
+  };
+  const double first_bucket = std::min(grad_bytes, m.first_bucket_mb * 1024 * 1024);
+  double reduce = 0, gather = 0, reduce_exposed = 0, gather_exposed = 0, slowdown = 0;
+  double replicate_reduce = 0, replicate_exposed = 0, gathers_per_step = 0;
+  if (l.zero < 3) {
+    const LinkOp reduce_op = l.zero > 0 ? LinkOp::kReduceScatter : LinkOp::kAllReduce;
+    reduce = dp_seconds(reduce_op, grad_bytes);
+    const double last_bucket = dp_seconds(reduce_op, first_bucket);
+    gather = l.zero > 0 ? dp_seconds(LinkOp::kAllGather, params_local * param_bytes) : 0.0;
+    gathers_per_step = l.zero > 0 ? 1 : 0;
+    reduce_exposed = reduce, gather_exposed = gather;
+    if (m.overlap && l.dp > 1) {
+      const double window = first_backward;  // stage 0's last backward: the step's last compute
+      reduce_exposed = std::max(last_bucket, reduce - window);
+      slowdown = hw.overlap_slowdown * std::min(reduce, window);
+      if (l.zero > 0) {
+        const double first_gather = dp_seconds(LinkOp::kAllGather, m.first_bucket_mb * 1024 * 1024);
+        gather_exposed = std::max(std::min(first_gather, gather), gather - first_forward);
+        slowdown += hw.overlap_slowdown * std::min(gather, first_forward);
+      }
     }
+  } else {  // ZeRO-3 and HSDP (Note [Plan model], Note [Plan ZeRO-3])
+    const int S = l.shard(), R = l.replicas();
+    auto shard_seconds = [&](LinkOp op, double bytes) {
+      return group_seconds(op, bytes, S, place.shard_link);
+    };
+    auto replicate_seconds = [&](double bytes) {
+      return group_seconds(LinkOp::kAllReduce, bytes, R, place.replicate_link);
+    };
+    const std::vector<double> units = stage_units(m, l, 0);
+    const double stage_gather = shard_seconds(LinkOp::kAllGather, params_local * param_bytes);
+    const double first_f = shard_seconds(LinkOp::kAllGather, units.front() * param_bytes);
+    const double first_b = shard_seconds(LinkOp::kAllGather, units.back() * param_bytes);
+    const bool kept_for_step = l.zero3_gather == "step" && (l.pp > 1 || l.accum > 1);
+    const double forward_gathers = kept_for_step ? 1 : micro;
+    const double backward_gathers = kept_for_step || !l.reshard_after_forward ? 0 : micro;
+    gathers_per_step = forward_gathers + backward_gathers;
+    gather = gathers_per_step * stage_gather;
+    const double scatter = shard_seconds(LinkOp::kReduceScatter, grad_bytes);
+    replicate_reduce = replicate_seconds(grad_bytes / S);
+    reduce = scatter + replicate_reduce;
+    double chain_exposed = reduce;  // reduce-scatter, then the shard's all-reduce over replicas
+    gather_exposed = gather;
+    if (m.overlap && l.dp > 1) {
+      const double F = first_forward, B = first_backward;
+      // The last backward's thread gathers and reduces: the reduction hides in what is left.
+      const double backward_gather = backward_gathers > 0 ? stage_gather : 0;
+      const double window = std::max(0.0, B - backward_gather);
+      gather_exposed =
+          forward_gathers * std::max(std::min(first_f, stage_gather), stage_gather - F) +
+          backward_gathers * std::max(std::min(first_b, stage_gather), stage_gather - B);
+      const double last_bucket =
+          shard_seconds(LinkOp::kReduceScatter, first_bucket) + replicate_seconds(first_bucket / S);
+      chain_exposed = std::max(last_bucket, reduce - window);
+      slowdown = hw.overlap_slowdown *
+                 (forward_gathers * std::min(stage_gather, F) +
+                  backward_gathers * std::min(stage_gather, B) + std::min(reduce, window));
+    }
+    // The chain's exposed time split by the two collectives' shares of it.
+    reduce_exposed = reduce > 0 ? chain_exposed * scatter / reduce : 0;
+    replicate_exposed = reduce > 0 ? chain_exposed * replicate_reduce / reduce : 0;
   }
   // AdamW over the rank's (ZeRO: its shard's) parameters: fp32 reads p, g, m, v and writes p,
   // m, v (28 B/param); mixed precision also reads the fp32 master and writes the bf16 copy
   // (34 B). The global norm reads the gradients once more (4 B).
-  const double opt_params = l.zero > 0 ? params_local / l.dp : params_local;
+  const double opt_params = l.zero > 0 ? params_local / l.shard() : params_local;
   const double opt_bw = kernel_bandwidth(hw, place, hw.optimizer_gbytes_per_s);
   const double optimizer = opt_params * (hw.dtype == "fp32" ? 32.0 : 38.0) / opt_bw;
   // The tied wte's fp32 gradient (ZeRO: this rank's shard of its own bucket) all-reduced
@@ -320,7 +387,8 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
   double tied = 0;
   if (m.block.tied_head && l.pp > 1) {
     const double wte = double(padded_vocab(m, l)) / l.tp * m.d_model;
-    tied = ring_seconds(LinkOp::kAllReduce, (l.zero > 0 ? wte / l.dp : wte) * 4, 2, place.pp_link);
+    const double bytes = (l.zero > 0 ? wte / l.shard() : wte) * 4;
+    tied = ring_seconds(LinkOp::kAllReduce, bytes, 2, place.pp_link);
   }
 
   p.time = {{"gemm", micro * slow.gemm},
@@ -331,6 +399,7 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
             {"recompute", micro * slow.recompute},
             {"bubble", bubble},
             {l.zero > 0 ? "reduce_scatter_exposed" : "dp_allreduce_exposed", reduce_exposed},
+            {"hsdp_allreduce_exposed", replicate_exposed},
             {"all_gather_exposed", gather_exposed},
             {"overlap_slowdown", slowdown},
             {"tied_embedding_allreduce", tied},
@@ -338,6 +407,8 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
   for (const PlanTerm& t : p.time) p.step_s += t.value;
   p.info = {{"dp_reduce_s", reduce},
             {"dp_all_gather_s", gather},
+            {"hsdp_allreduce_s", replicate_reduce},
+            {"all_gathers_per_step", gathers_per_step},
             {"bubble_fraction", f},
             {"micro_batch_s", slow_mb},
             {"forward_s", micro * slow.forward},

@@ -17,6 +17,9 @@ struct RankPlace {
   double memory_bw = 0;   // B/s this rank gets
   double peak_flops = 0;  // MFU's denominator for this rank
   LinkSpec tp_link, dp_link, pp_link;
+  // ZeRO-3's shard group (tp·dp_shard consecutive ranks) and HSDP's replica group (strided
+  // across the shard groups: the dp group's span); both are dp_link without HSDP.
+  LinkSpec shard_link, replicate_link;
 };
 // busy_fraction: of the step a rank computes (1 − the pipeline's bubble share); oversubscribed
 // CPU ranks yield their cores for the rest.
@@ -39,6 +42,16 @@ GPTConfig gpt_config(const PlanModel& model, const PlanLayout& layout);
 double kernel_bandwidth(const Hardware& hw, const RankPlace& place, double gbytes_per_s);
 // Parameters on pipeline stage `stage` of one tp rank (gpt_param_layout's count, in closed form).
 double stage_params(const PlanModel& model, const PlanLayout& layout, int stage);
+// The same parameters as ZeRO-3's units, in forward order: wte (and the tied head), wpe, one per
+// block, the head (final norm + untied LM head); they sum to stage_params.
+std::vector<double> stage_units(const PlanModel& model, const PlanLayout& layout, int stage);
+// Bytes of parameters, gradients and optimizer state on `stage`, without activations
+// (Note [Plan memory], Note [Plan ZeRO-3]).
+struct ModelStates {
+  double params = 0, grads = 0, optimizer = 0;
+};
+ModelStates model_state_bytes(const PlanModel& model, const PlanLayout& layout, const Hardware& hw,
+                              int stage);
 // Why trident would refuse the layout (the trainer's own checks); empty if it runs.
 std::string layout_problem(const PlanModel& model, const PlanLayout& layout);
 // Bytes per rank on the stage that holds the most (src/plan/memory.cpp, Note [Plan memory]).

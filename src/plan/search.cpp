@@ -26,11 +26,45 @@ int parse_positive(const std::string& key, const std::string& value, int min) {
   return v;
 }
 
+struct Zero3Option {
+  int dp_shard = 0;
+  bool reshard_after_forward = true;
+  std::string gather = "micro_batch";
+};
+
+// ZeRO-3's variants of one layout: the shard group all of dp, or an HSDP split whose shard
+// group (tp·dp_shard consecutive ranks) fills part of a node (the replicas then cross nodes);
+// units regathered for backward or kept from forward; under pp or accumulation gathered per
+// micro-batch or once per step (which keeps them: reshard_after_forward has no say then).
+// Other stages: one variant, the defaults.
+std::vector<Zero3Option> zero3_options(const PlanSearch& search, const Hardware& hw, int zero,
+                                       int dp, int tp, int pp, int accum) {
+  if (zero != 3) return {Zero3Option{}};
+  const int per_node =
+      hw.kind == "cpu" ? hw.devices_per_node / std::max(1, search.threads) : hw.devices_per_node;
+  std::vector<int> shards;
+  for (int s : divisors(dp)) {
+    const bool in_node = s > 1 && s < dp && per_node > 0 && per_node % (tp * s) == 0;
+    if (search.dp_shard.empty()
+            ? (s == dp || in_node)
+            : std::find(search.dp_shard.begin(), search.dp_shard.end(), s) != search.dp_shard.end())
+      shards.push_back(s);
+  }
+  std::vector<Zero3Option> out;
+  for (int s : shards) {
+    out.push_back({s, true, "micro_batch"});
+    out.push_back({s, false, "micro_batch"});
+    if (pp > 1 || accum > 1) out.push_back({s, true, "step"});
+  }
+  return out;
+}
+
 }  // namespace
 
 PlanLayout parse_layout(const std::string& text, int global_batch, const PlanLayout& defaults) {
   PlanLayout l = defaults;
-  bool accum_given = false;
+  bool accum_given = false, dp_given = false;
+  int replicate = 0;
   std::stringstream items(text);
   std::string item;
   while (std::getline(items, item, ',')) {
@@ -38,7 +72,7 @@ PlanLayout parse_layout(const std::string& text, int global_batch, const PlanLay
     const size_t eq = item.find('=');
     if (eq == std::string::npos) input_error("--layout: \"{}\" is not key=value", item);
     const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
-    if (key == "dp") l.dp = parse_positive(key, value, 1);
+    if (key == "dp") l.dp = parse_positive(key, value, 1), dp_given = true;
     else if (key == "tp") l.tp = parse_positive(key, value, 1);
     else if (key == "pp") l.pp = parse_positive(key, value, 1);
     else if (key == "v") l.v = parse_positive(key, value, 1);
@@ -46,7 +80,17 @@ PlanLayout parse_layout(const std::string& text, int global_batch, const PlanLay
     else if (key == "accum") l.accum = parse_positive(key, value, 1), accum_given = true;
     else if (key == "zero") {
       l.zero = parse_positive(key, value, 0);
-      if (l.zero > 2) input_error("--layout: zero={} must be 0, 1 or 2", value);
+      if (l.zero > 3) input_error("--layout: zero={} must be 0, 1, 2 or 3", value);
+    } else if (key == "dp_shard") l.dp_shard = parse_positive(key, value, 1);
+    else if (key == "dp_replicate") replicate = parse_positive(key, value, 1);
+    else if (key == "reshard_after_forward") {
+      if (value != "0" && value != "1" && value != "true" && value != "false")
+        input_error("--layout: reshard_after_forward={} must be true or false", value);
+      l.reshard_after_forward = value == "1" || value == "true";
+    } else if (key == "zero3_gather") {
+      if (value != "micro_batch" && value != "step")
+        input_error("--layout: zero3_gather={} must be micro_batch or step", value);
+      l.zero3_gather = value;
     } else if (key == "recompute") {
       if (value != "none" && value != "mlp" && value != "full")
         input_error("--layout: recompute={} must be none, mlp or full", value);
@@ -62,10 +106,25 @@ PlanLayout parse_layout(const std::string& text, int global_batch, const PlanLay
     } else if (key == "threads") l.threads = parse_positive(key, value, 1);
     else if (key == "node") l.ranks_per_node = parse_positive(key, value, 1);
     else
-      input_error("--layout: unknown key \"{}\" (keys: dp tp pp v micro accum zero recompute "
-                  "schedule sp threads node)",
+      input_error("--layout: unknown key \"{}\" (keys: dp tp pp v micro accum zero dp_shard "
+                  "dp_replicate reshard_after_forward zero3_gather recompute schedule sp threads "
+                  "node)",
                   key);
   }
+  // HSDP: dp = dp_replicate × dp_shard; either one with dp, or both (then dp follows).
+  if (replicate > 0) {
+    if (l.dp_shard > 0 && !dp_given) l.dp = replicate * l.dp_shard;
+    if (l.dp % replicate != 0)
+      input_error("--layout: dp_replicate={} must divide dp={}", replicate, l.dp);
+    if (l.dp_shard > 0 && replicate * l.dp_shard != l.dp)
+      input_error("--layout: dp_replicate·dp_shard = {}·{} must be dp={}", replicate, l.dp_shard,
+                  l.dp);
+    l.dp_shard = l.dp / replicate;
+  }
+  if (l.dp_shard > 0 && l.dp % l.dp_shard != 0)
+    input_error("--layout: dp_shard={} must divide dp={}", l.dp_shard, l.dp);
+  if (l.dp_shard > 0 && l.dp_shard < l.dp && l.zero != 3)
+    input_error("--layout: dp_shard={} < dp={} (HSDP) needs zero=3", l.dp_shard, l.dp);
   if (l.v > 1 && l.schedule == "1f1b") l.schedule = "interleaved";
   if (l.v == 1 && l.schedule == "interleaved") l.schedule = "1f1b";
   if (!accum_given && global_batch > 0) {
@@ -79,8 +138,15 @@ PlanLayout parse_layout(const std::string& text, int global_batch, const PlanLay
 }
 
 std::string format_layout(const PlanLayout& l) {
-  std::string s = fmt::format("dp={},tp={},pp={},v={},micro={},accum={},zero={},recompute={}", l.dp,
-                              l.tp, l.pp, l.v, l.micro_batch, l.accum, l.zero, l.recompute);
+  std::string s = fmt::format("dp={},tp={},pp={},v={},micro={},accum={},zero={}", l.dp, l.tp, l.pp,
+                              l.v, l.micro_batch, l.accum, l.zero);
+  if (l.zero == 3) {  // the HSDP split, and ZeRO-3's options where not the default
+    if (l.replicas() > 1) s += fmt::format(",dp_replicate={}", l.replicas());
+    s += fmt::format(",dp_shard={}", l.shard());
+    if (!l.reshard_after_forward) s += ",reshard_after_forward=false";
+    if (l.zero3_gather != "micro_batch") s += ",zero3_gather=" + l.zero3_gather;
+  }
+  s += ",recompute=" + l.recompute;
   if (l.pp > 1) s += ",schedule=" + l.schedule;
   if (l.tp > 1) s += fmt::format(",sp={}", l.sequence_parallel ? 1 : 0);
   if (l.threads > 1) s += fmt::format(",threads={}", l.threads);
@@ -114,18 +180,21 @@ std::vector<Prediction> rank_layouts(const PlanModel& m, const Hardware& hw,
           for (const std::string& recompute : search.recompute)
             for (int zero : search.zero) {
               if (dp == 1 && zero > 0) continue;
-              for (int sp : search.sequence_parallel) {
-                if (sp == 1 && tp == 1) continue;
-                if (sp == 0 && tp > 1 && !allowed(search.sequence_parallel, 0)) continue;
-                PlanLayout l;
-                l.dp = dp, l.tp = tp, l.pp = pp, l.v = v, l.micro_batch = micro;
-                l.accum = accum, l.zero = zero, l.recompute = recompute;
-                l.schedule = schedule, l.sequence_parallel = sp == 1;
-                l.threads = search.threads;
-                Prediction p = predict(m, l, hw);
-                if (p.step_s <= 0) continue;  // a layout trident refuses (p.why_not says why)
-                out.push_back(std::move(p));
-              }
+              for (const Zero3Option& z3 : zero3_options(search, hw, zero, dp, tp, pp, accum))
+                for (int sp : search.sequence_parallel) {
+                  if (sp == 1 && tp == 1) continue;
+                  if (sp == 0 && tp > 1 && !allowed(search.sequence_parallel, 0)) continue;
+                  PlanLayout l;
+                  l.dp = dp, l.tp = tp, l.pp = pp, l.v = v, l.micro_batch = micro;
+                  l.accum = accum, l.zero = zero, l.recompute = recompute;
+                  l.schedule = schedule, l.sequence_parallel = sp == 1;
+                  l.dp_shard = z3.dp_shard, l.reshard_after_forward = z3.reshard_after_forward;
+                  l.zero3_gather = z3.gather;
+                  l.threads = search.threads;
+                  Prediction p = predict(m, l, hw);
+                  if (p.step_s <= 0) continue;  // a layout trident refuses (p.why_not says why)
+                  out.push_back(std::move(p));
+                }
             }
       }
     }

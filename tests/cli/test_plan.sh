@@ -4,7 +4,7 @@
 # every key with positive figures (Note [Hardware files]), and refuses a bad --out with exit 2.
 # Then the planner on that file: the ranked table, --json's keys, --png, exit 2 naming the key
 # for a bad hardware file, an unknown hardware name and a layout trident refuses; the NeoX and
-# Llama decks' FLOP counts and a refused kv_heads; and last
+# Llama decks' FLOP counts and a refused kv_heads; ZeRO-3 and HSDP on the Llama deck; and last
 # predictions against `trident bench` for a few layouts (tools/plan_validate.py --cases quick)
 # within the tolerance stated below. About 2 minutes on 2 cores.
 # usage: test_plan.sh TRIDENT_BINARY SOURCE_DIR SCRATCH_DIR
@@ -120,6 +120,29 @@ PY
 done
 expect_bad "kv_heads not dividing heads" "model.kv_heads" \
   "$bin" plan "$src/inputs/llama-3-8b.yaml" --hardware dgx-h100 --gpus 8 --set model.kv_heads=5
+
+# ZeRO-3 and HSDP (Note [Plan ZeRO-3]): Llama-3-8B on one DGX H100 node at ZeRO-3 holds less
+# per rank than the same layout at ZeRO-2 (16·Ψ/8 + the pool against 2Ψ + 16·Ψ/8), the layout
+# text names zero=3 and the shard group; on two nodes the search offers the HSDP split 2 × 8;
+# --zero-capacity grows with the devices at ZeRO-3 and stays flat at ZeRO-0.
+l8b=$src/inputs/llama-3-8b.yaml
+z2=$("$bin" plan "$l8b" --hardware dgx-h100 --layout dp=8,micro=1,zero=2,recompute=none --global-batch 64 --json)
+z3=$("$bin" plan "$l8b" --hardware dgx-h100 --layout dp=8,micro=1,zero=3,recompute=none --global-batch 64 --json)
+hsdp=$("$bin" plan "$l8b" --hardware dgx-h100 --gpus 16 --global-batch 64 --tp 1 --pp 1 --zero 3 --micro 1 --recompute none 2>&1)
+cap=$("$bin" plan "$l8b" --hardware dgx-h100 --zero-capacity --json --gpus 64)
+if "$py" - "$z2" "$z3" "$hsdp" "$cap" <<'PY'
+import json, sys
+z2, z3 = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+assert z3["zero"] == 3 and z3["dp_shard"] == 8 and z3["dp_replicate"] == 1 and z3["fits"], z3
+assert z3["memory_gb_per_rank"] < z2["memory_gb_per_rank"] - 5, (z3["memory_gb_per_rank"], z2["memory_gb_per_rank"])
+assert z3["info"]["all_gathers_per_step"] == 16, z3["info"]  # forward and backward, 8 micro-batches
+assert "zero=3,dp_replicate=2,dp_shard=8" in sys.argv[3], sys.argv[3]
+cap = [json.loads(l) for l in sys.argv[4].splitlines()]
+by = {(r["zero"], r["devices"]): r["params"] for r in cap}
+assert by[(3, 64)] > 8 * by[(3, 8)] > 8 * by[(0, 8)] and by[(0, 64)] == by[(0, 1)], by
+PY
+then ok "zero 3 and HSDP: less memory than zero 2, the split named, capacity grows"; else fail "zero 3: $z3 / $(head -5 <<<"$hsdp")"; fi
+expect_bad "dp_shard without zero 3" "needs zero=3" "$bin" plan "$tiny" --hardware "$out" --layout dp=4,zero=2,dp_shard=2
 
 # Predicted against measured on this machine, with the file calibrated just now: each of four
 # layouts within a factor 2 (predicted/measured in [0.5, 2]). The documented validation

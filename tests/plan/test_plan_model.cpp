@@ -364,7 +364,7 @@ TEST(PlanLayoutText, ParsesAndFormatsAndNamesBadKeys) {
   EXPECT_EQ(l.schedule, "interleaved");  // v > 1 means the interleaved schedule
   EXPECT_EQ(l.accum, 8);                 // 64 / (dp 2 · micro 4)
   EXPECT_EQ(parse_layout(format_layout(l), 0).accum, 8);
-  for (const char* bad : {"dq=2", "dp=0", "zero=3", "recompute=some", "dp=2,micro=3"}) {
+  for (const char* bad : {"dq=2", "dp=0", "zero=4", "recompute=some", "dp=2,micro=3"}) {
     try {
       parse_layout(bad, 64);
       ADD_FAILURE() << bad << " was accepted";

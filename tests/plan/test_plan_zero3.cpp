@@ -1,0 +1,280 @@
+// ZeRO-3 and HSDP in the plan model (Note [Plan ZeRO-3] in src/plan/memory.cpp, and
+// Note [Plan model]): memory per rank and traffic against hand-computed figures for a small
+// model, the HSDP terms, and the search proposing ZeRO-3 where ZeRO-2 does not fit.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "plan/plan_parts.h"
+#include "trident/check.h"
+
+namespace trident {
+namespace {
+
+// Round figures: GEMMs at 1 TFLOP/s, 100 GB/s memory, links of 100 GB/s inside a node of
+// `per_node` devices and 10 GB/s between nodes, no latency, no overlap cost.
+Hardware round_machine(const std::string& dtype, int per_node = 8) {
+  Hardware hw;
+  hw.name = "round";
+  hw.kind = "gpu";
+  hw.devices_per_node = per_node;
+  hw.dtype = dtype;
+  hw.peak_tflops = 2;
+  hw.gemm = {{64, 1.0}};
+  hw.memory_gbytes_per_s = 100;
+  hw.memory_gb = 80;
+  hw.intra_node = {100, 0};
+  hw.inter_node = {10, 0};
+  return hw;
+}
+
+// GPT-2's block, 8 layers of C = 64, vocabulary 128 (tied head), 16 positions, 64 KiB buckets.
+// Per block 12·C² + 9·C (biases) + 4·C (two LayerNorms) = 49,152 + 576 + 256 = 49,984; wte
+// 128·64 = 8,192; wpe 16·64 = 1,024; the final LayerNorm 128. Ψ = 8,192 + 1,024 + 8·49,984 + 128
+// = 409,216; the largest unit U is a block, 49,984.
+PlanModel small_model() {
+  PlanModel m;
+  m.layers = 8, m.d_model = 64, m.heads = 2, m.vocab = 128, m.seq_len = 16;
+  m.bucket_mb = 1.0 / 16;  // 65,536 B: two buckets 131,072 B
+  return m;
+}
+constexpr double kPsi = 409216, kUnit = 49984, kTwoBuckets = 131072;
+
+PlanLayout data_parallel(int dp, int zero) {
+  PlanLayout l;
+  l.dp = dp, l.zero = zero;
+  return l;
+}
+
+double term(const std::vector<PlanTerm>& terms, const std::string& name) {
+  for (const PlanTerm& t : terms)
+    if (t.name == name) return t.value;
+  ADD_FAILURE() << "no term " << name;
+  return 0;
+}
+
+TEST(PlanZero3, UnitsAreWteWpeBlocksAndTheHead) {
+  const std::vector<double> units = stage_units(small_model(), PlanLayout{}, 0);
+  ASSERT_EQ(units.size(), 11u);
+  EXPECT_EQ(units.front(), 8192);  // wte (the tied head reads it)
+  EXPECT_EQ(units[1], 1024);       // wpe
+  EXPECT_EQ(units[2], kUnit);
+  EXPECT_EQ(units.back(), 128);  // the final LayerNorm
+  EXPECT_DOUBLE_EQ(stage_params(small_model(), PlanLayout{}, 0), kPsi);
+}
+
+// bf16 on a GPU, dp = 8 (Ψ/8 = 51,152): per parameter 2 B bf16 weights, 4 B fp32 gradients,
+// 12 B master + m + v.
+TEST(PlanZero3, MemoryPerRankAgainstZeroZeroOneTwoByHand) {
+  const PlanModel m = small_model();
+  const Hardware hw = round_machine("bf16");
+  struct Row {
+    int zero;
+    double params, grads, optimizer;
+  };
+  const double shard = kPsi / 8;  // 51,152
+  const Row rows[] = {
+      {0, 2 * kPsi, 4 * kPsi, 12 * kPsi},  // 18Ψ = 7,365,888
+      {1, 2 * kPsi, 4 * kPsi + 4 * shard, 12 * shard},
+      {2, 2 * kPsi, 4 * shard + kTwoBuckets, 12 * shard},
+      // ZeRO-3: two units gathered (2·2·U), the shard's gradient + two buckets + the unit being
+      // written (4·U); 16Ψ/8 + 4U + 131,072 + 4U = 818,432 + 530,944 = 1,349,376.
+      {3, 2 * 2 * kUnit, 4 * shard + kTwoBuckets + 4 * kUnit, 12 * shard},
+  };
+  const double expected_totals[] = {7365888, 818432 + 1841472 + 613824, 818432 + 335680 + 613824,
+                                    1349376};
+  for (const Row& r : rows) {
+    const ModelStates st = model_state_bytes(m, data_parallel(8, r.zero), hw, 0);
+    EXPECT_DOUBLE_EQ(st.params, r.params) << "zero " << r.zero;
+    EXPECT_DOUBLE_EQ(st.grads, r.grads) << "zero " << r.zero;
+    EXPECT_DOUBLE_EQ(st.optimizer, r.optimizer) << "zero " << r.zero;
+    EXPECT_DOUBLE_EQ(st.params + st.grads + st.optimizer, expected_totals[r.zero])
+        << "zero " << r.zero;
+    // The same figures are predict()'s memory terms.
+    const Prediction p = predict(m, data_parallel(8, r.zero), hw);
+    ASSERT_TRUE(p.fits) << p.why_not;
+    EXPECT_DOUBLE_EQ(term(p.memory, "params"), r.params);
+    EXPECT_DOUBLE_EQ(term(p.memory, "grads"), r.grads);
+  }
+  // Units kept from forward to backward: ZeRO-2's parameter memory, the whole stage in bf16.
+  PlanLayout kept = data_parallel(8, 3);
+  kept.reshard_after_forward = false;
+  EXPECT_DOUBLE_EQ(model_state_bytes(m, kept, hw, 0).params, 2 * kPsi);
+  // Gathered once per step under accumulation: kept too; per micro-batch: two units.
+  PlanLayout step = data_parallel(8, 3);
+  step.accum = 4, step.zero3_gather = "step";
+  EXPECT_DOUBLE_EQ(model_state_bytes(m, step, hw, 0).params, 2 * kPsi);
+  step.zero3_gather = "micro_batch";
+  EXPECT_DOUBLE_EQ(model_state_bytes(m, step, hw, 0).params, 4 * kUnit);
+  // fp32: the parameter is its own master, so the shard's 4 B are parameters, 8 B optimizer.
+  const ModelStates f = model_state_bytes(m, data_parallel(8, 3), round_machine("fp32"), 0);
+  EXPECT_DOUBLE_EQ(f.params, 4 * shard + 2 * 4 * kUnit);
+  EXPECT_DOUBLE_EQ(f.optimizer, 8 * shard);
+  EXPECT_DOUBLE_EQ(f.params + f.grads + f.optimizer,
+                   16 * shard + 8 * kUnit + kTwoBuckets + 4 * kUnit);
+}
+
+// Without overlap every collective is exposed. fp32 (4 B gathers and gradients), dp = 4 in a
+// node at 100 GB/s: one pass over Ψ on a ring of 4 costs (3/4)·4Ψ / 100e9 s.
+TEST(PlanZero3, TrafficIsThreePsiAgainstTwoPsi) {
+  PlanModel m = small_model();
+  m.overlap = false;
+  const Hardware hw = round_machine("fp32");
+  const double pass = 0.75 * 4 * kPsi / 100e9;
+  const Prediction ddp = predict(m, data_parallel(4, 0), hw);
+  ASSERT_TRUE(ddp.fits) << ddp.why_not;
+  EXPECT_NEAR(ddp.term("dp_allreduce_exposed"), 2 * pass, 1e-15);  // all-reduce: 2Ψ
+  const Prediction z3 = predict(m, data_parallel(4, 3), hw);
+  ASSERT_TRUE(z3.fits) << z3.why_not;
+  EXPECT_NEAR(z3.term("all_gather_exposed"), 2 * pass, 1e-15);  // forward + backward
+  EXPECT_NEAR(z3.term("reduce_scatter_exposed"), pass, 1e-15);
+  EXPECT_EQ(z3.term("all_gathers_per_step"), 2);
+  EXPECT_NEAR(z3.term("dp_all_gather_s") + z3.term("dp_reduce_s"), 3 * pass, 1e-15);
+  EXPECT_EQ(z3.term("hsdp_allreduce_exposed"), 0);
+  // reshard_after_forward false: no backward gathers, 2Ψ.
+  PlanLayout kept = data_parallel(4, 3);
+  kept.reshard_after_forward = false;
+  EXPECT_NEAR(predict(m, kept, hw).term("all_gather_exposed"), pass, 1e-15);
+  // Four micro-batches: per micro-batch 2·m·Ψ + Ψ; once per step Ψ + Ψ.
+  PlanLayout accum = data_parallel(4, 3);
+  accum.accum = 4;
+  const Prediction per_micro = predict(m, accum, hw);
+  EXPECT_NEAR(per_micro.term("all_gather_exposed"), 8 * pass, 1e-15);
+  EXPECT_NEAR(per_micro.term("reduce_scatter_exposed"), pass, 1e-15);
+  accum.zero3_gather = "step";
+  EXPECT_NEAR(predict(m, accum, hw).term("all_gather_exposed"), pass, 1e-15);
+  // The optimizer runs over the shard, as ZeRO-1/2's does.
+  EXPECT_NEAR(z3.term("optimizer"), predict(m, data_parallel(4, 2), hw).term("optimizer"), 1e-15);
+}
+
+// With overlap a pass hides its gathers under compute except the first unit's (wte forward,
+// the final LayerNorm backward) when the link is fast, and everything beyond the compute when
+// it is slow.
+TEST(PlanZero3, GathersHideBehindComputeOneUnitAhead) {
+  const PlanModel m = small_model();
+  Hardware hw = round_machine("fp32");
+  PlanLayout l = data_parallel(4, 3);
+  l.micro_batch = 8;  // compute well above the gathers at 100 GB/s
+  const Prediction fast = predict(m, l, hw);
+  const double wte = 0.75 * 4 * 8192 / 100e9, norm = 0.75 * 4 * 128 / 100e9;
+  EXPECT_NEAR(fast.term("all_gather_exposed"), wte + norm, 1e-15);
+  hw.intra_node = hw.inter_node = {0.001, 0};  // 1 MB/s: the gathers outlast the compute
+  const Prediction slow = predict(m, l, hw);
+  const double gather = 0.75 * 4 * kPsi / 1e6;
+  const double f = slow.term("forward_s"), b = slow.term("backward_s");
+  EXPECT_NEAR(slow.term("all_gather_exposed"), 2 * gather - f - b, 1e-9);
+  // The last backward's thread is busy gathering: the reduce-scatter finds no window left.
+  EXPECT_NEAR(slow.term("reduce_scatter_exposed"), gather, 1e-9);
+}
+
+// HSDP, dp 8 = 2 replicas × 4 shards on nodes of 4: the shard group stays inside a node (100
+// GB/s), the replicas cross nodes (10 GB/s). fp32, no overlap.
+TEST(PlanZero3, HsdpShardsInTheNodeAndAllReducesTheShardAcrossReplicas) {
+  PlanModel m = small_model();
+  m.overlap = false;
+  const Hardware hw = round_machine("fp32", 4);
+  PlanLayout l = data_parallel(8, 3);
+  l.dp_shard = 4;
+  EXPECT_EQ(l.replicas(), 2);
+  const RankPlace place = rank_place(l, hw);
+  EXPECT_EQ(place.shard_link.gbytes_per_s, 100);
+  EXPECT_EQ(place.replicate_link.gbytes_per_s, 10);
+  const Prediction p = predict(m, l, hw);
+  ASSERT_TRUE(p.fits) << p.why_not;
+  const double pass = 0.75 * 4 * kPsi / 100e9;  // a ring of 4 over the stage, in the node
+  EXPECT_NEAR(p.term("all_gather_exposed"), 2 * pass, 1e-15);
+  EXPECT_NEAR(p.term("reduce_scatter_exposed"), pass, 1e-15);
+  // 2·(Ψ/S)·(R−1)/R fp32 gradients per rank over 10 GB/s: 2·(4Ψ/4)·(1/2) / 10e9.
+  EXPECT_NEAR(p.term("hsdp_allreduce_exposed"), 2 * (4 * kPsi / 4) * 0.5 / 10e9, 1e-15);
+  EXPECT_NEAR(p.term("hsdp_allreduce_s"), p.term("hsdp_allreduce_exposed"), 1e-15);
+  // Sharded over dp_shard only: 16·Ψ/4 of states, not 16·Ψ/8.
+  const ModelStates st = model_state_bytes(m, l, hw, 0);
+  EXPECT_DOUBLE_EQ(st.optimizer, 8 * kPsi / 4);
+  EXPECT_DOUBLE_EQ(st.grads, 4 * kPsi / 4 + kTwoBuckets + 4 * kUnit);
+  // Plain ZeRO-3 over all 8 spans two nodes: its gathers run at the inter-node link.
+  EXPECT_EQ(rank_place(data_parallel(8, 3), hw).shard_link.gbytes_per_s, 10);
+}
+
+// The search: with memory between ZeRO-3's need and ZeRO-2's, no ZeRO-2 layout fits and the
+// best is ZeRO-3; HSDP splits whose shard group fills part of a node are among the candidates.
+TEST(PlanZero3, SearchProposesZeroThreeWhereZeroTwoDoesNotFit) {
+  const PlanModel m = small_model();
+  Hardware hw = round_machine("bf16", 4);
+  const double need2 = predict(m, data_parallel(8, 2), hw).memory_bytes;
+  const double need3 = predict(m, data_parallel(8, 3), hw).memory_bytes;
+  ASSERT_LT(need3, need2);
+  hw.memory_gb = (need3 + need2) / 2 / 1e9;
+  PlanSearch search;
+  search.gpus = 8, search.global_batch = 8;
+  search.tp = {1}, search.pp = {1}, search.micro_batches = {1}, search.recompute = {"none"};
+  const std::vector<Prediction> ranked = rank_layouts(m, hw, search);
+  ASSERT_FALSE(ranked.empty());
+  ASSERT_TRUE(ranked[0].fits) << ranked[0].why_not;
+  EXPECT_EQ(ranked[0].layout.zero, 3) << format_layout(ranked[0].layout);
+  std::vector<int> shards;
+  for (const Prediction& p : ranked) {
+    EXPECT_FALSE(p.fits && p.layout.zero == 2) << format_layout(p.layout);
+    if (p.layout.zero == 3) shards.push_back(p.layout.shard());
+  }
+  for (int s : {2, 4, 8})  // 2 and 4 divide the node of 4; 8 is all of dp
+    EXPECT_NE(std::find(shards.begin(), shards.end(), s), shards.end()) << "dp_shard " << s;
+  EXPECT_EQ(std::find(shards.begin(), shards.end(), 1), shards.end());
+  // Restricted to ZeRO 0-2 the search has nothing that fits.
+  search.zero = {0, 1, 2};
+  EXPECT_FALSE(rank_layouts(m, hw, search)[0].fits);
+}
+
+TEST(PlanZero3, LayoutTextNamesZeroThreeAndTheHsdpSplit) {
+  const PlanLayout l = parse_layout("tp=1,zero=3,dp_replicate=2,dp_shard=4,micro=1", 16);
+  EXPECT_EQ(l.dp, 8);
+  EXPECT_EQ(l.shard(), 4);
+  EXPECT_EQ(l.accum, 2);
+  const std::string text = format_layout(l);
+  EXPECT_NE(text.find("zero=3,dp_replicate=2,dp_shard=4"), std::string::npos) << text;
+  const PlanLayout back = parse_layout(text, 0);
+  EXPECT_EQ(back.dp, 8);
+  EXPECT_EQ(back.dp_shard, 4);
+  PlanLayout kept = parse_layout("dp=4,zero=3,reshard_after_forward=false,zero3_gather=step", 16);
+  EXPECT_EQ(format_layout(kept),
+            "dp=4,tp=1,pp=1,v=1,micro=1,accum=4,zero=3,dp_shard=4,reshard_after_forward=false,"
+            "zero3_gather=step,recompute=none");
+  for (const char* bad :
+       {"dp=8,zero=2,dp_shard=4", "dp=8,zero=3,dp_shard=3", "zero=4", "dp=8,zero=3,dp_replicate=3",
+        "dp=8,zero=3,dp_replicate=2,dp_shard=2", "dp=4,zero=3,zero3_gather=often",
+        "dp=4,zero=3,reshard_after_forward=2"}) {
+    try {
+      parse_layout(bad, 0);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ExitCode::kBadInput) << bad;
+    }
+  }
+}
+
+// The largest model that fits: the most layers whose model states fit (one more does not),
+// growing with the ZeRO stage and, for ZeRO 1-3, with the devices; ZeRO-0 stays flat.
+TEST(PlanZero3, CapacityIsTheMostLayersThatFit) {
+  const PlanModel m = small_model();
+  Hardware hw = round_machine("bf16");
+  hw.memory_gb = 0.01;  // 10 MB: tens of blocks of this small model
+  double previous = 0;
+  for (int zero : {0, 1, 2, 3}) {
+    const ZeroCapacity c = zero_capacity(m, hw, zero, 64);
+    ASSERT_GT(c.layers, 0) << zero;
+    EXPECT_LE(c.state_bytes, 1e7);
+    PlanModel more = m;
+    more.layers = c.layers + 1;
+    const ModelStates st = model_state_bytes(more, data_parallel(64, zero), hw, 0);
+    EXPECT_GT(st.params + st.grads + st.optimizer, 1e7) << zero;
+    EXPECT_GT(c.params, previous) << zero;
+    previous = c.params;
+  }
+  // ZeRO-0 holds 18 B per parameter whatever the devices: about 1e7 / 18 parameters.
+  const ZeroCapacity flat = zero_capacity(m, hw, 0, 1024);
+  EXPECT_EQ(flat.layers, zero_capacity(m, hw, 0, 1).layers);
+  EXPECT_NEAR(flat.params, 1e7 / 18, kUnit);
+  EXPECT_GT(zero_capacity(m, hw, 3, 1024).params, 10 * zero_capacity(m, hw, 3, 8).params);
+}
+
+}  // namespace
+}  // namespace trident
