@@ -85,6 +85,10 @@ struct GradReducerOptions {
   float* params = nullptr;
   float* shard_params = nullptr;
   Communicator* gather_comm = nullptr;
+  // HSDP (Note [HSDP] in train/data_parallel.h; with shard_grads): `dp` is the shard group, and
+  // each bucket's shard (and each extra) is then all-reduced over this communicator of the
+  // replicas, in launch order, as soon as its reduce-scatter has completed.
+  Communicator* replicate_comm = nullptr;
 };
 
 // One all-reduce of a step: a bucket or an extra buffer.

@@ -149,6 +149,7 @@ void GradReducer::init_sharded(const GradReducerOptions& options) {
                                  p[i].name, p[i].offset, layout.param_offsets[i]));
   s.buckets = layout.buckets;
   s.shard_grads = options.shard_grads;
+  s.replicate = options.replicate_comm;
   s.release_reduced = options.release_reduced;
   // Note [Bounded gradient memory]: without overlap nothing is released before finish(), so a
   // bound would wait forever; it applies with overlap only.

@@ -77,7 +77,8 @@ struct GradReducer::State {
   float* full_params = nullptr;
   float* shard_params = nullptr;
   Communicator* gather_comm = nullptr;
-  std::vector<char> requested;  // compute thread: per bucket, gathered or in flight
+  Communicator* replicate = nullptr;  // HSDP: the second hop's communicator (null: none)
+  std::vector<char> requested;        // compute thread: per bucket, gathered or in flight
   std::vector<unsigned char> params_page_scratch;  // compute thread's, for resident_bytes
   size_t params_resident_peak = 0;                 // compute thread's, until taken
   bool release_reduced = false;                    // ZeRO-2 on the host
@@ -122,9 +123,15 @@ struct GradReducer::State {
   // Communication thread only.
   struct InFlight {
     Work work;
-    size_t record;           // index into building.records (gathers: gather_building.records)
-    int gather_bucket = -1;  // >= 0: the all-gather of this bucket's parameters
+    size_t record;            // index into building.records (gathers: gather_building.records)
+    int gather_bucket = -1;   // >= 0: the all-gather of this bucket's parameters
+    bool second_hop = false;  // HSDP: the all-reduce over the replicas
   };
+  // HSDP, per record of the step: first-hop pieces still in flight, and what the second hop
+  // sums over the replicas; the next record whose second hop starts (in record order).
+  std::vector<size_t> hop1_left;
+  std::vector<std::pair<float*, size_t>> hop2;
+  size_t next_hop2 = 0;
   bool active = false;     // a reducing step is running and has not ended
   bool finishing = false;  // finish() was called
   CommClock::time_point finish_time;
@@ -186,6 +193,7 @@ struct GradReducer::State {
   void start(float* data, size_t count, std::string name, int bucket, double ready,
              const ComputeMark* mark);
   bool launch_ready();
+  void launch_second_hops();  // HSDP
   bool poll_in_flight();
   void end_step_if_done();
   void time_on_device();  // Note [Device time of an operation]

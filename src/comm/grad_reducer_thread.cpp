@@ -117,6 +117,9 @@ void GradReducer::State::handle(Event& e) {
     std::erase_if(in_flight, [](const InFlight& f) { return f.gather_bucket < 0; });
     building = ReduceStats{};
     building.reduced = true;
+    hop1_left.clear();
+    hop2.clear();
+    next_hop2 = 0;
     step_origin = std::move(e.mark);
     backward_end = nullptr;
     step_cpu_start_ms = thread_cpu_ms();
@@ -268,6 +271,10 @@ void GradReducer::State::start(float* data, size_t count, std::string name, int 
     }
     in_flight.push_back({dp.reduce_scatter(data, shard_grads + shard_offset[b], shard_count[b]),
                          building.records.size()});
+    if (replicate) {
+      hop1_left.push_back(1);
+      hop2.emplace_back(shard_grads + shard_offset[b], shard_count[b]);
+    }
     building.records.push_back(std::move(r));
     return;
   }
@@ -277,14 +284,38 @@ void GradReducer::State::start(float* data, size_t count, std::string name, int 
   // kept under glibc's mmap threshold it comes from the heap and is reused, where a larger one
   // is a fresh mmap whose pages all fault, on the compute cores' time. Every rank splits the
   // same way, so the pieces pair up (Note [Same buckets, same order]).
-  size_t done = 0;
+  size_t done = 0, pieces = 0;
   do {
     const size_t n = std::min(count - done, max_message);
     in_flight.push_back(
         {dp.all_reduce(data + done, n, ReduceOp::kSum, r.name), building.records.size()});
     done += n;
+    ++pieces;
   } while (done < count);
+  if (replicate) {
+    hop1_left.push_back(pieces);
+    hop2.emplace_back(data, count);
+  }
   building.records.push_back(std::move(r));
+}
+
+// Note [HSDP] (train/data_parallel.h): a record's sum over the shard group is complete, so its
+// sum over the replicas may start; in record order, the same on every rank of the replicas.
+void GradReducer::State::launch_second_hops() {
+  while (next_hop2 < hop2.size() && hop1_left[next_hop2] == 0) {
+    auto [data, count] = hop2[next_hop2];
+    size_t done = 0;
+    do {
+      const size_t n = std::min(count - done, max_message);
+      InFlight f{
+          replicate->all_reduce(data + done, n, ReduceOp::kSum, building.records[next_hop2].name),
+          next_hop2};
+      f.second_hop = true;
+      in_flight.push_back(std::move(f));
+      done += n;
+    } while (done < count);
+    ++next_hop2;
+  }
 }
 
 // Starts every bucket (then extra) whose turn has come. True if it started any.
@@ -362,8 +393,14 @@ bool GradReducer::State::poll_in_flight() {
       rec.device_end_ms = std::max(rec.device_end_ms, d1);
     }
     const int bucket = building.records[f.record].bucket;
+    const bool first_hop = !f.second_hop;
+    const size_t record = f.record;
     in_flight.erase(in_flight.begin() + static_cast<std::ptrdiff_t>(i));
-    if (release_reduced && bucket >= 0) release_bucket(size_t(bucket));
+    if (first_hop && release_reduced && bucket >= 0) release_bucket(size_t(bucket));
+    if (first_hop && replicate) {
+      --hop1_left[record];
+      launch_second_hops();
+    }
   }
   return any;
 }
@@ -377,6 +414,7 @@ void GradReducer::State::end_step_if_done() {
     return;
   }
   if (next_extra < extras.size() || reduces_in_flight() > 0) return;
+  if (replicate && next_hop2 < hop2.size()) return;  // cannot happen: launched on completion
 
   std::vector<std::pair<double, double>> busy;
   double last_end = ms(finish_time);

@@ -41,6 +41,17 @@ void DataParallel::check_deck(const Deck& deck, bool device, int chunks, bool sp
     input_error("parallel.zero: 3 with run.precision {}: the bf16 copy of the weights is kept "
                 "whole, not gathered per unit; use run.precision fp32",
                 deck.run.precision);
+  // Note [HSDP]: what it does not combine with yet.
+  if (zero > 0 && deck.parallel.dp_replicate > 1 && device)
+    input_error("parallel.dp_replicate {} with parallel.zero {} needs run.backend cpu: the "
+                "device communicators are dp's, not dp_shard's and dp_replicate's",
+                deck.parallel.dp_replicate, zero);
+  if (zero > 0 && deck.parallel.dp_replicate > 1 && deck.parallel.zero_reduce == "micro_batch")
+    input_error("parallel.dp_replicate {} with parallel.zero_reduce micro_batch: each round's "
+                "shard would be summed over the replicas again; use parallel.zero_reduce: step",
+                deck.parallel.dp_replicate);
+  if (zero > 0 && deck.parallel.dp_replicate > 1 && deck.comm.grad_dtype == "bf16")
+    input_error("parallel.dp_replicate with comm.grad_dtype bf16: not built; use fp32");
   if (zero == 3 && split_backward)
     input_error("parallel.zero: 3 with parallel.schedule {}: the split backward's weight pass "
                 "is not announced to the unit gathers; use gpipe, 1f1b or interleaved",
@@ -57,6 +68,11 @@ DataParallel::DataParallel(const Deck& deck, const TrainContext& ctx) : deck_(de
   TRIDENT_CHECK(ctx_.grid && ctx_.grid->layout().dp > 1, "DataParallel without dp > 1");
   size_ = ctx_.grid->layout().dp;
   rank_ = ctx_.grid->coord().dp;
+  // Note [HSDP]: with replicas, ZeRO shards over dp_shard only.
+  replicas_ = ctx_.grid->layout().dp_replicate;
+  shard_ranks_ = deck_.parallel.zero > 0 && replicas_ > 1 ? ctx_.grid->layout().dp_shard : size_;
+  shard_rank_ = deck_.parallel.zero > 0 && replicas_ > 1 ? ctx_.grid->coord().dp_shard : rank_;
+  writes_shard_ = shard_ranks_ == size_ || ctx_.grid->coord().dp_replicate == 0;
   if (ctx_.backend->is_device() && !ctx_.dp_device)
     internal_error(__FILE__, __LINE__, "a device backend with dp > 1 needs a device communicator");
   sharded_ = deck_.parallel.zero > 0;
@@ -100,7 +116,7 @@ void DataParallel::lay_out(const std::vector<ParamInfo>& params, int split_param
   }
   const BucketLayout layout =
       padded_bucket_layout(units.counts(), sizeof(float), first_bucket_bytes(deck_.comm),
-                           bucket_bytes(deck_.comm), size_t(size_), alone_, breaks_);
+                           bucket_bytes(deck_.comm), size_t(shard_ranks_), alone_, breaks_);
   gather_order_ = forward_gather_order(units.units, layout.buckets);
   // A parameter starts where its first unit does; a split parameter's pieces follow each other
   // with no padding between (its piece rows are aligned so).
@@ -128,9 +144,12 @@ void DataParallel::attach(GPT& model) {
   opt.bucket_bytes = bucket_bytes(deck_.comm);
   opt.overlap = deck_.comm.overlap;
   if (ctx_.trace) opt.trace_origin = ctx_.trace->origin();
-  MpiComm& dp = ctx_.grid->dp();  // its timeout is the grid's (make_grid)
+  // Note [HSDP]: the shards' group is dp_shard, and the emulated link (the one between nodes)
+  // is dp_replicate's; without replicas both are dp.
+  const bool hsdp = shard_ranks_ < size_;
+  MpiComm& dp = hsdp ? ctx_.grid->dp_shard() : ctx_.grid->dp();  // timeouts: the grid's
   const CommConfig& cc = deck_.comm;
-  if (cc.emulate_gbps > 0) dp.set_emulated_link(cc.emulate_gbps, cc.emulate_latency_us);
+  if (cc.emulate_gbps > 0 && !hsdp) dp.set_emulated_link(cc.emulate_gbps, cc.emulate_latency_us);
   Communicator* reduce_comm = ctx_.dp_device ? ctx_.dp_device : &dp;
   // Note [bf16 gradient compression] (comm.h) and Note [ZeRO-1]: on the host, the gradients get
   // a communicator of their own (bf16: so the loss, norms and row sets on dp stay exact; ZeRO:
@@ -139,14 +158,25 @@ void DataParallel::attach(GPT& model) {
   // its own already.
   const bool bf16 = cc.grad_dtype == "bf16";
   if (!ctx_.backend->is_device() && (bf16 || sharded_)) {
-    grad_comm_ = MpiComm::duplicate(dp.raw(), bf16 ? "dp (bf16 gradients)" : "dp (ZeRO)");
+    grad_comm_ = MpiComm::duplicate(dp.raw(), bf16   ? "dp (bf16 gradients)"
+                                              : hsdp ? "dp_shard (ZeRO)"
+                                                     : "dp (ZeRO)");
     grad_comm_->set_timeout(dp.timeout());
-    if (cc.emulate_gbps > 0) grad_comm_->set_emulated_link(cc.emulate_gbps, cc.emulate_latency_us);
+    if (cc.emulate_gbps > 0 && !hsdp)
+      grad_comm_->set_emulated_link(cc.emulate_gbps, cc.emulate_latency_us);
     if (bf16) grad_comm_->set_bf16_sums(true);
     reduce_comm = grad_comm_.get();
   }
+  if (hsdp) {
+    MpiComm& replicate = ctx_.grid->dp_replicate();
+    replicate_comm_ = MpiComm::duplicate(replicate.raw(), "dp_replicate (HSDP)");
+    replicate_comm_->set_timeout(replicate.timeout());
+    if (cc.emulate_gbps > 0)
+      replicate_comm_->set_emulated_link(cc.emulate_gbps, cc.emulate_latency_us);
+    opt.replicate_comm = replicate_comm_.get();
+  }
   if (sharded_) {
-    shard_grads_ = BackendBuffer<float>(*ctx_.backend, model.num_params() / size_t(size_));
+    shard_grads_ = BackendBuffer<float>(*ctx_.backend, model.num_params() / size_t(shard_ranks_));
     opt.shard_grads = shard_grads_.data();
     opt.release_reduced = release_grads_;
     // Note [Bounded gradient memory] (train/zero.h): one bucket on the wire while the next is
@@ -157,7 +187,7 @@ void DataParallel::attach(GPT& model) {
     opt.gather_order = gather_order_;
   }
   if (zero3_) {
-    shard_params_ = BackendBuffer<float>(*ctx_.backend, model.num_params() / size_t(size_));
+    shard_params_ = BackendBuffer<float>(*ctx_.backend, model.num_params() / size_t(shard_ranks_));
     gather_comm_ = MpiComm::duplicate(dp.raw(), "dp (ZeRO-3 gathers)");
     gather_comm_->set_timeout(dp.timeout());
     // One emulated wire for the gathers and the reduce-scatters (both driven by the reducer's
@@ -169,7 +199,7 @@ void DataParallel::attach(GPT& model) {
   }
   reducer_ = std::make_unique<GradReducer>(*reduce_comm, model.grads(), std::move(params), opt);
   if (!sharded_) return;
-  owned_ = owned_pieces(infos, *reducer_, rank_);
+  owned_ = owned_pieces(infos, *reducer_, shard_rank_);
   owned_runs_ = merge_pieces(owned_);
   if (zero3_) {
     // AdamW updates the shards where they are (Note [ZeRO-3 units]).
@@ -217,7 +247,7 @@ DataParallel::ShardSlice DataParallel::shard_of(int unit) {
   const size_t b = reducer_->bucket_of_param(size_t(unit));
   const size_t n = reducer_->shard_count(b);
   return {shard_grads_.data() + reducer_->shard_offset(b),
-          reducer_->buckets()[b].offset + size_t(rank_) * n, n};
+          reducer_->buckets()[b].offset + size_t(shard_rank_) * n, n};
 }
 
 void DataParallel::finish(StepStats& s, const ReduceStats& earlier_rounds, double rows_ms) {

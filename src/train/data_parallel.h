@@ -48,6 +48,11 @@ class DataParallel {
 
   int size() const { return size_; }
   int rank() const { return rank_; }
+  // The ranks ZeRO shards over (dp, or dp_shard with replicas: Note [HSDP]) and this rank's
+  // place among them; and whether this rank writes its pieces (replica 0 of each shard).
+  int shard_ranks() const { return shard_ranks_; }
+  int shard_rank() const { return shard_rank_; }
+  bool writes_shard() const { return writes_shard_; }
   bool sharded() const { return sharded_; }
   bool zero3() const { return zero3_; }  // Note [ZeRO-3 units]
   // ZeRO-3: this rank's shard of the parameters (at the owned pieces' shard offsets), and the
@@ -94,6 +99,8 @@ class DataParallel {
   const Deck& deck_;
   TrainContext ctx_;
   int size_ = 1, rank_ = 0;
+  int replicas_ = 1, shard_ranks_ = 1, shard_rank_ = 0;  // Note [HSDP]
+  bool writes_shard_ = true;
   bool sharded_ = false, release_grads_ = false, zero3_ = false;
   // lay_out's split, kept for attach: the parameter in row pieces (-1: none), its piece rows.
   int split_param_ = -1, row_elems_ = 1;
@@ -103,8 +110,9 @@ class DataParallel {
   std::vector<size_t> gather_order_;  // ZeRO: buckets in forward order
   std::vector<int> unit_first_;
   // Destroyed in reverse: the reducer's thread stops before its buffers and communicator go.
-  std::unique_ptr<MpiComm> grad_comm_;    // the gradients' own duplicate of dp, where needed
-  std::unique_ptr<MpiComm> gather_comm_;  // ZeRO-3: the gathers' own duplicate of dp
+  std::unique_ptr<MpiComm> grad_comm_;       // the gradients' own duplicate of dp, where needed
+  std::unique_ptr<MpiComm> gather_comm_;     // ZeRO-3: the gathers' own duplicate of dp
+  std::unique_ptr<MpiComm> replicate_comm_;  // HSDP: the shards' sum over the replicas
   BackendBuffer<float> shard_grads_, shard_params_;
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<UnitGathers> unit_gathers_;  // ZeRO-3

@@ -45,7 +45,7 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
   }
   open_data(cfg);
   check_memory_plan(cfg, deck_.train.micro_batch, deck_.model.seq_len, options, *ctx_.backend,
-                    dp_ && dp_->sharded() ? dp_size_ : 1,  // Note [Memory plan]
+                    dp_ && dp_->sharded() ? dp_->shard_ranks() : 1,  // Note [Memory plan]
                     ctx_.pp_links && ctx_.backend->is_device(), zero3_memory());
   model_ = std::make_unique<GPT>(cfg, *ctx_.backend, deck_.train.micro_batch, deck_.model.seq_len,
                                  options);

@@ -175,7 +175,7 @@ std::vector<ShardTensor> Trainer::checkpoint_tensors(float* params, float* m, fl
       t.blocks = std::move(blocks);
       t.data = src.base + piece.shard;
       t.owner = (p.shard != Shard::kReplicated || tp_rank == 0) &&
-                (p.name != "wte" || stage.has_head || !tied);
+                (p.name != "wte" || stage.has_head || !tied) && dp_->writes_shard();
       out.push_back(std::move(t));
     }
   }

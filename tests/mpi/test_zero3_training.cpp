@@ -41,10 +41,16 @@ struct Result {
   std::vector<float> params;  // this rank's tensors back to back, padding left out
 };
 
-Result train(int tp, int pp, std::vector<std::string> overrides, int steps = 8) {
+Result train(int tp, int pp, std::vector<std::string> overrides, int steps = 8, int replicas = 1) {
   overrides.push_back(fmt::format("parallel.tp={}", tp));
   overrides.push_back(fmt::format("parallel.pp={}", pp));
-  ProcessGrid grid(make_layout(world_size(), 0, tp, pp));
+  overrides.push_back(fmt::format("parallel.dp_replicate={}", replicas));
+  GridSizes sizes;
+  sizes.world = world_size();
+  sizes.tp = tp;
+  sizes.pp = pp;
+  sizes.dp_replicate = replicas;
+  ProcessGrid grid(complete_layout(sizes));
   auto be = make_cpu_backend(1);
   Trainer t(deck(overrides), TrainContext{be.get(), 1e9, &grid, nullptr});
   Result r;
@@ -211,6 +217,55 @@ TEST(Zero3, HoldsOnlyTheShardsBetweenSteps) {
   EXPECT_LT(dp.params_resident_peak(), bytes / 2) << "of " << bytes << " bytes";
   const float* p = t.model().params();
   EXPECT_TRUE(std::all_of(p, p + t.model().num_params(), [](float x) { return x == 0.0f; }));
+}
+
+// Note [HSDP]: dp 4 as 2 replicas × 2 shards. Every ZeRO stage shards over the pair and sums the
+// shard over the replicas; each equals zero 0 within 1e-6 (bitwise where the four addends are
+// grouped alike, as here: (a + b) + (c + d) either way, checked only at that). A shard summed
+// over dp_shard only, or over the replicas twice, is off by a factor in the first update.
+TEST(Zero3, HsdpEqualsZero0) {
+  if (world_size() != 4) GTEST_SKIP() << "2 replicas x 2 shards needs 4 ranks";
+  const Result ref = train(1, 1, {"parallel.zero=0", "train.accum=2"}, 6);
+  for (const char* zero : {"parallel.zero=1", "parallel.zero=2", "parallel.zero=3"}) {
+    SCOPED_TRACE(zero);
+    expect_equal(train(1, 1, {zero, "train.accum=2"}, 6, 2), ref, false);
+  }
+  ProcessGrid grid(complete_layout({.world = 4, .dp_replicate = 2}));
+  auto be = make_cpu_backend(1);
+  Trainer t(deck({"parallel.zero=3", "parallel.dp_replicate=2"}),
+            TrainContext{be.get(), 1e9, &grid, nullptr});
+  EXPECT_EQ(t.data_parallel()->shard_ranks(), 2);
+  EXPECT_EQ(t.data_parallel()->shard_size() * 2, t.model().num_params());
+  EXPECT_EQ(t.optimizer().size() * 2, t.model().num_params());
+}
+
+// An HSDP ZeRO-3 checkpoint (replica 0 of each shard writes it) resumes on one rank at zero 0,
+// and a one-rank checkpoint resumes as HSDP: the next steps equal the saver's own within 1e-5
+// (loss), as test_zero_training.cpp's cross-loads.
+TEST(Zero3, HsdpCheckpointsCrossLoad) {
+  if (world_size() != 4) GTEST_SKIP() << "2 replicas x 2 shards needs 4 ranks";
+  const std::string dir = testing::scratch_dir("zero3_hsdp");
+  auto be = make_cpu_backend(1);
+  auto run = [&](std::vector<std::string> o, ProcessGrid* grid, int accum, bool save, bool load,
+                 int from, int to) {
+    o.push_back(fmt::format("train.accum={}", accum));
+    Trainer t(deck(o), TrainContext{be.get(), 1e9, grid, nullptr});
+    if (load) EXPECT_EQ(t.load(latest_checkpoint(dir)).step, from);
+    std::vector<double> losses;
+    for (int i = from; i < to; ++i) {
+      losses.push_back(t.train_step(i).loss);
+      if (save && i + 1 == 3) t.save(dir, 3, "run-hsdp", 1);
+    }
+    return losses;
+  };
+  std::vector<double> hsdp;
+  {
+    ProcessGrid grid(complete_layout({.world = 4, .dp_replicate = 2}));
+    hsdp = run({"parallel.zero=3", "parallel.dp_replicate=2"}, &grid, 1, true, false, 0, 6);
+  }
+  const std::vector<double> one = run({"parallel.zero=0"}, nullptr, 4, false, true, 3, 6);
+  for (size_t i = 0; i < one.size(); ++i)
+    EXPECT_NEAR(one[i], hsdp[3 + i], 1e-5 * hsdp[3 + i]) << "step " << i + 4;
 }
 
 TEST(Zero3, RefusesWhatIsNotBuilt) {
