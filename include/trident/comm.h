@@ -360,7 +360,7 @@ class MpiComm : public Communicator {
   double link_gbps_ = 0, link_latency_us_ = 0;
   CommClock::time_point link_free_at_{};
   CommClock::time_point* link_clock_ = &link_free_at_;  // share_emulated_link: another's
-  std::deque<MpiWork*> unposted_;  // Note [Paced link]: in start order
+  std::deque<MpiWork*> unposted_;                       // Note [Paced link]: in start order
   bool recording_ = false;
   std::vector<OpRecord> records_;
   MPI_Op bf16_op_ = MPI_OP_NULL;

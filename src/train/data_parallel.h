@@ -2,6 +2,14 @@
 // layout and shard buffers, the GradReducer, and the hook by which forward waits for ZeRO's
 // parameter gathers. The Trainer builds one when dp > 1, in two steps around the model:
 // lay_out() before it (the padded layout decides where the parameters sit), attach() after.
+//
+// Note [HSDP]
+// With parallel.dp_replicate > 1 (dp = dp_replicate × dp_shard), ZeRO shards over dp_shard only
+// (within a node, by the grid's rank order): a bucket is reduce-scattered in the shard group,
+// then its shard is all-reduced over dp_replicate as soon as that completes, in record order,
+// on the reducer's thread, so it overlaps backward like the rest. Gathers, AdamW's state and
+// the norm's partial sums stay in the shard group; replica 0 of each shard writes it to a
+// checkpoint; comm.emulate_gbps is the replicas' link. Without ZeRO nothing changes.
 #pragma once
 
 #include <memory>
