@@ -36,12 +36,12 @@ size_t zero3_pool_bytes(const std::vector<ParamInfo>& layout, const StageSpec& s
   for (const auto& [name, n] : unit_floats)
     if (name[0] == 'h') groups.push_back(n);
   if (stage.has_head) groups.push_back(floats("head") + (tied ? floats("wte") : 0));
-  size_t pair = 0, group = 0;
-  for (size_t k = 0; k < groups.size(); ++k) {
-    group = std::max(group, groups[k]);
+  size_t pair = 0;
+  for (size_t k = 0; k < groups.size(); ++k)
     pair = std::max(pair, groups[k] + (k + 1 < groups.size() ? groups[k + 1] : 0));
-  }
-  const size_t params = zero3.keeps_params ? total : std::min(total, pair + group);
+  // A pass's first call releases what the last pass left before asking for more, so two
+  // neighbouring groups are the most held at once (reshard_after_forward true).
+  const size_t params = zero3.keeps_params ? total : std::min(total, pair);
   const size_t grads =
       zero3.keeps_grads ? total : std::min(total, largest + 2 * zero3.bucket_bytes / sizeof(float));
   return (params + grads) * sizeof(float);

@@ -30,9 +30,9 @@ void check_memory_plan(const GPTConfig& cfg, int B, int T, const GPTOptions& opt
                        Backend& backend, int shard_ranks, bool stage_gradients = false,
                        const Zero3Memory& zero3 = {});
 // ZeRO-3's most resident bytes of the full parameter and gradient buffers: two neighbouring
-// groups of units (the one running and the one gathered ahead) and one more left from the last
-// pass; the gradient of the largest unit being written and two buckets waiting or on the wire
-// (Note [Bounded gradient memory]); the whole buffer for what `zero3` keeps.
+// groups of units (the one running and the one gathered ahead); the gradient of the largest
+// unit being written and two buckets waiting or on the wire (Note [Bounded gradient memory]);
+// the whole buffer for what `zero3` keeps.
 size_t zero3_pool_bytes(const std::vector<ParamInfo>& layout, const StageSpec& stage, bool tied,
                         const Zero3Memory& zero3);
 

@@ -4,6 +4,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <thread>
 
 #include "trident/check.h"
 #include "trident/grad_reducer.h"
@@ -77,6 +80,13 @@ UnitGathers::UnitGathers(GradReducer& reducer, const GPT& model,
   }
   held_.assign(units_.size(), 0);
   keep_.assign(units_.size(), 0);
+  if (const char* fault = std::getenv("TRIDENT_FAULT_STALL_GATHER")) {
+    const std::string text = fault;
+    const size_t at = text.find('@');
+    for (size_t u = 0; u < units_.size() && at != std::string::npos; ++u)
+      if (units_[u].name == text.substr(0, at)) stall_unit_ = int(u);
+    if (stall_unit_ >= 0) stall_at_ = std::atoi(text.c_str() + at + 1);
+  }
   if (options_.log) log_.reserve(16 * units_.size());
 }
 
@@ -117,6 +127,8 @@ void UnitGathers::use(ParamPass pass, const std::vector<int>& params) {
 
 void UnitGathers::request(int unit, bool late, ParamPass pass, int position) {
   const Zero3Unit& u = units_[size_t(unit)];
+  if (unit == stall_unit_ && ++stall_count_ == stall_at_)
+    std::this_thread::sleep_for(std::chrono::minutes(10));
   reducer_.gather(u.first_bucket, u.end_bucket, u.name);
   held_[size_t(unit)] = 1;
   ++counts_.gathers;

@@ -115,6 +115,9 @@ class UnitGathers {
   std::vector<char> keep_;       // per unit: scratch of use()
   Counts counts_;
   std::vector<LogEntry> log_;
+  // TRIDENT_FAULT_STALL_GATHER=<unit>@<n> (tests/cli/test_zero3.sh): this rank sleeps before
+  // asking for its n-th gather of that unit, as a rank stuck there would; read once.
+  int stall_unit_ = -1, stall_at_ = 0, stall_count_ = 0;
 };
 
 }  // namespace trident
