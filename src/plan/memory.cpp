@@ -39,15 +39,14 @@
 //   sharded     16·Ψ/S: the fp32 master (fp32: the parameter itself), m and v, and the fp32
 //               gradient shard; counted in params (fp32), optimizer (master, m, v) and grads;
 //
-//   pool        full parameters only while a unit runs: the communication thread gathers one
-//               unit ahead, so 2 × the largest unit's parameters (E B each); with
-//               reshard_after_forward false, or zero3_gather step under pp or accumulation
-//               (units kept for the step), the whole stage's, Ψ·E, ZeRO-2's parameter memory;
+//   pool        full parameters only while a unit runs: one group ahead, so the largest two
+//               neighbouring groups (zero3_pool); with reshard_after_forward false, or
+//               zero3_gather step under pp or accumulation, the whole stage's, ZeRO-2's;
 //               a unit's full fp32 gradient from its backward until its reduce-scatter is done:
-//               two buckets held plus the largest unit being written, at most the stage's 4·Ψ
+//               two buckets held plus the largest gradient written whole, at most 4·Ψ
 //               (Note [Bounded gradient memory] in src/train/zero.h, as ZeRO-2).
 //
-// So per rank ≈ 16·Ψ/S + 2·E·U + 2·bucket_bytes + 4·U (U the largest unit) + activations; HSDP's
+// So per rank ≈ 16·Ψ/S + E·(two groups) + 2·bucket_bytes + 4·U + activations; HSDP's
 // replicas keep the same shard (optimizer state is not sharded over dp_replicate). Traffic and
 // its overlap: Note [Plan model].
 //
@@ -105,6 +104,35 @@ std::vector<double> stage_units(const PlanModel& m, const PlanLayout& l, int s) 
   return units;
 }
 
+// What ZeRO-3's pool holds at most on stage s, as the trainer schedules it (zero3_pool_bytes in
+// src/train/memory_plan.cpp, measured in docs/perf.md): the parameters of two neighbouring
+// groups of forward (the embedding {wte, wpe}, each block, the head with a tied wte), the one
+// running and the one gathered ahead; and the largest gradient written whole (a tied wte on a
+// stage with both ends reports its gradient in bucket-sized row pieces: Note [Head gradient in
+// pieces] in src/train/tied_embedding.h, so the buckets bound it).
+Zero3Pool zero3_pool(const PlanModel& m, const PlanLayout& l, int s) {
+  const int chunks = l.schedule == "interleaved" ? l.v : 1;
+  const StageSpec stage = pipeline_stage(m.layers, l.pp, s, {}, chunks);
+  const GPTConfig cfg = gpt_config(m, l);
+  const std::vector<double> units = stage_units(m, l, s);
+  const bool both = stage.has_embedding && stage.has_head;
+  std::vector<double> groups;
+  size_t k = 0;
+  if (stage.has_embedding) {
+    groups.push_back(units[k++]);
+    if (cfg.has_wpe()) groups.back() += units[k++];
+  }
+  for (int b = 0; b < stage.num_layers; ++b) groups.push_back(units[k++]);
+  if (stage.has_head) groups.push_back(units[k] + (cfg.tied_head && both ? units[0] : 0));
+  Zero3Pool pool;
+  for (size_t g = 0; g < groups.size(); ++g)
+    pool.params = std::max(pool.params, groups[g] + (g + 1 < groups.size() ? groups[g + 1] : 0));
+  for (size_t u = 0; u < units.size(); ++u)
+    if (!(u == 0 && stage.has_embedding && cfg.tied_head && both))
+      pool.whole_grad = std::max(pool.whole_grad, units[u]);
+  return pool;
+}
+
 double stage_params(const PlanModel& m, const PlanLayout& l, int s) {
   double n = 0;
   for (double u : stage_units(m, l, s)) n += u;  // integers below 2^53: the sum is exact
@@ -147,12 +175,11 @@ ModelStates model_state_bytes(const PlanModel& m, const PlanLayout& l, const Har
   if (l.zero == 2) st.grads = shard * 4 + std::min(params * 4, 2 * bucket);
   st.optimizer = (l.zero > 0 ? shard : params) * (fp32 ? 8 : 12);
   if (l.zero == 3) {  // Note [Plan ZeRO-3]
-    double largest = 0;
-    for (double u : stage_units(m, l, s)) largest = std::max(largest, u);
+    const Zero3Pool pool = zero3_pool(m, l, s);
     const bool kept =
         !l.reshard_after_forward || (l.zero3_gather == "step" && (l.pp > 1 || l.accum > 1));
-    st.params = (fp32 ? shard * 4 : 0) + (kept ? params : std::min(params, 2 * largest)) * E;
-    st.grads = shard * 4 + std::min(params * 4, 2 * bucket + largest * 4);
+    st.params = (fp32 ? shard * 4 : 0) + (kept ? params : std::min(params, pool.params)) * E;
+    st.grads = shard * 4 + std::min(params * 4, 2 * bucket + pool.whole_grad * 4);
   }
   return st;
 }

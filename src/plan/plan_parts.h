@@ -45,6 +45,12 @@ double stage_params(const PlanModel& model, const PlanLayout& layout, int stage)
 // The same parameters as ZeRO-3's units, in forward order: wte (and the tied head), wpe, one per
 // block, the head (final norm + untied LM head); they sum to stage_params.
 std::vector<double> stage_units(const PlanModel& model, const PlanLayout& layout, int stage);
+// ZeRO-3's pool on a stage (Note [Plan ZeRO-3]), in elements: the parameters two neighbouring
+// groups gather, and the largest gradient written whole.
+struct Zero3Pool {
+  double params = 0, whole_grad = 0;
+};
+Zero3Pool zero3_pool(const PlanModel& m, const PlanLayout& l, int s);
 // Bytes of parameters, gradients and optimizer state on `stage`, without activations
 // (Note [Plan memory], Note [Plan ZeRO-3]).
 struct ModelStates {

@@ -3,8 +3,8 @@
 # src/train/data_parallel.h):
 #   1. what is not built is refused before anything is allocated, exit 2 naming the keys;
 #   2. the memory precheck refuses Llama 1.1 B (inputs/llama-1b.yaml on the CPU, micro-batch 1,
-#      seq 64) at ZeRO-2 on 4 ranks with the sizes (each rank 12.4 GiB: the whole parameters
-#      and gradients, its quarter of the optimizer state), and counts ZeRO-3 at a quarter of that;
+#      seq 64) at ZeRO-2 on 4 ranks with the sizes (each rank 11.4 GiB: the whole parameters
+#      and gradients, its quarter of the optimizer state; 45.6 GiB for the 4 ranks);
 #   3. a gather that never completes (TRIDENT_FAULT_STALL_GATHER on rank 1 only: it sleeps before
 #      asking for its 5th gather of unit h1, in step 3) ends the job within 60 s with status 1
 #      (a stuck peer, README's "Exit status") and one message from rank 0 naming the unit; the
@@ -32,14 +32,14 @@ expect_refusal zero3-zbh1 "parallel.schedule zb-h1" 2 "${tiny[@]}" --set paralle
 expect_refusal hsdp-micro-batch "parallel.zero_reduce micro_batch" 4 "${tiny[@]}" --set parallel.zero=2 \
   --set parallel.dp_replicate=2 --set parallel.zero_reduce=micro_batch
 
-# 2. The precheck on Llama 1.1 B at dp 4. Skipped where the machine could hold ZeRO-2's 49.6 GB.
+# 2. The precheck on Llama 1.1 B at dp 4. Skipped where the machine could hold ZeRO-2's 45.6 GiB.
 avail_kb=$(awk '/MemAvailable/ {print $2}' /proc/meminfo)
 llama=("$src/inputs/llama-1b.yaml" --set run.backend=cpu --set run.threads=1 --set train.micro_batch=1
        --set model.seq_len=64 --set train.steps=3 --set log.every=1)
 if [ "$avail_kb" -gt $((48 * 1024 * 1024)) ]; then
   echo "skip llama-1b precheck: $((avail_kb / 1024 / 1024)) GiB available holds ZeRO-2 too"
 else
-  expect_refusal llama1b-zero2 "not enough memory: each rank needs 12" 4 "${llama[@]}" --set parallel.zero=2
+  expect_refusal llama1b-zero2 "not enough memory: each rank needs 11" 4 "${llama[@]}" --set parallel.zero=2
   grep -q "for the 4 ranks on this machine" llama1b-zero2.log ||
     fail "llama1b-zero2: the refusal does not count the 4 ranks: $(grep -m1 error llama1b-zero2.log)"
 fi
