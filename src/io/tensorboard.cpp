@@ -86,6 +86,8 @@ constexpr StepTag kStepTags[] = {
     {"overlap", "comm/overlap"},
     {"gather_comm_ms", "comm/gather_comm_ms"},
     {"gather_exposed_ms", "comm/gather_exposed_ms"},
+    {"unit_gathers", "comm/unit_gathers"},
+    {"late_unit_gathers", "comm/late_unit_gathers"},
     {"tp_comm_ms", "comm/tp_comm_ms"},
     {"comm_cpu_ms", "comm/comm_cpu_ms"},
     {"param_mib", "memory/param_mib"},
