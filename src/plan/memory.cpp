@@ -108,8 +108,8 @@ std::vector<double> stage_units(const PlanModel& m, const PlanLayout& l, int s) 
 // src/train/memory_plan.cpp, measured in docs/perf.md): the parameters of two neighbouring
 // groups of forward (the embedding {wte, wpe}, each block, the head with a tied wte), the one
 // running and the one gathered ahead; and the largest gradient written whole (a tied wte on a
-// stage with both ends reports its gradient in bucket-sized row pieces: Note [Head gradient in
-// pieces] in src/train/tied_embedding.h, so the buckets bound it).
+// stage with both ends reports its gradient in bucket-sized row pieces, so the buckets bound
+// it: Note [Head gradient in pieces] in src/train/tied_embedding.h).
 Zero3Pool zero3_pool(const PlanModel& m, const PlanLayout& l, int s) {
   const int chunks = l.schedule == "interleaved" ? l.v : 1;
   const StageSpec stage = pipeline_stage(m.layers, l.pp, s, {}, chunks);

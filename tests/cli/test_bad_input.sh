@@ -89,7 +89,7 @@ expect interleaved-layers "4 model chunks, but model.layers is 3" -- "${mpi[@]}"
 expect zb-with-recompute "zb-h1 keeps .* train.recompute: full drops" -- "$bin" train deck.yaml "${common[@]}" --set parallel.schedule=zb-h1 --set train.recompute=full
 # ZeRO (Note [ZeRO-1] in src/train/zero.h): a stage out of range, a combination the sharded
 # optimizer cannot do.
-expect zero-out-of-range "parallel.zero" -- "$bin" train deck.yaml "${common[@]}" --set parallel.zero=3
+expect zero-out-of-range "parallel.zero" -- "$bin" train deck.yaml "${common[@]}" --set parallel.zero=4
 expect zero-with-bf16 "parallel.zero: 1 with comm.grad_dtype bf16" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set parallel.zero=1 --set comm.grad_dtype=bf16
 
 # A bad llm.c checkpoint

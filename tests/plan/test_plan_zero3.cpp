@@ -283,10 +283,11 @@ namespace trident {
 namespace {
 
 // The pool as the trainer holds it (docs/perf.md, "ZeRO-3 and HSDP": GPT-2 124M at dp 4 held
-// 174.6 MiB gathered, wte with the last block, and 50.9 MiB of gradient): where wte is the
-// largest unit, the most two neighbouring groups hold is the embedding's (wte and wpe) with the
-// first block (the head's, the final norm and wte, with the last is 896 fewer), not two wte; and the tied wte's gradient goes out in bucket-sized pieces, so the largest
-// gradient written whole is a block's. A vocabulary of 4,096: wte 262,144 > a block's 49,984.
+// 174.6 MiB gathered, wte with a block, and 50.9 MiB of gradient): where wte is the largest
+// unit, the most two neighbouring groups hold is the embedding's (wte and wpe) with the first
+// block (the head's, the final norm and wte, with the last is 896 fewer), not two wte; and the
+// tied wte's gradient goes out in bucket-sized pieces, so the largest gradient written whole is
+// a block's. A vocabulary of 4,096: wte 262,144 > a block's 49,984.
 TEST(PlanZero3, PoolIsTwoNeighbouringGroupsAndTheLargestWholeGradient) {
   PlanModel m = small_model();
   m.vocab = 4096;
