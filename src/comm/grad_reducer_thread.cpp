@@ -341,16 +341,29 @@ bool GradReducer::State::launch_ready() {
 // Tests the in-flight work. True if any ended.
 //
 // Note [One progress call per poll]
-// Every MPI_Test runs Open MPI's whole progress engine, whatever request it names, and one run
-// advances every operation. So a poll tests in start order and stops at the first operation
-// still transferring. Operations on one communicator finish about in start order, so a later
-// one is seen at most a little late (in its stats and ZeRO-2 release), and the timeout is
-// checked on the oldest. One that only waits out its emulated link does not stop the walk, so
-// the thread sees every link's end and can sleep until the first.
+// Every MPI_Test runs Open MPI's whole progress engine, whatever request it names. So a poll
+// tests in start order and, per communicator, stops at the first operation still transferring:
+// one communicator's operations finish about in start order, and its timeout is checked on the
+// oldest. Per communicator, because the order of starts across them differs between ranks
+// (ZeRO-3's gathers, HSDP's second hop) and a paced operation is posted only when tested: a
+// rank stopped behind another communicator's operation would never post the one its peer waits
+// for. One that only waits out its emulated link does not stop the walk.
 bool GradReducer::State::poll_in_flight() {
   bool any = false;
+  const Communicator* stopped[3] = {};  // dp, the gathers', the replicas'
+  size_t num_stopped = 0;
+  auto comm_of = [&](const InFlight& f) -> const Communicator* {
+    if (f.second_hop) return replicate;
+    if (f.gather_bucket >= 0 && shard_params) return gather_comm;
+    return &dp;
+  };
   for (size_t i = 0; i < in_flight.size();) {
     InFlight& f = in_flight[i];
+    const Communicator* comm = comm_of(f);
+    if (std::find(stopped, stopped + num_stopped, comm) != stopped + num_stopped) {
+      ++i;
+      continue;
+    }
     bool done = false;
     try {
       ++building.progress_polls;
@@ -363,9 +376,10 @@ bool GradReducer::State::poll_in_flight() {
                   e.code());
     }
     if (!done) {
-      // Note [One progress call per poll]: stop at the first whose transfer is unfinished;
-      // go on past one that only waits out an emulated link (idle_until).
-      if (f.work.idle_until() == CommClock::time_point::min()) break;
+      // Note [One progress call per poll]: stop at the first whose transfer is unfinished (on
+      // its communicator); go on past one that only waits out an emulated link (idle_until).
+      if (f.work.idle_until() == CommClock::time_point::min() && num_stopped < 3)
+        stopped[num_stopped++] = comm;
       ++i;
       continue;
     }
