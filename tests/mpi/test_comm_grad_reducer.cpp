@@ -601,5 +601,69 @@ TEST(GradReducer, StuckBucketTimesOutNamingRankAndBucket) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+// ZeRO-3 (Note [ZeRO-3 units] in train/zero3.h): a unit's gather and a bucket's reduce-scatter
+// on their two communicators over one emulated wire, started in opposite orders on even and odd
+// ranks (the compute thread's calls reach the reducer's thread in batches, so starts across
+// communicators need not agree). Each operation takes ~100 ms of wire, so the second one of each
+// rank waits for its turn and is posted only when the thread tests it. A poll that stopped at
+// the first unfinished operation whatever its communicator left each rank behind the one its
+// peer had not posted: both timed out (Note [One progress call per poll]). Then the values: the
+// gather brings every rank's shard, the reduce-scatter the sum of the ranks' gradients.
+TEST(GradReducer, Zero3GathersAndReduceScattersPairPerCommunicator) {
+  auto dp = dp_comm("dp-z3"), gathers = dp_comm("dp-z3-gathers");
+  const int rank = dp->rank(), n = dp->size();
+  const std::vector<size_t> counts = {65536, 65536};  // 256 KiB each: two units, a bucket each
+  const std::vector<char> breaks = {0, 1};
+  const BucketLayout layout =
+      padded_bucket_layout(counts, 4, 1 << 20, 1 << 20, size_t(n), {}, breaks);
+  ASSERT_EQ(layout.buckets.size(), 2u);
+  std::vector<GradParam> params;
+  for (size_t i = 0; i < counts.size(); ++i)
+    params.push_back({"u" + std::to_string(i), layout.param_offsets[i], counts[i]});
+  std::vector<float> grads(layout.total, 0.0f), full(layout.total, 0.0f);
+  std::vector<float> shard_grads(layout.total / size_t(n)), shard_params(layout.total / size_t(n));
+  dp->set_timeout(20);
+  gathers->set_timeout(20);
+  dp->set_emulated_link(0.01, 0);  // 256 KiB: (n-1)/n · 2 Mbit / 10 Mbit/s ≥ 100 ms
+  gathers->share_emulated_link(*dp);
+  GradReducerOptions o;
+  o.first_bucket_bytes = o.bucket_bytes = 1 << 20;
+  o.shard_grads = shard_grads.data();
+  o.release_reduced = true;
+  o.breaks = breaks;
+  o.params = full.data();
+  o.shard_params = shard_params.data();
+  o.gather_comm = gathers.get();
+  GradReducer reducer(*dp, grads.data(), params, o);
+  for (size_t b = 0; b < 2; ++b)
+    for (size_t k = 0; k < reducer.shard_count(b); ++k)
+      shard_params[reducer.shard_offset(b) + k] = float(rank * 1000 + int(k % 1000));
+  reducer.begin_step(true);
+  std::fill_n(grads.data() + layout.param_offsets[0], counts[0], float(rank + 1));
+  const auto pause = std::chrono::milliseconds(30);  // the thread starts the first alone
+  if (rank % 2 == 0) {
+    reducer.gather(1, 2, "u1");
+    std::this_thread::sleep_for(pause);
+    reducer.grad_ready(0);
+  } else {
+    reducer.grad_ready(0);
+    std::this_thread::sleep_for(pause);
+    reducer.gather(1, 2, "u1");
+  }
+  reducer.wait_gathered(1);
+  reducer.grad_ready(1);
+  reducer.finish();
+  const Bucket& b1 = reducer.buckets()[1];
+  const size_t per = reducer.shard_count(1);
+  for (int r = 0; r < n; ++r)
+    for (size_t k = 0; k < per; k += 997)
+      ASSERT_EQ(full[b1.offset + size_t(r) * per + k], float(r * 1000 + int(k % 1000)))
+          << "rank " << r << "'s shard, element " << k;
+  const float sum = float(n * (n + 1) / 2);
+  for (size_t k = 0; k < reducer.shard_count(0); ++k)
+    ASSERT_EQ(shard_grads[reducer.shard_offset(0) + k], sum) << "element " << k;
+  reducer.release_gathered(1, 2);
+}
+
 }  // namespace
 }  // namespace trident
