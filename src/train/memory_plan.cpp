@@ -36,9 +36,15 @@ size_t zero3_pool_bytes(const std::vector<ParamInfo>& layout, const StageSpec& s
   for (const auto& [name, n] : unit_floats)
     if (name[0] == 'h') groups.push_back(n);
   if (stage.has_head) groups.push_back(floats("head") + (tied ? floats("wte") : 0));
+  // A tied wte on a stage with both ends stays gathered from the embedding to the head: beside
+  // every pair of blocks.
+  const size_t kept = tied && stage.has_embedding && stage.has_head ? floats("wte") : 0;
   size_t pair = 0;
-  for (size_t k = 0; k < groups.size(); ++k)
-    pair = std::max(pair, groups[k] + (k + 1 < groups.size() ? groups[k + 1] : 0));
+  for (size_t k = 0; k < groups.size(); ++k) {
+    const bool blocks = k > 0 && k + 2 < groups.size();  // groups k and k + 1 are blocks
+    pair = std::max(pair, groups[k] + (k + 1 < groups.size() ? groups[k + 1] : 0) +
+                              (blocks && stage.has_embedding && stage.has_head ? kept : 0));
+  }
   // A pass's first call releases what the last pass left before asking for more, so two
   // neighbouring groups are the most held at once (reshard_after_forward true).
   const size_t params = zero3.keeps_params ? total : std::min(total, pair);

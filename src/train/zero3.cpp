@@ -78,6 +78,11 @@ UnitGathers::UnitGathers(GradReducer& reducer, const GPT& model,
       for (size_t k = 0; k < seq.size(); ++k) place_[pass][size_t(seq[k])] = {s, int(k)};
     }
   }
+  // Where each unit is last read in each pass (a tied wte: the head's group, after the blocks).
+  last_use_.assign(sequences_.size(), std::vector<int>(units_.size(), -1));
+  for (size_t q = 0; q < sequences_.size(); ++q)
+    for (size_t k = 0; k < sequences_[q].size(); ++k)
+      for (int u : group_units_[size_t(sequences_[q][k])]) last_use_[q][size_t(u)] = int(k);
   held_.assign(units_.size(), 0);
   keep_.assign(units_.size(), 0);
   if (const char* fault = std::getenv("TRIDENT_FAULT_STALL_GATHER")) {
@@ -106,6 +111,11 @@ void UnitGathers::use(ParamPass pass, const std::vector<int>& params) {
   std::fill(keep_.begin(), keep_.end(), 0);
   for (int u : now) keep_[size_t(u)] = 1;
   for (int u : next) keep_[size_t(u)] = 1;
+  // A unit a later group of this pass reads stays (the tied wte through forward, from the
+  // embedding to the head, as FSDP keeps its root): one gather, and no wait at the head.
+  const std::vector<int>& last = last_use_[size_t(place.sequence)];
+  for (size_t u = 0; u < units_.size(); ++u)
+    if (held_[u] && last[u] > int(pos)) keep_[u] = 1;
   if (!options_.per_step) {
     if (options_.reshard_after_forward) {
       for (size_t u = 0; u < units_.size(); ++u)

@@ -15,9 +15,10 @@
 //
 // The life of a unit in one step, driven by the model's ParamUseFn (called before the embedding,
 // each block and the head in forward; before the head and each block in backward):
-//   forward   at group k: release what neither group k nor k + 1 needs (reshard_after_forward
-//             true); ask for group k's units if not held (only the first group of a pass);
-//             ask for group k + 1's (the prefetch, one group ahead); wait for group k's.
+//   forward   at group k: release what neither group k nor k + 1 nor a later group of the pass
+//             needs (reshard_after_forward true; a tied wte stays from the embedding to the
+//             head, as FSDP keeps its root); ask for group k's units if not held (only the
+//             first group of a pass); ask for group k + 1's (the prefetch); wait for group k's.
 //   backward  the same over the reversed blocks; with reshard_after_forward false only the
 //             previous group's units are released, so the forward's gathers serve backward.
 //   end       finish() releases everything (the optimizer then changes the shards).
@@ -111,6 +112,7 @@ class UnitGathers {
     int sequence = -1, position = -1;
   };
   std::vector<Place> place_[2];  // per pass, per group
+  std::vector<std::vector<int>> last_use_;  // per sequence, per unit: its last group (-1: none)
   std::vector<char> held_;       // per unit: asked for (in flight or gathered)
   std::vector<char> keep_;       // per unit: scratch of use()
   Counts counts_;

@@ -77,12 +77,13 @@ TEST(PlanZero3, MemoryPerRankAgainstZeroZeroOneTwoByHand) {
       {0, 2 * kPsi, 4 * kPsi, 12 * kPsi},  // 18Ψ = 7,365,888
       {1, 2 * kPsi, 4 * kPsi + 4 * shard, 12 * shard},
       {2, 2 * kPsi, 4 * shard + kTwoBuckets, 12 * shard},
-      // ZeRO-3: two units gathered (2·2·U), the shard's gradient + two buckets + the unit being
-      // written (4·U); 16Ψ/8 + 4U + 131,072 + 4U = 818,432 + 530,944 = 1,349,376.
-      {3, 2 * 2 * kUnit, 4 * shard + kTwoBuckets + 4 * kUnit, 12 * shard},
+      // ZeRO-3: two blocks gathered and the tied wte kept beside them (2·(2U + 8,192)), the
+      // shard's gradient + two buckets + the unit being written (4·U); 16Ψ/8 + 2·(2U + 8,192)
+      // + 131,072 + 4U = 818,432 + 216,320 + 331,008 = 1,365,760.
+      {3, 2 * (2 * kUnit + 8192), 4 * shard + kTwoBuckets + 4 * kUnit, 12 * shard},
   };
   const double expected_totals[] = {7365888, 818432 + 1841472 + 613824, 818432 + 335680 + 613824,
-                                    1349376};
+                                    1365760};
   for (const Row& r : rows) {
     const ModelStates st = model_state_bytes(m, data_parallel(8, r.zero), hw, 0);
     EXPECT_DOUBLE_EQ(st.params, r.params) << "zero " << r.zero;
@@ -100,18 +101,18 @@ TEST(PlanZero3, MemoryPerRankAgainstZeroZeroOneTwoByHand) {
   PlanLayout kept = data_parallel(8, 3);
   kept.reshard_after_forward = false;
   EXPECT_DOUBLE_EQ(model_state_bytes(m, kept, hw, 0).params, 2 * kPsi);
-  // Gathered once per step under accumulation: kept too; per micro-batch: two units.
+  // Gathered once per step under accumulation: kept too; per micro-batch: two blocks and wte.
   PlanLayout step = data_parallel(8, 3);
   step.accum = 4, step.zero3_gather = "step";
   EXPECT_DOUBLE_EQ(model_state_bytes(m, step, hw, 0).params, 2 * kPsi);
   step.zero3_gather = "micro_batch";
-  EXPECT_DOUBLE_EQ(model_state_bytes(m, step, hw, 0).params, 4 * kUnit);
+  EXPECT_DOUBLE_EQ(model_state_bytes(m, step, hw, 0).params, 2 * (2 * kUnit + 8192));
   // fp32: the parameter is its own master, so the shard's 4 B are parameters, 8 B optimizer.
   const ModelStates f = model_state_bytes(m, data_parallel(8, 3), round_machine("fp32"), 0);
-  EXPECT_DOUBLE_EQ(f.params, 4 * shard + 2 * 4 * kUnit);
+  EXPECT_DOUBLE_EQ(f.params, 4 * shard + 4 * (2 * kUnit + 8192));
   EXPECT_DOUBLE_EQ(f.optimizer, 8 * shard);
   EXPECT_DOUBLE_EQ(f.params + f.grads + f.optimizer,
-                   16 * shard + 8 * kUnit + kTwoBuckets + 4 * kUnit);
+                   16 * shard + 4 * (2 * kUnit + 8192) + kTwoBuckets + 4 * kUnit);
 }
 
 // Without overlap every collective is exposed. fp32 (4 B gathers and gradients), dp = 4 in a
@@ -282,18 +283,19 @@ TEST(PlanZero3, CapacityIsTheMostLayersThatFit) {
 namespace trident {
 namespace {
 
-// The pool as the trainer holds it (docs/perf.md, "ZeRO-3 and HSDP": GPT-2 124M at dp 4 held
-// 174.6 MiB gathered, wte with a block, and 50.9 MiB of gradient): where wte is the largest
-// unit, the most two neighbouring groups hold is the embedding's (wte and wpe) with the first
-// block (the head's, the final norm and wte, with the last is 896 fewer), not two wte; and the
-// tied wte's gradient goes out in bucket-sized pieces, so the largest gradient written whole is
-// a block's. A vocabulary of 4,096: wte 262,144 > a block's 49,984.
+// The pool as the trainer holds it (docs/perf.md, "ZeRO-3 and HSDP"): where wte is the largest
+// unit, it is gathered once per forward and kept from the embedding to the head, so the most
+// held is wte beside two blocks (not two wte, and more than the embedding's group, wte and wpe,
+// with the first block); and the tied wte's gradient goes out in bucket-sized pieces, so the
+// largest gradient written whole is a block's. A vocabulary of 4,096: wte 262,144 > a block's
+// 49,984 > wpe's 1,024.
 TEST(PlanZero3, PoolIsTwoNeighbouringGroupsAndTheLargestWholeGradient) {
   PlanModel m = small_model();
   m.vocab = 4096;
   const double wte = 4096.0 * 64, wpe = 16 * 64, head = 128, block = kUnit;
   const Zero3Pool pool = zero3_pool(m, data_parallel(4, 3), 0);
-  EXPECT_DOUBLE_EQ(pool.params, wte + wpe + block);
+  EXPECT_DOUBLE_EQ(pool.params, wte + 2 * block);  // wte kept from the embedding to the head
+  (void)wpe;
   EXPECT_DOUBLE_EQ(pool.whole_grad, block);
   // Untied, the head's own LM head weight is written whole.
   m.block.tied_head = false;
