@@ -107,9 +107,10 @@ std::vector<double> stage_units(const PlanModel& m, const PlanLayout& l, int s) 
 // What ZeRO-3's pool holds at most on stage s, as the trainer schedules it (zero3_pool_bytes in
 // src/train/memory_plan.cpp, measured in docs/perf.md): the parameters of two neighbouring
 // groups of forward (the embedding {wte, wpe}, each block, the head with a tied wte), the one
-// running and the one gathered ahead, and a tied wte kept from the embedding to the head; and the largest gradient written whole (a tied wte on a
-// stage with both ends reports its gradient in bucket-sized row pieces, so the buckets bound
-// it: Note [Head gradient in pieces] in src/train/tied_embedding.h).
+// running and the one gathered ahead, and a tied wte kept from the embedding to the head; and
+// the largest gradient written whole (a tied wte on a stage with both ends reports its gradient
+// in bucket-sized row pieces, so the buckets bound it: Note [Head gradient in pieces] in
+// src/train/tied_embedding.h).
 Zero3Pool zero3_pool(const PlanModel& m, const PlanLayout& l, int s) {
   const int chunks = l.schedule == "interleaved" ? l.v : 1;
   const StageSpec stage = pipeline_stage(m.layers, l.pp, s, {}, chunks);
@@ -130,8 +131,8 @@ Zero3Pool zero3_pool(const PlanModel& m, const PlanLayout& l, int s) {
   Zero3Pool pool;
   for (size_t g = 0; g < groups.size(); ++g) {
     const bool blocks = both && g > 0 && g + 2 < groups.size();
-    pool.params = std::max(pool.params, groups[g] + (g + 1 < groups.size() ? groups[g + 1] : 0) +
-                                            (blocks ? kept : 0));
+    pool.params = std::max(
+        pool.params, groups[g] + (g + 1 < groups.size() ? groups[g + 1] : 0) + (blocks ? kept : 0));
   }
   for (size_t u = 0; u < units.size(); ++u)
     if (!(u == 0 && stage.has_embedding && cfg.tied_head && both))

@@ -111,10 +111,10 @@ class UnitGathers {
   struct Place {
     int sequence = -1, position = -1;
   };
-  std::vector<Place> place_[2];  // per pass, per group
+  std::vector<Place> place_[2];             // per pass, per group
   std::vector<std::vector<int>> last_use_;  // per sequence, per unit: its last group (-1: none)
-  std::vector<char> held_;       // per unit: asked for (in flight or gathered)
-  std::vector<char> keep_;       // per unit: scratch of use()
+  std::vector<char> held_;                  // per unit: asked for (in flight or gathered)
+  std::vector<char> keep_;                  // per unit: scratch of use()
   Counts counts_;
   std::vector<LogEntry> log_;
   // TRIDENT_FAULT_STALL_GATHER=<unit>@<n> (tests/cli/test_zero3.sh): this rank sleeps before
