@@ -18,6 +18,12 @@ void release_host_floats(float* p, size_t n);
 // faults in 2 MiB at a time instead of 4 KiB. Returns false if the kernel refused.
 bool prefer_huge_pages(void* p, size_t bytes);
 
+// The opposite, for memory released and written again a piece at a time (ZeRO-3): madvise
+// MADV_NOHUGEPAGE on the whole pages inside. khugepaged, with the kernel's default max_ptes_none
+// (511), collapses a huge-page region with a single page present into a whole 2 MiB page, so a
+// released range next to a written one would fill with resident zeros again in the background.
+bool refuse_huge_pages(void* p, size_t bytes);
+
 // Bytes of [p, p + bytes) whose pages are resident (mincore), in whole pages. `scratch` holds
 // one byte per page and is reused (grown once).
 size_t resident_bytes(const void* p, size_t bytes, std::vector<unsigned char>& scratch);
