@@ -159,10 +159,7 @@ void GradReducer::init_sharded(const GradReducerOptions& options) {
   // buffer starts released (its allocation zeroed, so touched, every page), or the first step's
   // peak would count pages no backward wrote.
   if (s.release_reduced) {
-    // ZeRO-3 releases a unit at a time and holds its bound only without huge pages
-    // (refuse_huge_pages in comm/host_pages.h); ZeRO-2 faults 2 MiB at a time.
-    if (options.shard_params) refuse_huge_pages(s.grads, s.grads_total * sizeof(float));
-    else prefer_huge_pages(s.grads, s.grads_total * sizeof(float));
+    prefer_huge_pages(s.grads, s.grads_total * sizeof(float));
     release_host_floats(s.grads, s.grads_total);
   }
   for (size_t b = 0; b < s.buckets.size(); ++b) {
@@ -204,7 +201,7 @@ void GradReducer::init_zero3(const GradReducerOptions& options) {
   s.gather_comm = options.gather_comm;
   s.gathered.assign(s.buckets.size(), 0);
   s.requested.assign(s.buckets.size(), 0);
-  refuse_huge_pages(s.full_params, s.grads_total * sizeof(float));
+  prefer_huge_pages(s.full_params, s.grads_total * sizeof(float));  // Note [Huge pages released]
   release_host_floats(s.full_params, s.grads_total);
 }
 

@@ -42,14 +42,6 @@ bool prefer_huge_pages(void* p, size_t bytes) {
   return madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE) == 0;
 }
 
-bool refuse_huge_pages(void* p, size_t bytes) {
-  const uintptr_t page = page_size();
-  const auto begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes) / page * page;
-  if (begin >= end) return true;
-  return madvise(reinterpret_cast<void*>(begin), end - begin, MADV_NOHUGEPAGE) == 0;
-}
-
 size_t resident_bytes(const void* p, size_t bytes, std::vector<unsigned char>& in_core) {
   if (bytes == 0) return 0;
   const uintptr_t page = page_size();

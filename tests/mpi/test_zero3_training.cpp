@@ -196,22 +196,25 @@ TEST(Zero3, GathersEachUnitOneGroupAheadAndCountsThem) {
 // After a step nothing is gathered: the full parameter buffer keeps at most the partial pages at
 // its units' ends (and reads zero), and the shards are 1/dp of the padded model. The reported
 // peak is about two blocks (the one running, the one gathered ahead: 6.3 MB of the model's
-// 25 MB here) plus what transparent huge pages round up (2 MiB at each end); gathering every
+// 50 MB here) plus what transparent huge pages round up (2 MiB at each end); gathering every
 // unit, or never releasing one, reaches the whole model.
 TEST(Zero3, HoldsOnlyTheShardsBetweenSteps) {
   ProcessGrid grid(make_layout(world_size(), 0, 1, 1));
   auto be = make_cpu_backend(1);
-  Trainer t(deck({"parallel.zero=3", "model.d_model=256", "model.layers=8", "comm.bucket_mb=0.25"}),
-            TrainContext{be.get(), 1e9, &grid, nullptr});
+  Trainer t(
+      deck({"parallel.zero=3", "model.d_model=256", "model.layers=16", "comm.bucket_mb=0.25"}),
+      TrainContext{be.get(), 1e9, &grid, nullptr});
   t.train_step(0);
   t.train_step(1);
   DataParallel& dp = *t.data_parallel();
   const size_t bytes = t.model().num_params() * sizeof(float), page = 4096;
   std::vector<unsigned char> scratch;
   const size_t units = dp.unit_gathers().units().size();
-  EXPECT_LE(resident_bytes(t.model().params(), bytes, scratch), 2 * units * page);
+  // Note [Huge pages released]: khugepaged may have filled up to 8 huge pages again.
+  const size_t khugepaged = 8 * (size_t(2) << 20);
+  EXPECT_LE(resident_bytes(t.model().params(), bytes, scratch), 2 * units * page + khugepaged);
   EXPECT_LE(resident_bytes(t.model().grads(), bytes, scratch),
-            (2 * t.reducer()->buckets().size() + 1) * page);
+            (2 * t.reducer()->buckets().size() + 1) * page + khugepaged);
   EXPECT_EQ(dp.shard_size() * size_t(world_size()), t.model().num_params());
   EXPECT_GT(dp.params_resident_peak(), 0u);
   EXPECT_LT(dp.params_resident_peak(), bytes / 2) << "of " << bytes << " bytes";
