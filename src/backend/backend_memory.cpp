@@ -4,9 +4,9 @@
 // Note [Untouched zero memory]
 // allocate() promises zeroed memory. A block of 1 MiB or more comes straight from mmap, whose
 // anonymous pages read as zero and take no memory until written, so a buffer used a slice at a
-// time (ZeRO-3's full buffers, Note [ZeRO-3 units] in train/zero3.h) holds only what is written;
-// a memset would touch it all (a 1.1 B-parameter model at dp 4: 35 GB on one 24 GiB machine).
-// Small blocks keep aligned_alloc and memset. A header below the pointer says which, for release.
+// time (ZeRO-3's full buffers, Note [ZeRO-3 units] in train/zero3.h) holds only what is written,
+// where a memset would make the whole of it resident at start. Small blocks keep aligned_alloc
+// and memset. A header below the pointer says which, for release.
 #include <sys/mman.h>
 #include <unistd.h>
 

@@ -427,9 +427,7 @@ void GradReducer::release_gathered(size_t first, size_t end) {
       s.gathered[b] = 0;
     }
   }
-  const size_t begin = s.buckets[first].offset;
-  release_host_floats(s.full_params + begin,
-                      s.buckets[end - 1].offset + s.buckets[end - 1].count - begin);
+  s.release_full(first, end);
 }
 
 void GradReducer::take_shards(size_t first, size_t end) {
@@ -443,9 +441,13 @@ void GradReducer::take_shards(size_t first, size_t end) {
     std::copy_n(s.full_params + s.buckets[b].offset + r * s.shard_count[b], s.shard_count[b],
                 s.shard_params + s.shard_offset[b]);
   }
-  const size_t begin = s.buckets[first].offset;
-  release_host_floats(s.full_params + begin,
-                      s.buckets[end - 1].offset + s.buckets[end - 1].count - begin);
+  s.release_full(first, end);
+}
+
+void GradReducer::State::release_full(size_t first, size_t end) {
+  const size_t begin = buckets[first].offset;
+  release_host_floats(full_params + begin,
+                      buckets[end - 1].offset + buckets[end - 1].count - begin);
 }
 
 GatherStats GradReducer::take_gather_stats() {

@@ -187,6 +187,9 @@ struct GradReducer::State {
   void handle(reducer::Event& e);
   void start_gathers(float* params, const ComputeMark* after);
   void start_unit_gathers(size_t first, size_t end, const std::string& unit);
+  void push_gather(size_t bucket, Work work, std::string name);
+  // ZeRO-3, compute thread: the full buffer's pages of buckets [first, end) go back.
+  void release_full(size_t first, size_t end);
   void end_gather_round(size_t last_bucket);
   void release_bucket(size_t b);
   size_t reduces_in_flight() const;

@@ -181,18 +181,23 @@ void GradReducer::State::start_gathers(float* params, const ComputeMark* after) 
   gathers_left = gather_order.size();
   const auto r = size_t(dp.rank());
   for (size_t b : gather_order) {
-    BucketRecord rec;
-    rec.name = bucket_names[b];
-    rec.bucket = static_cast<int>(b);
-    rec.bytes = buckets[b].count * sizeof(float);
-    rec.start_ms = ms(CommClock::now());
-    rec.ready_ms = rec.start_ms;
     float* bucket = params + buckets[b].offset;
-    in_flight.push_back({dp.all_gather(bucket + r * shard_count[b], bucket, shard_count[b]),
-                         gather_building.records.size(), static_cast<int>(b)});
-    gather_building.records.push_back(std::move(rec));
+    push_gather(b, dp.all_gather(bucket + r * shard_count[b], bucket, shard_count[b]),
+                bucket_names[b]);
   }
   if (gathers_left == 0) end_gather_round(SIZE_MAX);
+}
+
+// Bucket b's all-gather, started as `work`: in flight, with its record in the round.
+void GradReducer::State::push_gather(size_t b, Work work, std::string name) {
+  BucketRecord rec;
+  rec.name = std::move(name);
+  rec.bucket = static_cast<int>(b);
+  rec.bytes = buckets[b].count * sizeof(float);
+  rec.start_ms = ms(CommClock::now());
+  rec.ready_ms = rec.start_ms;
+  in_flight.push_back({std::move(work), gather_building.records.size(), static_cast<int>(b)});
+  gather_building.records.push_back(std::move(rec));
 }
 
 // Note [ZeRO-3 units] (train/zero3.h): one unit's buckets, from the shards into the full
@@ -202,16 +207,10 @@ void GradReducer::State::start_unit_gathers(size_t first, size_t end, const std:
   if (!gathering) gather_building = GatherStats{};
   gathering = true;
   for (size_t b = first; b < end; ++b) {
-    BucketRecord rec;
-    rec.name = fmt::format("unit {}: {}", unit, bucket_names[b]);
-    rec.bucket = static_cast<int>(b);
-    rec.bytes = buckets[b].count * sizeof(float);
-    rec.start_ms = ms(CommClock::now());
-    rec.ready_ms = rec.start_ms;
-    in_flight.push_back({gather_comm->all_gather(shard_params + shard_offset[b],
-                                                 full_params + buckets[b].offset, shard_count[b]),
-                         gather_building.records.size(), static_cast<int>(b)});
-    gather_building.records.push_back(std::move(rec));
+    push_gather(b,
+                gather_comm->all_gather(shard_params + shard_offset[b],
+                                        full_params + buckets[b].offset, shard_count[b]),
+                fmt::format("unit {}: {}", unit, bucket_names[b]));
     ++gathers_left;
   }
 }

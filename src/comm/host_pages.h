@@ -19,12 +19,12 @@ void release_host_floats(float* p, size_t n);
 bool prefer_huge_pages(void* p, size_t bytes);
 
 // Note [Huge pages released]
-// Huge pages make a released buffer cheap to write again (ZeRO-3 without them: +0.4 s a step on
-// bench-overlap, 4 KiB faults in backward and in the gathers). The price: khugepaged (default
-// max_ptes_none 511) may collapse a released range next to a written one back into a resident
-// 2 MiB page in the background, at most pages_to_scan (4096 pages, 8 huge pages) per scan (10
-// s), each freed again at its next release. So the bounds on what ZeRO-2 and ZeRO-3 hold have
-// a slack of a few huge pages, which the tests allow.
+// Released buffers keep asking for huge pages, since writing them again in 4 KiB faults costs
+// backward and the gathers far more (docs/decisions.md, "ZeRO-3 (issue 42, part 2)"). The price:
+// khugepaged may collapse a released range beside a written one back into a resident 2 MiB
+// page, a few per scan, each freed at its next release; so the bounds on what ZeRO-2 and ZeRO-3
+// hold have a slack of a few huge pages, which the tests allow.
+
 // Bytes of [p, p + bytes) whose pages are resident (mincore), in whole pages. `scratch` holds
 // one byte per page and is reused (grown once).
 size_t resident_bytes(const void* p, size_t bytes, std::vector<unsigned char>& scratch);
