@@ -37,6 +37,34 @@ inline size_t fused_attention_saved_floats(int B, int T, int NH) {
   return (size_t(B) * NH * T + 3) / 4 * 4;
 }
 
+// Note [Attention blocks]
+// Causal attention as blocks, flash-style: a block is queries [Tq rows] × keys [Tk rows] for all
+// B batches and NH query heads (query head h reads kv head h / (NH / KVH)), the rows at global
+// positions q_pos + i and k_pos + j; query i sees key j iff k_pos + j <= q_pos + i (a block
+// that sees nothing is skipped, one that sees everything is unmasked). Element (b, row, head,
+// d) of a row tensor is at ptr + b·bstride + row·rstride + head·hs + d; the per-row statistics
+// lse and delta are [b][h][i] at ptr + b·s_bstride + h·s_hstride + i. The softmax scale is
+// 1/sqrt(hs). Forward keeps out normalised and lse = log Σ exp(scale·q·k), merging each block's
+// into them (lse = -inf: nothing yet); backward recomputes p = exp(scale·q·k - lse) per tile:
+// dv += pᵀ·dout, ds = scale·p ⊙ (dout·vᵀ - delta), dq += ds·k, dk += dsᵀ·q. Sums are in a
+// fixed order whatever the thread count (deterministic).
+struct AttentionBlockArgs {
+  int B = 0, NH = 0, KVH = 0, hs = 0;
+  int Tq = 0, Tk = 0;
+  long q_pos = 0, k_pos = 0;
+  const float* q = nullptr;  // NH heads
+  size_t q_bstride = 0, q_rstride = 0;
+  const float *k = nullptr, *v = nullptr;  // KVH heads
+  size_t kv_bstride = 0, kv_rstride = 0;
+  float* out = nullptr;  // NH heads; dout has out's strides
+  const float* dout = nullptr;
+  size_t o_bstride = 0, o_rstride = 0;
+  float *lse = nullptr, *delta = nullptr;
+  size_t s_bstride = 0, s_hstride = 0;
+  float* dq = nullptr;  // backward: q's strides
+  float *dk = nullptr, *dv = nullptr;  // backward: k's and v's strides
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -164,6 +192,31 @@ class Backend {
                                       int T, int NH, int KVH, int hs) {
     if (KVH != NH) refuse("attention_backward_gqa with kv_heads < heads");
     attention_backward(dqkv, scratch, dout, qkv, out, att, B, T, NH * hs, NH);
+  }
+
+  // --- Attention by blocks (Note [Attention blocks]) --------------------------------------
+  // One block of causal attention: the queries of one span of rows against the keys and values
+  // of another, both spans at global positions, so that a query sees a key iff the key's
+  // position is not after its own. attention_block_forward merges the block into a running
+  // softmax (out, lse); attention_block_backward adds the block's dq, dk, dv from the final
+  // lse and delta = rowsum(dout ⊙ out) (attention_block_delta). The blockwise attention is one
+  // call over all T; context parallelism calls them per chunk pair (src/model/cp_attention.h).
+  virtual void attention_block_forward(const AttentionBlockArgs& a) {
+    (void)a;
+    refuse("attention_block_forward");
+  }
+  virtual void attention_block_backward(const AttentionBlockArgs& a) {
+    (void)a;
+    refuse("attention_block_backward");
+  }
+  virtual void attention_block_delta(const AttentionBlockArgs& a) {
+    (void)a;
+    refuse("attention_block_delta");
+  }
+  // lse[b,h,i] = -inf for the args' query rows (an empty softmax, before the first block).
+  virtual void attention_block_reset(const AttentionBlockArgs& a) {
+    (void)a;
+    refuse("attention_block_reset");
   }
 
   // out = a + b (out may alias a or b).

@@ -175,8 +175,14 @@ const std::vector<Key>& table() {
        .help = "data-parallel ranks inside one replica (the inner dimension); 0: dp / "
                "dp_replicate"},
       {.name = "parallel.cp", .field = at<&Deck::parallel, &ParallelConfig::cp>(), .min = ge(1),
-       .help = "context-parallel ranks (between dp and tp in the rank order); the grid and "
-               "trident grid take it, train and bench refuse > 1 (not built yet)"},
+       .help = "context-parallel ranks (between dp and tp in the rank order): each sequence is "
+               "split into 2*cp chunks, rank r holding chunks r and 2*cp-1-r; seq_len must be "
+               "a multiple of 2*cp (Note [Context parallelism] in src/model/cp_attention.h)"},
+      {.name = "parallel.cp_comm", .field = at<&Deck::parallel, &ParallelConfig::cp_comm>(),
+       .text = Text::kEnum, .choices = {"ring", "allgather"},
+       .help = "context parallelism's K/V exchange: ring (each block sent on while the "
+               "previous one is computed on) or allgather (gathered before attention, their "
+               "gradients reduce-scattered after)"},
       {.name = "parallel.sequence_parallel",
        .field = at<&Deck::parallel, &ParallelConfig::sequence_parallel>(),
        .help = "split LayerNorm and residual regions along the sequence over tp ranks"},
