@@ -38,16 +38,17 @@ inline size_t fused_attention_saved_floats(int B, int T, int NH) {
 }
 
 // Note [Attention blocks]
-// Causal attention as blocks, flash-style: a block is queries [Tq rows] × keys [Tk rows] for all
-// B batches and NH query heads (query head h reads kv head h / (NH / KVH)), the rows at global
-// positions q_pos + i and k_pos + j; query i sees key j iff k_pos + j <= q_pos + i (a block
-// that sees nothing is skipped, one that sees everything is unmasked). Element (b, row, head,
-// d) of a row tensor is at ptr + b·bstride + row·rstride + head·hs + d; the per-row statistics
-// lse and delta are [b][h][i] at ptr + b·s_bstride + h·s_hstride + i. The softmax scale is
-// 1/sqrt(hs). Forward keeps out normalised and lse = log Σ exp(scale·q·k), merging each block's
-// into them (lse = -inf: nothing yet); backward recomputes p = exp(scale·q·k - lse) per tile:
-// dv += pᵀ·dout, ds = scale·p ⊙ (dout·vᵀ - delta), dq += ds·k, dk += dsᵀ·q. Sums are in a
-// fixed order whatever the thread count (deterministic).
+// Causal attention as blocks, flash-style: queries [Tq rows] × keys [Tk rows] for all B batches
+// and NH heads (query head h reads kv head h / (NH / KVH)), at global positions q_pos + i and
+// k_pos + j; query i sees key j iff k_pos + j <= q_pos + i. Forward keeps out normalised and
+// lse = log Σ exp(q·k/sqrt(hs)), merging each block into them (lse = -inf: nothing yet);
+// backward recomputes p = exp(q·k/sqrt(hs) - lse) per tile: dv += pᵀ·dout, ds = p ⊙ (dout·vᵀ -
+// delta)/sqrt(hs), dq += ds·k, dk += dsᵀ·q. Sums run in a fixed order whatever the thread count.
+// So context parallelism's ring (src/model/cp_attention.h) is these calls, chunk pair by pair.
+//
+// Layout: element (b, row, head, d) of a row tensor is at ptr + b·bstride + row·rstride +
+// head·hs + d; the per-row statistics lse and delta are [b][h][i] at ptr + b·s_bstride +
+// h·s_hstride + i. A block that sees nothing is skipped, one that sees everything unmasked.
 struct AttentionBlockArgs {
   int B = 0, NH = 0, KVH = 0, hs = 0;
   int Tq = 0, Tk = 0;
@@ -61,7 +62,7 @@ struct AttentionBlockArgs {
   size_t o_bstride = 0, o_rstride = 0;
   float *lse = nullptr, *delta = nullptr;
   size_t s_bstride = 0, s_hstride = 0;
-  float* dq = nullptr;  // backward: q's strides
+  float* dq = nullptr;                 // backward: q's strides
   float *dk = nullptr, *dv = nullptr;  // backward: k's and v's strides
 };
 

@@ -299,6 +299,9 @@ class MpiComm : public Communicator {
   // over both): two communicators over one wire, e.g. ZeRO-3's gathers beside the gradients'
   // reduce-scatters. Both must then be used from one thread; `other` must outlive this one.
   void share_emulated_link(MpiComm& other);
+  // A full-duplex link: sends queue on a wire of their own, so a rank's send and receive of one
+  // ring step (context parallelism's K/V) take one step's time, not two. Off by default.
+  void set_duplex_link(bool on) { duplex_ = on; }
 
   // When on, every completed operation's OpRecord is kept until taken (for comm_ms accounting
   // of a communicator that is not driven by a GradReducer, e.g. tp()).
@@ -360,7 +363,9 @@ class MpiComm : public Communicator {
   double link_gbps_ = 0, link_latency_us_ = 0;
   CommClock::time_point link_free_at_{};
   CommClock::time_point* link_clock_ = &link_free_at_;  // share_emulated_link: another's
-  std::deque<MpiWork*> unposted_;                       // Note [Paced link]: in start order
+  bool duplex_ = false;
+  CommClock::time_point send_free_at_{};  // set_duplex_link: the sends' wire
+  std::deque<MpiWork*> unposted_;         // Note [Paced link]: in start order
   bool recording_ = false;
   std::vector<OpRecord> records_;
   MPI_Op bf16_op_ = MPI_OP_NULL;

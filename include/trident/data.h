@@ -52,8 +52,12 @@ class SampleOrder {
   size_t num_samples() const { return num_samples_; }
   // The sample index (0..S-1) at global position g.
   size_t sample_at(uint64_t g) const;
-  // Fills inputs/targets [B*T] with the samples at global positions g0 .. g0+B-1.
-  void fill(uint64_t g0, int B, int32_t* inputs, int32_t* targets) const;
+  // Fills inputs/targets [B*T] with the samples at global positions g0 .. g0+B-1. With cp > 1
+  // only context-parallel rank cp_rank's tokens, [B*T/cp]: of each sample's 2·cp chunks, chunk
+  // cp_rank then chunk 2·cp − 1 − cp_rank (Note [Context parallelism] in
+  // src/model/cp_attention.h).
+  void fill(uint64_t g0, int B, int32_t* inputs, int32_t* targets, int cp = 1,
+            int cp_rank = 0) const;
 
  private:
   const TokenDataset& data_;

@@ -121,9 +121,9 @@ struct ParallelConfig {
   int dp = 0;  // 0: derived from the world size
   int tp = 1;
   int pp = 1;
-  int dp_replicate = 1;  // dp = dp_replicate × dp_shard (HSDP: replicas of sharded groups)
-  int dp_shard = 0;      // 0: dp / dp_replicate
-  int cp = 1;            // context parallelism: each sequence split over cp ranks
+  int dp_replicate = 1;          // dp = dp_replicate × dp_shard (HSDP: replicas of sharded groups)
+  int dp_shard = 0;              // 0: dp / dp_replicate
+  int cp = 1;                    // context parallelism: each sequence split over cp ranks
   std::string cp_comm = "ring";  // how K/V reach the cp ranks: ring | allgather
   bool sequence_parallel = false;  // Megatron's sequence parallelism (needs tp > 1)
   std::string schedule = "1f1b";   // pipeline schedule: gpipe | 1f1b | zb-h1 | interleaved

@@ -120,6 +120,21 @@ struct TensorParallel {
   bool sequence_parallel = false;
 };
 
+// Context parallelism for one model replica (Note [Context parallelism] in
+// src/model/cp_attention.h): the cp communicator (null for cp = 1), this rank's place, and how
+// K/V travel. The model is given this rank's T/cp tokens of each sequence: chunks `rank` and
+// 2·size − 1 − rank of 2·size, back to back (cp_positions).
+enum class CpComm { kRing, kAllGather };
+CpComm parse_cp_comm(const std::string& text);  // "ring" | "allgather"
+struct ContextParallel {
+  Communicator* comm = nullptr;
+  int size = 1;
+  int rank = 0;
+  CpComm mode = CpComm::kRing;
+};
+// The global position of each of a cp rank's T_local rows (T_local = T / cp, two chunks).
+std::vector<int> cp_positions(int T_local, int cp, int cp_rank);
+
 // Refuses (input_error, before any allocation) a shape that tp cannot split: heads % tp,
 // d_model % tp, and with sequence parallelism seq_len % tp.
 void check_tensor_parallel(const GPTConfig& cfg, int tp, bool sequence_parallel, int seq_len);
@@ -158,6 +173,7 @@ using ParamUseFn = std::function<void(ParamPass pass, const std::vector<int>& pa
 
 struct GPTOptions {
   TensorParallel tp;
+  ContextParallel cp;
   StageSpec stage;
   int slots = 1;  // micro-batches whose activations are alive at once (pipeline in-flight)
   // With several chunks (StageSpec): the slots of each chunk, which sum to `slots`; slot
@@ -186,6 +202,8 @@ struct GPTOptions {
   // needs already in forward (Note [bf16 activations]); GPT::set_dloss_scale changes it.
   float dloss_scale = 1.0f;
 };
+
+class CpAttention;
 
 class GPT {
  public:
@@ -298,6 +316,11 @@ class GPT {
   int vocab_end() const { return vocab_begin() + cfg_.padded_vocab / tp_.size; }
   // Milliseconds spent waiting in tp collectives since the last call (then reset).
   double take_tp_comm_ms();
+  const ContextParallel& context_parallel() const { return cp_; }
+  // Context parallelism's K/V transfers since the last call (then reset), in ms: their time on
+  // the wire (start to completion), and the part of it attention waited for.
+  double take_cp_comm_ms();
+  double take_cp_exposed_ms();
 
   // One block's activation buffers, in BlockActs order: ln1 ln1_mean ln1_rstd qkv att atty
   // residual2 ln2 ln2_mean ln2_rstd fch fch_gelu residual3; and which of them the bf16 path
@@ -388,6 +411,18 @@ class GPT {
   // RoPE in place on qkv [N, local q|k|v] (no-op with learned positions); backward: its
   // transpose on dqkv.
   void rope(float* qkv, int N, int T, bool backward);
+  // cp: this rank's rows [0, T) as runs of consecutive global positions (its two chunks).
+  struct CpRun {
+    int row, position, rows;
+  };
+  std::array<CpRun, 2> cp_runs(int T) const {
+    return {CpRun{0, cp_positions_[0], T / 2}, CpRun{T / 2, cp_positions_[size_t(T) / 2], T / 2}};
+  }
+  // Causal attention of a block: this rank's heads, and with cp > 1 its chunks against every
+  // rank's keys (CpAttention); att holds what backward needs.
+  void attention_forward(float* out, float* att, const float* qkv, int B, int T);
+  void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                          const float* att, int B, int T);
   // The MLP's activation: out [N, hidden/tp] from fch [N, fc_rows/tp]; backward dpre = (assign).
   void activation_forward(float* out, const float* pre, int N);
   void activation_backward(float* dpre, const float* pre, const float* dout, int N);
@@ -432,6 +467,9 @@ class GPT {
   ParamUseFn param_use_;
   std::function<void()> progress_;
   TensorParallel tp_;
+  ContextParallel cp_;
+  std::unique_ptr<CpAttention> cp_attention_;  // cp > 1
+  std::vector<int> cp_positions_;              // cp > 1: the global position of each local row
   StageSpec stage_;
   Recompute recompute_mode_ = Recompute::kNone;
   Precision precision_ = Precision::kFp32;

@@ -77,6 +77,9 @@ struct StepStats {
   double held_wait_ms = 0.0;       // ZeRO-2: backward blocked by Note [Bounded gradient memory]
   long comm_polls = 0;             // its tests of in-flight all-reduces (each one enters MPI)
   double tp_comm_ms = 0.0;         // waiting in tensor-parallel collectives (compute thread)
+  // Context parallelism's K/V transfers (Note [Ring attention] in src/model/cp_attention.h):
+  // their time on the wire, and the part attention waited for.
+  double cp_comm_ms = 0.0, cp_exposed_ms = 0.0;
   // Pipeline (this stage): time in the schedule, and the part spent waiting for neighbours.
   double pipeline_ms = 0.0, pipeline_wait_ms = 0.0, pipeline_compute_ms = 0.0;
   double val_loss = NAN;  // NaN when not validated this step
@@ -169,6 +172,7 @@ class Trainer {
   Deck deck_;
   TrainContext ctx_;
   int dp_size_ = 1, dp_rank_ = 0, pp_size_ = 1, pp_rank_ = 0;
+  int cp_size_ = 1, cp_rank_ = 0;       // Note [Context parallelism] (src/model/cp_attention.h)
   std::unique_ptr<Communicator> solo_;  // the pp communicator when there is no grid
   Communicator* pp_comm_ = nullptr;
   PipeSchedule schedule_ = PipeSchedule::kOneFOneB;

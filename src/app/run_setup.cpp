@@ -65,12 +65,6 @@ std::unique_ptr<ProcessGrid> make_grid(const Deck& deck) {
   sizes.dp_replicate = p.dp_replicate;
   sizes.dp_shard = p.dp_shard;
   const GridLayout layout = complete_layout(sizes);
-  // The grid places cp ranks (`trident grid --cp` prints them), but nothing in the model or the
-  // batch reader splits a sequence yet: a run would silently compute each sequence cp times.
-  if (layout.cp > 1)
-    input_error("parallel.cp is {}, but context parallelism is not built yet: train, bench and "
-                "eval run with parallel.cp 1 (trident grid --cp {} prints the layout)",
-                layout.cp, layout.cp);
   auto grid = std::make_unique<ProcessGrid>(layout);
   grid->set_timeout(deck.comm.timeout_s);  // all of the grid's communicators; set only here
   return grid;
@@ -132,6 +126,10 @@ nlohmann::json step_record(const StepStats& s, const Trainer::MemoryBytes& memor
                       {"grad_resident_mib", memory.grads_resident / mib},
                       {"optimizer_mib", memory.optimizer / mib},
                       {"activation_mib", memory.activations / mib}};
+  if (s.cp_comm_ms > 0) {  // context parallelism (Note [Ring attention])
+    j["cp_comm_ms"] = s.cp_comm_ms;
+    j["cp_exposed_ms"] = s.cp_exposed_ms;
+  }
   if (s.unit_gathers > 0) {  // ZeRO-3
     j["unit_gathers"] = s.unit_gathers;
     j["late_unit_gathers"] = s.late_unit_gathers;

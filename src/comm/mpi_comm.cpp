@@ -285,10 +285,12 @@ Work MpiComm::make_work(const char* op, LinkOp link_op, size_t bytes, size_t req
   if (link_gbps_ > 0) {
     // The emulated link carries one operation at a time: this one starts when it is free.
     const double s = emulated_link_seconds(link_op, bytes, size_, link_gbps_, link_latency_us_);
-    post_at = std::max(start, *link_clock_);
+    CommClock::time_point& clock =
+        duplex_ && std::string_view(op) == "send" ? send_free_at_ : *link_clock_;
+    post_at = std::max(start, clock);
     link_done =
         post_at + std::chrono::duration_cast<CommClock::duration>(std::chrono::duration<double>(s));
-    *link_clock_ = link_done;
+    clock = link_done;
   }
   auto work = std::make_unique<MpiWork>(this, op, bytes, requests, std::move(post), start, post_at,
                                         link_done);

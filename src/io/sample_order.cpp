@@ -51,14 +51,28 @@ size_t SampleOrder::sample_at(uint64_t g) const {
   return static_cast<size_t>(perm_[g % S]);
 }
 
-void SampleOrder::fill(uint64_t g0, int B, int32_t* inputs, int32_t* targets) const {
+void SampleOrder::fill(uint64_t g0, int B, int32_t* inputs, int32_t* targets, int cp,
+                       int cp_rank) const {
   const size_t T = static_cast<size_t>(seq_len_);
+  TRIDENT_CHECK(cp >= 1 && cp_rank >= 0 && cp_rank < cp && T % (2 * size_t(cp)) == 0,
+                "cp rank {} of {} with sequences of {}", cp_rank, cp, T);
+  const size_t c = T / (2 * size_t(cp)), Tl = T / size_t(cp);
+  const size_t chunk[2] = {size_t(cp_rank), 2 * size_t(cp) - 1 - size_t(cp_rank)};
   std::vector<int32_t> window(T + 1);
   for (int b = 0; b < B; ++b) {
     size_t start = sample_at(g0 + static_cast<uint64_t>(b)) * T;
     data_.read(start, T + 1, window.data());
-    std::copy(window.begin(), window.begin() + T, inputs + b * T);
-    std::copy(window.begin() + 1, window.end(), targets + b * T);
+    if (cp == 1) {
+      std::copy(window.begin(), window.begin() + T, inputs + b * T);
+      std::copy(window.begin() + 1, window.end(), targets + b * T);
+      continue;
+    }
+    for (int k = 0; k < 2; ++k) {
+      const auto from = window.begin() + std::ptrdiff_t(chunk[k] * c);
+      const size_t to = size_t(b) * Tl + size_t(k) * c;
+      std::copy(from, from + std::ptrdiff_t(c), inputs + to);
+      std::copy(from + 1, from + 1 + std::ptrdiff_t(c), targets + to);
+    }
   }
 }
 

@@ -89,6 +89,8 @@ constexpr StepTag kStepTags[] = {
     {"unit_gathers", "comm/unit_gathers"},
     {"late_unit_gathers", "comm/late_unit_gathers"},
     {"tp_comm_ms", "comm/tp_comm_ms"},
+    {"cp_comm_ms", "comm/cp_comm_ms"},
+    {"cp_exposed_ms", "comm/cp_exposed_ms"},
     {"comm_cpu_ms", "comm/comm_cpu_ms"},
     {"param_mib", "memory/param_mib"},
     {"grad_mib", "memory/grad_mib"},

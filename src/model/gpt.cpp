@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "model/cp_attention.h"
 #include "model/gpt_phase.h"
 #include "model/gpt_state.h"
 #include "trident/check.h"
@@ -143,6 +144,29 @@ void GPT::rope(float* qkv, int N, int T, bool backward) {
   else be_.rope_forward(qkv, cos, sin, N, T, NHl, KVHl, cfg_.head_size(), rot);
 }
 
+void GPT::attention_forward(float* out, float* att, const float* qkv, int B, int T) {
+  if (cp_attention_) {
+    cp_attention_->forward(out, att, qkv, B, T);
+    return;
+  }
+  const int NHl = cfg_.heads / tp_.size, KVHl = cfg_.kv_head_count() / tp_.size;
+  be_.attention_forward_gqa(out, att, qkv, B, T, NHl, KVHl, cfg_.head_size());
+}
+
+void GPT::attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                             const float* att, int B, int T) {
+  if (cp_attention_) {
+    cp_attention_->backward(dqkv, scratch_->datt.data(), dout, qkv, out, att, B, T);
+    return;
+  }
+  const int NHl = cfg_.heads / tp_.size, KVHl = cfg_.kv_head_count() / tp_.size;
+  be_.attention_backward_gqa(dqkv, scratch_->datt.data(), dout, qkv, out, att, B, T, NHl, KVHl,
+                             cfg_.head_size());
+}
+
+double GPT::take_cp_comm_ms() { return cp_attention_ ? cp_attention_->take_comm_ms() : 0.0; }
+double GPT::take_cp_exposed_ms() { return cp_attention_ ? cp_attention_->take_exposed_ms() : 0.0; }
+
 void GPT::activation_forward(float* out, const float* pre, int N) {
   const int Fl = cfg_.hidden() / tp_.size;
   switch (cfg_.activation) {
@@ -164,7 +188,7 @@ void GPT::activation_backward(float* dpre, const float* pre, const float* dout, 
 void GPT::block_forward(const BlockWeights& w, const BlockActs& a, const float* residual_in, int B,
                         int T) {
   const int C = cfg_.channels, tps = tp_.size, hs = cfg_.head_size();
-  const int NHl = cfg_.heads / tps, KVHl = cfg_.kv_head_count() / tps;
+  const int NHl = cfg_.heads / tps;
   const int Ql = NHl * hs, QKVl = cfg_.qkv_rows() / tps;
   const int FCl = cfg_.fc_rows() / tps, Fl = cfg_.hidden() / tps;
   const int N = B * T, Nr = N / rows_divisor_;
@@ -177,7 +201,7 @@ void GPT::block_forward(const BlockWeights& w, const BlockActs& a, const float* 
   norm_gathered(a.ln1, a.ln1_mean, a.ln1_rstd, residual_in, w.ln1w, w.ln1b, B, T, C);
   be_.matmul_forward(a.qkv, a.ln1, w.qkvw, w.qkvb, N, C, QKVl);
   rope(a.qkv, N, T, false);
-  be_.attention_forward_gqa(a.atty, a.att, a.qkv, B, T, NHl, KVHl, hs);
+  attention_forward(a.atty, a.att, a.qkv, B, T);
   be_.matmul_forward(attn_partial, a.atty, w.attprojw, add_row_bias ? w.attprojb : nullptr, N, Ql,
                      C);
   reduce_rows(a.residual2, attn_partial, B, T, C);
@@ -212,6 +236,9 @@ std::vector<std::vector<int>> GPT::param_use_sequence(int chunk, ParamPass pass)
 
 float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, int B, int T) {
   TRIDENT_CHECK(B <= maxB_ && T <= maxT_, "micro-batch {}x{} exceeds {}x{}", B, T, maxB_, maxT_);
+  // cp: the positions and the ring's buffers are those of the T the model was built for.
+  TRIDENT_CHECK(cp_.size == 1 || T == maxT_, "cp {} with {} rows per sequence, built for {}",
+                cp_.size, T, maxT_);
   TRIDENT_CHECK(slot >= 0 && slot < int(slots_.size()), "slot {} of {}", slot, slots_.size());
   const int C = cfg_.channels, Vl = cfg_.padded_vocab / tp_.size;
   const int N = B * T;

@@ -72,7 +72,7 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale, const fl
   Slot& s = slots_[slot];
   const int B = s.B, T = s.T, N = B * T, Nr = N / rows_divisor_;
   const int C = cfg_.channels, tps = tp_.size, hs = cfg_.head_size();
-  const int NHl = cfg_.heads / tps, KVHl = cfg_.kv_head_count() / tps, Vl = cfg_.padded_vocab / tps;
+  const int NHl = cfg_.heads / tps, Vl = cfg_.padded_vocab / tps;
   const int Ql = NHl * hs, QKVl = cfg_.qkv_rows() / tps;
   const int FCl = cfg_.fc_rows() / tps, Fl = cfg_.hidden() / tps;
   const bool tied = cfg_.tied_head, parallel = cfg_.parallel_residual;
@@ -184,8 +184,7 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale, const fl
     be_.matmul_backward(a.dbuf_c.data(), grad(dw.attprojw), grad(dw.attprojb), dout, act.atty,
                         w.attprojw, N, Ql, C);
     ready.through(lt.ready_attproj);
-    be_.attention_backward_gqa(a.dbuf_3c.data(), a.datt.data(), a.dbuf_c.data(), act.qkv, act.atty,
-                               act.att, B, T, NHl, KVHl, hs);
+    attention_backward(a.dbuf_3c.data(), a.dbuf_c.data(), act.qkv, act.atty, act.att, B, T);
     rope(a.dbuf_3c.data(), N, T, true);
     keep_copy(act.qkv, a.dbuf_3c.data(), size_t(N) * QKVl);
     be_.matmul_backward(a.dbuf_c.data(), grad(dw.qkvw), grad(dw.qkvb), a.dbuf_3c.data(), act.ln1,

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "model/cp_attention.h"
 #include "model/gpt_state.h"
 #include "trident/check.h"
 #include "trident/model.h"
@@ -26,7 +27,7 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
       infos_(gpt_param_layout(cfg, options.tp.size, options.tp.rank, options.stage,
                               options.wte_after_head)),
       table_(std::make_unique<ParamTable>()), scratch_(std::make_unique<Scratch>()),
-      tp_(options.tp), stage_(options.stage), recompute_mode_(options.recompute),
+      tp_(options.tp), cp_(options.cp), stage_(options.stage), recompute_mode_(options.recompute),
       precision_(options.precision), dloss_scale_(options.dloss_scale) {
   TRIDENT_CHECK(T <= cfg.max_seq_len, "T {} > max_seq_len {}", T, cfg.max_seq_len);
   check_model_config(cfg);
@@ -43,6 +44,18 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   TRIDENT_CHECK(tp_.size == 1 || tp_.comm != nullptr, "tp {} without a communicator", tp_.size);
   TRIDENT_CHECK(options.slots >= 1, "slots {}", options.slots);
   check_tensor_parallel(cfg, tp_.size, tp_.sequence_parallel, T);
+  // Note [Context parallelism] (cp_attention.h): T is this rank's two chunks of each sequence.
+  if (cp_.size > 1) {
+    TRIDENT_CHECK(cp_.comm != nullptr && T % 2 == 0,
+                  "cp {} needs its communicator and two chunks "
+                  "per rank (T {})",
+                  cp_.size, T);
+    if (options.precision == Precision::kBf16)
+      input_error("parallel.cp {} runs with run.precision fp32 (the bf16 path has no attention "
+                  "by blocks yet)",
+                  cp_.size);
+    cp_positions_ = cp_positions(T, cp_.size, cp_.rank);
+  }
   const bool bf16 = precision_ == Precision::kBf16;
   // The bf16 path is the one-GPU-per-replica model for now (Note [bf16 activations]).
   if (bf16 && tp_.size > 1)
@@ -163,7 +176,14 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
     a.dbuf_4c2 = floats(N * FCl);
     if (cfg.parallel_residual) a.dparallel = floats(Nr * C);
   }
-  a.datt = floats(be_.attention_scratch_floats(B, T, int(Ql), int(NHl)));
+  // cp: the delta of the blocks' backward (B·NH·T) fits where T×T attention's scratch would.
+  a.datt = floats(std::max(be_.attention_scratch_floats(B, T, int(Ql), int(NHl)), N * NHl));
+  if (cp_.size > 1) {
+    cp_attention_ = std::make_unique<CpAttention>(be_, cp_, B, T, int(NHl),
+                                                  cfg.kv_head_count() / int(tps), cfg.head_size());
+    if (table_->wpe != kNoTensor && stage_.has_embedding)  // learned positions: this rank's rows
+      a.cp_wpe = floats(size_t(T) * C), a.cp_dwpe = floats(size_t(T) * C);
+  }
   if (cfg.rotary_dims() > 0) make_rope_tables();
   // Zero now and after every reduction (Note [Sequence-parallel LayerNorm gradients]).
   a.dln_partials = floats((2 * size_t(stage_.num_layers) + 1) * 2 * C);
@@ -181,7 +201,9 @@ std::array<size_t, GPT::kBlockBuffers> GPT::block_sizes() const {
   const size_t Ql = NHl * cfg_.head_size(), QKVl = cfg_.qkv_rows() / tps;
   const size_t FCl = cfg_.fc_rows() / tps, Fl = cfg_.hidden() / tps;
   const size_t N = size_t(maxB_) * maxT_, Nr = N / rows_divisor_;
-  const size_t att = be_.attention_saved_floats(maxB_, maxT_, int(Ql), int(NHl));
+  // cp: the blocks' log-sum-exp, B·NH·T floats (Note [Attention blocks]).
+  const size_t att = std::max(be_.attention_saved_floats(maxB_, maxT_, int(Ql), int(NHl)),
+                              cp_.size > 1 ? N * NHl : 0);
   return {N * C, Nr, Nr, N * QKVl, att, N * Ql, Nr * C, N * C, Nr, Nr, N * FCl, N * Fl, Nr * C};
 }
 
@@ -258,13 +280,15 @@ size_t GPT::activation_bytes() const {
   for (const auto& b : recompute_) floats += b.size();
   for (const auto& b : recompute16_) halves += b.size();
   const Scratch& a = *scratch_;
-  for (const auto* v : {&a.full_c, &a.stage, &a.ln_out, &a.dresidual, &a.dfull, &a.dbuf_c,
-                        &a.dbuf_c2, &a.dbuf_3c, &a.dbuf_4c, &a.dbuf_4c2, &a.datt, &a.dln_partials,
-                        &a.ce_stats, &a.ce_all, &a.rope_cos, &a.rope_sin, &a.dparallel})
+  for (const auto* v :
+       {&a.full_c, &a.stage, &a.ln_out, &a.dresidual, &a.dfull, &a.dbuf_c, &a.dbuf_c2, &a.dbuf_3c,
+        &a.dbuf_4c, &a.dbuf_4c2, &a.datt, &a.dln_partials, &a.ce_stats, &a.ce_all, &a.rope_cos,
+        &a.rope_sin, &a.dparallel, &a.cp_wpe, &a.cp_dwpe})
     floats += v->size();
   for (const auto* v : {&a.dresidual16, &a.d16_c, &a.d16_3c, &a.d16_4c, &a.d16_act})
     halves += v->size();
-  return floats * sizeof(float) + halves * sizeof(bfloat16);
+  const size_t cp_buffers = cp_attention_ ? cp_attention_->buffer_bytes() : 0;
+  return floats * sizeof(float) + halves * sizeof(bfloat16) + cp_buffers;
 }
 
 // Note [RoPE tables]
@@ -272,12 +296,15 @@ size_t GPT::activation_bytes() const {
 // computes them: inv_freq[i] = 1 / base^(2i/rot), angle = t · inv_freq[i], so that the same
 // weights give the same rotations as transformers' Llama and GPT-NeoX.
 void GPT::make_rope_tables() {
-  const int rot = cfg_.rotary_dims(), half = rot / 2, T = cfg_.max_seq_len;
+  // With cp the table's rows are this rank's (global) positions (Note [Context parallelism]).
+  const int rot = cfg_.rotary_dims(), half = rot / 2;
+  const int T = cp_positions_.empty() ? cfg_.max_seq_len : int(cp_positions_.size());
   std::vector<float> cos(size_t(T) * half), sin(cos.size());
   for (int i = 0; i < half; ++i) {
     const float inv_freq = 1.0f / std::pow(cfg_.rope_base, float(2 * i) / float(rot));
     for (int t = 0; t < T; ++t) {
-      const float angle = float(t) * inv_freq;
+      const int position = cp_positions_.empty() ? t : cp_positions_[size_t(t)];
+      const float angle = float(position) * inv_freq;
       cos[size_t(t) * half + i] = std::cos(angle);
       sin[size_t(t) * half + i] = std::sin(angle);
     }

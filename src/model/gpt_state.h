@@ -59,6 +59,9 @@ struct GPT::Scratch {
   // Rotary positions: cos and sin [max_seq_len, rot/2], computed once (Note [RoPE tables] in
   // gpt_slots.cpp); the parallel residual's second input gradient [Nr,C].
   BackendBuffer<float> rope_cos, rope_sin, dparallel;
+  // Context parallelism with learned positions: wpe's rows at this rank's positions [T,C], and
+  // their gradient before it is added to wpe's.
+  BackendBuffer<float> cp_wpe, cp_dwpe;
   // bf16: the residual gradient's bf16 copy [N,C] and the input gradients between the ops
   // (instead of dbuf_c, dbuf_3c, dbuf_4c, dbuf_4c2).
   // d16_act: the activation's output gradient [N, hidden] where it is not in fcproj's GEMM

@@ -19,6 +19,13 @@ void GPT::embedding_forward(float* out, const int32_t* tokens, int B, int T) {
   const int C = cfg_.channels;
   const float* wte = params_.data() + table_->wte;
   const float* wpe = at(params_.data(), table_->wpe);  // null with rotary positions
+  if (wpe && cp_.size > 1) {  // this rank's rows of wpe (Note [Context parallelism])
+    float* local = scratch_->cp_wpe.data();
+    for (const CpRun& run : cp_runs(T))
+      be_.copy(local + size_t(run.row) * C, wpe + size_t(run.position) * C,
+               size_t(run.rows) * C * sizeof(float));
+    wpe = local;
+  }
   if (tp_.size == 1 && wpe) {
     be_.encoder_forward(out, tokens, wte, wpe, B, T, C);
     return;
@@ -40,6 +47,27 @@ void GPT::embedding_backward(const float* dout, const int32_t* tokens, const Emb
   const int C = cfg_.channels;
   float* dwte = grads_.data() + table_->wte;
   float* dwpe = at(grads_.data(), table_->wpe);
+  // cp: the rows' gradients go to scratch first, then onto wpe's at their positions (when this
+  // function returns, whichever way).
+  float* dwpe_global = nullptr;
+  if (dwpe && cp_.size > 1) {
+    dwpe_global = dwpe;
+    dwpe = scratch_->cp_dwpe.data();
+    be_.fill_zero(dwpe, size_t(T) * C * sizeof(float));
+  }
+  struct AddRows {
+    ~AddRows() {
+      if (!global) return;
+      for (const GPT::CpRun& run : model.cp_runs(T)) {
+        float* dst = global + size_t(run.position) * C;
+        model.be_.add(dst, dst, rows + size_t(run.row) * C, size_t(run.rows) * C);
+      }
+    }
+    GPT& model;
+    float* global;
+    const float* rows;
+    int T, C;
+  } add_rows{*this, dwpe_global, dwpe, T, C};
   if (tp_.size == 1) {
     if (sink) be_.encoder_backward(sink->rows, dwpe, dout, sink->row_of_input, B, T, C);
     else be_.encoder_backward(dwte, dwpe, dout, tokens, B, T, C);

@@ -46,7 +46,7 @@ void GPTStage::begin_step(const StepInputs& in, const SampleOrder& order) {
   // The buffers depend on the micro-batch shape only: allocated when it first appears or
   // changes, never per step. All are per slot, like the model's activations: micro-batch m
   // uses them from its forward to its backward, and m + slots's forward comes after that.
-  const size_t tokens = size_t(in.micro_batch) * in.seq_len;
+  const size_t tokens = size_t(in.micro_batch) * in.local_seq_len();
   const size_t boundary = boundary_floats();
   if (tokens == tokens_ && boundary == boundary_) return;
   tokens_ = tokens;
@@ -81,7 +81,8 @@ uint64_t GPTStage::first_sample(const StepInputs& in, int micro) {
 }
 
 size_t GPTStage::boundary_floats() const {
-  return model_.boundary_rows(in_.micro_batch, in_.seq_len) * size_t(model_.config().channels);
+  const size_t rows = model_.boundary_rows(in_.micro_batch, in_.local_seq_len());
+  return rows * size_t(model_.config().channels);
 }
 
 float* GPTStage::doutput(int slot) {
@@ -94,7 +95,7 @@ float* GPTStage::dinput(int slot) {
 
 StageTensor GPTStage::boundary(const char* name, float* data) const {
   const int rows_per_seq =
-      int(model_.boundary_rows(in_.micro_batch, in_.seq_len) / size_t(in_.micro_batch));
+      int(model_.boundary_rows(in_.micro_batch, in_.local_seq_len()) / size_t(in_.micro_batch));
   return {name, {in_.micro_batch, rows_per_seq, model_.config().channels}, data};
 }
 
@@ -105,7 +106,7 @@ std::vector<StageTensor> GPTStage::forward_inputs(int micro, int chunk) {
 
 void GPTStage::forward(int micro, int chunk) {
   const auto t0 = std::chrono::steady_clock::now();
-  const int B = in_.micro_batch, T = in_.seq_len;
+  const int B = in_.micro_batch, T = in_.local_seq_len();
   const uint64_t g0 = first_sample(in_, micro);  // Note [Sample order] (gpt_stage.h)
   if (!input_host_.empty())  // the received activations, into the device's stage input
     model_.backend().copy(model_.stage_input(slot(micro, chunk)),
@@ -115,7 +116,7 @@ void GPTStage::forward(int micro, int chunk) {
   const bool needs_tokens = embeds || heads;
   int32_t* inputs = needs_tokens ? inputs_[slot(micro, chunk)].data() : nullptr;
   int32_t* targets = needs_tokens ? targets_[slot(micro, chunk)].data() : nullptr;
-  if (needs_tokens) order_->fill(g0, B, inputs, targets);
+  if (needs_tokens) order_->fill(g0, B, inputs, targets, in_.cp_size, in_.cp_rank);
   model_.forward_accumulate(slot(micro, chunk), inputs, heads ? targets : nullptr, B, T);
   forward_ms_ += ms_since(t0);
 }
@@ -173,8 +174,9 @@ float GPTStage::dloss_scale() const {
   // The step's loss is the mean over its accum · dp micro-batches, so backward's seed carries
   // 1 / (accum · dp) and the data-parallel reduction only sums (the GradReducer never divides).
   // That saves a division pass over every gradient on the communication thread, which shares
-  // the compute cores.
-  return 1.0f / (float(in_.accum) * float(in_.dp_size));
+  // the compute cores. With cp each rank's loss is the mean over its T/cp tokens of the
+  // sequences, a cp-th of theirs: 1 / cp more (Note [Context parallelism]).
+  return 1.0f / (float(in_.accum) * float(in_.dp_size) * float(in_.cp_size));
 }
 
 void GPTStage::backward(int micro, int chunk) {

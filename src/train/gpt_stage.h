@@ -21,6 +21,10 @@ class GPTStage : public PipelineStage {
     int step = 0;
     int micro_batch = 0, seq_len = 0, accum = 1;
     int dp_size = 1, dp_rank = 0;
+    // Note [Context parallelism] (model/cp_attention.h): this rank reads chunks cp_rank and
+    // 2·cp_size − 1 − cp_rank of each sequence, seq_len / cp_size tokens.
+    int cp_size = 1, cp_rank = 0;
+    int local_seq_len() const { return seq_len / cp_size; }
   };
   // Note [Sample order]
   // Micro-batch m of dp rank r reads the B samples at global positions step·GB + (m·dp + r)·B

@@ -86,10 +86,40 @@ GPTConfig model_config_from_deck(const Deck& deck, std::string* note) {
   return cfg;
 }
 
+void check_context_parallel(const Deck& deck, int cp, bool device_backend) {
+  if (cp == 1) return;
+  const int T = deck.model.seq_len;
+  if (T % (2 * cp) != 0)
+    input_error("model.seq_len {} must be a multiple of 2 * parallel.cp = {}: each sequence is "
+                "split into 2 * cp chunks, two per cp rank (Note [Context parallelism])",
+                T, 2 * cp);
+  if (device_backend)
+    input_error("parallel.cp {} runs on run.backend cpu for now: the CUDA backend has no "
+                "attention by blocks yet (Note [Attention blocks])",
+                cp);
+  if (deck.run.precision != "fp32")
+    input_error("parallel.cp {} runs with run.precision fp32 (the bf16 path has no attention by "
+                "blocks yet)",
+                cp);
+}
+
 GPTOptions stage_options(const Deck& deck, const GPTConfig& cfg, const TrainContext& ctx,
                          PipeSchedule schedule, int pp_size, int pp_rank, int dp_size) {
   GPTOptions options;
-  const int T = deck.model.seq_len;
+  // Note [Context parallelism] (model/cp_attention.h): the model holds T / cp rows of each
+  // sequence, two chunks of T / (2·cp).
+  const int cp = ctx.grid ? ctx.grid->layout().cp : 1;
+  check_context_parallel(deck, cp, ctx.backend->is_device());
+  const int T = deck.model.seq_len / cp;
+  if (cp > 1) {
+    MpiComm& comm = ctx.grid->cp();
+    // The emulated link between nodes (comm.emulate_gbps) carries cp's K/V too, both ways at once.
+    if (deck.comm.emulate_gbps > 0) {
+      comm.set_emulated_link(deck.comm.emulate_gbps, deck.comm.emulate_latency_us);
+      comm.set_duplex_link(true);
+    }
+    options.cp = {&comm, cp, ctx.grid->coord().cp, parse_cp_comm(deck.parallel.cp_comm)};
+  }
   if (ctx.grid && ctx.grid->layout().tp > 1) {
     Communicator* tp = ctx.tp_device ? ctx.tp_device : &ctx.grid->tp();
     options.tp = {tp, ctx.grid->layout().tp, ctx.grid->coord().tp, deck.parallel.sequence_parallel};
@@ -111,7 +141,7 @@ GPTOptions stage_options(const Deck& deck, const GPTConfig& cfg, const TrainCont
   options.precision = parse_precision(deck.run.precision);
   // The seed every backward of this run gets (GPTStage::dloss_scale), which the bf16 fused
   // classifier applies in forward (Note [bf16 activations]).
-  options.dloss_scale = 1.0f / (float(deck.train.accum) * float(dp_size));
+  options.dloss_scale = 1.0f / (float(deck.train.accum) * float(dp_size) * float(cp));
   // Note [Split backward] (model/gpt_backward.cpp): the last stage of zb-h1 holds p slots but
   // runs each micro-batch's B right after its F, so one set of head buffers serves them all.
   options.shared_head = splits_backward(schedule);

@@ -29,12 +29,14 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
   schedule_ = parse_pipe_schedule(deck_.parallel.schedule, "parallel.schedule");
   chunks_ = deck_.parallel.virtual_stages;
   GPTOptions options = stage_options(deck_, cfg, ctx_, schedule_, pp_size_, pp_rank_, dp_size_);
+  const int T = deck_.model.seq_len / cp_size_;  // this rank's rows of each sequence
   DataParallel::check_deck(deck_, ctx_.backend->is_device(), chunks_, splits_backward(schedule_));
   // The parts that shape the model's parameter layout, before it is allocated.
   if (cfg.tied_head && (options.stage.has_embedding || options.stage.has_head))
-    tied_ = std::make_unique<TiedEmbedding>(cfg, dp_size_, pp_size_, ctx_.backend->is_device(),
+    tied_ = std::make_unique<TiedEmbedding>(cfg, dp_size_ * cp_size_, pp_size_,
+                                            ctx_.backend->is_device(),
                                             DataParallel::bucket_bytes(deck_.comm), options);
-  if (dp_size_ > 1) {
+  if (dp_size_ * cp_size_ > 1) {  // gradients reduce over dp × cp
     dp_ = std::make_unique<DataParallel>(deck_, ctx_);
     const std::vector<ParamInfo> layout = gpt_param_layout(cfg, options.tp.size, options.tp.rank,
                                                            options.stage, options.wte_after_head);
@@ -44,11 +46,10 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
                  alone ? wte : -1, options);
   }
   open_data(cfg);
-  check_memory_plan(cfg, deck_.train.micro_batch, deck_.model.seq_len, options, *ctx_.backend,
+  check_memory_plan(cfg, deck_.train.micro_batch, T, options, *ctx_.backend,
                     dp_ && dp_->sharded() ? dp_->shard_ranks() : 1,  // Note [Memory plan]
                     ctx_.pp_links && ctx_.backend->is_device(), zero3_memory());
-  model_ = std::make_unique<GPT>(cfg, *ctx_.backend, deck_.train.micro_batch, deck_.model.seq_len,
-                                 options);
+  model_ = std::make_unique<GPT>(cfg, *ctx_.backend, deck_.train.micro_batch, T, options);
   // The parts that work on the model's buffers. ZeRO-3 initialises its shards a unit at a time
   // (Note [ZeRO-3 units]); weights read from a file come whole, then go into the shards.
   const bool zero3 = dp_ && dp_->zero3();
@@ -101,6 +102,8 @@ void Trainer::place_on_grid() {
   pp_size_ = g.pp;
   pp_rank_ = c.pp;
   pp_comm_ = &ctx_.grid->pp();
+  cp_size_ = g.cp;
+  cp_rank_ = c.cp;
 }
 
 void Trainer::open_data(const GPTConfig& cfg) {
@@ -146,8 +149,8 @@ StepStats Trainer::train_step(int step) {
   // ZeRO-2 left the gradient buffer zero (and its pages with the kernel) when the last step's
   // buckets were released.
   if (!dp_ || !dp_->releases_grads()) model_->zero_grads();
-  const GPTStage::StepInputs in{step,     tc.micro_batch, deck_.model.seq_len,
-                                tc.accum, dp_size_,       dp_rank_};
+  const GPTStage::StepInputs in{
+      step, tc.micro_batch, deck_.model.seq_len, tc.accum, dp_size_, dp_rank_, cp_size_, cp_rank_};
   const double rows_ms = tied_ ? tied_->begin_step(in) : 0.0;
   stage_->begin_step(in, *train_order_);
   const PipelineStats ps = run_pipeline(schedule_, *pp_comm_, pp_size_, pp_rank_, tc.accum, *stage_,
@@ -162,11 +165,12 @@ StepStats Trainer::train_step(int step) {
     dp_->finish(s, stage_->earlier_rounds(), rows_ms);  // gradients are now the dp average
   }
   if (tied_) tied_->finish_step();
-  // The loss lives on the last stage: sum over pp (others contribute 0), then over dp.
+  // The loss lives on the last stage: sum over pp (others contribute 0), then over dp × cp
+  // (each cp rank's is the mean over its T/cp tokens of the sequences).
   double loss = stage_->take_loss_sum();
   if (pp_size_ > 1) pp_comm_->all_reduce(&loss, 1).wait();
-  if (dp_size_ > 1) ctx_.grid->dp().all_reduce(&loss, 1).wait();
-  s.loss = loss / (tc.accum * dp_size_);
+  if (dp_size_ * cp_size_ > 1) ctx_.grid->dp_cp().all_reduce(&loss, 1).wait();
+  s.loss = loss / (tc.accum * dp_size_ * cp_size_);
 
   const auto t0 = std::chrono::steady_clock::now();
   if (std::find(fault_nan_steps_.begin(), fault_nan_steps_.end(), s.step) != fault_nan_steps_.end())
@@ -190,6 +194,8 @@ StepStats Trainer::train_step(int step) {
   }
   s.optimizer_ms = ms_since(t0);
   s.tp_comm_ms = model_->take_tp_comm_ms();
+  s.cp_comm_ms = model_->take_cp_comm_ms();
+  s.cp_exposed_ms = model_->take_cp_exposed_ms();
   s.ms_per_step = ms_since(t_step);
   s.tokens_per_s = double(tokens_per_step()) / (s.ms_per_step / 1e3);
   // MFU: the step's FLOPs are spread over all ranks, each with its own (measured) peak. NaN
@@ -257,14 +263,16 @@ double Trainer::validate() {
   const int mine = dp_rank_ < n ? (n - dp_rank_ + dp_size_ - 1) / dp_size_ : 0;
   double sum[2] = {0.0, double(mine)};  // loss sum, micro-batch count
   if (mine > 0) {
-    stage_->begin_step({0, deck_.train.micro_batch, deck_.model.seq_len, mine, dp_size_, dp_rank_},
+    stage_->begin_step({0, deck_.train.micro_batch, deck_.model.seq_len, mine, dp_size_, dp_rank_,
+                        cp_size_, cp_rank_},
                        *valid_order_);
     run_pipeline_forward(*pp_comm_, pp_size_, pp_rank_, mine, *stage_, chunks_, ctx_.pp_links);
     sum[0] = stage_->take_loss_sum();
   }
   if (dp_) dp_->release_params();  // ZeRO-3: the units the forward passes left gathered
   if (pp_size_ > 1) pp_comm_->all_reduce(&sum[0], 1).wait();
-  if (dp_size_ > 1) ctx_.grid->dp().all_reduce(sum, 2).wait();
+  // cp: every rank of a sequence adds the mean over its tokens, and counts the micro-batch.
+  if (dp_size_ * cp_size_ > 1) ctx_.grid->dp_cp().all_reduce(sum, 2).wait();
   return sum[0] / sum[1];
 }
 

@@ -141,7 +141,7 @@ std::vector<ShardTensor> Trainer::checkpoint_tensors(float* params, float* m, fl
       t.blocks = blocks_of(p, model_->config().vocab, &t.global_shape);
       t.data = src.base + p.offset;
       const bool replicated = p.shard == Shard::kReplicated;
-      t.owner = dp_rank_ == 0 && (!replicated || tp_rank == 0) &&
+      t.owner = dp_rank_ == 0 && cp_rank_ == 0 && (!replicated || tp_rank == 0) &&
                 (p.name != "wte" || stage.has_head || !tied) && !t.blocks.empty();
       out.push_back(std::move(t));
     }

@@ -12,6 +12,9 @@ namespace trident {
 // This rank's GPTOptions: tensor parallelism, its pipeline stage and slots, recompute,
 // precision and the loss seed. Refuses (input_error, identically on every rank) what the
 // layout cannot run, before anything is allocated.
+// Refuses (input_error) a context-parallel size the deck cannot run: seq_len not a multiple of
+// 2·cp, a device backend, bf16 activations.
+void check_context_parallel(const Deck& deck, int cp, bool device_backend);
 GPTOptions stage_options(const Deck& deck, const GPTConfig& cfg, const TrainContext& ctx,
                          PipeSchedule schedule, int pp_size, int pp_rank, int dp_size);
 

@@ -72,6 +72,7 @@ expect grid-dp-replicate-not-dividing "dp 8 is not divisible by dp_replicate 3" 
 expect grid-cp-not-dividing "world 6 is not divisible by tp 1 × pp 1 × cp 4" -- "$bin" grid --world 6 --cp 4
 # On two ranks: every rank exits 2, one message (from the lowest failing rank).
 mpi=(mpirun -n 2)
+mpi4=(mpirun -n 4)
 expect stages-over-layers "parallel.pp \(2\) must be at most model.layers \(1\)" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set parallel.pp=2 --set model.layers=1
 expect stage-layers-sum "stage_layers.*6 layers but model.layers is 4" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set parallel.pp=2 --set parallel.stage_layers=3,3
 # The grid places cp ranks, but nothing splits a sequence yet: train and bench refuse it.
@@ -91,6 +92,10 @@ expect zb-with-recompute "zb-h1 keeps .* train.recompute: full drops" -- "$bin" 
 # optimizer cannot do.
 expect zero-out-of-range "parallel.zero" -- "$bin" train deck.yaml "${common[@]}" --set parallel.zero=4
 expect zero-with-bf16 "parallel.zero: 1 with comm.grad_dtype bf16" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set parallel.zero=1 --set comm.grad_dtype=bf16
+# Context parallelism (Note [Context parallelism] in src/model/cp_attention.h): a sequence that
+# does not split into 2·cp chunks, a cp that does not divide the world.
+expect cp-seq-len "model.seq_len 60 must be a multiple of 2 \* parallel.cp = 8" -- "${mpi4[@]}" "$bin" train deck.yaml "${common[@]}" --set parallel.cp=4 --set model.seq_len=60
+expect cp-world "world 2 .*cp 4|cp 4.*world 2" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set parallel.cp=4
 
 # A bad llm.c checkpoint
 head -c 3000 /dev/urandom > badckpt.bin

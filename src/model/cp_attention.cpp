@@ -1,0 +1,280 @@
+#include "model/cp_attention.h"
+
+#include <thread>
+
+#include "core/elapsed.h"
+#include "trident/check.h"
+
+namespace trident {
+namespace {
+
+// Each stream of messages between two ranks has its own tag (MPI keeps order per tag and peer).
+constexpr int kTagForwardKv = 431, kTagBackwardKv = 432, kTagPartialDkv = 433, kTagHomeDkv = 434;
+
+}  // namespace
+
+CpComm parse_cp_comm(const std::string& text) {
+  if (text == "ring") return CpComm::kRing;
+  if (text == "allgather") return CpComm::kAllGather;
+  input_error("parallel.cp_comm: expected ring or allgather, got \"{}\"", text);
+}
+
+std::vector<int> cp_positions(int T_local, int cp, int cp_rank) {
+  TRIDENT_CHECK(cp >= 1 && cp_rank >= 0 && cp_rank < cp && T_local % 2 == 0,
+                "cp_positions({}, {}, {})", T_local, cp, cp_rank);
+  const int c = T_local / 2;
+  std::vector<int> pos(static_cast<size_t>(T_local));
+  for (int i = 0; i < c; ++i) {
+    pos[size_t(i)] = cp_rank * c + i;
+    pos[size_t(c + i)] = (2 * cp - 1 - cp_rank) * c + i;
+  }
+  return pos;
+}
+
+CpAttention::CpAttention(Backend& be, const ContextParallel& cp, int B, int T, int NH, int KVH,
+                         int hs)
+    : be_(be), cp_(cp), NH_(NH), KVH_(KVH), hs_(hs), kv_row_(2 * size_t(KVH) * hs) {
+  TRIDENT_CHECK(cp_.size > 1 && cp_.comm != nullptr && cp_.comm->size() == cp_.size,
+                "context parallelism over {} ranks needs their communicator", cp_.size);
+  TRIDENT_CHECK(T % 2 == 0, "a cp rank's {} rows are not two chunks", T);
+  const size_t block = size_t(B) * T * kv_row_;
+  if (cp_.mode == CpComm::kRing) {
+    for (auto* b : {&kv_[0], &kv_[1], &dkv_[0], &dkv_[1], &dkv_in_})
+      *b = BackendBuffer<float>(be_, block);
+  } else {
+    kv_[0] = BackendBuffer<float>(be_, block);
+    dkv_in_ = BackendBuffer<float>(be_, block);
+    gathered_ = BackendBuffer<float>(be_, block * size_t(cp_.size));
+    dgathered_ = BackendBuffer<float>(be_, block * size_t(cp_.size));
+  }
+}
+
+size_t CpAttention::buffer_bytes() const {
+  size_t n = gathered_.size() + dgathered_.size() + dkv_in_.size();
+  for (int i = 0; i < 2; ++i) n += kv_[i].size() + dkv_[i].size();
+  return n * sizeof(float);
+}
+
+double CpAttention::take_comm_ms() {
+  const double ms = comm_ms_;
+  comm_ms_ = 0;
+  return ms;
+}
+
+double CpAttention::take_exposed_ms() {
+  const double ms = exposed_ms_;
+  exposed_ms_ = 0;
+  return ms;
+}
+
+AttentionBlockArgs CpAttention::args(int B, int T) const {
+  AttentionBlockArgs a;
+  a.B = B, a.NH = NH_, a.KVH = KVH_, a.hs = hs_;
+  a.Tq = a.Tk = T / 2;
+  const size_t row = size_t(NH_ + 2 * KVH_) * hs_, C = size_t(NH_) * hs_;
+  a.q_bstride = size_t(T) * row, a.q_rstride = row;
+  a.kv_bstride = size_t(T) * kv_row_, a.kv_rstride = kv_row_;
+  a.o_bstride = size_t(T) * C, a.o_rstride = C;
+  a.s_bstride = size_t(NH_) * T, a.s_hstride = size_t(T);
+  return a;
+}
+
+// Note [Waiting for a tp collective] (gpt_tp.cpp): the compute thread tests and yields.
+void CpAttention::wait(Work& w, bool exposed) {
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!w.test()) std::this_thread::yield();
+  if (exposed) exposed_ms_ += ms_since(t0);
+}
+
+void CpAttention::pack_kv(float* kv, const float* qkv, int B, int T) const {
+  const size_t row = size_t(NH_ + 2 * KVH_) * hs_ * sizeof(float), kv_row = kv_row_ * sizeof(float);
+  be_.copy_rows(kv, kv_row, qkv + size_t(NH_) * hs_, row, kv_row, size_t(B) * T);
+}
+
+void CpAttention::add_dkv(float* dqkv, const float* dkv, int B, int T) const {
+  const size_t row = size_t(NH_ + 2 * KVH_) * hs_ * sizeof(float), kv_row = kv_row_ * sizeof(float);
+  be_.copy_rows(dqkv + size_t(NH_) * hs_, row, dkv, kv_row, kv_row, size_t(B) * T);
+}
+
+// This rank's query chunks (local rows [0, c) and [c, 2c)) against rank src's two key chunks;
+// the pairs that causality hides entirely are not called.
+void CpAttention::forward_pair(AttentionBlockArgs a, const float* kv, int src, int T) {
+  const int c = T / 2, n = cp_.size;
+  const int q_chunk[2] = {cp_.rank, 2 * n - 1 - cp_.rank}, k_chunk[2] = {src, 2 * n - 1 - src};
+  const float* q = a.q;
+  float* out = a.out;
+  float* lse = a.lse;
+  for (int qi = 0; qi < 2; ++qi)
+    for (int kj = 0; kj < 2; ++kj) {
+      if (k_chunk[kj] > q_chunk[qi]) continue;
+      a.q = q + size_t(qi) * c * a.q_rstride;
+      a.out = out + size_t(qi) * c * a.o_rstride;
+      a.lse = lse + size_t(qi) * c;
+      a.k = kv + size_t(kj) * c * kv_row_;
+      a.v = a.k + size_t(KVH_) * hs_;
+      a.q_pos = long(q_chunk[qi]) * c;
+      a.k_pos = long(k_chunk[kj]) * c;
+      be_.attention_block_forward(a);
+    }
+}
+
+void CpAttention::backward_pair(AttentionBlockArgs a, const float* kv, float* dkv, int src, int T) {
+  const int c = T / 2, n = cp_.size;
+  const int q_chunk[2] = {cp_.rank, 2 * n - 1 - cp_.rank}, k_chunk[2] = {src, 2 * n - 1 - src};
+  const float* q = a.q;
+  const float* out = a.out;
+  const float* dout = a.dout;
+  float *lse = a.lse, *delta = a.delta, *dq = a.dq;
+  for (int qi = 0; qi < 2; ++qi)
+    for (int kj = 0; kj < 2; ++kj) {
+      if (k_chunk[kj] > q_chunk[qi]) continue;
+      const size_t q_rows = size_t(qi) * c;
+      a.q = q + q_rows * a.q_rstride;
+      a.dq = dq + q_rows * a.q_rstride;
+      a.out = const_cast<float*>(out) + q_rows * a.o_rstride;
+      a.dout = dout + q_rows * a.o_rstride;
+      a.lse = lse + q_rows;
+      a.delta = delta + q_rows;
+      a.k = kv + size_t(kj) * c * kv_row_;
+      a.v = a.k + size_t(KVH_) * hs_;
+      a.dk = dkv + size_t(kj) * c * kv_row_;
+      a.dv = a.dk + size_t(KVH_) * hs_;
+      a.q_pos = long(q_chunk[qi]) * c;
+      a.k_pos = long(k_chunk[kj]) * c;
+      be_.attention_block_backward(a);
+    }
+}
+
+void CpAttention::forward(float* out, float* lse, const float* qkv, int B, int T) {
+  AttentionBlockArgs a = args(B, T);
+  a.q = qkv;
+  a.out = out;
+  a.lse = lse;
+  AttentionBlockArgs all = a;  // every local row
+  all.Tq = T;
+  be_.attention_block_reset(all);
+  if (cp_.mode == CpComm::kRing) ring_forward(a, B, T);
+  else gather_forward(a, B, T);
+}
+
+void CpAttention::backward(float* dqkv, float* delta, const float* dout, const float* qkv,
+                           const float* out, const float* lse, int B, int T) {
+  AttentionBlockArgs a = args(B, T);
+  a.q = qkv;
+  a.out = const_cast<float*>(out);
+  a.dout = dout;
+  a.lse = const_cast<float*>(lse);
+  a.delta = delta;
+  a.dq = dqkv;
+  AttentionBlockArgs all = a;
+  all.Tq = T;
+  be_.attention_block_delta(all);
+  be_.fill_zero(dqkv, size_t(B) * T * (NH_ + 2 * KVH_) * hs_ * sizeof(float));
+  if (cp_.mode == CpComm::kRing) ring_backward(a, B, T);
+  else gather_backward(a, B, T);
+}
+
+void CpAttention::ring_forward(AttentionBlockArgs a, int B, int T) {
+  const int n = cp_.size, r = cp_.rank, next = (r + 1) % n, prev = (r + n - 1) % n;
+  const size_t count = size_t(B) * T * kv_row_;
+  Communicator& comm = *cp_.comm;
+  pack_kv(kv_[0].data(), a.q, B, T);
+  for (int s = 0; s < n; ++s) {
+    float* cur = kv_[s % 2].data();
+    const bool more = s + 1 < n;
+    Work recv, send;
+    auto post = [&] {
+      if (!more) return;
+      recv = comm.recv(kv_[(s + 1) % 2].data(), count, prev, kTagForwardKv);
+      note(Event::kRecvPosted, s + 1);
+      send = comm.send(cur, count, next, kTagForwardKv);
+    };
+    if (!post_late_) post();
+    note(Event::kComputeBegin, s);
+    forward_pair(a, cur, (r + n - s) % n, T);
+    note(Event::kComputeEnd, s);
+    if (post_late_) post();
+    if (!more) break;
+    wait(recv, true);
+    wait(send, true);
+    comm_ms_ += recv.record().ms();
+  }
+}
+
+void CpAttention::ring_backward(AttentionBlockArgs a, int B, int T) {
+  const int n = cp_.size, r = cp_.rank, next = (r + 1) % n, prev = (r + n - 1) % n;
+  const size_t count = size_t(B) * T * kv_row_;
+  Communicator& comm = *cp_.comm;
+  pack_kv(kv_[0].data(), a.q, B, T);
+  float* dqkv = a.dq;
+  for (int s = 0; s < n; ++s) {
+    float* cur = kv_[s % 2].data();
+    float* acc = dkv_[s % 2].data();
+    const bool more = s + 1 < n;
+    Work kv_recv, kv_send, dkv_recv, dkv_send;
+    auto post = [&] {
+      if (more) {
+        kv_recv = comm.recv(kv_[(s + 1) % 2].data(), count, next, kTagBackwardKv);
+        note(Event::kRecvPosted, s + 1);
+        kv_send = comm.send(cur, count, prev, kTagBackwardKv);
+      }
+      if (s > 0) {  // the visiting block's partial sum, and the one this rank finished last step
+        dkv_recv = comm.recv(dkv_in_.data(), count, next, kTagPartialDkv);
+        dkv_send = comm.send(dkv_[(s + 1) % 2].data(), count, prev, kTagPartialDkv);
+      }
+    };
+    if (!post_late_) post();
+    be_.fill_zero(acc, count * sizeof(float));
+    note(Event::kComputeBegin, s);
+    backward_pair(a, cur, acc, (r + s) % n, T);
+    note(Event::kComputeEnd, s);
+    if (post_late_) post();
+    if (s > 0) {
+      wait(dkv_recv, true);
+      be_.add(acc, acc, dkv_in_.data(), count);
+      wait(dkv_send, true);
+      comm_ms_ += dkv_recv.record().ms();
+    }
+    if (more) {
+      wait(kv_recv, true);
+      wait(kv_send, true);
+      comm_ms_ += kv_recv.record().ms();
+    }
+  }
+  // The last partial sum is rank r − 1's whole dK/dV; this rank's own comes from r + 1.
+  Work home_recv = comm.recv(dkv_in_.data(), count, next, kTagHomeDkv);
+  Work home_send = comm.send(dkv_[(n - 1) % 2].data(), count, prev, kTagHomeDkv);
+  wait(home_recv, true);
+  wait(home_send, true);
+  comm_ms_ += home_recv.record().ms();
+  add_dkv(dqkv, dkv_in_.data(), B, T);
+}
+
+void CpAttention::gather_forward(AttentionBlockArgs a, int B, int T) {
+  const size_t count = size_t(B) * T * kv_row_;
+  pack_kv(kv_[0].data(), a.q, B, T);
+  Work w = cp_.comm->all_gather(kv_[0].data(), gathered_.data(), count);
+  wait(w, true);
+  comm_ms_ += w.record().ms();
+  for (int src = 0; src < cp_.size; ++src)
+    forward_pair(a, gathered_.data() + size_t(src) * count, src, T);
+}
+
+void CpAttention::gather_backward(AttentionBlockArgs a, int B, int T) {
+  const size_t count = size_t(B) * T * kv_row_;
+  float* dqkv = a.dq;
+  pack_kv(kv_[0].data(), a.q, B, T);
+  Work w = cp_.comm->all_gather(kv_[0].data(), gathered_.data(), count);
+  wait(w, true);
+  comm_ms_ += w.record().ms();
+  be_.fill_zero(dgathered_.data(), dgathered_.size() * sizeof(float));
+  for (int src = 0; src < cp_.size; ++src)
+    backward_pair(a, gathered_.data() + size_t(src) * count,
+                  dgathered_.data() + size_t(src) * count, src, T);
+  Work rs = cp_.comm->reduce_scatter(dgathered_.data(), dkv_in_.data(), count);
+  wait(rs, true);
+  comm_ms_ += rs.record().ms();
+  add_dkv(dqkv, dkv_in_.data(), B, T);
+}
+
+}  // namespace trident
