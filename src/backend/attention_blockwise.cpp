@@ -11,9 +11,10 @@
 //
 // Note [Blockwise backward order]
 // One backward task is one (batch, kv head), as in attention.cpp
-// (Note [Shared kv head gradients]): it owns that kv head's dk, dv and its query heads' dq, and adds tile products in
-// the order query head, query tile, key tile. No two tasks write the same memory and each sum's
-// order is fixed in the source, so results are bitwise the same for any thread count.
+// (Note [Shared kv head gradients]): it owns that kv head's dk, dv and its query heads' dq, and
+// adds tile products in the order query head, query tile, key tile. No two tasks write the same
+// memory and each sum's order is fixed in the source, so results are bitwise the same for any
+// thread count.
 //
 // Note [Blockwise attention threshold]
 // The CPU backend runs attention.cpp's T×T op up to T 64 (kTxTAttentionMaxT) and this op beyond.
