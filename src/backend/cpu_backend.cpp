@@ -6,6 +6,8 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <algorithm>
+
 #include "backend/gemm.h"
 #include "backend/kernels.h"
 #include "trident/backend.h"
@@ -57,28 +59,68 @@ class CpuBackend final : public Backend {
     cpu::matmul_backward_weight_rows(dw, dout, ld, inp, N, C, rows, threads_);
   }
 
+  // Note [Blockwise attention threshold]: the T×T op up to kTxTAttentionMaxT, blockwise beyond
+  // (att then holds lse [B,NH,T], scratch delta [B,NH,T]).
   void attention_forward(float* out, float* att, const float* qkv, int B, int T, int C,
                          int NH) override {
     TRIDENT_CHECK(NH > 0 && C % NH == 0, "C = {} is not a multiple of NH = {}", C, NH);
-    cpu::attention_forward(out, att, qkv, B, T, C, NH, threads_);
+    attention_forward_gqa(out, att, qkv, B, T, NH, NH, C / NH);
   }
   void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                          const float* /*out*/, const float* att, int B, int T, int C,
+                          const float* out, const float* att, int B, int T, int C,
                           int NH) override {
     TRIDENT_CHECK(NH > 0 && C % NH == 0, "C = {} is not a multiple of NH = {}", C, NH);
-    cpu::attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH, threads_);
+    attention_backward_gqa(dqkv, scratch, dout, qkv, out, att, B, T, NH, NH, C / NH);
   }
 
   void attention_forward_gqa(float* out, float* att, const float* qkv, int B, int T, int NH,
                              int KVH, int hs) override {
     check_heads(NH, KVH, hs);
-    cpu::attention_forward_gqa(out, att, qkv, B, T, NH, KVH, hs, threads_);
+    if (T <= cpu::kTxTAttentionMaxT)
+      cpu::attention_forward_gqa(out, att, qkv, B, T, NH, KVH, hs, threads_);
+    else cpu::attention_forward_blockwise(out, att, qkv, B, T, NH, KVH, hs, threads_);
   }
   void attention_backward_gqa(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                              const float* /*out*/, const float* att, int B, int T, int NH, int KVH,
+                              const float* out, const float* att, int B, int T, int NH, int KVH,
                               int hs) override {
     check_heads(NH, KVH, hs);
-    cpu::attention_backward_gqa(dqkv, scratch, dout, qkv, att, B, T, NH, KVH, hs, threads_);
+    if (T <= cpu::kTxTAttentionMaxT)
+      cpu::attention_backward_gqa(dqkv, scratch, dout, qkv, att, B, T, NH, KVH, hs, threads_);
+    else
+      cpu::attention_backward_blockwise(dqkv, scratch, dout, qkv, out, att, B, T, NH, KVH, hs,
+                                        threads_);
+  }
+  // Monotone in T, so that buffers sized for the longest T hold a shorter T's T×T op too.
+  size_t attention_saved_floats(int B, int T, int C, int NH) const override {
+    (void)C;
+    constexpr size_t kTb = cpu::kTxTAttentionMaxT;
+    const size_t per_head = T <= int(kTb) ? size_t(T) * T : std::max(size_t(T), kTb * kTb);
+    return size_t(B) * NH * per_head;
+  }
+  size_t attention_scratch_floats(int B, int T, int C, int NH) const override {
+    return attention_saved_floats(B, T, C, NH);  // dP/dS [B,NH,T,T] or delta [B,NH,T]
+  }
+
+  void attention_block_forward(const AttentionBlockArgs& a) override {
+    check_block(a, "attention_block_forward");
+    TRIDENT_CHECK(a.k && a.v && a.out && a.lse, "attention_block_forward: null k, v, out or lse");
+    cpu::attention_block_forward(to_cpu(a), threads_);
+  }
+  void attention_block_backward(const AttentionBlockArgs& a) override {
+    check_block(a, "attention_block_backward");
+    TRIDENT_CHECK(a.k && a.v && a.dout && a.lse && a.delta && a.dq && a.dk && a.dv,
+                  "attention_block_backward: null k, v, dout, lse, delta, dq, dk or dv");
+    cpu::attention_block_backward(to_cpu(a), threads_);
+  }
+  void attention_block_delta(const AttentionBlockArgs& a) override {
+    check_block(a, "attention_block_delta");
+    TRIDENT_CHECK(a.out && a.dout && a.delta, "attention_block_delta: null out, dout or delta");
+    cpu::attention_block_delta(to_cpu(a), threads_);
+  }
+  void attention_block_reset(const AttentionBlockArgs& a) override {
+    check_block(a, "attention_block_reset");
+    TRIDENT_CHECK(a.lse, "attention_block_reset: null lse");
+    cpu::attention_block_reset(to_cpu(a), threads_);
   }
 
   void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int N, int C,
@@ -161,6 +203,31 @@ class CpuBackend final : public Backend {
   static void check_heads(int NH, int KVH, int hs) {
     TRIDENT_CHECK(KVH > 0 && NH % KVH == 0 && hs > 0,
                   "attention: kv heads {} must divide heads {}, head size {} > 0", KVH, NH, hs);
+  }
+  // The shapes every block op relies on (Note [Attention blocks]): rows of one tensor do not
+  // overlap, nor do one head's statistics rows.
+  static void check_block(const AttentionBlockArgs& a, const char* op) {
+    check_heads(a.NH, a.KVH, a.hs);
+    const size_t q_row = size_t(a.NH) * a.hs, kv_row = size_t(a.KVH) * a.hs;
+    TRIDENT_CHECK(a.B > 0 && a.Tq >= 0 && a.Tk >= 0, "{}: need B > 0, Tq, Tk >= 0, got {}, {}, {}",
+                  op, a.B, a.Tq, a.Tk);
+    TRIDENT_CHECK(a.q_rstride >= q_row && a.o_rstride >= q_row && a.kv_rstride >= kv_row &&
+                      a.s_hstride >= size_t(a.Tq) && a.s_bstride >= size_t(a.NH) * a.s_hstride,
+                  "{}: row strides q {} out {} kv {} below the heads' width {} / {}, or stats "
+                  "strides {}, {} below Tq {}",
+                  op, a.q_rstride, a.o_rstride, a.kv_rstride, q_row, kv_row, a.s_bstride,
+                  a.s_hstride, a.Tq);
+  }
+  static cpu::AttentionBlockArgs<float> to_cpu(const AttentionBlockArgs& a) {
+    cpu::AttentionBlockArgs<float> c;
+    c.B = a.B, c.NH = a.NH, c.KVH = a.KVH, c.hs = a.hs, c.Tq = a.Tq, c.Tk = a.Tk;
+    c.q_pos = a.q_pos, c.k_pos = a.k_pos;
+    c.q = a.q, c.q_bstride = a.q_bstride, c.q_rstride = a.q_rstride;
+    c.k = a.k, c.v = a.v, c.kv_bstride = a.kv_bstride, c.kv_rstride = a.kv_rstride;
+    c.out = a.out, c.dout = a.dout, c.o_bstride = a.o_bstride, c.o_rstride = a.o_rstride;
+    c.lse = a.lse, c.delta = a.delta, c.s_bstride = a.s_bstride, c.s_hstride = a.s_hstride;
+    c.dq = a.dq, c.dk = a.dk, c.dv = a.dv;
+    return c;
   }
   static void check_rope(int T, int NH, int KVH, int hs, int rot) {
     check_heads(NH, KVH, hs);

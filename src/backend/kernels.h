@@ -80,6 +80,49 @@ template <typename Real>
 void attention_backward(Real* dqkv, Real* scratch, const Real* dout, const Real* qkv,
                         const Real* att, int B, int T, int C, int NH, int threads);
 
+// ---- attention_blockwise.cpp: causal attention by blocks, nothing T×T stored
+// (Note [Attention blocks] in trident/backend.h, whose AttentionBlockArgs this mirrors for any
+// Real).
+template <typename Real>
+struct AttentionBlockArgs {
+  int B = 0, NH = 0, KVH = 0, hs = 0;
+  int Tq = 0, Tk = 0;
+  long q_pos = 0, k_pos = 0;
+  const Real* q = nullptr;
+  size_t q_bstride = 0, q_rstride = 0;
+  const Real *k = nullptr, *v = nullptr;
+  size_t kv_bstride = 0, kv_rstride = 0;
+  Real* out = nullptr;
+  const Real* dout = nullptr;
+  size_t o_bstride = 0, o_rstride = 0;
+  Real *lse = nullptr, *delta = nullptr;
+  size_t s_bstride = 0, s_hstride = 0;
+  Real* dq = nullptr;
+  Real *dk = nullptr, *dv = nullptr;
+};
+// Forward merges into (out, lse); backward adds (+=) to dq, dk, dv; delta assigns
+// rowsum(dout ⊙ out); reset sets lse to -inf. Each for the args' Tq query rows.
+template <typename Real>
+void attention_block_forward(const AttentionBlockArgs<Real>& a, int threads);
+template <typename Real>
+void attention_block_backward(const AttentionBlockArgs<Real>& a, int threads);
+template <typename Real>
+void attention_block_delta(const AttentionBlockArgs<Real>& a, int threads);
+template <typename Real>
+void attention_block_reset(const AttentionBlockArgs<Real>& a, int threads);
+// attention_forward_gqa/backward_gqa as one block over all T: lse [B,NH,T] replaces att, delta
+// [B,NH,T] is backward's scratch, out is forward's output; dqkv is assigned.
+// The CPU backend runs the T×T op (attention.cpp) up to this T and the blockwise op beyond
+// (Note [Blockwise attention threshold] in attention_blockwise.cpp).
+constexpr int kTxTAttentionMaxT = 64;
+template <typename Real>
+void attention_forward_blockwise(Real* out, Real* lse, const Real* qkv, int B, int T, int NH,
+                                 int KVH, int hs, int threads);
+template <typename Real>
+void attention_backward_blockwise(Real* dqkv, Real* delta, const Real* dout, const Real* qkv,
+                                  const Real* out, const Real* lse, int B, int T, int NH, int KVH,
+                                  int hs, int threads);
+
 // ---- elementwise.cpp: tanh-GELU, exact (erf) GELU and add
 template <typename Real>
 void gelu_forward(Real* out, const Real* inp, size_t n, int threads);

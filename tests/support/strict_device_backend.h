@@ -171,6 +171,29 @@ class StrictDeviceBackend final : public Backend {
     Open open(*this);
     cpu_->attention_backward_gqa(dqkv, scratch, dout, qkv, out, att, B, T, NH, KVH, hs);
   }
+  // The CPU backend's sizes and blocks (Note [Blockwise attention threshold]).
+  size_t attention_saved_floats(int B, int T, int C, int NH) const override {
+    return cpu_->attention_saved_floats(B, T, C, NH);
+  }
+  size_t attention_scratch_floats(int B, int T, int C, int NH) const override {
+    return cpu_->attention_scratch_floats(B, T, C, NH);
+  }
+  void attention_block_forward(const AttentionBlockArgs& a) override {
+    Open open(*this);
+    cpu_->attention_block_forward(a);
+  }
+  void attention_block_backward(const AttentionBlockArgs& a) override {
+    Open open(*this);
+    cpu_->attention_block_backward(a);
+  }
+  void attention_block_delta(const AttentionBlockArgs& a) override {
+    Open open(*this);
+    cpu_->attention_block_delta(a);
+  }
+  void attention_block_reset(const AttentionBlockArgs& a) override {
+    Open open(*this);
+    cpu_->attention_block_reset(a);
+  }
   void add(float* out, const float* a, const float* b, size_t n) override {
     Open open(*this);
     cpu_->add(out, a, b, n);
