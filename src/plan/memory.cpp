@@ -61,8 +61,9 @@
 // blockwise one saves the output and one log-sum-exp per row and head, B·NH·T/cp floats
 // (fused_attention_saved_floats); the CPU's T×T op saves the B·NH·T² probabilities. The CPU
 // runs blockwise under context parallelism and from kBlockwiseAttentionFromT tokens on, a copy
-// of the CPU backend's threshold (that one decides; plan_parts.h says so beside the constant).
-// Blockwise backward then needs the dq accumulators (4·N·C/tp floats) as scratch, not the T².
+// of the CPU backend's threshold (that one decides), saving B·NH·max(T, 64²) so that buffers
+// stay monotone in T; its scratch is as large (delta). A fused backward's scratch is the dq
+// accumulators, 4·N·C/tp floats.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -253,9 +254,13 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
   const bool sp = l.sequence_parallel && l.tp > 1;
   const double Nr = sp ? N / tp : N, Vl = double(padded_vocab(m, l)) / tp;
   const bool blockwise = blockwise_attention(m, l, hw);  // Note [Plan attention state]
+  const double txt = kBlockwiseAttentionFromT - 1;       // the CPU's T×T op up to this T
   const double att_saved =
-      blockwise ? double(fused_attention_saved_floats(int(B), int(Tl), int(NHl))) : B * NHl * T * T;
-  const double att_scratch = blockwise ? 4 * N * Cl : att_saved;  // backward: dq accumulators
+      !blockwise ? B * NHl * T * T
+      : hw.attention_tflops > 0 || l.cp > 1
+          ? double(fused_attention_saved_floats(int(B), int(Tl), int(NHl)))
+          : B * NHl * std::max(T, txt * txt);  // the CPU's: never below the T×T op's size
+  const double att_scratch = hw.attention_tflops > 0 ? 4 * N * Cl : att_saved;  // dq; delta
   // Context parallelism's exchange buffers (Note [Plan context parallelism]): the ring's two
   // K/V blocks and, in backward, two dK/dV blocks; allgather's whole sequence of K/V and of
   // dK/dV. At the activation width (fp32 or bf16) as the attention reads them.

@@ -39,8 +39,9 @@ StageCost stage_cost(const PlanModel& model, const PlanLayout& layout, const Har
 
 // The CPU backend keeps its T×T attention (softmax probabilities saved) below this sequence
 // length and runs blockwise from it (Note [Plan attention state] in src/plan/memory.cpp). The
-// CPU backend's own threshold is the source of truth: this copy must match it.
-inline constexpr int kBlockwiseAttentionFromT = 2048;
+// CPU backend's own threshold is the source of truth and this copy must match it: the lead's
+// kTxTAttentionMaxT = 64 (src/backend/kernels.h, T×T up to 64), so blockwise from 65.
+inline constexpr int kBlockwiseAttentionFromT = 65;
 // Whether attention saves one log-sum-exp per row and head (fused kernels, context
 // parallelism, long sequences on the CPU) rather than the B·NH·T² probabilities.
 bool blockwise_attention(const PlanModel& model, const PlanLayout& layout, const Hardware& hw);
