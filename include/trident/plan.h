@@ -83,6 +83,10 @@ double gemm_flops_per_s(const Hardware& hw, double m, double n, double k);
 
 struct PlanLayout {
   int dp = 1, tp = 1, pp = 1;
+  // Context parallelism (parallel.cp, Note [Plan context parallelism] in src/plan/model.cpp):
+  // each sequence split over cp ranks; ring | allgather (parallel.cp_comm).
+  int cp = 1;
+  std::string cp_comm = "ring";
   int v = 1;  // virtual stages per pipeline stage (interleaved)
   int micro_batch = 1;
   int accum = 1;  // micro-batches per step per dp rank (global / (dp·micro))
@@ -97,9 +101,14 @@ struct PlanLayout {
   bool sequence_parallel = false;
   int threads = 1;         // cpu: threads per rank (run.threads)
   int ranks_per_node = 0;  // 0: devices_per_node (gpu), devices_per_node/threads (cpu)
-  int world() const { return dp * tp * pp; }
-  int shard() const { return zero == 3 && dp_shard > 0 ? dp_shard : dp; }  // ZeRO's shard group
+  int world() const { return dp * cp * tp * pp; }
+  int shard() const { return zero == 3 && dp_shard > 0 ? dp_shard : dp; }  // dp ranks of a shard
   int replicas() const { return dp / std::max(1, shard()); }               // HSDP's replicas
+  // cp ranks hold the same parameters: gradients reduce over dp·cp (the grid's dp_cp group)
+  // and ZeRO shards over dp_shard·cp (dp_shard_cp).
+  int reduce_ranks() const { return dp * cp; }
+  int shard_ranks() const { return shard() * cp; }
+  int seq_local(int seq_len) const { return seq_len / cp; }  // tokens of a sequence per rank
 };
 
 // The model's shape and what the deck says about the run (emulated link, overlap, buckets).
@@ -158,7 +167,15 @@ struct PlanSearch {
   int threads = 1;                              // cpu
   std::vector<int> tp, pp;                      // only these sizes (empty: every divisor)
   std::vector<int> sequence_parallel = {0, 1};  // with tp > 1
+  // Context-parallel sizes (empty: every divisor where seq_len % (2·cp) = 0 and each chunk
+  // keeps at least kMinCpChunkTokens) and exchanges.
+  std::vector<int> cp;
+  std::vector<std::string> cp_comm = {"ring", "allgather"};
 };
+// The shortest chunk (T / (2·cp) tokens) the search tries cp at: below it a flash kernel's
+// blocks are too short to run at its rate (FlashAttention-3 at 512 tokens reaches 0.76 of its
+// 2k figure) and the ring's per-step latency is not hidden; docs/plan.md, "Context parallelism".
+inline constexpr int kMinCpChunkTokens = 2048;
 std::vector<Prediction> rank_layouts(const PlanModel& model, const Hardware& hw,
                                      const PlanSearch& search);
 
@@ -176,6 +193,7 @@ struct ZeroCapacity {
 ZeroCapacity zero_capacity(const PlanModel& model, const Hardware& hw, int zero, int devices);
 
 // "dp=2,tp=1,pp=2,v=1,micro=4,zero=1,recompute=none[,schedule=..,sp=..,accum=..,threads=..]";
+// cp=C (and cp_comm=allgather, where not ring) when cp > 1;
 // zero=3 adds dp_replicate=R,dp_shard=S (R·S = dp) and, where not the default,
 // reshard_after_forward=false and zero3_gather=step.
 // missing keys take the defaults (accum from global_batch when given). Bad keys throw (exit 2).

@@ -21,6 +21,8 @@ nlohmann::json to_json(const Prediction& p, const Hardware& hw) {
   nlohmann::json j = {{"dp", l.dp},
                       {"tp", l.tp},
                       {"pp", l.pp},
+                      {"cp", l.cp},
+                      {"cp_comm", l.cp_comm},
                       {"v", l.v},
                       {"micro_batch", l.micro_batch},
                       {"accum", l.accum},
@@ -179,6 +181,8 @@ int run_plan(const PlanArgs& args) {
     defaults.dp = deck_dp;
     defaults.tp = deck.parallel.tp;
     defaults.pp = deck.parallel.pp;
+    defaults.cp = deck.parallel.cp;
+    defaults.cp_comm = deck.parallel.cp_comm;
     defaults.v = deck.parallel.virtual_stages;
     defaults.micro_batch = deck.train.micro_batch;
     defaults.accum = deck.train.accum;
@@ -189,7 +193,7 @@ int run_plan(const PlanArgs& args) {
     defaults.threads = threads;
     const PlanLayout layout = parse_layout(args.layout, args.global_batch, defaults);
     if (args.gpus > 0 && args.gpus != layout.world())
-      input_error("--layout: dp·tp·pp = {} but --gpus is {}", layout.world(), args.gpus);
+      input_error("--layout: dp·cp·tp·pp = {} but --gpus is {}", layout.world(), args.gpus);
     const Prediction p = predict(model, layout, hw);
     if (p.step_s <= 0)  // a layout trident refuses: bad input
       input_error("--layout {}: {}", args.layout, p.why_not);

@@ -55,6 +55,15 @@
 // bounded while the reduce-scatter is counted once per step (Ψ), as the issue states it. Both
 // cannot hold at once in a trainer (the micro-batches' gradients must sum somewhere: a full
 // buffer, 4·Ψ resident, or the shard, m reduce-scatters); docs/plan.md says so.
+//
+// Note [Plan attention state]
+// What attention saves per layer for backward: a fused kernel (attention_tflops > 0) or a
+// blockwise one saves the output and one log-sum-exp per row and head, B·NH·T/cp floats
+// (fused_attention_saved_floats); the CPU's T×T op saves the B·NH·T² probabilities. The CPU
+// runs blockwise under context parallelism and from kBlockwiseAttentionFromT tokens on, a copy
+// of the CPU backend's threshold (that one decides), saving B·NH·max(T, 64²) so that buffers
+// stay monotone in T; its scratch is as large (delta). A fused backward's scratch is the dq
+// accumulators, 4·N·C/tp floats.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -64,6 +73,10 @@
 #include "trident/pipeline.h"
 
 namespace trident {
+
+bool blockwise_attention(const PlanModel& m, const PlanLayout& l, const Hardware& hw) {
+  return hw.attention_tflops > 0 || l.cp > 1 || m.seq_len >= kBlockwiseAttentionFromT;
+}
 
 int padded_vocab(const PlanModel& m, const PlanLayout& l) {
   return GPTConfig::pad_vocab(m.vocab, l.tp);
@@ -156,6 +169,17 @@ std::string layout_problem(const PlanModel& m, const PlanLayout& l) {
     return fmt::format("dp_shard={} < dp={} (HSDP) needs zero=3", l.dp_shard, l.dp);
   if (l.zero3_gather != "micro_batch" && l.zero3_gather != "step")
     return fmt::format("zero3_gather={}: must be micro_batch or step", l.zero3_gather);
+  if (l.cp < 1) return fmt::format("cp={}: must be at least 1", l.cp);
+  if (l.cp_comm != "ring" && l.cp_comm != "allgather")
+    return fmt::format("cp_comm={}: must be ring or allgather", l.cp_comm);
+  if (m.seq_len % (2 * l.cp) != 0)  // Note [Plan context parallelism] in src/plan/model.cpp
+    return fmt::format("cp={}: model.seq_len {} is not a multiple of 2·cp = {} (each rank holds "
+                       "chunks r and 2·cp−1−r of every sequence)",
+                       l.cp, m.seq_len, 2 * l.cp);
+  if (l.cp > 1 && l.sequence_parallel && l.tp > 1 && m.seq_len / (2 * l.cp) % l.tp != 0)
+    return fmt::format("cp={} with sequence parallelism over tp={}: a chunk of seq_len/(2·cp) = "
+                       "{} tokens is not divisible by tp",
+                       l.cp, l.tp, m.seq_len / (2 * l.cp));
   try {
     check_tensor_parallel(gpt_config(m, l), l.tp, l.sequence_parallel, m.seq_len);
     const PipeSchedule schedule = parse_pipe_schedule(l.schedule, "schedule");
@@ -174,7 +198,7 @@ ModelStates model_state_bytes(const PlanModel& m, const PlanLayout& l, const Har
   const bool fp32 = hw.dtype == "fp32";
   const double E = fp32 ? 4 : 2;  // a parameter as the GEMMs read it
   const double params = stage_params(m, l, s);
-  const double shard = l.zero > 0 ? params / l.shard() : 0;
+  const double shard = l.zero > 0 ? params / l.shard_ranks() : 0;
   const double bucket = m.bucket_mb * 1024 * 1024;
   ModelStates st;
   st.params = params * E;
@@ -222,16 +246,28 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
   if (!layout_problem(m, l).empty()) return {};
   const bool fp32 = hw.dtype == "fp32";
   const double E = fp32 ? 4 : 2;
-  const double B = l.micro_batch, T = m.seq_len, C = m.d_model, tp = l.tp;
-  const double N = B * T, Cl = C / tp, NHl = double(m.heads) / tp;
+  // A rank holds T/cp tokens of each sequence: every per-token buffer is that many rows.
+  const double B = l.micro_batch, T = m.seq_len, Tl = l.seq_local(m.seq_len), C = m.d_model;
+  const double tp = l.tp, N = B * Tl, Cl = C / tp, NHl = double(m.heads) / tp;
   const GPTConfig cfg = gpt_config(m, l);  // the family's widths (GPT::block_sizes)
   const double QKVl = cfg.qkv_rows() / tp, FCl = cfg.fc_rows() / tp, Fl = cfg.hidden() / tp;
   const bool sp = l.sequence_parallel && l.tp > 1;
   const double Nr = sp ? N / tp : N, Vl = double(padded_vocab(m, l)) / tp;
-  const bool fused = hw.attention_tflops > 0;
+  const bool blockwise = blockwise_attention(m, l, hw);  // Note [Plan attention state]
+  const double txt = kBlockwiseAttentionFromT - 1;       // the CPU's T×T op up to this T
   const double att_saved =
-      fused ? double(fused_attention_saved_floats(int(B), int(T), int(NHl))) : B * NHl * T * T;
-  const double att_scratch = fused ? 4 * N * Cl : att_saved;  // flash backward: dq accumulators
+      !blockwise ? B * NHl * T * T
+      : hw.attention_tflops > 0 || l.cp > 1
+          ? double(fused_attention_saved_floats(int(B), int(Tl), int(NHl)))
+          : B * NHl * std::max(T, txt * txt);  // the CPU's: never below the T×T op's size
+  const double att_scratch = hw.attention_tflops > 0 ? 4 * N * Cl : att_saved;  // dq; delta
+  // Context parallelism's exchange buffers (Note [Plan context parallelism]): the ring's two
+  // K/V blocks and, in backward, two dK/dV blocks; allgather's whole sequence of K/V and of
+  // dK/dV. At the activation width (fp32 or bf16) as the attention reads them.
+  const double kv_block = 2 * N * cfg.kv_head_count() / tp * cfg.head_size();
+  const double cp_buffers = l.cp == 1             ? 0
+                            : l.cp_comm == "ring" ? 4 * kv_block
+                                                  : 2 * l.cp * kv_block;
   // block_sizes() in element counts; bf16 runs hold GPT::kBf16Buffer's in 2 B, the rest
   // (residual stream, LayerNorm statistics, attention state) in 4 B.
   const double sizes[GPT::kBlockBuffers] = {N * C, Nr, Nr, N * QKVl, att_saved, N * Cl, Nr * C,
@@ -273,7 +309,8 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
     const double tp_bufs = l.tp > 1 && l.sequence_parallel ? 3 : 0;
     scratch += 4 * (tp_bufs * N * C + Nr * C + att_scratch + (2.0 * stage.num_layers + 1) * 2 * C);
     scratch += 4 * T * cfg.rotary_dims();  // RoPE's cos and sin tables, T × rot/2 each
-    if (fp32)                              // ln_out, dbuf_c, dbuf_c2, dbuf_3c, dbuf_4c, dbuf_4c2
+    scratch += cp_buffers * E;
+    if (fp32)  // ln_out, dbuf_c, dbuf_c2, dbuf_3c, dbuf_4c, dbuf_4c2
       scratch += 4 * (2 * Nr * C + N * C + N * QKVl + N * Fl + N * FCl +
                       (cfg.parallel_residual ? Nr * C : 0));  // + dparallel
     else  // bf16 gradients between ops: dresidual16, d16_c, d16_3c, d16_4c (DGELU in the GEMM)

@@ -51,6 +51,15 @@
 // reduce-scatter, in the same chain; the chain's exposed time is split between the two terms
 // by their shares. Stage 0 stands for every stage here, as for ZeRO-1/2.
 //
+// Note [Plan context parallelism]
+// cp ranks split each sequence into 2·cp chunks, rank r holding r and 2·cp−1−r, so every
+// per-token term runs on N = B·T/cp rows and each rank does 1/cp of the causal attention.
+// ring: cp−1 forward steps each send the rank's K/V block (2·N·KVH/tp·hd at the activation
+// width) to the next rank while a block computes, att_f/cp; a step exposes max(0, transfer −
+// compute). Backward: cp steps carrying K/V and dK/dV (twice the bytes) against att_b/cp.
+// allgather: K/V gathered before forward and again before backward, dK/dV reduce-scattered
+// after it, all exposed. Gradients reduce over dp·cp ranks, ZeRO shards over dp_shard·cp.
+//
 // Approximations, stated: layers are costed alike (no per-layer imbalance beyond the
 // embedding and head); the bubble uses the slowest stage's micro-batch time for every stage;
 // kernel launch overheads and the CPU's thread scaling (taken as linear) are not modelled.
@@ -58,6 +67,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
+#include <utility>
 
 #include "plan/plan_parts.h"
 #include "trident/check.h"
@@ -69,6 +80,31 @@
 
 namespace trident {
 namespace {
+
+// Note [Flash attention rate]
+// attention_tflops is a flash kernel's rate at head dim 128 and 2k keys (the hardware files'
+// sources). Per score it does 4·hd FLOPs on tensor cores and a fixed softmax on the others, so
+// time ∝ (1−s)·hd/128 + s: s = 0.205 fits FlashAttention-3's forward at hd 64 (514 TFLOP/s,
+// 1×8×32768, flash-attention#1438) against hd 128 (621, 1×16×16384, pytorch/benchmark#2391).
+// Longer key spans amortise each tile loop's start: kFlashKeys, that benchmark's forward rate
+// by sequence length relative to 2k. A context-parallel block's span is T/(2·cp).
+constexpr double kFlashSoftmaxShare = 0.205;
+constexpr std::pair<double, double> kFlashKeys[] = {{512, 0.761},  {1024, 0.915}, {2048, 1.0},
+                                                    {4096, 1.044}, {8192, 1.086}, {16384, 1.098}};
+
+double flash_rate_factor(double head_dim, double keys) {
+  const double hd = head_dim / 128;
+  const double by_head = hd / ((1 - kFlashSoftmaxShare) * hd + kFlashSoftmaxShare);
+  const auto* first = std::begin(kFlashKeys);
+  const auto* last = std::end(kFlashKeys) - 1;
+  double by_keys = keys <= first->first ? first->second : last->second;
+  for (const auto* p = first; p < last; ++p)
+    if (keys > p->first && keys <= (p + 1)->first) {  // interpolated in log(keys)
+      const double f = std::log(keys / p->first) / std::log((p + 1)->first / p->first);
+      by_keys = p->second + f * ((p + 1)->second - p->second);
+    }
+  return by_head * by_keys;
+}
 
 // Ring collectives over n ranks: bytes of the whole buffer, the link's bus bandwidth.
 double ring_seconds(LinkOp op, double bytes, int n, const LinkSpec& link) {
@@ -144,16 +180,19 @@ RankPlace rank_place(const PlanLayout& l, const Hardware& hw, double busy_fracti
   }
   r.memory_bw = hw.memory_gbytes_per_s * 1e9 / (cpu ? r.local_ranks : 1);
   r.peak_flops = hw.peak_tflops * 1e12 * r.cores;
-  // Rank order: tp fastest, then dp, then pp (trident/grid.h). A group of consecutive ranks
-  // stays inside a node only when its size divides the node's ranks (or the whole job is one
+  // Rank order: tp fastest, then cp, then dp, then pp (trident/grid.h). A group of consecutive
+  // ranks stays inside a node only when its size divides the node's ranks (or the whole job is one
   // node): tp = 6 on 8-GPU nodes puts ranks 6..11 on two nodes, so that ring runs at the
   // inter-node link's pace. A dp group is tp-strided: inside a node when tp·dp is.
   auto inside = [&](int span) { return l.world() <= per_node || per_node % span == 0; };
   r.tp_link = inside(l.tp) ? hw.intra_node : hw.inter_node;
-  r.dp_link = inside(l.tp * l.dp) ? hw.intra_node : hw.inter_node;
+  // The cp group is tp-strided inside a node when tp·cp is; dp (with cp: the dp·cp group the
+  // gradients reduce over) when tp·cp·dp is.
+  r.cp_link = inside(l.tp * l.cp) ? hw.intra_node : hw.inter_node;
+  r.dp_link = inside(l.tp * l.cp * l.dp) ? hw.intra_node : hw.inter_node;
   // HSDP orders the dp index shard-fastest (torchtitan's dp_replicate × dp_shard mesh), so a
   // shard group of tp·dp_shard consecutive ranks fits a node when that divides it.
-  r.shard_link = inside(l.tp * l.shard()) ? hw.intra_node : hw.inter_node;
+  r.shard_link = inside(l.tp * l.shard_ranks()) ? hw.intra_node : hw.inter_node;
   r.replicate_link = r.dp_link;
   r.pp_link = l.world() <= per_node ? hw.intra_node : hw.inter_node;
   return r;
@@ -167,8 +206,9 @@ double kernel_bandwidth(const Hardware& hw, const RankPlace& place, double gbyte
 StageCost stage_cost(const PlanModel& m, const PlanLayout& l, const Hardware& hw,
                      const RankPlace& place, const StageSpec& stage) {
   StageCost c;
-  const double B = l.micro_batch, T = m.seq_len, C = m.d_model, NH = m.heads;
-  const double tp = l.tp, N = B * T, hd = C / NH;
+  // A rank holds T/cp tokens of each sequence (Note [Plan context parallelism]).
+  const double B = l.micro_batch, T = m.seq_len, C = m.d_model, NH = m.heads, cp = l.cp;
+  const double tp = l.tp, N = B * T / cp, hd = C / NH;
   const double rows = l.sequence_parallel && l.tp > 1 ? N / tp : N;  // LayerNorm/residual rows
   const double E = hw.dtype == "fp32" ? 4 : 2;                       // activation bytes
   const double Vl = double(padded_vocab(m, l)) / tp;
@@ -195,17 +235,36 @@ StageCost stage_cost(const PlanModel& m, const PlanLayout& l, const Hardware& hw
       linear_b(qkv, C) + linear_b(C, proj_in) + linear_b(fc, C) + linear_b(C, hidden);
   const double heads_local = NH / tp;
   double att_f = 0, att_b = 0, att_mem_f = 0, att_mem_b = 0;
-  if (hw.attention_tflops > 0) {
-    const double flops = 2 * 2 * B * heads_local * T * T * hd / 2;  // causal half
-    att_f = flops / (std::min(hw.attention_tflops * 1e12 * eff, peak) * place.cores);
+  if (hw.attention_tflops > 0) {  // Note [Flash attention rate]
+    const double flops = 2 * 2 * B * heads_local * T * T * hd / 2 / cp;  // causal half, 1/cp
+    const double rate =
+        hw.attention_tflops * 1e12 * flash_rate_factor(hd, T / (cp > 1 ? 2 * cp : 1));
+    att_f = flops / (std::min(rate * eff, peak) * place.cores);
     att_b = 2.5 * att_f;
   } else {
     const double per_head = gemm(T, T, hd) + gemm(T, hd, T);  // QKᵀ, PV
-    att_f = B * heads_local * per_head;
+    att_f = B * heads_local * per_head / cp;
     att_b = 2 * att_f;
-    const double scores = B * heads_local * T * T;
+    const double scores = B * heads_local * T * T / cp;
     att_mem_f = mem(3 * scores);
     att_mem_b = mem(6 * scores);
+  }
+  // Context parallelism's K/V exchange per block (Note [Plan context parallelism]).
+  double cp_f = 0, cp_b = 0, cp_hidden_f = 0, cp_hidden_b = 0;
+  if (l.cp > 1) {
+    const double kv = 2 * N * cfg.kv_head_count() / tp * cfg.head_size() * E;
+    if (l.cp_comm == "ring") {
+      const double step_f = ring_seconds(LinkOp::kSendRecv, kv, 2, place.cp_link);
+      const double step_b = ring_seconds(LinkOp::kSendRecv, 2 * kv, 2, place.cp_link);
+      cp_f = (cp - 1) * std::max(0.0, step_f - att_f / cp);
+      cp_b = cp * std::max(0.0, step_b - att_b / cp);
+      cp_hidden_f = (cp - 1) * std::min(step_f, att_f / cp);
+      cp_hidden_b = cp * std::min(step_b, att_b / cp);
+    } else {
+      const double gather = ring_seconds(LinkOp::kAllGather, cp * kv, l.cp, place.cp_link);
+      cp_f = gather;
+      cp_b = gather + ring_seconds(LinkOp::kReduceScatter, cp * kv, l.cp, place.cp_link);
+    }
   }
   // Elementwise traffic per block (elements read + written): each norm 2× in, 1× out (RMSNorm
   // reads twice too: the sum of squares, then the scaling); two residual adds 2 in, 1 out (a
@@ -226,12 +285,15 @@ StageCost stage_cost(const PlanModel& m, const PlanLayout& l, const Hardware& hw
   c.attention = layers * (att_f + att_b);
   c.memory_bound = layers * (block_mem_f + block_mem_b);
   c.tp_comm = layers * 2 * block_tp;
-  c.backward = layers * (block_gemm_b + att_b + block_mem_b + block_tp);
-  c.forward = layers * (block_gemm_f + att_f + block_mem_f + block_tp);
+  c.cp_comm = layers * (cp_f + cp_b);
+  c.cp_hidden = layers * (cp_hidden_f + cp_hidden_b);
+  c.backward = layers * (block_gemm_b + att_b + block_mem_b + block_tp + cp_b);
+  c.forward = layers * (block_gemm_f + att_f + block_mem_f + block_tp + cp_f);
   if (l.recompute == "mlp") {
     c.recompute = layers * (linear_f(fc, C) + mem(act));
-  } else if (l.recompute == "full") {
-    c.recompute = layers * (block_gemm_f + att_f + block_mem_f + block_tp);
+  } else if (l.recompute == "full") {  // the forward again, its K/V exchange included
+    c.recompute = layers * (block_gemm_f + att_f + block_mem_f + block_tp + cp_f);
+    c.cp_hidden += layers * cp_hidden_f;
   }
   c.backward += c.recompute;
   if (stage.has_embedding) {  // token (+ learned position) rows summed; backward scatters them
@@ -312,8 +374,8 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
       return emulated_link_seconds(op, size_t(bytes), n, m.emulate_gbps, m.emulate_latency_us);
     return ring_seconds(op, bytes, n, link);
   };
-  auto dp_seconds = [&](LinkOp op, double bytes) {
-    return group_seconds(op, bytes, l.dp, place.dp_link);
+  auto dp_seconds = [&](LinkOp op, double bytes) {  // over dp·cp: cp ranks share parameters
+    return group_seconds(op, bytes, l.reduce_ranks(), place.dp_link);
   };
   const double first_bucket = std::min(grad_bytes, m.first_bucket_mb * 1024 * 1024);
   double reduce = 0, gather = 0, reduce_exposed = 0, gather_exposed = 0, slowdown = 0;
@@ -325,7 +387,7 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
     gather = l.zero > 0 ? dp_seconds(LinkOp::kAllGather, params_local * param_bytes) : 0.0;
     gathers_per_step = l.zero > 0 ? 1 : 0;
     reduce_exposed = reduce, gather_exposed = gather;
-    if (m.overlap && l.dp > 1) {
+    if (m.overlap && l.reduce_ranks() > 1) {
       const double window = first_backward;  // stage 0's last backward: the step's last compute
       reduce_exposed = std::max(last_bucket, reduce - window);
       slowdown = hw.overlap_slowdown * std::min(reduce, window);
@@ -336,7 +398,7 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
       }
     }
   } else {  // ZeRO-3 and HSDP (Note [Plan model], Note [Plan ZeRO-3])
-    const int S = l.shard(), R = l.replicas();
+    const int S = l.shard_ranks(), R = l.replicas();
     auto shard_seconds = [&](LinkOp op, double bytes) {
       return group_seconds(op, bytes, S, place.shard_link);
     };
@@ -357,7 +419,7 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
     reduce = scatter + replicate_reduce;
     double chain_exposed = reduce;  // reduce-scatter, then the shard's all-reduce over replicas
     gather_exposed = gather;
-    if (m.overlap && l.dp > 1) {
+    if (m.overlap && l.reduce_ranks() > 1) {
       const double F = first_forward, B = first_backward;
       // The last backward's thread gathers and reduces: the reduction hides in what is left.
       const double backward_gather = backward_gathers > 0 ? stage_gather : 0;
@@ -379,7 +441,7 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
   // AdamW over the rank's (ZeRO: its shard's) parameters: fp32 reads p, g, m, v and writes p,
   // m, v (28 B/param); mixed precision also reads the fp32 master and writes the bf16 copy
   // (34 B). The global norm reads the gradients once more (4 B).
-  const double opt_params = l.zero > 0 ? params_local / l.shard() : params_local;
+  const double opt_params = l.zero > 0 ? params_local / l.shard_ranks() : params_local;
   const double opt_bw = kernel_bandwidth(hw, place, hw.optimizer_gbytes_per_s);
   const double optimizer = opt_params * (hw.dtype == "fp32" ? 32.0 : 38.0) / opt_bw;
   // The tied wte's fp32 gradient (ZeRO: this rank's shard of its own bucket) all-reduced
@@ -387,7 +449,7 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
   double tied = 0;
   if (m.block.tied_head && l.pp > 1) {
     const double wte = double(padded_vocab(m, l)) / l.tp * m.d_model;
-    const double bytes = (l.zero > 0 ? wte / l.shard() : wte) * 4;
+    const double bytes = (l.zero > 0 ? wte / l.shard_ranks() : wte) * 4;
     tied = ring_seconds(LinkOp::kAllReduce, bytes, 2, place.pp_link);
   }
 
@@ -395,13 +457,14 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
             {"attention", micro * slow.attention},
             {"memory_bound", micro * slow.memory_bound},
             {"tp_comm", micro * slow.tp_comm},
+            {"cp_comm_exposed", micro * slow.cp_comm},
             {"pp_p2p", micro * slow.pp_p2p},
             {"recompute", micro * slow.recompute},
             {"bubble", bubble},
             {l.zero > 0 ? "reduce_scatter_exposed" : "dp_allreduce_exposed", reduce_exposed},
             {"hsdp_allreduce_exposed", replicate_exposed},
             {"all_gather_exposed", gather_exposed},
-            {"overlap_slowdown", slowdown},
+            {"overlap_slowdown", slowdown + hw.overlap_slowdown * micro * slow.cp_hidden},
             {"tied_embedding_allreduce", tied},
             {"optimizer", optimizer}};
   for (const PlanTerm& t : p.time) p.step_s += t.value;
@@ -409,13 +472,18 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
             {"dp_all_gather_s", gather},
             {"hsdp_allreduce_s", replicate_reduce},
             {"all_gathers_per_step", gathers_per_step},
+            {"cp_comm_hidden_s", micro * slow.cp_hidden},
             {"bubble_fraction", f},
             {"micro_batch_s", slow_mb},
             {"forward_s", micro * slow.forward},
             {"backward_s", micro * slow.backward},
             {"rank_cores", place.cores}};
   const double tokens = double(l.micro_batch) * l.accum * l.dp * m.seq_len;
-  p.model_flops_per_step = gpt_config(m, l).train_flops_per_token(m.seq_len) * tokens;
+  // Attention's causal half, as its time is counted (llm.c's count): the full square
+  // (train_flops_per_token, PaLM's and train's) would credit a flash kernel with twice the
+  // FLOPs it runs, which at long sequences reads as an MFU no kernel reaches (docs/plan.md,
+  // "Context parallelism").
+  p.model_flops_per_step = gpt_config(m, l).llmc_flops_per_token(m.seq_len) * tokens;
   p.tokens_per_s = tokens / p.step_s;
   p.tflops_per_gpu = p.model_flops_per_step / p.step_s / l.world() / 1e12;
   // MFU as train and bench report it: never above 1 (NaN, printed n/a, if it came out so).

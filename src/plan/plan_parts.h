@@ -17,6 +17,7 @@ struct RankPlace {
   double memory_bw = 0;   // B/s this rank gets
   double peak_flops = 0;  // MFU's denominator for this rank
   LinkSpec tp_link, dp_link, pp_link;
+  LinkSpec cp_link;  // the cp group: tp-strided, inside dp (trident/grid.h)
   // ZeRO-3's shard group (tp·dp_shard consecutive ranks) and HSDP's replica group (strided
   // across the shard groups: the dp group's span); both are dp_link without HSDP.
   LinkSpec shard_link, replicate_link;
@@ -28,10 +29,22 @@ RankPlace rank_place(const PlanLayout& layout, const Hardware& hw, double busy_f
 // One micro-batch on one pipeline stage, seconds (Note [Plan model]).
 struct StageCost {
   double gemm = 0, attention = 0, memory_bound = 0, tp_comm = 0, pp_p2p = 0, recompute = 0;
+  // Context parallelism's K/V exchange: what the attention does not hide, and what it hides
+  // (which slows the compute under it by overlap_slowdown).
+  double cp_comm = 0, cp_hidden = 0;
   double forward = 0, backward = 0;  // the same split by pass (recompute is in backward)
 };
 StageCost stage_cost(const PlanModel& model, const PlanLayout& layout, const Hardware& hw,
                      const RankPlace& place, const StageSpec& stage);
+
+// The CPU backend keeps its T×T attention (softmax probabilities saved) below this sequence
+// length and runs blockwise from it (Note [Plan attention state] in src/plan/memory.cpp). The
+// CPU backend's own threshold is the source of truth and this copy must match it: the lead's
+// kTxTAttentionMaxT = 64 (src/backend/kernels.h, T×T up to 64), so blockwise from 65.
+inline constexpr int kBlockwiseAttentionFromT = 65;
+// Whether attention saves one log-sum-exp per row and head (fused kernels, context
+// parallelism, long sequences on the CPU) rather than the B·NH·T² probabilities.
+bool blockwise_attention(const PlanModel& model, const PlanLayout& layout, const Hardware& hw);
 
 // The vocabulary as the model pads it for this layout's tp.
 int padded_vocab(const PlanModel& model, const PlanLayout& layout);

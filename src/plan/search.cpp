@@ -75,7 +75,12 @@ PlanLayout parse_layout(const std::string& text, int global_batch, const PlanLay
     if (key == "dp") l.dp = parse_positive(key, value, 1), dp_given = true;
     else if (key == "tp") l.tp = parse_positive(key, value, 1);
     else if (key == "pp") l.pp = parse_positive(key, value, 1);
-    else if (key == "v") l.v = parse_positive(key, value, 1);
+    else if (key == "cp") l.cp = parse_positive(key, value, 1);
+    else if (key == "cp_comm") {
+      if (value != "ring" && value != "allgather")
+        input_error("--layout: cp_comm={} must be ring or allgather", value);
+      l.cp_comm = value;
+    } else if (key == "v") l.v = parse_positive(key, value, 1);
     else if (key == "micro") l.micro_batch = parse_positive(key, value, 1);
     else if (key == "accum") l.accum = parse_positive(key, value, 1), accum_given = true;
     else if (key == "zero") {
@@ -106,10 +111,11 @@ PlanLayout parse_layout(const std::string& text, int global_batch, const PlanLay
     } else if (key == "threads") l.threads = parse_positive(key, value, 1);
     else if (key == "node") l.ranks_per_node = parse_positive(key, value, 1);
     else
-      input_error("--layout: unknown key \"{}\" (keys: dp tp pp v micro accum zero dp_shard "
-                  "dp_replicate reshard_after_forward zero3_gather recompute schedule sp threads "
-                  "node)",
-                  key);
+      input_error(
+          "--layout: unknown key \"{}\" (keys: dp tp pp cp cp_comm v micro accum zero dp_shard "
+          "dp_replicate reshard_after_forward zero3_gather recompute schedule sp threads "
+          "node)",
+          key);
   }
   // HSDP: dp = dp_replicate × dp_shard; either one with dp, or both (then dp follows).
   if (replicate > 0) {
@@ -138,8 +144,9 @@ PlanLayout parse_layout(const std::string& text, int global_batch, const PlanLay
 }
 
 std::string format_layout(const PlanLayout& l) {
-  std::string s = fmt::format("dp={},tp={},pp={},v={},micro={},accum={},zero={}", l.dp, l.tp, l.pp,
-                              l.v, l.micro_batch, l.accum, l.zero);
+  std::string s = fmt::format("dp={},tp={},pp={},", l.dp, l.tp, l.pp);
+  if (l.cp > 1) s += fmt::format("cp={},{}", l.cp, l.cp_comm == "ring" ? "" : "cp_comm=allgather,");
+  s += fmt::format("v={},micro={},accum={},zero={}", l.v, l.micro_batch, l.accum, l.zero);
   if (l.zero == 3) {  // the HSDP split, and ZeRO-3's options where not the default
     if (l.replicas() > 1) s += fmt::format(",dp_replicate={}", l.replicas());
     s += fmt::format(",dp_shard={}", l.shard());
@@ -161,43 +168,55 @@ std::vector<Prediction> rank_layouts(const PlanModel& m, const Hardware& hw,
   auto allowed = [](const std::vector<int>& only, int x) {
     return only.empty() || std::find(only.begin(), only.end(), x) != only.end();
   };
-  for (int tp : divisors(gpus))
-    for (int pp : divisors(gpus / tp)) {
-      const int dp = gpus / (tp * pp);
-      if (pp > m.layers || m.heads % tp != 0) continue;
-      if (!allowed(search.tp, tp) || !allowed(search.pp, pp)) continue;
-      for (int micro : search.micro_batches) {
-        if (search.global_batch % (dp * micro) != 0) continue;
-        const int accum = search.global_batch / (dp * micro);
-        std::vector<std::pair<std::string, int>> schedules = {{"1f1b", 1}};
-        if (pp > 1)
-          for (const std::string& s : search.schedules) {
-            if (s == "interleaved")
-              for (int v = 2; v <= search.max_v; ++v) schedules.push_back({s, v});
-            else if (s != "1f1b") schedules.push_back({s, 1});
-          }
-        for (const auto& [schedule, v] : schedules)
-          for (const std::string& recompute : search.recompute)
-            for (int zero : search.zero) {
-              if (dp == 1 && zero > 0) continue;
-              for (const Zero3Option& z3 : zero3_options(search, hw, zero, dp, tp, pp, accum))
-                for (int sp : search.sequence_parallel) {
-                  if (sp == 1 && tp == 1) continue;
-                  if (sp == 0 && tp > 1 && !allowed(search.sequence_parallel, 0)) continue;
-                  PlanLayout l;
-                  l.dp = dp, l.tp = tp, l.pp = pp, l.v = v, l.micro_batch = micro;
-                  l.accum = accum, l.zero = zero, l.recompute = recompute;
-                  l.schedule = schedule, l.sequence_parallel = sp == 1;
-                  l.dp_shard = z3.dp_shard, l.reshard_after_forward = z3.reshard_after_forward;
-                  l.zero3_gather = z3.gather;
-                  l.threads = search.threads;
-                  Prediction p = predict(m, l, hw);
-                  if (p.step_s <= 0) continue;  // a layout trident refuses (p.why_not says why)
-                  out.push_back(std::move(p));
-                }
+  // cp where each sequence splits into 2·cp chunks of at least kMinCpChunkTokens (or the sizes
+  // asked for), each with every exchange asked for.
+  std::vector<std::pair<int, std::string>> cps;
+  for (int cp : divisors(gpus)) {
+    const bool fits = m.seq_len % (2 * cp) == 0 && m.seq_len / (2 * cp) >= kMinCpChunkTokens;
+    if (!(search.cp.empty() ? cp == 1 || fits : allowed(search.cp, cp))) continue;
+    if (cp == 1) cps.push_back({1, "ring"});  // no exchange to choose
+    else
+      for (const std::string& comm : search.cp_comm) cps.push_back({cp, comm});
+  }
+  for (const auto& [cp, cp_comm] : cps)
+    for (int tp : divisors(gpus / cp))
+      for (int pp : divisors(gpus / (cp * tp))) {
+        const int dp = gpus / (cp * tp * pp);
+        if (pp > m.layers || m.heads % tp != 0) continue;
+        if (!allowed(search.tp, tp) || !allowed(search.pp, pp)) continue;
+        for (int micro : search.micro_batches) {
+          if (search.global_batch % (dp * micro) != 0) continue;
+          const int accum = search.global_batch / (dp * micro);
+          std::vector<std::pair<std::string, int>> schedules = {{"1f1b", 1}};
+          if (pp > 1)
+            for (const std::string& s : search.schedules) {
+              if (s == "interleaved")
+                for (int v = 2; v <= search.max_v; ++v) schedules.push_back({s, v});
+              else if (s != "1f1b") schedules.push_back({s, 1});
             }
+          for (const auto& [schedule, v] : schedules)
+            for (const std::string& recompute : search.recompute)
+              for (int zero : search.zero) {
+                if (dp == 1 && zero > 0) continue;
+                for (const Zero3Option& z3 : zero3_options(search, hw, zero, dp, tp, pp, accum))
+                  for (int sp : search.sequence_parallel) {
+                    if (sp == 1 && tp == 1) continue;
+                    if (sp == 0 && tp > 1 && !allowed(search.sequence_parallel, 0)) continue;
+                    PlanLayout l;
+                    l.dp = dp, l.tp = tp, l.pp = pp, l.v = v, l.micro_batch = micro;
+                    l.cp = cp, l.cp_comm = cp_comm;
+                    l.accum = accum, l.zero = zero, l.recompute = recompute;
+                    l.schedule = schedule, l.sequence_parallel = sp == 1;
+                    l.dp_shard = z3.dp_shard, l.reshard_after_forward = z3.reshard_after_forward;
+                    l.zero3_gather = z3.gather;
+                    l.threads = search.threads;
+                    Prediction p = predict(m, l, hw);
+                    if (p.step_s <= 0) continue;  // a layout trident refuses (p.why_not says why)
+                    out.push_back(std::move(p));
+                  }
+              }
+        }
       }
-    }
   std::stable_sort(out.begin(), out.end(), [](const Prediction& a, const Prediction& b) {
     if (a.fits != b.fits) return a.fits;
     if (a.tokens_per_s != b.tokens_per_s) return a.tokens_per_s > b.tokens_per_s;
