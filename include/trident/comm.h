@@ -53,6 +53,7 @@ struct OpRecord {
   size_t bytes = 0;     // this rank's buffer (all_reduce, broadcast, send, recv); the full
                         // gathered buffer (reduce_scatter input, all_gather output)
   CommClock::time_point start{}, end{};  // end is set once the operation completed
+  double link_ms = 0;  // on an emulated link, its time on the wire (emulated_link_seconds)
   double ms() const { return std::chrono::duration<double, std::milli>(end - start).count(); }
 };
 

@@ -116,6 +116,7 @@ class MpiWork final : public Work::Impl {
     record_.op = op;
     record_.bytes = bytes;
     record_.start = start;
+    record_.link_ms = std::chrono::duration<double, std::milli>(link_done - post_at).count();
   }
 
   // A bf16-staged all-reduce (Note [bf16 gradient compression]): widened into `out` when done.
@@ -139,10 +140,10 @@ class MpiWork final : public Work::Impl {
 
   bool test() override {
     if (complete_) return true;
-    if (!posted_) {
-      comm_->post_due();
-      if (!posted_) return false;  // waiting for its turn on the emulated link
-    }
+    // Whatever is due on this communicator, not only this operation: a peer may be waiting for
+    // an operation queued behind this one while this rank waits for this one.
+    comm_->post_due();
+    if (!posted_) return false;  // waiting for its turn on the emulated link
     if (!transport_done_) {
       int flag = 0;
       TRIDENT_MPI(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &flag,
@@ -273,6 +274,19 @@ void MpiComm::post_due() {
   while (!unposted_.empty() && unposted_.front()->post_at() <= now) {
     MpiWork* work = unposted_.front();
     unposted_.pop_front();
+    work->post();
+  }
+  // A duplex link's two wires keep their own queues: a send due now is not held behind a
+  // receive still waiting for its wire (point-to-point operations pair by peer and tag, not by
+  // posting order; each wire's operations still post in start order).
+  if (!duplex_) return;
+  for (auto it = unposted_.begin(); it != unposted_.end();) {
+    if ((*it)->post_at() > now) {
+      ++it;
+      continue;
+    }
+    MpiWork* work = *it;
+    it = unposted_.erase(it);
     work->post();
   }
 }

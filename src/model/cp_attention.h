@@ -21,6 +21,7 @@
 // K/V gathered before attention (again in backward), dK/dV reduce-scattered after; exposed.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <vector>
 
@@ -59,13 +60,25 @@ class CpAttention {
 
  private:
   AttentionBlockArgs args(int B, int T) const;
-  // Queries of this rank's chunks against the two chunks of rank `src` held in kv (packed rows
-  // of 2·KVH·hs floats: k | v), forward or backward (dkv: the visiting block's gradient).
-  void forward_pair(AttentionBlockArgs a, const float* kv, int src, int T);
-  void backward_pair(AttentionBlockArgs a, const float* kv, float* dkv, int src, int T);
+  // Keys and values of one rank's two chunks, and where their gradients go, with their strides.
+  struct KvView {
+    const float *k, *v;
+    float *dk, *dv;
+    size_t rstride, bstride;
+  };
+  KvView packed(const float* kv, float* dkv, int T) const;  // rows of 2·KVH·hs: k | v
+  // This rank's query chunks against the two chunks of rank `src`, forward or backward.
+  void forward_pair(AttentionBlockArgs a, const KvView& kv, int src, int T);
+  // Backward: only the key rows [lo, hi) of the two chunks' 2·c (Note [dK/dV in parts]); hi < 0:
+  // all.
+  void backward_pair(AttentionBlockArgs a, const KvView& kv, int src, int T, int lo = 0,
+                     int hi = -1);
   void pack_kv(float* kv, const float* qkv, int B, int T) const;
-  void add_dkv(float* dqkv, const float* dkv, int B, int T) const;
-  void wait(Work& w, bool exposed);
+  static constexpr int kDkvParts = 4;  // Note [dK/dV in parts]
+  // dqkv's k | v columns to packed rows (to_packed) or back.
+  void unpack_dkv(float* dkv, float* dqkv, int B, int T, bool to_packed) const;
+  // Waits (all of it exposed); a received block's transfer time goes to cp_comm_ms.
+  void wait(Work& w, bool received);
   void note(Event e, int step) {
     if (record_) events_.push_back({e, step});
   }
