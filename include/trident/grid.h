@@ -184,6 +184,10 @@ class ProcessGrid {
   MpiComm& cp() { return group(GridGroup::kCp); }
   MpiComm& dp_cp() { return group(GridGroup::kDpCp); }
   MpiComm& dp_shard_cp() { return group(GridGroup::kDpShardCp); }
+  // Where gradients reduce and shard: over dp × cp (cp ranks hold the same parameters), which
+  // with cp = 1 are dp's and dp_shard's own communicators, names and all.
+  MpiComm& gradients() { return layout_.cp == 1 ? dp() : dp_cp(); }
+  MpiComm& gradient_shards() { return layout_.cp == 1 ? dp_shard() : dp_shard_cp(); }
   // Only ranks on the first or last stage have one (TRIDENT_CHECK otherwise).
   bool in_embedding_group() const { return has_group(GridGroup::kEmbedding); }
   MpiComm& embedding() { return group(GridGroup::kEmbedding); }

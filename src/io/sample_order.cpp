@@ -54,7 +54,7 @@ size_t SampleOrder::sample_at(uint64_t g) const {
 void SampleOrder::fill(uint64_t g0, int B, int32_t* inputs, int32_t* targets, int cp,
                        int cp_rank) const {
   const size_t T = static_cast<size_t>(seq_len_);
-  TRIDENT_CHECK(cp >= 1 && cp_rank >= 0 && cp_rank < cp && T % (2 * size_t(cp)) == 0,
+  TRIDENT_CHECK(cp >= 1 && cp_rank >= 0 && cp_rank < cp && (cp == 1 || T % (2 * size_t(cp)) == 0),
                 "cp rank {} of {} with sequences of {}", cp_rank, cp, T);
   const size_t c = T / (2 * size_t(cp)), Tl = T / size_t(cp);
   const size_t chunk[2] = {size_t(cp_rank), 2 * size_t(cp) - 1 - size_t(cp_rank)};

@@ -70,13 +70,13 @@ DataParallel::DataParallel(const Deck& deck, const TrainContext& ctx) : deck_(de
   // they are dp and dp_shard).
   TRIDENT_CHECK(ctx_.grid && ctx_.grid->layout().dp * ctx_.grid->layout().cp > 1,
                 "DataParallel without dp × cp > 1");
-  size_ = ctx_.grid->dp_cp().size();
-  rank_ = ctx_.grid->dp_cp().rank();
+  size_ = ctx_.grid->gradients().size();
+  rank_ = ctx_.grid->gradients().rank();
   // Note [HSDP]: with replicas, ZeRO shards over dp_shard (× cp) only.
   replicas_ = ctx_.grid->layout().dp_replicate;
   const bool by_shard = deck_.parallel.zero > 0 && replicas_ > 1;
-  shard_ranks_ = by_shard ? ctx_.grid->dp_shard_cp().size() : size_;
-  shard_rank_ = by_shard ? ctx_.grid->dp_shard_cp().rank() : rank_;
+  shard_ranks_ = by_shard ? ctx_.grid->gradient_shards().size() : size_;
+  shard_rank_ = by_shard ? ctx_.grid->gradient_shards().rank() : rank_;
   writes_shard_ = shard_ranks_ == size_ || ctx_.grid->coord().dp_replicate == 0;
   if (ctx_.backend->is_device() && !ctx_.dp_device)
     internal_error(__FILE__, __LINE__, "a device backend with dp > 1 needs a device communicator");
@@ -152,7 +152,8 @@ void DataParallel::attach(GPT& model) {
   // Note [HSDP]: the shards' group is dp_shard, and the emulated link (the one between nodes)
   // is dp_replicate's; without replicas both are dp.
   const bool hsdp = shard_ranks_ < size_;
-  MpiComm& dp = hsdp ? ctx_.grid->dp_shard_cp() : ctx_.grid->dp_cp();  // timeouts: the grid's
+  MpiComm& dp =
+      hsdp ? ctx_.grid->gradient_shards() : ctx_.grid->gradients();  // timeouts: the grid's
   const CommConfig& cc = deck_.comm;
   if (cc.emulate_gbps > 0 && !hsdp) dp.set_emulated_link(cc.emulate_gbps, cc.emulate_latency_us);
   Communicator* reduce_comm = ctx_.dp_device ? ctx_.dp_device : &dp;

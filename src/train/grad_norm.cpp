@@ -45,7 +45,7 @@ double GradNorm::sum_squares() {
   std::array<double, 2> p = parts();
   // The shards are distinct over dp_shard × cp (all of dp × cp without replicas); replicas
   // hold the same (Note [HSDP] in train/data_parallel.h), so they are not summed again.
-  if (dp_) grid_->dp_shard_cp().all_reduce(p.data(), 2).wait();
+  if (dp_) grid_->gradient_shards().all_reduce(p.data(), 2).wait();
   if (tp) grid_->tp().all_reduce(&p[0], 1).wait();
   double total = p[0] + p[1];
   if (pp_.size() > 1) pp_.all_reduce(&total, 1).wait();

@@ -169,7 +169,7 @@ StepStats Trainer::train_step(int step) {
   // (each cp rank's is the mean over its T/cp tokens of the sequences).
   double loss = stage_->take_loss_sum();
   if (pp_size_ > 1) pp_comm_->all_reduce(&loss, 1).wait();
-  if (dp_size_ * cp_size_ > 1) ctx_.grid->dp_cp().all_reduce(&loss, 1).wait();
+  if (dp_size_ * cp_size_ > 1) ctx_.grid->gradients().all_reduce(&loss, 1).wait();
   s.loss = loss / (tc.accum * dp_size_ * cp_size_);
 
   const auto t0 = std::chrono::steady_clock::now();
@@ -272,7 +272,7 @@ double Trainer::validate() {
   if (dp_) dp_->release_params();  // ZeRO-3: the units the forward passes left gathered
   if (pp_size_ > 1) pp_comm_->all_reduce(&sum[0], 1).wait();
   // cp: every rank of a sequence adds the mean over its tokens, and counts the micro-batch.
-  if (dp_size_ * cp_size_ > 1) ctx_.grid->dp_cp().all_reduce(sum, 2).wait();
+  if (dp_size_ * cp_size_ > 1) ctx_.grid->gradients().all_reduce(sum, 2).wait();
   return sum[0] / sum[1];
 }
 

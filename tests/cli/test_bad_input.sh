@@ -75,9 +75,6 @@ mpi=(mpirun -n 2)
 mpi4=(mpirun -n 4)
 expect stages-over-layers "parallel.pp \(2\) must be at most model.layers \(1\)" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set parallel.pp=2 --set model.layers=1
 expect stage-layers-sum "stage_layers.*6 layers but model.layers is 4" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set parallel.pp=2 --set parallel.stage_layers=3,3
-# The grid places cp ranks, but nothing splits a sequence yet: train and bench refuse it.
-expect cp-not-built "parallel.cp is 2, but context parallelism is not built yet" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set parallel.cp=2
-expect cp-not-built-bench "parallel.cp is 2, but context parallelism is not built yet" -- "${mpi[@]}" "$bin" bench deck.yaml "${common[@]}" --set parallel.cp=2
 expect tp-not-dividing-heads "parallel.tp.*heads" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set parallel.tp=2 --set model.heads=1 --set model.d_model=128
 expect sp-not-dividing-seq "seq_len 63 is not divisible" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set parallel.tp=2 --set parallel.sequence_parallel=true --set model.seq_len=63
 expect two-ranks-bad-deck "rank 0.*train.lr" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set train.lr=-1
