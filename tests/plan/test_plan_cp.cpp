@@ -8,6 +8,7 @@
 #include <string>
 
 #include "plan/plan_parts.h"
+#include "trident/backend.h"
 #include "trident/check.h"
 
 namespace trident {
@@ -117,6 +118,15 @@ TEST(PlanCp, CpuAttentionGoesBlockwiseWithCpOrLongSequences) {
   EXPECT_TRUE(blockwise_attention(llama_1b(from / 2), layout(1, 2), cpu));
   EXPECT_TRUE(blockwise_attention(llama_1b(from), layout(1, 1), cpu));
   EXPECT_TRUE(blockwise_attention(llama_1b(from / 2), layout(1, 1), h100()));  // fused
+}
+
+// The planner's threshold is a copy of the CPU backend's (which decides): at T below it the
+// backend saves the T×T probabilities, from it on less than T×T (the log-sum-exp rows).
+TEST(PlanCp, BlockwiseThresholdIsTheCpuBackends) {
+  auto be = make_cpu_backend(1);
+  const size_t below = kBlockwiseAttentionFromT - 1, from = kBlockwiseAttentionFromT;
+  EXPECT_EQ(be->attention_saved_floats(1, int(below), 64, 4), 4 * below * below);
+  EXPECT_LT(be->attention_saved_floats(1, int(from), 64, 4), 4 * from * from);
 }
 
 // The MFU's FLOPs count attention's causal half (llm.c's count), as its time is counted.
