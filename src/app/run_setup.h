@@ -32,7 +32,8 @@ void setup_step(const std::function<void()>& step);
 
 // Builds the process grid over MPI_COMM_WORLD from parallel.{dp,tp,pp,cp,dp_replicate,dp_shard}
 // (complete_layout: dp 0 and dp_shard 0 derived). Refuses, identically on every rank, a layout
-// that does not fit, or a deck that differs between ranks (the ranks would otherwise issue different collectives and hang).
+// that does not fit, or a deck that differs between ranks (the ranks would otherwise issue
+// different collectives and hang).
 std::unique_ptr<ProcessGrid> make_grid(const Deck& deck);
 
 // log.trace with ".rank<r>" before the extension when there is more than one rank; null when
