@@ -28,13 +28,6 @@
 namespace trident::cpu {
 namespace {
 
-template <typename Real>
-using RowMajor = Eigen::Matrix<Real, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-template <typename Real>
-using View = Eigen::Map<RowMajor<Real>, 0, Eigen::OuterStride<>>;
-template <typename Real>
-using ConstView = Eigen::Map<const RowMajor<Real>, 0, Eigen::OuterStride<>>;
-
 // Row i of P (length T): scale the causal part j <= i, softmax it in place, zero the rest.
 template <typename Real>
 void causal_softmax_row(Real* p, int i, int T, Real scale) {

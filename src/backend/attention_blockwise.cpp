@@ -38,12 +38,6 @@ namespace {
 
 constexpr int kTile = 64;
 
-template <typename Real>
-using RowMajor = Eigen::Matrix<Real, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-template <typename Real>
-using View = Eigen::Map<RowMajor<Real>, 0, Eigen::OuterStride<>>;
-template <typename Real>
-using ConstView = Eigen::Map<const RowMajor<Real>, 0, Eigen::OuterStride<>>;
 // At most kTile × kTile, on the stack: no allocation per call.
 template <typename Real>
 using Tile = Eigen::Matrix<Real, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor, kTile, kTile>;
