@@ -8,6 +8,7 @@
 #include <string>
 
 #include "plan/plan_parts.h"
+#include "plan_test_util.h"
 #include "trident/backend.h"
 #include "trident/check.h"
 
@@ -32,12 +33,7 @@ PlanLayout layout(int dp, int cp, const std::string& comm = "ring") {
   return l;
 }
 
-double term(const std::vector<PlanTerm>& terms, const std::string& name) {
-  for (const PlanTerm& t : terms)
-    if (t.name == name) return t.value;
-  ADD_FAILURE() << "no term " << name;
-  return 0;
-}
+using testing::term;
 
 // Every activation is per token, and the saved attention state is one float per row and head
 // (rounded up to 4 floats): cp 2 holds half. Tolerance 0.1%, for that rounding.

@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "plan/plan_parts.h"
+#include "plan_test_util.h"
 #include "trident/check.h"
 
 namespace trident {
@@ -46,12 +47,7 @@ PlanLayout data_parallel(int dp, int zero) {
   return l;
 }
 
-double term(const std::vector<PlanTerm>& terms, const std::string& name) {
-  for (const PlanTerm& t : terms)
-    if (t.name == name) return t.value;
-  ADD_FAILURE() << "no term " << name;
-  return 0;
-}
+using testing::term;
 
 TEST(PlanZero3, UnitsAreWteWpeBlocksAndTheHead) {
   const std::vector<double> units = stage_units(small_model(), PlanLayout{}, 0);
