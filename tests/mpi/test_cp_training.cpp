@@ -59,11 +59,7 @@ void expect_equal_cp1(const RunResult& a, const RunResult& ref) { testing::expec
 // step within 1e-5 of the largest.
 void expect_same_params(const RunResult& a, const RunResult& ref) {
   ASSERT_EQ(a.params.size(), ref.params.size());
-  float scale = 0, worst = 0;
-  for (float x : ref.params) scale = std::max(scale, std::abs(x));
-  for (size_t i = 0; i < a.params.size(); ++i)
-    worst = std::max(worst, std::abs(a.params[i] - ref.params[i]));
-  EXPECT_LE(worst, 1e-5f * scale);
+  EXPECT_LE(testing::max_param_error(a.params, ref.params), 1e-5);
 }
 
 struct Case {

@@ -136,11 +136,7 @@ void expect_within_1e6(const RunResult& z, const RunResult& ref) {
     EXPECT_NEAR(z.norms[i], ref.norms[i], 1e-6 * ref.norms[i]) << "step " << i + 1;
   }
   ASSERT_EQ(z.params.size(), ref.params.size());
-  float scale = 0, worst = 0;
-  for (float x : ref.params) scale = std::max(scale, std::abs(x));
-  for (size_t i = 0; i < z.params.size(); ++i)
-    worst = std::max(worst, std::abs(z.params[i] - ref.params[i]));
-  EXPECT_LE(worst, 1e-6f * scale);
+  EXPECT_LE(testing::max_param_error(z.params, ref.params), 1e-6);
 }
 
 TEST_P(FamilyLayouts, ZeroStagesEqualTheReplicatedOptimizer) {

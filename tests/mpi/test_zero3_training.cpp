@@ -78,11 +78,7 @@ void expect_equal(const Result& z, const Result& ref, bool bitwise) {
     EXPECT_NEAR(z.norms[i], ref.norms[i], 1e-6 * ref.norms[i]) << "step " << i + 1;
   }
   ASSERT_EQ(z.params.size(), ref.params.size());
-  float scale = 0, worst = 0;
-  for (float x : ref.params) scale = std::max(scale, std::abs(x));
-  for (size_t i = 0; i < z.params.size(); ++i)
-    worst = std::max(worst, std::abs(z.params[i] - ref.params[i]) / scale);
-  EXPECT_LE(worst, 1e-6);
+  EXPECT_LE(testing::max_param_error(z.params, ref.params), 1e-6);
   if (bitwise) {
     EXPECT_EQ(z.losses, ref.losses);
     EXPECT_EQ(0, std::memcmp(z.params.data(), ref.params.data(), z.params.size() * 4));

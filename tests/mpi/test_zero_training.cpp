@@ -88,10 +88,7 @@ void expect_equal_within_1e6(const Result& z, const Result& ref, double param_bo
     EXPECT_NEAR(z.norms[i], ref.norms[i], 1e-6 * ref.norms[i]) << "step " << i + 1;
   }
   ASSERT_EQ(z.params.size(), ref.params.size());
-  float scale = 0;
-  for (float x : ref.params) scale = std::max(scale, std::abs(x));
-  for (size_t i = 0; i < z.params.size(); ++i)
-    worst_param = std::max(worst_param, double(std::abs(z.params[i] - ref.params[i])) / scale);
+  worst_param = std::max(worst_param, testing::max_param_error(z.params, ref.params));
   EXPECT_LE(worst_param, param_bound);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

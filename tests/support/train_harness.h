@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -81,6 +82,18 @@ inline void expect_close(const RunResult& a, const RunResult& ref, double loss_r
     EXPECT_NEAR(a.losses[i], ref.losses[i], loss_rel * std::abs(ref.losses[i])) << "step " << i + 1;
     EXPECT_NEAR(a.norms[i], ref.norms[i], norm_rel * std::abs(ref.norms[i])) << "step " << i + 1;
   }
+}
+
+// The largest |a - ref| over final parameters, relative to the largest |ref| (the layout and
+// ZeRO tests' measure of "the same weights"); the sizes must agree.
+inline double max_param_error(const std::vector<float>& a, const std::vector<float>& ref) {
+  EXPECT_EQ(a.size(), ref.size());
+  float scale = 0;
+  for (float x : ref) scale = std::max(scale, std::abs(x));
+  double worst = 0;
+  for (size_t i = 0; i < a.size() && i < ref.size(); ++i)
+    worst = std::max(worst, double(std::abs(a[i] - ref[i])) / scale);
+  return worst;
 }
 
 inline void expect_bitwise(const RunResult& a, const RunResult& b) {
