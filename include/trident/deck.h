@@ -39,7 +39,7 @@ struct ModelConfig {
   std::string init_from;  // weights (llm.c or Hugging Face); its config replaces the deck's
   // The block (trident/model_config.h): a family sets the defaults, each key below overrides
   // one choice; "auto" and 0 mean the family's.
-  std::string family = "gpt2";     // gpt2 | neox | llama
+  std::string family = "gpt2";     // gpt2 | neox | llama | mixtral (llama + 8 experts top 2)
   std::string norm = "auto";       // layernorm | rmsnorm
   double norm_eps = 0;             // 1e-5
   std::string position = "auto";   // learned | rotary
@@ -51,6 +51,20 @@ struct ModelConfig {
   std::string bias = "auto";       // true | false
   std::string tied_head = "auto";  // true | false
   std::string residual = "auto";   // sequential | parallel
+  // Mixtures of experts (model.moe.*; Note [Mixture of experts] in trident/model_config.h).
+  int moe_experts = 0;
+  int moe_top_k = 2;
+  int moe_ffn_width = 0;
+  int moe_every = 1;
+  std::string moe_router = "softmax";  // softmax | sigmoid
+  bool moe_norm_topk = true;
+  double moe_bias_update_rate = 1e-3;
+  std::string moe_aux_loss = "none";  // none | switch | hf
+  double moe_aux_loss_coeff = 0.01;
+  double moe_z_loss = 0;
+  double moe_capacity_factor = 0;
+  int moe_shared_experts = 0;
+  bool moe_shared_gate = false;
 
   bool operator==(const ModelConfig&) const = default;
 };

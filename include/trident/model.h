@@ -57,6 +57,10 @@ struct ParamInfo {
   size_t count = 0;
   bool decay = false;  // weight decay applies (matrices only; not biases or LayerNorm)
   int layer = -1;      // block index, -1 for embeddings and final LayerNorm
+  // A mixture's routed experts (Note [Expert tensors]): rows split over ep as kRows splits
+  // over tp (tp_rank, tp_size then say ep's), reduced over the expert-data-parallel group.
+  bool expert = false;
+  bool trained = true;  // false: changed by a rule, not by AdamW (the sigmoid router's bias)
 
   // Index into the global (unsplit, row-major) tensor of this shard's element `local`.
   size_t global_index(size_t local) const;
@@ -97,7 +101,8 @@ StageSpec pipeline_stage(int layers, int stages, int stage, const std::vector<in
 // sparse rows go to an EmbeddingRowSink; false puts it last, after wpe, where it is final when
 // the embedding's backward adds the rows into it (a device backend, which has no sink).
 std::vector<ParamInfo> gpt_param_layout(const GPTConfig& cfg, int tp_size = 1, int tp_rank = 0,
-                                        StageSpec stage = {}, bool wte_after_head = true);
+                                        StageSpec stage = {}, bool wte_after_head = true,
+                                        int ep_size = 1, int ep_rank = 0);
 
 // Activation recomputation: keep everything (none), recompute the MLP's hidden activations
 // in backward (mlp), or keep only each block's input and recompute the whole block (full).
@@ -134,6 +139,14 @@ struct ContextParallel {
 };
 // The global position of each of a cp rank's T_local rows (T_local = T / cp, two chunks).
 std::vector<int> cp_positions(int T_local, int cp, int cp_rank);
+
+// Expert parallelism (Note [Expert parallelism] in src/model/moe.h): the mixture layers'
+// experts divided over `size` ranks of dp × cp; tokens travel by all-to-all on `comm`.
+struct ExpertParallel {
+  Communicator* comm = nullptr;
+  int size = 1;
+  int rank = 0;
+};
 
 // Refuses (input_error, before any allocation) a shape that tp cannot split: heads % tp,
 // d_model % tp, and with sequence parallelism seq_len % tp.
@@ -174,6 +187,7 @@ using ParamUseFn = std::function<void(ParamPass pass, const std::vector<int>& pa
 struct GPTOptions {
   TensorParallel tp;
   ContextParallel cp;
+  ExpertParallel ep;
   StageSpec stage;
   int slots = 1;  // micro-batches whose activations are alive at once (pipeline in-flight)
   // With several chunks (StageSpec): the slots of each chunk, which sum to `slots`; slot

@@ -134,8 +134,20 @@ void read_yaml(DeckReader& r, const std::string& text, const std::string& base_d
                   deck_schema::subject(at_mark(r.label, body.Mark()), section),
                   section_keys(section),
                   body.IsScalar() ? yaml_quote(body.Scalar()) : scalar_of(body).non_scalar);
+    // A nested map ("moe:" in model) holds the keys named section.group.leaf.
+    std::vector<std::pair<std::string, std::pair<YAML::Node, YAML::Node>>> entries;
     for (const auto& kv : body) {
       const std::string name = section + "." + (kv.first.IsScalar() ? kv.first.Scalar() : "");
+      if (kv.second.IsMap() && !deck_schema::find(name) && deck_schema::is_group(name)) {
+        for (const auto& sub : kv.second)
+          entries.push_back({name + "." + (sub.first.IsScalar() ? sub.first.Scalar() : ""),
+                             {sub.first, sub.second}});
+        continue;
+      }
+      entries.push_back({name, {kv.first, kv.second}});
+    }
+    for (const auto& [name, pair] : entries) {
+      const auto& kv = pair;
       const std::string key_at = at_mark(r.label, kv.first.Mark());
       const Key* key = deck_schema::find(name);
       if (!key) unknown_key(key_at, name, /*is_section=*/false);
@@ -253,13 +265,24 @@ std::string Deck::to_yaml() const {
   std::string out =
       "# trident deck, resolved: every key with the value in effect; paths are absolute.\n";
   if (!source.empty()) out += fmt::format("# source: {}\n", source);
-  std::string_view section;
+  std::string_view section, group;
   for (const Key& k : deck_schema::keys()) {
     if (k.section() != section) {
       section = k.section();
+      group = {};
       out += fmt::format("{}:\n", section);
     }
-    std::string line = fmt::format("  {}: {}", k.leaf(), deck_schema::format_value(k, *this));
+    // A grouped key (model.moe.experts) under its group's line, once.
+    std::string_view leaf = k.leaf(), indent = "  ";
+    if (const size_t dot = leaf.find('.'); dot != std::string_view::npos) {
+      if (leaf.substr(0, dot) != group) out += fmt::format("  {}:\n", leaf.substr(0, dot));
+      group = leaf.substr(0, dot);
+      leaf = leaf.substr(dot + 1);
+      indent = "    ";
+    } else {
+      group = {};
+    }
+    std::string line = fmt::format("{}{}: {}", indent, leaf, deck_schema::format_value(k, *this));
     out += fmt::format("{:<40} # {}\n", line, k.help);
   }
   return out;

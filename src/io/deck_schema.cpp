@@ -51,7 +51,7 @@ const std::vector<Key>& table() {
        .help = "GPT-2 weights to start from: llm.c's checkpoint or Hugging Face safetensors "
                "(its shape replaces model.*); empty: random"},
       {.name = "model.family", .field = at<&Deck::model, &ModelConfig::family>(),
-       .text = Text::kEnum, .choices = {"gpt2", "neox", "llama"},
+       .text = Text::kEnum, .choices = {"gpt2", "neox", "llama", "mixtral"},
        .help = "the block's family; sets the defaults of the keys below"},
       {.name = "model.norm", .field = at<&Deck::model, &ModelConfig::norm>(),
        .text = Text::kEnum, .choices = {"auto", "layernorm", "rmsnorm"},
@@ -83,6 +83,38 @@ const std::vector<Key>& table() {
       {.name = "model.residual", .field = at<&Deck::model, &ModelConfig::residual>(),
        .text = Text::kEnum, .choices = {"auto", "sequential", "parallel"},
        .help = "parallel: attention and MLP read the same input (auto: the family's)"},
+      {.name = "model.moe.experts", .field = at<&Deck::model, &ModelConfig::moe_experts>(),
+       .min = ge(0), .help = "experts per mixture layer; 0: dense (family mixtral: 8)"},
+      {.name = "model.moe.top_k", .field = at<&Deck::model, &ModelConfig::moe_top_k>(),
+       .min = ge(1), .help = "experts each token runs"},
+      {.name = "model.moe.ffn_width", .field = at<&Deck::model, &ModelConfig::moe_ffn_width>(),
+       .min = ge(0), .help = "an expert's hidden width (0: model.mlp_hidden's)"},
+      {.name = "model.moe.every", .field = at<&Deck::model, &ModelConfig::moe_every>(),
+       .min = ge(1), .help = "layer l is a mixture when l % every == 0; the rest stay dense"},
+      {.name = "model.moe.router", .field = at<&Deck::model, &ModelConfig::moe_router>(),
+       .text = Text::kEnum, .choices = {"softmax", "sigmoid"},
+       .help = "softmax (Mixtral) or sigmoid scores with a choice bias (DeepSeek-V3)"},
+      {.name = "model.moe.norm_topk", .field = at<&Deck::model, &ModelConfig::moe_norm_topk>(),
+       .help = "renormalise the k weights to sum 1 (false: Qwen2-MoE, OLMoE)"},
+      {.name = "model.moe.bias_update_rate",
+       .field = at<&Deck::model, &ModelConfig::moe_bias_update_rate>(), .min = ge(0),
+       .help = "sigmoid: the choice bias moves by this times sign(mean load - load) a step"},
+      {.name = "model.moe.aux_loss", .field = at<&Deck::model, &ModelConfig::moe_aux_loss>(),
+       .text = Text::kEnum, .choices = {"none", "switch", "hf"},
+       .help = "load-balancing loss: Megatron-Core's per layer, or transformers' over layers"},
+      {.name = "model.moe.aux_loss_coeff",
+       .field = at<&Deck::model, &ModelConfig::moe_aux_loss_coeff>(), .min = ge(0),
+       .help = "the load-balancing loss's coefficient"},
+      {.name = "model.moe.z_loss", .field = at<&Deck::model, &ModelConfig::moe_z_loss>(),
+       .min = ge(0), .help = "the router z-loss's coefficient (0: off)"},
+      {.name = "model.moe.capacity_factor",
+       .field = at<&Deck::model, &ModelConfig::moe_capacity_factor>(), .min = ge(0),
+       .help = "0: dropless; else each expert takes ceil(f·tokens·k/experts), later ones drop"},
+      {.name = "model.moe.shared_experts",
+       .field = at<&Deck::model, &ModelConfig::moe_shared_experts>(), .min = ge(0),
+       .help = "shared experts every token runs (one MLP of this many times ffn_width)"},
+      {.name = "model.moe.shared_gate", .field = at<&Deck::model, &ModelConfig::moe_shared_gate>(),
+       .help = "scale the shared experts' output by sigmoid(x·w) (Qwen2-MoE)"},
 
       {.name = "train.micro_batch", .field = at<&Deck::train, &TrainConfig::micro_batch>(),
        .min = ge(1), .help = "sequences per micro-batch on each data-parallel rank"},
@@ -306,6 +338,14 @@ const std::vector<std::string_view>& sections() {
     return out;
   }();
   return names;
+}
+
+bool is_group(std::string_view name) {
+  for (const Key& k : keys())
+    if (k.name.size() > name.size() + 1 && k.name.substr(0, name.size()) == name &&
+        k.name[name.size()] == '.')
+      return true;
+  return false;
 }
 
 const Key* find(std::string_view name) {

@@ -50,7 +50,8 @@ struct Scalar {
 const std::vector<Key>& keys();                   // schema order
 const std::vector<std::string_view>& sections();  // in schema order
 const Key* find(std::string_view name);           // nullptr if unknown
-int index_of(const Key& key);                     // position in keys()
+bool is_group(std::string_view name);  // "model.moe": a nested map of keys named model.moe.*
+int index_of(const Key& key);          // position in keys()
 
 // Types `value` by the key's schema and stores it; `where` starts any error message and
 // `base_dir` (absolute) resolves a relative path. Throws input_error on a wrong type or enum.

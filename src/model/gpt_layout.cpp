@@ -136,8 +136,14 @@ Precision parse_precision(const std::string& text) {
   input_error("run.precision: must be one of fp32|bf16, got \"{}\"", text);
 }
 
+// Note [Expert tensors]
+// A mixture layer's routed experts are two 2-D tensors, expert after expert: expfcw
+// [E·fc_rows, C] (each expert's gate | up, or fc) and expfcprojw [E·C, F]. ep splits their rows
+// as kRows splits over tp (rank r holds experts [r·E/ep, (r+1)·E/ep)), so checkpoints,
+// global_index and ZeRO's pieces read them as any row-split tensor; the router [E, C] and the
+// choice bias [E] are replicated. In ready order: experts, router, bias, shared experts, gate.
 std::vector<ParamInfo> gpt_param_layout(const GPTConfig& cfg, int tp, int tp_rank, StageSpec stage,
-                                        bool wte_after_head) {
+                                        bool wte_after_head, int ep, int ep_rank) {
   const int C = cfg.channels, hs = cfg.head_size(), F = cfg.hidden();
   const int q_rows = cfg.heads * hs, kv_rows = cfg.kv_head_count() * hs;
   if (stage.num_layers < 0) stage.num_layers = cfg.layers - stage.first_layer;
@@ -185,10 +191,40 @@ std::vector<ParamInfo> gpt_param_layout(const GPTConfig& cfg, int tp, int tp_ran
   for (int i = stage.num_layers - 1; i >= 0; --i) {
     const int l = stage.global_layer(i);
     auto n = [l](const char* s) { return fmt::format("h{}.{}", l, s); };
-    add(n("fcprojw"), {C, F}, Shard::kColumns, true, l);
-    if (bias) add(n("fcprojb"), {C}, Shard::kReplicated, false, l);
-    add(n("fcw"), {cfg.fc_rows(), C}, Shard::kPartRows, true, l, fc_parts);
-    if (bias) add(n("fcb"), {cfg.fc_rows()}, Shard::kPartRows, false, l, fc_parts);
+    if (cfg.is_moe(l)) {
+      const int E = cfg.moe.experts, Fe = cfg.expert_width(), Fs = cfg.shared_width();
+      auto expert = [&](const char* s, std::vector<int> global) {
+        add(n(s), global, Shard::kReplicated, true, l);
+        ParamInfo& p = out.back();
+        p.expert = true;
+        if (ep > 1) {  // rows over ep (tp > 1 with experts is refused before this)
+          p.shard = Shard::kRows;
+          p.shape[0] = global[0] / ep;
+          p.tp_rank = ep_rank;
+          p.tp_size = ep;
+          offset -= p.count;
+          p.count /= size_t(ep);
+          offset += p.count;
+        }
+      };
+      expert("expfcprojw", {E * C, Fe});
+      expert("expfcw", {E * cfg.fc_rows_of(Fe), C});
+      add(n("router"), {E, C}, Shard::kReplicated, true, l);
+      if (cfg.moe.router == MoeRouter::kSigmoid) {
+        add(n("routerbias"), {E}, Shard::kReplicated, false, l);
+        out.back().trained = false;
+      }
+      if (Fs > 0) {
+        add(n("shfcprojw"), {C, Fs}, Shard::kReplicated, true, l);
+        add(n("shfcw"), {cfg.fc_rows_of(Fs), C}, Shard::kReplicated, true, l);
+        if (cfg.moe.shared_gate) add(n("shgate"), {1, C}, Shard::kReplicated, true, l);
+      }
+    } else {
+      add(n("fcprojw"), {C, F}, Shard::kColumns, true, l);
+      if (bias) add(n("fcprojb"), {C}, Shard::kReplicated, false, l);
+      add(n("fcw"), {cfg.fc_rows(), C}, Shard::kPartRows, true, l, fc_parts);
+      if (bias) add(n("fcb"), {cfg.fc_rows()}, Shard::kPartRows, false, l, fc_parts);
+    }
     add(n("ln2w"), {C}, Shard::kReplicated, false, l);
     if (norm_bias) add(n("ln2b"), {C}, Shard::kReplicated, false, l);
     add(n("attprojw"), {C, q_rows}, Shard::kColumns, true, l);

@@ -25,7 +25,7 @@ namespace trident {
 GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions options)
     : cfg_(cfg), be_(backend), maxB_(B), maxT_(T),
       infos_(gpt_param_layout(cfg, options.tp.size, options.tp.rank, options.stage,
-                              options.wte_after_head)),
+                              options.wte_after_head, options.ep.size, options.ep.rank)),
       table_(std::make_unique<ParamTable>()), scratch_(std::make_unique<Scratch>()),
       tp_(options.tp), cp_(options.cp), stage_(options.stage), recompute_mode_(options.recompute),
       precision_(options.precision), dloss_scale_(options.dloss_scale) {

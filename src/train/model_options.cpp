@@ -29,9 +29,9 @@ std::vector<int> parse_stage_layers(const std::string& text) {
 
 // The family's defaults, then each key that says otherwise (deck.h: "auto" and 0 keep them).
 void apply_block_keys(const ModelConfig& m, GPTConfig& cfg) {
-  cfg.apply_family(m.family == "neox"    ? Family::kNeoX
-                   : m.family == "llama" ? Family::kLlama
-                                         : Family::kGPT2);
+  cfg.apply_family(m.family == "neox"                             ? Family::kNeoX
+                   : m.family == "llama" || m.family == "mixtral" ? Family::kLlama
+                                                                  : Family::kGPT2);
   if (m.norm != "auto") cfg.norm = m.norm == "rmsnorm" ? Norm::kRMSNorm : Norm::kLayerNorm;
   if (m.norm_eps > 0) cfg.norm_eps = float(m.norm_eps);
   if (m.position != "auto")
@@ -51,6 +51,22 @@ void apply_block_keys(const ModelConfig& m, GPTConfig& cfg) {
   if (m.bias != "auto") cfg.bias = m.bias == "true";
   if (m.tied_head != "auto") cfg.tied_head = m.tied_head == "true";
   if (m.residual != "auto") cfg.parallel_residual = m.residual == "parallel";
+  MoeConfig& e = cfg.moe;
+  e.experts = m.moe_experts > 0 ? m.moe_experts : m.family == "mixtral" ? 8 : 0;
+  e.top_k = m.moe_top_k;
+  e.ffn_width = m.moe_ffn_width;
+  e.every = m.moe_every;
+  e.router = m.moe_router == "sigmoid" ? MoeRouter::kSigmoid : MoeRouter::kSoftmax;
+  e.norm_topk = m.moe_norm_topk;
+  e.bias_update_rate = float(m.moe_bias_update_rate);
+  e.aux_loss = m.moe_aux_loss == "switch" ? MoeAux::kSwitch
+               : m.moe_aux_loss == "hf"   ? MoeAux::kHF
+                                          : MoeAux::kNone;
+  e.aux_coeff = float(m.moe_aux_loss_coeff);
+  e.z_coeff = float(m.moe_z_loss);
+  e.capacity_factor = float(m.moe_capacity_factor);
+  e.shared_experts = m.moe_shared_experts;
+  e.shared_gate = m.moe_shared_gate;
 }
 
 }  // namespace

@@ -1,0 +1,113 @@
+// A mixture-of-experts MLP (Note [Mixture of experts] in trident/model_config.h): the router,
+// top-k, the tokens' permutation to their experts and back, the experts' GEMMs, the shared
+// experts and the auxiliary losses, each with its forward and backward; with ep > 1 the
+// tokens travel to the rank holding their expert and back by all-to-all.
+//
+// Note [Expert capacity]
+// capacity_factor 0 is dropless: every (token, expert) choice runs. Above 0 an expert takes at
+// most ceil(f · N · k / E) of the N·k choices of this rank's micro-batch (Switch's and GShard's
+// count), in token order, then choice order: a later token's choice beyond it is dropped and
+// adds nothing (its weight is not renormalised over the kept ones), as Megatron-Core drops
+// with drop_policy "position". The residual carries the token on; the router still learns
+// from the dropped choice's probability through the auxiliary losses only.
+//
+// Note [Auxiliary losses]
+// switch (per layer, Megatron-Core): coeff · E/(N²k) · Σᵢ (Σₜ pₜᵢ) · countᵢ; hf (transformers'
+// Mixtral form): coeff · E/(LN)² · Σᵢ (Σₗ countₗᵢ)(Σₗ Σₜ pₗₜᵢ) over the L mixture layers'
+// logits concatenated; z: coeff · mean over tokens of logsumexp(logits)². countᵢ are the top-k
+// choices before any drop. Their gradients enter the router logits directly, scaled as the
+// cross-entropy's seed (1/(accum·dp·cp)), as Megatron-Core's MoEAuxLossAutoScaler injects
+// them; the loss the run reports is the cross-entropy alone, the auxiliary ones beside it.
+//
+// Note [Expert parallelism]
+// ep ranks are consecutive within dp × cp (the grid's gradients group), so an ep group sits
+// within a node; expert-data-parallel replicas are the rest, ep apart. Each rank routes its own
+// tokens; the rows for rank d's experts are contiguous in expert order, so the counts go first
+// (an all-to-all of E/ep integers a peer), then the rows, then the outputs come back the same
+// way; backward sends the output gradients out and the input gradients back. A rank that
+// receives no rows still takes part in every exchange. Buffers are sized once for the worst
+// case, every token of the group on one rank's experts (ep · N · k rows).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "trident/backend.h"
+#include "trident/comm.h"
+#include "trident/model.h"
+
+namespace trident {
+
+// A mixture layer's tensors (Note [Expert tensors] in src/model/gpt_layout.cpp): this rank's
+// experts, the router, the choice bias (sigmoid; else null), the shared experts (null without).
+struct MoeWeights {
+  const float *expfcw, *expfcprojw, *router, *routerbias, *shfcw, *shfcprojw, *shgate;
+};
+struct MoeGrads {
+  float *expfcw, *expfcprojw, *router, *shfcw, *shfcprojw, *shgate;
+};
+
+// What the layers measured since the last take (summed over micro-batches and layers).
+struct MoeStats {
+  double aux_loss = 0, z_loss = 0;  // the terms as they enter the objective (coefficient in)
+  int64_t dropped = 0;              // (token, expert) choices dropped by the capacity
+  int64_t choices = 0;              // all choices
+  double load_max_over_mean = 0;    // tokens per expert, max / mean, summed over layers
+  int layers_seen = 0;              // mixture layer forwards counted (for the mean of the above)
+  double a2a_ms = 0, a2a_exposed_ms = 0;
+};
+
+// transformers' load-balancing form reads every mixture layer's routing of a micro-batch:
+// the layers' counts and probability sums, per slot, filled by forward, read by backward.
+struct MoeHfTotals {
+  std::vector<double> count, psum;  // [slots][E]
+  std::vector<int> layers;          // [slots] mixture layers that added theirs
+};
+
+class MoeLayer {
+ public:
+  // `max_tokens`: the most rows of a micro-batch this rank feeds the layer (B·T / SP's tp).
+  MoeLayer(const GPTConfig& cfg, Backend& be, int layer, int slots, int max_tokens,
+           ExpertParallel ep, MoeHfTotals* hf);
+  ~MoeLayer();
+  MoeLayer(const MoeLayer&) = delete;
+  MoeLayer& operator=(const MoeLayer&) = delete;
+
+  // out[N, C] = the mixture of x[N, C] (assigned). `counted`: false when recomputing (the same
+  // routing again, its statistics already taken).
+  void forward(int slot, float* out, const float* x, const MoeWeights& w, int N, bool counted);
+  // dx[N, C] assigned; the weights' gradients accumulated; `loss_scale`: the cross-entropy's
+  // seed per micro-batch (Note [Auxiliary losses]).
+  void backward(int slot, float* dx, const float* dout, const float* x, const MoeWeights& w,
+                const MoeGrads& g, int N, float loss_scale);
+
+  // The tokens each of the E experts received since the last take (every micro-batch, this
+  // rank's tokens, before any drop): the sigmoid router's bias update reads them.
+  std::vector<double>& step_load() { return step_load_; }
+  void take_stats(MoeStats& into);
+  int layer() const { return layer_; }
+
+ private:
+  struct SlotState;
+  struct Scratch;
+  void route(SlotState& s, const float* x, const MoeWeights& w, int N, bool counted);
+  void permute(SlotState& s, int N);
+  void dispatch(SlotState& s, const float* rows, float* out, int width, bool back);
+  void experts_forward(SlotState& s, const MoeWeights& w);
+  void experts_backward(SlotState& s, const MoeWeights& w, const MoeGrads& g);
+  void router_backward(SlotState& s, float* dx, const float* x, const MoeWeights& w,
+                       const MoeGrads& g, int N, float loss_scale);
+
+  const GPTConfig& cfg_;
+  Backend& be_;
+  int layer_;
+  int max_tokens_;
+  ExpertParallel ep_;
+  MoeHfTotals* hf_;
+  std::vector<SlotState> slots_;
+  std::unique_ptr<Scratch> scratch_;
+  std::vector<double> step_load_;
+  MoeStats stats_;
+};
+
+}  // namespace trident
