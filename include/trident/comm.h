@@ -145,6 +145,11 @@ class Communicator {
   Work broadcast(T* data, size_t count, int root) {
     return start_broadcast(data, count, elem_type_of<T>(), root);
   }
+  // send_counts[p] elements to peer p, recv_counts[p] from it, each side packed in peer order.
+  template <typename T>
+  Work all_to_all_v(const T* send, const size_t* send_counts, T* recv, const size_t* recv_counts) {
+    return start_all_to_all_v(send, send_counts, recv, recv_counts, elem_type_of<T>());
+  }
   // dest/src are ranks of this communicator.
   template <typename T>
   Work send(const T* data, size_t count, int dest, int tag = 0) {
@@ -217,6 +222,8 @@ class Communicator {
   virtual Work start_broadcast(void* data, size_t count, ElemType type, int root) = 0;
   virtual Work start_send(const void* data, size_t count, ElemType type, int dest, int tag) = 0;
   virtual Work start_recv(void* data, size_t count, ElemType type, int src, int tag) = 0;
+  virtual Work start_all_to_all_v(const void* send, const size_t* send_counts, void* recv,
+                                  const size_t* recv_counts, ElemType type);
 };
 
 // A communicator of one rank, without MPI: collectives are copies or nothing, and send/recv

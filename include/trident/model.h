@@ -218,6 +218,18 @@ struct GPTOptions {
 };
 
 class CpAttention;
+class MoeLayer;
+struct MoeHfTotals;
+
+// The mixture layers' figures since the last take (GPT::take_moe_stats; src/model/moe.h).
+struct MoeStats {
+  double aux_loss = 0, z_loss = 0;  // the terms as they enter the objective (coefficient in)
+  int64_t dropped = 0;              // (token, expert) choices dropped by the capacity
+  int64_t choices = 0;              // all choices
+  double load_max_over_mean = 0;    // tokens per expert, max / mean, summed over layer forwards
+  int layers_seen = 0;              // mixture layer forwards counted
+  double a2a_ms = 0, a2a_exposed_ms = 0;
+};
 
 class GPT {
  public:
@@ -335,6 +347,11 @@ class GPT {
   // the wire (start to completion), and the part of it attention waited for.
   double take_cp_comm_ms();
   double take_cp_exposed_ms();
+  // Mixtures of experts (src/model/moe.h): the figures since the last take; and the sigmoid
+  // router's choice bias stepped by the step's loads summed over `group` (dp × cp).
+  bool has_moe() const { return moe_count_ > 0; }
+  MoeStats take_moe_stats();
+  void update_router_biases(Communicator* group);
 
   // One block's activation buffers, in BlockActs order: ln1 ln1_mean ln1_rstd qkv att atty
   // residual2 ln2 ln2_mean ln2_rstd fch fch_gelu residual3; and which of them the bf16 path
@@ -373,8 +390,8 @@ class GPT {
   // Block `local_layer`'s tensors in `base` (params_ or grads_).
   BlockWeights block(float* base, int local_layer) const;
   // One block's forward from residual_in [Nr,C] into `a` (forward, and recomputation).
-  void block_forward(const BlockWeights& w, const BlockActs& a, const float* residual_in, int B,
-                     int T);
+  void block_forward(int slot, int local_layer, const BlockWeights& w, const BlockActs& a,
+                     const float* residual_in, int B, int T);
   // Recomputes what the recompute mode dropped for block `local_layer` of `slot`.
   void recompute_block(int slot, int local_layer, const float* residual_in);
   // The bf16 path (gpt_bf16.cpp; Note [bf16 activations]): a block's weights are cast to
@@ -483,7 +500,20 @@ class GPT {
   TensorParallel tp_;
   ContextParallel cp_;
   std::unique_ptr<CpAttention> cp_attention_;  // cp > 1
-  std::vector<int> cp_positions_;              // cp > 1: the global position of each local row
+  ExpertParallel ep_;
+  std::vector<std::unique_ptr<MoeLayer>> moe_;  // per local layer; null where the MLP is dense
+  std::unique_ptr<MoeHfTotals> moe_hf_;
+  int moe_count_ = 0;
+  bool recomputing_ = false;  // inside recompute_block: the mixture's statistics are taken
+  double moe_hf_aux_ = 0.0;   // transformers' aux form, summed over micro-batches
+  void make_moe_layers(int B, int T, int slots);
+  void moe_begin_forward(int slot);
+  void moe_end_forward(int slot, int N);
+  // The mixture MLP of block i (gpt_moe.cpp): out = moe(ln2) on N rows; backward dln2 (assign).
+  void moe_forward(int slot, int local_layer, float* out, const float* ln2, int N);
+  void moe_backward(int slot, int local_layer, float* dln2, const float* dout, const float* ln2,
+                    int N, float loss_scale);
+  std::vector<int> cp_positions_;  // cp > 1: the global position of each local row
   StageSpec stage_;
   Recompute recompute_mode_ = Recompute::kNone;
   Precision precision_ = Precision::kFp32;

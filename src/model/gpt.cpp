@@ -20,6 +20,7 @@
 #include "model/cp_attention.h"
 #include "model/gpt_phase.h"
 #include "model/gpt_state.h"
+#include "model/moe.h"
 #include "trident/check.h"
 #include "trident/model.h"
 
@@ -82,13 +83,25 @@ void GPT::build_param_table() {
     lt.offset = {off("ln1w"),     off("ln1b"),     off("qkvw"),    off("qkvb"),
                  off("attprojw"), off("attprojb"), off("ln2w"),    off("ln2b"),
                  off("fcw"),      off("fcb"),      off("fcprojw"), off("fcprojb")};
-    lt.ready_fcproj = ready("fcprojw", "fcprojb");
-    lt.ready_fc = ready("fcw", "fcb");
+    lt.moe = cfg_.is_moe(l);
+    if (lt.moe) {
+      const char* names[7] = {"expfcw", "expfcprojw", "router", "routerbias",
+                              "shfcw",  "shfcprojw",  "shgate"};
+      for (int k = 0; k < 7; ++k) {
+        lt.moe_offset[size_t(k)] = off(names[k]);
+        lt.ready_moe = std::max(lt.ready_moe, param_index(name(names[k])));
+      }
+      lt.ready_fcproj = lt.ready_fc = lt.ready_moe;
+    } else {
+      lt.ready_fcproj = ready("fcprojw", "fcprojb");
+      lt.ready_fc = ready("fcw", "fcb");
+    }
     lt.ready_ln2 = ready("ln2w", "ln2b");
     lt.ready_attproj = ready("attprojw", "attprojb");
     lt.ready_qkv = ready("qkvw", "qkvb");
     lt.ready_ln1 = ready("ln1w", "ln1b");
-    for (int k = param_index(name("fcprojw")); k <= lt.ready_ln1; ++k) lt.uses.push_back(k);
+    const int first = param_index(name(lt.moe ? "expfcprojw" : "fcprojw"));
+    for (int k = first; k <= lt.ready_ln1; ++k) lt.uses.push_back(k);
     lt.span_begin = infos_[size_t(lt.uses.front())].offset;  // ready order = buffer order
     lt.span_end = infos_[size_t(lt.ready_ln1)].offset + infos_[size_t(lt.ready_ln1)].count;
     lt.forward_phase = fmt::format("forward block {}", l);
@@ -185,8 +198,8 @@ void GPT::activation_backward(float* dpre, const float* pre, const float* dout, 
   }
 }
 
-void GPT::block_forward(const BlockWeights& w, const BlockActs& a, const float* residual_in, int B,
-                        int T) {
+void GPT::block_forward(int slot, int local_layer, const BlockWeights& w, const BlockActs& a,
+                        const float* residual_in, int B, int T) {
   const int C = cfg_.channels, tps = tp_.size, hs = cfg_.head_size();
   const int NHl = cfg_.heads / tps;
   const int Ql = NHl * hs, QKVl = cfg_.qkv_rows() / tps;
@@ -209,6 +222,11 @@ void GPT::block_forward(const BlockWeights& w, const BlockActs& a, const float* 
   // A parallel residual's MLP reads the block's input, as its attention does.
   const float* mlp_in = cfg_.parallel_residual ? residual_in : a.residual2;
   norm_gathered(a.ln2, a.ln2_mean, a.ln2_rstd, mlp_in, w.ln2w, w.ln2b, B, T, C);
+  if (moe_[size_t(local_layer)]) {  // tp 1 (check_moe_layout): the mixture's output is final
+    moe_forward(slot, local_layer, a.residual3, a.ln2, N);
+    be_.add(a.residual3, a.residual3, a.residual2, size_t(Nr) * C);
+    return;
+  }
   be_.matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, N, C, FCl);
   activation_forward(a.fch_gelu, a.fch, N);
   be_.matmul_forward(mlp_partial, a.fch_gelu, w.fcprojw, add_row_bias ? w.fcprojb : nullptr, N, Fl,
@@ -257,6 +275,7 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, int 
     embedding_forward(s.encoded.data(), s.inputs.data(), B, T);
   }
   const float* residual = s.encoded.data();
+  moe_begin_forward(slot);
   for (int i = begin; i < end; ++i) {
     progress();
     if (param_use_) param_use_(ParamPass::kForward, table_->layers[size_t(i)].uses);
@@ -270,9 +289,10 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, int 
       continue;
     }
     const BlockActs a = block_acts(slot, i);
-    block_forward(block(P, i), a, residual, B, T);
+    block_forward(slot, i, block(P, i), a, residual, B, T);
     residual = a.residual3;
   }
+  moe_end_forward(slot, N);
   if (!head_chunk(s)) return 0.0f;
   if (param_use_) param_use_(ParamPass::kForward, table_->head_uses);
   Phase ph(be_, phases_, table_->forward_head);

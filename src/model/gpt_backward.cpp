@@ -159,15 +159,20 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale, const fl
     float* dres = a.dresidual.data();  // gradient w.r.t. this block's output (this rank's rows)
 
     const float* dout = dresidual_all_rows();
-    keep_copy(act.residual3, dres, size_t(Nr) * C);
-    be_.matmul_backward(a.dbuf_4c.data(), grad(dw.fcprojw), grad(dw.fcprojb), dout, act.fch_gelu,
-                        w.fcprojw, N, Fl, C);
-    ready.through(lt.ready_fcproj);
-    activation_backward(a.dbuf_4c2.data(), act.fch, a.dbuf_4c.data(), N);
-    keep_copy(act.fch, a.dbuf_4c2.data(), size_t(N) * FCl);
-    be_.matmul_backward(a.dbuf_c.data(), grad(dw.fcw), grad(dw.fcb), a.dbuf_4c2.data(), act.ln2,
-                        w.fcw, N, C, FCl);
-    ready.through(lt.ready_fc);
+    if (lt.moe) {  // its weight gradients too (a split backward is refused with mixtures)
+      moe_backward(slot, i, a.dbuf_c.data(), dout, act.ln2, N, dloss_scale);
+      ready.through(lt.ready_moe);
+    } else {
+      keep_copy(act.residual3, dres, size_t(Nr) * C);
+      be_.matmul_backward(a.dbuf_4c.data(), grad(dw.fcprojw), grad(dw.fcprojb), dout, act.fch_gelu,
+                          w.fcprojw, N, Fl, C);
+      ready.through(lt.ready_fcproj);
+      activation_backward(a.dbuf_4c2.data(), act.fch, a.dbuf_4c.data(), N);
+      keep_copy(act.fch, a.dbuf_4c2.data(), size_t(N) * FCl);
+      be_.matmul_backward(a.dbuf_c.data(), grad(dw.fcw), grad(dw.fcb), a.dbuf_4c2.data(), act.ln2,
+                          w.fcw, N, C, FCl);
+      ready.through(lt.ready_fc);
+    }
     // Sequential: the MLP read residual2, whose gradient gets the MLP input's. Parallel: it
     // read the block's input, whose gradient collects it at the end (dparallel); residual2's
     // gradient is the block output's, already gathered in dout.
@@ -246,6 +251,7 @@ void GPT::backward_weight(int slot, const GradReadyFn& on_ready, const Embedding
     const BlockActs act = block_acts(slot, i);
     const BlockWeights w = block(P, i);
     const BlockWeights dw = block(G, i);
+    TRIDENT_CHECK(!lt.moe, "a split backward of a mixture layer");
     be_.matmul_backward(nullptr, dw.fcprojw, dw.fcprojb, all_rows(act.residual3), act.fch_gelu,
                         w.fcprojw, N, Fl, C);
     ready.through(lt.ready_fcproj);

@@ -17,6 +17,7 @@
 
 #include "model/cp_attention.h"
 #include "model/gpt_state.h"
+#include "model/moe.h"
 #include "trident/check.h"
 #include "trident/model.h"
 
@@ -27,8 +28,9 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
       infos_(gpt_param_layout(cfg, options.tp.size, options.tp.rank, options.stage,
                               options.wte_after_head, options.ep.size, options.ep.rank)),
       table_(std::make_unique<ParamTable>()), scratch_(std::make_unique<Scratch>()),
-      tp_(options.tp), cp_(options.cp), stage_(options.stage), recompute_mode_(options.recompute),
-      precision_(options.precision), dloss_scale_(options.dloss_scale) {
+      tp_(options.tp), cp_(options.cp), ep_(options.ep), stage_(options.stage),
+      recompute_mode_(options.recompute), precision_(options.precision),
+      dloss_scale_(options.dloss_scale) {
   TRIDENT_CHECK(T <= cfg.max_seq_len, "T {} > max_seq_len {}", T, cfg.max_seq_len);
   check_model_config(cfg);
   // Note [Families on the GPT-2 paths]
@@ -44,6 +46,19 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   TRIDENT_CHECK(tp_.size == 1 || tp_.comm != nullptr, "tp {} without a communicator", tp_.size);
   TRIDENT_CHECK(options.slots >= 1, "slots {}", options.slots);
   check_tensor_parallel(cfg, tp_.size, tp_.sequence_parallel, T);
+  // Note [Mixtures in the layouts] in src/model/gpt_moe.cpp.
+  if (cfg.has_moe()) {
+    if (backend.is_device())
+      input_error("model.moe: mixtures of experts run on the host backend only (run.backend {})",
+                  backend.name());
+    if (options.precision == Precision::kBf16)
+      input_error("model.moe with run.precision bf16: mixtures run in fp32 for now");
+    if (tp_.size > 1)
+      input_error("model.moe with parallel.tp {}: mixtures run at tp 1 for now", tp_.size);
+    TRIDENT_CHECK(ep_.size == 1 || ep_.comm != nullptr, "ep {} without a communicator", ep_.size);
+    if (cfg.moe.experts % ep_.size != 0)
+      input_error("parallel.ep {} does not divide model.moe.experts {}", ep_.size, cfg.moe.experts);
+  }
   // Note [Context parallelism] (cp_attention.h): T is this rank's two chunks of each sequence.
   if (cp_.size > 1) {
     TRIDENT_CHECK(cp_.comm != nullptr && T % 2 == 0,
@@ -185,6 +200,7 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
       a.cp_wpe = floats(size_t(T) * C), a.cp_dwpe = floats(size_t(T) * C);
   }
   if (cfg.rotary_dims() > 0) make_rope_tables();
+  make_moe_layers(B, T, options.slots);
   // Zero now and after every reduction (Note [Sequence-parallel LayerNorm gradients]).
   a.dln_partials = floats((2 * size_t(stage_.num_layers) + 1) * 2 * C);
   be_.fill_zero(a.dln_partials.data(), a.dln_partials.size() * sizeof(float));
@@ -253,12 +269,18 @@ void GPT::recompute_block(int slot, int local_layer, const float* residual_in) {
   const BlockWeights w = block(params_.data(), local_layer);
   BlockActs a = block_acts(slot, local_layer);
   if (recompute_mode_ == Recompute::kMlp) {
+    if (moe_[size_t(local_layer)]) return;  // a mixture keeps its own (src/model/moe.h)
     be_.matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, N, cfg_.channels, cfg_.fc_rows() / tp_.size);
     activation_forward(a.fch_gelu, a.fch, N);
     return;
   }
   a.residual3 = recompute_[12].data();  // the kept output is already there; do not rewrite it
-  block_forward(w, a, residual_in, B, T);
+  recomputing_ = true;
+  struct Reset {
+    bool& flag;
+    ~Reset() { flag = false; }
+  } reset{recomputing_};
+  block_forward(slot, local_layer, w, a, residual_in, B, T);
 }
 
 const float* GPT::stage_output(int slot) const {

@@ -90,6 +90,11 @@ struct GPT::LayerTable {
   int ready_fcproj, ready_fc, ready_ln2, ready_attproj, ready_qkv, ready_ln1;
   // "forward block 3", "backward block 3", "weight block 3" (a split backward's W)
   std::string forward_phase, backward_phase, weight_phase;
+  // A mixture MLP (Note [Expert tensors]): its tensors' offsets (kNoTensor where absent) in
+  // MoeWeights order, and the last of them in ready order; fc*'s offsets are kNoTensor then.
+  bool moe = false;
+  std::array<size_t, 7> moe_offset{};
+  int ready_moe = -1;
   std::vector<int> uses;                // the block's parameter indices (for param_use_)
   size_t span_begin = 0, span_end = 0;  // the block's span of the flat buffer (bf16 casts)
 };

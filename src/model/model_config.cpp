@@ -149,6 +149,7 @@ void check_model_config(const GPTConfig& c) {
                 double(c.norm_eps));
   if (c.has_moe()) {
     const MoeConfig& m = c.moe;
+    if (m.experts > 256) input_error("model.moe.experts {} exceeds 256", m.experts);
     if (m.top_k < 1 || m.top_k > m.experts)
       input_error("model.moe.top_k {} must be in [1, model.moe.experts {}]", m.top_k, m.experts);
     if (m.every < 1) input_error("model.moe.every {} must be >= 1", m.every);

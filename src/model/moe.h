@@ -47,16 +47,6 @@ struct MoeGrads {
   float *expfcw, *expfcprojw, *router, *shfcw, *shfcprojw, *shgate;
 };
 
-// What the layers measured since the last take (summed over micro-batches and layers).
-struct MoeStats {
-  double aux_loss = 0, z_loss = 0;  // the terms as they enter the objective (coefficient in)
-  int64_t dropped = 0;              // (token, expert) choices dropped by the capacity
-  int64_t choices = 0;              // all choices
-  double load_max_over_mean = 0;    // tokens per expert, max / mean, summed over layers
-  int layers_seen = 0;              // mixture layer forwards counted (for the mean of the above)
-  double a2a_ms = 0, a2a_exposed_ms = 0;
-};
-
 // transformers' load-balancing form reads every mixture layer's routing of a micro-batch:
 // the layers' counts and probability sums, per slot, filled by forward, read by backward.
 struct MoeHfTotals {

@@ -1,0 +1,103 @@
+// GPT's mixture layers (src/model/moe.h): built where the config asks for them, fed the block's
+// second norm, their figures and the sigmoid router's bias step.
+//
+// Note [Mixtures in the layouts]
+// A mixture runs on the host in fp32, at tp 1: its rows are the micro-batch's N tokens (with cp
+// this rank's chunks), routed independently, so dp, cp, pp (1f1b, gpipe, interleaved),
+// recompute and ZeRO-1/2 need nothing of it beyond the gradient groups (Note [Expert
+// parallelism]). Refused by name until built: tp > 1, bf16, device backends, ZeRO-3, zb-h1's
+// split backward (B would leave the experts' weight gradients for W, which needs the routing
+// again), and transformers' aux form across pipeline stages (it sums every layer's counts).
+// Under recompute a mixture keeps its own buffers; `full` runs its forward again (the same
+// routing, bit for bit) without counting its figures twice.
+#include <cmath>
+
+#include "model/gpt_state.h"
+#include "model/moe.h"
+#include "trident/check.h"
+
+namespace trident {
+
+void GPT::make_moe_layers(int B, int T, int slots) {
+  moe_.resize(size_t(stage_.num_layers));
+  if (!cfg_.has_moe()) return;
+  const int E = cfg_.moe.experts;
+  moe_hf_ = std::make_unique<MoeHfTotals>();
+  moe_hf_->count.assign(size_t(slots) * E, 0.0);
+  moe_hf_->psum.assign(size_t(slots) * E, 0.0);
+  moe_hf_->layers.assign(size_t(slots), 0);
+  for (int i = 0; i < stage_.num_layers; ++i) {
+    if (!table_->layers[size_t(i)].moe) continue;
+    moe_[size_t(i)] = std::make_unique<MoeLayer>(cfg_, be_, stage_.global_layer(i), slots, B * T,
+                                                 ep_, moe_hf_.get());
+    ++moe_count_;
+  }
+}
+
+void GPT::moe_forward(int slot, int local_layer, float* out, const float* ln2, int N) {
+  const auto& o = table_->layers[size_t(local_layer)].moe_offset;
+  float* P = params_.data();
+  const MoeWeights w{at(P, o[0]), at(P, o[1]), at(P, o[2]), at(P, o[3]),
+                     at(P, o[4]), at(P, o[5]), at(P, o[6])};
+  moe_[size_t(local_layer)]->forward(slot, out, ln2, w, N, !recomputing_);
+}
+
+void GPT::moe_backward(int slot, int local_layer, float* dln2, const float* dout, const float* ln2,
+                       int N, float loss_scale) {
+  const auto& o = table_->layers[size_t(local_layer)].moe_offset;
+  float *P = params_.data(), *G = grads_.data();
+  const MoeWeights w{at(P, o[0]), at(P, o[1]), at(P, o[2]), at(P, o[3]),
+                     at(P, o[4]), at(P, o[5]), at(P, o[6])};
+  const MoeGrads g{at(G, o[0]), at(G, o[1]), at(G, o[2]), at(G, o[4]), at(G, o[5]), at(G, o[6])};
+  moe_[size_t(local_layer)]->backward(slot, dln2, dout, ln2, w, g, N, loss_scale);
+}
+
+void GPT::moe_begin_forward(int slot) {
+  if (!moe_hf_) return;
+  const size_t E = size_t(cfg_.moe.experts);
+  std::fill(moe_hf_->count.begin() + slot * E, moe_hf_->count.begin() + (slot + 1) * E, 0.0);
+  std::fill(moe_hf_->psum.begin() + slot * E, moe_hf_->psum.begin() + (slot + 1) * E, 0.0);
+  moe_hf_->layers[size_t(slot)] = 0;
+}
+
+// transformers' form is known only when every mixture layer of the micro-batch has routed.
+void GPT::moe_end_forward(int slot, int N) {
+  if (!moe_hf_ || cfg_.moe.aux_loss != MoeAux::kHF) return;
+  const size_t E = size_t(cfg_.moe.experts);
+  const double LN = double(moe_hf_->layers[size_t(slot)]) * N;
+  if (LN == 0) return;
+  double sum = 0;
+  for (size_t i = 0; i < E; ++i) sum += moe_hf_->count[slot * E + i] * moe_hf_->psum[slot * E + i];
+  moe_hf_aux_ += double(cfg_.moe.aux_coeff) * double(E) * sum / (LN * LN);
+}
+
+MoeStats GPT::take_moe_stats() {
+  MoeStats s;
+  for (auto& m : moe_)
+    if (m) m->take_stats(s);
+  s.aux_loss += moe_hf_aux_;
+  moe_hf_aux_ = 0;
+  return s;
+}
+
+// DeepSeek-V3's loss-free balancing: each expert's bias moves by rate · sign(mean − load), the
+// loads summed over the step's micro-batches and the ranks of `group`.
+void GPT::update_router_biases(Communicator* group) {
+  if (cfg_.moe.router != MoeRouter::kSigmoid) return;
+  const int E = cfg_.moe.experts;
+  for (size_t i = 0; i < moe_.size(); ++i) {
+    if (!moe_[i]) continue;
+    std::vector<double>& load = moe_[i]->step_load();
+    if (group && group->size() > 1) group->all_reduce(load.data(), load.size()).wait();
+    double mean = 0;
+    for (double v : load) mean += v / E;
+    float* bias = params_.data() + table_->layers[i].moe_offset[3];
+    for (int e = 0; e < E; ++e) {
+      const double d = mean - load[size_t(e)];
+      bias[e] += float(cfg_.moe.bias_update_rate * double((d > 0) - (d < 0)));
+    }
+    std::fill(load.begin(), load.end(), 0.0);
+  }
+}
+
+}  // namespace trident
