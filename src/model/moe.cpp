@@ -374,8 +374,8 @@ void MoeLayer::experts_backward(SlotState& s, const MoeWeights& w, const MoeGrad
   }
 }
 
-// d logits from the combine weights' gradients, the auxiliary losses and the z-loss (Note
-// [Auxiliary losses]); then the router's weight gradient and its input gradient into dx.
+// d logits from the combine weights' gradients, the auxiliary losses and the z-loss
+// (Note [Auxiliary losses]); then the router's weight gradient and its input gradient into dx.
 void MoeLayer::router_backward(SlotState& s, float* dx, const float* x, const MoeWeights& w,
                                const MoeGrads& g, int N, float loss_scale) {
   const MoeConfig& m = cfg_.moe;
