@@ -5,9 +5,9 @@
 // A mixture runs on the host in fp32, at tp 1: its rows are the micro-batch's N tokens (with cp
 // this rank's chunks), routed independently, so dp, cp, pp (1f1b, gpipe, interleaved),
 // recompute and ZeRO-1/2 need nothing of it beyond the gradient groups
-// (Note [Expert parallelism]). Refused by name until built: tp > 1, bf16, device backends, ZeRO-3, zb-h1's
-// split backward (B would leave the experts' weight gradients for W, which needs the routing
-// again), and transformers' aux form across pipeline stages (it sums every layer's counts).
+// (Note [Expert parallelism]). Refused by name until built: tp > 1, bf16, device backends,
+// ZeRO-3, zb-h1's split backward (B would leave the experts' weight gradients for W, which
+// needs the routing again), and transformers' aux form across pipeline stages.
 // Under recompute a mixture keeps its own buffers; `full` runs its forward again (the same
 // routing, bit for bit) without counting its figures twice.
 #include <cmath>
