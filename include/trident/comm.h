@@ -49,9 +49,11 @@ constexpr ElemType elem_type_of() {
 
 // One completed (or running) operation, for comm_ms accounting and traces.
 struct OpRecord {
-  const char* op = "";  // "all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv"
-  size_t bytes = 0;     // this rank's buffer (all_reduce, broadcast, send, recv); the full
-                        // gathered buffer (reduce_scatter input, all_gather output)
+  // "all_reduce", "reduce_scatter", "all_gather", "broadcast", "send", "recv", "all_to_all"
+  const char* op = "";
+  // This rank's buffer (all_reduce, broadcast, send, recv); the full gathered buffer
+  // (reduce_scatter input, all_gather output); what this rank sends to the others (all_to_all).
+  size_t bytes = 0;
   CommClock::time_point start{}, end{};  // end is set once the operation completed
   double link_ms = 0;  // on an emulated link, its time on the wire (emulated_link_seconds)
   double ms() const { return std::chrono::duration<double, std::milli>(end - start).count(); }
@@ -159,6 +161,12 @@ class Communicator {
   Work recv(T* data, size_t count, int src, int tag = 0) {
     return start_recv(data, count, elem_type_of<T>(), src, tag);
   }
+  // Sends send_counts[p] elements to peer p (taken from `send` at the prefix sum of the counts
+  // before p) and receives recv_counts[p] from p (placed at the prefix sum likewise). Both arrays
+  // have size() entries; counts may be zero; every rank must call it (MPI_Ialltoallv semantics).
+  // The count arrays are read during the call only; send and recv stay in use until complete.
+  virtual Work start_all_to_all_v(const void* send, const size_t* send_counts, void* recv,
+                                  const size_t* recv_counts, ElemType type) = 0;
 
   // Ordering with a compute stream: Note [Gradient-ready events]. The defaults are those of a
   // host communicator: no mark, nothing to wait for.
@@ -244,6 +252,11 @@ class SoloComm : public Communicator {
   Work start_send(const void* data, size_t count, ElemType type, int dest, int tag) override;
   Work start_recv(void* data, size_t count, ElemType type, int src, int tag) override;
 
+ public:
+  // A copy of send_counts[0] elements.
+  Work start_all_to_all_v(const void* send, const size_t* send_counts, void* recv,
+                          const size_t* recv_counts, ElemType type) override;
+
  private:
   std::string name_ = "solo";
 };
@@ -255,8 +268,9 @@ class SoloComm : public Communicator {
 //   all_gather        (n−1)/n · bytes / bw +  (n−1) · latency   (bytes = the full output)
 //   broadcast                   bytes / bw +  (n−1) · latency   (pipelined chain)
 //   send, recv                  bytes / bw +          latency   (one hop)
+//   all_to_all                  bytes / bw +  (n−1) · latency   (bytes = sent to other ranks)
 // Collectives on one rank take 0.
-enum class LinkOp { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kSendRecv };
+enum class LinkOp { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kSendRecv, kAllToAll };
 double emulated_link_seconds(LinkOp op, size_t bytes, int n, double gbps, double latency_us);
 
 // How long a thread that drives MPI progress pauses after `idle_polls` polls in a row that
@@ -339,6 +353,12 @@ class MpiComm : public Communicator {
   Work start_broadcast(void* data, size_t count, ElemType type, int root) override;
   Work start_send(const void* data, size_t count, ElemType type, int dest, int tag) override;
   Work start_recv(void* data, size_t count, ElemType type, int src, int tag) override;
+
+ public:
+  // MPI_Ialltoallv; every count and displacement must fit in an int (else an Error, before
+  // anything starts). The emulated link carries the bytes sent to other ranks.
+  Work start_all_to_all_v(const void* send, const size_t* send_counts, void* recv,
+                          const size_t* recv_counts, ElemType type) override;
 
  private:
   friend class MpiWork;  // the calls below serve this communicator's Work objects

@@ -99,6 +99,10 @@ class NcclComm final : public Communicator {
   cudaEvent_t take_event();
   void give_event(cudaEvent_t event) noexcept;
 
+  // One NCCL group of a send and a receive per peer with a nonzero count (self included).
+  Work start_all_to_all_v(const void* send, const size_t* send_counts, void* recv,
+                          const size_t* recv_counts, ElemType type) override;
+
  protected:
   Work start_all_reduce(void* data, size_t count, ElemType type) override;
   Work start_all_reduce_op(void* data, size_t count, ElemType type, ReduceOp op,

@@ -56,7 +56,8 @@ double emulated_link_seconds(LinkOp op, size_t bytes, int n, double gbps, double
     case LinkOp::kAllReduce: return 2 * steps / n * b / bytes_per_s + 2 * steps * latency_s;
     case LinkOp::kReduceScatter:
     case LinkOp::kAllGather: return steps / n * b / bytes_per_s + steps * latency_s;
-    case LinkOp::kBroadcast: return b / bytes_per_s + steps * latency_s;
+    case LinkOp::kBroadcast:
+    case LinkOp::kAllToAll: return b / bytes_per_s + steps * latency_s;
     case LinkOp::kSendRecv: break;
   }
   return 0;
@@ -132,9 +133,10 @@ class MpiWork final : public Work::Impl {
   }
 
   CommClock::time_point post_at() const { return post_at_; }
+  // `post` lives until the transport completed: what it captured (an all-to-all's counts) may
+  // be read by MPI until then.
   void post() {
     post_(requests_.data());
-    post_ = nullptr;
     posted_ = true;
   }
 
@@ -149,6 +151,7 @@ class MpiWork final : public Work::Impl {
       TRIDENT_MPI(MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &flag,
                               MPI_STATUSES_IGNORE));
       transport_done_ = flag != 0;
+      if (transport_done_) post_ = nullptr;
       if (transport_done_ && staged_ != nullptr) bf16::to_float(staged_->data(), out_, n_);
     }
     const auto now = CommClock::now();
@@ -431,6 +434,38 @@ Work MpiComm::start_recv(void* data, size_t count, ElemType type, int src, int t
       "recv", LinkOp::kSendRecv, count * elem_bytes(type), 1,
       [data, n, t = mpi_type(type), src, tag, comm = comm_](MPI_Request* req) {
         TRIDENT_MPI(MPI_Irecv(data, n, t, src, tag, comm, req));
+      },
+      start);
+}
+
+Work MpiComm::start_all_to_all_v(const void* send, const size_t* send_counts, void* recv,
+                                 const size_t* recv_counts, ElemType type) {
+  const auto start = CommClock::now();
+  // MPI's int counts and displacements, copied into the operation: it may be posted later
+  // (Note [Paced link]) and MPI reads them until it completes. Checked before anything starts.
+  const size_t n = size_t(size_);
+  std::vector<int> ints(4 * n);  // send counts, send displacements, recv counts, recv displs
+  size_t send_at = 0, recv_at = 0, sent = 0;
+  auto to_int = [&](size_t v, const char* what, int peer) {
+    TRIDENT_CHECK(v <= size_t(INT_MAX),
+                  "all_to_all on '{}' (rank {}): {} for rank {} is {} elements; MPI counts are int",
+                  name_, rank_, what, peer, v);
+    return static_cast<int>(v);
+  };
+  for (int p = 0; p < size_; ++p) {
+    ints[size_t(p)] = to_int(send_counts[p], "the send count", p);
+    ints[n + size_t(p)] = to_int(send_at, "the send offset", p);
+    ints[2 * n + size_t(p)] = to_int(recv_counts[p], "the receive count", p);
+    ints[3 * n + size_t(p)] = to_int(recv_at, "the receive offset", p);
+    send_at += send_counts[p];
+    recv_at += recv_counts[p];
+    if (p != rank_) sent += send_counts[p];
+  }
+  return make_work(
+      "all_to_all", LinkOp::kAllToAll, sent * elem_bytes(type), 1,
+      [send, recv, ints = std::move(ints), n, t = mpi_type(type), comm = comm_](MPI_Request* req) {
+        const int* c = ints.data();
+        TRIDENT_MPI(MPI_Ialltoallv(send, c, c + n, t, recv, c + 2 * n, c + 3 * n, t, comm, req));
       },
       start);
 }

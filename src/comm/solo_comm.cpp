@@ -20,6 +20,15 @@ Work SoloComm::start_all_gather(const void* send, void* recv, size_t send_count,
 
 Work SoloComm::start_broadcast(void*, size_t, ElemType, int) { return {}; }
 
+Work SoloComm::start_all_to_all_v(const void* send, const size_t* send_counts, void* recv,
+                                  const size_t* recv_counts, ElemType type) {
+  TRIDENT_CHECK(send_counts[0] == recv_counts[0],
+                "all_to_all on a one-rank communicator sends {} elements and receives {}",
+                send_counts[0], recv_counts[0]);
+  if (send != recv) std::memmove(recv, send, send_counts[0] * elem_bytes(type));
+  return {};
+}
+
 Work SoloComm::start_send(const void*, size_t, ElemType, int dest, int) {
   internal_error(__FILE__, __LINE__,
                  fmt::format("send to rank {} on a one-rank communicator", dest));

@@ -20,6 +20,9 @@ TEST(EmulatedLink, OtherOperations) {
   EXPECT_NEAR(emulated_link_seconds(LinkOp::kAllGather, gb, 4, 8, 10), 0.75 + 30e-6, 1e-12);
   EXPECT_NEAR(emulated_link_seconds(LinkOp::kBroadcast, gb, 4, 8, 10), 1.0 + 30e-6, 1e-12);
   EXPECT_NEAR(emulated_link_seconds(LinkOp::kSendRecv, gb, 4, 8, 10), 1.0 + 10e-6, 1e-12);
+  // All-to-all: bytes are what one rank sends to the others, n−1 hops of latency.
+  EXPECT_NEAR(emulated_link_seconds(LinkOp::kAllToAll, gb, 4, 8, 10), 1.0 + 30e-6, 1e-12);
+  EXPECT_EQ(emulated_link_seconds(LinkOp::kAllToAll, gb, 1, 8, 10), 0.0);
 }
 
 TEST(EmulatedLink, OneRankOrNoLinkTakesNoTime) {

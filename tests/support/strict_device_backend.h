@@ -485,6 +485,11 @@ class StrictDeviceComm final : public Communicator {
     landing_.clear();
   }
   size_t point_to_point_count() const { return transfers_; }
+  Work start_all_to_all_v(const void* send, const size_t* send_counts, void* recv,
+                          const size_t* recv_counts, ElemType type) override {
+    return now(
+        [&] { return host_.start_all_to_all_v(send, send_counts, recv, recv_counts, type); });
+  }
 
  protected:
   template <typename Fn>

@@ -88,6 +88,9 @@ class EmulatedDpComm final : public Communicator {
   int rank() const override { return 0; }
   int size() const override { return dp_; }
   const std::string& name() const override { return name_; }
+  Work start_all_to_all_v(const void*, const size_t*, void*, const size_t*, ElemType) override {
+    return refuse();
+  }
 
  protected:
   Work start_all_reduce_op(void* data, size_t count, ElemType type, ReduceOp op,

@@ -410,6 +410,35 @@ Work NcclComm::start_recv(void* data, size_t count, ElemType type, int src, int 
                 [&] { TRIDENT_NCCL(ncclRecv(data, count, nccl_type(type), src, comm_, stream_)); });
 }
 
+// Peers with nothing to exchange get no call; record bytes are those sent to other ranks, as
+// MpiComm's. A failing call inside the group still ends the group, so this thread's later
+// NCCL calls are not swallowed into it.
+Work NcclComm::start_all_to_all_v(const void* send, const size_t* send_counts, void* recv,
+                                  const size_t* recv_counts, ElemType type) {
+  const size_t esize = elem_bytes(type);
+  size_t sent = 0;
+  for (int p = 0; p < size_; ++p)
+    if (p != rank_) sent += send_counts[p] * esize;
+  return launch("all_to_all", sent, {}, [&] {
+    const auto* s = static_cast<const char*>(send);
+    auto* r = static_cast<char*>(recv);
+    const ncclDataType_t t = nccl_type(type);
+    TRIDENT_NCCL(ncclGroupStart());
+    try {
+      for (int p = 0; p < size_; ++p) {
+        if (send_counts[p] > 0) TRIDENT_NCCL(ncclSend(s, send_counts[p], t, p, comm_, stream_));
+        if (recv_counts[p] > 0) TRIDENT_NCCL(ncclRecv(r, recv_counts[p], t, p, comm_, stream_));
+        s += send_counts[p] * esize;
+        r += recv_counts[p] * esize;
+      }
+    } catch (...) {
+      ncclGroupEnd();
+      throw;
+    }
+    TRIDENT_NCCL(ncclGroupEnd());
+  });
+}
+
 // ---- ordering with the compute stream: Note [Gradient-ready events] ----
 
 // Called on the compute thread (Note [Marks made once] in src/comm/grad_reducer.cpp).
