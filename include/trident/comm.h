@@ -230,8 +230,6 @@ class Communicator {
   virtual Work start_broadcast(void* data, size_t count, ElemType type, int root) = 0;
   virtual Work start_send(const void* data, size_t count, ElemType type, int dest, int tag) = 0;
   virtual Work start_recv(void* data, size_t count, ElemType type, int src, int tag) = 0;
-  virtual Work start_all_to_all_v(const void* send, const size_t* send_counts, void* recv,
-                                  const size_t* recv_counts, ElemType type);
 };
 
 // A communicator of one rank, without MPI: collectives are copies or nothing, and send/recv

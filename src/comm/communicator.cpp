@@ -20,9 +20,4 @@ Work Communicator::start_all_reduce_op(void* data, size_t count, ElemType type, 
   return start_all_reduce(data, count, type);
 }
 
-Work Communicator::start_all_to_all_v(const void*, const size_t*, void*, const size_t*, ElemType) {
-  internal_error(__FILE__, __LINE__,
-                 fmt::format("all_to_all_v on communicator '{}': not supported", name()));
-}
-
 }  // namespace trident
