@@ -87,6 +87,10 @@ struct PlanLayout {
   // each sequence split over cp ranks; ring | allgather (parallel.cp_comm).
   int cp = 1;
   std::string cp_comm = "ring";
+  // Expert parallelism (Note [Plan mixture of experts] in src/plan/model.cpp): a mixture layer's
+  // experts split over ep consecutive ranks of dp·cp; their gradients reduce, and ZeRO shards
+  // them, over the dp·cp/ep expert-data-parallel ranks. 1 for a dense model.
+  int ep = 1;
   int v = 1;  // virtual stages per pipeline stage (interleaved)
   int micro_batch = 1;
   int accum = 1;  // micro-batches per step per dp rank (global / (dp·micro))
@@ -108,6 +112,8 @@ struct PlanLayout {
   // and ZeRO shards over dp_shard·cp (dp_shard_cp).
   int reduce_ranks() const { return dp * cp; }
   int shard_ranks() const { return shard() * cp; }
+  int expert_reduce_ranks() const { return reduce_ranks() / std::max(1, ep); }
+  int expert_shard_ranks() const { return shard_ranks() / std::max(1, ep); }
   int seq_local(int seq_len) const { return seq_len / cp; }  // tokens of a sequence per rank
 };
 
@@ -171,6 +177,8 @@ struct PlanSearch {
   // keeps at least kMinCpChunkTokens) and exchanges.
   std::vector<int> cp;
   std::vector<std::string> cp_comm = {"ring", "allgather"};
+  // Expert-parallel sizes of a mixture (empty: every divisor of the experts that divides dp·cp).
+  std::vector<int> ep;
 };
 // The shortest chunk (T / (2·cp) tokens) the search tries cp at: below it a flash kernel's
 // blocks are too short to run at its rate (FlashAttention-3 at 512 tokens reaches 0.76 of its
@@ -193,7 +201,7 @@ struct ZeroCapacity {
 ZeroCapacity zero_capacity(const PlanModel& model, const Hardware& hw, int zero, int devices);
 
 // "dp=2,tp=1,pp=2,v=1,micro=4,zero=1,recompute=none[,schedule=..,sp=..,accum=..,threads=..]";
-// cp=C (and cp_comm=allgather, where not ring) when cp > 1;
+// cp=C (and cp_comm=allgather, where not ring) when cp > 1; ep=E when ep > 1;
 // zero=3 adds dp_replicate=R,dp_shard=S (R·S = dp) and, where not the default,
 // reshard_after_forward=false and zero3_gather=step.
 // missing keys take the defaults (accum from global_batch when given). Bad keys throw (exit 2).

@@ -62,7 +62,7 @@ struct PlanArgs {
   int top = 10;          // layouts printed
   std::string png;       // a PNG of the top layouts' predicted step split
   // Restrict the search (empty: everything): sizes and options to try.
-  std::vector<int> tp, pp, micro, zero, sp, dp_shard;
+  std::vector<int> tp, pp, ep, micro, zero, sp, dp_shard;
   std::vector<std::string> recompute, schedules;
   int max_v = 4;
   // The largest model per device count at each ZeRO stage (zero_capacity) instead of a plan.

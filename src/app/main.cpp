@@ -171,6 +171,9 @@ int main(int argc, char** argv) {
   plan->add_option("--png", plan_args.png, "draw the top layouts' predicted step split");
   plan->add_option("--tp", plan_args.tp, "search: only these tp sizes")->delimiter(',');
   plan->add_option("--pp", plan_args.pp, "search: only these pp sizes")->delimiter(',');
+  plan->add_option("--ep", plan_args.ep, "search: only these expert-parallel sizes (mixtures)")
+      ->delimiter(',')
+      ->check(CLI::PositiveNumber);
   plan->add_option("--micro", plan_args.micro, "search: micro-batch sizes (default 1,2,4,8)")
       ->delimiter(',')
       ->check(CLI::PositiveNumber);

@@ -23,6 +23,7 @@ nlohmann::json to_json(const Prediction& p, const Hardware& hw) {
                       {"pp", l.pp},
                       {"cp", l.cp},
                       {"cp_comm", l.cp_comm},
+                      {"ep", l.ep},
                       {"v", l.v},
                       {"micro_batch", l.micro_batch},
                       {"accum", l.accum},
@@ -75,6 +76,17 @@ void print_one(const Prediction& p, const Hardware& hw) {
   fmt::print("  memory  {:<24} {:>12.4g} GB per rank (capacity {:.4g} GB per {})\n", "total",
              p.memory_bytes / 1e9, hw.memory_gb, hw.kind == "cpu" ? "node" : "device");
   for (const PlanTerm& t : p.info) fmt::print("  info    {:<24} {:>12.4g}\n", t.name, t.value);
+}
+
+// A mixture's line: what its FLOPs count and that the all-to-alls are not overlapped.
+void print_moe(const PlanModel& model) {
+  const GPTConfig& b = model.block;
+  if (!b.has_moe()) return;
+  fmt::print("plan: mixture of {} experts (width {}), top {}, in {} of {} layers: FLOPs count "
+             "the active parameters; ep's all-to-alls are counted exposed, not overlapped "
+             "(moe_all_to_all_exposed); routing taken as balanced\n",
+             b.moe.experts, b.expert_width(), b.moe.top_k,
+             (model.layers + b.moe.every - 1) / b.moe.every, model.layers);
 }
 
 // Why the best wins over the runner-up: the terms that differ most.
@@ -198,7 +210,7 @@ int run_plan(const PlanArgs& args) {
     if (p.step_s <= 0)  // a layout trident refuses: bad input
       input_error("--layout {}: {}", args.layout, p.why_not);
     if (args.json) fmt::print("{}\n", to_json(p, hw).dump());
-    else print_one(p, hw);
+    else print_moe(model), print_one(p, hw);
     if (!args.png.empty()) draw_png({p}, hw, args.png);
     return 0;
   }
@@ -210,6 +222,7 @@ int run_plan(const PlanArgs& args) {
   search.threads = threads;
   if (!args.tp.empty()) search.tp = args.tp;
   if (!args.pp.empty()) search.pp = args.pp;
+  if (!args.ep.empty()) search.ep = args.ep;
   if (!args.micro.empty()) search.micro_batches = args.micro;
   if (!args.zero.empty()) search.zero = args.zero;
   if (!args.dp_shard.empty()) search.dp_shard = args.dp_shard;
@@ -232,6 +245,7 @@ int run_plan(const PlanArgs& args) {
                "global batch {} sequences; {} layouts, {} fit\n",
                deck.source, model.layers, model.d_model, model.heads, model.seq_len, hw.name,
                hw.path, args.gpus, args.gpus > 1 ? "s" : "", global_batch, ranked.size(), fitting);
+    print_moe(model);
     fmt::print("{:>3}  {:<90} {:>11} {:>9} {:>6} {:>9}  {}\n", "#", "layout", "tokens/s", "TFLOP/s",
                "MFU", "GB/rank", "step split");
     for (size_t i = 0; i < top; ++i) {

@@ -22,6 +22,10 @@
 //               same function the trainer sizes them with;
 //   scratch     buffers shared by all slots: the recomputed block's dropped buffers, the
 //               backward's gradient buffers and the attention scratch.
+// A mixture (Note [Plan mixture of experts] in src/plan/model.cpp) shows its routed experts'
+// expert_params, expert_grads, expert_optimizer: E/ep experts per layer, sharded by ZeRO over
+// dp·cp/ep; a mixture layer's activations are k·Nr rows of C, fc_rows(Fe) and Fe instead of the
+// MLP's, with the router's [Nr, E]; its scratch the dispatch buffers at ep's worst case.
 // Sizes are elements × 4 B for fp32. The bf16 path holds in 2 B what GEMMs, attention and GELU
 // read (GPT::kBf16Buffer) and keeps the residual stream, the stage input, LayerNorm statistics,
 // the attention state and the scratch between them in 4 B (docs/plan.md compares the bytes per
@@ -93,28 +97,60 @@ GPTConfig gpt_config(const PlanModel& m, const PlanLayout& l) {
   return cfg;
 }
 
-std::vector<double> stage_units(const PlanModel& m, const PlanLayout& l, int s) {
-  const int chunks = l.schedule == "interleaved" ? l.v : 1;
-  const StageSpec stage = pipeline_stage(m.layers, l.pp, s, {}, chunks);
-  const GPTConfig cfg = gpt_config(m, l);
-  const double C = m.d_model, tp = l.tp, QKV = cfg.qkv_rows(), FC = cfg.fc_rows();
+namespace {
+
+// Parameters of block `layer` on one rank, and of them the routed experts'.
+struct BlockParams {
+  double all = 0, experts = 0;
+};
+BlockParams block_params(const GPTConfig& cfg, const PlanLayout& l, int layer) {
+  const double C = cfg.channels, tp = l.tp, QKV = cfg.qkv_rows(), FC = cfg.fc_rows();
   const double F = cfg.hidden(), bias = cfg.bias ? 1 : 0, norm = cfg.norm_has_bias() ? 2 : 1;
   // Per block (gpt_param_layout): qkv [QKV, C] (q | k | v, kv_heads of them), attproj [C, C],
   // fc [FC, C] (SwiGLU: gate | up), fcproj [C, F], split over tp; biases QKV/tp, C, FC/tp, C;
   // two norms of C weights (+ C shifts with LayerNorm and biases).
-  const double block =
-      (QKV * C + C * C + FC * C + F * C) / tp + bias * (QKV / tp + C + FC / tp + C) + 2 * norm * C;
+  const double attention = (QKV * C + C * C) / tp + bias * (QKV / tp + C) + 2 * norm * C;
+  if (!cfg.is_moe(layer)) return {attention + (FC * C + F * C) / tp + bias * (FC / tp + C), 0};
+  // A mixture (Note [Expert tensors]): E/ep experts of [fc_rows(Fe), C] and [C, Fe], whole over
+  // tp (replicated, Megatron's expert tensor parallel 1); the router [E, C], the sigmoid's
+  // choice bias [E], the shared experts and their gate, replicated.
+  const double E = cfg.moe.experts, Fe = cfg.expert_width(), Fs = cfg.shared_width();
+  const double experts = E / l.ep * (cfg.fc_rows_of(int(Fe)) + Fe) * C;
+  const double router = E * C + (cfg.moe.router == MoeRouter::kSigmoid ? E : 0);
+  const double shared = Fs > 0 ? (cfg.fc_rows_of(int(Fs)) + Fs) * C : 0;
+  const double gate = cfg.moe.shared_gate && Fs > 0 ? C : 0;
+  return {attention + experts + router + shared + gate, experts};
+}
+
+}  // namespace
+
+std::vector<double> stage_units(const PlanModel& m, const PlanLayout& l, int s) {
+  const int chunks = l.schedule == "interleaved" ? l.v : 1;
+  const StageSpec stage = pipeline_stage(m.layers, l.pp, s, {}, chunks);
+  const GPTConfig cfg = gpt_config(m, l);
+  const double C = m.d_model, tp = l.tp, norm = cfg.norm_has_bias() ? 2 : 1;
   const double wte = double(padded_vocab(m, l)) / tp * C;
   std::vector<double> units;
   if (stage.has_embedding) {
     units.push_back(wte);
     if (cfg.has_wpe()) units.push_back(double(m.seq_len) * C);
   }
-  units.insert(units.end(), size_t(stage.num_layers), block);
+  for (int b = 0; b < stage.num_layers; ++b)
+    units.push_back(block_params(cfg, l, stage.global_layer(b)).all);
   // The head: the final norm and the LM head's weight: the tied wte (a copy on a last stage
   // without the embedding; on the embedding's stage it is wte's unit), or an untied one.
   if (stage.has_head) units.push_back(norm * C + (cfg.tied_head && stage.has_embedding ? 0 : wte));
   return units;
+}
+
+double stage_expert_params(const PlanModel& m, const PlanLayout& l, int s) {
+  const int chunks = l.schedule == "interleaved" ? l.v : 1;
+  const StageSpec stage = pipeline_stage(m.layers, l.pp, s, {}, chunks);
+  const GPTConfig cfg = gpt_config(m, l);
+  double n = 0;
+  for (int b = 0; b < stage.num_layers; ++b)
+    n += block_params(cfg, l, stage.global_layer(b)).experts;
+  return n;
 }
 
 // What ZeRO-3's pool holds at most on stage s, as the trainer schedules it (zero3_pool_bytes in
@@ -180,6 +216,22 @@ std::string layout_problem(const PlanModel& m, const PlanLayout& l) {
     return fmt::format("cp={} with sequence parallelism over tp={}: a chunk of seq_len/(2·cp) = "
                        "{} tokens is not divisible by tp",
                        l.cp, l.tp, m.seq_len / (2 * l.cp));
+  // Note [Plan mixture of experts] in src/plan/model.cpp.
+  const int experts = m.block.moe.experts;
+  if (l.ep < 1) return fmt::format("ep={}: must be at least 1", l.ep);
+  if (l.ep > 1 && experts == 0) return fmt::format("ep={}: the model has no experts", l.ep);
+  if (l.ep > 1 && experts % l.ep != 0)
+    return fmt::format("ep={} does not divide model.moe.experts {}", l.ep, experts);
+  if (l.reduce_ranks() % l.ep != 0)
+    return fmt::format("ep={} does not divide dp·cp = {} (ep ranks are taken from dp × cp)", l.ep,
+                       l.reduce_ranks());
+  if (l.zero == 3 && l.shard_ranks() % l.ep != 0)
+    return fmt::format("ep={} does not divide the ZeRO-3 shard group dp_shard·cp = {}", l.ep,
+                       l.shard_ranks());
+  if (experts > 0 && l.tp > 1 && !l.sequence_parallel)
+    return fmt::format("tp={} with experts needs sequence parallelism (sp=1): the experts are "
+                       "replicated over tp and each tp rank routes its own tokens",
+                       l.tp);
   try {
     check_tensor_parallel(gpt_config(m, l), l.tp, l.sequence_parallel, m.seq_len);
     const PipeSchedule schedule = parse_pipe_schedule(l.schedule, "schedule");
@@ -198,19 +250,28 @@ ModelStates model_state_bytes(const PlanModel& m, const PlanLayout& l, const Har
   const bool fp32 = hw.dtype == "fp32";
   const double E = fp32 ? 4 : 2;  // a parameter as the GEMMs read it
   const double params = stage_params(m, l, s);
-  const double shard = l.zero > 0 ? params / l.shard_ranks() : 0;
+  // The routed experts' shard over the expert-dp ranks, the rest over dp·cp (dp_shard·cp).
+  const double experts = stage_expert_params(m, l, s), dense = params - experts;
+  const double shard = l.zero > 0 ? dense / l.shard_ranks() : 0;
+  const double expert_shard = l.zero > 0 ? experts / l.expert_shard_ranks() : 0;
   const double bucket = m.bucket_mb * 1024 * 1024;
   ModelStates st;
-  st.params = params * E;
-  st.grads = params * 4 + shard * 4;
+  st.params = dense * E;
+  st.grads = dense * 4 + shard * 4;
   if (l.zero == 2) st.grads = shard * 4 + std::min(params * 4, 2 * bucket);
-  st.optimizer = (l.zero > 0 ? shard : params) * (fp32 ? 8 : 12);
-  if (l.zero == 3) {  // Note [Plan ZeRO-3]
+  st.optimizer = (l.zero > 0 ? shard : dense) * (fp32 ? 8 : 12);
+  st.expert_params = experts * E;
+  st.expert_grads = experts * 4 + expert_shard * 4;
+  if (l.zero == 2) st.expert_grads = expert_shard * 4;  // the buckets in flight are in grads
+  st.expert_optimizer = (l.zero > 0 ? expert_shard : experts) * (fp32 ? 8 : 12);
+  if (l.zero == 3) {  // Note [Plan ZeRO-3]; the gathered pool (experts included) is in params
     const Zero3Pool pool = zero3_pool(m, l, s);
     const bool kept =
         !l.reshard_after_forward || (l.zero3_gather == "step" && (l.pp > 1 || l.accum > 1));
     st.params = (fp32 ? shard * 4 : 0) + (kept ? params : std::min(params, pool.params)) * E;
     st.grads = shard * 4 + std::min(params * 4, 2 * bucket + pool.whole_grad * 4);
+    st.expert_params = fp32 ? expert_shard * 4 : 0;
+    st.expert_grads = expert_shard * 4;
   }
   return st;
 }
@@ -225,8 +286,7 @@ ZeroCapacity zero_capacity(const PlanModel& model, const Hardware& hw, int zero,
   l.dp = devices, l.zero = zero;
   auto states = [&](int layers) {
     m.layers = layers;
-    const ModelStates st = model_state_bytes(m, l, hw, 0);
-    return st.params + st.grads + st.optimizer;
+    return model_state_bytes(m, l, hw, 0).total();
   };
   if (states(1) > c.capacity_bytes) return c;  // not even one block
   // The bytes grow with the layers: double until they do not fit, then bisect.
@@ -278,6 +338,22 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
   if (l.recompute == "mlp") kept[10] = kept[11] = false;
   if (l.recompute == "full") kept[12] = true;
   auto bytes = [&](int k) { return sizes[k] * (!fp32 && GPT::kBf16Buffer[size_t(k)] ? 2 : 4); };
+  // A mixture layer (Note [Plan mixture of experts] in src/plan/model.cpp) has no fc and act
+  // buffers (10, 11); per slot it keeps its k·Nr routed rows of C, of fc_rows(Fe) and of Fe
+  // (GEMM inputs: the activation width), the shared experts' fc and act rows, and the router's
+  // probabilities [Nr, E] with the k choices and weights (fp32). mlp recompute drops the fc and
+  // act rows, full all of them.
+  const MoeConfig& moe = cfg.moe;
+  const double kNr = double(moe.top_k) * Nr, FCe = cfg.fc_rows_of(cfg.expert_width());
+  const double FCs = cfg.fc_rows_of(cfg.shared_width());
+  const double moe_kept_rows = kNr * C * E + Nr * (double(moe.experts) + 2.0 * moe.top_k) * 4;
+  const double moe_mlp_rows =
+      (kNr * (FCe + cfg.expert_width()) + Nr * (FCs + cfg.shared_width())) * E;
+  const double moe_kept = l.recompute == "full"  ? 0
+                          : l.recompute == "mlp" ? moe_kept_rows
+                                                 : moe_kept_rows + moe_mlp_rows;
+  const double moe_dropped = moe_kept_rows + moe_mlp_rows - moe_kept;
+  const double dense_mlp = (kept[10] ? bytes(10) : 0) + (kept[11] ? bytes(11) : 0);
 
   const PipeSchedule schedule = parse_pipe_schedule(l.schedule, "schedule");
   const int chunks = schedule == PipeSchedule::kInterleaved ? l.v : 1;
@@ -294,6 +370,10 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
       double per_slot = Nr * C * 4 + 2 * N * 4;  // encoded input (fp32); inputs, targets
       for (int k = 0; k < kBuffers; ++k)
         if (kept[k]) per_slot += stage.chunk_size(c) * bytes(k);
+      int moe_layers = 0;
+      for (int i = 0; i < stage.chunk_size(c); ++i)
+        moe_layers += cfg.is_moe(stage.global_layer(stage.chunk_begin(c) + i)) ? 1 : 0;
+      per_slot += moe_layers * (moe_kept - dense_mlp);
       acts += slots * per_slot;
       const bool head = stage.has_head && c == chunks - 1;
       if (head) {
@@ -316,12 +396,23 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
     else  // bf16 gradients between ops: dresidual16, d16_c, d16_3c, d16_4c (DGELU in the GEMM)
       scratch += 2 * (2 * N * C + N * QKVl + N * FCl);
     if (stage.has_head && l.tp > 1) scratch += 4 * (N * 3 + tp * N * 3);
+    bool stage_moe = false;
+    for (int i = 0; i < stage.num_layers; ++i) stage_moe |= cfg.is_moe(stage.global_layer(i));
+    if (stage_moe) {
+      // One mixture layer's recomputed rows; its backward's gradients of the routed rows (C and
+      // fc_rows(Fe) wide); with ep > 1 the dispatch buffers, rows in and gradients in, each for
+      // the worst case: every token of the ep group on this rank's experts (ep·k·Nr rows).
+      scratch += moe_dropped + (fp32 ? 4 : 2) * kNr * (C + FCe);
+      if (l.ep > 1) scratch += 2 * l.ep * kNr * C * E;
+    }
     const ModelStates states = model_state_bytes(m, l, hw, s);
-    std::vector<PlanTerm> terms = {{"params", states.params},
-                                   {"grads", states.grads},
-                                   {"optimizer", states.optimizer},
-                                   {"activations", acts},
-                                   {"scratch", scratch}};
+    std::vector<PlanTerm> terms = {
+        {"params", states.params}, {"grads", states.grads}, {"optimizer", states.optimizer}};
+    if (cfg.has_moe())
+      terms.insert(terms.end(), {{"expert_params", states.expert_params},
+                                 {"expert_grads", states.expert_grads},
+                                 {"expert_optimizer", states.expert_optimizer}});
+    terms.insert(terms.end(), {{"activations", acts}, {"scratch", scratch}});
     double total = 0;
     for (const PlanTerm& t : terms) total += t.value;
     if (total > best_total) best_total = total, best = terms;

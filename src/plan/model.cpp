@@ -60,6 +60,19 @@
 // allgather: K/V gathered before forward and again before backward, dK/dV reduce-scattered
 // after it, all exposed. Gradients reduce over dp·cp ranks, ZeRO shards over dp_shard·cp.
 //
+// Note [Plan mixture of experts]
+// A mixture layer (model.moe.*) runs the router's GEMM [Nr, E, C] and top_k experts per token
+// (the active parameters of the FLOP count): E/ep experts per rank on k·Nr·ep/E rows each,
+// routing taken as balanced, whole over tp (Megatron's expert tensor parallel 1: tp needs
+// sequence parallelism, Nr = N/tp, and the layer keeps attention's tp exchange only). With
+// ep > 1, per layer and micro-batch, 4 all-to-alls of k·Nr·C elements (tokens out, outputs
+// back; backward the same), (ep−1)/ep leaving the rank over the ep group's link, and a count
+// exchange: none overlapped (moe_all_to_all_exposed). Experts reduce over dp·cp/ep ranks.
+//
+// Memory: Note [Plan memory] in src/plan/memory.cpp. Not modelled: routing imbalance (the
+// busiest expert sets the pace), capacity drops, grouped-GEMM and permutation kernels' own
+// rates, an all-to-all's bus bandwidth below the ring's.
+//
 // Approximations, stated: layers are costed alike (no per-layer imbalance beyond the
 // embedding and head); the bubble uses the slowest stage's micro-batch time for every stage;
 // kernel launch overheads and the CPU's thread scaling (taken as linear) are not modelled.
@@ -189,6 +202,8 @@ RankPlace rank_place(const PlanLayout& l, const Hardware& hw, double busy_fracti
   // The cp group is tp-strided inside a node when tp·cp is; dp (with cp: the dp·cp group the
   // gradients reduce over) when tp·cp·dp is.
   r.cp_link = inside(l.tp * l.cp) ? hw.intra_node : hw.inter_node;
+  // ep consecutive ranks of dp·cp (Note [Expert parallelism] in src/model/moe.h): tp·ep ranks.
+  r.ep_link = inside(l.tp * l.ep) ? hw.intra_node : hw.inter_node;
   r.dp_link = inside(l.tp * l.cp * l.dp) ? hw.intra_node : hw.inter_node;
   // HSDP orders the dp index shard-fastest (torchtitan's dp_replicate × dp_shard mesh), so a
   // shard group of tp·dp_shard consecutive ranks fits a node when that divides it.
@@ -233,6 +248,37 @@ StageCost stage_cost(const PlanModel& m, const PlanLayout& l, const Hardware& hw
       linear_f(qkv, C) + linear_f(C, proj_in) + linear_f(fc, C) + linear_f(C, hidden);
   const double block_gemm_b =
       linear_b(qkv, C) + linear_b(C, proj_in) + linear_b(fc, C) + linear_b(C, hidden);
+  // A mixture layer (Note [Plan mixture of experts]) swaps the MLP's GEMMs for the router's on
+  // its Nr rows and E/ep experts' on k·Nr·ep/E rows each (balanced), whole over tp; the shared
+  // experts run on the Nr rows.
+  int moe_layers = 0;
+  for (int i = 0; i < stage.num_layers; ++i) moe_layers += cfg.is_moe(stage.global_layer(i));
+  const double Ex = cfg.moe.experts, k = cfg.moe.top_k, ep = l.ep, kNr = k * rows;
+  const double Fe = cfg.expert_width(), FCe = cfg.fc_rows_of(int(Fe));
+  const double Fs = cfg.shared_width(), FCs = cfg.fc_rows_of(int(Fs));
+  double moe_gemm_f = 0, moe_gemm_b = 0, moe_fc_f = 0, a2a_f = 0, a2a_b = 0;
+  if (moe_layers > 0) {
+    auto lin_f = [&](double M, double out, double in) { return M > 0 ? gemm(M, out, in) : 0.0; };
+    auto lin_b = [&](double M, double out, double in) {
+      return M > 0 ? gemm(M, in, out) + gemm(out, in, M) : 0.0;
+    };
+    const double local = Ex / ep, per_expert = kNr * ep / Ex;
+    moe_fc_f = local * lin_f(per_expert, FCe, C) + lin_f(Fs > 0 ? rows : 0, FCs, C);
+    moe_gemm_f = lin_f(rows, Ex, C) + moe_fc_f + local * lin_f(per_expert, C, Fe) +
+                 lin_f(Fs > 0 ? rows : 0, C, Fs);
+    moe_gemm_b = lin_b(rows, Ex, C) +
+                 local * (lin_b(per_expert, FCe, C) + lin_b(per_expert, C, Fe)) +
+                 lin_b(Fs > 0 ? rows : 0, FCs, C) + lin_b(Fs > 0 ? rows : 0, C, Fs);
+    if (l.ep > 1) {  // rows out and outputs back; backward the same; the counts first
+      const double one = (ep - 1) / ep * kNr * C * E / (place.ep_link.gbytes_per_s * 1e9) +
+                         (ep - 1) * place.ep_link.latency_us * 1e-6;
+      const double counts = (ep - 1) * place.ep_link.latency_us * 1e-6;
+      a2a_f = counts + 2 * one;
+      a2a_b = 2 * one;
+    }
+  }
+  const double attn_gemm_f = linear_f(qkv, C) + linear_f(C, proj_in);
+  const double attn_gemm_b = linear_b(qkv, C) + linear_b(C, proj_in);
   const double heads_local = NH / tp;
   double att_f = 0, att_b = 0, att_mem_f = 0, att_mem_b = 0;
   if (hw.attention_tflops > 0) {  // Note [Flash attention rate]
@@ -276,24 +322,41 @@ StageCost stage_cost(const PlanModel& m, const PlanLayout& l, const Hardware& hw
   const double block_elems = 2 * 3 * rows * C + 2 * 3 * rows * C + act + rope;
   const double block_mem_f = mem(block_elems) + att_mem_f;
   const double block_mem_b = mem(2 * block_elems) + att_mem_b;
-  // Two all-reduces of the block's [N, C] activations forward, two backward.
+  // A mixture's activation runs on the k·Nr routed rows (and the shared experts' Nr); the
+  // permutation reads Nr rows and writes k·Nr, the weighted sum reads k·Nr and writes Nr.
+  const double moe_act = (cfg.activation == Activation::kSwiGLU ? 3 : 2) * (kNr * Fe + rows * Fs);
+  const double moe_elems =
+      block_elems - act + moe_act + 2 * (k + 1) * rows * C + 2 * rows * Ex;  // + the router's
+  const double moe_mem_f = mem(moe_elems) + att_mem_f;
+  const double moe_mem_b = mem(2 * moe_elems) + att_mem_b;
+  // Two all-reduces of the block's [N, C] activations forward, two backward; a mixture's
+  // experts are replicated over tp, so only attention's (sequence parallel: one all-gather and
+  // one reduce-scatter, the volume of one all-reduce).
   const double tp_one = ring_seconds(LinkOp::kAllReduce, N * C * E, l.tp, place.tp_link);
-  const double block_tp = 2 * tp_one;
+  const double block_tp = 2 * tp_one, moe_tp = tp_one;
 
+  const double dense = stage.num_layers - moe_layers, mixed = moe_layers;
   const double layers = stage.num_layers;
-  c.gemm = layers * (block_gemm_f + block_gemm_b);
+  c.gemm = dense * (block_gemm_f + block_gemm_b) +
+           mixed * (attn_gemm_f + attn_gemm_b + moe_gemm_f + moe_gemm_b);
   c.attention = layers * (att_f + att_b);
-  c.memory_bound = layers * (block_mem_f + block_mem_b);
-  c.tp_comm = layers * 2 * block_tp;
+  c.memory_bound = dense * (block_mem_f + block_mem_b) + mixed * (moe_mem_f + moe_mem_b);
+  c.tp_comm = dense * 2 * block_tp + mixed * 2 * moe_tp;
   c.cp_comm = layers * (cp_f + cp_b);
   c.cp_hidden = layers * (cp_hidden_f + cp_hidden_b);
-  c.backward = layers * (block_gemm_b + att_b + block_mem_b + block_tp + cp_b);
-  c.forward = layers * (block_gemm_f + att_f + block_mem_f + block_tp + cp_f);
-  if (l.recompute == "mlp") {
-    c.recompute = layers * (linear_f(fc, C) + mem(act));
+  c.a2a = mixed * (a2a_f + a2a_b);
+  const double moe_f = attn_gemm_f + moe_gemm_f + att_f + moe_mem_f + moe_tp + cp_f + a2a_f;
+  c.backward = dense * (block_gemm_b + att_b + block_mem_b + block_tp + cp_b) +
+               mixed * (attn_gemm_b + moe_gemm_b + att_b + moe_mem_b + moe_tp + cp_b + a2a_b);
+  c.forward = dense * (block_gemm_f + att_f + block_mem_f + block_tp + cp_f) + mixed * moe_f;
+  if (l.recompute == "mlp") {  // a mixture's routed rows are kept: its experts' fc again
+    c.recompute = dense * (linear_f(fc, C) + mem(act)) + mixed * (moe_fc_f + mem(moe_act));
   } else if (l.recompute == "full") {  // the forward again, its K/V exchange included
-    c.recompute = layers * (block_gemm_f + att_f + block_mem_f + block_tp + cp_f);
+    c.recompute =
+        dense * (block_gemm_f + att_f + block_mem_f + block_tp + cp_f) + mixed * (moe_f - a2a_f);
     c.cp_hidden += layers * cp_hidden_f;
+    c.a2a += mixed * a2a_f;  // the tokens travel again: counted with the all-to-alls
+    c.backward += mixed * a2a_f;
   }
   c.backward += c.recompute;
   if (stage.has_embedding) {  // token (+ learned position) rows summed; backward scatters them
@@ -365,8 +428,14 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
   const double bubble = f < 1 ? micro * others_mb * f / (1 - f) : 0;
 
   // Data parallelism over the rank's gradients.
+  // A mixture's routed experts reduce and shard over the dp·cp/ep expert-dp ranks, the rest
+  // over dp·cp: one collective per group (Note [Plan mixture of experts]).
   const double params_local = stage_params(m, l, 0);
+  const double expert_local = stage_expert_params(m, l, 0);
+  const double dense_local = params_local - expert_local;
   const double grad_bytes = params_local * m.grad_comm_bytes;
+  const double dense_grad = dense_local * m.grad_comm_bytes;
+  const double expert_grad = expert_local * m.grad_comm_bytes;
   const double param_bytes = hw.dtype == "fp32" ? 4 : 2;
   auto group_seconds = [&](LinkOp op, double bytes, int n, const LinkSpec& link) {
     if (n <= 1) return 0.0;
@@ -377,14 +446,20 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
   auto dp_seconds = [&](LinkOp op, double bytes) {  // over dp·cp: cp ranks share parameters
     return group_seconds(op, bytes, l.reduce_ranks(), place.dp_link);
   };
+  auto both_seconds = [&](LinkOp op, double dense_bytes, double expert_bytes) {
+    return dp_seconds(op, dense_bytes) +
+           group_seconds(op, expert_bytes, l.expert_reduce_ranks(), place.dp_link);
+  };
   const double first_bucket = std::min(grad_bytes, m.first_bucket_mb * 1024 * 1024);
   double reduce = 0, gather = 0, reduce_exposed = 0, gather_exposed = 0, slowdown = 0;
   double replicate_reduce = 0, replicate_exposed = 0, gathers_per_step = 0;
   if (l.zero < 3) {
     const LinkOp reduce_op = l.zero > 0 ? LinkOp::kReduceScatter : LinkOp::kAllReduce;
-    reduce = dp_seconds(reduce_op, grad_bytes);
+    reduce = both_seconds(reduce_op, dense_grad, expert_grad);
     const double last_bucket = dp_seconds(reduce_op, first_bucket);
-    gather = l.zero > 0 ? dp_seconds(LinkOp::kAllGather, params_local * param_bytes) : 0.0;
+    gather = l.zero > 0 ? both_seconds(LinkOp::kAllGather, dense_local * param_bytes,
+                                       expert_local * param_bytes)
+                        : 0.0;
     gathers_per_step = l.zero > 0 ? 1 : 0;
     reduce_exposed = reduce, gather_exposed = gather;
     if (m.overlap && l.reduce_ranks() > 1) {
@@ -402,11 +477,16 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
     auto shard_seconds = [&](LinkOp op, double bytes) {
       return group_seconds(op, bytes, S, place.shard_link);
     };
+    auto both_shard_seconds = [&](LinkOp op, double dense_bytes, double expert_bytes) {
+      return shard_seconds(op, dense_bytes) +
+             group_seconds(op, expert_bytes, l.expert_shard_ranks(), place.shard_link);
+    };
     auto replicate_seconds = [&](double bytes) {
       return group_seconds(LinkOp::kAllReduce, bytes, R, place.replicate_link);
     };
     const std::vector<double> units = stage_units(m, l, 0);
-    const double stage_gather = shard_seconds(LinkOp::kAllGather, params_local * param_bytes);
+    const double stage_gather = both_shard_seconds(LinkOp::kAllGather, dense_local * param_bytes,
+                                                   expert_local * param_bytes);
     const double first_f = shard_seconds(LinkOp::kAllGather, units.front() * param_bytes);
     const double first_b = shard_seconds(LinkOp::kAllGather, units.back() * param_bytes);
     const bool kept_for_step = l.zero3_gather == "step" && (l.pp > 1 || l.accum > 1);
@@ -414,8 +494,8 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
     const double backward_gathers = kept_for_step || !l.reshard_after_forward ? 0 : micro;
     gathers_per_step = forward_gathers + backward_gathers;
     gather = gathers_per_step * stage_gather;
-    const double scatter = shard_seconds(LinkOp::kReduceScatter, grad_bytes);
-    replicate_reduce = replicate_seconds(grad_bytes / S);
+    const double scatter = both_shard_seconds(LinkOp::kReduceScatter, dense_grad, expert_grad);
+    replicate_reduce = replicate_seconds(dense_grad / S + expert_grad / l.expert_shard_ranks());
     reduce = scatter + replicate_reduce;
     double chain_exposed = reduce;  // reduce-scatter, then the shard's all-reduce over replicas
     gather_exposed = gather;
@@ -441,7 +521,9 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
   // AdamW over the rank's (ZeRO: its shard's) parameters: fp32 reads p, g, m, v and writes p,
   // m, v (28 B/param); mixed precision also reads the fp32 master and writes the bf16 copy
   // (34 B). The global norm reads the gradients once more (4 B).
-  const double opt_params = l.zero > 0 ? params_local / l.shard_ranks() : params_local;
+  const double opt_params =
+      l.zero > 0 ? dense_local / l.shard_ranks() + expert_local / l.expert_shard_ranks()
+                 : params_local;
   const double opt_bw = kernel_bandwidth(hw, place, hw.optimizer_gbytes_per_s);
   const double optimizer = opt_params * (hw.dtype == "fp32" ? 32.0 : 38.0) / opt_bw;
   // The tied wte's fp32 gradient (ZeRO: this rank's shard of its own bucket) all-reduced
@@ -458,6 +540,7 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
             {"memory_bound", micro * slow.memory_bound},
             {"tp_comm", micro * slow.tp_comm},
             {"cp_comm_exposed", micro * slow.cp_comm},
+            {"moe_all_to_all_exposed", micro * slow.a2a},
             {"pp_p2p", micro * slow.pp_p2p},
             {"recompute", micro * slow.recompute},
             {"bubble", bubble},
@@ -467,6 +550,10 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
             {"overlap_slowdown", slowdown + hw.overlap_slowdown * micro * slow.cp_hidden},
             {"tied_embedding_allreduce", tied},
             {"optimizer", optimizer}};
+  if (!m.block.has_moe())  // a dense model's split stays as it was
+    p.time.erase(std::find_if(p.time.begin(), p.time.end(), [](const PlanTerm& t) {
+      return t.name == "moe_all_to_all_exposed";
+    }));
   for (const PlanTerm& t : p.time) p.step_s += t.value;
   p.info = {{"dp_reduce_s", reduce},
             {"dp_all_gather_s", gather},

@@ -18,6 +18,7 @@ struct RankPlace {
   double peak_flops = 0;  // MFU's denominator for this rank
   LinkSpec tp_link, dp_link, pp_link;
   LinkSpec cp_link;  // the cp group: tp-strided, inside dp (trident/grid.h)
+  LinkSpec ep_link;  // the ep group: ep consecutive ranks of dp·cp, tp-strided
   // ZeRO-3's shard group (tp·dp_shard consecutive ranks) and HSDP's replica group (strided
   // across the shard groups: the dp group's span); both are dp_link without HSDP.
   LinkSpec shard_link, replicate_link;
@@ -32,6 +33,8 @@ struct StageCost {
   // Context parallelism's K/V exchange: what the attention does not hide, and what it hides
   // (which slows the compute under it by overlap_slowdown).
   double cp_comm = 0, cp_hidden = 0;
+  // Expert parallelism's all-to-alls (Note [Plan mixture of experts]), all exposed.
+  double a2a = 0;
   double forward = 0, backward = 0;  // the same split by pass (recompute is in backward)
 };
 StageCost stage_cost(const PlanModel& model, const PlanLayout& layout, const Hardware& hw,
@@ -55,6 +58,9 @@ GPTConfig gpt_config(const PlanModel& model, const PlanLayout& layout);
 double kernel_bandwidth(const Hardware& hw, const RankPlace& place, double gbytes_per_s);
 // Parameters on pipeline stage `stage` of one tp rank (gpt_param_layout's count, in closed form).
 double stage_params(const PlanModel& model, const PlanLayout& layout, int stage);
+// Of those, the routed experts' (Note [Expert tensors] in src/model/gpt_layout.cpp): E/ep of
+// them per mixture layer, whole over tp; they reduce and shard over the expert-dp ranks.
+double stage_expert_params(const PlanModel& model, const PlanLayout& layout, int stage);
 // The same parameters as ZeRO-3's units, in forward order: wte (and the tied head), wpe, one per
 // block, the head (final norm + untied LM head); they sum to stage_params.
 std::vector<double> stage_units(const PlanModel& model, const PlanLayout& layout, int stage);
@@ -65,9 +71,13 @@ struct Zero3Pool {
 };
 Zero3Pool zero3_pool(const PlanModel& m, const PlanLayout& l, int s);
 // Bytes of parameters, gradients and optimizer state on `stage`, without activations
-// (Note [Plan memory], Note [Plan ZeRO-3]).
+// (Note [Plan memory], Note [Plan ZeRO-3]): the routed experts' apart (0 for a dense model).
 struct ModelStates {
   double params = 0, grads = 0, optimizer = 0;
+  double expert_params = 0, expert_grads = 0, expert_optimizer = 0;
+  double total() const {
+    return params + grads + optimizer + expert_params + expert_grads + expert_optimizer;
+  }
 };
 ModelStates model_state_bytes(const PlanModel& model, const PlanLayout& layout, const Hardware& hw,
                               int stage);

@@ -76,6 +76,7 @@ PlanLayout parse_layout(const std::string& text, int global_batch, const PlanLay
     else if (key == "tp") l.tp = parse_positive(key, value, 1);
     else if (key == "pp") l.pp = parse_positive(key, value, 1);
     else if (key == "cp") l.cp = parse_positive(key, value, 1);
+    else if (key == "ep") l.ep = parse_positive(key, value, 1);
     else if (key == "cp_comm") {
       if (value != "ring" && value != "allgather")
         input_error("--layout: cp_comm={} must be ring or allgather", value);
@@ -112,7 +113,7 @@ PlanLayout parse_layout(const std::string& text, int global_batch, const PlanLay
     else if (key == "node") l.ranks_per_node = parse_positive(key, value, 1);
     else
       input_error(
-          "--layout: unknown key \"{}\" (keys: dp tp pp cp cp_comm v micro accum zero dp_shard "
+          "--layout: unknown key \"{}\" (keys: dp tp pp cp cp_comm ep v micro accum zero dp_shard "
           "dp_replicate reshard_after_forward zero3_gather recompute schedule sp threads "
           "node)",
           key);
@@ -146,6 +147,7 @@ PlanLayout parse_layout(const std::string& text, int global_batch, const PlanLay
 std::string format_layout(const PlanLayout& l) {
   std::string s = fmt::format("dp={},tp={},pp={},", l.dp, l.tp, l.pp);
   if (l.cp > 1) s += fmt::format("cp={},{}", l.cp, l.cp_comm == "ring" ? "" : "cp_comm=allgather,");
+  if (l.ep > 1) s += fmt::format("ep={},", l.ep);
   s += fmt::format("v={},micro={},accum={},zero={}", l.v, l.micro_batch, l.accum, l.zero);
   if (l.zero == 3) {  // the HSDP split, and ZeRO-3's options where not the default
     if (l.replicas() > 1) s += fmt::format(",dp_replicate={}", l.replicas());
@@ -178,6 +180,14 @@ std::vector<Prediction> rank_layouts(const PlanModel& m, const Hardware& hw,
     else
       for (const std::string& comm : search.cp_comm) cps.push_back({cp, comm});
   }
+  // ep: the divisors of the experts that divide dp·cp (or the sizes asked for); 1 when dense.
+  auto eps = [&](int dp_cp) {
+    std::vector<int> out;
+    if (m.block.moe.experts == 0) return std::vector<int>{1};
+    for (int ep : divisors(std::max(1, m.block.moe.experts)))
+      if (dp_cp % ep == 0 && allowed(search.ep, ep)) out.push_back(ep);
+    return out;
+  };
   for (const auto& [cp, cp_comm] : cps)
     for (int tp : divisors(gpus / cp))
       for (int pp : divisors(gpus / (cp * tp))) {
@@ -199,21 +209,22 @@ std::vector<Prediction> rank_layouts(const PlanModel& m, const Hardware& hw,
               for (int zero : search.zero) {
                 if (dp == 1 && zero > 0) continue;
                 for (const Zero3Option& z3 : zero3_options(search, hw, zero, dp, tp, pp, accum))
-                  for (int sp : search.sequence_parallel) {
-                    if (sp == 1 && tp == 1) continue;
-                    if (sp == 0 && tp > 1 && !allowed(search.sequence_parallel, 0)) continue;
-                    PlanLayout l;
-                    l.dp = dp, l.tp = tp, l.pp = pp, l.v = v, l.micro_batch = micro;
-                    l.cp = cp, l.cp_comm = cp_comm;
-                    l.accum = accum, l.zero = zero, l.recompute = recompute;
-                    l.schedule = schedule, l.sequence_parallel = sp == 1;
-                    l.dp_shard = z3.dp_shard, l.reshard_after_forward = z3.reshard_after_forward;
-                    l.zero3_gather = z3.gather;
-                    l.threads = search.threads;
-                    Prediction p = predict(m, l, hw);
-                    if (p.step_s <= 0) continue;  // a layout trident refuses (p.why_not says why)
-                    out.push_back(std::move(p));
-                  }
+                  for (int sp : search.sequence_parallel)
+                    for (int ep : eps(dp * cp)) {
+                      if (sp == 1 && tp == 1) continue;
+                      if (sp == 0 && tp > 1 && !allowed(search.sequence_parallel, 0)) continue;
+                      PlanLayout l;
+                      l.dp = dp, l.tp = tp, l.pp = pp, l.v = v, l.micro_batch = micro;
+                      l.cp = cp, l.cp_comm = cp_comm, l.ep = ep;
+                      l.accum = accum, l.zero = zero, l.recompute = recompute;
+                      l.schedule = schedule, l.sequence_parallel = sp == 1;
+                      l.dp_shard = z3.dp_shard, l.reshard_after_forward = z3.reshard_after_forward;
+                      l.zero3_gather = z3.gather;
+                      l.threads = search.threads;
+                      Prediction p = predict(m, l, hw);
+                      if (p.step_s <= 0) continue;  // a layout trident refuses (p.why_not says why)
+                      out.push_back(std::move(p));
+                    }
               }
         }
       }

@@ -1,0 +1,175 @@
+// Mixtures of experts in the plan model (Note [Plan mixture of experts] in src/plan/model.cpp):
+// Mixtral 8x7B's totals against the published ones, its experts' states divided by ep, the
+// all-to-alls, the layouts refused, and the search choosing ep > 1 on DGX H100s.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "plan/plan_parts.h"
+#include "plan_test_util.h"
+#include "trident/check.h"
+
+namespace trident {
+namespace {
+
+// inputs/mixtral-8x7b.yaml: 32 layers, d_model 4096, 32 heads (8 kv), 8 SwiGLU experts of 14336,
+// top 2, vocabulary 32000, seq_len 4096.
+PlanModel mixtral() {
+  return PlanModel::from_deck(
+      load_deck(std::string(TRIDENT_SOURCE_DIR) + "/inputs/mixtral-8x7b.yaml", {}));
+}
+
+Hardware h100() {
+  return load_hardware(std::string(TRIDENT_SOURCE_DIR) + "/inputs/hardware/dgx-h100.yaml");
+}
+
+PlanLayout layout(int dp, int ep, int zero = 0, int pp = 1) {
+  PlanLayout l;
+  l.dp = dp, l.ep = ep, l.zero = zero, l.pp = pp, l.micro_batch = 1, l.accum = 16;
+  l.recompute = "mlp";
+  return l;
+}
+
+using testing::term;
+
+// Published (Jiang et al. 2024; Mistral's release): 46.7B parameters, 12.9B active per token.
+// The closed-form count is 46,702,792,704; active = the matmul parameters (router, 2 experts,
+// attention, LM head) + the embedding's V·C. Tolerance 0.5%: the published figures' rounding.
+TEST(PlanMoe, MixtralTotalsMatchThePublishedOnes) {
+  const PlanModel m = mixtral();
+  const GPTConfig cfg = gpt_config(m, layout(1, 1));
+  EXPECT_DOUBLE_EQ(stage_params(m, layout(1, 1), 0), 46702792704.0);
+  EXPECT_NEAR(stage_params(m, layout(1, 1), 0) / 46.7e9, 1.0, 0.005);
+  const double active = cfg.matmul_params() + double(m.vocab) * m.d_model;
+  EXPECT_NEAR(active / 12.9e9, 1.0, 0.005);
+  // FLOPs per token: 6 per active matmul parameter (12.75e9: the lookup is no matmul, 1.2% below
+  // 12.9e9) and attention's causal half, 6·L·T·C.
+  EXPECT_NEAR(6 * cfg.matmul_params() / (6 * 12.9e9), 1.0, 0.015);
+  const Prediction p = predict(m, layout(16, 8), h100());
+  const double tokens = 16.0 * 16 * m.seq_len;
+  EXPECT_DOUBLE_EQ(p.model_flops_per_step / tokens,
+                   6 * cfg.matmul_params() + 6.0 * m.layers * m.seq_len * m.d_model);
+}
+
+// The closed form against the model's own layout, per stage and ep rank, with dense layers
+// between the mixtures (every 2), a sigmoid router's bias and gated shared experts.
+TEST(PlanMoe, ParamsMatchTheModelsLayout) {
+  const PlanModel m = PlanModel::from_deck(load_deck(
+      std::string(TRIDENT_SOURCE_DIR) + "/inputs/mixtral-8x7b.yaml",
+      {"model.layers=5", "model.d_model=256", "model.heads=4", "model.kv_heads=2",
+       "model.mlp_hidden=512", "model.vocab=1000", "model.moe.every=2", "model.moe.ffn_width=128",
+       "model.moe.router=sigmoid", "model.moe.shared_experts=1", "model.moe.shared_gate=true"}));
+  for (int ep : {1, 2, 4, 8})
+    for (int pp : {1, 2}) {
+      PlanLayout l = layout(8, ep, 0, pp);
+      const GPTConfig cfg = gpt_config(m, l);
+      for (int s = 0; s < pp; ++s) {
+        double count = 0, experts = 0;
+        for (const ParamInfo& p :
+             gpt_param_layout(cfg, 1, 0, pipeline_stage(m.layers, pp, s, {}), true, ep, 0)) {
+          count += double(p.count);
+          experts += p.expert ? double(p.count) : 0;
+        }
+        EXPECT_DOUBLE_EQ(stage_params(m, l, s), count) << "ep " << ep << " stage " << s;
+        EXPECT_DOUBLE_EQ(stage_expert_params(m, l, s), experts) << "ep " << ep << " stage " << s;
+      }
+    }
+}
+
+// The experts' parameters, gradients and AdamW state divide by ep exactly, the rest stays; under
+// ZeRO-1 the experts' optimizer shards over dp/ep, the rest over dp.
+TEST(PlanMoe, ExpertStatesDivideByEp) {
+  const PlanModel m = mixtral();
+  const Hardware hw = h100();
+  for (int zero : {0, 1}) {
+    const std::vector<PlanTerm> one = memory_terms(m, layout(8, 1, zero), hw);
+    const std::vector<PlanTerm> eight = memory_terms(m, layout(8, 8, zero), hw);
+    for (const char* name : {"params", "grads", "optimizer"})
+      EXPECT_DOUBLE_EQ(term(one, name), term(eight, name)) << name << " zero " << zero;
+    EXPECT_GT(term(one, "expert_params"), 0);
+    EXPECT_DOUBLE_EQ(term(one, "expert_params"), 8 * term(eight, "expert_params"));
+    // ZeRO-1 shards over dp·cp/ep: ep = dp = 8 holds all of its E/ep experts' state, as ep = 1
+    // holds 1/8 of all.
+    EXPECT_DOUBLE_EQ(term(one, "expert_optimizer"),
+                     (zero == 0 ? 8 : 1) * term(eight, "expert_optimizer"));
+  }
+  // 8 experts of 3·4096·14336 per layer, 32 layers, bf16; ZeRO-1's 12 B each over dp/ep = 1.
+  const double experts = 32.0 * 8 * 3 * 4096 * 14336;
+  const std::vector<PlanTerm> z1 = memory_terms(m, layout(8, 8, 1), hw);
+  EXPECT_DOUBLE_EQ(term(z1, "expert_params"), experts / 8 * 2);
+  EXPECT_DOUBLE_EQ(term(z1, "expert_optimizer"), experts / 8 * 12);
+  EXPECT_DOUBLE_EQ(term(memory_terms(m, layout(8, 1, 1), hw), "expert_optimizer"),
+                   experts / 8 * 12);
+  // The dispatch buffers: two of ep·k·N rows of C in bf16, in scratch at ep > 1 only.
+  const double dispatch = 2.0 * 8 * 2 * m.seq_len * m.d_model * 2;
+  EXPECT_DOUBLE_EQ(term(memory_terms(m, layout(8, 8), hw), "scratch") -
+                       term(memory_terms(m, layout(8, 1), hw), "scratch"),
+                   dispatch);
+}
+
+// 4 all-to-alls of k·N·C bf16 elements per mixture layer and micro-batch, (ep−1)/ep of them
+// leaving the rank over NVLink, and a count exchange; none at ep 1.
+TEST(PlanMoe, AllToAllsAtEpAboveOne) {
+  const PlanModel m = mixtral();
+  const Hardware hw = h100();
+  EXPECT_EQ(predict(m, layout(8, 1), hw).term("moe_all_to_all_exposed"), 0);
+  const double ep = 8, bytes = 2.0 * m.seq_len * m.d_model * 2, lat = hw.intra_node.latency_us;
+  const double one =
+      (ep - 1) / ep * bytes / (hw.intra_node.gbytes_per_s * 1e9) + (ep - 1) * lat * 1e-6;
+  const double counts = (ep - 1) * lat * 1e-6;
+  const Prediction p = predict(m, layout(8, 8), hw);
+  EXPECT_NEAR(p.term("moe_all_to_all_exposed"), 16 * 32 * (4 * one + counts), 1e-12);
+  EXPECT_GT(predict(m, layout(8, 2), hw).term("moe_all_to_all_exposed"), 0);
+  // 16 ranks of one ep group span two nodes: InfiniBand, slower.
+  EXPECT_GT(predict(m, layout(16, 8, 0, 1), hw).term("moe_all_to_all_exposed"), 0);
+  PlanLayout wide = layout(2, 1);
+  wide.tp = 8, wide.sequence_parallel = true, wide.ep = 2;  // tp·ep = 16: two nodes
+  PlanLayout narrow = wide;
+  narrow.tp = 4, narrow.dp = 4;  // tp·ep = 8: one node
+  EXPECT_GT(predict(m, wide, hw).term("moe_all_to_all_exposed"),
+            2 * predict(m, narrow, hw).term("moe_all_to_all_exposed"));
+}
+
+TEST(PlanMoe, RefusesWhatEpCannotSplit) {
+  const PlanModel m = mixtral();
+  const Hardware hw = h100();
+  EXPECT_NE(predict(m, layout(6, 3), hw).why_not.find("does not divide model.moe.experts"),
+            std::string::npos);
+  EXPECT_NE(predict(m, layout(2, 4), hw).why_not.find("does not divide dp·cp"), std::string::npos);
+  PlanLayout tp = layout(4, 4);
+  tp.tp = 2;
+  EXPECT_NE(predict(m, tp, hw).why_not.find("sequence parallelism"), std::string::npos);
+  tp.sequence_parallel = true;
+  EXPECT_GT(predict(m, tp, hw).step_s, 0) << predict(m, tp, hw).why_not;
+  const PlanModel dense = PlanModel::from_deck(
+      load_deck(std::string(TRIDENT_SOURCE_DIR) + "/inputs/llama-1b.yaml", {}));
+  EXPECT_NE(predict(dense, layout(2, 2), hw).why_not.find("no experts"), std::string::npos);
+  EXPECT_EQ(parse_layout("dp=8,ep=4,micro=1", 16).ep, 4);
+  EXPECT_NE(format_layout(layout(8, 4)).find("ep=4,"), std::string::npos);
+  EXPECT_EQ(format_layout(layout(8, 1)).find("ep="), std::string::npos);
+}
+
+// Mixtral's 46.7B parameters hold 18 B each in bf16 with AdamW (840 GB): on 16 H100s at dp 16
+// (ZeRO-2) the experts' states fit only split over ep; the best layout uses ep > 1, and without ep
+// the best needs pp = 8 and is slower.
+TEST(PlanMoe, SearchChoosesEpForMixtralOnDgxH100) {
+  const PlanModel m = mixtral();
+  const Hardware hw = h100();
+  EXPECT_FALSE(predict(m, layout(16, 1, 2), hw).fits);  // 93 GB of bf16 parameters alone
+  EXPECT_TRUE(predict(m, layout(16, 8, 2), hw).fits);
+  PlanSearch s;
+  s.gpus = 16, s.global_batch = 256;
+  const std::vector<Prediction> ranked = rank_layouts(m, hw, s);
+  ASSERT_FALSE(ranked.empty());
+  ASSERT_TRUE(ranked[0].fits) << ranked[0].why_not;
+  EXPECT_GT(ranked[0].layout.ep, 1) << format_layout(ranked[0].layout);
+  s.ep = {1};
+  const std::vector<Prediction> no_ep = rank_layouts(m, hw, s);
+  ASSERT_TRUE(!no_ep.empty() && no_ep[0].fits);
+  EXPECT_GT(no_ep[0].layout.pp, 1) << format_layout(no_ep[0].layout);
+  EXPECT_LT(no_ep[0].tokens_per_s, ranked[0].tokens_per_s);
+}
+
+}  // namespace
+}  // namespace trident
