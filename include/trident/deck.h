@@ -139,6 +139,7 @@ struct ParallelConfig {
   int dp_shard = 0;              // 0: dp / dp_replicate
   int cp = 1;                    // context parallelism: each sequence split over cp ranks
   std::string cp_comm = "ring";  // how K/V reach the cp ranks: ring | allgather
+  int ep = 1;                    // expert parallelism over dp × cp (model.moe)
   bool sequence_parallel = false;  // Megatron's sequence parallelism (needs tp > 1)
   std::string schedule = "1f1b";   // pipeline schedule: gpipe | 1f1b | zb-h1 | interleaved
   int virtual_stages = 1;          // model chunks per stage (interleaved)

@@ -351,6 +351,7 @@ class GPT {
   // router's choice bias stepped by the step's loads summed over `group` (dp × cp).
   bool has_moe() const { return moe_count_ > 0; }
   MoeStats take_moe_stats();
+  void discard_moe_stats();  // and the step's loads (validation's forwards)
   void update_router_biases(Communicator* group);
 
   // One block's activation buffers, in BlockActs order: ln1 ln1_mean ln1_rstd qkv att atty

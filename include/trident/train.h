@@ -80,6 +80,7 @@ struct StepStats {
   // Context parallelism's K/V transfers (Note [Ring attention] in src/model/cp_attention.h):
   // their time on the wire, and the part attention waited for.
   double cp_comm_ms = 0.0, cp_exposed_ms = 0.0;
+  MoeStats moe;  // mixtures of experts: summed over the step's micro-batches and layers
   // Pipeline (this stage): time in the schedule, and the part spent waiting for neighbours.
   double pipeline_ms = 0.0, pipeline_wait_ms = 0.0, pipeline_compute_ms = 0.0;
   double val_loss = NAN;  // NaN when not validated this step
@@ -172,7 +173,13 @@ class Trainer {
   Deck deck_;
   TrainContext ctx_;
   int dp_size_ = 1, dp_rank_ = 0, pp_size_ = 1, pp_rank_ = 0;
-  int cp_size_ = 1, cp_rank_ = 0;       // Note [Context parallelism] (src/model/cp_attention.h)
+  int cp_size_ = 1, cp_rank_ = 0;  // Note [Context parallelism] (src/model/cp_attention.h)
+  // Note [Expert parallelism] (src/model/moe.h): ep consecutive ranks of dp × cp, and the
+  // expert-data-parallel replicas, ep apart, over which the experts' gradients reduce.
+  int ep_size_ = 1, ep_rank_ = 0, expert_dp_rank_ = 0;
+  std::unique_ptr<MpiComm> ep_comm_, expert_dp_comm_;
+  void make_expert_groups(GPTOptions& options);
+  MoeStats moe_step_stats();
   std::unique_ptr<Communicator> solo_;  // the pp communicator when there is no grid
   Communicator* pp_comm_ = nullptr;
   PipeSchedule schedule_ = PipeSchedule::kOneFOneB;

@@ -130,6 +130,15 @@ nlohmann::json step_record(const StepStats& s, const Trainer::MemoryBytes& memor
     j["cp_comm_ms"] = s.cp_comm_ms;
     j["cp_exposed_ms"] = s.cp_exposed_ms;
   }
+  if (s.moe.choices > 0) {  // mixtures of experts (src/model/moe.h): means over the run's ranks
+    j["moe_aux_loss"] = s.moe.aux_loss;
+    j["moe_z_loss"] = s.moe.z_loss;
+    j["moe_load_max_over_mean"] = s.moe.load_max_over_mean;
+    j["moe_dropped"] = s.moe.dropped;
+    j["moe_dropped_fraction"] = double(s.moe.dropped) / double(s.moe.choices);
+    j["a2a_ms"] = s.moe.a2a_ms;
+    j["a2a_exposed_ms"] = s.moe.a2a_exposed_ms;
+  }
   if (s.unit_gathers > 0) {  // ZeRO-3
     j["unit_gathers"] = s.unit_gathers;
     j["late_unit_gathers"] = s.late_unit_gathers;

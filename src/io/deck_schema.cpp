@@ -215,6 +215,9 @@ const std::vector<Key>& table() {
        .help = "context parallelism's K/V exchange: ring (each block sent on while the "
                "previous one is computed on) or allgather (gathered before attention, their "
                "gradients reduce-scattered after)"},
+      {.name = "parallel.ep", .field = at<&Deck::parallel, &ParallelConfig::ep>(), .min = ge(1),
+       .help = "expert-parallel ranks, consecutive within dp × cp: each holds experts/ep of every "
+               "mixture layer, and tokens travel to them by all-to-all"},
       {.name = "parallel.sequence_parallel",
        .field = at<&Deck::parallel, &ParallelConfig::sequence_parallel>(),
        .help = "split LayerNorm and residual regions along the sequence over tp ranks"},

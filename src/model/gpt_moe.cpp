@@ -80,6 +80,12 @@ MoeStats GPT::take_moe_stats() {
   return s;
 }
 
+void GPT::discard_moe_stats() {
+  take_moe_stats();
+  for (auto& m : moe_)
+    if (m) std::fill(m->step_load().begin(), m->step_load().end(), 0.0);
+}
+
 // DeepSeek-V3's loss-free balancing: each expert's bias moves by rate · sign(mean − load), the
 // loads summed over the step's micro-batches and the ranks of `group`.
 void GPT::update_router_biases(Communicator* group) {

@@ -119,6 +119,48 @@ void check_context_parallel(const Deck& deck, int cp, bool device_backend) {
                 cp);
 }
 
+void check_moe_deck(const Deck& deck, const GPTConfig& cfg, int dp_cp, bool device_backend) {
+  const ParallelConfig& p = deck.parallel;
+  const int ep = p.ep;
+  if (!cfg.has_moe()) {
+    if (ep > 1)
+      input_error("parallel.ep {} needs a mixture of experts (model.moe.experts > 0)", ep);
+    return;
+  }
+  const int E = cfg.moe.experts;
+  if (E % ep != 0 || dp_cp % ep != 0)
+    input_error("parallel.ep {} must divide model.moe.experts {} and dp × cp = {} (the experts "
+                "are divided over ep ranks taken from dp × cp)",
+                ep, E, dp_cp);
+  if (device_backend)
+    input_error("model.moe runs on run.backend cpu for now (no expert kernels on the device)");
+  if (deck.run.precision != "fp32")
+    input_error("model.moe with run.precision {}: mixtures run in fp32 for now",
+                deck.run.precision);
+  if (p.tp > 1) input_error("model.moe with parallel.tp {}: mixtures run at tp 1 for now", p.tp);
+  if (p.zero == 3)
+    input_error("model.moe with parallel.zero 3: the mixture's tensors are not gathered by "
+                "unit yet; use parallel.zero 1 or 2");
+  if (ep > 1 && p.zero > 0)
+    input_error("parallel.ep {} with parallel.zero {}: the experts' shards over their own group "
+                "are not built; use parallel.zero 0, or ep 1",
+                ep, p.zero);
+  if (p.schedule == "zb-h1")
+    input_error("model.moe with parallel.schedule zb-h1: a mixture's weight gradients need the "
+                "routing again in the weight pass, which is not built; use 1f1b");
+  if (cfg.moe.aux_loss == MoeAux::kHF && p.pp > 1)
+    input_error("model.moe.aux_loss hf with parallel.pp {}: transformers' form sums every "
+                "layer's routing, which pp splits; use model.moe.aux_loss switch",
+                p.pp);
+  // Every rank of an ep group must run the same forwards (each one an all-to-all).
+  const int dp = dp_cp / std::max(1, p.cp);
+  if (ep > 1 && deck.train.val_every > 0 && !deck.data.valid.empty() &&
+      deck.train.val_batches % dp != 0)
+    input_error("parallel.ep {}: train.val_batches {} must be a multiple of dp {} so that every "
+                "rank validates as many micro-batches (each runs the experts' all-to-all)",
+                ep, deck.train.val_batches, dp);
+}
+
 GPTOptions stage_options(const Deck& deck, const GPTConfig& cfg, const TrainContext& ctx,
                          PipeSchedule schedule, int pp_size, int pp_rank, int dp_size) {
   GPTOptions options;

@@ -16,6 +16,7 @@
 #include "train/tied_embedding.h"
 #include "train/trainer_parts.h"
 #include "trident/check.h"
+#include "trident/comm.h"
 #include "trident/grad_reducer.h"
 #include "trident/grid.h"
 #include "trident/peak_check.h"
@@ -30,6 +31,8 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
   chunks_ = deck_.parallel.virtual_stages;
   GPTOptions options = stage_options(deck_, cfg, ctx_, schedule_, pp_size_, pp_rank_, dp_size_);
   const int T = deck_.model.seq_len / cp_size_;  // this rank's rows of each sequence
+  check_moe_deck(deck_, cfg, dp_size_ * cp_size_, ctx_.backend->is_device());
+  if (deck_.parallel.ep > 1) make_expert_groups(options);
   DataParallel::check_deck(deck_, ctx_.backend->is_device(), chunks_, splits_backward(schedule_));
   // The parts that shape the model's parameter layout, before it is allocated.
   if (cfg.tied_head && (options.stage.has_embedding || options.stage.has_head))
@@ -38,8 +41,9 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
                                             DataParallel::bucket_bytes(deck_.comm), options);
   if (dp_size_ * cp_size_ > 1) {  // gradients reduce over dp × cp
     dp_ = std::make_unique<DataParallel>(deck_, ctx_);
-    const std::vector<ParamInfo> layout = gpt_param_layout(cfg, options.tp.size, options.tp.rank,
-                                                           options.stage, options.wte_after_head);
+    const std::vector<ParamInfo> layout =
+        gpt_param_layout(cfg, options.tp.size, options.tp.rank, options.stage,
+                         options.wte_after_head, options.ep.size, options.ep.rank);
     const int wte = tied_ ? tied_->wte_index(layout) : -1;  // reported in pieces, maybe alone
     const bool alone = tied_ && tied_->needs_own_bucket();
     dp_->lay_out(layout, wte, tied_ ? tied_->piece_rows() : std::vector<int>{}, cfg.channels,
@@ -77,6 +81,60 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
 }
 
 Trainer::~Trainer() = default;
+
+// The mixture layers' figures of the step (src/model/moe.h), over every rank: the losses as
+// means per micro-batch of the sum over layers, and per replica of the model; the load a mean
+// over layer forwards; the all-to-all times means over ranks. One collective, every rank.
+MoeStats Trainer::moe_step_stats() {
+  MoeStats m = model_->take_moe_stats();
+  double v[8] = {m.aux_loss,
+                 m.z_loss,
+                 double(m.dropped),
+                 double(m.choices),
+                 m.load_max_over_mean,
+                 double(m.layers_seen),
+                 m.a2a_ms,
+                 m.a2a_exposed_ms};
+  int ranks = 1;
+  if (ctx_.grid) {
+    ctx_.grid->world().all_reduce(v, 8).wait();
+    ranks = ctx_.grid->world_size();
+  }
+  const double replicas = double(dp_size_) * cp_size_ * deck_.train.accum;
+  const int tp = ctx_.grid ? ctx_.grid->layout().tp : 1;
+  MoeStats s;
+  s.aux_loss = v[0] / (replicas * tp);
+  s.z_loss = v[1] / (replicas * tp);
+  s.dropped = int64_t(v[2]);
+  s.choices = int64_t(v[3]);
+  s.load_max_over_mean = v[5] > 0 ? v[4] / v[5] : 0.0;
+  s.layers_seen = int(v[5]);
+  s.a2a_ms = v[6] / ranks;
+  s.a2a_exposed_ms = v[7] / ranks;
+  return s;
+}
+
+// Note [Expert parallelism]: split from the gradients' group (dp × cp) by its rank order, ep
+// consecutive ranks to a group; every rank of dp × cp calls this at the same point.
+void Trainer::make_expert_groups(GPTOptions& options) {
+  MpiComm& g = ctx_.grid->gradients();
+  ep_size_ = deck_.parallel.ep;
+  ep_rank_ = g.rank() % ep_size_;
+  expert_dp_rank_ = g.rank() / ep_size_;
+  MPI_Comm ep = MPI_COMM_NULL, edp = MPI_COMM_NULL;
+  TRIDENT_MPI(MPI_Comm_split(g.raw(), expert_dp_rank_, g.rank(), &ep));
+  TRIDENT_MPI(MPI_Comm_split(g.raw(), ep_rank_, g.rank(), &edp));
+  ep_comm_ = std::make_unique<MpiComm>(ep, "ep");
+  expert_dp_comm_ = std::make_unique<MpiComm>(edp, "expert_dp");
+  ep_comm_->set_timeout(g.timeout());
+  expert_dp_comm_->set_timeout(g.timeout());
+  // The emulated link between nodes (comm.emulate_gbps) carries the tokens too, both ways.
+  if (deck_.comm.emulate_gbps > 0) {
+    ep_comm_->set_emulated_link(deck_.comm.emulate_gbps, deck_.comm.emulate_latency_us);
+    ep_comm_->set_duplex_link(true);
+  }
+  options.ep = {ep_comm_.get(), ep_size_, ep_rank_};
+}
 
 Zero3Memory Trainer::zero3_memory() const {
   Zero3Memory z;
@@ -189,6 +247,9 @@ StepStats Trainer::train_step(int step) {
     if (dp_ && dp_->sharded())
       dp_->update_shard(*opt_, be, *model_, tc, float(s.lr), step + 1, scale, s);
     else opt_->update(be, *model_, tc, float(s.lr), step + 1, scale);
+    // DeepSeek-V3's choice bias, from the step's loads over dp × cp (src/model/gpt_moe.cpp).
+    if (model_->has_moe())
+      model_->update_router_biases(dp_size_ * cp_size_ > 1 ? &ctx_.grid->gradients() : nullptr);
     be.synchronize();  // a device step ends when its last op has run, not when it was issued
     if (ctx_.trace) ctx_.trace->span("compute", "optimizer", t0, std::chrono::steady_clock::now());
   }
@@ -196,6 +257,7 @@ StepStats Trainer::train_step(int step) {
   s.tp_comm_ms = model_->take_tp_comm_ms();
   s.cp_comm_ms = model_->take_cp_comm_ms();
   s.cp_exposed_ms = model_->take_cp_exposed_ms();
+  if (model_->config().has_moe()) s.moe = moe_step_stats();
   s.ms_per_step = ms_since(t_step);
   s.tokens_per_s = double(tokens_per_step()) / (s.ms_per_step / 1e3);
   // MFU: the step's FLOPs are spread over all ranks, each with its own (measured) peak. NaN
@@ -270,6 +332,7 @@ double Trainer::validate() {
     sum[0] = stage_->take_loss_sum();
   }
   if (dp_) dp_->release_params();  // ZeRO-3: the units the forward passes left gathered
+  if (model_->has_moe()) model_->discard_moe_stats();  // validation's routing is not the step's
   if (pp_size_ > 1) pp_comm_->all_reduce(&sum[0], 1).wait();
   // cp: every rank of a sequence adds the mean over its tokens, and counts the micro-batch.
   if (dp_size_ * cp_size_ > 1) ctx_.grid->gradients().all_reduce(sum, 2).wait();

@@ -15,6 +15,9 @@ namespace trident {
 // Refuses (input_error) a context-parallel size the deck cannot run: seq_len not a multiple of
 // 2·cp, a device backend, bf16 activations.
 void check_context_parallel(const Deck& deck, int cp, bool device_backend);
+// Mixtures and expert parallelism against the run (Note [Mixtures in the layouts] in
+// src/model/gpt_moe.cpp): input_error naming the keys of what is not built or cannot be.
+void check_moe_deck(const Deck& deck, const GPTConfig& cfg, int dp_cp, bool device_backend);
 GPTOptions stage_options(const Deck& deck, const GPTConfig& cfg, const TrainContext& ctx,
                          PipeSchedule schedule, int pp_size, int pp_rank, int dp_size);
 
