@@ -541,7 +541,7 @@ void load_llmc_weights(GPT& model, const std::string& path);
 void save_llmc_weights(GPT& model, const std::string& path);
 
 // Hugging Face weights (model/hf_checkpoint.cpp, Note [Hugging Face checkpoints]): transformers'
-// gpt2, gpt_neox and llama as save_pretrained writes them, in a directory (config.json and
+// gpt2, gpt_neox, llama and mixtral as save_pretrained writes them, in a directory (config.json and
 // model.safetensors, or a sharded model.safetensors.index.json), an index file, or one
 // .safetensors file (GPT-2 needs no config.json: names, [in, out] Conv1D weights, the heads in
 // __metadata__). is_safetensors: such a directory, an index, or a file by its extension or a
@@ -559,5 +559,10 @@ size_t save_safetensors_weights(GPT& model, const std::string& path, bool with_c
 // the loader converts, for tests and tools.
 std::map<std::string, std::vector<float>> read_hf_global_tensors(const std::string& path,
                                                                  GPTConfig* cfg = nullptr);
+// save_safetensors_weights' writer on such tensors (every name of `cfg`'s layout), without a
+// model: export's file and config.json, for tests and tools.
+size_t save_hf_global_tensors(const GPTConfig& cfg,
+                              const std::map<std::string, std::vector<float>>& tensors,
+                              const std::string& path, bool with_config);
 
 }  // namespace trident

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -233,7 +234,7 @@ void resolve(Checkpoint& ck) {
     ck.cfg.padded_vocab = GPTConfig::pad_vocab(ck.cfg.vocab);
   }
   const GPTConfig& c = ck.cfg;
-  const std::string family = hf::display_name(c.family);
+  const std::string family = hf::display_name(c);
   const std::string prefix = hf::body_prefix(c.family);
   // A config's layer count is checked against the tensors before any per-layer list is built.
   if (size_t(c.layers) > ck.tensors.size())
@@ -271,9 +272,11 @@ void resolve(Checkpoint& ck) {
       if (e.shape != m.hf_shape[i])
         bad(ck.file_of(stored).path,
             fmt::format("tensor {}: shape {}, a {} with d_model {}, vocab {}, {} positions, "
-                        "heads {} (kv {}), MLP width {} needs {}{}",
+                        "heads {} (kv {}), MLP width {}{} needs {}{}",
                         stored, st::shape_text(e.shape), family, c.channels, c.vocab, c.max_seq_len,
-                        c.heads, c.kv_head_count(), c.hidden(), st::shape_text(m.hf_shape[i]),
+                        c.heads, c.kv_head_count(), c.hidden(),
+                        c.has_moe() ? fmt::format(", {} experts", c.moe.experts) : "",
+                        st::shape_text(m.hf_shape[i]),
                         m.layout == hf::Layout::kConv1D ? " (Conv1D: [in, out])" : ""));
       ck.stored_as[name] = stored;
     }
@@ -325,6 +328,48 @@ std::vector<std::ifstream> open_streams(const Checkpoint& ck) {
   return streams;
 }
 
+// The checkpoint of `cfg` at `path` (and config.json beside it, with_config or for a family
+// other than GPT-2), each trident global tensor from global_of(map), asked for once each, in
+// transformers' module order. Returns the bytes of the tensor file.
+size_t write_hf_checkpoint(
+    const GPTConfig& cfg, const std::string& path, bool with_config,
+    const std::function<std::vector<float>(const hf::TensorMap&)>& global_of) {
+  const json config = hf::json_from_config(cfg);  // refuses a block transformers cannot hold
+  const std::vector<hf::TensorMap> maps = hf::tensor_maps(cfg);
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<std::pair<size_t, size_t>> source;  // (map, part) of each written tensor
+  for (size_t i = 0; i < maps.size(); ++i)
+    for (size_t k = 0; k < maps[i].hf.size(); ++k) {
+      names.push_back(maps[i].hf[k]);
+      shapes.push_back(maps[i].hf_shape[k]);
+      source.push_back({i, k});
+    }
+  json metadata = {{"format", "pt"}};
+  if (cfg.family == Family::kGPT2) metadata["n_head"] = std::to_string(cfg.heads);
+  std::vector<std::vector<float>> parts;
+  size_t parts_of = maps.size();
+  const size_t bytes = st::write_file(path, metadata, names, shapes, [&](size_t t) {
+    const auto [i, k] = source[t];
+    if (parts_of != i) {  // each map's parts are made once, when its first is written
+      parts = hf::to_hf(maps[i], global_of(maps[i]));
+      parts_of = i;
+    }
+    return std::move(parts[k]);
+  });
+  // config.json beside the file: what from_pretrained and model.init_from read. A lone GPT-2
+  // file carries its head count in __metadata__ and needs none (Note [Hugging Face checkpoints]).
+  const fs::path dir = fs::path(path).parent_path();
+  if (with_config || cfg.family != Family::kGPT2) {
+    const std::string config_path = (dir / "config.json").string();
+    std::ofstream f(config_path, std::ios::trunc);
+    f << config.dump(2) << "\n";
+    f.flush();
+    if (!f) input_error("export: cannot write {}: {}", config_path, std::strerror(errno));
+  }
+  return bytes;
+}
+
 }  // namespace
 
 bool is_safetensors(const std::string& path) {
@@ -363,7 +408,7 @@ void load_safetensors_weights(GPT& model, const std::string& path) {
     bad(ck.where, fmt::format("a {} of layers={} d_model={} heads={} vocab={} max_seq_len={} "
                               "({}), the model has layers={} d_model={} heads={} vocab={} "
                               "max_seq_len={} ({})",
-                              hf::display_name(f.family), f.layers, f.channels, f.heads, f.vocab,
+                              hf::display_name(f), f.layers, f.channels, f.heads, f.vocab,
                               f.max_seq_len, describe_block(f), c.layers, c.channels, c.heads,
                               c.vocab, c.max_seq_len, describe_block(c)));
   std::map<std::string, const hf::TensorMap*> by_trident;
@@ -394,51 +439,37 @@ void load_safetensors_weights(GPT& model, const std::string& path) {
 
 size_t save_safetensors_weights(GPT& model, const std::string& path, bool with_config) {
   const GPTConfig& cfg = model.config();
-  TRIDENT_CHECK(model.tensor_parallel().size == 1 && model.stage().has_embedding &&
-                    model.stage().has_head && model.stage().first_layer == 0 &&
-                    model.params_info().size() == gpt_param_layout(cfg).size(),
-                "save_safetensors_weights needs the whole model on this rank");
-  const json config = hf::json_from_config(cfg);  // refuses a block transformers cannot hold
-  const std::vector<hf::TensorMap> maps = hf::tensor_maps(cfg);
-  std::vector<std::string> names;
-  std::vector<std::vector<int64_t>> shapes;
-  std::vector<std::pair<size_t, size_t>> source;  // (map, part) of each written tensor
-  for (size_t i = 0; i < maps.size(); ++i)
-    for (size_t k = 0; k < maps[i].hf.size(); ++k) {
-      names.push_back(maps[i].hf[k]);
-      shapes.push_back(maps[i].hf_shape[k]);
-      source.push_back({i, k});
-    }
-  json metadata = {{"format", "pt"}};
-  if (cfg.family == Family::kGPT2) metadata["n_head"] = std::to_string(cfg.heads);
-  HostView<float> host(model.backend(), model.params(), model.num_params(), /*load=*/true);
-  std::vector<std::vector<float>> parts;
-  size_t parts_of = maps.size();
-  const size_t bytes = st::write_file(path, metadata, names, shapes, [&](size_t t) {
-    const auto [i, k] = source[t];
-    if (parts_of != i) {  // each map's parts are made once, when its first is written
-      const ParamInfo& p = model.param(maps[i].trident);
-      TRIDENT_CHECK(p.global_shape == maps[i].global_shape,
-                    "parameter {}: the model's global shape differs from the Hugging Face map's",
-                    p.name);
-      std::vector<float> global(p.count);
-      for (size_t j = 0; j < p.count; ++j) global[p.global_index(j)] = host.data()[p.offset + j];
-      parts = hf::to_hf(maps[i], global);
-      parts_of = i;
-    }
-    return std::move(parts[k]);
+  const std::vector<ParamInfo>& infos = model.params_info();
+  // Every tensor whole on this rank: no tp, no stage, no experts split over ep.
+  const bool whole = std::all_of(infos.begin(), infos.end(), [](const ParamInfo& p) {
+    size_t n = 1;
+    for (int d : p.global_shape) n *= size_t(d);
+    return p.count == n;
   });
-  // config.json beside the file: what from_pretrained and model.init_from read. A lone GPT-2
-  // file carries its head count in __metadata__ and needs none (Note [Hugging Face checkpoints]).
-  const fs::path dir = fs::path(path).parent_path();
-  if (with_config || cfg.family != Family::kGPT2) {
-    const std::string config_path = (dir / "config.json").string();
-    std::ofstream f(config_path, std::ios::trunc);
-    f << config.dump(2) << "\n";
-    f.flush();
-    if (!f) input_error("export: cannot write {}: {}", config_path, std::strerror(errno));
-  }
-  return bytes;
+  TRIDENT_CHECK(model.tensor_parallel().size == 1 && model.stage().has_embedding &&
+                    model.stage().has_head && model.stage().first_layer == 0 && whole &&
+                    infos.size() == gpt_param_layout(cfg).size(),
+                "save_safetensors_weights needs the whole model on this rank");
+  HostView<float> host(model.backend(), model.params(), model.num_params(), /*load=*/true);
+  return write_hf_checkpoint(cfg, path, with_config, [&](const hf::TensorMap& m) {
+    const ParamInfo& p = model.param(m.trident);
+    TRIDENT_CHECK(p.global_shape == m.global_shape,
+                  "parameter {}: the model's global shape differs from the Hugging Face map's",
+                  p.name);
+    std::vector<float> global(p.count);
+    for (size_t j = 0; j < p.count; ++j) global[p.global_index(j)] = host.data()[p.offset + j];
+    return global;
+  });
+}
+
+size_t save_hf_global_tensors(const GPTConfig& cfg,
+                              const std::map<std::string, std::vector<float>>& tensors,
+                              const std::string& path, bool with_config) {
+  return write_hf_checkpoint(cfg, path, with_config, [&](const hf::TensorMap& m) {
+    const auto it = tensors.find(m.trident);
+    TRIDENT_CHECK(it != tensors.end(), "no tensor {} to write", m.trident);
+    return it->second;
+  });
 }
 
 }  // namespace trident

@@ -1,6 +1,7 @@
 // Hugging Face checkpoints for the families (model/hf_config.cpp, hf_names.cpp,
 // hf_checkpoint.cpp): config.json to and from GPTConfig, and transformers' tensors to and from
-// trident's global tensors. Private to the model part.
+// trident's global tensors. Private to the model part. Mixtral is llama's family with experts
+// (GPTConfig::has_moe()): its own model_type, the rest of the body as Llama's.
 #pragma once
 
 #include <cstdint>
@@ -13,22 +14,24 @@
 
 namespace trident::hf {
 
-// config.json's model_type for a family: "gpt2", "gpt_neox", "llama".
-const char* model_type(Family f);
-// As messages name the family: "GPT-2", "GPT-NeoX", "Llama".
-const char* display_name(Family f);
+// config.json's model_type for a config: "gpt2", "gpt_neox", "llama", "mixtral".
+const char* model_type(const GPTConfig& c);
+// As messages name the model: "GPT-2", "GPT-NeoX", "Llama", "Mixtral".
+const char* display_name(const GPTConfig& c);
 
 // The GPTConfig that config.json `j` (read from `path`) describes: the family's defaults as
 // transformers 4.36 has them, then the file's keys. input_error naming the path and the key for
 // what trident does not implement (another model_type, rope_scaling, attention or MLP biases
 // the family does not have, an activation, head_dim != hidden_size / heads, ...). GPT-2's shape
 // keys default to `gpt2_shape` (the shape its tensors imply) rather than to GPT-2 small's.
+// mixtral: Note [Mixtral's config].
 GPTConfig config_from_json(const nlohmann::json& j, const std::string& path,
                            const GPTConfig& gpt2_shape);
 
 // config.json for `cfg` (export), which transformers' from_pretrained loads as
-// GPT2LMHeadModel, GPTNeoXForCausalLM or LlamaForCausalLM; input_error naming what the family's
-// transformers class cannot express (e.g. a Llama with biases).
+// GPT2LMHeadModel, GPTNeoXForCausalLM, LlamaForCausalLM or MixtralForCausalLM; input_error
+// naming what the family's transformers class cannot express (e.g. a Llama with biases, a
+// mixture with shared experts).
 nlohmann::json json_from_config(const GPTConfig& cfg);
 
 // How a trident tensor is stored by transformers (Note [Hugging Face tensors]).
@@ -37,6 +40,7 @@ enum class Layout {
   kConv1D,    // GPT-2's Conv1D: [in, out], the transpose
   kNeoxQkv,   // GPT-NeoX's query_key_value: rows per head [NH, 3, hs] → q | k | v
   kRowBlocks  // several tensors whose rows, one after another, are the trident tensor's
+              // (Llama's q | k | v, gate | up; Mixtral's experts, expert after expert)
 };
 
 struct TensorMap {

@@ -1,4 +1,4 @@
-// config.json to and from GPTConfig for transformers' gpt2, gpt_neox and llama
+// config.json to and from GPTConfig for transformers' gpt2, gpt_neox, llama and mixtral
 // (model/hf_checkpoint.h).
 //
 // Note [config.json keys]
@@ -110,19 +110,25 @@ void read_neox(const Keys& k, GPTConfig& c) {
   k.require("attention_bias", true, "trident's GPT-NeoX has biases on every linear layer");
 }
 
-void read_llama(const Keys& k, GPTConfig& c) {
+// transformers 4.36's defaults where LlamaConfig and MixtralConfig differ.
+struct LlamaDefaults {
+  int intermediate, kv_heads, positions;
+  double eps, theta;
+};
+
+void read_llama(const Keys& k, const LlamaDefaults& d, GPTConfig& c) {
   c.apply_family(Family::kLlama);
   c.vocab = k.integer("vocab_size", 32000, 2);
   c.channels = k.integer("hidden_size", 4096);
   c.layers = k.integer("num_hidden_layers", 32);
   c.heads = k.integer("num_attention_heads", 32);
-  c.kv_heads = k.integer("num_key_value_heads", c.heads);
-  c.mlp_hidden = k.integer("intermediate_size", 11008);
-  c.max_seq_len = k.integer("max_position_embeddings", 2048);
+  c.kv_heads = k.integer("num_key_value_heads", d.kv_heads > 0 ? d.kv_heads : c.heads);
+  c.mlp_hidden = k.integer("intermediate_size", d.intermediate);
+  c.max_seq_len = k.integer("max_position_embeddings", d.positions);
   if (k.text("hidden_act", "silu") != "silu")
     k.refuse("hidden_act", "trident's Llama MLP is SwiGLU (silu) only");
-  c.norm_eps = as_float(k, "rms_norm_eps", 1e-6);
-  c.rope_base = as_float(k, "rope_theta", 10000.0);
+  c.norm_eps = as_float(k, "rms_norm_eps", d.eps);
+  c.rope_base = as_float(k, "rope_theta", d.theta);
   c.tied_head = k.boolean("tie_word_embeddings", false);
   k.require("attention_bias", false, "trident's Llama attention has no biases");
   k.require("mlp_bias", false, "trident's Llama MLP has no biases");
@@ -132,26 +138,84 @@ void read_llama(const Keys& k, GPTConfig& c) {
                                      c.channels, c.heads));
 }
 
+// Note [Mixtral's config]
+// MixtralForCausalLM (transformers 4.36) is Llama's block with every MLP a mixture: softmax
+// router, top num_experts_per_tok of num_local_experts renormalised, dropless, each expert a
+// SwiGLU of width intermediate_size (moe.ffn_width; mlp_hidden too: no dense layer is left).
+// sliding_window (absent: 4096) masks keys that many positions back, which trident does not:
+// null or at least max_position_embeddings (no sequence is longer) reads, less is refused.
+// transformers adds the auxiliary loss only with output_router_logits true (default false):
+// then moe.aux_loss hf, coefficient router_aux_loss_coef; else none (aux_coeff still set).
+void read_mixtral(const Keys& k, GPTConfig& c) {
+  read_llama(k, {14336, 8, 4096 * 32, 1e-5, 1e6}, c);
+  MoeConfig& m = c.moe;
+  m.experts = k.integer("num_local_experts", 8);
+  m.top_k = k.integer("num_experts_per_tok", 2);
+  m.ffn_width = c.mlp_hidden;
+  m.every = 1;
+  m.router = MoeRouter::kSoftmax;
+  m.norm_topk = true;
+  m.capacity_factor = 0.0f;
+  m.aux_coeff = float(k.number("router_aux_loss_coef", 0.001));
+  if (!std::isfinite(m.aux_coeff) || m.aux_coeff < 0)
+    k.refuse("router_aux_loss_coef", "must be a number >= 0");
+  // 4.36's own load_balancing_loss_func softmaxes the top-k logits only and comes out a
+  // constant, experts / top_k, without a gradient; trident's hf form is the one later
+  // transformers fixed it to (Note [Auxiliary losses] in src/model/moe.h).
+  m.aux_loss = k.boolean("output_router_logits", false) ? MoeAux::kHF : MoeAux::kNone;
+  // An absent key is transformers' default, 4096; null turns the window off.
+  const bool no_window = k.j.contains("sliding_window") && k.j["sliding_window"].is_null();
+  const int window = no_window ? 0 : k.integer("sliding_window", 4096);
+  if (window > 0 && window < c.max_seq_len)
+    input_error("model.init_from: {}: sliding_window {}: trident's attention has no sliding "
+                "window: it must be null or at least max_position_embeddings ({})",
+                k.path, k.has("sliding_window") ? std::to_string(window) : "absent (4096)",
+                c.max_seq_len);
+  if (k.has("router_jitter_noise") && k.number("router_jitter_noise", 0) != 0)
+    k.refuse("router_jitter_noise", "trident's router adds no noise (must be 0)");
+  k.require("norm_topk_prob", true, "Mixtral renormalises the top-k weights (must be true)");
+}
+
 // What config.json says a float is: the float's shortest decimal (1e-06, not 9.99999997e-07),
 // which reads back to the same float.
 double decimal(float v) { return std::stod(fmt::format("{}", v)); }
 
+// Note [Mixtral's export]
+// What changes the function MixtralForCausalLM computes is refused, naming the key: a dense
+// layer among the mixtures (moe.every), the sigmoid router and its bias, unnormalised top-k
+// weights, shared experts. What only shapes training is not the model's and transformers'
+// Mixtral has no key for it: moe.aux_loss hf is written (output_router_logits true,
+// router_aux_loss_coef), switch and the z-loss are left out, and the capacity, which drops
+// choices in training, is left to transformers' dropless routing.
+template <typename Cannot>
+void check_mixtral_export(const GPTConfig& c, const Cannot& cannot) {
+  const MoeConfig& m = c.moe;
+  if (c.moe_layers() != c.layers)
+    cannot(fmt::format("model.moe.every {} (Mixtral's every layer is a mixture)", m.every));
+  if (m.router != MoeRouter::kSoftmax)
+    cannot(fmt::format("model.moe.router {} (Mixtral's router is a softmax, without a bias)",
+                       moe_router_name(m.router)));
+  if (!m.norm_topk) cannot("model.moe.norm_topk false (Mixtral renormalises the top-k weights)");
+  if (m.shared_experts > 0)
+    cannot(fmt::format("model.moe.shared_experts {} (Mixtral has none)", m.shared_experts));
+}
+
 }  // namespace
 
-const char* model_type(Family f) {
-  switch (f) {
+const char* model_type(const GPTConfig& c) {
+  switch (c.family) {
     case Family::kGPT2: return "gpt2";
     case Family::kNeoX: return "gpt_neox";
-    case Family::kLlama: return "llama";
+    case Family::kLlama: return c.has_moe() ? "mixtral" : "llama";
   }
   return "?";
 }
 
-const char* display_name(Family f) {
-  switch (f) {
+const char* display_name(const GPTConfig& c) {
+  switch (c.family) {
     case Family::kGPT2: return "GPT-2";
     case Family::kNeoX: return "GPT-NeoX";
-    case Family::kLlama: return "Llama";
+    case Family::kLlama: return c.has_moe() ? "Mixtral" : "Llama";
   }
   return "?";
 }
@@ -160,7 +224,8 @@ GPTConfig config_from_json(const json& j, const std::string& path, const GPTConf
   if (!j.is_object()) input_error("model.init_from: {}: not a JSON object", path);
   const Keys k{j, path};
   if (!k.has("model_type"))
-    input_error("model.init_from: {}: no \"model_type\" (trident reads gpt2, gpt_neox, llama)",
+    input_error("model.init_from: {}: no \"model_type\" (trident reads gpt2, gpt_neox, llama, "
+                "mixtral)",
                 path);
   const std::string type = k.text("model_type", "");
   if (k.has("rope_scaling"))
@@ -168,8 +233,9 @@ GPTConfig config_from_json(const json& j, const std::string& path, const GPTConf
   GPTConfig c;
   if (type == "gpt2") read_gpt2(k, gpt2_shape, c);
   else if (type == "gpt_neox") read_neox(k, c);
-  else if (type == "llama") read_llama(k, c);
-  else k.refuse("model_type", "not a model trident reads (gpt2, gpt_neox, llama)");
+  else if (type == "llama") read_llama(k, {11008, 0, 2048, 1e-6, 10000.0}, c);
+  else if (type == "mixtral") read_mixtral(k, c);
+  else k.refuse("model_type", "not a model trident reads (gpt2, gpt_neox, llama, mixtral)");
   if (c.channels % c.heads != 0)
     input_error("model.init_from: {}: the width {} is not a multiple of the {} heads", path,
                 c.channels, c.heads);
@@ -188,12 +254,16 @@ GPTConfig config_from_json(const json& j, const std::string& path, const GPTConf
 
 json json_from_config(const GPTConfig& c) {
   const auto cannot = [&](const std::string& what) {
-    input_error("export: {} with {} cannot be written as transformers' {} ({}): {}",
-                describe_block(c), what, display_name(c.family), model_type(c.family),
-                "export --format llmc or a checkpoint keep it");
+    input_error(
+        "export: {} with {} cannot be written as transformers' {} ({}): {}", describe_block(c),
+        what, display_name(c), model_type(c),
+        c.has_moe() ? "a checkpoint keeps it" : "export --format llmc or a checkpoint keep it");
   };
+  if (c.has_moe() && c.family != Family::kLlama)
+    cannot(fmt::format("model.moe.experts {} (transformers' mixture is Mixtral, Llama's block)",
+                       c.moe.experts));
   const bool tanh = c.activation == Activation::kGeluTanh;
-  json j = {{"model_type", model_type(c.family)},
+  json j = {{"model_type", model_type(c)},
             {"vocab_size", c.vocab},
             {"tie_word_embeddings", c.tied_head},
             {"torch_dtype", "float32"}};
@@ -234,18 +304,29 @@ json json_from_config(const GPTConfig& c) {
       if (c.norm != Norm::kRMSNorm || c.position != Position::kRotary || c.rotary_pct != 1.0f ||
           c.activation != Activation::kSwiGLU || c.bias || c.parallel_residual)
         cannot("a block other than Llama's");
-      j.update({{"architectures", {"LlamaForCausalLM"}},
-                {"hidden_size", c.channels},
+      j.update({{"hidden_size", c.channels},
                 {"num_hidden_layers", c.layers},
                 {"num_attention_heads", c.heads},
                 {"num_key_value_heads", c.kv_head_count()},
-                {"intermediate_size", c.hidden()},
                 {"max_position_embeddings", c.max_seq_len},
                 {"hidden_act", "silu"},
                 {"rms_norm_eps", decimal(c.norm_eps)},
-                {"rope_theta", decimal(c.rope_base)},
-                {"rope_scaling", nullptr},
-                {"attention_bias", false}});
+                {"rope_theta", decimal(c.rope_base)}});
+      if (c.has_moe()) {
+        check_mixtral_export(c, cannot);
+        j.update({{"architectures", {"MixtralForCausalLM"}},
+                  {"intermediate_size", c.expert_width()},
+                  {"num_local_experts", c.moe.experts},
+                  {"num_experts_per_tok", c.moe.top_k},
+                  {"sliding_window", nullptr},
+                  {"output_router_logits", c.moe.aux_loss == MoeAux::kHF},
+                  {"router_aux_loss_coef", decimal(c.moe.aux_coeff)}});
+      } else {
+        j.update({{"architectures", {"LlamaForCausalLM"}},
+                  {"intermediate_size", c.hidden()},
+                  {"rope_scaling", nullptr},
+                  {"attention_bias", false}});
+      }
       break;
   }
   return j;

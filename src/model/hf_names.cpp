@@ -1,13 +1,14 @@
-// transformers' tensor names and layouts for gpt2, gpt_neox and llama, and the conversions to
-// and from trident's global tensors (model/hf_checkpoint.h).
+// transformers' tensor names and layouts for gpt2, gpt_neox, llama and mixtral, and the
+// conversions to and from trident's global tensors (model/hf_checkpoint.h).
 //
 // Note [Hugging Face tensors]
 // Trident's tensors are [out, in] row-major, qkv's rows q | k | v with each part head-major, and
-// SwiGLU's fc gate | up. transformers stores three of them differently, converted both ways:
-// GPT-2's Conv1D weights are [in, out] (transposed); GPT-NeoX's query_key_value rows go per
-// head, [NH, 3, hs] (head j's q, k, v rows one after another); Llama keeps q_proj, k_proj,
-// v_proj and gate_proj, up_proj apart (their rows, in that order, are qkvw's and fcw's).
-// Embedding and head rows are the real vocabulary; trident's padded rows are zero.
+// SwiGLU's fc gate | up. transformers stores some differently, converted both ways: GPT-2's
+// Conv1D weights are [in, out]; GPT-NeoX's query_key_value rows go per head, [NH, 3, hs];
+// Llama keeps q_proj, k_proj, v_proj and gate_proj, up_proj apart (their rows, in that order,
+// are qkvw's and fcw's); Mixtral keeps each expert apart: expfcw's rows are, expert after
+// expert, w1 (gate) then w3 (up), expfcprojw's w2 [C, Fe] (Note [Expert tensors]); router is
+// block_sparse_moe.gate. Embedding and head rows are the real vocabulary; padded rows are zero.
 #include <fmt/format.h>
 
 #include <string>
@@ -24,11 +25,26 @@ using Shape = std::vector<int64_t>;
 // trident's per-block tensor, and transformers' name(s) for it after "<body>.<layers>.{l}.".
 struct BlockTensor {
   const char* trident;
-  std::vector<const char*> hf;
+  std::vector<std::string> hf;
   Layout layout;
 };
 
-std::vector<BlockTensor> block_tensors(const GPTConfig& c) {
+// Mixtral's mixture in place of Llama's MLP: the router, then the experts' tensors.
+std::vector<BlockTensor> mixtral_tensors(const GPTConfig& c) {
+  std::vector<std::string> fc, fcproj;
+  for (int e = 0; e < c.moe.experts; ++e) {
+    const std::string expert = fmt::format("block_sparse_moe.experts.{}.", e);
+    fc.push_back(expert + "w1.weight");
+    fc.push_back(expert + "w3.weight");
+    fcproj.push_back(expert + "w2.weight");
+  }
+  return {{"router", {"block_sparse_moe.gate.weight"}, Layout::kSame},
+          {"expfcw", fc, Layout::kRowBlocks},
+          {"expfcprojw", fcproj, Layout::kRowBlocks}};
+}
+
+// Block l's tensors.
+std::vector<BlockTensor> block_tensors(const GPTConfig& c, int l) {
   switch (c.family) {
     case Family::kGPT2:
       return {{"ln1w", {"ln_1.weight"}, Layout::kSame},
@@ -56,15 +72,22 @@ std::vector<BlockTensor> block_tensors(const GPTConfig& c) {
               {"fcb", {"mlp.dense_h_to_4h.bias"}, Layout::kSame},
               {"fcprojw", {"mlp.dense_4h_to_h.weight"}, Layout::kSame},
               {"fcprojb", {"mlp.dense_4h_to_h.bias"}, Layout::kSame}};
-    case Family::kLlama:
-      return {{"qkvw",
-               {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"},
-               Layout::kRowBlocks},
-              {"attprojw", {"self_attn.o_proj.weight"}, Layout::kSame},
-              {"fcw", {"mlp.gate_proj.weight", "mlp.up_proj.weight"}, Layout::kRowBlocks},
-              {"fcprojw", {"mlp.down_proj.weight"}, Layout::kSame},
-              {"ln1w", {"input_layernorm.weight"}, Layout::kSame},
-              {"ln2w", {"post_attention_layernorm.weight"}, Layout::kSame}};
+    case Family::kLlama: {
+      std::vector<BlockTensor> out = {
+          {"qkvw",
+           {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"},
+           Layout::kRowBlocks},
+          {"attprojw", {"self_attn.o_proj.weight"}, Layout::kSame}};
+      if (c.is_moe(l)) {
+        for (BlockTensor& b : mixtral_tensors(c)) out.push_back(std::move(b));
+      } else {
+        out.push_back({"fcw", {"mlp.gate_proj.weight", "mlp.up_proj.weight"}, Layout::kRowBlocks});
+        out.push_back({"fcprojw", {"mlp.down_proj.weight"}, Layout::kSame});
+      }
+      out.push_back({"ln1w", {"input_layernorm.weight"}, Layout::kSame});
+      out.push_back({"ln2w", {"post_attention_layernorm.weight"}, Layout::kSame});
+      return out;
+    }
   }
   return {};
 }
@@ -78,6 +101,10 @@ std::vector<int> block_shape(const GPTConfig& c, const std::string& name) {
   if (name == "fcw") return {c.fc_rows(), C};
   if (name == "fcb") return {c.fc_rows()};
   if (name == "fcprojw") return {C, c.hidden()};
+  const int E = c.moe.experts, Fe = c.expert_width();
+  if (name == "router") return {E, C};
+  if (name == "expfcw") return {E * c.fc_rows_of(Fe), C};
+  if (name == "expfcprojw") return {E * C, Fe};
   return {C};  // norms and the row-parallel biases
 }
 
@@ -89,6 +116,9 @@ std::vector<Shape> hf_shapes(const GPTConfig& c, const std::string& name, Layout
   const int64_t C = c.channels, hs = c.head_size();
   if (name == "qkvw")
     return {{c.heads * hs, C}, {c.kv_head_count() * hs, C}, {c.kv_head_count() * hs, C}};
+  const int64_t Fe = c.expert_width();
+  if (name == "expfcw") return std::vector<Shape>(size_t(2 * c.moe.experts), {Fe, C});
+  if (name == "expfcprojw") return std::vector<Shape>(size_t(c.moe.experts), {C, Fe});
   return {{c.hidden(), C}, {c.hidden(), C}};  // fcw: gate, up
 }
 
@@ -153,14 +183,18 @@ std::vector<TensorMap> tensor_maps(const GPTConfig& c) {
   if (c.has_wpe())
     add("wpe", {c.max_seq_len, C}, {body + "wpe.weight"}, {{c.max_seq_len, C}}, Layout::kSame);
   const char* layers = c.family == Family::kGPT2 ? "h" : "layers";
+  TRIDENT_CHECK(!c.has_moe() || c.family == Family::kLlama,
+                "a {} with experts has no Hugging Face names (Mixtral is Llama's block)",
+                family_name(c.family));
   for (int l = 0; l < c.layers; ++l)
-    for (const BlockTensor& b : block_tensors(c)) {
+    for (const BlockTensor& b : block_tensors(c, l)) {
       const std::string name = b.trident;
       if (!c.bias && (name == "qkvb" || name == "attprojb" || name == "fcb" || name == "fcprojb"))
         continue;
       if (!c.norm_has_bias() && (name == "ln1b" || name == "ln2b")) continue;
       std::vector<std::string> hf;
-      for (const char* part : b.hf) hf.push_back(fmt::format("{}{}.{}.{}", body, layers, l, part));
+      for (const std::string& part : b.hf)
+        hf.push_back(fmt::format("{}{}.{}.{}", body, layers, l, part));
       const std::vector<int> global = block_shape(c, name);
       add(fmt::format("h{}.{}", l, name), global, hf, hf_shapes(c, name, b.layout, global),
           b.layout);

@@ -4,7 +4,10 @@
 //   OUT/config.json   the GPTConfig it took: every field, and describe_block's line
 //   OUT/<name>.f32    every trident global tensor (row-major, little-endian fp32, the
 //                     vocabulary padded to a multiple of 128, padded rows zero)
-// Usage: hf_tensors CHECKPOINT OUT. Exits 2 with the reader's message on a bad checkpoint.
+// and, given EXPORT, writes those tensors back with export's writer (save_hf_global_tensors:
+// EXPORT/model.safetensors and config.json), the writer checked without a model.
+// Usage: hf_tensors CHECKPOINT OUT [EXPORT]. Exits 2 with the reader's message on a bad
+// checkpoint.
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -16,8 +19,8 @@
 #include "trident/model.h"
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::cerr << "usage: hf_tensors CHECKPOINT OUT\n";
+  if (argc != 3 && argc != 4) {
+    std::cerr << "usage: hf_tensors CHECKPOINT OUT [EXPORT]\n";
     return 2;
   }
   try {
@@ -44,6 +47,11 @@ int main(int argc, char** argv) {
                               {"bias", c.bias},
                               {"tied_head", c.tied_head},
                               {"parallel_residual", c.parallel_residual},
+                              {"experts", c.moe.experts},
+                              {"top_k", c.has_moe() ? c.moe.top_k : 0},
+                              {"ffn_width", c.has_moe() ? c.expert_width() : 0},
+                              {"moe_layers", c.moe_layers()},
+                              {"aux_loss", trident::moe_aux_name(c.moe.aux_loss)},
                               {"describe", trident::describe_block(c)}};
     std::ofstream(out / "config.json") << j.dump(1) << "\n";
     for (const auto& [name, data] : tensors) {
@@ -51,6 +59,11 @@ int main(int argc, char** argv) {
       f.write(reinterpret_cast<const char*>(data.data()),
               std::streamsize(data.size() * sizeof(float)));
       TRIDENT_CHECK(bool(f), "write of {} failed", name);
+    }
+    if (argc == 4) {
+      std::filesystem::create_directories(argv[3]);
+      const auto file = std::filesystem::path(argv[3]) / "model.safetensors";
+      trident::save_hf_global_tensors(c, tensors, file.string(), /*with_config=*/true);
     }
     return 0;
   } catch (const trident::Error& e) {

@@ -1,12 +1,15 @@
 #!/usr/bin/python3
 """trident and transformers' checkpoints, against transformers 4.36.2 itself (tools/hf_venv.sh):
 
-  1. tests/oracle/hf_oracle.py saves a tiny gpt2, GPT-NeoX and Llama (F32, sharded, BF16);
+  1. tests/oracle/hf_oracle.py saves a tiny gpt2, GPT-NeoX, Llama and Mixtral (F32, sharded,
+     BF16);
   2. hf_tensors (trident's reader, no model) takes from each the config transformers wrote
      (family, shape, every option) and every tensor, converted to trident's layout exactly as
      the oracle's own numpy conversion does: F32 and sharded bitwise, BF16 as the F32 weights
      rounded to bfloat16 (round to nearest even, as torch casts); padded vocabulary rows zero;
-  3. for each family of --model-families (all three by default and in CTest): `trident
+     and writes them back with export's writer, without a model (hf_tensors EXPORT), which
+     transformers loads with the original's logits;
+  3. for each family of --model-families (all four by default and in CTest): `trident
      export` of model.init_from DIR into a directory reads back bitwise, and transformers'
      from_pretrained loads it and gives the same logits as the original model (same weights,
      same code: bitwise); oracle_grads (trident's loader and CPU model) on the saved directory
@@ -14,14 +17,15 @@
      run; and `trident train` from it, on 1 rank and at tp 2, the losses and gradient norms of
      its AdamW steps, and, from its last checkpoint exported, the weights the steps made;
   4. configs and files trident does not implement exit 2 from `trident export`, naming the key
-     or the tensor (another model_type, rope_scaling, a missing tensor, a missing shard, ...);
+     or the tensor (another model_type, rope_scaling, a missing tensor, a missing shard,
+     Mixtral's sliding window, ...);
   5. tools/make_indexed.py --tokenizer (a BPE tokenizer.json trained here by `tokenizers`, with
      Llama's BOS post-processor) writes each line's tokenizer ids as a document, BOS first
      with --add-special-tokens.
 Exit 77 (skip) only when tools/hf_venv.sh cannot install transformers.
 usage: test_hf_checkpoints.py --trident BIN --hf-tensors BIN --oracle-grads BIN --source DIR
        --scratch DIR
-       [--model-families gpt2,neox,llama]
+       [--model-families gpt2,neox,llama,mixtral]
 """
 import argparse
 import json
@@ -37,7 +41,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import safetensors_check  # noqa: E402  (numpy's safetensors reader and writer)
 
 failures = 0
-FAMILIES = ["gpt2", "neox", "llama"]
+FAMILIES = ["gpt2", "neox", "llama", "mixtral"]
 DECK = "inputs/gpt-tiny.yaml"
 SET = ["--set", "model.seq_len=16", "--set", "run.threads=1"]
 # What trident must take from each config.json hf_oracle.py writes.
@@ -53,7 +57,13 @@ EXPECTED = {
     "llama": dict(family="llama", layers=2, channels=64, heads=4, kv_heads=2, vocab=300,
                   padded_vocab=384, max_seq_len=32, norm="rmsnorm", position="rotary",
                   rotary_dims=16, rope_base=10000.0, activation="swiglu", mlp_hidden=160,
-                  bias=False, tied_head=False, parallel_residual=False),
+                  bias=False, tied_head=False, parallel_residual=False, experts=0),
+    # Llama's block, every MLP a mixture; the auxiliary loss off (output_router_logits false).
+    "mixtral": dict(family="llama", layers=2, channels=64, heads=4, kv_heads=2, vocab=300,
+                    padded_vocab=384, max_seq_len=32, norm="rmsnorm", norm_eps=1e-5,
+                    position="rotary", rotary_dims=16, rope_base=1e6, activation="swiglu",
+                    mlp_hidden=48, bias=False, tied_head=False, parallel_residual=False,
+                    experts=4, top_k=2, ffn_width=48, moe_layers=2, aux_loss="none"),
 }
 
 
@@ -127,6 +137,22 @@ def check_reader(args, fam, d):
         check(not wrong, f"{fam} {variant}: the config trident took: {cfg['describe']}"
               + (f"; wrong (got, want): {wrong}" if wrong else ""))
         compare_tensors(f"{fam} {variant}", got, ref, rounding)
+
+
+def check_writer(args, venv_py, fam, d):
+    """Export's writer without a model: hf_tensors reads the F32 directory and writes it back;
+    that reads back bitwise and transformers loads it with the original's logits."""
+    src, out = os.path.join(d, "hf"), os.path.join(d, "written")
+    rc, text = run([args.hf_tensors, src, os.path.join(d, "read_for_writer"), out])
+    if rc == 0:
+        rc, text = run([args.hf_tensors, out, os.path.join(d, "read_written")])
+    if not check(rc == 0, f"{fam}: export's writer (no model) wrote the tensors and config.json, "
+                 "and trident reads them"):
+        print(text[-800:])
+        return
+    cfg, got = read_tensors(os.path.join(d, "read_written"))
+    compare_tensors(f"{fam} written", got, dict(np.load(os.path.join(d, "params.npz"))))
+    check_logits(venv_py, fam, src, out, "export's writer")
 
 
 LOGITS = """
@@ -292,23 +318,36 @@ def check_export(args, venv_py, fam, d):
     if check(rc == 0, f"{fam}: trident reads its own export"):
         _, got = read_tensors(os.path.join(d, "read_export"))
         compare_tensors(f"{fam} export", got, dict(np.load(os.path.join(d, "params.npz"))))
+    check_logits(venv_py, fam, src, out, "trident's export")
+
+
+def check_logits(venv_py, fam, src, out, what):
     rc, text = run([venv_py, "-c", LOGITS, src, out])
     m = re.search(r"^(\w+) (\S+) (\S+)$", text.strip().splitlines()[-1]) if rc == 0 else None
     # The same fp32 weights through the same transformers code: the logits are bitwise equal.
     if check(m is not None and float(m.group(2)) == 0.0,
-             f"{fam}: transformers loads trident's export"
+             f"{fam}: transformers loads {what}"
              + (f" as {m.group(1)}; logits equal the original's (max |diff| {m.group(2)}, max "
                 f"|logit| {float(m.group(3)):.2f})" if m else "")):
         return
     print(text[-1500:])
 
 
-def bad_configs(args, d_llama, d_neox, scratch):
+def bad_configs(args, d_llama, d_neox, d_mixtral, scratch):
     """(case, source dir, edit(dir), regex the message must match)"""
     def config_edit(**kv):
         def edit(d):
             p = os.path.join(d, "config.json")
             c = json.load(open(p))
+            c.update(kv)
+            json.dump(c, open(p, "w"))
+        return edit
+
+    def drop_key(key, **kv):
+        def edit(d):
+            p = os.path.join(d, "config.json")
+            c = json.load(open(p))
+            del c[key]
             c.update(kv)
             json.dump(c, open(p, "w"))
         return edit
@@ -347,6 +386,15 @@ def bad_configs(args, d_llama, d_neox, scratch):
          r"cannot open .*/model-\d+-of-\d+\.safetensors"),
         ("unknown", "hf", d_llama, config_edit(num_hidden_layers=1), r"tensor model\.layers\.1\.[a-z_.]+: not a Llama parameter"),
         ("no_config", "hf", d_llama, lambda d: os.remove(os.path.join(d, "config.json")), r"not a GPT-2 state dict; a GPT-NeoX or Llama checkpoint needs its config.json"),
+        ("sliding_window", "hf", d_mixtral, config_edit(sliding_window=8), r"sliding_window 8: trident's attention has no sliding window: .* max_position_embeddings \(32\)"),
+        ("sliding_window_default", "hf", d_mixtral, drop_key("sliding_window", max_position_embeddings=8192),
+         r"sliding_window absent \(4096\): .* max_position_embeddings \(8192\)"),
+        ("router_jitter", "hf", d_mixtral, config_edit(router_jitter_noise=0.01), r"router_jitter_noise 0.01: trident's router adds no noise"),
+        ("top_k", "hf", d_mixtral, config_edit(num_experts_per_tok=5), r"model.moe.top_k 5 must be in \[1, model.moe.experts 4\]"),
+        ("experts", "hf", d_mixtral, config_edit(num_local_experts=3), r"tensor model\.layers\.\d\.block_sparse_moe\.experts\.3\.w\d\.weight: not a Mixtral parameter"),
+        ("misshapen_expert", "hf", d_mixtral, config_edit(intermediate_size=40), r"tensor model\.layers\.0\.block_sparse_moe\.experts\.0\.w1\.weight: shape \[48, 64\], a Mixtral .*, 4 experts needs \[40, 64\]"),
+        ("missing_expert", "hf", d_mixtral, drop_tensor("model.layers.1.block_sparse_moe.experts.2.w3.weight"),
+         r"no tensor layers\.1\.block_sparse_moe\.experts\.2\.w3\.weight"),
     ]
     for case, variant, src, edit, expect in cases:
         d = os.path.join(scratch, "bad", case)
@@ -411,7 +459,7 @@ def main():
     ap.add_argument("--mpiexec", default="mpirun")
     ap.add_argument("--source", required=True)
     ap.add_argument("--scratch", required=True)
-    ap.add_argument("--model-families", default="gpt2,neox,llama")
+    ap.add_argument("--model-families", default=",".join(FAMILIES))
     args = ap.parse_args()
     rc, text = run(["bash", os.path.join(args.source, "tools", "hf_venv.sh")], timeout=1200)
     if rc == 77:
@@ -433,13 +481,14 @@ def main():
             continue
         dirs[fam] = d
         check_reader(args, fam, d)
+        check_writer(args, venv_py, fam, d)
         if fam in args.model_families.split(","):
             check_export(args, venv_py, fam, d)
             check_first_step(args, fam, d)
             check_training(args, fam, d)
     check_tokenizer(args, venv_py, args.scratch)
-    if "llama" in dirs and "neox" in dirs:
-        bad_configs(args, dirs["llama"], dirs["neox"], args.scratch)
+    if "llama" in dirs and "neox" in dirs and "mixtral" in dirs:
+        bad_configs(args, dirs["llama"], dirs["neox"], dirs["mixtral"], args.scratch)
     print(f"{failures} failure(s)")
     return 1 if failures else 0
 
