@@ -89,6 +89,11 @@ struct GradReducerOptions {
   // each bucket's shard (and each extra) is then all-reduced over this communicator of the
   // replicas, in launch order, as soon as its reduce-scatter has completed.
   Communicator* replicate_comm = nullptr;
+  // Note [Expert parallelism] (src/model/moe.h): parameters (ready order) marked here are a
+  // mixture's experts, each in a bucket of its own, all-reduced on expert_comm (the
+  // expert-data-parallel group) instead of dp. Unsharded reducers only.
+  std::vector<char> expert;
+  Communicator* expert_comm = nullptr;
 };
 
 // One all-reduce of a step: a bucket or an extra buffer.

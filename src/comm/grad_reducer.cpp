@@ -106,8 +106,18 @@ GradReducer::GradReducer(Communicator& dp, float* grads,
 
   std::vector<size_t> counts;
   for (const GradParam& q : p) counts.push_back(q.count);
-  s.buckets =
-      assign_buckets(counts, sizeof(float), options.first_bucket_bytes, options.bucket_bytes);
+  if (options.expert_comm) {  // the experts' buckets apart (multiple 1: no padding)
+    TRIDENT_CHECK(options.expert.size() == p.size(), "{} expert flags for {} parameters",
+                  options.expert.size(), p.size());
+    s.buckets = padded_bucket_layout(counts, sizeof(float), options.first_bucket_bytes,
+                                     options.bucket_bytes, 1, options.expert)
+                    .buckets;
+    s.expert_comm = options.expert_comm;
+    for (const Bucket& b : s.buckets) s.expert_bucket.push_back(options.expert[b.first_param]);
+  } else {
+    s.buckets =
+        assign_buckets(counts, sizeof(float), options.first_bucket_bytes, options.bucket_bytes);
+  }
   for (Bucket& bucket : s.buckets) {
     const size_t first = bucket.first_param, last = first + bucket.num_params - 1;
     bucket.offset = descending && !ascending ? p[last].offset : p[first].offset;

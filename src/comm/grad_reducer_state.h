@@ -77,8 +77,10 @@ struct GradReducer::State {
   float* full_params = nullptr;
   float* shard_params = nullptr;
   Communicator* gather_comm = nullptr;
-  Communicator* replicate = nullptr;  // HSDP: the second hop's communicator (null: none)
-  std::vector<char> requested;        // compute thread: per bucket, gathered or in flight
+  Communicator* replicate = nullptr;    // HSDP: the second hop's communicator (null: none)
+  Communicator* expert_comm = nullptr;  // the experts' buckets' (null: none)
+  std::vector<char> expert_bucket;      // per bucket: reduced on expert_comm
+  std::vector<char> requested;          // compute thread: per bucket, gathered or in flight
   std::vector<unsigned char> params_page_scratch;  // compute thread's, for resident_bytes
   size_t params_resident_peak = 0;                 // compute thread's, until taken
   bool release_reduced = false;                    // ZeRO-2 on the host

@@ -284,10 +284,12 @@ void GradReducer::State::start(float* data, size_t count, std::string name, int 
   // is a fresh mmap whose pages all fault, on the compute cores' time. Every rank splits the
   // same way, so the pieces pair up (Note [Same buckets, same order]).
   size_t done = 0, pieces = 0;
+  Communicator& comm =
+      bucket >= 0 && !expert_bucket.empty() && expert_bucket[size_t(bucket)] ? *expert_comm : dp;
   do {
     const size_t n = std::min(count - done, max_message);
     in_flight.push_back(
-        {dp.all_reduce(data + done, n, ReduceOp::kSum, r.name), building.records.size()});
+        {comm.all_reduce(data + done, n, ReduceOp::kSum, r.name), building.records.size()});
     done += n;
     ++pieces;
   } while (done < count);

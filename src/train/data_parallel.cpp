@@ -181,6 +181,11 @@ void DataParallel::attach(GPT& model) {
       replicate_comm_->set_emulated_link(cc.emulate_gbps, cc.emulate_latency_us);
     opt.replicate_comm = replicate_comm_.get();
   }
+  // Note [Expert parallelism]: the experts' gradients sum over their own replicas.
+  if (ctx_.expert_dp) {
+    for (const ParamInfo& u : units.units) opt.expert.push_back(u.expert);
+    opt.expert_comm = ctx_.expert_dp;
+  }
   if (sharded_) {
     shard_grads_ = BackendBuffer<float>(*ctx_.backend, model.num_params() / size_t(shard_ranks_));
     opt.shard_grads = shard_grads_.data();

@@ -72,7 +72,8 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
   opt_ = std::make_unique<AdamW>(*ctx_.backend,
                                  dp_ && dp_->sharded() ? dp_->shard_size() : model_->num_params());
   stage_ = std::make_unique<GPTStage>(*model_, dp_.get(), tied_.get(), ctx_.pp_links != nullptr);
-  norm_ = std::make_unique<GradNorm>(*model_, dp_.get(), tied_.get(), ctx_.grid, *pp_comm_);
+  norm_ = std::make_unique<GradNorm>(*model_, dp_.get(), tied_.get(), ctx_.grid, *pp_comm_,
+                                     ep_comm_.get());
   if (ctx_.trace)
     model_->set_phase_recorder([this](const std::string& phase, auto b, auto e) {
       ctx_.trace->span("compute", phase, b, e);
@@ -134,6 +135,7 @@ void Trainer::make_expert_groups(GPTOptions& options) {
     ep_comm_->set_duplex_link(true);
   }
   options.ep = {ep_comm_.get(), ep_size_, ep_rank_};
+  ctx_.expert_dp = expert_dp_comm_.get();
 }
 
 Zero3Memory Trainer::zero3_memory() const {

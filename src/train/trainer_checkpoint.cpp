@@ -141,7 +141,11 @@ std::vector<ShardTensor> Trainer::checkpoint_tensors(float* params, float* m, fl
       t.blocks = blocks_of(p, model_->config().vocab, &t.global_shape);
       t.data = src.base + p.offset;
       const bool replicated = p.shard == Shard::kReplicated;
-      t.owner = dp_rank_ == 0 && cp_rank_ == 0 && (!replicated || tp_rank == 0) &&
+      // Experts split over ep (Note [Expert tensors]): the first expert-data-parallel replica
+      // of each ep rank writes its experts.
+      const bool first_replica =
+          p.expert && ep_size_ > 1 ? expert_dp_rank_ == 0 : dp_rank_ == 0 && cp_rank_ == 0;
+      t.owner = first_replica && (!replicated || tp_rank == 0) &&
                 (p.name != "wte" || stage.has_head || !tied) && !t.blocks.empty();
       out.push_back(std::move(t));
     }
