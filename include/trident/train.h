@@ -111,8 +111,8 @@ struct TrainContext {
   // host copies over grid->pp() and grid->embedding().
   const StageLinks* pp_links = nullptr;
   Communicator* embedding_device = nullptr;
-  // Set by the Trainer with parallel.ep > 1: the experts' gradients' group (Note [Expert
-  // parallelism] in src/model/moe.h); null: the experts reduce with everything else.
+  // Set by the Trainer with parallel.ep > 1: the experts' gradients' group
+  // (Note [Expert parallelism] in src/model/moe.h); null: they reduce with everything else.
   Communicator* expert_dp = nullptr;
 };
 

@@ -1,10 +1,8 @@
-#!/ usr / bin / python3
-""
-    "trident and transformers' checkpoints, against transformers 4.36.2 itself (tools/hf_venv.sh):
+#!/usr/bin/python3
+"""trident and transformers' checkpoints, against transformers 4.36.2 itself (tools/hf_venv.sh):
 
-    1. tests /
-    oracle / hf_oracle.py saves a tiny gpt2,
-    GPT - NeoX, Llama and Mixtral(F32, sharded, BF16);
+  1. tests/oracle/hf_oracle.py saves a tiny gpt2, GPT-NeoX, Llama and Mixtral (F32, sharded,
+     BF16);
   2. hf_tensors (trident's reader, no model) takes from each the config transformers wrote
      (family, shape, every option) and every tensor, converted to trident's layout exactly as
      the oracle's own numpy conversion does: F32 and sharded bitwise, BF16 as the F32 weights
@@ -46,7 +44,7 @@ failures = 0
 FAMILIES = ["gpt2", "neox", "llama", "mixtral"]
 DECK = "inputs/gpt-tiny.yaml"
 SET = ["--set", "model.seq_len=16", "--set", "run.threads=1"]
-#What trident must take from each config.json hf_oracle.py writes.
+# What trident must take from each config.json hf_oracle.py writes.
 EXPECTED = {
     "gpt2": dict(family="gpt2", layers=2, channels=64, heads=4, kv_heads=4, vocab=300,
                  padded_vocab=384, max_seq_len=32, norm="layernorm", position="learned",
@@ -60,7 +58,7 @@ EXPECTED = {
                   padded_vocab=384, max_seq_len=32, norm="rmsnorm", position="rotary",
                   rotary_dims=16, rope_base=10000.0, activation="swiglu", mlp_hidden=160,
                   bias=False, tied_head=False, parallel_residual=False, experts=0),
-#Llama's block, every MLP a mixture; the auxiliary loss off (output_router_logits false).
+    # Llama's block, every MLP a mixture; the auxiliary loss off (output_router_logits false).
     "mixtral": dict(family="llama", layers=2, channels=64, heads=4, kv_heads=2, vocab=300,
                     padded_vocab=384, max_seq_len=32, norm="rmsnorm", norm_eps=1e-5,
                     position="rotary", rotary_dims=16, rope_base=1e6, activation="swiglu",
@@ -134,8 +132,7 @@ def check_reader(args, fam, d):
             print(text[-800:])
             continue
         cfg, got = read_tensors(out)
-        wrong = {
-k: (cfg.get(k), v) for k, v in EXPECTED[fam].items()
+        wrong = {k: (cfg.get(k), v) for k, v in EXPECTED[fam].items()
                  if cfg.get(k) != v and not (isinstance(v, float) and abs(cfg.get(k, 0) - v) < 1e-6 * v)}
         check(not wrong, f"{fam} {variant}: the config trident took: {cfg['describe']}"
               + (f"; wrong (got, want): {wrong}" if wrong else ""))
@@ -170,9 +167,9 @@ with torch.no_grad():
 print(type(b).__name__, float((la - lb).abs().max()), float(la.abs().max()))
 """
 
-#trident in fp32 against transformers in float64, \
-    the bounds of tests / oracle / test_torch_oracle.py
-#(same sizes, same rounding) : loss relative 3e-7, per tensor max | diff | / max | g | 3e-6.
+
+# trident in fp32 against transformers in float64, the bounds of tests/oracle/test_torch_oracle.py
+# (same sizes, same rounding): loss relative 3e-7, per tensor max |diff| / max |g| 3e-6.
 LOSS_REL = 3e-7
 GRAD_REL = 3e-6
 
@@ -218,23 +215,21 @@ train: {micro_batch: %(micro_batch)d, accum: %(accum)d, steps: %(steps)d, lr: %(
         val_every: 0}
 data: {train: %(shard)s, shuffle: false}
 log: {every: 1}
-run: {
-threads:
-  1}
+run: {threads: 1}
 """
-#Losses and norms of the steps, relative : test_torch_oracle.py's bounds for 8 steps.
+# Losses and norms of the steps, relative: test_torch_oracle.py's bounds for 8 steps.
 TRAIN_LOSS_REL = 1e-6
 TRAIN_NORM_REL = 2e-6
-#Note[Key bias]
-#Softmax ignores a constant added to one query 's scores, so the key bias' s gradient is exactly
-#zero on every dimension RoPE does not rotate(all of GPT - 2's) : transformers' float64 gives
-#~1e-19, trident's fp32 ~1e-10, and AdamW, which divides by |g| + 1e-8, turns that rounding
-#into updates up to lr.Those rows of qkvb carry no information; the update check leaves them.
+# Note [Key bias]
+# Softmax ignores a constant added to one query's scores, so the key bias's gradient is exactly
+# zero on every dimension RoPE does not rotate (all of GPT-2's): transformers' float64 gives
+# ~1e-19, trident's fp32 ~1e-10, and AdamW, which divides by |g| + 1e-8, turns that rounding
+# into updates up to lr. Those rows of qkvb carry no information; the update check leaves them.
 
-#The weights ' updates after the steps, per tensor, |trident - transformers| / |transformers' |
-#in the 2 - norm : measured at most 2e-4(AdamW 's m / sqrt(v) magnifies fp32' s gradient rounding
-#on elements with small gradients).Weight decay dropped from any one matrix moves it by
-# 5 steps · lr · wd · | p |, 7e-3 to 9e-3 of its update in these models : the bound sits between.
+# The weights' updates after the steps, per tensor, |trident - transformers| / |transformers'|
+# in the 2-norm: measured at most 2e-4 (AdamW's m / sqrt(v) magnifies fp32's gradient rounding
+# on elements with small gradients). Weight decay dropped from any one matrix moves it by
+# 5 steps · lr · wd · |p|, 7e-3 to 9e-3 of its update in these models: the bound sits between.
 UPDATE_REL = 1e-3
 
 
@@ -244,8 +239,8 @@ def check_training(args, fam, d):
     with open(deck, "w") as f:
         f.write(DECK_TEXT % dict(report["train"], T=report["T"], shard=os.path.join(d, "shard.bin")))
     ref = report["steps"]
-#A mixture runs at tp 1(Note[Mixtures in the layouts]) : its second layout is ep 2, the
-#experts split over 2 data - parallel ranks, each with half of every step's batch.
+    # A mixture runs at tp 1 (Note [Mixtures in the layouts]): its second layout is ep 2, the
+    # experts split over 2 data-parallel ranks, each with half of every step's batch.
     second = ("tp 2", [args.mpiexec, "-n", "2"], ["--set", "parallel.tp=2"])
     if fam == "mixtral":
         second = ("ep 2", [args.mpiexec, "-n", "2"],
@@ -334,7 +329,7 @@ def check_export(args, venv_py, fam, d):
 def check_logits(venv_py, fam, src, out, what):
     rc, text = run([venv_py, "-c", LOGITS, src, out])
     m = re.search(r"^(\w+) (\S+) (\S+)$", text.strip().splitlines()[-1]) if rc == 0 else None
-#The same fp32 weights through the same transformers code : the logits are bitwise equal.
+    # The same fp32 weights through the same transformers code: the logits are bitwise equal.
     if check(m is not None and float(m.group(2)) == 0.0,
              f"{fam}: transformers loads {what}"
              + (f" as {m.group(1)}; logits equal the original's (max |diff| {m.group(2)}, max "
