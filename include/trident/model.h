@@ -229,6 +229,10 @@ struct MoeStats {
   double load_max_over_mean = 0;    // tokens per expert, max / mean, summed over layer forwards
   int layers_seen = 0;              // mixture layer forwards counted
   double a2a_ms = 0, a2a_exposed_ms = 0;
+  // Wall time in the mixture layers (forward and backward, all-to-alls included), and of it
+  // the routing's: router, top-k, permutation, combine and their backward (the router's GEMMs
+  // included; the experts' GEMMs, activations and all-to-alls not).
+  double layer_ms = 0, route_ms = 0;
 };
 
 class GPT {

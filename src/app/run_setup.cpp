@@ -138,6 +138,8 @@ nlohmann::json step_record(const StepStats& s, const Trainer::MemoryBytes& memor
     j["moe_dropped_fraction"] = double(s.moe.dropped) / double(s.moe.choices);
     j["a2a_ms"] = s.moe.a2a_ms;
     j["a2a_exposed_ms"] = s.moe.a2a_exposed_ms;
+    j["moe_ms"] = s.moe.layer_ms;
+    j["moe_route_ms"] = s.moe.route_ms;
   }
   if (s.unit_gathers > 0) {  // ZeRO-3
     j["unit_gathers"] = s.unit_gathers;

@@ -97,6 +97,8 @@ constexpr StepTag kStepTags[] = {
     {"moe_z_loss", "moe/z_loss"},
     {"moe_load_max_over_mean", "moe/load_max_over_mean"},
     {"moe_dropped_fraction", "moe/dropped_fraction"},
+    {"moe_ms", "time/moe_ms"},
+    {"moe_route_ms", "time/moe_route_ms"},
     {"comm_cpu_ms", "comm/comm_cpu_ms"},
     {"param_mib", "memory/param_mib"},
     {"grad_mib", "memory/grad_mib"},

@@ -279,6 +279,7 @@ void MoeLayer::forward(int slot, float* out, const float* x, const MoeWeights& w
   const MoeConfig& m = cfg_.moe;
   const int E = m.experts, k = m.top_k, C = cfg_.channels, P = ep_.size, El = E / P;
   s.N = N;
+  const auto t_layer = std::chrono::steady_clock::now();
   route(s, x, w, N, counted);
   permute(s, N);
   if (counted) stats_.dropped += s.dropped;
@@ -286,6 +287,7 @@ void MoeLayer::forward(int slot, float* out, const float* x, const MoeWeights& w
   for (int r = 0; r < s.M; ++r)
     std::memcpy(s.xs.data() + size_t(r) * C, x + size_t(s.send_token[size_t(r)]) * C,
                 size_t(C) * sizeof(float));
+  stats_.route_ms += ms_since(t_layer);
   if (P > 1) {  // the counts first: this rank's rows for each peer's experts
     std::copy(s.kept.begin(), s.kept.end(), scratch_->count_send.begin());
     auto t0 = std::chrono::steady_clock::now();
@@ -327,6 +329,7 @@ void MoeLayer::forward(int slot, float* out, const float* x, const MoeWeights& w
       for (int t = 0; t < N; ++t) s.sh_g[size_t(t)] = 1.0f / (1.0f + std::exp(-s.sh_g[size_t(t)]));
     }
   }
+  const auto t_combine = std::chrono::steady_clock::now();
 #pragma omp parallel for schedule(static)
   for (int t = 0; t < N; ++t) {
     float* o = out + size_t(t) * C;
@@ -345,6 +348,8 @@ void MoeLayer::forward(int slot, float* out, const float* x, const MoeWeights& w
       for (int c = 0; c < C; ++c) o[c] += wgt * y[c];
     }
   }
+  stats_.route_ms += ms_since(t_combine);
+  stats_.layer_ms += ms_since(t_layer);
 }
 
 void MoeLayer::experts_backward(SlotState& s, const MoeWeights& w, const MoeGrads& g) {
@@ -429,6 +434,7 @@ void MoeLayer::backward(int slot, float* dx, const float* dout, const float* x, 
   const MoeConfig& m = cfg_.moe;
   const int k = m.top_k, C = cfg_.channels;
   Scratch& sc = *scratch_;
+  const auto t_layer = std::chrono::steady_clock::now();
   // The combine: each choice's weight gradient, and its row's output gradient.
 #pragma omp parallel for schedule(static)
   for (int t = 0; t < N; ++t) {
@@ -447,6 +453,7 @@ void MoeLayer::backward(int slot, float* dx, const float* dout, const float* x, 
       sc.dtopw[c] = float(dot);
     }
   }
+  stats_.route_ms += ms_since(t_layer);
   if (ep_.size > 1) dispatch(s, sc.dys.data(), sc.dyr.data(), C, false);
   experts_backward(s, w, g);
   const float* dxs = sc.dxr.data();
@@ -454,7 +461,9 @@ void MoeLayer::backward(int slot, float* dx, const float* dout, const float* x, 
     dispatch(s, sc.dxr.data(), sc.dxs.data(), C, true);
     dxs = sc.dxs.data();
   }
+  const auto t_router = std::chrono::steady_clock::now();
   router_backward(s, dx, x, w, g, N, loss_scale);
+  stats_.route_ms += ms_since(t_router);
   // The shared experts' input gradient (and the gate's) into dx2, then every term into dx.
   const int Fs = cfg_.shared_width();
   if (Fs > 0) {
@@ -484,6 +493,7 @@ void MoeLayer::backward(int slot, float* dx, const float* dout, const float* x, 
     be_.matmul_backward(sc.dx2.data(), g.shfcw, nullptr, sc.dsh_h.data(), x, w.shfcw, N, C, fcs);
     be_.add(dx, dx, sc.dx2.data(), size_t(N) * C);
   }
+  const auto t_gather = std::chrono::steady_clock::now();
 #pragma omp parallel for schedule(static)
   for (int t = 0; t < N; ++t) {
     float* d = dx + size_t(t) * C;
@@ -494,6 +504,8 @@ void MoeLayer::backward(int slot, float* dx, const float* dout, const float* x, 
       for (int q = 0; q < C; ++q) d[q] += src[q];
     }
   }
+  stats_.route_ms += ms_since(t_gather);
+  stats_.layer_ms += ms_since(t_layer);
 }
 
 void MoeLayer::take_stats(MoeStats& into) {
@@ -505,6 +517,8 @@ void MoeLayer::take_stats(MoeStats& into) {
   into.layers_seen += stats_.layers_seen;
   into.a2a_ms += stats_.a2a_ms;
   into.a2a_exposed_ms += stats_.a2a_exposed_ms;
+  into.layer_ms += stats_.layer_ms;
+  into.route_ms += stats_.route_ms;
   stats_ = MoeStats{};
 }
 

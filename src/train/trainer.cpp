@@ -88,17 +88,19 @@ Trainer::~Trainer() = default;
 // over layer forwards; the all-to-all times means over ranks. One collective, every rank.
 MoeStats Trainer::moe_step_stats() {
   MoeStats m = model_->take_moe_stats();
-  double v[8] = {m.aux_loss,
-                 m.z_loss,
-                 double(m.dropped),
-                 double(m.choices),
-                 m.load_max_over_mean,
-                 double(m.layers_seen),
-                 m.a2a_ms,
-                 m.a2a_exposed_ms};
+  double v[10] = {m.aux_loss,
+                  m.z_loss,
+                  double(m.dropped),
+                  double(m.choices),
+                  m.load_max_over_mean,
+                  double(m.layers_seen),
+                  m.a2a_ms,
+                  m.a2a_exposed_ms,
+                  m.layer_ms,
+                  m.route_ms};
   int ranks = 1;
   if (ctx_.grid) {
-    ctx_.grid->world().all_reduce(v, 8).wait();
+    ctx_.grid->world().all_reduce(v, 10).wait();
     ranks = ctx_.grid->world_size();
   }
   const double replicas = double(dp_size_) * cp_size_ * deck_.train.accum;
@@ -112,6 +114,8 @@ MoeStats Trainer::moe_step_stats() {
   s.layers_seen = int(v[5]);
   s.a2a_ms = v[6] / ranks;
   s.a2a_exposed_ms = v[7] / ranks;
+  s.layer_ms = v[8] / ranks;
+  s.route_ms = v[9] / ranks;
   return s;
 }
 
