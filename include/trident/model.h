@@ -228,6 +228,8 @@ struct MoeStats {
   int64_t choices = 0;              // all choices
   double load_max_over_mean = 0;    // tokens per expert, max / mean, summed over layer forwards
   int layers_seen = 0;              // mixture layer forwards counted
+  // Per global layer (empty for a dense one's place): the same sum, and its forwards.
+  std::vector<double> layer_load, layer_forwards;
   double a2a_ms = 0, a2a_exposed_ms = 0;
   // Wall time in the mixture layers (forward and backward, all-to-alls included), and of it
   // the routing's: router, top-k, permutation, combine and their backward (the router's GEMMs

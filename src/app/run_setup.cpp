@@ -134,6 +134,7 @@ nlohmann::json step_record(const StepStats& s, const Trainer::MemoryBytes& memor
     j["moe_aux_loss"] = s.moe.aux_loss;
     j["moe_z_loss"] = s.moe.z_loss;
     j["moe_load_max_over_mean"] = s.moe.load_max_over_mean;
+    j["moe_load_max_over_mean_by_layer"] = s.moe.layer_load;  // the mixture layers, in order
     j["moe_dropped"] = s.moe.dropped;
     j["moe_dropped_fraction"] = double(s.moe.dropped) / double(s.moe.choices);
     j["a2a_ms"] = s.moe.a2a_ms;

@@ -310,7 +310,10 @@ size_t GPT::activation_bytes() const {
   for (const auto* v : {&a.dresidual16, &a.d16_c, &a.d16_3c, &a.d16_4c, &a.d16_act})
     halves += v->size();
   const size_t cp_buffers = cp_attention_ ? cp_attention_->buffer_bytes() : 0;
-  return floats * sizeof(float) + halves * sizeof(bfloat16) + cp_buffers;
+  size_t moe_buffers = 0;
+  for (const auto& m : moe_)
+    if (m) moe_buffers += m->bytes();
+  return floats * sizeof(float) + halves * sizeof(bfloat16) + cp_buffers + moe_buffers;
 }
 
 // Note [RoPE tables]

@@ -31,13 +31,16 @@ struct MoeLayer::SlotState {
   std::vector<int32_t> send_token;        // [M] the token of each sent row
   std::vector<int32_t> recv;              // [ep][El] rows from peer p for local expert e
   std::vector<int32_t> rows_at;           // [El+1] local expert e's rows in xr
-  std::vector<float> xs, xr, h, act, yr, ys;    // [M,C] [R,C] [R,fcr] [R,Fe] [R,C] [M,C]
-  std::vector<float> sh_h, sh_act, sh_y, sh_g;  // shared: [N,fcs] [N,Fs] [N,C] [N]
+  // Backend memory (the memory plan counts it): [M,C] [R,C] [R,fcr] [R,Fe] [R,C] [M,C]; the
+  // shared experts' [N,fcs] [N,Fs] [N,C] [N].
+  BackendBuffer<float> xs, xr, h, act, yr, ys;
+  BackendBuffer<float> sh_h, sh_act, sh_y, sh_g;
 };
 
 struct MoeLayer::Scratch {
-  std::vector<float> dys, dyr, dact, dh, dxr, dxs, dlogits, dtopw, dx2, peer;
-  std::vector<float> dsh_y, dsh_act, dsh_h, dgate;
+  BackendBuffer<float> dys, dyr, dact, dh, dxr, dxs, dlogits, dtopw, dx2, peer;
+  BackendBuffer<float> dsh_y, dsh_act, dsh_h, dgate;
+  std::vector<double> psum, aux;  // [E] routing statistics, the aux losses' gradient
   std::vector<size_t> send_counts, recv_counts, int_counts;
   std::vector<int32_t> count_send;
 };
@@ -51,6 +54,7 @@ MoeLayer::MoeLayer(const GPTConfig& cfg, Backend& be, int layer, int slots, int 
   const int Fe = cfg.expert_width(), fcr = cfg.fc_rows_of(Fe), El = E / ep.size;
   const int Fs = cfg.shared_width(), fcs = cfg.fc_rows_of(Fs);
   const size_t N = size_t(max_tokens), M = N * size_t(k), R = M * size_t(ep.size);
+  auto floats = [&](size_t n) { return BackendBuffer<float>(be, n); };
   for (SlotState& s : slots_) {
     s.logits.resize(N * E);
     s.probs.resize(N * E);
@@ -63,41 +67,43 @@ MoeLayer::MoeLayer(const GPTConfig& cfg, Backend& be, int layer, int slots, int 
     s.send_token.resize(M);
     s.recv.resize(size_t(ep.size) * El);
     s.rows_at.resize(size_t(El) + 1);
-    s.xs.resize(M * C);
-    s.h.resize(R * fcr);
-    s.act.resize(R * Fe);
-    s.ys.resize(M * C);
+    s.xs = floats(M * C);
+    s.h = floats(R * fcr);
+    s.act = floats(R * Fe);
+    s.ys = floats(M * C);
     if (ep.size > 1) {
-      s.xr.resize(R * C);
-      s.yr.resize(R * C);
+      s.xr = floats(R * C);
+      s.yr = floats(R * C);
     }
     if (Fs > 0) {
-      s.sh_h.resize(N * fcs);
-      s.sh_act.resize(N * Fs);
-      s.sh_y.resize(N * C);
-      if (cfg.moe.shared_gate) s.sh_g.resize(N);
+      s.sh_h = floats(N * fcs);
+      s.sh_act = floats(N * Fs);
+      s.sh_y = floats(N * C);
+      if (cfg.moe.shared_gate) s.sh_g = floats(N);
     }
   }
   Scratch& x = *scratch_;
-  x.dys.resize(M * C);
-  x.dyr.resize(ep.size > 1 ? R * C : 0);
-  x.dact.resize(R * Fe);
-  x.dh.resize(R * fcr);
-  x.dxr.resize(R * C);
-  x.dxs.resize(ep.size > 1 ? M * C : 0);
-  x.peer.resize(ep.size > 1 ? R * C : 0);
-  x.dlogits.resize(N * E);
-  x.dtopw.resize(M);
-  x.dx2.resize(N * C);
+  x.dys = floats(M * C);
+  x.dyr = floats(ep.size > 1 ? R * C : 0);
+  x.dact = floats(R * Fe);
+  x.dh = floats(R * fcr);
+  x.dxr = floats(R * C);
+  x.dxs = floats(ep.size > 1 ? M * C : 0);
+  x.peer = floats(ep.size > 1 ? R * C : 0);
+  x.dlogits = floats(N * E);
+  x.dtopw = floats(M);
+  x.dx2 = floats(N * C);
   if (Fs > 0) {
-    x.dsh_y.resize(N * C);
-    x.dsh_act.resize(N * Fs);
-    x.dsh_h.resize(N * fcs);
-    x.dgate.resize(N);
+    x.dsh_y = floats(N * C);
+    x.dsh_act = floats(N * Fs);
+    x.dsh_h = floats(N * fcs);
+    x.dgate = floats(N);
   }
   x.send_counts.resize(size_t(ep.size));
   x.recv_counts.resize(size_t(ep.size));
   x.count_send.resize(size_t(E));
+  x.psum.resize(size_t(E));
+  x.aux.resize(size_t(E));
   x.int_counts.assign(size_t(ep.size), size_t(El));
   step_load_.assign(size_t(E), 0.0);
 }
@@ -150,7 +156,8 @@ void MoeLayer::route(SlotState& s, const float* x, const MoeWeights& w, int N, b
   if (!counted) return;
   const double mean = double(N) * k / E;
   double mx = 0, aux = 0, z = 0;
-  std::vector<double> psum(size_t(E), 0.0);
+  std::vector<double>& psum = scratch_->psum;
+  std::fill(psum.begin(), psum.end(), 0.0);
   for (int t = 0; t < N; ++t)
     for (int i = 0; i < E; ++i) psum[size_t(i)] += s.probs[size_t(t) * E + i];
   for (int i = 0; i < E; ++i) {
@@ -174,6 +181,8 @@ void MoeLayer::route(SlotState& s, const float* x, const MoeWeights& w, int N, b
   stats_.aux_loss += aux;
   stats_.z_loss += z;
   stats_.load_max_over_mean += mean > 0 ? mx / mean : 0.0;
+  load_sum_ += mean > 0 ? mx / mean : 0.0;
+  ++load_forwards_;
   stats_.layers_seen += 1;
   stats_.choices += int64_t(N) * k;
 }
@@ -326,7 +335,8 @@ void MoeLayer::forward(int slot, float* out, const float* x, const MoeWeights& w
     be_.matmul_forward(s.sh_y.data(), s.sh_act.data(), w.shfcprojw, nullptr, N, Fs, C);
     if (m.shared_gate) {
       be_.matmul_forward(s.sh_g.data(), x, w.shgate, nullptr, N, C, 1);
-      for (int t = 0; t < N; ++t) s.sh_g[size_t(t)] = 1.0f / (1.0f + std::exp(-s.sh_g[size_t(t)]));
+      for (int t = 0; t < N; ++t)
+        s.sh_g.data()[size_t(t)] = 1.0f / (1.0f + std::exp(-s.sh_g.data()[size_t(t)]));
     }
   }
   const auto t_combine = std::chrono::steady_clock::now();
@@ -334,7 +344,7 @@ void MoeLayer::forward(int slot, float* out, const float* x, const MoeWeights& w
   for (int t = 0; t < N; ++t) {
     float* o = out + size_t(t) * C;
     if (Fs > 0) {
-      const float g = m.shared_gate ? s.sh_g[size_t(t)] : 1.0f;
+      const float g = m.shared_gate ? s.sh_g.data()[size_t(t)] : 1.0f;
       const float* y = s.sh_y.data() + size_t(t) * C;
       for (int c = 0; c < C; ++c) o[c] = g * y[c];
     } else {
@@ -386,7 +396,8 @@ void MoeLayer::router_backward(SlotState& s, float* dx, const float* x, const Mo
   const MoeConfig& m = cfg_.moe;
   const int E = m.experts, k = m.top_k, C = cfg_.channels;
   Scratch& sc = *scratch_;
-  std::vector<double> aux(size_t(E), 0.0);  // d(aux)/d p_i, the same for every token
+  std::vector<double>& aux = sc.aux;  // d(aux)/d p_i, the same for every token
+  std::fill(aux.begin(), aux.end(), 0.0);
   if (m.aux_loss == MoeAux::kSwitch) {
     for (int i = 0; i < E; ++i)
       aux[size_t(i)] =
@@ -443,14 +454,14 @@ void MoeLayer::backward(int slot, float* dx, const float* dout, const float* x, 
       const size_t c = size_t(t) * k + j;
       const int r = s.pos[c];
       if (r < 0) {
-        sc.dtopw[c] = 0.0f;
+        sc.dtopw.data()[c] = 0.0f;
         continue;
       }
       const float* y = s.ys.data() + size_t(r) * C;
       float* dy = sc.dys.data() + size_t(r) * C;
       double dot = 0;
       for (int q = 0; q < C; ++q) dot += double(d[q]) * y[q], dy[q] = s.topw[c] * d[q];
-      sc.dtopw[c] = float(dot);
+      sc.dtopw.data()[c] = float(dot);
     }
   }
   stats_.route_ms += ms_since(t_layer);
@@ -471,13 +482,13 @@ void MoeLayer::backward(int slot, float* dx, const float* dout, const float* x, 
     const float* dy = dout;
     if (m.shared_gate) {
       for (int t = 0; t < N; ++t) {
-        const float gt = s.sh_g[size_t(t)];
+        const float gt = s.sh_g.data()[size_t(t)];
         double dot = 0;
         for (int q = 0; q < C; ++q) {
-          dot += double(dout[size_t(t) * C + q]) * s.sh_y[size_t(t) * C + q];
-          sc.dsh_y[size_t(t) * C + q] = gt * dout[size_t(t) * C + q];
+          dot += double(dout[size_t(t) * C + q]) * s.sh_y.data()[size_t(t) * C + q];
+          sc.dsh_y.data()[size_t(t) * C + q] = gt * dout[size_t(t) * C + q];
         }
-        sc.dgate[size_t(t)] = float(dot * gt * (1.0 - gt));
+        sc.dgate.data()[size_t(t)] = float(dot * gt * (1.0 - gt));
       }
       be_.matmul_backward(sc.dx2.data(), g.shgate, nullptr, sc.dgate.data(), x, w.shgate, N, C, 1);
       be_.add(dx, dx, sc.dx2.data(), size_t(N) * C);
@@ -508,6 +519,22 @@ void MoeLayer::backward(int slot, float* dx, const float* dout, const float* x, 
   stats_.layer_ms += ms_since(t_layer);
 }
 
+size_t MoeLayer::bytes() const {
+  size_t floats = 0, ints = 0;
+  for (const SlotState& s : slots_) {
+    for (const auto* b :
+         {&s.xs, &s.xr, &s.h, &s.act, &s.yr, &s.ys, &s.sh_h, &s.sh_act, &s.sh_y, &s.sh_g})
+      floats += b->size();
+    floats += s.logits.size() + s.probs.size() + s.lse.size() + s.topw.size();
+    ints += s.top.size() + s.pos.size() + s.send_token.size();
+  }
+  const Scratch& x = *scratch_;
+  for (const auto* b : {&x.dys, &x.dyr, &x.dact, &x.dh, &x.dxr, &x.dxs, &x.dlogits, &x.dtopw,
+                        &x.dx2, &x.peer, &x.dsh_y, &x.dsh_act, &x.dsh_h, &x.dgate})
+    floats += b->size();
+  return (floats + ints) * sizeof(float);
+}
+
 void MoeLayer::take_stats(MoeStats& into) {
   into.aux_loss += stats_.aux_loss;
   into.z_loss += stats_.z_loss;
@@ -518,6 +545,14 @@ void MoeLayer::take_stats(MoeStats& into) {
   into.a2a_ms += stats_.a2a_ms;
   into.a2a_exposed_ms += stats_.a2a_exposed_ms;
   into.layer_ms += stats_.layer_ms;
+  if (into.layer_load.size() <= size_t(layer_)) {
+    into.layer_load.resize(size_t(layer_) + 1, 0.0);
+    into.layer_forwards.resize(size_t(layer_) + 1, 0.0);
+  }
+  into.layer_load[size_t(layer_)] += load_sum_;
+  into.layer_forwards[size_t(layer_)] += load_forwards_;
+  load_sum_ = 0;
+  load_forwards_ = 0;
   into.route_ms += stats_.route_ms;
   stats_ = MoeStats{};
 }

@@ -75,6 +75,7 @@ class MoeLayer {
   // rank's tokens, before any drop): the sigmoid router's bias update reads them.
   std::vector<double>& step_load() { return step_load_; }
   void take_stats(MoeStats& into);
+  size_t bytes() const;  // its buffers (activations and scratch)
   int layer() const { return layer_; }
 
  private:
@@ -98,6 +99,7 @@ class MoeLayer {
   std::unique_ptr<Scratch> scratch_;
   std::vector<double> step_load_;
   MoeStats stats_;
+  double load_sum_ = 0, load_forwards_ = 0;  // this layer's max/mean since the last take
 };
 
 }  // namespace trident

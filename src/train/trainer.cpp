@@ -116,6 +116,19 @@ MoeStats Trainer::moe_step_stats() {
   s.a2a_exposed_ms = v[7] / ranks;
   s.layer_ms = v[8] / ranks;
   s.route_ms = v[9] / ranks;
+  // Per layer: each stage holds its own; the sum over ranks gives every layer's.
+  const size_t L = size_t(model_->config().layers);
+  std::vector<double> by_layer(2 * L, 0.0);
+  for (size_t l = 0; l < m.layer_load.size(); ++l) {
+    by_layer[l] = m.layer_load[l];
+    by_layer[L + l] = m.layer_forwards[l];
+  }
+  if (ctx_.grid) ctx_.grid->world().all_reduce(by_layer.data(), by_layer.size()).wait();
+  for (size_t l = 0; l < L; ++l)
+    if (model_->config().is_moe(int(l))) {
+      s.layer_load.push_back(by_layer[L + l] > 0 ? by_layer[l] / by_layer[L + l] : 0.0);
+      s.layer_forwards.push_back(by_layer[L + l]);
+    }
   return s;
 }
 
