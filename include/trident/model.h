@@ -473,6 +473,11 @@ class GPT {
   void norm_gathered_backward(float* dinp, float* dw, float* db, float* dout_full_partial,
                               const float* inp, const float* w, const float* mean,
                               const float* rstd, int B, int T, int C, int ln, bool reduce);
+  // The same for a norm whose output stayed on this rank's Nr rows (a mixture's input,
+  // Note [Mixtures and tp] in src/model/gpt_moe.cpp): no reduction of dout first.
+  void norm_local_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                           const float* w, const float* mean, const float* rstd, int Nr, int C,
+                           int ln, bool reduce);
   // Vocab-parallel embedding and cross-entropy (gpt_vocab_parallel.cpp).
   void embedding_forward(float* out, const int32_t* tokens, int B, int T);
   void embedding_backward(const float* dout_full, const int32_t* tokens,
@@ -519,7 +524,7 @@ class GPT {
   // The mixture MLP of block i (gpt_moe.cpp): out = moe(ln2) on N rows; backward dln2 (assign).
   void moe_forward(int slot, int local_layer, float* out, const float* ln2, int N);
   void moe_backward(int slot, int local_layer, float* dln2, const float* dout, const float* ln2,
-                    int N, float loss_scale);
+                    int N, float loss_scale, bool last_micro_batch);
   std::vector<int> cp_positions_;  // cp > 1: the global position of each local row
   StageSpec stage_;
   Recompute recompute_mode_ = Recompute::kNone;

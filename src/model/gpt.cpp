@@ -221,12 +221,13 @@ void GPT::block_forward(int slot, int local_layer, const BlockWeights& w, const 
   be_.add(a.residual2, a.residual2, residual_in, size_t(Nr) * C);
   // A parallel residual's MLP reads the block's input, as its attention does.
   const float* mlp_in = cfg_.parallel_residual ? residual_in : a.residual2;
-  norm_gathered(a.ln2, a.ln2_mean, a.ln2_rstd, mlp_in, w.ln2w, w.ln2b, B, T, C);
-  if (moe_[size_t(local_layer)]) {  // tp 1 (check_moe_layout): the mixture's output is final
-    moe_forward(slot, local_layer, a.residual3, a.ln2, N);
+  if (moe_[size_t(local_layer)]) {  // this rank's rows, output final (Note [Mixtures and tp])
+    norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, mlp_in, w.ln2w, w.ln2b, Nr, C);
+    moe_forward(slot, local_layer, a.residual3, a.ln2, Nr);
     be_.add(a.residual3, a.residual3, a.residual2, size_t(Nr) * C);
     return;
   }
+  norm_gathered(a.ln2, a.ln2_mean, a.ln2_rstd, mlp_in, w.ln2w, w.ln2b, B, T, C);
   be_.matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, N, C, FCl);
   activation_forward(a.fch_gelu, a.fch, N);
   be_.matmul_forward(mlp_partial, a.fch_gelu, w.fcprojw, add_row_bias ? w.fcprojb : nullptr, N, Fl,

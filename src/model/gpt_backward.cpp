@@ -158,9 +158,9 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale, const fl
     const BlockWeights dw = block(G, i);
     float* dres = a.dresidual.data();  // gradient w.r.t. this block's output (this rank's rows)
 
-    const float* dout = dresidual_all_rows();
+    const float* dout = lt.moe ? dres : dresidual_all_rows();  // a mixture: this rank's rows
     if (lt.moe) {  // its weight gradients too (a split backward is refused with mixtures)
-      moe_backward(slot, i, a.dbuf_c.data(), dout, act.ln2, N, dloss_scale);
+      moe_backward(slot, i, a.dbuf_c.data(), dout, act.ln2, Nr, dloss_scale, last_micro_batch);
       ready.through(lt.ready_moe);
     } else {
       keep_copy(act.residual3, dres, size_t(Nr) * C);
@@ -176,9 +176,14 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale, const fl
     // Sequential: the MLP read residual2, whose gradient gets the MLP input's. Parallel: it
     // read the block's input, whose gradient collects it at the end (dparallel); residual2's
     // gradient is the block output's, already gathered in dout.
-    norm_gathered_backward(parallel ? a.dparallel.data() : a.dbuf_c2.data(), dw.ln2w, dw.ln2b,
-                           a.dbuf_c.data(), parallel ? residual_in : act.residual2, w.ln2w,
-                           act.ln2_mean, act.ln2_rstd, B, T, C, 2 * i + 1, last_micro_batch);
+    if (lt.moe)  // its input gradient is on this rank's rows already (Note [Mixtures and tp])
+      norm_local_backward(parallel ? a.dparallel.data() : a.dbuf_c2.data(), dw.ln2w, dw.ln2b,
+                          a.dbuf_c.data(), parallel ? residual_in : act.residual2, w.ln2w,
+                          act.ln2_mean, act.ln2_rstd, Nr, C, 2 * i + 1, last_micro_batch);
+    else
+      norm_gathered_backward(parallel ? a.dparallel.data() : a.dbuf_c2.data(), dw.ln2w, dw.ln2b,
+                             a.dbuf_c.data(), parallel ? residual_in : act.residual2, w.ln2w,
+                             act.ln2_mean, act.ln2_rstd, B, T, C, 2 * i + 1, last_micro_batch);
     ready.through(lt.ready_ln2);
     if (!parallel) {
       be_.add(dres, dres, a.dbuf_c2.data(), size_t(Nr) * C);  // now w.r.t. residual2

@@ -2,12 +2,22 @@
 // second norm, their figures and the sigmoid router's bias step.
 //
 // Note [Mixtures in the layouts]
-// A mixture runs on the host in fp32, at tp 1: its rows are the micro-batch's N tokens (with cp
-// this rank's chunks), routed independently, so dp, cp, pp (1f1b, gpipe, interleaved),
-// recompute and ZeRO-1/2 need nothing of it beyond the gradient groups
-// (Note [Expert parallelism]). Refused by name until built: tp > 1, bf16, device backends,
-// ZeRO-3, zb-h1's split backward (B would leave the experts' weight gradients for W, which
-// needs the routing again), and transformers' aux form across pipeline stages.
+// A mixture runs on the host in fp32: its rows are the micro-batch's tokens (with cp this
+// rank's chunks), routed independently, so dp, cp, pp (1f1b, gpipe, interleaved), recompute and
+// ZeRO-1/2 need nothing of it beyond the gradient groups (Note [Expert parallelism]). Refused
+// by name until built: bf16, device backends, ZeRO-3, ZeRO with ep > 1, zb-h1's split backward
+// (B would leave the experts' weight gradients for W, which needs the routing again), and
+// transformers' aux form across pipeline stages.
+//
+// Note [Mixtures and tp]
+// With tp a mixture needs sequence parallelism, as in Megatron-Core: each tp rank normalises
+// and routes its own Nr = N/tp rows, with every expert whole (expert tensor parallelism 1), and
+// its output is final on those rows (no gather before, no reduce-scatter after). Its weights'
+// gradients are then partial sums over tp: the step's last micro-batch sums the layer's span
+// over tp before reporting it ready. The auxiliary and z terms are per tp rank's rows, their
+// gradients scaled by 1/tp: the z-loss is exactly the mean over all rows, the load-balancing
+// losses the mean of each rank's (as the dp ranks' are).
+//
 // Under recompute a mixture keeps its own buffers; `full` runs its forward again (the same
 // routing, bit for bit) without counting its figures twice.
 #include <cmath>
@@ -43,13 +53,19 @@ void GPT::moe_forward(int slot, int local_layer, float* out, const float* ln2, i
 }
 
 void GPT::moe_backward(int slot, int local_layer, float* dln2, const float* dout, const float* ln2,
-                       int N, float loss_scale) {
-  const auto& o = table_->layers[size_t(local_layer)].moe_offset;
+                       int N, float loss_scale, bool last_micro_batch) {
+  const LayerTable& lt = table_->layers[size_t(local_layer)];
+  const auto& o = lt.moe_offset;
   float *P = params_.data(), *G = grads_.data();
   const MoeWeights w{at(P, o[0]), at(P, o[1]), at(P, o[2]), at(P, o[3]),
                      at(P, o[4]), at(P, o[5]), at(P, o[6])};
   const MoeGrads g{at(G, o[0]), at(G, o[1]), at(G, o[2]), at(G, o[4]), at(G, o[5]), at(G, o[6])};
-  moe_[size_t(local_layer)]->backward(slot, dln2, dout, ln2, w, g, N, loss_scale);
+  // Note [Mixtures and tp]: the auxiliary terms' mean over the tp ranks' rows.
+  moe_[size_t(local_layer)]->backward(slot, dln2, dout, ln2, w, g, N, loss_scale / float(tp_.size));
+  if (tp_.size == 1 || !last_micro_batch) return;
+  const size_t begin = infos_[size_t(lt.uses.front())].offset;
+  const size_t end = infos_[size_t(lt.ready_moe)].offset + infos_[size_t(lt.ready_moe)].count;
+  tp_wait(tp_.comm->all_reduce(G + begin, end - begin));
 }
 
 void GPT::moe_begin_forward(int slot) {

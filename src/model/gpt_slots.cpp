@@ -53,8 +53,10 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
                   backend.name());
     if (options.precision == Precision::kBf16)
       input_error("model.moe with run.precision bf16: mixtures run in fp32 for now");
-    if (tp_.size > 1)
-      input_error("model.moe with parallel.tp {}: mixtures run at tp 1 for now", tp_.size);
+    if (tp_.size > 1 && !tp_.sequence_parallel)
+      input_error("model.moe with parallel.tp {} needs parallel.sequence_parallel: each tp rank "
+                  "routes its own rows (Note [Mixtures and tp] in src/model/gpt_moe.cpp)",
+                  tp_.size);
     TRIDENT_CHECK(ep_.size == 1 || ep_.comm != nullptr, "ep {} without a communicator", ep_.size);
     if (cfg.moe.experts % ep_.size != 0)
       input_error("parallel.ep {} does not divide model.moe.experts {}", ep_.size, cfg.moe.experts);

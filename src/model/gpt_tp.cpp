@@ -119,6 +119,16 @@ void GPT::norm_gathered_backward(float* dinp, float* dw, float* db, float* dout_
     norm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
     return;
   }
+  norm_local_backward(dinp, dw, db, dout, inp, w, mean, rstd, N / tp_.size, C, ln, reduce);
+}
+
+void GPT::norm_local_backward(float* dinp, float* dw, float* db, const float* dout,
+                              const float* inp, const float* w, const float* mean,
+                              const float* rstd, int Nr, int C, int ln, bool reduce) {
+  if (!tp_.sequence_parallel) {
+    norm_backward(dinp, dw, db, dout, inp, w, mean, rstd, Nr, C);
+    return;
+  }
   // Note [Sequence-parallel LayerNorm gradients]
   // Each rank saw only its rows, so its LayerNorm weight gradients are partial sums over tp.
   // They accumulate over micro-batches in this LayerNorm's own [2C] buffer (grads() may already
@@ -126,8 +136,7 @@ void GPT::norm_gathered_backward(float* dinp, float* dw, float* db, float* dout_
   // db and zeroes it: one latency-bound all-reduce per LayerNorm per step, not per micro-batch.
   // With accum > 1 the sums run over micro-batches first, then ranks: equal within rounding.
   float* partial = scratch_->dln_partials.data() + size_t(ln) * 2 * C;
-  norm_backward(dinp, partial, db ? partial + C : nullptr, dout, inp, w, mean, rstd, N / tp_.size,
-                C);
+  norm_backward(dinp, partial, db ? partial + C : nullptr, dout, inp, w, mean, rstd, Nr, C);
   if (!reduce) return;
   tp_wait(tp_.comm->all_reduce(partial, 2 * size_t(C)));
   be_.add(dw, dw, partial, size_t(C));

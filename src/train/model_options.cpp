@@ -137,7 +137,10 @@ void check_moe_deck(const Deck& deck, const GPTConfig& cfg, int dp_cp, bool devi
   if (deck.run.precision != "fp32")
     input_error("model.moe with run.precision {}: mixtures run in fp32 for now",
                 deck.run.precision);
-  if (p.tp > 1) input_error("model.moe with parallel.tp {}: mixtures run at tp 1 for now", p.tp);
+  if (p.tp > 1 && !p.sequence_parallel)
+    input_error("model.moe with parallel.tp {} needs parallel.sequence_parallel true: each tp "
+                "rank routes its own rows, as Megatron-Core's experts with tp do",
+                p.tp);
   if (p.zero == 3)
     input_error("model.moe with parallel.zero 3: the mixture's tensors are not gathered by "
                 "unit yet; use parallel.zero 1 or 2");

@@ -145,7 +145,7 @@ std::vector<ShardTensor> Trainer::checkpoint_tensors(float* params, float* m, fl
       // of each ep rank writes its experts.
       const bool first_replica =
           p.expert && ep_size_ > 1 ? expert_dp_rank_ == 0 : dp_rank_ == 0 && cp_rank_ == 0;
-      t.owner = first_replica && (!replicated || tp_rank == 0) &&
+      t.owner = first_replica && ((!replicated && !p.expert) || tp_rank == 0) &&
                 (p.name != "wte" || stage.has_head || !tied) && !t.blocks.empty();
       out.push_back(std::move(t));
     }
