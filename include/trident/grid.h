@@ -151,7 +151,13 @@ std::vector<int> grid_group_members(const GridLayout& layout, GridGroup group, i
 // coordinates and the members of each of its groups; dimensions and groups that are the same
 // as another column for this layout (dp_shard when dp_replicate = 1, cp when cp = 1) are left
 // out.
-std::string format_grid_table(const GridLayout& layout);
+// ep > 1 adds the expert groups (Note [Expert parallelism] in src/model/moe.h): ep consecutive
+// members of each dp_cp group, and the expert-data-parallel replicas, ep apart; input_error
+// when ep does not divide dp × cp.
+std::string format_grid_table(const GridLayout& layout, int ep = 1);
+// The expert group (`replicas` false) or expert-data-parallel group (true) of `global_rank`.
+std::vector<int> grid_expert_members(const GridLayout& layout, int ep, int global_rank,
+                                     bool replicas);
 
 // The communicators of one rank. Built collectively (every rank of `world` must construct
 // it with the same layout); owns its communicators and frees them on destruction.

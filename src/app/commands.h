@@ -49,8 +49,8 @@ int run_export(const ExportArgs& args);
 int run_ckpt_verify(const std::string& path);
 int run_ckpt_inspect(const std::string& path);
 int run_bench(const BenchArgs& args, const BlasCoreCheck& blas);
-struct GridSizes;  // trident/grid.h
-int run_grid(const GridSizes& sizes);
+struct GridSizes;                                  // trident/grid.h
+int run_grid(const GridSizes& sizes, int ep = 1);  // ep: the expert groups too
 
 struct PlanArgs {
   DeckArgs deck;

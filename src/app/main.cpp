@@ -146,6 +146,9 @@ int main(int argc, char** argv) {
   grid->add_option("--dp-shard", grid_sizes.dp_shard,
                    "data-parallel ranks inside one replica (0: dp / dp_replicate)");
   grid->add_option("--cp", grid_sizes.cp, "context-parallel size")->check(CLI::PositiveNumber);
+  int grid_ep = 1;
+  grid->add_option("--ep", grid_ep, "expert-parallel size (ranks of dp × cp)")
+      ->check(CLI::PositiveNumber);
   grid->add_option("--tp", grid_sizes.tp, "tensor-parallel size")->check(CLI::PositiveNumber);
   grid->add_option("--pp", grid_sizes.pp, "pipeline-parallel size")->check(CLI::PositiveNumber);
 
@@ -220,7 +223,7 @@ int main(int argc, char** argv) {
   if (*train) install_stop_signal_handlers();
 
   try {
-    if (*grid) return run_grid(grid_sizes);
+    if (*grid) return run_grid(grid_sizes, grid_ep);
     if (*plan && !calibrate) {
       if (plan_args.deck.deck.empty() || plan_args.hardware.empty())
         input_error("trident plan needs a deck and --hardware NAME (or --calibrate)");

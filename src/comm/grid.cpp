@@ -270,7 +270,20 @@ std::string rank_formula(const GridLayout& layout) {
 
 }  // namespace
 
-std::string format_grid_table(const GridLayout& layout) {
+std::vector<int> grid_expert_members(const GridLayout& layout, int ep, int global_rank,
+                                     bool replicas) {
+  const std::vector<int> dp_cp = grid_group_members(layout, GridGroup::kDpCp, global_rank);
+  const int i = int(std::find(dp_cp.begin(), dp_cp.end(), global_rank) - dp_cp.begin());
+  std::vector<int> out;
+  for (int j = 0; j < int(dp_cp.size()); ++j)
+    if (replicas ? j % ep == i % ep : j / ep == i / ep) out.push_back(dp_cp[size_t(j)]);
+  return out;
+}
+
+std::string format_grid_table(const GridLayout& layout, int ep) {
+  if (ep < 1 || (layout.dp * layout.cp) % ep != 0)
+    input_error("--ep {} must divide dp × cp = {} (expert groups fold over dp × cp)", ep,
+                layout.dp * layout.cp);
   // Columns first, so that each can be left out when it repeats another and be as wide as its
   // widest cell. Coordinates are right-aligned, member lists left-aligned.
   std::vector<GridCoord> coords;
@@ -303,6 +316,13 @@ std::string format_grid_table(const GridLayout& layout) {
     const bool todays = int(g) <= int(GridGroup::kEmbedding);  // dp tp pp model-parallel embedding
     if (todays || adds_a_column(groups, col.cells, alone)) groups.push_back(std::move(col));
   }
+  for (const bool replicas : {false, true}) {
+    if (ep == 1) break;
+    Column col{replicas ? "expert_dp group" : "ep group", {}};
+    for (int r = 0; r < layout.world; ++r)
+      col.cells.push_back(format_members(grid_expert_members(layout, ep, r, replicas)));
+    groups.push_back(std::move(col));
+  }
 
   std::string out = fmt::format(
       "world {} = pp {} × dp_replicate {} × dp_shard {} × cp {} × tp {}   (dp {} = dp_replicate "
@@ -311,6 +331,10 @@ std::string format_grid_table(const GridLayout& layout) {
       layout.dp);
   out += fmt::format("global rank = {};  dp_rank = {}·dp_replicate_rank + dp_shard_rank\n",
                      rank_formula(layout), layout.dp_shard);
+  if (ep > 1)
+    out += fmt::format("ep {}: consecutive ranks of each dp_cp group hold experts/ep each; "
+                       "expert_dp {} = dp × cp / ep replicas, ep apart\n",
+                       ep, layout.dp * layout.cp / ep);
   std::vector<const Column*> all;
   for (const Column& c : numbers) all.push_back(&c);
   for (const Column& c : groups) all.push_back(&c);

@@ -413,5 +413,22 @@ TEST(FormatGridTable, OnlyFirstAndLastStageHaveAnEmbeddingGroup) {
   EXPECT_EQ(embedding_cells(wide), wide_expected) << wide;
 }
 
+// Note [Expert parallelism]: world 8 = dp 4 × tp 2, ep 2. The dp_cp group of rank 0 is
+// {0 2 4 6} (tp rank 0): its ep groups are {0 2} and {4 6}, its replicas {0 4} and {2 6}.
+TEST(GridExperts, FoldOverDpCpConsecutively) {
+  const GridLayout g = make_layout(8, 4, 2, 1);
+  EXPECT_EQ(grid_expert_members(g, 2, 0, false), (std::vector<int>{0, 2}));
+  EXPECT_EQ(grid_expert_members(g, 2, 6, false), (std::vector<int>{4, 6}));
+  EXPECT_EQ(grid_expert_members(g, 2, 0, true), (std::vector<int>{0, 4}));
+  EXPECT_EQ(grid_expert_members(g, 2, 3, true), (std::vector<int>{3, 7}));
+  EXPECT_EQ(grid_expert_members(g, 4, 5, false), (std::vector<int>{1, 3, 5, 7}));
+  EXPECT_EQ(grid_expert_members(g, 4, 5, true), (std::vector<int>{5}));
+  const std::string table = format_grid_table(g, 2);
+  EXPECT_NE(table.find("ep group"), std::string::npos) << table;
+  EXPECT_NE(table.find("expert_dp 2"), std::string::npos) << table;
+  EXPECT_THROW(format_grid_table(g, 3), Error);  // 3 does not divide dp × cp = 4
+  EXPECT_EQ(format_grid_table(g, 1).find("ep group"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace trident
