@@ -93,6 +93,22 @@ expect zero-with-bf16 "parallel.zero: 1 with comm.grad_dtype bf16" -- "${mpi[@]}
 # does not split into 2·cp chunks, a cp that does not divide the world.
 expect cp-seq-len "model.seq_len 60 must be a multiple of 2 \* parallel.cp = 8" -- "${mpi4[@]}" "$bin" train deck.yaml "${common[@]}" --set parallel.cp=4 --set model.seq_len=60
 expect cp-world "world 2 .*cp 4|cp 4.*world 2" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set parallel.cp=4
+# Mixtures of experts (Note [Mixture of experts] in include/trident/model_config.h): what no
+# mixture can be, and what is not built (Note [Mixtures in the layouts] in src/model/gpt_moe.cpp).
+moe=(--set model.family=mixtral --set model.moe.experts=4 --set model.moe.ffn_width=64)
+expect moe-top-k-over-experts "model.moe.top_k 5 must be in \[1, model.moe.experts 4\]" -- "$bin" train deck.yaml "${common[@]}" "${moe[@]}" --set model.moe.top_k=5
+expect ep-not-dividing-experts "parallel.ep 2 must divide model.moe.experts 3" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" "${moe[@]}" --set model.moe.experts=3 --set parallel.ep=2
+expect ep-not-dividing-dp-cp "parallel.ep 4 must divide .*dp × cp = 2" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" "${moe[@]}" --set parallel.ep=4
+expect ep-without-experts "parallel.ep 2 needs a mixture of experts \(model.moe.experts > 0\)" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set parallel.ep=2
+expect moe-with-tp "model.moe with parallel.tp 2" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" "${moe[@]}" --set parallel.tp=2
+expect moe-with-zero3 "model.moe with parallel.zero 3" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" "${moe[@]}" --set parallel.zero=3
+expect ep-with-zero1 "parallel.ep 2 with parallel.zero 1" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" "${moe[@]}" --set parallel.ep=2 --set parallel.zero=1
+expect moe-with-zb-h1 "model.moe with parallel.schedule zb-h1" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" "${moe[@]}" --set parallel.pp=2 --set parallel.schedule=zb-h1
+expect moe-hf-aux-with-pp "model.moe.aux_loss hf with parallel.pp 2" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" "${moe[@]}" --set parallel.pp=2 --set model.moe.aux_loss=hf
+expect moe-sigmoid-with-switch "model.moe.aux_loss switch with model.moe.router sigmoid" -- "$bin" train deck.yaml "${common[@]}" "${moe[@]}" --set model.moe.router=sigmoid --set model.moe.aux_loss=switch
+expect moe-shared-gate-alone "model.moe.shared_gate needs model.moe.shared_experts > 0" -- "$bin" train deck.yaml "${common[@]}" "${moe[@]}" --set model.moe.shared_gate=true
+# bf16 is the GPU's, where mixtures do not run: the CPU refuses the precision first.
+expect moe-with-bf16 "run.precision bf16" -- "$bin" train deck.yaml "${common[@]}" "${moe[@]}" --set run.precision=bf16
 
 # A bad llm.c checkpoint
 head -c 3000 /dev/urandom > badckpt.bin

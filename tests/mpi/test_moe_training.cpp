@@ -1,0 +1,433 @@
+// Mixtures of experts (Note [Mixture of experts] in trident/model_config.h) in the layouts they
+// run in (Note [Mixtures in the layouts] in src/model/gpt_moe.cpp) equal one rank within the
+// dense families' bounds: ep 2 and 4, experts replicated over dp, ZeRO-1 and ZeRO-2, ep beside
+// pp (gpipe, 1f1b, interleaved) and cp, recomputation, capacity, and checkpoints that resume at
+// another ep. And a rank whose experts receive no token still takes part in every exchange.
+// Runs under mpirun with 2 and 4 ranks.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <ostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "model/moe.h"
+#include "train_harness.h"
+
+namespace trident {
+namespace {
+
+using testing::RunResult;
+using testing::world_size;
+
+// A small Mixtral: llama's block (4 query heads on 2 kv heads), 4 experts of SwiGLU width 32,
+// top 2. 4 layers for pp 2 (4 chunks interleaved); 16 tokens a sequence for cp 2 (4 chunks).
+Deck moe_deck(std::vector<std::string> extra) {
+  const std::string yaml = R"(
+model: {layers: 4, d_model: 32, heads: 4, vocab: 250, seq_len: 16}
+train: {micro_batch: 2, accum: 2, steps: 5, lr: 3.0e-3, warmup_steps: 2, seed: 5, val_every: 0}
+data: {train: inputs/data/tiny-train.bin, shuffle: true}
+comm: {bucket_mb: 0.02, first_bucket_mb: 0.005}
+run: {threads: 1}
+)";
+  std::vector<std::string> o = {"model.family=mixtral", "model.kv_heads=2",
+                                "model.mlp_hidden=64",  "model.moe.experts=4",
+                                "model.moe.top_k=2",    "model.moe.ffn_width=32"};
+  o.insert(o.end(), extra.begin(), extra.end());
+  return parse_deck(yaml, TRIDENT_SOURCE_DIR, o);
+}
+
+// Each tensor of this rank at its global indices (ParamInfo::global_index: experts split over
+// ep, layers over pp), NaN where another rank holds it.
+using Tensors = std::map<std::string, std::vector<float>>;
+
+struct MoeRun {
+  RunResult steps;  // losses and gradient norms
+  std::vector<MoeStats> moe;
+  Tensors tensors;  // after the last step
+};
+
+Tensors global_tensors(GPT& m) {
+  Tensors out;
+  for (const ParamInfo& p : m.params_info()) {
+    size_t n = 1;
+    for (int d : p.global_shape) n *= size_t(d);
+    std::vector<float>& v = out[p.name];
+    v.assign(n, NAN);
+    for (size_t i = 0; i < p.count; ++i) v[p.global_index(i)] = m.params()[p.offset + i];
+  }
+  return out;
+}
+
+void run_into(Trainer& t, int from, int to, MoeRun& r) {
+  for (int s = from; s < to; ++s) {
+    const StepStats st = t.train_step(s);
+    r.steps.losses.push_back(st.loss);
+    r.steps.norms.push_back(st.grad_norm);
+    r.moe.push_back(st.moe);
+  }
+  t.sync_params();  // ZeRO: the last update's all-gather
+  r.tensors = global_tensors(t.model());
+}
+
+// `steps` steps on one rank (grid null) or on the grid of the deck's pp and cp over the world.
+MoeRun run(const Deck& d, bool on_grid, int steps = 5) {
+  std::unique_ptr<ProcessGrid> grid;
+  if (on_grid)
+    grid = std::make_unique<ProcessGrid>(
+        complete_layout({.world = world_size(), .pp = d.parallel.pp, .cp = d.parallel.cp}));
+  auto be = make_cpu_backend(d.run.threads);
+  Trainer t(d, TrainContext{be.get(), 1e9, grid.get(), nullptr});
+  MoeRun r;
+  run_into(t, 0, steps, r);
+  return r;
+}
+
+// The dense families' bounds (testing::expect_close): losses within 1e-5 relative step by step,
+// gradient norms within 1e-4 (the layouts sum the same terms in another order: the experts'
+// weight gradients over peers' rows in one GEMM, over micro-batches on one rank); every
+// parameter this rank holds within 1e-5 of the largest after the last step. A token at the
+// wrong expert, a weight gradient reduced over the wrong group or an auxiliary gradient scaled
+// by the wrong count moves the loss by 1e-3 or more within the 5 steps. The mixtures' figures
+// too: auxiliary and z-losses within 1e-5 relative, the choices and drops exactly (integers).
+void expect_equal_one_rank(const MoeRun& a, const MoeRun& ref) {
+  testing::expect_close(a.steps, ref.steps);
+  ASSERT_EQ(a.moe.size(), ref.moe.size());
+  for (size_t i = 0; i < a.moe.size(); ++i) {
+    EXPECT_NEAR(a.moe[i].aux_loss, ref.moe[i].aux_loss, 1e-5 * ref.moe[i].aux_loss)
+        << "step " << i + 1;
+    EXPECT_NEAR(a.moe[i].z_loss, ref.moe[i].z_loss, 1e-5 * ref.moe[i].z_loss) << "step " << i + 1;
+    EXPECT_EQ(a.moe[i].choices, ref.moe[i].choices) << "step " << i + 1;
+    EXPECT_EQ(a.moe[i].dropped, ref.moe[i].dropped) << "step " << i + 1;
+  }
+  float scale = 0;
+  for (const auto& [name, v] : ref.tensors)
+    for (float x : v) scale = std::max(scale, std::abs(x));
+  double worst = 0;
+  size_t compared = 0;
+  for (const auto& [name, v] : a.tensors) {
+    const auto it = ref.tensors.find(name);
+    ASSERT_NE(it, ref.tensors.end()) << name;
+    ASSERT_EQ(v.size(), it->second.size()) << name;
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (std::isnan(v[i])) continue;
+      worst = std::max(worst, double(std::abs(v[i] - it->second[i])) / scale);
+      ++compared;
+    }
+  }
+  EXPECT_GT(compared, 0u);
+  EXPECT_LE(worst, 1e-5) << "the largest parameter difference, relative to the largest";
+}
+
+// The mixtures the layouts run, each exercising what crosses ranks: the switch auxiliary loss
+// and the z-loss (their gradients enter the router logits scaled by the seed), dense and
+// mixture layers mixed with a gated shared expert, the sigmoid router's choice bias (its step
+// reads the loads summed over dp × cp; a rate of 0.01 so that a wrong sum shows in the loss).
+struct Case {
+  std::string name;
+  std::vector<std::string> keys;
+};
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+const std::vector<Case> kCases = {
+    {"switch_z",
+     {"model.moe.aux_loss=switch", "model.moe.aux_loss_coeff=0.1", "model.moe.z_loss=0.01"}},
+    {"every2_shared",
+     {"model.moe.every=2", "model.moe.shared_experts=1", "model.moe.shared_gate=true",
+      "model.moe.z_loss=0.01"}},
+    {"sigmoid", {"model.moe.router=sigmoid", "model.moe.bias_update_rate=0.01"}},
+};
+
+class MoeEqualsOneRank : public ::testing::TestWithParam<Case> {
+ protected:
+  Deck deck(std::vector<std::string> extra) const {
+    std::vector<std::string> keys = GetParam().keys;
+    keys.insert(keys.end(), extra.begin(), extra.end());
+    return moe_deck(keys);
+  }
+  // One rank running the micro-batches of `dp` ranks of accum 2 as its accumulation: the
+  // same samples (Note [Sample order]).
+  MoeRun one_rank(int dp, std::vector<std::string> extra = {}) const {
+    extra.push_back(fmt::format("train.accum={}", 2 * dp));
+    return run(deck(extra), false);
+  }
+};
+
+// ep 2 and ep = world over dp = world: each rank routes its own micro-batch; the experts'
+// gradients reduce over expert-dp (world / ep ranks).
+TEST_P(MoeEqualsOneRank, ExpertParallel) {
+  const int world = world_size();
+  const MoeRun ref = one_rank(world);
+  for (int ep : {2, 4}) {
+    if (ep > world) continue;
+    SCOPED_TRACE(fmt::format("ep {}", ep));
+    expect_equal_one_rank(run(deck({fmt::format("parallel.ep={}", ep)}), true), ref);
+  }
+}
+
+// ep 1: every rank holds every expert; their gradients reduce with the rest, plain and with
+// ZeRO-1 and ZeRO-2 sharding the optimizer over dp.
+TEST_P(MoeEqualsOneRank, ExpertsReplicatedOverDp) {
+  const MoeRun ref = one_rank(world_size());
+  for (int zero : {0, 1, 2}) {
+    SCOPED_TRACE(fmt::format("zero {}", zero));
+    expect_equal_one_rank(run(deck({fmt::format("parallel.zero={}", zero)}), true), ref);
+  }
+}
+
+// ep beside pp (dp = world / 2: ep 1 at 2 ranks, ep 2 at 4) under gpipe, 1f1b and interleaved.
+TEST_P(MoeEqualsOneRank, BesidePipeline) {
+  const int dp = world_size() / 2;
+  const MoeRun ref = one_rank(dp);
+  for (const char* schedule : {"gpipe", "1f1b", "interleaved"}) {
+    SCOPED_TRACE(fmt::format("pp 2, {}, ep {}", schedule, dp));
+    std::vector<std::string> keys = {"parallel.pp=2", fmt::format("parallel.ep={}", dp),
+                                     fmt::format("parallel.schedule={}", schedule)};
+    if (std::string(schedule) == "interleaved") keys.push_back("parallel.virtual_stages=2");
+    expect_equal_one_rank(run(deck(keys), true), ref);
+  }
+}
+
+// Recomputation on one rank (full: the mixture's forward again, the same routing, its figures
+// not counted twice; mlp), and full at ep = world, where it runs the all-to-alls again.
+TEST_P(MoeEqualsOneRank, WithRecomputation) {
+  const MoeRun none = run(deck({}), false);
+  for (const char* mode : {"full", "mlp"}) {
+    SCOPED_TRACE(mode);
+    expect_equal_one_rank(run(deck({fmt::format("train.recompute={}", mode)}), false), none);
+  }
+  SCOPED_TRACE("full at ep world");
+  expect_equal_one_rank(
+      run(deck({"train.recompute=full", fmt::format("parallel.ep={}", world_size())}), true),
+      one_rank(world_size()));
+}
+
+INSTANTIATE_TEST_SUITE_P(Mixtures, MoeEqualsOneRank, ::testing::ValuesIn(kCases),
+                         [](const auto& info) { return info.param.name; });
+
+// Capacity (Note [Expert capacity]) is decided by the sending rank over its own micro-batch's
+// N·k choices: at dp = ep = world each rank's micro-batch is one of the one-rank run's
+// accumulated micro-batches (the same B·T tokens, the same weights), so the same choices drop,
+// wherever their expert lives. The reference must drop some, or the test shows nothing.
+TEST(MoeLayouts, CapacityAtExpertParallel) {
+  const int world = world_size();
+  const std::vector<std::string> keys = {"model.moe.capacity_factor=1.0",
+                                         "model.moe.aux_loss=switch", "model.moe.z_loss=0.01"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), keys.begin(), keys.end());
+    return moe_deck(more);
+  };
+  const MoeRun ref = run(with({fmt::format("train.accum={}", 2 * world)}), false);
+  int64_t dropped = 0;
+  for (const MoeStats& m : ref.moe) dropped += m.dropped;
+  EXPECT_GT(dropped, 0) << "capacity 1.0 dropped nothing: the case does not test drops";
+  for (int ep : {2, 4}) {
+    if (ep > world) continue;
+    SCOPED_TRACE(fmt::format("ep {}", ep));
+    expect_equal_one_rank(run(with({fmt::format("parallel.ep={}", ep)}), true), ref);
+  }
+}
+
+// ep over dp × cp with cp 2 (ep = world: at 2 ranks the two cp ranks of one sequence, at 4 all
+// of dp 2 × cp 2). Each cp rank routes its own chunks' tokens; the z-loss (a mean over tokens)
+// and the sigmoid router's loads (sums) do not depend on how tokens are split, so they are
+// what this checks. The switch loss and capacity do: both count this rank's N (Notes
+// [Auxiliary losses], [Expert capacity]), which cp halves, so at cp 2 they are another
+// objective (measured: switch, parameters 1.5e-2 apart after 5 steps; capacity 1.0, other drops).
+TEST(MoeLayouts, BesideContextParallel) {
+  const int world = world_size();
+  const int dp = world / 2;
+  for (const Case& c : {kCases[1], kCases[2]}) {
+    SCOPED_TRACE(c.name);
+    std::vector<std::string> keys = c.keys;
+    keys.push_back(fmt::format("train.accum={}", 2 * dp));
+    const MoeRun ref = run(moe_deck(keys), false);
+    keys = c.keys;
+    keys.insert(keys.end(), {"parallel.cp=2", fmt::format("parallel.ep={}", world)});
+    expect_equal_one_rank(run(moe_deck(keys), true), ref);
+  }
+}
+
+// A checkpoint does not depend on ep: saved after 3 steps at one ep, loaded at another over the
+// same dp = world (and on one rank, accum 2·world), the last 2 steps are the saving layout's
+// own continuation within the bounds above; at the same ep, losses and norms bit for bit. The
+// sigmoid case checks that the choice bias (not trained by AdamW) travels with the checkpoint.
+void resume(const std::vector<std::string>& keys, int save_ep, std::vector<int> load_eps) {
+  const int world = world_size();
+  const std::string dir = testing::scratch_dir(fmt::format("moe_ckpt_ep{}", save_ep));
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), keys.begin(), keys.end());
+    return moe_deck(more);
+  };
+  auto be = make_cpu_backend(1);
+  MoeRun reference;
+  std::string path;
+  {
+    ProcessGrid grid(complete_layout({.world = world}));
+    Trainer t(with({fmt::format("parallel.ep={}", save_ep)}),
+              TrainContext{be.get(), 1e9, &grid, nullptr});
+    MoeRun first;
+    run_into(t, 0, 3, first);
+    path = t.save(dir, 3, "moe-test", 0);
+    run_into(t, 3, 5, reference);
+  }
+  for (int ep : load_eps) {
+    if (ep > world) continue;
+    SCOPED_TRACE(fmt::format("saved at ep {}, loaded at ep {}", save_ep, ep));
+    ProcessGrid grid(complete_layout({.world = world}));
+    Trainer t(with({fmt::format("parallel.ep={}", ep)}),
+              TrainContext{be.get(), 1e9, &grid, nullptr});
+    ASSERT_EQ(t.load(path).step, 3);
+    MoeRun after;
+    run_into(t, 3, 5, after);
+    if (ep == save_ep) {
+      EXPECT_EQ(after.steps.losses, reference.steps.losses);
+      EXPECT_EQ(after.steps.norms, reference.steps.norms);
+    }
+    expect_equal_one_rank(after, reference);
+  }
+  SCOPED_TRACE(fmt::format("saved at ep {}, loaded on one rank", save_ep));
+  Trainer t(with({fmt::format("train.accum={}", 2 * world)}),
+            TrainContext{be.get(), 1e9, nullptr, nullptr});
+  t.load(path);
+  MoeRun after;
+  run_into(t, 3, 5, after);
+  expect_equal_one_rank(after, reference);
+}
+
+TEST(MoeLayouts, CheckpointSavedAtEp2Resumes) {
+  for (const Case& c : {kCases[0], kCases[2]}) {
+    SCOPED_TRACE(c.name);
+    resume(c.keys, 2, {1, 2, 4});
+  }
+}
+
+TEST(MoeLayouts, CheckpointSavedAtEp1ResumesAtEp2And4) {
+  for (const Case& c : {kCases[0], kCases[2]}) {
+    SCOPED_TRACE(c.name);
+    resume(c.keys, 1, {2, 4});
+  }
+}
+
+TEST(MoeLayouts, CheckpointSavedAtEp4ResumesAtEp2And1) {
+  if (world_size() < 4) GTEST_SKIP() << "needs 4 ranks";
+  resume(kCases[0].keys, 4, {1, 2});
+}
+
+// Note [Expert parallelism]: a rank that receives no rows still takes part in every exchange.
+// One MoeLayer at ep = world with 2 experts a rank, top 2, the router's rows chosen so that
+// every token of every rank picks the two experts of one rank (`target`): the others receive
+// nothing, and, when target is not 0, rank 0 too. Forward and backward (switch aux and z-loss
+// on, so the router's backward has every term) equal one ep-1 layer on each rank's tokens: the
+// output, dx and the router's gradient within 1e-5 of their largest (another GEMM blocking of
+// the same rows), the experts' gradients summed over every rank's tokens within 1e-5 (one GEMM
+// over all peers' rows against one a rank). A hang is the communicator's timeout, 60 s.
+TEST(MoeLayer, TokensAllToOneRanksExperts) {
+  const int P = world_size();
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  GPTConfig cfg;
+  cfg.layers = 1;
+  cfg.heads = 1;
+  cfg.bias = false;
+  cfg.channels = 16;
+  cfg.activation = Activation::kSwiGLU;
+  cfg.mlp_hidden = 24;
+  cfg.moe.experts = 2 * P;
+  cfg.moe.top_k = 2;
+  cfg.moe.ffn_width = 24;
+  cfg.moe.aux_loss = MoeAux::kSwitch;
+  cfg.moe.aux_coeff = 0.1f;
+  cfg.moe.z_coeff = 0.01f;
+  const int C = 16, E = 2 * P, El = 2, Fe = 24, fcr = 2 * Fe, N = 12;
+  auto be = make_cpu_backend(1);
+  auto comm = MpiComm::duplicate(MPI_COMM_WORLD, "ep");
+  comm->set_timeout(60);
+  auto random = [](size_t n, unsigned seed, float lo, float hi) {
+    std::mt19937 gen(seed);
+    std::uniform_real_distribution<float> u(lo, hi);
+    std::vector<float> v(n);
+    for (float& x : v) x = u(gen);
+    return v;
+  };
+  const std::vector<float> fc = random(size_t(E) * fcr * C, 1, -0.3f, 0.3f);
+  const std::vector<float> proj = random(size_t(E) * C * Fe, 2, -0.3f, 0.3f);
+  for (int target : {0, P - 1}) {
+    SCOPED_TRACE(fmt::format("every token to rank {}'s experts", target));
+    // x > 0: a row of +0.3 (+noise) scores 16·0.3·x ≈ +5, a row of -0.3 ≈ -5.
+    std::vector<float> router = random(size_t(E) * C, 3, -0.05f, 0.05f);
+    for (int e = 0; e < E; ++e)
+      for (int c = 0; c < C; ++c) router[size_t(e) * C + c] += e / El == target ? 0.3f : -0.3f;
+    const MoeWeights full{fc.data(), proj.data(), router.data(), nullptr,
+                          nullptr,   nullptr,     nullptr};
+    const MoeWeights mine{fc.data() + size_t(rank) * El * fcr * C,
+                          proj.data() + size_t(rank) * El * C * Fe,
+                          router.data(),
+                          nullptr,
+                          nullptr,
+                          nullptr,
+                          nullptr};
+    auto x_of = [&](int r) { return random(size_t(N) * C, 10 + unsigned(r), 0.5f, 1.5f); };
+    auto dout_of = [&](int r) { return random(size_t(N) * C, 20 + unsigned(r), -1.0f, 1.0f); };
+    const float seed = 0.25f;
+
+    MoeLayer ep_layer(cfg, *be, 0, 1, N, ExpertParallel{comm.get(), P, rank}, nullptr);
+    std::vector<float> out(size_t(N) * C), dx(size_t(N) * C);
+    std::vector<float> dfc(size_t(El) * fcr * C, 0.0f), dproj(size_t(El) * C * Fe, 0.0f),
+        drouter(size_t(E) * C, 0.0f);
+    const std::vector<float> x = x_of(rank), dout = dout_of(rank);
+    ep_layer.forward(0, out.data(), x.data(), mine, N, true);
+    ep_layer.backward(0, dx.data(), dout.data(), x.data(), mine,
+                      MoeGrads{dfc.data(), dproj.data(), drouter.data(), nullptr, nullptr, nullptr},
+                      N, seed);
+    // Every choice at the target's experts: N tokens each.
+    for (int e = 0; e < E; ++e)
+      EXPECT_EQ(ep_layer.step_load()[size_t(e)], e / El == target ? N : 0) << "expert " << e;
+
+    // ep 1 on each rank's tokens in turn; this rank's output, dx and router gradient, the sum of
+    // the experts' gradients.
+    MoeLayer one(cfg, *be, 0, 1, N, ExpertParallel{}, nullptr);
+    std::vector<float> ref_out, ref_dx, ref_drouter;
+    std::vector<float> ref_dfc(size_t(E) * fcr * C, 0.0f), ref_dproj(size_t(E) * C * Fe, 0.0f);
+    for (int r = 0; r < P; ++r) {
+      const std::vector<float> xr = x_of(r), doutr = dout_of(r);
+      std::vector<float> o(size_t(N) * C), d(size_t(N) * C), dr(size_t(E) * C, 0.0f);
+      one.forward(0, o.data(), xr.data(), full, N, true);
+      one.backward(0, d.data(), doutr.data(), xr.data(), full,
+                   MoeGrads{ref_dfc.data(), ref_dproj.data(), dr.data(), nullptr, nullptr, nullptr},
+                   N, seed);
+      if (r == rank) ref_out = o, ref_dx = d, ref_drouter = dr;
+    }
+    auto expect_near_all = [](const float* a, const float* ref, size_t n, const char* what) {
+      float scale = 0;
+      double worst = 0;
+      for (size_t i = 0; i < n; ++i) scale = std::max(scale, std::abs(ref[i]));
+      ASSERT_GT(scale, 0.0f) << what;
+      for (size_t i = 0; i < n; ++i) worst = std::max(worst, double(std::abs(a[i] - ref[i])));
+      EXPECT_LE(worst / scale, 1e-5) << what;
+    };
+    expect_near_all(out.data(), ref_out.data(), out.size(), "output");
+    expect_near_all(dx.data(), ref_dx.data(), dx.size(), "dx");
+    expect_near_all(drouter.data(), ref_drouter.data(), drouter.size(), "router gradient");
+    // Only the target's experts received rows: elsewhere both gradients stay exactly 0.
+    if (rank == target) {
+      expect_near_all(dfc.data(), ref_dfc.data() + size_t(rank) * El * fcr * C, dfc.size(),
+                      "experts' fc gradient");
+      expect_near_all(dproj.data(), ref_dproj.data() + size_t(rank) * El * C * Fe, dproj.size(),
+                      "experts' proj gradient");
+    } else {
+      EXPECT_TRUE(std::all_of(dfc.begin(), dfc.end(), [](float g) { return g == 0.0f; }));
+      EXPECT_TRUE(std::all_of(dproj.begin(), dproj.end(), [](float g) { return g == 0.0f; }));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace trident
