@@ -103,7 +103,7 @@ void GPT::discard_moe_stats() {
 }
 
 // DeepSeek-V3's loss-free balancing: each expert's bias moves by rate · sign(mean − load), the
-// loads summed over the step's micro-batches and the ranks of `group`.
+// loads summed over the step's micro-batches and the ranks of `group` (and of tp).
 void GPT::update_router_biases(Communicator* group) {
   if (cfg_.moe.router != MoeRouter::kSigmoid) return;
   const int E = cfg_.moe.experts;
@@ -111,6 +111,8 @@ void GPT::update_router_biases(Communicator* group) {
     if (!moe_[i]) continue;
     std::vector<double>& load = moe_[i]->step_load();
     if (group && group->size() > 1) group->all_reduce(load.data(), load.size()).wait();
+    // Note [Mixtures and tp]: each tp rank routed its own rows.
+    if (tp_.size > 1) tp_wait(tp_.comm->all_reduce(load.data(), load.size()));
     double mean = 0;
     for (double v : load) mean += v / E;
     float* bias = params_.data() + table_->layers[i].moe_offset[3];
