@@ -2,12 +2,12 @@
 // second norm, their figures and the sigmoid router's bias step.
 //
 // Note [Mixtures in the layouts]
-// A mixture runs on the host in fp32: its rows are the micro-batch's tokens (with cp this
-// rank's chunks), routed independently, so dp, cp, pp (1f1b, gpipe, interleaved), recompute and
-// ZeRO-1/2 need nothing of it beyond the gradient groups (Note [Expert parallelism]). Refused
-// by name until built: bf16, device backends, ZeRO-3, ZeRO with ep > 1, zb-h1's split backward
-// (B would leave the experts' weight gradients for W, which needs the routing again), and
-// transformers' aux form across pipeline stages.
+// A mixture runs on the host in fp32 on this rank's tokens (with cp its chunks), so dp, cp, pp
+// (1f1b, gpipe, interleaved), recompute and ZeRO-1/2 need only the gradient groups
+// (Note [Expert parallelism]). The balance losses and the capacity count this rank's tokens:
+// with cp (or tp) they are the ranks' own, not one loss over the whole sequence as Megatron-Core
+// sums the counts over tp × cp. Refused until built: bf16, device backends, ZeRO-3, ZeRO with
+// ep > 1, zb-h1 (its W pass would need the routing again), and the hf form across stages.
 //
 // Note [Mixtures and tp]
 // With tp a mixture needs sequence parallelism, as in Megatron-Core: each tp rank normalises
