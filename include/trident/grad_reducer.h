@@ -91,7 +91,7 @@ struct GradReducerOptions {
   Communicator* replicate_comm = nullptr;
   // Note [Expert parallelism] (src/model/moe.h): parameters (ready order) marked here are a
   // mixture's experts, each in a bucket of its own, all-reduced on expert_comm (the
-  // expert-data-parallel group) instead of dp. Unsharded reducers only.
+  // expert-data-parallel group) instead of dp; sharded, each over that group.
   std::vector<char> expert;
   Communicator* expert_comm = nullptr;
 };
@@ -217,9 +217,11 @@ class GradReducer {
   GatherStats take_gather_stats();
   bool sharded() const;
   // This rank's shard of bucket b: shard_count(b) elements at flat offset
-  // buckets()[b].offset + dp rank · shard_count(b), stored at shard_offset(b) in the shard
-  // buffers (shard_grads, and the optimizer's moments).
+  // buckets()[b].offset + shard_rank(b) · shard_count(b), stored at shard_offset(b) in the
+  // shard buffers (shard_grads, and the optimizer's moments). shard_rank is the dp rank, or in
+  // an expert's bucket the rank among its replicas (options.expert_comm).
   size_t shard_count(size_t b) const;
+  int shard_rank(size_t b) const;
   size_t shard_offset(size_t b) const;
   size_t shard_total() const;  // elements of a shard buffer
   size_t bucket_of_param(size_t param) const;

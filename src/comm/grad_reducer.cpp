@@ -158,6 +158,19 @@ void GradReducer::init_sharded(const GradReducerOptions& options) {
                                  "bucket layout puts it at {} (Note [Padded buckets])",
                                  p[i].name, p[i].offset, layout.param_offsets[i]));
   s.buckets = layout.buckets;
+  // Note [Expert parallelism]: an expert's bucket (alone) is sharded over its own replicas.
+  if (options.expert_comm) {
+    TRIDENT_CHECK(options.expert.size() == p.size() && !options.replicate_comm,
+                  "GradReducer: expert flags for {} of {} parameters (and no replicas)",
+                  options.expert.size(), p.size());
+    s.expert_comm = options.expert_comm;
+    for (const Bucket& b : s.buckets) {
+      const bool expert = options.expert[b.first_param];
+      TRIDENT_CHECK(!expert || b.num_params == 1, "GradReducer: an expert bucket of {} tensors",
+                    b.num_params);
+      s.expert_bucket.push_back(expert);
+    }
+  }
   s.shard_grads = options.shard_grads;
   s.replicate = options.replicate_comm;
   s.release_reduced = options.release_reduced;
@@ -174,7 +187,7 @@ void GradReducer::init_sharded(const GradReducerOptions& options) {
   }
   for (size_t b = 0; b < s.buckets.size(); ++b) {
     s.shard_offset.push_back(s.shard_total);
-    s.shard_count.push_back(layout.shard_count(b, ranks));
+    s.shard_count.push_back(layout.shard_count(b, size_t(s.comm_of(b).size())));
     s.shard_total += s.shard_count.back();
   }
   s.gather_order = options.gather_order;
@@ -483,6 +496,7 @@ GatherStats GradReducer::take_gather_stats() {
 
 bool GradReducer::sharded() const { return state_->shard_grads != nullptr; }
 size_t GradReducer::shard_count(size_t b) const { return state_->shard_count.at(b); }
+int GradReducer::shard_rank(size_t b) const { return state_->comm_of(b).rank(); }
 size_t GradReducer::shard_offset(size_t b) const { return state_->shard_offset.at(b); }
 size_t GradReducer::shard_total() const { return state_->shard_total; }
 size_t GradReducer::bucket_of_param(size_t param) const {

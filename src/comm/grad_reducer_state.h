@@ -80,7 +80,10 @@ struct GradReducer::State {
   Communicator* replicate = nullptr;    // HSDP: the second hop's communicator (null: none)
   Communicator* expert_comm = nullptr;  // the experts' buckets' (null: none)
   std::vector<char> expert_bucket;      // per bucket: reduced on expert_comm
-  std::vector<char> requested;          // compute thread: per bucket, gathered or in flight
+  Communicator& comm_of(size_t bucket) const {
+    return !expert_bucket.empty() && expert_bucket[bucket] ? *expert_comm : dp;
+  }
+  std::vector<char> requested;  // compute thread: per bucket, gathered or in flight
   std::vector<unsigned char> params_page_scratch;  // compute thread's, for resident_bytes
   size_t params_resident_peak = 0;                 // compute thread's, until taken
   bool release_reduced = false;                    // ZeRO-2 on the host

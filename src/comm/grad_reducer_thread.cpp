@@ -179,10 +179,11 @@ void GradReducer::State::start_gathers(float* params, const ComputeMark* after) 
   gather_building = GatherStats{};
   gathering = true;
   gathers_left = gather_order.size();
-  const auto r = size_t(dp.rank());
   for (size_t b : gather_order) {
     float* bucket = params + buckets[b].offset;
-    push_gather(b, dp.all_gather(bucket + r * shard_count[b], bucket, shard_count[b]),
+    Communicator& comm = comm_of(b);
+    const auto r = size_t(comm.rank());
+    push_gather(b, comm.all_gather(bucket + r * shard_count[b], bucket, shard_count[b]),
                 bucket_names[b]);
   }
   if (gathers_left == 0) end_gather_round(SIZE_MAX);
@@ -261,14 +262,15 @@ void GradReducer::State::start(float* data, size_t count, std::string name, int 
     // Note [ZeRO-1]: one reduce-scatter per bucket, not split (Note [Message size] would cut
     // the bucket into pieces whose shards are no longer one slice per rank).
     const auto b = size_t(bucket);
+    Communicator& comm = comm_of(b);
     if (accumulate_shards) {
       // Note [ZeRO-2 and accumulation] (train/zero.h): the shard's sum so far joins this
       // rank's own block of the bucket before the reduce-scatter (host memory: ZeRO-2).
-      float* own = data + size_t(dp.rank()) * shard_count[b];
+      float* own = data + size_t(comm.rank()) * shard_count[b];
       const float* sum = shard_grads + shard_offset[b];
       for (size_t k = 0; k < shard_count[b]; ++k) own[k] += sum[k];
     }
-    in_flight.push_back({dp.reduce_scatter(data, shard_grads + shard_offset[b], shard_count[b]),
+    in_flight.push_back({comm.reduce_scatter(data, shard_grads + shard_offset[b], shard_count[b]),
                          building.records.size()});
     if (replicate) {
       hop1_left.push_back(1);
@@ -284,8 +286,7 @@ void GradReducer::State::start(float* data, size_t count, std::string name, int 
   // is a fresh mmap whose pages all fault, on the compute cores' time. Every rank splits the
   // same way, so the pieces pair up (Note [Same buckets, same order]).
   size_t done = 0, pieces = 0;
-  Communicator& comm =
-      bucket >= 0 && !expert_bucket.empty() && expert_bucket[size_t(bucket)] ? *expert_comm : dp;
+  Communicator& comm = bucket >= 0 ? comm_of(size_t(bucket)) : dp;
   do {
     const size_t n = std::min(count - done, max_message);
     in_flight.push_back(

@@ -107,9 +107,15 @@ void DataParallel::lay_out(const std::vector<ParamInfo>& params, int split_param
   const GradUnits units = grad_units(params, split_param, piece_rows, row_elems);
   // Note [Padded buckets] (trident/buckets.h): the pieces of a split parameter each get a bucket.
   alone_.clear();
+  expert_.clear();
   for (size_t i = 0; i < params.size(); ++i)
-    for (int u = units.first[i]; u < units.first[i + 1]; ++u)
-      alone_.push_back(int(i) == alone_param || units.pieces[size_t(u)]);
+    for (int u = units.first[i]; u < units.first[i + 1]; ++u) {
+      // Note [Expert parallelism]: an ep-split expert tensor reduces (and shards) over its own
+      // replicas, so it has a bucket of its own.
+      const bool expert = ctx_.expert_dp && params[i].expert;
+      alone_.push_back(int(i) == alone_param || units.pieces[size_t(u)] || expert);
+      expert_.push_back(expert);
+    }
   if (!sharded_) return;
   // Note [ZeRO-3 units]: a bucket never holds two units.
   breaks_.clear();
@@ -134,6 +140,20 @@ void DataParallel::lay_out(const std::vector<ParamInfo>& params, int split_param
           "padding inside the pieces of {}", units.units[u].name);
   }
   options.param_total = layout.total;
+}
+
+// The shard buffer's elements: each padded bucket over its group's ranks (dp, or an expert's
+// replicas), as the reducer lays them out.
+size_t DataParallel::shard_floats(const std::vector<size_t>& counts) const {
+  const BucketLayout layout =
+      padded_bucket_layout(counts, sizeof(float), first_bucket_bytes(deck_.comm),
+                           bucket_bytes(deck_.comm), size_t(shard_ranks_), alone_, breaks_);
+  size_t total = 0;
+  for (const Bucket& b : layout.buckets) {
+    const bool expert = !expert_.empty() && expert_[b.first_param];
+    total += b.count / size_t(expert ? ctx_.expert_dp->size() : shard_ranks_);
+  }
+  return total;
 }
 
 void DataParallel::attach(GPT& model) {
@@ -183,11 +203,11 @@ void DataParallel::attach(GPT& model) {
   }
   // Note [Expert parallelism]: the experts' gradients sum over their own replicas.
   if (ctx_.expert_dp) {
-    for (const ParamInfo& u : units.units) opt.expert.push_back(u.expert);
+    opt.expert = expert_;
     opt.expert_comm = ctx_.expert_dp;
   }
   if (sharded_) {
-    shard_grads_ = BackendBuffer<float>(*ctx_.backend, model.num_params() / size_t(shard_ranks_));
+    shard_grads_ = BackendBuffer<float>(*ctx_.backend, shard_floats(units.counts()));
     opt.shard_grads = shard_grads_.data();
     opt.release_reduced = release_grads_;
     // Note [Bounded gradient memory] (train/zero.h): one bucket on the wire while the next is
@@ -210,7 +230,7 @@ void DataParallel::attach(GPT& model) {
   }
   reducer_ = std::make_unique<GradReducer>(*reduce_comm, model.grads(), std::move(params), opt);
   if (!sharded_) return;
-  owned_ = owned_pieces(infos, *reducer_, shard_rank_);
+  owned_ = owned_pieces(infos, *reducer_);
   owned_runs_ = merge_pieces(owned_);
   if (zero3_) {
     // AdamW updates the shards where they are (Note [ZeRO-3 units]).

@@ -13,7 +13,8 @@ namespace trident {
 GradNorm::GradNorm(GPT& model, DataParallel* dp, const TiedEmbedding* tied, ProcessGrid* grid,
                    Communicator& pp, Communicator* ep)
     : model_(model), dp_(dp && dp->sharded() ? dp : nullptr), grid_(grid), pp_(pp),
-      ep_(ep && ep->size() > 1 ? ep : nullptr) {
+      // With ZeRO the pieces are disjoint over dp × cp, the experts' too: no ep sum of its own.
+      ep_(ep && ep->size() > 1 && !dp_ ? ep : nullptr) {
   const std::vector<ParamInfo>& infos = model_.params_info();
   auto add = [&](const float* p, size_t n, const ParamInfo& info) {
     if (tied && info.name == "wte" && !tied->counted_in_norm()) return;

@@ -144,10 +144,10 @@ void check_moe_deck(const Deck& deck, const GPTConfig& cfg, int dp_cp, bool devi
   if (p.zero == 3)
     input_error("model.moe with parallel.zero 3: the mixture's tensors are not gathered by "
                 "unit yet; use parallel.zero 1 or 2");
-  if (ep > 1 && p.zero > 0)
-    input_error("parallel.ep {} with parallel.zero {}: the experts' shards over their own group "
-                "are not built; use parallel.zero 0, or ep 1",
-                ep, p.zero);
+  if (ep > 1 && p.zero > 0 && p.dp_replicate > 1)
+    input_error("parallel.ep {} with parallel.zero {} and parallel.dp_replicate {}: the experts' "
+                "shards over their own replicas are not built for HSDP; use dp_replicate 1",
+                ep, p.zero, p.dp_replicate);
   if (p.schedule == "zb-h1")
     input_error("model.moe with parallel.schedule zb-h1: a mixture's weight gradients need the "
                 "routing again in the weight pass, which is not built; use 1f1b");

@@ -263,12 +263,14 @@ StepStats Trainer::train_step(int step) {
     const float scale =
         tc.grad_clip > 0.0 && s.grad_norm > tc.grad_clip ? float(tc.grad_clip / s.grad_norm) : 1.0f;
     Backend& be = *ctx_.backend;
+    // DeepSeek-V3's choice bias, from the step's loads over dp × cp (src/model/gpt_moe.cpp);
+    // before the optimizer, whose ZeRO gathers then carry it (it has no gradient: AdamW leaves
+    // it as it is).
+    if (model_->has_moe())
+      model_->update_router_biases(dp_size_ * cp_size_ > 1 ? &ctx_.grid->gradients() : nullptr);
     if (dp_ && dp_->sharded())
       dp_->update_shard(*opt_, be, *model_, tc, float(s.lr), step + 1, scale, s);
     else opt_->update(be, *model_, tc, float(s.lr), step + 1, scale);
-    // DeepSeek-V3's choice bias, from the step's loads over dp × cp (src/model/gpt_moe.cpp).
-    if (model_->has_moe())
-      model_->update_router_biases(dp_size_ * cp_size_ > 1 ? &ctx_.grid->gradients() : nullptr);
     be.synchronize();  // a device step ends when its last op has run, not when it was issued
     if (ctx_.trace) ctx_.trace->span("compute", "optimizer", t0, std::chrono::steady_clock::now());
   }

@@ -41,14 +41,14 @@ GradUnits grad_units(const std::vector<ParamInfo>& params, int split_param,
 }
 
 std::vector<OwnedPiece> owned_pieces(const std::vector<ParamInfo>& params,
-                                     const GradReducer& reducer, int dp_rank) {
+                                     const GradReducer& reducer) {
   // Parameters and buckets both run through the buffer in order: one pass over each.
   std::vector<OwnedPiece> out;
   const std::vector<Bucket>& buckets = reducer.buckets();
   size_t first = 0;  // the first parameter that may reach into the current shard
   for (size_t b = 0; b < buckets.size(); ++b) {
     const size_t n = reducer.shard_count(b);
-    const size_t lo = buckets[b].offset + size_t(dp_rank) * n, hi = lo + n;
+    const size_t lo = buckets[b].offset + size_t(reducer.shard_rank(b)) * n, hi = lo + n;
     while (first < params.size() && params[first].offset + params[first].count <= lo) ++first;
     for (size_t i = first; i < params.size() && params[i].offset < hi; ++i) {
       const ParamInfo& p = params[i];

@@ -112,11 +112,12 @@ struct GradUnits {
 GradUnits grad_units(const std::vector<ParamInfo>& params, int split_param,
                      const std::vector<int>& piece_rows, int row_elems);
 
-// Every parameter's part of this dp rank's shard of every bucket, in buffer order (parameters
-// with no element in it are left out; padding belongs to no parameter). OwnedPiece::param is
-// an index into `params` (the model's), whatever units the buckets were made of.
+// Every parameter's part of this rank's shard of every bucket (GradReducer::shard_rank), in
+// buffer order (parameters with no element in it are left out; padding belongs to no
+// parameter). OwnedPiece::param is an index into `params` (the model's), whatever units the
+// buckets were made of.
 std::vector<OwnedPiece> owned_pieces(const std::vector<ParamInfo>& params,
-                                     const GradReducer& reducer, int dp_rank);
+                                     const GradReducer& reducer);
 // Neighbouring pieces with the same decay merged (contiguous in both buffers): AdamW's calls.
 std::vector<OwnedPiece> merge_pieces(const std::vector<OwnedPiece>& pieces);
 

@@ -172,6 +172,22 @@ TEST_P(MoeEqualsOneRank, ExpertParallel) {
   }
 }
 
+// ZeRO-1 and ZeRO-2 beside ep: dense buckets shard over dp, each expert tensor's over its
+// replicas (world / ep: 1 at ep = world, 2 at ep 2 of 4 ranks).
+TEST_P(MoeEqualsOneRank, ExpertParallelWithZero) {
+  const int world = world_size();
+  const MoeRun ref = one_rank(world);
+  for (int zero : {1, 2})
+    for (int ep : {2, 4}) {
+      if (ep > world) continue;
+      SCOPED_TRACE(fmt::format("ep {}, zero {}", ep, zero));
+      expect_equal_one_rank(
+          run(deck({fmt::format("parallel.ep={}", ep), fmt::format("parallel.zero={}", zero)}),
+              true),
+          ref);
+    }
+}
+
 // ep 1: every rank holds every expert; their gradients reduce with the rest, plain and with
 // ZeRO-1 and ZeRO-2 sharding the optimizer over dp.
 TEST_P(MoeEqualsOneRank, ExpertsReplicatedOverDp) {
@@ -271,7 +287,8 @@ TEST(MoeLayouts, BesideContextParallel) {
 // same dp = world (and on one rank, accum 2·world), the last 2 steps are the saving layout's
 // own continuation within the bounds above; at the same ep, losses and norms bit for bit. The
 // sigmoid case checks that the choice bias (not trained by AdamW) travels with the checkpoint.
-void resume(const std::vector<std::string>& keys, int save_ep, std::vector<int> load_eps) {
+void resume(const std::vector<std::string>& keys, int save_ep, std::vector<int> load_eps,
+            int save_zero = 0) {
   const int world = world_size();
   const std::string dir = testing::scratch_dir(fmt::format("moe_ckpt_ep{}", save_ep));
   auto with = [&](std::vector<std::string> more) {
@@ -283,8 +300,9 @@ void resume(const std::vector<std::string>& keys, int save_ep, std::vector<int> 
   std::string path;
   {
     ProcessGrid grid(complete_layout({.world = world}));
-    Trainer t(with({fmt::format("parallel.ep={}", save_ep)}),
-              TrainContext{be.get(), 1e9, &grid, nullptr});
+    Trainer t(
+        with({fmt::format("parallel.ep={}", save_ep), fmt::format("parallel.zero={}", save_zero)}),
+        TrainContext{be.get(), 1e9, &grid, nullptr});
     MoeRun first;
     run_into(t, 0, 3, first);
     path = t.save(dir, 3, "moe-test", 0);
@@ -299,7 +317,7 @@ void resume(const std::vector<std::string>& keys, int save_ep, std::vector<int> 
     ASSERT_EQ(t.load(path).step, 3);
     MoeRun after;
     run_into(t, 3, 5, after);
-    if (ep == save_ep) {
+    if (ep == save_ep && save_zero == 0) {
       EXPECT_EQ(after.steps.losses, reference.steps.losses);
       EXPECT_EQ(after.steps.norms, reference.steps.norms);
     }
@@ -327,6 +345,10 @@ TEST(MoeLayouts, CheckpointSavedAtEp1ResumesAtEp2And4) {
     resume(c.keys, 1, {2, 4});
   }
 }
+
+// ZeRO's checkpoint holds each rank's pieces, the experts' from their own replicas: saved at
+// ep 2 with ZeRO-1, it loads at ep 1, 2 and 4 without ZeRO.
+TEST(MoeLayouts, CheckpointSavedAtEp2WithZeroResumes) { resume(kCases[2].keys, 2, {1, 2, 4}, 1); }
 
 TEST(MoeLayouts, CheckpointSavedAtEp4ResumesAtEp2And1) {
   if (world_size() < 4) GTEST_SKIP() << "needs 4 ranks";
