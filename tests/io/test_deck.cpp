@@ -379,7 +379,18 @@ TEST_F(DeckTest, ToYamlListsEveryKeyInSchemaOrderBySection) {
       ASSERT_NE(at, std::string::npos) << "section " << section << " missing or out of order";
       pos = at + 1;
     }
-    size_t at = yaml.find(fmt::format("\n  {}: ", k.leaf()), pos);
+    // A grouped key (model.moe.experts) sits as "    experts: " under its "  moe:" line.
+    std::string leaf(k.leaf()), indent = "  ";
+    if (const size_t dot = leaf.find('.'); dot != std::string::npos) {
+      const std::string group = fmt::format("\n  {}:\n", leaf.substr(0, dot));
+      const size_t first = yaml.find(group);
+      ASSERT_NE(first, std::string::npos) << k.name << ": no group line\n" << yaml;
+      EXPECT_EQ(yaml.find(group, first + 1), std::string::npos) << group << " twice";
+      pos = std::max(pos, first + 1);
+      leaf = leaf.substr(dot + 1);
+      indent = "    ";
+    }
+    size_t at = yaml.find(fmt::format("\n{}{}: ", indent, leaf), pos);
     ASSERT_NE(at, std::string::npos) << k.name << " missing or out of order\n" << yaml;
     pos = at + 1;
   }
