@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "model/moe.h"
+#include "npy.h"
 #include "trident/backend.h"
 #include "trident/check.h"
 #include "trident/model.h"
@@ -27,29 +28,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using trident::Activation, trident::MoeAux, trident::MoeRouter;
-
-// NumPy's .npy format, version 1.0 (as oracle_grads writes it).
-void write_npy(const fs::path& path, const float* data, const std::vector<int>& shape) {
-  std::string dims;
-  size_t count = 1;
-  for (int d : shape) {
-    dims += std::to_string(d) + ",";
-    count *= size_t(d);
-  }
-  if (shape.size() > 1) dims.pop_back();
-  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + dims + "), }";
-  const size_t preamble = 10;
-  header.append(64 - (preamble + header.size() + 1) % 64, ' ');
-  header += '\n';
-  std::ofstream out(path, std::ios::binary);
-  const char magic[8] = {'\x93', 'N', 'U', 'M', 'P', 'Y', 1, 0};
-  out.write(magic, 8);
-  const uint16_t len = uint16_t(header.size());
-  out.write(reinterpret_cast<const char*>(&len), 2);  // little-endian host (x86-64)
-  out.write(header.data(), std::streamsize(header.size()));
-  out.write(reinterpret_cast<const char*>(data), std::streamsize(count * sizeof(float)));
-  TRIDENT_CHECK(bool(out), "write to {} failed", path.string());
-}
+using trident::testing::write_npy;
 
 std::vector<float> read_f32(const fs::path& path, size_t count) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);
