@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "model/activation.h"
 #include "model/cp_attention.h"
 #include "model/gpt_phase.h"
 #include "model/gpt_state.h"
@@ -181,21 +182,11 @@ double GPT::take_cp_comm_ms() { return cp_attention_ ? cp_attention_->take_comm_
 double GPT::take_cp_exposed_ms() { return cp_attention_ ? cp_attention_->take_exposed_ms() : 0.0; }
 
 void GPT::activation_forward(float* out, const float* pre, int N) {
-  const int Fl = cfg_.hidden() / tp_.size;
-  switch (cfg_.activation) {
-    case Activation::kGeluTanh: be_.gelu_forward(out, pre, size_t(N) * Fl); break;
-    case Activation::kGeluErf: be_.gelu_erf_forward(out, pre, size_t(N) * Fl); break;
-    case Activation::kSwiGLU: be_.swiglu_forward(out, pre, N, Fl); break;
-  }
+  trident::activation_forward(be_, cfg_.activation, out, pre, N, cfg_.hidden() / tp_.size);
 }
 
 void GPT::activation_backward(float* dpre, const float* pre, const float* dout, int N) {
-  const int Fl = cfg_.hidden() / tp_.size;
-  switch (cfg_.activation) {
-    case Activation::kGeluTanh: be_.gelu_backward(dpre, pre, dout, size_t(N) * Fl); break;
-    case Activation::kGeluErf: be_.gelu_erf_backward(dpre, pre, dout, size_t(N) * Fl); break;
-    case Activation::kSwiGLU: be_.swiglu_backward(dpre, pre, dout, N, Fl); break;
-  }
+  trident::activation_backward(be_, cfg_.activation, dpre, pre, dout, N, cfg_.hidden() / tp_.size);
 }
 
 void GPT::block_forward(int slot, int local_layer, const BlockWeights& w, const BlockActs& a,

@@ -42,13 +42,21 @@ void GPT::make_moe_layers(int B, int T, int slots) {
                                                  ep_, moe_hf_.get());
     ++moe_count_;
   }
+  moe_loads_.assign(size_t(moe_count_) * E, 0.0);
 }
 
+namespace {
+
+// A mixture layer's tensors in the buffer at `base` (LayerTable::moe_offset, MoeWeights order).
+MoeWeights moe_weights(float* base, const std::array<size_t, 7>& o) {
+  return {at(base, o[0]), at(base, o[1]), at(base, o[2]), at(base, o[3]),
+          at(base, o[4]), at(base, o[5]), at(base, o[6])};
+}
+
+}  // namespace
+
 void GPT::moe_forward(int slot, int local_layer, float* out, const float* ln2, int N) {
-  const auto& o = table_->layers[size_t(local_layer)].moe_offset;
-  float* P = params_.data();
-  const MoeWeights w{at(P, o[0]), at(P, o[1]), at(P, o[2]), at(P, o[3]),
-                     at(P, o[4]), at(P, o[5]), at(P, o[6])};
+  const MoeWeights w = moe_weights(params_.data(), table_->layers[size_t(local_layer)].moe_offset);
   moe_[size_t(local_layer)]->forward(slot, out, ln2, w, N, !recomputing_);
 }
 
@@ -56,9 +64,8 @@ void GPT::moe_backward(int slot, int local_layer, float* dln2, const float* dout
                        int N, float loss_scale, bool last_micro_batch) {
   const LayerTable& lt = table_->layers[size_t(local_layer)];
   const auto& o = lt.moe_offset;
-  float *P = params_.data(), *G = grads_.data();
-  const MoeWeights w{at(P, o[0]), at(P, o[1]), at(P, o[2]), at(P, o[3]),
-                     at(P, o[4]), at(P, o[5]), at(P, o[6])};
+  const MoeWeights w = moe_weights(params_.data(), o);
+  float* G = grads_.data();  // the choice bias (o[3]) has no gradient
   const MoeGrads g{at(G, o[0]), at(G, o[1]), at(G, o[2]), at(G, o[4]), at(G, o[5]), at(G, o[6])};
   // Note [Mixtures and tp]: the auxiliary terms' mean over the tp ranks' rows.
   moe_[size_t(local_layer)]->backward(slot, dln2, dout, ln2, w, g, N, loss_scale / float(tp_.size));
@@ -106,21 +113,28 @@ void GPT::discard_moe_stats() {
 // loads summed over the step's micro-batches and the ranks of `group` (and of tp).
 void GPT::update_router_biases(Communicator* group) {
   if (cfg_.moe.router != MoeRouter::kSigmoid) return;
-  const int E = cfg_.moe.experts;
+  const size_t E = size_t(cfg_.moe.experts);
+  // Every layer's loads in one buffer, so each group sums them in one collective.
+  std::vector<double>& loads = moe_loads_;
+  size_t n = 0;
+  for (auto& m : moe_)
+    if (m) std::copy(m->step_load().begin(), m->step_load().end(), loads.begin() + n), n += E;
+  if (group && group->size() > 1) group->all_reduce(loads.data(), n).wait();
+  // Note [Mixtures and tp]: each tp rank routed its own rows.
+  if (tp_.size > 1) tp_wait(tp_.comm->all_reduce(loads.data(), n));
+  n = 0;
   for (size_t i = 0; i < moe_.size(); ++i) {
     if (!moe_[i]) continue;
-    std::vector<double>& load = moe_[i]->step_load();
-    if (group && group->size() > 1) group->all_reduce(load.data(), load.size()).wait();
-    // Note [Mixtures and tp]: each tp rank routed its own rows.
-    if (tp_.size > 1) tp_wait(tp_.comm->all_reduce(load.data(), load.size()));
+    const double* load = loads.data() + n;
+    n += E;
     double mean = 0;
-    for (double v : load) mean += v / E;
+    for (size_t e = 0; e < E; ++e) mean += load[e] / double(E);
     float* bias = params_.data() + table_->layers[i].moe_offset[3];
-    for (int e = 0; e < E; ++e) {
-      const double d = mean - load[size_t(e)];
+    for (size_t e = 0; e < E; ++e) {
+      const double d = mean - load[e];
       bias[e] += float(cfg_.moe.bias_update_rate * double((d > 0) - (d < 0)));
     }
-    std::fill(load.begin(), load.end(), 0.0);
+    std::fill(moe_[i]->step_load().begin(), moe_[i]->step_load().end(), 0.0);
   }
 }
 

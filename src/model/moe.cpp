@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "model/activation.h"
 #include "trident/check.h"
 
 namespace trident {
@@ -181,8 +182,6 @@ void MoeLayer::route(SlotState& s, const float* x, const MoeWeights& w, int N, b
   stats_.aux_loss += aux;
   stats_.z_loss += z;
   stats_.load_max_over_mean += mean > 0 ? mx / mean : 0.0;
-  load_sum_ += mean > 0 ? mx / mean : 0.0;
-  ++load_forwards_;
   stats_.layers_seen += 1;
   stats_.choices += int64_t(N) * k;
 }
@@ -268,10 +267,7 @@ void MoeLayer::experts_forward(SlotState& s, const MoeWeights& w) {
                        w.expfcw + size_t(e) * fcr * C, nullptr, n, C, fcr);
   }
   const int R = s.rows_at[size_t(El)];
-  if (cfg_.activation == Activation::kSwiGLU) be_.swiglu_forward(s.act.data(), s.h.data(), R, Fe);
-  else if (cfg_.activation == Activation::kGeluErf)
-    be_.gelu_erf_forward(s.act.data(), s.h.data(), size_t(R) * Fe);
-  else be_.gelu_forward(s.act.data(), s.h.data(), size_t(R) * Fe);
+  activation_forward(be_, cfg_.activation, s.act.data(), s.h.data(), R, Fe);
   for (int e = 0; e < El; ++e) {
     const int r0 = s.rows_at[size_t(e)], n = s.rows_at[size_t(e) + 1] - r0;
     if (n == 0) continue;
@@ -327,11 +323,7 @@ void MoeLayer::forward(int slot, float* out, const float* x, const MoeWeights& w
   if (Fs > 0) {
     const int fcs = cfg_.fc_rows_of(Fs);
     be_.matmul_forward(s.sh_h.data(), x, w.shfcw, nullptr, N, C, fcs);
-    if (cfg_.activation == Activation::kSwiGLU)
-      be_.swiglu_forward(s.sh_act.data(), s.sh_h.data(), N, Fs);
-    else if (cfg_.activation == Activation::kGeluErf)
-      be_.gelu_erf_forward(s.sh_act.data(), s.sh_h.data(), size_t(N) * Fs);
-    else be_.gelu_forward(s.sh_act.data(), s.sh_h.data(), size_t(N) * Fs);
+    activation_forward(be_, cfg_.activation, s.sh_act.data(), s.sh_h.data(), N, Fs);
     be_.matmul_forward(s.sh_y.data(), s.sh_act.data(), w.shfcprojw, nullptr, N, Fs, C);
     if (m.shared_gate) {
       be_.matmul_forward(s.sh_g.data(), x, w.shgate, nullptr, N, C, 1);
@@ -375,11 +367,7 @@ void MoeLayer::experts_backward(SlotState& s, const MoeWeights& w, const MoeGrad
                         dyr + size_t(r0) * C, s.act.data() + size_t(r0) * Fe,
                         w.expfcprojw + size_t(e) * C * Fe, n, Fe, C);
   }
-  if (cfg_.activation == Activation::kSwiGLU)
-    be_.swiglu_backward(x.dh.data(), s.h.data(), x.dact.data(), R, Fe);
-  else if (cfg_.activation == Activation::kGeluErf)
-    be_.gelu_erf_backward(x.dh.data(), s.h.data(), x.dact.data(), size_t(R) * Fe);
-  else be_.gelu_backward(x.dh.data(), s.h.data(), x.dact.data(), size_t(R) * Fe);
+  activation_backward(be_, cfg_.activation, x.dh.data(), s.h.data(), x.dact.data(), R, Fe);
   for (int e = 0; e < El; ++e) {
     const int r0 = s.rows_at[size_t(e)], n = s.rows_at[size_t(e) + 1] - r0;
     if (n == 0) continue;
@@ -496,11 +484,8 @@ void MoeLayer::backward(int slot, float* dx, const float* dout, const float* x, 
     }
     be_.matmul_backward(sc.dsh_act.data(), g.shfcprojw, nullptr, dy, s.sh_act.data(), w.shfcprojw,
                         N, Fs, C);
-    if (cfg_.activation == Activation::kSwiGLU)
-      be_.swiglu_backward(sc.dsh_h.data(), s.sh_h.data(), sc.dsh_act.data(), N, Fs);
-    else if (cfg_.activation == Activation::kGeluErf)
-      be_.gelu_erf_backward(sc.dsh_h.data(), s.sh_h.data(), sc.dsh_act.data(), size_t(N) * Fs);
-    else be_.gelu_backward(sc.dsh_h.data(), s.sh_h.data(), sc.dsh_act.data(), size_t(N) * Fs);
+    activation_backward(be_, cfg_.activation, sc.dsh_h.data(), s.sh_h.data(), sc.dsh_act.data(), N,
+                        Fs);
     be_.matmul_backward(sc.dx2.data(), g.shfcw, nullptr, sc.dsh_h.data(), x, w.shfcw, N, C, fcs);
     be_.add(dx, dx, sc.dx2.data(), size_t(N) * C);
   }
@@ -549,10 +534,8 @@ void MoeLayer::take_stats(MoeStats& into) {
     into.layer_load.resize(size_t(layer_) + 1, 0.0);
     into.layer_forwards.resize(size_t(layer_) + 1, 0.0);
   }
-  into.layer_load[size_t(layer_)] += load_sum_;
-  into.layer_forwards[size_t(layer_)] += load_forwards_;
-  load_sum_ = 0;
-  load_forwards_ = 0;
+  into.layer_load[size_t(layer_)] += stats_.load_max_over_mean;  // this layer's own
+  into.layer_forwards[size_t(layer_)] += stats_.layers_seen;
   into.route_ms += stats_.route_ms;
   stats_ = MoeStats{};
 }

@@ -99,7 +99,6 @@ class MoeLayer {
   std::unique_ptr<Scratch> scratch_;
   std::vector<double> step_load_;
   MoeStats stats_;
-  double load_sum_ = 0, load_forwards_ = 0;  // this layer's max/mean since the last take
 };
 
 }  // namespace trident

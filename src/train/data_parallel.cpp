@@ -129,6 +129,13 @@ void DataParallel::lay_out(const std::vector<ParamInfo>& params, int split_param
       padded_bucket_layout(units.counts(), sizeof(float), first_bucket_bytes(deck_.comm),
                            bucket_bytes(deck_.comm), size_t(shard_ranks_), alone_, breaks_);
   gather_order_ = forward_gather_order(units.units, layout.buckets);
+  // The shard buffer: each bucket over its group's ranks (dp, or an expert's replicas), as the
+  // reducer lays them out.
+  shard_floats_ = 0;
+  for (const Bucket& b : layout.buckets) {
+    const bool expert = expert_[b.first_param];
+    shard_floats_ += b.count / size_t(expert ? ctx_.expert_dp->size() : shard_ranks_);
+  }
   // A parameter starts where its first unit does; a split parameter's pieces follow each other
   // with no padding between (its piece rows are aligned so).
   for (size_t i = 0; i + 1 < units.first.size(); ++i) {
@@ -140,20 +147,6 @@ void DataParallel::lay_out(const std::vector<ParamInfo>& params, int split_param
           "padding inside the pieces of {}", units.units[u].name);
   }
   options.param_total = layout.total;
-}
-
-// The shard buffer's elements: each padded bucket over its group's ranks (dp, or an expert's
-// replicas), as the reducer lays them out.
-size_t DataParallel::shard_floats(const std::vector<size_t>& counts) const {
-  const BucketLayout layout =
-      padded_bucket_layout(counts, sizeof(float), first_bucket_bytes(deck_.comm),
-                           bucket_bytes(deck_.comm), size_t(shard_ranks_), alone_, breaks_);
-  size_t total = 0;
-  for (const Bucket& b : layout.buckets) {
-    const bool expert = !expert_.empty() && expert_[b.first_param];
-    total += b.count / size_t(expert ? ctx_.expert_dp->size() : shard_ranks_);
-  }
-  return total;
 }
 
 void DataParallel::attach(GPT& model) {
@@ -207,7 +200,7 @@ void DataParallel::attach(GPT& model) {
     opt.expert_comm = ctx_.expert_dp;
   }
   if (sharded_) {
-    shard_grads_ = BackendBuffer<float>(*ctx_.backend, shard_floats(units.counts()));
+    shard_grads_ = BackendBuffer<float>(*ctx_.backend, shard_floats_);
     opt.shard_grads = shard_grads_.data();
     opt.release_reduced = release_grads_;
     // Note [Bounded gradient memory] (train/zero.h): one bucket on the wire while the next is
@@ -218,7 +211,7 @@ void DataParallel::attach(GPT& model) {
     opt.gather_order = gather_order_;
   }
   if (zero3_) {
-    shard_params_ = BackendBuffer<float>(*ctx_.backend, model.num_params() / size_t(shard_ranks_));
+    shard_params_ = BackendBuffer<float>(*ctx_.backend, shard_floats_);
     gather_comm_ = MpiComm::duplicate(dp.raw(), "dp (ZeRO-3 gathers)");
     gather_comm_->set_timeout(dp.timeout());
     // One emulated wire for the gathers and the reduce-scatters (both driven by the reducer's

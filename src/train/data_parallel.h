@@ -113,9 +113,9 @@ class DataParallel {
   // lay_out's split, kept for attach: the parameter in row pieces (-1: none), its piece rows.
   int split_param_ = -1, row_elems_ = 1;
   std::vector<int> piece_rows_;
-  std::vector<char> alone_;   // per unit: a bucket of its own (padded layout)
-  std::vector<char> expert_;  // per unit: an ep-split expert tensor (ctx.expert_dp)
-  size_t shard_floats(const std::vector<size_t>& counts) const;
+  std::vector<char> alone_;           // per unit: a bucket of its own (padded layout)
+  std::vector<char> expert_;          // per unit: an ep-split expert tensor (ctx.expert_dp)
+  size_t shard_floats_ = 0;           // lay_out's: the shard buffer's elements
   std::vector<char> breaks_;          // ZeRO-3, per unit: starts a bucket (a new ZeRO-3 unit)
   std::vector<size_t> gather_order_;  // ZeRO: buckets in forward order
   std::vector<int> unit_first_;

@@ -87,20 +87,20 @@ Trainer::~Trainer() = default;
 // means per micro-batch of the sum over layers, and per replica of the model; the load a mean
 // over layer forwards; the all-to-all times means over ranks. One collective, every rank.
 MoeStats Trainer::moe_step_stats() {
-  MoeStats m = model_->take_moe_stats();
-  double v[10] = {m.aux_loss,
-                  m.z_loss,
-                  double(m.dropped),
-                  double(m.choices),
-                  m.load_max_over_mean,
-                  double(m.layers_seen),
-                  m.a2a_ms,
-                  m.a2a_exposed_ms,
-                  m.layer_ms,
-                  m.route_ms};
+  const MoeStats m = model_->take_moe_stats();
+  // Eight sums, then per global layer the max/mean sum and its forwards (each stage holds its
+  // own layers: the sum over ranks gives every layer's); one collective for all.
+  const size_t L = size_t(model_->config().layers);
+  std::vector<double> v = {m.aux_loss, m.z_loss,         double(m.dropped), double(m.choices),
+                           m.a2a_ms,   m.a2a_exposed_ms, m.layer_ms,        m.route_ms};
+  v.resize(8 + 2 * L, 0.0);
+  for (size_t l = 0; l < m.layer_load.size(); ++l) {
+    v[8 + l] = m.layer_load[l];
+    v[8 + L + l] = m.layer_forwards[l];
+  }
   int ranks = 1;
   if (ctx_.grid) {
-    ctx_.grid->world().all_reduce(v, 10).wait();
+    ctx_.grid->world().all_reduce(v.data(), v.size()).wait();
     ranks = ctx_.grid->world_size();
   }
   const double replicas = double(dp_size_) * cp_size_ * deck_.train.accum;
@@ -110,25 +110,20 @@ MoeStats Trainer::moe_step_stats() {
   s.z_loss = v[1] / (replicas * tp);
   s.dropped = int64_t(v[2]);
   s.choices = int64_t(v[3]);
-  s.load_max_over_mean = v[5] > 0 ? v[4] / v[5] : 0.0;
-  s.layers_seen = int(v[5]);
-  s.a2a_ms = v[6] / ranks;
-  s.a2a_exposed_ms = v[7] / ranks;
-  s.layer_ms = v[8] / ranks;
-  s.route_ms = v[9] / ranks;
-  // Per layer: each stage holds its own; the sum over ranks gives every layer's.
-  const size_t L = size_t(model_->config().layers);
-  std::vector<double> by_layer(2 * L, 0.0);
-  for (size_t l = 0; l < m.layer_load.size(); ++l) {
-    by_layer[l] = m.layer_load[l];
-    by_layer[L + l] = m.layer_forwards[l];
+  s.a2a_ms = v[4] / ranks;
+  s.a2a_exposed_ms = v[5] / ranks;
+  s.layer_ms = v[6] / ranks;
+  s.route_ms = v[7] / ranks;
+  double load_sum = 0, forwards = 0;
+  for (size_t l = 0; l < L; ++l) {
+    load_sum += v[8 + l];
+    forwards += v[8 + L + l];
+    if (!model_->config().is_moe(int(l))) continue;
+    s.layer_load.push_back(v[8 + L + l] > 0 ? v[8 + l] / v[8 + L + l] : 0.0);
+    s.layer_forwards.push_back(v[8 + L + l]);
   }
-  if (ctx_.grid) ctx_.grid->world().all_reduce(by_layer.data(), by_layer.size()).wait();
-  for (size_t l = 0; l < L; ++l)
-    if (model_->config().is_moe(int(l))) {
-      s.layer_load.push_back(by_layer[L + l] > 0 ? by_layer[l] / by_layer[L + l] : 0.0);
-      s.layer_forwards.push_back(by_layer[L + l]);
-    }
+  s.load_max_over_mean = forwards > 0 ? load_sum / forwards : 0.0;
+  s.layers_seen = int(forwards);
   return s;
 }
 
