@@ -14,8 +14,9 @@
      from_pretrained loads it and gives the same logits as the original model (same weights,
      same code: bitwise); oracle_grads (trident's loader and CPU model) on the saved directory
      gives the first step's loss and every gradient of hf_oracle.py's float64 transformers
-     run; and `trident train` from it, on 1 rank and at tp 2 (mixtral: ep 2), the losses and gradient norms of
-     its AdamW steps, and, from its last checkpoint exported, the weights the steps made;
+     run; and `trident train` from it, on 1 rank and at tp 2 (mixtral: ep 2), the losses and
+     gradient norms of its AdamW steps, and, from its last checkpoint exported, the weights the
+     steps made;
   4. configs and files trident does not implement exit 2 from `trident export`, naming the key
      or the tensor (another model_type, rope_scaling, a missing tensor, a missing shard,
      Mixtral's sliding window, ...);
@@ -40,7 +41,10 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cli"))
 import safetensors_check  # noqa: E402  (numpy's safetensors reader and writer)
 
-failures = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import oracle_report  # noqa: E402
+from oracle_report import check, fail  # noqa: E402
+
 FAMILIES = ["gpt2", "neox", "llama", "mixtral"]
 DECK = "inputs/gpt-tiny.yaml"
 SET = ["--set", "model.seq_len=16", "--set", "run.threads=1"]
@@ -65,21 +69,6 @@ EXPECTED = {
                     mlp_hidden=48, bias=False, tied_head=False, parallel_residual=False,
                     experts=4, top_k=2, ffn_width=48, moe_layers=2, aux_loss="none"),
 }
-
-
-def ok(msg):
-    print(f"ok   {msg}")
-
-
-def fail(msg):
-    global failures
-    failures += 1
-    print(f"FAIL {msg}")
-
-
-def check(cond, msg):
-    (ok if cond else fail)(msg)
-    return cond
 
 
 def run(cmd, cwd=None, timeout=300):
@@ -494,8 +483,8 @@ def main():
     check_tokenizer(args, venv_py, args.scratch)
     if "llama" in dirs and "neox" in dirs and "mixtral" in dirs:
         bad_configs(args, dirs["llama"], dirs["neox"], dirs["mixtral"], args.scratch)
-    print(f"{failures} failure(s)")
-    return 1 if failures else 0
+    print(f"{oracle_report.failures} failure(s)")
+    return 1 if oracle_report.failures else 0
 
 
 if __name__ == "__main__":

@@ -29,7 +29,9 @@ except ImportError as e:
     sys.exit(77)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import oracle_report  # noqa: E402
 import torch_moe  # noqa: E402
+from oracle_report import check, fail  # noqa: E402
 
 # Tolerances: trident computes in fp32 (sums of at most 24 products, exp_fast in SwiGLU), the
 # oracle in float64, so a difference is trident's rounding. Each bound sits above what was
@@ -50,23 +52,6 @@ MIN_MARGIN = 1e-4  # scores are probabilities: fp32 moves them by ~1e-7
 BASE = dict(C=16, E=4, k=2, Fe=12, activation="swiglu", router="softmax", norm_topk=1,
             capacity_factor=0.0, shared_experts=0, shared_gate=0, aux="none", aux_coeff=0.0,
             z_coeff=0.0, N=24, loss_scale=0.5)
-
-failures = 0
-
-
-def ok(msg):
-    print(f"ok   {msg}")
-
-
-def fail(msg):
-    global failures
-    failures += 1
-    print(f"FAIL {msg}")
-
-
-def check(cond, msg):
-    (ok if cond else fail)(msg)
-    return cond
 
 
 def rel_max(a, ref):
@@ -296,8 +281,8 @@ def main():
     for i, case in enumerate(CASES):
         if args.only is None or args.only == i:
             run_case(args, i, *case)
-    print(f"{failures} failure(s)")
-    return 1 if failures else 0
+    print(f"{oracle_report.failures} failure(s)")
+    return 1 if oracle_report.failures else 0
 
 
 if __name__ == "__main__":

@@ -37,7 +37,9 @@ except ImportError as e:
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import llmc_write  # noqa: E402
+import oracle_report  # noqa: E402
 import torch_gpt2  # noqa: E402
+from oracle_report import check, fail, ok  # noqa: E402
 
 # The file's model: V = 300 is no multiple of 128, so Vp = 384 has 84 padding rows (and tp 2
 # pads again, to 512); maxT > T leaves rows of wpe unused.
@@ -64,23 +66,6 @@ GRAD_REL = 3e-6
 TRAIN_LOSS_REL = 1e-6
 TRAIN_NORM_REL = 2e-6
 GRAD_CLIP = 2.0  # the reference norms fall from 2.4 to 1.7: the first 3 steps clip
-
-failures = 0
-
-
-def ok(msg):
-    print(f"ok   {msg}")
-
-
-def fail(msg):
-    global failures
-    failures += 1
-    print(f"FAIL {msg}")
-
-
-def check(cond, msg):
-    (ok if cond else fail)(msg)
-    return cond
 
 
 def torch_float64(x):
@@ -334,8 +319,8 @@ def main():
     check_first_step(args, weights, args.scratch)
     check_training(args, weights, args.scratch)
 
-    print(f"{failures} failure(s) ({time.monotonic() - t0:.1f} s)")
-    return 1 if failures else 0
+    print(f"{oracle_report.failures} failure(s) ({time.monotonic() - t0:.1f} s)")
+    return 1 if oracle_report.failures else 0
 
 
 if __name__ == "__main__":
