@@ -26,16 +26,9 @@ using testing::world_size;
 
 // Each sequence's 16 tokens make 2·cp chunks at cp 2 and 4; 4 layers for pp 2; vocab 250.
 Deck cp_deck(const std::string& family, std::vector<std::string> extra) {
-  const std::string yaml = R"(
-model: {layers: 4, d_model: 32, heads: 4, vocab: 250, seq_len: 16}
-train: {micro_batch: 2, accum: 2, steps: 5, lr: 3.0e-3, warmup_steps: 2, seed: 5, val_every: 0}
-data: {train: inputs/data/tiny-train.bin, shuffle: true}
-comm: {bucket_mb: 0.02, first_bucket_mb: 0.005}
-run: {threads: 1}
-)";
   std::vector<std::string> o = testing::family_keys(family);
   o.insert(o.end(), extra.begin(), extra.end());
-  return parse_deck(yaml, TRIDENT_SOURCE_DIR, o);
+  return testing::small_layout_deck(o);
 }
 
 // The run on a grid of the deck's parallel keys over the whole world.

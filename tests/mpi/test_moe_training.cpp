@@ -30,18 +30,11 @@ using testing::world_size;
 // A small Mixtral: llama's block (4 query heads on 2 kv heads), 4 experts of SwiGLU width 32,
 // top 2. 4 layers for pp 2 (4 chunks interleaved); 16 tokens a sequence for cp 2 (4 chunks).
 Deck moe_deck(std::vector<std::string> extra) {
-  const std::string yaml = R"(
-model: {layers: 4, d_model: 32, heads: 4, vocab: 250, seq_len: 16}
-train: {micro_batch: 2, accum: 2, steps: 5, lr: 3.0e-3, warmup_steps: 2, seed: 5, val_every: 0}
-data: {train: inputs/data/tiny-train.bin, shuffle: true}
-comm: {bucket_mb: 0.02, first_bucket_mb: 0.005}
-run: {threads: 1}
-)";
   std::vector<std::string> o = {"model.family=mixtral", "model.kv_heads=2",
                                 "model.mlp_hidden=64",  "model.moe.experts=4",
                                 "model.moe.top_k=2",    "model.moe.ffn_width=32"};
   o.insert(o.end(), extra.begin(), extra.end());
-  return parse_deck(yaml, TRIDENT_SOURCE_DIR, o);
+  return testing::small_layout_deck(o);
 }
 
 // Each tensor of this rank at its global indices (ParamInfo::global_index: experts split over

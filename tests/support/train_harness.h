@@ -32,6 +32,20 @@ inline std::string scratch_dir(const std::string& name) {
   return dir.string();
 }
 
+// The small model the layout tests share (test_cp_training, test_moe_training): 4 layers for
+// pp 2 (4 chunks interleaved), 16 tokens a sequence (2·cp chunks at cp 2 and 4), vocab 250,
+// small buckets so that several fill; `overrides` as --set's.
+inline Deck small_layout_deck(const std::vector<std::string>& overrides) {
+  const std::string yaml = R"(
+model: {layers: 4, d_model: 32, heads: 4, vocab: 250, seq_len: 16}
+train: {micro_batch: 2, accum: 2, steps: 5, lr: 3.0e-3, warmup_steps: 2, seed: 5, val_every: 0}
+data: {train: inputs/data/tiny-train.bin, shuffle: true}
+comm: {bucket_mb: 0.02, first_bucket_mb: 0.005}
+run: {threads: 1}
+)";
+  return parse_deck(yaml, TRIDENT_SOURCE_DIR, overrides);
+}
+
 inline int world_size() {
   int n = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &n);
