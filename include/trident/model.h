@@ -123,6 +123,11 @@ struct TensorParallel {
   int size = 1;
   int rank = 0;
   bool sequence_parallel = false;
+  // Note [Tensor-parallel overlap] (src/model/tp_overlap.h): chunked collectives beside the
+  // GEMMs (host backends), and the pieces of a row-parallel all-reduce without sequence
+  // parallelism (0: size).
+  bool overlap = false;
+  int chunks = 0;
 };
 
 // Context parallelism for one model replica (Note [Context parallelism] in
@@ -218,7 +223,15 @@ struct GPTOptions {
 };
 
 class CpAttention;
+class TpOverlap;
 class MoeLayer;
+
+// What tp collectives cost: all their time on the wire (a transfer's emulated link time, or else
+// the time a wait took to move it: Note [Chunks on the host] in src/model/tp_overlap.h) and the
+// part of it the compute thread waited for.
+struct TpTimes {
+  double comm_ms = 0, exposed_ms = 0;
+};
 struct MoeHfTotals;
 
 // The mixture layers' figures since the last take (GPT::take_moe_stats; src/model/moe.h).
@@ -347,7 +360,12 @@ class GPT {
   int vocab_begin() const { return tp_.rank * (cfg_.padded_vocab / tp_.size); }
   int vocab_end() const { return vocab_begin() + cfg_.padded_vocab / tp_.size; }
   // Milliseconds spent waiting in tp collectives since the last call (then reset).
+  // The tp collectives since the last call: their time on the wire, and what compute waited
+  // (Note [Tensor-parallel overlap]).
   double take_tp_comm_ms();
+  double take_tp_exposed_ms();
+  // Tests: the chunked collectives (null unless tp > 1 with TensorParallel::overlap).
+  TpOverlap* tp_overlap() { return tp_overlap_.get(); }
   const ContextParallel& context_parallel() const { return cp_; }
   // Context parallelism's K/V transfers since the last call (then reset), in ms: their time on
   // the wire (start to completion), and the part of it attention waited for.
@@ -435,6 +453,11 @@ class GPT {
 
   // Tensor-parallel plumbing (gpt_tp.cpp). All are no-ops or plain copies when tp = 1.
   void tp_wait(Work w);
+  // reduce_rows in two halves, so that work runs while the sum travels: start returns the
+  // collective (an empty Work when there is none), finish waits and places the result.
+  Work start_reduce_rows(float* out, float* partial, int B, int T, int C);
+  void finish_reduce_rows(Work w, float* out, float* partial, int B, int T, int C);
+  bool overlapped() const { return tp_overlap_ != nullptr; }
   // out[Nr,C] = the tp sum of partial[N,C], reduced to this rank's rows (all-reduce, or
   // reduce-scatter with sequence parallelism); partial is clobbered.
   void reduce_rows(float* out, float* partial, int B, int T, int C);
@@ -464,6 +487,18 @@ class GPT {
   // The MLP's activation: out [N, hidden/tp] from fch [N, fc_rows/tp]; backward dpre = (assign).
   void activation_forward(float* out, const float* pre, int N);
   void activation_backward(float* dpre, const float* pre, const float* dout, int N);
+  // The block's linears with their tp collectives (gpt.cpp): a norm then a column-parallel GEMM,
+  // and a row-parallel GEMM then the sum over tp (Note [Tensor-parallel overlap]).
+  void norm_matmul(float* out, float* normed, float* mean, float* rstd, const float* inp,
+                   const float* nw, const float* nb, const float* w, const float* b, int B, int T,
+                   int OC);
+  void matmul_reduce(float* out, float* partial, const float* inp, const float* w,
+                     const float* bias, int B, int T, int K);
+  // Their backward (gpt_backward.cpp): a row-parallel input gradient from this rank's rows of
+  // the output gradient (returned on all rows), and a column-parallel one with its sum started.
+  const float* row_backward(float* dinp, const float* dlocal, const float* w, int B, int T, int K);
+  Work column_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                       const float* w, int B, int T, int OC);
   // A norm whose output is needed on all N rows: normalises this rank's rows, gathers.
   void norm_gathered(float* out_full, float* mean, float* rstd, const float* inp, const float* w,
                      const float* b, int B, int T, int C);
@@ -473,6 +508,13 @@ class GPT {
   void norm_gathered_backward(float* dinp, float* dw, float* db, float* dout_full_partial,
                               const float* inp, const float* w, const float* mean,
                               const float* rstd, int B, int T, int C, int ln, bool reduce);
+  // The same in two halves, so that a weight gradient is computed while the sum travels
+  // (Note [Tensor-parallel overlap]).
+  Work start_norm_gathered_backward(float* dout_full_partial, int B, int T, int C);
+  void finish_norm_gathered_backward(Work sum, float* dinp, float* dw, float* db,
+                                     float* dout_full_partial, const float* inp, const float* w,
+                                     const float* mean, const float* rstd, int B, int T, int C,
+                                     int ln, bool reduce);
   // The same for a norm whose output stayed on this rank's Nr rows (a mixture's input,
   // Note [Mixtures and tp] in src/model/gpt_moe.cpp): no reduction of dout first.
   void norm_local_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
@@ -539,7 +581,8 @@ class GPT {
   int first_ready(const Slot& s) const;  // the chunk's run of the ready list (gpt_backward.cpp)
   int last_ready(const Slot& s) const;
   int rows_divisor_ = 1;  // tp with sequence parallelism, else 1
-  double tp_comm_ms_ = 0.0;
+  TpTimes tp_times_;
+  std::unique_ptr<TpOverlap> tp_overlap_;  // tp > 1 with TensorParallel::overlap
 };
 
 // llm.c's GPT-2 checkpoint (int32[256] header: magic 20240326, version 3, maxT, V, L, NH, C, Vp;

@@ -76,7 +76,9 @@ struct StepStats {
   size_t grad_resident_bytes = 0;  // ZeRO-2: peak resident bytes of the full gradient buffer
   double held_wait_ms = 0.0;       // ZeRO-2: backward blocked by Note [Bounded gradient memory]
   long comm_polls = 0;             // its tests of in-flight all-reduces (each one enters MPI)
-  double tp_comm_ms = 0.0;         // waiting in tensor-parallel collectives (compute thread)
+  // Tensor-parallel collectives (Note [Tensor-parallel overlap] in src/model/tp_overlap.h): their
+  // time on the wire, and the part compute waited for (all of it without the overlap).
+  double tp_comm_ms = 0.0, tp_exposed_ms = 0.0;
   // Context parallelism's K/V transfers (Note [Ring attention] in src/model/cp_attention.h):
   // their time on the wire, and the part attention waited for.
   double cp_comm_ms = 0.0, cp_exposed_ms = 0.0;

@@ -94,8 +94,8 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
     tensorboard = std::make_unique<TensorBoardWriter>(deck.log.tensorboard, 0);
     tensorboard->write_code_text(0, "run/deck", deck.to_yaml());
   });
-  std::vector<double> ms, fwd, bwd, opt, comm, comm_cpu, exposed, overlap, tp_comm, cp_comm,
-      cp_exposed, bubble, gather, gather_exposed, held_wait, runner;
+  std::vector<double> ms, fwd, bwd, opt, comm, comm_cpu, exposed, overlap, tp_comm, tp_exposed,
+      cp_comm, cp_exposed, bubble, gather, gather_exposed, held_wait, runner;
   // Per-op device time (device backends): measured on one extra step after the timed ones, so
   // the events around every op do not slow the timed steps.
   const int total_steps = args.warmup_steps + args.steps;
@@ -159,6 +159,7 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
     held_wait.push_back(s.held_wait_ms);
     overlap.push_back(s.overlap);
     tp_comm.push_back(s.tp_comm_ms);
+    tp_exposed.push_back(s.tp_exposed_ms);
     cp_comm.push_back(s.cp_comm_ms);
     cp_exposed.push_back(s.cp_exposed_ms);
     bubble.push_back(s.pipeline_ms > 0 ? s.pipeline_wait_ms / s.pipeline_ms : 0.0);
@@ -265,6 +266,7 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
         {"gather_exposed_ms", median(gather_exposed), 2},
         {"held_wait_ms", median(held_wait), 2},
         {"tp_comm_ms", median(tp_comm), 2},
+        {"tp_exposed_ms", median(tp_exposed), 2},
         {"cp_comm_ms", median(cp_comm), 2},
         {"cp_exposed_ms", median(cp_exposed), 2},
         {"bubble", median(bubble), 3},
@@ -289,6 +291,8 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
         {"ranks", ranks, -1},
         {"dp", grid->layout().dp, -1},
         {"tp", grid->layout().tp, -1},
+        {"tp_overlap",  // as the model runs it (Note [Tensor-parallel overlap])
+         grid->layout().tp > 1 && deck.parallel.tp_overlap && !backend->is_device(), -1},
         {"pp", pp, -1},
         {"cp", grid->layout().cp, -1},
         {"cp_comm", deck.parallel.cp_comm, -1},

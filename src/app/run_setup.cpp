@@ -120,6 +120,7 @@ nlohmann::json step_record(const StepStats& s, const Trainer::MemoryBytes& memor
                       {"gather_comm_ms", s.gather_comm_ms},
                       {"gather_exposed_ms", s.gather_exposed_ms},
                       {"tp_comm_ms", s.tp_comm_ms},
+                      {"tp_exposed_ms", s.tp_exposed_ms},
                       {"bubble", s.pipeline_ms > 0 ? s.pipeline_wait_ms / s.pipeline_ms : 0.0},
                       {"param_mib", memory.params / mib},
                       {"grad_mib", memory.grads / mib},

@@ -89,6 +89,7 @@ constexpr StepTag kStepTags[] = {
     {"unit_gathers", "comm/unit_gathers"},
     {"late_unit_gathers", "comm/late_unit_gathers"},
     {"tp_comm_ms", "comm/tp_comm_ms"},
+    {"tp_exposed_ms", "comm/tp_exposed_ms"},
     {"cp_comm_ms", "comm/cp_comm_ms"},
     {"cp_exposed_ms", "comm/cp_exposed_ms"},
     {"a2a_ms", "comm/a2a_ms"},

@@ -22,6 +22,7 @@
 #include "model/gpt_phase.h"
 #include "model/gpt_state.h"
 #include "model/moe.h"
+#include "model/tp_overlap.h"
 #include "trident/check.h"
 #include "trident/model.h"
 
@@ -189,6 +190,38 @@ void GPT::activation_backward(float* dpre, const float* pre, const float* dout, 
   trident::activation_backward(be_, cfg_.activation, dpre, pre, dout, N, cfg_.hidden() / tp_.size);
 }
 
+// A column-parallel linear after a norm: out [N, OC] = norm(inp) · wᵀ + b, the norm's output
+// gathered to all N rows into normed (sequence parallelism), chunk by chunk beside the GEMM
+// where the collectives overlap (Note [Tensor-parallel overlap]).
+void GPT::norm_matmul(float* out, float* normed, float* mean, float* rstd, const float* inp,
+                      const float* nw, const float* nb, const float* w, const float* b, int B,
+                      int T, int OC) {
+  const int C = cfg_.channels;
+  if (tp_overlap_ && tp_.sequence_parallel) {
+    float* local = scratch_->ln_out.data();
+    norm_forward(local, mean, rstd, inp, nw, nb, B * T / tp_.size, C);
+    tp_overlap_->gather_matmul(out, normed, local, {w, b, OC, false}, B, T, C);
+    return;
+  }
+  norm_gathered(normed, mean, rstd, inp, nw, nb, B, T, C);
+  be_.matmul_forward(out, normed, w, b, B * T, C, OC);
+}
+
+// A row-parallel linear: out (this rank's rows) = the tp sum of inp [N, K] · wᵀ (+ bias: tp rank
+// 0 passes it), through `partial` [N, C] where the collectives do not overlap; partial == out
+// without sequence parallelism (Note [Reduce in place]).
+void GPT::matmul_reduce(float* out, float* partial, const float* inp, const float* w,
+                        const float* bias, int B, int T, int K) {
+  const int C = cfg_.channels;
+  if (tp_overlap_) {
+    if (tp_.sequence_parallel) tp_overlap_->matmul_reduce_scatter(out, inp, w, bias, B, T, K, C);
+    else tp_overlap_->matmul_all_reduce(out, inp, w, bias, B * T, K, C);
+    return;
+  }
+  be_.matmul_forward(partial, inp, w, bias, B * T, K, C);
+  reduce_rows(out, partial, B, T, C);
+}
+
 void GPT::block_forward(int slot, int local_layer, const BlockWeights& w, const BlockActs& a,
                         const float* residual_in, int B, int T) {
   const int C = cfg_.channels, tps = tp_.size, hs = cfg_.head_size();
@@ -202,13 +235,12 @@ void GPT::block_forward(int slot, int local_layer, const BlockWeights& w, const 
   float* mlp_partial = tp_.sequence_parallel ? scratch_->full_c.data() : a.residual3;
   // Row-parallel biases are added by tp rank 0 only, before the sum over tp.
   const bool add_row_bias = tp_.rank == 0;
-  norm_gathered(a.ln1, a.ln1_mean, a.ln1_rstd, residual_in, w.ln1w, w.ln1b, B, T, C);
-  be_.matmul_forward(a.qkv, a.ln1, w.qkvw, w.qkvb, N, C, QKVl);
+  norm_matmul(a.qkv, a.ln1, a.ln1_mean, a.ln1_rstd, residual_in, w.ln1w, w.ln1b, w.qkvw, w.qkvb, B,
+              T, QKVl);
   rope(a.qkv, N, T, false);
   attention_forward(a.atty, a.att, a.qkv, B, T);
-  be_.matmul_forward(attn_partial, a.atty, w.attprojw, add_row_bias ? w.attprojb : nullptr, N, Ql,
-                     C);
-  reduce_rows(a.residual2, attn_partial, B, T, C);
+  matmul_reduce(a.residual2, attn_partial, a.atty, w.attprojw, add_row_bias ? w.attprojb : nullptr,
+                B, T, Ql);
   be_.add(a.residual2, a.residual2, residual_in, size_t(Nr) * C);
   // A parallel residual's MLP reads the block's input, as its attention does.
   const float* mlp_in = cfg_.parallel_residual ? residual_in : a.residual2;
@@ -218,12 +250,11 @@ void GPT::block_forward(int slot, int local_layer, const BlockWeights& w, const 
     be_.add(a.residual3, a.residual3, a.residual2, size_t(Nr) * C);
     return;
   }
-  norm_gathered(a.ln2, a.ln2_mean, a.ln2_rstd, mlp_in, w.ln2w, w.ln2b, B, T, C);
-  be_.matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, N, C, FCl);
+  norm_matmul(a.fch, a.ln2, a.ln2_mean, a.ln2_rstd, mlp_in, w.ln2w, w.ln2b, w.fcw, w.fcb, B, T,
+              FCl);
   activation_forward(a.fch_gelu, a.fch, N);
-  be_.matmul_forward(mlp_partial, a.fch_gelu, w.fcprojw, add_row_bias ? w.fcprojb : nullptr, N, Fl,
-                     C);
-  reduce_rows(a.residual3, mlp_partial, B, T, C);
+  matmul_reduce(a.residual3, mlp_partial, a.fch_gelu, w.fcprojw, add_row_bias ? w.fcprojb : nullptr,
+                B, T, Fl);
   be_.add(a.residual3, a.residual3, a.residual2, size_t(Nr) * C);
 }
 

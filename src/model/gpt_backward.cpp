@@ -24,10 +24,12 @@
 // the same order on every tp rank). Gradient-ready events come from W (test_pp_training checks
 // zb-h1 against 1f1b). Recomputation is refused: what it drops, W would need again.
 #include <algorithm>
+#include <utility>
 
 #include "model/gpt_phase.h"
 #include "model/gpt_state.h"
 #include "model/ready_walk.h"
+#include "model/tp_overlap.h"
 #include "trident/check.h"
 #include "trident/model.h"
 
@@ -44,6 +46,42 @@ int GPT::first_ready(const Slot& s) const {
 int GPT::last_ready(const Slot& s) const {
   if (s.chunk == 0) return int(infos_.size()) - 1;
   return table_->layers[size_t(stage_.chunk_begin(s.chunk))].ready_ln1;
+}
+
+// A row-parallel linear's input gradient dinp [N, K] = dout · w from this rank's rows of its
+// output gradient; returns that gradient on all N rows (gathered into dfull with sequence
+// parallelism, chunk by chunk beside the GEMM where the collectives overlap).
+const float* GPT::row_backward(float* dinp, const float* dlocal, const float* w, int B, int T,
+                               int K) {
+  const int C = cfg_.channels;
+  float* full = scratch_->dfull.data();
+  if (tp_overlap_ && tp_.sequence_parallel) {
+    tp_overlap_->gather_matmul(dinp, full, dlocal, {w, nullptr, K, true}, B, T, C);
+    return full;
+  }
+  const float* dout = dlocal;
+  if (rows_divisor_ > 1) {
+    gather_rows(full, dlocal, B, T, C);
+    dout = full;
+  }
+  be_.matmul_backward(dinp, nullptr, nullptr, dout, nullptr, w, B * T, K, C);
+  return dout;
+}
+
+// A column-parallel linear's backward: dinp [N, C] (partial over tp), then its sum over tp
+// started (finish_norm_gathered_backward waits); dw and db (+=, null: skipped) before the sum
+// starts, or while it travels where the collectives overlap (Megatron's bulk overlap).
+Work GPT::column_backward(float* dinp, float* dw, float* db, const float* dout, const float* inp,
+                          const float* w, int B, int T, int OC) {
+  const int C = cfg_.channels, N = B * T;
+  if (!tp_overlap_) {
+    be_.matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC);
+    return start_norm_gathered_backward(dinp, B, T, C);
+  }
+  be_.matmul_backward(dinp, nullptr, nullptr, dout, inp, w, N, C, OC);
+  Work sum = start_norm_gathered_backward(dinp, B, T, C);
+  if (dw || db) be_.matmul_backward(nullptr, dw, db, dout, inp, w, N, C, OC);
+  return sum;
 }
 
 void GPT::backward(int slot, float dloss_scale, const float* dstage_output, float* dstage_input,
@@ -158,19 +196,22 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale, const fl
     const BlockWeights dw = block(G, i);
     float* dres = a.dresidual.data();  // gradient w.r.t. this block's output (this rank's rows)
 
-    const float* dout = lt.moe ? dres : dresidual_all_rows();  // a mixture: this rank's rows
+    const float* dout = dres;  // a mixture: this rank's rows
+    Work dln2_sum;             // the MLP input gradient's sum over tp (column_backward)
     if (lt.moe) {  // its weight gradients too (a split backward is refused with mixtures)
       moe_backward(slot, i, a.dbuf_c.data(), dout, act.ln2, Nr, dloss_scale, last_micro_batch);
       ready.through(lt.ready_moe);
     } else {
       keep_copy(act.residual3, dres, size_t(Nr) * C);
-      be_.matmul_backward(a.dbuf_4c.data(), grad(dw.fcprojw), grad(dw.fcprojb), dout, act.fch_gelu,
-                          w.fcprojw, N, Fl, C);
+      dout = row_backward(a.dbuf_4c.data(), dres, w.fcprojw, B, T, Fl);
+      if (weights)
+        be_.matmul_backward(nullptr, dw.fcprojw, dw.fcprojb, dout, act.fch_gelu, w.fcprojw, N, Fl,
+                            C);
       ready.through(lt.ready_fcproj);
       activation_backward(a.dbuf_4c2.data(), act.fch, a.dbuf_4c.data(), N);
       keep_copy(act.fch, a.dbuf_4c2.data(), size_t(N) * FCl);
-      be_.matmul_backward(a.dbuf_c.data(), grad(dw.fcw), grad(dw.fcb), a.dbuf_4c2.data(), act.ln2,
-                          w.fcw, N, C, FCl);
+      dln2_sum = column_backward(a.dbuf_c.data(), grad(dw.fcw), grad(dw.fcb), a.dbuf_4c2.data(),
+                                 act.ln2, w.fcw, B, T, FCl);
       ready.through(lt.ready_fc);
     }
     // Sequential: the MLP read residual2, whose gradient gets the MLP input's. Parallel: it
@@ -181,27 +222,34 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale, const fl
                           a.dbuf_c.data(), parallel ? residual_in : act.residual2, w.ln2w,
                           act.ln2_mean, act.ln2_rstd, Nr, C, 2 * i + 1, last_micro_batch);
     else
-      norm_gathered_backward(parallel ? a.dparallel.data() : a.dbuf_c2.data(), dw.ln2w, dw.ln2b,
-                             a.dbuf_c.data(), parallel ? residual_in : act.residual2, w.ln2w,
-                             act.ln2_mean, act.ln2_rstd, B, T, C, 2 * i + 1, last_micro_batch);
+      finish_norm_gathered_backward(
+          std::move(dln2_sum), parallel ? a.dparallel.data() : a.dbuf_c2.data(), dw.ln2w, dw.ln2b,
+          a.dbuf_c.data(), parallel ? residual_in : act.residual2, w.ln2w, act.ln2_mean,
+          act.ln2_rstd, B, T, C, 2 * i + 1, last_micro_batch);
     ready.through(lt.ready_ln2);
+    // attproj's output gradient is residual2's: sequential, the block output's plus the MLP
+    // input's (gathered on the way); parallel, the block output's (a dense MLP gathered it).
     if (!parallel) {
       be_.add(dres, dres, a.dbuf_c2.data(), size_t(Nr) * C);  // now w.r.t. residual2
-      dout = dresidual_all_rows();
+      keep_copy(act.residual2, dres, size_t(Nr) * C);
+      dout = row_backward(a.dbuf_c.data(), dres, w.attprojw, B, T, Ql);
+    } else {
+      keep_copy(act.residual2, dres, size_t(Nr) * C);
+      if (lt.moe) dout = dresidual_all_rows();
+      be_.matmul_backward(a.dbuf_c.data(), nullptr, nullptr, dout, act.atty, w.attprojw, N, Ql, C);
     }
-
-    keep_copy(act.residual2, dres, size_t(Nr) * C);
-    be_.matmul_backward(a.dbuf_c.data(), grad(dw.attprojw), grad(dw.attprojb), dout, act.atty,
-                        w.attprojw, N, Ql, C);
+    if (weights)
+      be_.matmul_backward(nullptr, dw.attprojw, dw.attprojb, dout, act.atty, w.attprojw, N, Ql, C);
     ready.through(lt.ready_attproj);
     attention_backward(a.dbuf_3c.data(), a.dbuf_c.data(), act.qkv, act.atty, act.att, B, T);
     rope(a.dbuf_3c.data(), N, T, true);
     keep_copy(act.qkv, a.dbuf_3c.data(), size_t(N) * QKVl);
-    be_.matmul_backward(a.dbuf_c.data(), grad(dw.qkvw), grad(dw.qkvb), a.dbuf_3c.data(), act.ln1,
-                        w.qkvw, N, C, QKVl);
+    Work dln1_sum = column_backward(a.dbuf_c.data(), grad(dw.qkvw), grad(dw.qkvb), a.dbuf_3c.data(),
+                                    act.ln1, w.qkvw, B, T, QKVl);
     ready.through(lt.ready_qkv);
-    norm_gathered_backward(a.dbuf_c2.data(), dw.ln1w, dw.ln1b, a.dbuf_c.data(), residual_in, w.ln1w,
-                           act.ln1_mean, act.ln1_rstd, B, T, C, 2 * i, last_micro_batch);
+    finish_norm_gathered_backward(std::move(dln1_sum), a.dbuf_c2.data(), dw.ln1w, dw.ln1b,
+                                  a.dbuf_c.data(), residual_in, w.ln1w, act.ln1_mean, act.ln1_rstd,
+                                  B, T, C, 2 * i, last_micro_batch);
     ready.through(lt.ready_ln1);
     be_.add(dres, dres, a.dbuf_c2.data(), size_t(Nr) * C);  // now w.r.t. the block's input
     if (parallel) be_.add(dres, dres, a.dparallel.data(), size_t(Nr) * C);

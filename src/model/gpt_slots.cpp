@@ -18,6 +18,7 @@
 #include "model/cp_attention.h"
 #include "model/gpt_state.h"
 #include "model/moe.h"
+#include "model/tp_overlap.h"
 #include "trident/check.h"
 #include "trident/model.h"
 
@@ -176,6 +177,14 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   // staging and the gathered gradient (at GPT-2 1.5B, B 16 × 1024, 100 MB each).
   if (tp_.sequence_parallel) {
     a.full_c = floats(N * C), a.stage = floats(N * C), a.dfull = floats(N * C);
+  }
+  // Note [Tensor-parallel overlap] (tp_overlap.h); on a device the collectives stay plain.
+  if (tps > 1 && tp_.overlap && !be_.is_device()) {
+    const bool sp = tp_.sequence_parallel;
+    const size_t widest = sp ? std::max({size_t(QKVl), size_t(FCl), size_t(Fl), size_t(Ql)}) : 0;
+    tp_overlap_ =
+        std::make_unique<TpOverlap>(be_, tp_, int(N), int(C), widest, sp ? a.stage.data() : nullptr,
+                                    sp ? a.full_c.data() : nullptr, tp_times_);
   }
   a.dresidual = floats(Nr * C);
   if (bf16) {  // tp 1: no LayerNorm staging; the gradients between ops are bf16

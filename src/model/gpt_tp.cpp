@@ -6,20 +6,25 @@
 // [r·T/tp, (r+1)·T/tp): local row (b, t) is global row (b, r·T/tp + t). The collectives work on
 // contiguous per-rank blocks, so gathering permutes [tp][B][T/tp][C] into [B][T][C] and
 // reduce-scattering permutes the other way, through scratch_->stage.
-#include <chrono>
 #include <cstring>
-#include <thread>
+#include <utility>
 
-#include "core/elapsed.h"
 #include "model/gpt_state.h"
+#include "model/tp_overlap.h"
 #include "trident/check.h"
 #include "trident/model.h"
 
 namespace trident {
 
 double GPT::take_tp_comm_ms() {
-  const double ms = tp_comm_ms_;
-  tp_comm_ms_ = 0.0;
+  const double ms = tp_times_.comm_ms;
+  tp_times_.comm_ms = 0.0;
+  return ms;
+}
+
+double GPT::take_tp_exposed_ms() {
+  const double ms = tp_times_.exposed_ms;
+  tp_times_.exposed_ms = 0.0;
   return ms;
 }
 
@@ -28,16 +33,8 @@ double GPT::take_tp_comm_ms() {
 // advances the collective only inside an MPI call, so it tests and yields until done (test()
 // still enforces the timeout). Work::wait's backoff sleeps, meant for threads that share cores
 // with compute, would overshoot every small collective (docs/perf.md). A device backend keeps
-// wait(): its Work is an event query.
-void GPT::tp_wait(Work w) {
-  const auto t0 = std::chrono::steady_clock::now();
-  if (be_.is_device()) {
-    w.wait();
-  } else {
-    while (!w.test()) std::this_thread::yield();
-  }
-  tp_comm_ms_ += ms_since(t0);
-}
+// wait(): its Work is an event query. (wait_tp in tp_overlap.cpp.)
+void GPT::tp_wait(Work w) { wait_tp(be_, w, tp_times_); }
 
 // Note [Reduce in place]
 // Without sequence parallelism the sum over tp is an all-reduce of every row, so callers pass
@@ -45,12 +42,12 @@ void GPT::tp_wait(Work w) {
 // copied back; a copy of N·C floats four times per block is what a separate buffer would cost.
 // With sequence parallelism the sum is a reduce-scatter into this rank's rows, out != partial.
 void GPT::reduce_rows(float* out, float* partial, int B, int T, int C) {
+  finish_reduce_rows(start_reduce_rows(out, partial, B, T, C), out, partial, B, T, C);
+}
+
+Work GPT::start_reduce_rows(float* out, float* partial, int B, int T, int C) {
   const size_t N = size_t(B) * T;
-  if (!tp_.sequence_parallel) {
-    if (tp_.size > 1) tp_wait(tp_.comm->all_reduce(partial, N * C));
-    if (out != partial) be_.copy(out, partial, N * C * sizeof(float));
-    return;
-  }
+  if (!tp_.sequence_parallel) return tp_.size > 1 ? tp_.comm->all_reduce(partial, N * C) : Work{};
   const int tps = tp_.size, Tl = T / tps;
   const size_t row = size_t(C) * sizeof(float);
   float* stage = scratch_->stage.data();
@@ -58,7 +55,13 @@ void GPT::reduce_rows(float* out, float* partial, int B, int T, int C) {
   for (int r = 0; r < tps; ++r)
     be_.copy_rows(stage + size_t(r) * B * Tl * C, Tl * row, partial + size_t(r) * Tl * C, T * row,
                   Tl * row, size_t(B));
-  tp_wait(tp_.comm->reduce_scatter(stage, out, size_t(B) * Tl * C));
+  return tp_.comm->reduce_scatter(stage, out, size_t(B) * Tl * C);
+}
+
+void GPT::finish_reduce_rows(Work w, float* out, float* partial, int B, int T, int C) {
+  if (tp_.size > 1) tp_wait(std::move(w));
+  if (!tp_.sequence_parallel && out != partial)
+    be_.copy(out, partial, size_t(B) * T * C * sizeof(float));
 }
 
 void GPT::gather_rows(float* full, const float* local, int B, int T, int C) {
@@ -104,16 +107,30 @@ void GPT::norm_gathered(float* out_full, float* mean, float* rstd, const float* 
 void GPT::norm_gathered_backward(float* dinp, float* dw, float* db, float* dout_full_partial,
                                  const float* inp, const float* w, const float* mean,
                                  const float* rstd, int B, int T, int C, int ln, bool reduce) {
+  finish_norm_gathered_backward(start_norm_gathered_backward(dout_full_partial, B, T, C), dinp, dw,
+                                db, dout_full_partial, inp, w, mean, rstd, B, T, C, ln, reduce);
+}
+
+// The backward of "identity forward": the column-parallel linears each produced a partial input
+// gradient; sum them over tp (reduce-scatter to this rank's rows with sequence parallelism;
+// Note [Reduce in place] without).
+Work GPT::start_norm_gathered_backward(float* dout_full_partial, int B, int T, int C) {
+  if (tp_.size == 1) return Work{};
+  float* dout = tp_.sequence_parallel ? scratch_->ln_out.data() : dout_full_partial;
+  return start_reduce_rows(dout, dout_full_partial, B, T, C);
+}
+
+void GPT::finish_norm_gathered_backward(Work sum, float* dinp, float* dw, float* db,
+                                        float* dout_full_partial, const float* inp, const float* w,
+                                        const float* mean, const float* rstd, int B, int T, int C,
+                                        int ln, bool reduce) {
   const int N = B * T;
   if (tp_.size == 1) {
     norm_backward(dinp, dw, db, dout_full_partial, inp, w, mean, rstd, N, C);
     return;
   }
-  // The backward of "identity forward": the column-parallel linears each produced a partial
-  // input gradient; sum them over tp (reduce-scatter to this rank's rows with sequence
-  // parallelism; Note [Reduce in place] without).
   float* dout = tp_.sequence_parallel ? scratch_->ln_out.data() : dout_full_partial;
-  reduce_rows(dout, dout_full_partial, B, T, C);
+  finish_reduce_rows(std::move(sum), dout, dout_full_partial, B, T, C);
   if (!tp_.sequence_parallel) {
     // Every rank normalised the same rows: the weight gradients are already identical.
     norm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);

@@ -168,7 +168,8 @@ void DataParallel::attach(GPT& model) {
   MpiComm& dp =
       hsdp ? ctx_.grid->gradient_shards() : ctx_.grid->gradients();  // timeouts: the grid's
   const CommConfig& cc = deck_.comm;
-  if (cc.emulate_gbps > 0 && !hsdp) dp.set_emulated_link(cc.emulate_gbps, cc.emulate_latency_us);
+  const bool emulated = link_emulated_for(cc, "dp");  // comm.emulate_groups
+  if (emulated && !hsdp) dp.set_emulated_link(cc.emulate_gbps, cc.emulate_latency_us);
   Communicator* reduce_comm = ctx_.dp_device ? ctx_.dp_device : &dp;
   // Note [bf16 gradient compression] (comm.h) and Note [ZeRO-1]: on the host, the gradients get
   // a communicator of their own (bf16: so the loss, norms and row sets on dp stay exact; ZeRO:
@@ -181,8 +182,7 @@ void DataParallel::attach(GPT& model) {
                                               : hsdp ? "dp_shard (ZeRO)"
                                                      : "dp (ZeRO)");
     grad_comm_->set_timeout(dp.timeout());
-    if (cc.emulate_gbps > 0 && !hsdp)
-      grad_comm_->set_emulated_link(cc.emulate_gbps, cc.emulate_latency_us);
+    if (emulated && !hsdp) grad_comm_->set_emulated_link(cc.emulate_gbps, cc.emulate_latency_us);
     if (bf16) grad_comm_->set_bf16_sums(true);
     reduce_comm = grad_comm_.get();
   }
@@ -190,8 +190,7 @@ void DataParallel::attach(GPT& model) {
     MpiComm& replicate = ctx_.grid->dp_replicate();
     replicate_comm_ = MpiComm::duplicate(replicate.raw(), "dp_replicate (HSDP)");
     replicate_comm_->set_timeout(replicate.timeout());
-    if (cc.emulate_gbps > 0)
-      replicate_comm_->set_emulated_link(cc.emulate_gbps, cc.emulate_latency_us);
+    if (emulated) replicate_comm_->set_emulated_link(cc.emulate_gbps, cc.emulate_latency_us);
     opt.replicate_comm = replicate_comm_.get();
   }
   // Note [Expert parallelism]: the experts' gradients sum over their own replicas.
@@ -216,7 +215,7 @@ void DataParallel::attach(GPT& model) {
     gather_comm_->set_timeout(dp.timeout());
     // One emulated wire for the gathers and the reduce-scatters (both driven by the reducer's
     // thread), or ZeRO-3 would be measured on twice the link.
-    if (cc.emulate_gbps > 0) gather_comm_->share_emulated_link(*grad_comm_);
+    if (emulated) gather_comm_->share_emulated_link(*grad_comm_);
     opt.params = model.params();
     opt.shard_params = shard_params_.data();
     opt.gather_comm = gather_comm_.get();

@@ -1,4 +1,5 @@
 // The model a deck asks for, and this rank's part of it.
+#include <numeric>
 #include <sstream>
 
 #include "train/trainer_parts.h"
@@ -164,6 +165,30 @@ void check_moe_deck(const Deck& deck, const GPTConfig& cfg, int dp_cp, bool devi
                 ep, deck.train.val_batches, dp);
 }
 
+// Note [Tensor-parallel overlap] (model/tp_overlap.h): without sequence parallelism a
+// row-parallel all-reduce goes in k pieces of B·T/k rows; k must divide T, so that every
+// micro-batch size splits evenly. Left at 0, k is the most that divides T up to tp (a stated
+// choice, not an error: the default must run every layout).
+int tp_overlap_chunks(const Deck& deck, int tp, int T) {
+  const ParallelConfig& p = deck.parallel;
+  const int k = p.tp_overlap_chunks;
+  if (!p.tp_overlap || tp == 1) return 0;
+  if (p.sequence_parallel) {
+    if (k != 0 && k != tp)
+      input_error("parallel.tp_overlap_chunks {} with parallel.sequence_parallel: the ring has one "
+                  "chunk per tp rank ({}); use 0 or {}",
+                  k, tp, tp);
+    return tp;
+  }
+  if (k == 0) return std::gcd(tp, T);
+  if (T % k != 0)
+    input_error("parallel.tp_overlap_chunks {} does not divide the {} rows of a sequence on a rank "
+                "(model.seq_len {} / parallel.cp {}): the all-reduce pieces must split every "
+                "micro-batch evenly",
+                k, T, deck.model.seq_len, deck.model.seq_len / T);
+  return k;
+}
+
 GPTOptions stage_options(const Deck& deck, const GPTConfig& cfg, const TrainContext& ctx,
                          PipeSchedule schedule, int pp_size, int pp_rank, int dp_size) {
   GPTOptions options;
@@ -174,8 +199,9 @@ GPTOptions stage_options(const Deck& deck, const GPTConfig& cfg, const TrainCont
   const int T = deck.model.seq_len / cp;
   if (cp > 1) {
     MpiComm& comm = ctx.grid->cp();
-    // The emulated link between nodes (comm.emulate_gbps) carries cp's K/V too, both ways at once.
-    if (deck.comm.emulate_gbps > 0) {
+    // The emulated link (comm.emulate_gbps, when comm.emulate_groups names cp) carries cp's K/V,
+    // both ways at once.
+    if (link_emulated_for(deck.comm, "cp")) {
       comm.set_emulated_link(deck.comm.emulate_gbps, deck.comm.emulate_latency_us);
       comm.set_duplex_link(true);
     }
@@ -183,7 +209,15 @@ GPTOptions stage_options(const Deck& deck, const GPTConfig& cfg, const TrainCont
   }
   if (ctx.grid && ctx.grid->layout().tp > 1) {
     Communicator* tp = ctx.tp_device ? ctx.tp_device : &ctx.grid->tp();
+    // The emulated link (comm.emulate_groups naming tp) carries every tp collective, and a
+    // ring step's send and receive at once (Note [Tensor-parallel overlap]).
+    if (!ctx.tp_device && link_emulated_for(deck.comm, "tp")) {
+      ctx.grid->tp().set_emulated_link(deck.comm.emulate_gbps, deck.comm.emulate_latency_us);
+      ctx.grid->tp().set_duplex_link(true);
+    }
     options.tp = {tp, ctx.grid->layout().tp, ctx.grid->coord().tp, deck.parallel.sequence_parallel};
+    options.tp.overlap = deck.parallel.tp_overlap;
+    options.tp.chunks = tp_overlap_chunks(deck, options.tp.size, T);
   }
   if (ctx.backend->is_device() && options.tp.size > 1 && !ctx.tp_device)
     internal_error(__FILE__, __LINE__, "a device backend with tp > 1 needs a device communicator");

@@ -141,8 +141,9 @@ void Trainer::make_expert_groups(GPTOptions& options) {
   expert_dp_comm_ = std::make_unique<MpiComm>(edp, "expert_dp");
   ep_comm_->set_timeout(g.timeout());
   expert_dp_comm_->set_timeout(g.timeout());
-  // The emulated link between nodes (comm.emulate_gbps) carries the tokens too, both ways.
-  if (deck_.comm.emulate_gbps > 0) {
+  // The emulated link (comm.emulate_gbps, when comm.emulate_groups names ep) carries the
+  // tokens, both ways.
+  if (link_emulated_for(deck_.comm, "ep")) {
     ep_comm_->set_emulated_link(deck_.comm.emulate_gbps, deck_.comm.emulate_latency_us);
     ep_comm_->set_duplex_link(true);
   }
@@ -271,6 +272,7 @@ StepStats Trainer::train_step(int step) {
   }
   s.optimizer_ms = ms_since(t0);
   s.tp_comm_ms = model_->take_tp_comm_ms();
+  s.tp_exposed_ms = model_->take_tp_exposed_ms();
   s.cp_comm_ms = model_->take_cp_comm_ms();
   s.cp_exposed_ms = model_->take_cp_exposed_ms();
   if (model_->config().has_moe()) s.moe = moe_step_stats();

@@ -39,7 +39,7 @@ then ok "cp 2 (ring, allgather) equals one rank, cp figures in metrics.jsonl"
 else fail "the losses or the metrics"; fi
 
 # 3. The emulated link on the cp group, in bench.
-timeout 300 mpirun -n 2 "$bin" bench "${deck[@]}" --set parallel.cp=2 --set comm.emulate_gbps=0.2 \
+timeout 300 mpirun -n 2 "$bin" bench "${deck[@]}" --set parallel.cp=2 --set comm.emulate_gbps=0.2 --set comm.emulate_groups=cp \
   --set run.out_dir=bench --warmup 1 --steps 2 >bench.log 2>&1 || fail "bench: $(tail -3 bench.log)"
 line=$(grep '^bench: tokens_per_s' bench.log)
 for key in "cp=2" "cp_comm=ring" "cp_comm_ms=" "cp_exposed_ms="; do

@@ -1,0 +1,97 @@
+// Tensor-parallel collectives cut into chunks that travel while the GEMMs compute on the chunks
+// already there (parallel.tp_overlap), as Megatron-LM's --tp-comm-overlap and torchtitan's
+// async TP do.
+//
+// Note [Tensor-parallel overlap]
+// With sequence parallelism an all-gather before a column-parallel GEMM (qkv, fc; backward: the
+// output gradient before fcproj's and attproj's input-gradient GEMMs) is a ring of tp steps,
+// each posting the next chunk's receive and this one's send before its chunk's GEMM; a
+// reduce-scatter after a row-parallel GEMM is a ring the other way, each step computing a
+// chunk's partial sum while the previous one travels. Without it, a row-parallel all-reduce goes
+// in pieces. In backward a column-parallel input gradient's sum travels while the layer's weight
+// gradient is computed ("bulk"). Rows give the same bits in any chunk; tp 2's sums too.
+//
+// Note [Chunks on the host]
+// Open MPI moves a chunk's bytes only inside MPI calls: the wait after a chunk's GEMM moves them,
+// so the overlap is real only where the wire takes time (another node, or an emulated link on
+// tp), whose time runs from the post. Hence parallel.tp_overlap is on by default: where it
+// cannot win it costs the chunks' row copies. The embedding's, the head's and the LayerNorm
+// weights' sums stay whole. A device backend keeps them all whole (issue 45's GPU part).
+#pragma once
+
+#include <vector>
+
+#include "trident/backend.h"
+#include "trident/comm.h"
+#include "trident/model.h"
+
+namespace trident {
+
+// Waits for `w` on the compute thread (Note [Waiting for a tp collective] in gpt_tp.cpp) and
+// counts the wait as exposed. Comm time: the wait's, where the bytes move in it
+// (Note [Chunks on the host]); on an emulated link the wire's time, but only for a `transfer`
+// (a ring step's send shares its wire time with the step's receive).
+void wait_tp(Backend& be, Work& w, TpTimes& times, bool transfer = true);
+
+class TpOverlap {
+ public:
+  // Micro-batches up to maxN rows (B·T); `widest` the widest GEMM output or input a chunk has
+  // (qkv, fc, fcproj's and attproj's inputs); `stage` [maxN, C] and `partial` [maxN, C] the
+  // model's sequence-parallel scratch (Note [Sequence-parallel rows]), used within a call: the
+  // ring's received chunks and the partial sums it sends.
+  TpOverlap(Backend& be, const TensorParallel& tp, int maxN, int C, size_t widest, float* stage,
+            float* partial, TpTimes& times);
+
+  // A GEMM on rows: forward (out = inp · wᵀ + bias, out width OC, input width C) or an input
+  // gradient (out = inp · w, w [C, OC]: out width OC, inp width C).
+  struct Gemm {
+    const float* w;
+    const float* bias;  // forward only; may be null
+    int OC;
+    bool input_gradient;
+  };
+  // Sequence parallelism: out [N, OC] = the GEMM of all ranks' rows of local [Nr, C], which are
+  // also gathered into in_full [N, C] (Note [Sequence-parallel rows]); the ring of tp chunks.
+  void gather_matmul(float* out, float* in_full, const float* local, const Gemm& g, int B, int T,
+                     int C);
+  // Sequence parallelism: out [Nr, C] = this rank's rows of the tp sum of inp [N, K] · wᵀ
+  // (+ bias, added by tp rank 0 only: pass it there); the ring of tp chunks.
+  void matmul_reduce_scatter(float* out, const float* inp, const float* w, const float* bias, int B,
+                             int T, int K, int C);
+  // Without sequence parallelism: out [N, C] = the tp sum of inp [N, K] · wᵀ (+ bias as above),
+  // in chunks() pieces of N / chunks() rows.
+  void matmul_all_reduce(float* out, const float* inp, const float* w, const float* bias, int N,
+                         int K, int C);
+  int chunks() const { return tp_.chunks; }
+
+  // Tests: the order of a ring's events (Note [Tensor-parallel overlap]).
+  enum class Event { kRecvPosted, kComputeBegin, kComputeEnd };
+  struct EventRecord {
+    Event event;
+    int step;
+  };
+  void record_events(bool on) { record_ = on; }
+  const std::vector<EventRecord>& events() const { return events_; }
+  // Tests only: post each step's transfers after its GEMM (breaks the overlap on purpose).
+  void post_after_compute(bool on) { post_late_ = on; }
+
+ private:
+  void note(Event e, int step) {
+    if (record_) events_.push_back({e, step});
+  }
+  // rows_[B, Tl, OC] → out's rows of sequence chunk `chunk` (out [B, T, OC]), or back.
+  void scatter_chunk(float* full, const float* rows, int chunk, int B, int T, int width) const;
+  void gather_chunk(float* rows, const float* full, int chunk, int B, int T, int width) const;
+
+  Backend& be_;
+  TensorParallel tp_;
+  float* stage_;    // [tp][Nr, C]: gathered chunks; a reduce-scatter's received sums in [2]
+  float* partial_;  // [2][Nr, C]: a reduce-scatter's partial sums being sent
+  BackendBuffer<float> rows_;        // one chunk's GEMM input or output [Nr, widest]
+  std::vector<Work> sends_, recvs_;  // one per ring step, reused (no allocation per step)
+  TpTimes& times_;
+  bool record_ = false, post_late_ = false;
+  std::vector<EventRecord> events_;
+};
+
+}  // namespace trident
