@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace trident {
@@ -141,6 +142,11 @@ struct ParallelConfig {
   std::string cp_comm = "ring";  // how K/V reach the cp ranks: ring | allgather
   int ep = 1;                    // expert parallelism over dp × cp (model.moe)
   bool sequence_parallel = false;  // Megatron's sequence parallelism (needs tp > 1)
+  // Note [Tensor-parallel overlap] (src/model/tp_overlap.h): tp collectives split into chunks
+  // that travel while the GEMMs compute; chunks of the all-reduce without sequence parallelism
+  // (0: tp; with sequence parallelism the ring has tp chunks).
+  bool tp_overlap = true;
+  int tp_overlap_chunks = 0;
   std::string schedule = "1f1b";   // pipeline schedule: gpipe | 1f1b | zb-h1 | interleaved
   int virtual_stages = 1;          // model chunks per stage (interleaved)
   std::string stage_layers;        // blocks per (virtual) stage, e.g. "3,1"; empty: balanced
@@ -162,6 +168,7 @@ struct CommConfig {
   double first_bucket_mb = 1.0;
   double emulate_gbps = 0.0;  // 0: no emulation
   double emulate_latency_us = 0.0;
+  std::string emulate_groups = "dp";  // the groups the emulated link slows: dp, tp, cp, ep
   double timeout_s = 300.0;
   std::string grad_dtype = "fp32";  // gradient all-reduce on the GPU: fp32 | bf16
 
@@ -193,5 +200,8 @@ Deck parse_deck(const std::string& yaml_text, const std::string& source_dir,
 
 // Every key with its type, allowed range, default and a one-line description (for --help).
 std::string deck_reference();
+
+// comm.emulate_groups: whether the emulated link slows `group` ("dp", "tp", "cp" or "ep").
+bool link_emulated_for(const CommConfig& comm, std::string_view group);
 
 }  // namespace trident

@@ -9,7 +9,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
+#include <string_view>
 #include <unordered_set>
 
 #include "core/text.h"
@@ -211,6 +213,23 @@ void validate(const DeckReader& r) {
                   "gpipe or interleaved",
                   r.blame({"run.precision", "parallel.schedule"}));
   }
+  {  // comm.emulate_groups: names from a fixed set, each once
+    std::set<std::string> seen;
+    std::string_view rest = d.comm.emulate_groups;
+    while (!rest.empty()) {
+      const size_t comma = rest.find(',');
+      std::string name(rest.substr(0, comma));
+      rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+      std::erase(name, ' ');
+      if (name != "dp" && name != "tp" && name != "cp" && name != "ep")
+        input_error("{}: comm.emulate_groups: unknown group \"{}\"; expected a comma-separated "
+                    "list of dp, tp, cp and ep",
+                    r.origin_of("comm.emulate_groups"), name);
+      if (!seen.insert(name).second)
+        input_error("{}: comm.emulate_groups names {} twice", r.origin_of("comm.emulate_groups"),
+                    name);
+    }
+  }
   // A checkpoint's shape replaces model.*, so these are checked against it when it is read.
   if (d.model.init_from.empty()) {
     if (d.model.heads % d.parallel.tp != 0)
@@ -241,6 +260,20 @@ Deck read_deck(const std::string& text, const std::string& label, const fs::path
 }
 
 }  // namespace
+
+bool link_emulated_for(const CommConfig& comm, std::string_view group) {
+  if (comm.emulate_gbps <= 0) return false;
+  std::string_view rest = comm.emulate_groups;
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    std::string_view name = rest.substr(0, comma);
+    while (!name.empty() && name.front() == ' ') name.remove_prefix(1);
+    while (!name.empty() && name.back() == ' ') name.remove_suffix(1);
+    if (name == group) return true;
+    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+  }
+  return false;
+}
 
 Deck load_deck(const std::string& path, const std::vector<std::string>& overrides) {
   std::error_code ec;

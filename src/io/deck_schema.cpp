@@ -221,6 +221,17 @@ const std::vector<Key>& table() {
       {.name = "parallel.sequence_parallel",
        .field = at<&Deck::parallel, &ParallelConfig::sequence_parallel>(),
        .help = "split LayerNorm and residual regions along the sequence over tp ranks"},
+      {.name = "parallel.tp_overlap", .field = at<&Deck::parallel, &ParallelConfig::tp_overlap>(),
+       .help = "hide the tensor-parallel collectives behind the GEMMs: the all-gather and "
+               "reduce-scatter of sequence parallelism ride a ring chunk by chunk beside the "
+               "chunked GEMMs, the all-reduce without it goes in parallel.tp_overlap_chunks "
+               "pieces, and backward's input-gradient sums travel while the weight gradients are "
+               "computed (Note [Tensor-parallel overlap] in src/model/tp_overlap.h)"},
+      {.name = "parallel.tp_overlap_chunks",
+       .field = at<&Deck::parallel, &ParallelConfig::tp_overlap_chunks>(), .min = ge(0),
+       .help = "with parallel.tp_overlap and without sequence parallelism: pieces each "
+               "row-parallel all-reduce is cut into (must divide a rank's sequence rows); 0: tp. "
+               "With sequence parallelism the ring has tp chunks (0 or tp)"},
       {.name = "parallel.schedule", .field = at<&Deck::parallel, &ParallelConfig::schedule>(),
        .text = Text::kEnum, .choices = {"gpipe", "1f1b", "zb-h1", "interleaved"},
        .help = "pipeline schedule (zb-h1: zero-bubble, split backward, train.recompute none; "
@@ -268,6 +279,9 @@ const std::vector<Key>& table() {
       {.name = "comm.emulate_latency_us",
        .field = at<&Deck::comm, &CommConfig::emulate_latency_us>(), .min = ge(0),
        .help = "emulated per-message latency in microseconds"},
+      {.name = "comm.emulate_groups", .field = at<&Deck::comm, &CommConfig::emulate_groups>(),
+       .help = "the groups whose communicators the emulated link slows, comma-separated from "
+               "dp (the gradients' and ZeRO's), tp, cp and ep; e.g. \"dp,tp\""},
       {.name = "comm.timeout_s", .field = at<&Deck::comm, &CommConfig::timeout_s>(),
        .min = gt(0), .help = "seconds a collective may wait before the run aborts"},
       {.name = "comm.grad_dtype", .field = at<&Deck::comm, &CommConfig::grad_dtype>(),
