@@ -17,6 +17,12 @@ round is predicted with the file calibrated minutes before it, and a case's erro
 median over rounds of predicted/measured: on a machine whose speed drifts from one minute to
 the next this compares the model with the machine as it was, not as it was at another time.
 
+With --published megatron-h100 it checks the planner against a published table instead of
+this machine: Megatron-Core's own weak-scaling runs on H100 (below, MEGATRON_H100), searched
+and checked as tools/plan_narayanan.py checks Narayanan et al.'s rows (every row within
+--max-error, 15%; the TFLOP/s trend from one model size to the next in the published direction
+wherever the table moves by 5% or more). Exits 1 when either misses (docs/plan.md, "Issue 45").
+
 With --bracket the calibrations sit at every round boundary (rounds + 1 of them), and each
 bench is predicted with both calibrations around it, interpolated by time in log space
 (prediction = p_before^(1-t) * p_after^t, t the bench's position between the two calibrations):
@@ -55,6 +61,24 @@ CASES = [
      ["run.threads=1", "parallel.pp=2", "train.accum=2", "train.micro_batch=2"],
      "pp=2,micro=2,accum=2"),
 ]
+# Megatron-Core on H100 (Megatron-LM README, "Training Speed and Scalability", the table image
+# images/model_table.png added in NVIDIA/Megatron-LM commit 937571cf, 2024-07-15,
+# https://github.com/NVIDIA/Megatron-LM/blob/937571cfd49d0194c06123af93e310cd3637cf50/images/model_table.png):
+# GPT models with vocabulary 131,072 and sequence 4096, data parallel 48, distributed optimizer,
+# dp, tp (--tp-comm-overlap) and pp communication overlapped. Per row: parameters (billions),
+# heads, hidden, layers, tp, pp, GPUs, batch, published TFLOP/s per GPU (MFU 41-49%).
+MEGATRON_H100 = [
+    (1.7, 16, 2048, 24, 1, 1, 48, 192, 408.8),
+    (7.1, 32, 4096, 30, 2, 1, 96, 192, 465.9),
+    (16, 48, 6144, 32, 4, 1, 192, 192, 489.1),
+    (32, 56, 7168, 48, 8, 1, 384, 192, 459.6),
+    (70, 64, 8192, 84, 8, 2, 768, 384, 419.7),
+    (119, 80, 10240, 92, 8, 4, 1536, 768, 420.5),
+    (177, 96, 12288, 96, 8, 6, 2304, 1152, 432.8),
+    (314, 128, 16384, 96, 8, 8, 3072, 1536, 474.4),
+    (462, 144, 18432, 112, 8, 16, 6144, 3072, 459.9),
+]
+MEGATRON_SEQ, MEGATRON_VOCAB = 4096, 131072
 QUICK = ["tiny dp=2", "tiny tp=2", "tiny dp=2 pp=2 on 2 cores", "tiny dp=2, 1 Gbit/s link"]
 
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
@@ -95,6 +119,79 @@ def plan(args, deck, overrides, layout, hardware):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def megatron_flops(batch, layers, hidden):
+    """Megatron-LM's own count (num_floating_point_operations in megatron/training/training.py at
+    937571cf): 4h MLP, no GQA, the full attention square, the logits; no recomputation."""
+    s, l, h, v = MEGATRON_SEQ, layers, hidden, MEGATRON_VOCAB
+    return 12.0 * batch * s * l * h * h * (6 + s / h + v / (2.0 * l * h))
+
+
+def check_published(args):
+    """The planner's best layout per row of MEGATRON_H100 against the published TFLOP/s.
+    The search keeps the table's tp, pp and GPUs and leaves open what it does not give:
+    micro-batch, schedule, recompute, ZeRO 0/1, sequence parallelism."""
+    deck = os.path.join(args.inputs, "plan", "megatron-gpt.yaml")
+    lines = ["| model | tp | pp | GPUs | batch | published TFLOP/s | predicted | error | layout | "
+             "largest predicted terms |", "|---|---|---|---|---|---|---|---|---|---|"]
+    predicted, failed = [], False
+    for params, heads, hidden, layers, tp, pp, gpus, batch, pub in MEGATRON_H100:
+        print(f"plan_validate: Megatron-Core H100, {params}B ...", flush=True)
+        cmd = [args.trident, "plan", deck, "--hardware", args.hardware or "dgx-h100",
+               "--gpus", str(gpus), "--global-batch", str(batch), "--json", "--top", "50",
+               "--tp", str(tp), "--pp", str(pp), "--zero", "0", "1",
+               "--schedules", "1f1b", "interleaved", "--micro", "1", "2", "4", "8"]
+        for key, value in (("model.layers", layers), ("model.d_model", hidden),
+                           ("model.heads", heads), ("model.vocab", MEGATRON_VOCAB),
+                           ("model.seq_len", MEGATRON_SEQ), ("model.tied_head", "false"),
+                           ("comm.overlap", "true"), ("comm.grad_dtype", "fp32"),
+                           ("parallel.tp_overlap", "true")):
+            cmd += ["--set", f"{key}={value}"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.exit(f"plan_validate: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr}")
+        ranked = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+        best = next((p for p in ranked if p["fits"]), None)
+        if best is None:
+            lines.append(f"| {params}B | {tp} | {pp} | {gpus} | {batch} | {pub} | refused | | | "
+                         f"{ranked[0].get('why_not', '') if ranked else ''} |")
+            predicted.append(None)
+            failed = True
+            continue
+        tflops = megatron_flops(batch, layers, hidden) / best["step_s"] / gpus / 1e12
+        err = tflops / pub - 1
+        failed |= abs(err) > args.max_error
+        predicted.append(tflops)
+        split = sorted(best["time_s"].items(), key=lambda kv: -kv[1])[:4]
+        layout = (f"micro {best['micro_batch']}, {best['schedule']}"
+                  f"{' v=' + str(best['v']) if best['v'] > 1 else ''}, recompute "
+                  f"{best['recompute']}, zero {best['zero']}, sp {int(best['sequence_parallel'])}")
+        lines.append(f"| {params}B | {tp} | {pp} | {gpus} | {batch} | {pub} | {tflops:.0f} | "
+                     f"{100 * err:+.1f}% | {layout} | " +
+                     ", ".join(f"{k} {100 * v / best['step_s']:.0f}%" for k, v in split) + " |")
+    lines += ["", "| from | to | published change | predicted change | direction |",
+              "|---|---|---|---|---|"]
+    for a, b, pa, pb in zip(MEGATRON_H100, MEGATRON_H100[1:], predicted, predicted[1:]):
+        published = b[-1] / a[-1] - 1
+        if pa is None or pb is None:
+            continue
+        change = pb / pa - 1
+        checked = abs(published) >= 0.05  # smaller moves are within the table's own noise
+        agrees = (published > 0) == (change > 0)
+        failed |= checked and not agrees
+        verdict = ("agrees" if agrees else "DISAGREES") if checked else "not checked (< 5%)"
+        lines.append(f"| {a[0]}B | {b[0]}B | {100 * published:+.1f}% | {100 * change:+.1f}% | "
+                     f"{verdict} |")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    if failed:
+        print(f"plan_validate: FAIL: a row misses by more than {100 * args.max_error:.0f}% or a "
+              "trend disagrees")
+    return 1 if failed else 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--trident", required=True)
@@ -119,7 +216,14 @@ def main():
     ap.add_argument("--out", help="also write the table (markdown) here")
     ap.add_argument("--measured", help="JSON file: bench results are saved here, and read "
                     "instead of running bench when it exists (to re-predict only)")
+    ap.add_argument("--published", choices=["megatron-h100"],
+                    help="check against a published table instead of this machine (hardware: "
+                         "--hardware, default dgx-h100)")
+    ap.add_argument("--max-error", type=float, default=0.15,
+                    help="--published: the largest |error| a row may have")
     args = ap.parse_args()
+    if args.published:
+        return check_published(args)
     if args.bracket:
         args.calibrate_each_round = True
     if not args.hardware and not args.calibrate_each_round:

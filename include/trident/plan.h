@@ -125,9 +125,16 @@ struct PlanModel {
   // (the ones above are). Default: GPT-2's block.
   GPTConfig block;
   bool overlap = true;  // comm.overlap
+  // parallel.tp_overlap: tp collectives hidden behind the GEMMs
+  // (Note [Plan tensor-parallel overlap] in src/plan/model.cpp); tp_overlap_chunks: the
+  // all-reduce's pieces without sequence parallelism (0: tp).
+  bool tp_overlap = true;
+  int tp_overlap_chunks = 0;
   double bucket_mb = 25, first_bucket_mb = 1;
-  double emulate_gbps = 0, emulate_latency_us = 0;  // comm.emulate_*: the dp link instead
-  int grad_comm_bytes = 4;                          // comm.grad_dtype: fp32 4, bf16 2
+  // comm.emulate_*: the link that replaces the named groups' own (comm.emulate_groups).
+  double emulate_gbps = 0, emulate_latency_us = 0;
+  bool emulate_dp = true, emulate_tp = false;
+  int grad_comm_bytes = 4;  // comm.grad_dtype: fp32 4, bf16 2
   static PlanModel from_deck(const Deck& deck);
 };
 

@@ -19,9 +19,11 @@
 //   memory_bound  norms, GELU/SwiGLU, RoPE, residual adds, embedding, cross-entropy: bytes read and
 //                 written / the rank's memory bandwidth (a CPU node's bandwidth is shared by its
 //                 ranks);
-//   tp_comm       Megatron's two all-reduces per block in forward and two in backward (with
+//   tp_comm_exposed  Megatron's two all-reduces per block in forward and two in backward (with
 //                 sequence parallelism an all-gather and a reduce-scatter each: the same ring
-//                 volume), on the link the tp group sits on; not overlapped;
+//                 volume), on the link the tp group sits on (or the emulated one, where
+//                 comm.emulate_groups names tp); what the GEMMs do not hide
+//                 (Note [Plan tensor-parallel overlap]; all of it without parallel.tp_overlap);
 //   pp_p2p        one activation send per chunk boundary forward, one gradient back;
 //   recompute     mlp: fc and its activation again in backward; full: the block's forward again.
 // A step is accum micro-batches through the pipeline: busy = m·t_mb on the slowest stage,
@@ -119,6 +121,22 @@ double flash_rate_factor(double head_dim, double keys) {
   return by_head * by_keys;
 }
 
+// Note [Plan tensor-parallel overlap]
+// With parallel.tp_overlap and tp > 1, a block's collective of time t hides behind a GEMM of
+// time g as trident runs them: on a ring of tp chunks (sequence parallel: the all-gathers
+// before qkv and fc, the reduce-scatters after attproj and fcproj, backward's output-gradient
+// all-gathers before fcproj's and attproj's input-gradient GEMMs) each of tp−1 steps moves a
+// chunk while a chunk's GEMM runs; without sequence parallelism the row-parallel all-reduce goes
+// in k pieces, each beside the next piece's GEMM; qkv's and fc's input-gradient sums ride under
+// their weight-gradient GEMM. What hides slows the compute under it by overlap_slowdown.
+double ring_exposed(double t, double g, double tp) {
+  return (tp - 1) * std::max(0.0, t / (tp - 1) - g / tp);
+}
+double pieces_exposed(double t, double g, double k) {
+  return t / k + (k - 1) * std::max(0.0, t / k - g / k);
+}
+double bulk_exposed(double t, double g) { return std::max(0.0, t - g); }
+
 // Ring collectives over n ranks: bytes of the whole buffer, the link's bus bandwidth.
 double ring_seconds(LinkOp op, double bytes, int n, const LinkSpec& link) {
   if (n <= 1 || bytes <= 0) return 0;
@@ -149,8 +167,12 @@ PlanModel PlanModel::from_deck(const Deck& deck) {
   m.overlap = deck.comm.overlap;
   m.bucket_mb = deck.comm.bucket_mb;
   m.first_bucket_mb = deck.comm.first_bucket_mb;
+  m.tp_overlap = deck.parallel.tp_overlap;
+  m.tp_overlap_chunks = deck.parallel.tp_overlap_chunks;
   m.emulate_gbps = deck.comm.emulate_gbps;
   m.emulate_latency_us = deck.comm.emulate_latency_us;
+  m.emulate_dp = link_emulated_for(deck.comm, "dp");
+  m.emulate_tp = link_emulated_for(deck.comm, "tp");
   m.grad_comm_bytes = deck.comm.grad_dtype == "bf16" ? 2 : 4;
   return m;
 }
@@ -332,8 +354,35 @@ StageCost stage_cost(const PlanModel& m, const PlanLayout& l, const Hardware& hw
   // Two all-reduces of the block's [N, C] activations forward, two backward; a mixture's
   // experts are replicated over tp, so only attention's (sequence parallel: one all-gather and
   // one reduce-scatter, the volume of one all-reduce).
-  const double tp_one = ring_seconds(LinkOp::kAllReduce, N * C * E, l.tp, place.tp_link);
+  auto tp_seconds = [&](LinkOp op, double bytes) {
+    if (l.tp <= 1) return 0.0;
+    if (m.emulate_gbps > 0 && m.emulate_tp)
+      return emulated_link_seconds(op, size_t(bytes), l.tp, m.emulate_gbps, m.emulate_latency_us);
+    return ring_seconds(op, bytes, l.tp, place.tp_link);
+  };
+  const double tp_one = tp_seconds(LinkOp::kAllReduce, N * C * E);
   const double block_tp = 2 * tp_one, moe_tp = tp_one;
+  // What of them the GEMMs leave exposed, per pass: attention's half (qkv, attproj) and the
+  // MLP's (fc, fcproj); all of it without overlap (Note [Plan tensor-parallel overlap]).
+  double attn_tp_f = tp_one, attn_tp_b = tp_one, mlp_tp_f = tp_one, mlp_tp_b = tp_one;
+  if (m.tp_overlap && l.tp > 1) {
+    auto dgrad = [&](double out, double in) { return gemm(N, in, out); };
+    auto wgrad = [&](double out, double in) { return gemm(out, in, N); };
+    if (l.sequence_parallel) {
+      const double t = tp_one / 2;  // one all-gather or reduce-scatter: half an all-reduce
+      attn_tp_f = ring_exposed(t, linear_f(qkv, C), tp) + ring_exposed(t, linear_f(C, proj_in), tp);
+      mlp_tp_f = ring_exposed(t, linear_f(fc, C), tp) + ring_exposed(t, linear_f(C, hidden), tp);
+      attn_tp_b = ring_exposed(t, dgrad(C, proj_in), tp) + bulk_exposed(t, wgrad(qkv, C));
+      mlp_tp_b = ring_exposed(t, dgrad(C, hidden), tp) + bulk_exposed(t, wgrad(fc, C));
+    } else {
+      const double k = m.tp_overlap_chunks > 0 ? m.tp_overlap_chunks : tp;
+      attn_tp_f = pieces_exposed(tp_one, linear_f(C, proj_in), k);
+      mlp_tp_f = pieces_exposed(tp_one, linear_f(C, hidden), k);
+      attn_tp_b = bulk_exposed(tp_one, wgrad(qkv, C));
+      mlp_tp_b = bulk_exposed(tp_one, wgrad(fc, C));
+    }
+  }
+  const double block_tp_f = attn_tp_f + mlp_tp_f, block_tp_b = attn_tp_b + mlp_tp_b;
 
   const double dense = stage.num_layers - moe_layers, mixed = moe_layers;
   const double layers = stage.num_layers;
@@ -341,20 +390,23 @@ StageCost stage_cost(const PlanModel& m, const PlanLayout& l, const Hardware& hw
            mixed * (attn_gemm_f + attn_gemm_b + moe_gemm_f + moe_gemm_b);
   c.attention = layers * (att_f + att_b);
   c.memory_bound = dense * (block_mem_f + block_mem_b) + mixed * (moe_mem_f + moe_mem_b);
-  c.tp_comm = dense * 2 * block_tp + mixed * 2 * moe_tp;
+  c.tp_total = dense * 2 * block_tp + mixed * 2 * moe_tp;
+  c.tp_comm = dense * (block_tp_f + block_tp_b) + mixed * (attn_tp_f + attn_tp_b);
+  c.tp_hidden = c.tp_total - c.tp_comm;
   c.cp_comm = layers * (cp_f + cp_b);
   c.cp_hidden = layers * (cp_hidden_f + cp_hidden_b);
   c.a2a = mixed * (a2a_f + a2a_b);
-  const double moe_f = attn_gemm_f + moe_gemm_f + att_f + moe_mem_f + moe_tp + cp_f + a2a_f;
-  c.backward = dense * (block_gemm_b + att_b + block_mem_b + block_tp + cp_b) +
-               mixed * (attn_gemm_b + moe_gemm_b + att_b + moe_mem_b + moe_tp + cp_b + a2a_b);
-  c.forward = dense * (block_gemm_f + att_f + block_mem_f + block_tp + cp_f) + mixed * moe_f;
+  const double moe_f = attn_gemm_f + moe_gemm_f + att_f + moe_mem_f + attn_tp_f + cp_f + a2a_f;
+  c.backward = dense * (block_gemm_b + att_b + block_mem_b + block_tp_b + cp_b) +
+               mixed * (attn_gemm_b + moe_gemm_b + att_b + moe_mem_b + attn_tp_b + cp_b + a2a_b);
+  c.forward = dense * (block_gemm_f + att_f + block_mem_f + block_tp_f + cp_f) + mixed * moe_f;
   if (l.recompute == "mlp") {  // a mixture's routed rows are kept: its experts' fc again
     c.recompute = dense * (linear_f(fc, C) + mem(act)) + mixed * (moe_fc_f + mem(moe_act));
-  } else if (l.recompute == "full") {  // the forward again, its K/V exchange included
+  } else if (l.recompute == "full") {  // the forward again, its K/V and tp exchanges included
     c.recompute =
-        dense * (block_gemm_f + att_f + block_mem_f + block_tp + cp_f) + mixed * (moe_f - a2a_f);
+        dense * (block_gemm_f + att_f + block_mem_f + block_tp_f + cp_f) + mixed * (moe_f - a2a_f);
     c.cp_hidden += layers * cp_hidden_f;
+    c.tp_hidden += dense * (block_tp - block_tp_f) + mixed * (moe_tp - attn_tp_f);
     c.a2a += mixed * a2a_f;  // the tokens travel again: counted with the all-to-alls
     c.backward += mixed * a2a_f;
   }
@@ -370,10 +422,11 @@ StageCost stage_cost(const PlanModel& m, const PlanLayout& l, const Hardware& hw
     const double g_f = linear_f(Vl, C), g_b = linear_b(Vl, C);
     const double ce = mem(2 * 3 * rows * C) + mem(3 * N * Vl);  // LN; logits read, probs, grads
     const double ceb = mem(2 * 3 * rows * C) + mem(2 * N * Vl);
-    const double tp_ce = 2 * ring_seconds(LinkOp::kAllReduce, N * 3 * 4, l.tp, place.tp_link);
+    const double tp_ce = 2 * tp_seconds(LinkOp::kAllReduce, N * 3 * 4);  // never overlapped
     c.gemm += g_f + g_b;
     c.memory_bound += ce + ceb;
     c.tp_comm += tp_ce;
+    c.tp_total += tp_ce;
     c.forward += g_f + ce + tp_ce;
     c.backward += g_b + ceb;
   }
@@ -438,8 +491,8 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
   const double expert_grad = expert_local * m.grad_comm_bytes;
   const double param_bytes = hw.dtype == "fp32" ? 4 : 2;
   auto group_seconds = [&](LinkOp op, double bytes, int n, const LinkSpec& link) {
-    if (n <= 1) return 0.0;
-    if (m.emulate_gbps > 0)
+    if (n <= 1 || bytes <= 0) return 0.0;  // a dense model's expert group sends nothing
+    if (m.emulate_gbps > 0 && m.emulate_dp)
       return emulated_link_seconds(op, size_t(bytes), n, m.emulate_gbps, m.emulate_latency_us);
     return ring_seconds(op, bytes, n, link);
   };
@@ -538,7 +591,7 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
   p.time = {{"gemm", micro * slow.gemm},
             {"attention", micro * slow.attention},
             {"memory_bound", micro * slow.memory_bound},
-            {"tp_comm", micro * slow.tp_comm},
+            {"tp_comm_exposed", micro * slow.tp_comm},
             {"cp_comm_exposed", micro * slow.cp_comm},
             {"moe_all_to_all_exposed", micro * slow.a2a},
             {"pp_p2p", micro * slow.pp_p2p},
@@ -547,7 +600,8 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
             {l.zero > 0 ? "reduce_scatter_exposed" : "dp_allreduce_exposed", reduce_exposed},
             {"hsdp_allreduce_exposed", replicate_exposed},
             {"all_gather_exposed", gather_exposed},
-            {"overlap_slowdown", slowdown + hw.overlap_slowdown * micro * slow.cp_hidden},
+            {"overlap_slowdown",
+             slowdown + hw.overlap_slowdown * micro * (slow.cp_hidden + slow.tp_hidden)},
             {"tied_embedding_allreduce", tied},
             {"optimizer", optimizer}};
   if (!m.block.has_moe())  // a dense model's split stays as it was
@@ -560,6 +614,8 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
             {"hsdp_allreduce_s", replicate_reduce},
             {"all_gathers_per_step", gathers_per_step},
             {"cp_comm_hidden_s", micro * slow.cp_hidden},
+            {"tp_comm_s", micro * slow.tp_total},
+            {"tp_comm_hidden_s", micro * slow.tp_hidden},
             {"bubble_fraction", f},
             {"micro_batch_s", slow_mb},
             {"forward_s", micro * slow.forward},

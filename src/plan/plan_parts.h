@@ -29,7 +29,11 @@ RankPlace rank_place(const PlanLayout& layout, const Hardware& hw, double busy_f
 
 // One micro-batch on one pipeline stage, seconds (Note [Plan model]).
 struct StageCost {
-  double gemm = 0, attention = 0, memory_bound = 0, tp_comm = 0, pp_p2p = 0, recompute = 0;
+  double gemm = 0, attention = 0, memory_bound = 0, pp_p2p = 0, recompute = 0;
+  // Tensor parallelism's collectives (forward and backward; a full recompute's repeat is in
+  // recompute): what the GEMMs leave exposed, all of them, and what the GEMMs hide (the
+  // repeat's share included), which slows the compute under it by overlap_slowdown.
+  double tp_comm = 0, tp_total = 0, tp_hidden = 0;
   // Context parallelism's K/V exchange: what the attention does not hide, and what it hides
   // (which slows the compute under it by overlap_slowdown).
   double cp_comm = 0, cp_hidden = 0;

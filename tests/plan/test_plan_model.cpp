@@ -7,6 +7,7 @@
 #include "plan/plan_parts.h"
 #include "trident/backend.h"
 #include "trident/check.h"
+#include "trident/comm.h"
 #include "trident/model.h"
 #include "trident/pipeline.h"
 
@@ -61,7 +62,8 @@ TEST(PlanModel, GemmTermIsSeventyTwoNC2PerLayerPlusTheHead) {
 }
 
 TEST(PlanModel, TensorParallelAllReducesOnTheRing) {
-  const PlanModel m = small_model();
+  PlanModel m = small_model();
+  m.tp_overlap = false;  // the figure before parallel.tp_overlap, unchanged
   PlanLayout l;
   l.tp = 2;
   l.micro_batch = 2;
@@ -71,7 +73,121 @@ TEST(PlanModel, TensorParallelAllReducesOnTheRing) {
   // ranks moves 2·(n−1)/n = 1 times the buffer: 32·64·4 B / 10 GB/s each. The head adds two
   // all-reduces of N·3 floats (the vocab-parallel softmax statistics).
   const double one = 32.0 * 64 * 4 / 10e9, ce = 32.0 * 3 * 4 / 10e9;
-  EXPECT_NEAR(p.term("tp_comm"), 2 * 4 * one + 2 * ce, 1e-15);
+  EXPECT_NEAR(p.term("tp_comm_exposed"), 2 * 4 * one + 2 * ce, 1e-15);
+  EXPECT_DOUBLE_EQ(p.term("tp_comm_s"), p.term("tp_comm_exposed"));
+  EXPECT_DOUBLE_EQ(p.term("tp_comm_hidden_s"), 0);
+  // Overlapped, the same collectives in all, less of them exposed.
+  m.tp_overlap = true;
+  const Prediction on = predict(m, l, round_machine());
+  EXPECT_NEAR(on.term("tp_comm_s"), 2 * 4 * one + 2 * ce, 1e-15);
+  EXPECT_LT(on.term("tp_comm_exposed"), p.term("tp_comm_exposed"));
+}
+
+// Note [Plan tensor-parallel overlap] by hand: N = 32 rows, C = 64, tp = 2 (qkv 96 rows, fc
+// 128, attproj's input 32, fcproj's 128), every GEMM at 1 TFLOP/s, links at 10 GB/s.
+TEST(PlanModel, TensorParallelOverlapByHand) {
+  PlanModel m = small_model();
+  Hardware hw = round_machine();
+  hw.overlap_slowdown = 0.1;
+  PlanLayout l;
+  l.tp = 2, l.micro_batch = 2;
+  auto g = [](double M, double N, double K) { return 2 * M * N * K / 1e12; };
+  const double one = 32.0 * 64 * 4 / 10e9, ce = 32.0 * 3 * 4 / 10e9;
+  // Sequence parallel: a ring of 2 chunks exposes max(0, t − g/2) per collective, t = one/2;
+  // backward's reduce-scatters of qkv's and fc's input gradients hide under their dW.
+  l.sequence_parallel = true;
+  const double t = one / 2;
+  auto ring = [&](double gemm) { return std::max(0.0, t - gemm / 2); };
+  const double fwd =
+      ring(g(32, 96, 64)) + ring(g(32, 64, 32)) + ring(g(32, 128, 64)) + ring(g(32, 64, 128));
+  const double bwd = ring(g(32, 128, 64)) + ring(g(32, 32, 64)) +
+                     std::max(0.0, t - g(128, 64, 32)) + std::max(0.0, t - g(96, 64, 32));
+  EXPECT_NEAR(fwd, 2.13e-7 + 3.44e-7 + 1.47e-7 + 1.47e-7, 1e-9);  // the numbers, written out
+  EXPECT_NEAR(bwd, 1.47e-7 + 3.44e-7 + 0 + 0.16e-7, 1e-9);
+  Prediction p = predict(m, l, hw);
+  ASSERT_TRUE(p.fits) << p.why_not;
+  EXPECT_NEAR(p.term("tp_comm_exposed"), 2 * (fwd + bwd) + 2 * ce, 1e-15);
+  EXPECT_NEAR(p.term("tp_comm_hidden_s"), 2 * 4 * one - 2 * (fwd + bwd), 1e-15);
+  EXPECT_NEAR(p.term("overlap_slowdown"), 0.1 * p.term("tp_comm_hidden_s"), 1e-15);
+  // Without it, k = tp = 2 pieces of each all-reduce after attproj and fcproj forward:
+  // one/2 + max(0, one/2 − g/2); backward's all-reduces of qkv's and fc's input gradients
+  // hide under their dW.
+  l.sequence_parallel = false;
+  auto pieces = [&](double gemm) { return one / 2 + std::max(0.0, one / 2 - gemm / 2); };
+  const double fwd_ar = pieces(g(32, 64, 32)) + pieces(g(32, 64, 128));
+  const double bwd_ar = std::max(0.0, one - g(128, 64, 32)) + std::max(0.0, one - g(96, 64, 32));
+  p = predict(m, l, hw);
+  EXPECT_NEAR(p.term("tp_comm_exposed"), 2 * (fwd_ar + bwd_ar) + 2 * ce, 1e-15);
+  // tp_overlap_chunks = 4 cuts each into four pieces.
+  m.tp_overlap_chunks = 4;
+  auto quarters = [&](double gemm) { return one / 4 + 3 * std::max(0.0, one / 4 - gemm / 4); };
+  p = predict(m, l, hw);
+  EXPECT_NEAR(p.term("tp_comm_exposed"),
+              2 * (quarters(g(32, 64, 32)) + quarters(g(32, 64, 128)) + bwd_ar) + 2 * ce, 1e-15);
+}
+
+// Hiding a collective never costs more than waiting for it (the slowdown is a fraction of the
+// hidden time), for any tp, with or without sequence parallelism, recompute or a slow link.
+TEST(PlanModel, TensorParallelOverlapNeverExceedsNoOverlap) {
+  PlanModel m = small_model_layers(4);
+  for (double gbps : {1.0, 10.0, 1000.0})
+    for (int tp : {2, 4})
+      for (bool sp : {false, true})
+        for (const char* recompute : {"none", "full"}) {
+          Hardware hw = round_machine("bf16");
+          hw.overlap_slowdown = 0.3;
+          hw.intra_node = hw.inter_node = {gbps, 1};
+          PlanLayout l;
+          l.tp = tp, l.dp = 2, l.micro_batch = 2, l.accum = 2;
+          l.sequence_parallel = sp, l.recompute = recompute;
+          m.tp_overlap = false;
+          const Prediction off = predict(m, l, hw);
+          m.tp_overlap = true;
+          const Prediction on = predict(m, l, hw);
+          ASSERT_TRUE(on.fits) << on.why_not;
+          EXPECT_LE(on.step_s, off.step_s) << format_layout(l) << " at " << gbps << " GB/s";
+          EXPECT_LE(on.term("tp_comm_exposed"), off.term("tp_comm_exposed"));
+          EXPECT_NEAR(on.term("tp_comm_s"), off.term("tp_comm_s"), 1e-12 * off.step_s);
+        }
+}
+
+// The search ranks layouts by the overlapped figure (the deck's parallel.tp_overlap).
+TEST(PlanModel, SearchUsesTheOverlappedTensorParallelFigure) {
+  PlanModel m = small_model_layers(4);
+  Hardware hw = round_machine();
+  hw.intra_node = hw.inter_node = {1, 0};  // slow: tp's collectives matter
+  PlanSearch s;
+  s.gpus = 2, s.global_batch = 4, s.tp = {2}, s.zero = {0}, s.recompute = {"none"};
+  const std::vector<Prediction> ranked = rank_layouts(m, hw, s);
+  ASSERT_FALSE(ranked.empty());
+  const Prediction& best = ranked.front();
+  EXPECT_DOUBLE_EQ(best.step_s, predict(m, best.layout, hw).step_s);
+  m.tp_overlap = false;
+  EXPECT_LT(best.step_s, predict(m, best.layout, hw).step_s);
+  EXPECT_LT(best.term("tp_comm_exposed"), best.term("tp_comm_s"));
+}
+
+// comm.emulate_groups: the emulated link replaces the dp group's, the tp group's, or both.
+TEST(PlanModel, EmulatedLinkSlowsTheGroupsItNames) {
+  PlanModel m = small_model();
+  m.tp_overlap = false;
+  m.emulate_gbps = 0.1, m.emulate_latency_us = 5;
+  PlanLayout l;
+  l.tp = 2, l.dp = 2, l.micro_batch = 2;
+  const Hardware hw = round_machine();
+  const double act = 32.0 * 64 * 4, grads = stage_params(m, l, 0) * 4;
+  auto emulated = [&](double bytes) {
+    return emulated_link_seconds(LinkOp::kAllReduce, size_t(bytes), 2, 0.1, 5);
+  };
+  const double ce = 2 * emulated(32.0 * 3 * 4), ce_ring = 2 * 32.0 * 3 * 4 / 10e9;
+  m.emulate_dp = true, m.emulate_tp = false;  // the default, "dp"
+  Prediction p = predict(m, l, hw);
+  EXPECT_NEAR(p.term("dp_reduce_s"), emulated(grads), 1e-12);
+  EXPECT_NEAR(p.term("tp_comm_s"), 2 * 4 * act / 10e9 + ce_ring, 1e-15);
+  m.emulate_dp = false, m.emulate_tp = true;  // "tp"
+  p = predict(m, l, hw);
+  EXPECT_NEAR(p.term("dp_reduce_s"), grads / 10e9, 1e-15);
+  EXPECT_NEAR(p.term("tp_comm_s"), 2 * 4 * emulated(act) + ce, 1e-12);
 }
 
 // Rank order puts tp's ranks next to each other: on 8-device nodes a group of 2, 4 or 8 stays
