@@ -35,99 +35,145 @@ TpOverlap::TpOverlap(Backend& be, const TensorParallel& tp, int maxN, int C, siz
   TRIDENT_CHECK(tp_.size > 1 && tp_.comm != nullptr && tp_.comm->size() == tp_.size,
                 "tp overlap over {} ranks needs their communicator", tp_.size);
   TRIDENT_CHECK(maxN % tp_.size == 0, "{} rows do not split over tp {}", maxN, tp_.size);
-  if (tp_.chunks <= 0) tp_.chunks = tp_.size;
+  // Pieces: of each rank's chunk with sequence parallelism (the ring has tp · pieces steps),
+  // of the whole rows without (Note [Tensor-parallel overlap]).
+  if (tp_.chunks <= 0) tp_.chunks = tp_.sequence_parallel ? 1 : tp_.size;
   rows_ = BackendBuffer<float>(be_, size_t(maxN / tp_.size) * widest);
-  const size_t steps = size_t(std::max(tp_.size, tp_.chunks));
-  sends_.resize(steps);
-  recvs_.resize(steps);
+  const size_t works = size_t(tp_.size) * size_t(tp_.chunks);
+  sends_.resize(works);
+  recvs_.resize(works);
   (void)C;
 }
 
 // Chunk c of a sequence-parallel tensor is sequence rows [c·Tl, (c+1)·Tl) of every sequence
-// (Note [Sequence-parallel rows]).
-void TpOverlap::scatter_chunk(float* full, const float* rows, int chunk, int B, int T,
-                              int width) const {
+// (Note [Sequence-parallel rows]); as it travels it is [B, Tl] rows, cut into pieces of
+// consecutive rows. Rows [r0, r0 + rows) of chunk c sit in the full [B, T] tensor as at most
+// one run per sequence: copied run by run.
+void TpOverlap::move_rows(float* full, float* rows, int chunk, int r0, int count, int T, int width,
+                          bool to_full) const {
   const int Tl = T / tp_.size;
-  const size_t row = size_t(width) * sizeof(float);
-  be_.copy_rows(full + size_t(chunk) * Tl * width, T * row, rows, Tl * row, Tl * row, size_t(B));
+  const size_t w = size_t(width);
+  for (int r = r0; r < r0 + count;) {
+    const int b = r / Tl, t = r % Tl, run = std::min(Tl - t, r0 + count - r);
+    float* f = full + (size_t(b) * T + size_t(chunk) * Tl + t) * w;
+    float* p = rows + size_t(r - r0) * w;
+    if (to_full) be_.copy(f, p, size_t(run) * w * sizeof(float));
+    else be_.copy(p, f, size_t(run) * w * sizeof(float));
+    r += run;
+  }
 }
 
-void TpOverlap::gather_chunk(float* rows, const float* full, int chunk, int B, int T,
-                             int width) const {
-  const int Tl = T / tp_.size;
-  const size_t row = size_t(width) * sizeof(float);
-  be_.copy_rows(rows, Tl * row, full + size_t(chunk) * Tl * width, T * row, Tl * row, size_t(B));
-}
-
+// The ring's pieces (Note [Tensor-parallel overlap]): step 0 holds this rank's own chunk whole,
+// so it posts all its pieces and takes them in one GEMM; a later step computes each arrived
+// piece while the next ones travel.
 void TpOverlap::gather_matmul(float* out, float* in_full, const float* local, const Gemm& g, int B,
                               int T, int C) {
-  const int n = tp_.size, r = tp_.rank, Tl = T / n;
+  const int n = tp_.size, r = tp_.rank, Tl = T / n, k = tp_.chunks;
   const int prev = (r + n - 1) % n, next = (r + 1) % n;
-  const size_t Nr = size_t(B) * Tl, chunk = Nr * C;
+  const int Nr = B * Tl, rows = Nr / k;  // a piece's rows
+  const size_t chunk = size_t(Nr) * C, piece = size_t(rows) * C;
   Communicator& comm = *tp_.comm;
+  // Rows [r0, r0 + count) of rank src's chunk, at `in`: into in_full, and through the GEMM.
+  auto gemm = [&](const float* in, int src, int r0, int count) {
+    if (in_full) move_rows(in_full, const_cast<float*>(in), src, r0, count, T, C, true);
+    // One sequence: the rows of `out` are contiguous, so the GEMM writes them there.
+    float* dst = B == 1 ? out + (size_t(src) * Tl + size_t(r0)) * g.OC : rows_.data();
+    if (g.input_gradient)
+      be_.matmul_backward(dst, nullptr, nullptr, in, nullptr, g.w, count, g.OC, C);
+    else be_.matmul_forward(dst, in, g.w, g.bias, count, C, g.OC);
+    if (B > 1) move_rows(out, rows_.data(), src, r0, count, T, g.OC, true);
+  };
   const float* held = local;  // the chunk this step computes on, of rank `src`
   int src = r;
   for (int s = 0; s < n; ++s) {
     const int arriving = (r + n - s - 1) % n;  // the chunk the ring brings during this step
-    auto post = [&] {
+    float* next_chunk = stage_ + size_t(arriving) * chunk;
+    auto post = [&](int q) {  // the next step's piece q, and this step's on to the next rank
       if (s == n - 1) return;
-      recvs_[size_t(s)] = comm.recv(stage_ + size_t(arriving) * chunk, chunk, prev, kTagGather);
+      const size_t i = size_t(s) * k + q;
+      recvs_[i] = comm.recv(next_chunk + q * piece, piece, prev, kTagGather);
       note(Event::kRecvPosted, s + 1);
-      sends_[size_t(s)] = comm.send(held, chunk, next, kTagGather);
+      sends_[i] = comm.send(held + q * piece, piece, next, kTagGather);
     };
-    if (!post_late_) post();
-    note(Event::kComputeBegin, s);
-    if (in_full) scatter_chunk(in_full, held, src, B, T, C);
-    // One sequence: the chunk's rows of `out` are contiguous, so the GEMM writes them in place.
-    float* dst = B == 1 ? out + size_t(src) * Tl * g.OC : rows_.data();
-    if (g.input_gradient)
-      be_.matmul_backward(dst, nullptr, nullptr, held, nullptr, g.w, int(Nr), g.OC, C);
-    else be_.matmul_forward(dst, held, g.w, g.bias, int(Nr), C, g.OC);
-    if (B > 1) scatter_chunk(out, rows_.data(), src, B, T, g.OC);
-    note(Event::kComputeEnd, s);
-    if (post_late_) post();
-    if (s == n - 1) break;
-    wait_tp(be_, recvs_[size_t(s)], times_);
-    held = stage_ + size_t(arriving) * chunk;
+    if (s == 0) {
+      if (!post_late_)
+        for (int q = 0; q < k; ++q) post(q);
+      note(Event::kComputeBegin, s);
+      gemm(held, src, 0, Nr);
+      note(Event::kComputeEnd, s);
+      if (post_late_)
+        for (int q = 0; q < k; ++q) post(q);
+    } else {
+      for (int q = 0; q < k; ++q) {
+        wait_tp(be_, recvs_[size_t(s - 1) * k + q], times_);
+        if (!post_late_) post(q);
+        note(Event::kComputeBegin, s);
+        gemm(held + q * piece, src, q * rows, rows);
+        note(Event::kComputeEnd, s);
+        if (post_late_) post(q);
+      }
+    }
+    held = next_chunk;
     src = arriving;
   }
-  for (int s = 0; s + 1 < n; ++s) wait_tp(be_, sends_[size_t(s)], times_, false);
+  for (int i = 0; i < (n - 1) * k; ++i) wait_tp(be_, sends_[size_t(i)], times_, false);
 }
 
+// The other way round: the steps before the last compute each piece of a partial sum and pass it
+// on; the last computes this rank's own chunk in one GEMM and adds the pieces as they arrive.
 void TpOverlap::matmul_reduce_scatter(float* out, const float* inp, const float* w,
                                       const float* bias, int B, int T, int K, int C) {
-  const int n = tp_.size, r = tp_.rank, Tl = T / n;
+  const int n = tp_.size, r = tp_.rank, Tl = T / n, k = tp_.chunks;
   const int prev = (r + n - 1) % n, next = (r + 1) % n;
-  const size_t Nr = size_t(B) * Tl, chunk = Nr * C;
+  const int Nr = B * Tl, rows = Nr / k;
+  const size_t chunk = size_t(Nr) * C, piece = size_t(rows) * C;
   Communicator& comm = *tp_.comm;
   float* arrived[2] = {stage_, stage_ + chunk};
+  // dst = the partial sums of rows [r0, r0 + count) of chunk c.
+  auto gemm = [&](float* dst, int c, int r0, int count) {
+    const float* in = inp + (size_t(c) * Tl + size_t(r0)) * K;  // one sequence: contiguous
+    if (B > 1) {
+      move_rows(const_cast<float*>(inp), rows_.data(), c, r0, count, T, K, false);
+      in = rows_.data();
+    }
+    be_.matmul_forward(dst, in, w, bias, count, K, C);
+  };
   for (int s = 0; s < n; ++s) {
     // The chunk whose owner is s + 1 hops ahead: the last step computes this rank's own.
     const int c = (r + 2 * n - s - 1) % n;
-    auto post = [&] {
-      if (s == n - 1) return;
-      recvs_[size_t(s) + 1] = comm.recv(arrived[(s + 1) % 2], chunk, prev, kTagReduce);
-      note(Event::kRecvPosted, s + 1);
-    };
-    if (!post_late_) post();
-    float* dst = s == n - 1 ? out : partial_ + size_t(s % 2) * chunk;
-    if (s >= 2) wait_tp(be_, sends_[size_t(s) - 2], times_, false);  // dst's last send
-    note(Event::kComputeBegin, s);
-    const float* rows = inp + size_t(c) * Tl * K;  // one sequence: contiguous
-    if (B > 1) {
-      gather_chunk(rows_.data(), inp, c, B, T, K);
-      rows = rows_.data();
+    if (s == n - 1) {
+      note(Event::kComputeBegin, s);
+      gemm(out, c, 0, Nr);
+      note(Event::kComputeEnd, s);
+      for (int q = 0; q < k; ++q) {
+        wait_tp(be_, recvs_[size_t(s) * k + q], times_);
+        be_.add(out + q * piece, out + q * piece, arrived[s % 2] + q * piece, piece);
+      }
+      break;
     }
-    be_.matmul_forward(dst, rows, w, bias, int(Nr), K, C);
-    note(Event::kComputeEnd, s);
-    if (post_late_) post();
-    if (s > 0) {
-      wait_tp(be_, recvs_[size_t(s)], times_);
-      be_.add(dst, dst, arrived[s % 2], chunk);
+    float* sums = partial_ + size_t(s % 2) * chunk;
+    for (int q = 0; q < k; ++q) {
+      const size_t i = size_t(s) * k + q;
+      auto post = [&] {
+        recvs_[i + size_t(k)] =
+            comm.recv(arrived[(s + 1) % 2] + q * piece, piece, prev, kTagReduce);
+        note(Event::kRecvPosted, s + 1);
+      };
+      if (!post_late_) post();
+      if (s >= 2) wait_tp(be_, sends_[i - 2 * size_t(k)], times_, false);  // this buffer's send
+      note(Event::kComputeBegin, s);
+      float* dst = sums + q * piece;
+      gemm(dst, c, q * rows, rows);
+      note(Event::kComputeEnd, s);
+      if (post_late_) post();
+      if (s > 0) {
+        wait_tp(be_, recvs_[i], times_);
+        be_.add(dst, dst, arrived[s % 2] + q * piece, piece);
+      }
+      sends_[i] = comm.send(dst, piece, next, kTagReduce);
     }
-    if (s < n - 1) sends_[size_t(s)] = comm.send(dst, chunk, next, kTagReduce);
   }
-  for (int s = 0; s + 1 < n; ++s) wait_tp(be_, sends_[size_t(s)], times_, false);
+  for (int i = 0; i < (n - 1) * k; ++i) wait_tp(be_, sends_[size_t(i)], times_, false);
 }
 
 void TpOverlap::matmul_all_reduce(float* out, const float* inp, const float* w, const float* bias,

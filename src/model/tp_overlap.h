@@ -4,12 +4,12 @@
 //
 // Note [Tensor-parallel overlap]
 // With sequence parallelism an all-gather before a column-parallel GEMM (qkv, fc; backward: the
-// output gradient before fcproj's and attproj's input-gradient GEMMs) is a ring of tp steps,
-// each posting the next chunk's receive and this one's send before its chunk's GEMM; a
-// reduce-scatter after a row-parallel GEMM is a ring the other way, each step computing a
-// chunk's partial sum while the previous one travels. Without it, a row-parallel all-reduce goes
-// in pieces. In backward a column-parallel input gradient's sum travels while the layer's weight
-// gradient is computed ("bulk"). Rows give the same bits in any chunk; tp 2's sums too.
+// output gradient before fcproj's and attproj's input-gradient GEMMs) is a ring of tp steps of
+// one rank's chunk each, cut in tp_overlap_chunks pieces: a piece's GEMM runs while the next
+// arrives. A reduce-scatter after a row-parallel GEMM is a ring the other way, a piece's partial
+// sum computed while the previous travels. Without it, a row-parallel all-reduce goes in pieces.
+// Backward's column-parallel input-gradient sums travel under the weight-gradient GEMM ("bulk").
+// Row pieces keep a GEMM's bits (OpenBLAS, 12+ rows); tp 2's sums are one addition, as before.
 //
 // Note [Chunks on the host]
 // Open MPI moves a chunk's bytes only inside MPI calls: the wait after a chunk's GEMM moves them,
@@ -79,16 +79,17 @@ class TpOverlap {
   void note(Event e, int step) {
     if (record_) events_.push_back({e, step});
   }
-  // rows_[B, Tl, OC] → out's rows of sequence chunk `chunk` (out [B, T, OC]), or back.
-  void scatter_chunk(float* full, const float* rows, int chunk, int B, int T, int width) const;
-  void gather_chunk(float* rows, const float* full, int chunk, int B, int T, int width) const;
+  // Rows [r0, r0 + count) of sequence chunk `chunk` ([B, Tl] order) between `rows` (packed)
+  // and the full [B, T, width] tensor: into full when to_full, else out of it.
+  void move_rows(float* full, float* rows, int chunk, int r0, int count, int T, int width,
+                 bool to_full) const;
 
   Backend& be_;
   TensorParallel tp_;
   float* stage_;    // [tp][Nr, C]: gathered chunks; a reduce-scatter's received sums in [2]
   float* partial_;  // [2][Nr, C]: a reduce-scatter's partial sums being sent
   BackendBuffer<float> rows_;        // one chunk's GEMM input or output [Nr, widest]
-  std::vector<Work> sends_, recvs_;  // one per ring step, reused (no allocation per step)
+  std::vector<Work> sends_, recvs_;  // one per ring piece, reused (no allocation per step)
   TpTimes& times_;
   bool record_ = false, post_late_ = false;
   std::vector<EventRecord> events_;

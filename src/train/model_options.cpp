@@ -165,27 +165,22 @@ void check_moe_deck(const Deck& deck, const GPTConfig& cfg, int dp_cp, bool devi
                 ep, deck.train.val_batches, dp);
 }
 
-// Note [Tensor-parallel overlap] (model/tp_overlap.h): without sequence parallelism a
-// row-parallel all-reduce goes in k pieces of B·T/k rows; k must divide T, so that every
-// micro-batch size splits evenly. Left at 0, k is the most that divides T up to tp (a stated
-// choice, not an error: the default must run every layout).
+// Note [Tensor-parallel overlap] (model/tp_overlap.h): the pieces are whole rows of every
+// micro-batch size: k divides a rank's sequence shard T/tp (with sequence parallelism, each
+// ring chunk in k pieces) or its T rows (without, the all-reduce in k pieces). Left at 0, k is
+// TP_PIECES_AUTO; a count that does not divide exits 2 with the numbers.
 int tp_overlap_chunks(const Deck& deck, int tp, int T) {
   const ParallelConfig& p = deck.parallel;
-  const int k = p.tp_overlap_chunks;
   if (!p.tp_overlap || tp == 1) return 0;
-  if (p.sequence_parallel) {
-    if (k != 0 && k != tp)
-      input_error("parallel.tp_overlap_chunks {} with parallel.sequence_parallel: the ring has one "
-                  "chunk per tp rank ({}); use 0 or {}",
-                  k, tp, tp);
-    return tp;
-  }
-  if (k == 0) return std::gcd(tp, T);
-  if (T % k != 0)
-    input_error("parallel.tp_overlap_chunks {} does not divide the {} rows of a sequence on a rank "
-                "(model.seq_len {} / parallel.cp {}): the all-reduce pieces must split every "
-                "micro-batch evenly",
-                k, T, deck.model.seq_len, deck.model.seq_len / T);
+  const bool sp = p.sequence_parallel;
+  const int rows = sp ? T / tp : T;
+  int k = p.tp_overlap_chunks;
+  if (k == 0) return sp ? std::gcd(2, rows) : std::gcd(tp, rows);
+  if (rows % k != 0)
+    input_error("parallel.tp_overlap_chunks {} does not divide the sequence shard: {} rows of each "
+                "sequence on a rank (model.seq_len {}{}{}), so its pieces would not be whole rows",
+                k, rows, deck.model.seq_len, p.cp > 1 ? fmt::format(" / parallel.cp {}", p.cp) : "",
+                sp ? fmt::format(" / parallel.tp {} with sequence parallelism", tp) : "");
   return k;
 }
 
