@@ -142,10 +142,10 @@ struct ParallelConfig {
   std::string cp_comm = "ring";  // how K/V reach the cp ranks: ring | allgather
   int ep = 1;                    // expert parallelism over dp × cp (model.moe)
   bool sequence_parallel = false;  // Megatron's sequence parallelism (needs tp > 1)
-  // Note [Tensor-parallel overlap] (src/model/tp_overlap.h): tp collectives split into chunks
-  // that travel while the GEMMs compute; chunks of the all-reduce without sequence parallelism
-  // (0: tp; with sequence parallelism the ring has tp chunks).
-  bool tp_overlap = true;
+  // Note [Tensor-parallel overlap] (src/model/tp_overlap.h): tp collectives split into pieces
+  // that travel while the GEMMs compute: of each ring chunk with sequence parallelism, of the
+  // all-reduce without (0: 2 and tp).
+  std::string tp_overlap = "auto";  // auto | true | false (auto: where it wins)
   int tp_overlap_chunks = 0;
   std::string schedule = "1f1b";  // pipeline schedule: gpipe | 1f1b | zb-h1 | interleaved
   int virtual_stages = 1;         // model chunks per stage (interleaved)

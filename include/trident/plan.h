@@ -129,6 +129,8 @@ struct PlanModel {
   // (Note [Plan tensor-parallel overlap] in src/plan/model.cpp); tp_overlap_chunks: the
   // all-reduce's pieces without sequence parallelism (0: tp).
   bool tp_overlap = true;
+  bool tp_overlap_auto =
+      false;  // parallel.tp_overlap auto: on a CPU, only across nodes or emulated
   int tp_overlap_chunks = 0;
   double bucket_mb = 25, first_bucket_mb = 1;
   // comm.emulate_*: the link that replaces the named groups' own (comm.emulate_groups).

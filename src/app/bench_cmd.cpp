@@ -291,8 +291,8 @@ int run_bench(const BenchArgs& args, const BlasCoreCheck& blas) {
         {"ranks", ranks, -1},
         {"dp", grid->layout().dp, -1},
         {"tp", grid->layout().tp, -1},
-        {"tp_overlap",  // as the model runs it (Note [Tensor-parallel overlap])
-         grid->layout().tp > 1 && deck.parallel.tp_overlap && !backend->is_device(), -1},
+        {"tp_overlap",  // as the model runs it (Note [Chunks on the host])
+         trainer.model().tp_overlap() != nullptr, -1},
         {"pp", pp, -1},
         {"cp", grid->layout().cp, -1},
         {"cp_comm", deck.parallel.cp_comm, -1},

@@ -222,16 +222,21 @@ const std::vector<Key>& table() {
        .field = at<&Deck::parallel, &ParallelConfig::sequence_parallel>(),
        .help = "split LayerNorm and residual regions along the sequence over tp ranks"},
       {.name = "parallel.tp_overlap", .field = at<&Deck::parallel, &ParallelConfig::tp_overlap>(),
+       .text = Text::kEnum, .choices = {"auto", "true", "false"},
        .help = "hide the tensor-parallel collectives behind the GEMMs: the all-gather and "
-               "reduce-scatter of sequence parallelism ride a ring chunk by chunk beside the "
-               "chunked GEMMs, the all-reduce without it goes in parallel.tp_overlap_chunks "
-               "pieces, and backward's input-gradient sums travel while the weight gradients are "
-               "computed (Note [Tensor-parallel overlap] in src/model/tp_overlap.h)"},
+               "reduce-scatter of sequence parallelism ride a ring piece by piece beside the "
+               "chunked GEMMs, the all-reduce without it goes in pieces, and backward's "
+               "input-gradient sums travel while the weight gradients are computed (Note "
+               "[Tensor-parallel overlap] in src/model/tp_overlap.h); CPU backend. auto: where it "
+               "wins, when the tp group spans nodes or comm.emulate_groups names tp (on one "
+               "node's shared memory the bytes move only while compute waits)"},
       {.name = "parallel.tp_overlap_chunks",
        .field = at<&Deck::parallel, &ParallelConfig::tp_overlap_chunks>(), .min = ge(0),
-       .help = "with parallel.tp_overlap and without sequence parallelism: pieces each "
-               "row-parallel all-reduce is cut into (must divide a rank's sequence rows); 0: tp. "
-               "With sequence parallelism the ring has tp chunks (0 or tp)"},
+       .help = "with parallel.tp_overlap: the pieces each rank's ring chunk is cut into with "
+               "sequence parallelism (a GEMM starts on a chunk's first piece), or each "
+               "row-parallel all-reduce without it; must divide a rank's rows of a sequence "
+               "(seq_len / cp, / tp with sequence parallelism); 0: 2 with sequence parallelism, "
+               "tp without (or the most of those that divides)"},
       {.name = "parallel.schedule", .field = at<&Deck::parallel, &ParallelConfig::schedule>(),
        .text = Text::kEnum, .choices = {"gpipe", "1f1b", "zb-h1", "interleaved"},
        .help = "pipeline schedule (zb-h1: zero-bubble, split backward, train.recompute none; "

@@ -14,9 +14,9 @@
 // Note [Chunks on the host]
 // Open MPI moves a chunk's bytes only inside MPI calls: the wait after a chunk's GEMM moves them,
 // so the overlap is real only where the wire takes time (another node, or an emulated link on
-// tp), whose time runs from the post. Hence parallel.tp_overlap is on by default: where it
-// cannot win it costs the chunks' row copies. The embedding's, the head's and the LayerNorm
-// weights' sums stay whole. A device backend keeps them all whole (issue 45's GPU part).
+// tp), whose time runs from the post. Hence parallel.tp_overlap auto, the default, is on only
+// there (tp_overlap_on in train/model_options.cpp); true forces it. The embedding's, the head's
+// and the LayerNorm weights' sums stay whole. A device keeps all whole (issue 45's GPU part).
 #pragma once
 
 #include <vector>

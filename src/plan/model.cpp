@@ -123,14 +123,18 @@ double flash_rate_factor(double head_dim, double keys) {
 
 // Note [Plan tensor-parallel overlap]
 // With parallel.tp_overlap and tp > 1, a block's collective of time t hides behind a GEMM of
-// time g as trident runs them: on a ring of tp chunks (sequence parallel: the all-gathers
-// before qkv and fc, the reduce-scatters after attproj and fcproj, backward's output-gradient
-// all-gathers before fcproj's and attproj's input-gradient GEMMs) each of tp−1 steps moves a
-// chunk while a chunk's GEMM runs; without sequence parallelism the row-parallel all-reduce goes
+// time g as trident runs them: on a ring of tp chunks of k pieces (sequence parallel: the
+// all-gathers before qkv and fc, the reduce-scatters after attproj and fcproj, backward's
+// output-gradient all-gathers before fcproj's and attproj's input-gradient GEMMs) a piece's
+// GEMM runs while the next travels; without sequence parallelism the row-parallel all-reduce goes
 // in k pieces, each beside the next piece's GEMM; qkv's and fc's input-gradient sums ride under
 // their weight-gradient GEMM. What hides slows the compute under it by overlap_slowdown.
-double ring_exposed(double t, double g, double tp) {
-  return (tp - 1) * std::max(0.0, t / (tp - 1) - g / tp);
+
+// The ring's (tp−1)·k pieces travel back to back; the rank's own chunk (g/tp) computes first,
+// each arrived piece (g/(tp·k)) after it: the GEMMs end at max(g, t + g/(tp·k), the first piece
+// + (tp−1)·g/tp), of which g is compute.
+double ring_exposed(double t, double g, double tp, double k) {
+  return std::max({0.0, t + g / (tp * k) - g, t / ((tp - 1) * k) - g / tp});
 }
 double pieces_exposed(double t, double g, double k) {
   return t / k + (k - 1) * std::max(0.0, t / k - g / k);
@@ -167,7 +171,8 @@ PlanModel PlanModel::from_deck(const Deck& deck) {
   m.overlap = deck.comm.overlap;
   m.bucket_mb = deck.comm.bucket_mb;
   m.first_bucket_mb = deck.comm.first_bucket_mb;
-  m.tp_overlap = deck.parallel.tp_overlap;
+  m.tp_overlap = deck.parallel.tp_overlap != "false";
+  m.tp_overlap_auto = deck.parallel.tp_overlap == "auto";
   m.tp_overlap_chunks = deck.parallel.tp_overlap_chunks;
   m.emulate_gbps = deck.comm.emulate_gbps;
   m.emulate_latency_us = deck.comm.emulate_latency_us;
@@ -365,15 +370,25 @@ StageCost stage_cost(const PlanModel& m, const PlanLayout& l, const Hardware& hw
   // What of them the GEMMs leave exposed, per pass: attention's half (qkv, attproj) and the
   // MLP's (fc, fcproj); all of it without overlap (Note [Plan tensor-parallel overlap]).
   double attn_tp_f = tp_one, attn_tp_b = tp_one, mlp_tp_f = tp_one, mlp_tp_b = tp_one;
-  if (m.tp_overlap && l.tp > 1) {
+  // auto, as the trainer resolves it on a host (Note [Chunks on the host]): on where the tp group
+  // crosses nodes or its link is emulated; a GPU's NCCL moves the bytes by itself, so there it
+  // wins in any case (as the GPU part will run it).
+  const bool tp_overlap =
+      m.tp_overlap && (!m.tp_overlap_auto || hw.kind != "cpu" ||
+                       place.tp_link.gbytes_per_s != hw.intra_node.gbytes_per_s ||
+                       (m.emulate_gbps > 0 && m.emulate_tp));
+  if (tp_overlap && l.tp > 1) {
     auto dgrad = [&](double out, double in) { return gemm(N, in, out); };
     auto wgrad = [&](double out, double in) { return gemm(out, in, N); };
     if (l.sequence_parallel) {
       const double t = tp_one / 2;  // one all-gather or reduce-scatter: half an all-reduce
-      attn_tp_f = ring_exposed(t, linear_f(qkv, C), tp) + ring_exposed(t, linear_f(C, proj_in), tp);
-      mlp_tp_f = ring_exposed(t, linear_f(fc, C), tp) + ring_exposed(t, linear_f(C, hidden), tp);
-      attn_tp_b = ring_exposed(t, dgrad(C, proj_in), tp) + bulk_exposed(t, wgrad(qkv, C));
-      mlp_tp_b = ring_exposed(t, dgrad(C, hidden), tp) + bulk_exposed(t, wgrad(fc, C));
+      // Pieces per ring chunk: the deck's, or trident's default of 2 (model_options.cpp).
+      const double k = m.tp_overlap_chunks > 0 ? m.tp_overlap_chunks : 2;
+      auto ring = [&](double g) { return ring_exposed(t, g, tp, k); };
+      attn_tp_f = ring(linear_f(qkv, C)) + ring(linear_f(C, proj_in));
+      mlp_tp_f = ring(linear_f(fc, C)) + ring(linear_f(C, hidden));
+      attn_tp_b = ring(dgrad(C, proj_in)) + bulk_exposed(t, wgrad(qkv, C));
+      mlp_tp_b = ring(dgrad(C, hidden)) + bulk_exposed(t, wgrad(fc, C));
     } else {
       const double k = m.tp_overlap_chunks > 0 ? m.tp_overlap_chunks : tp;
       attn_tp_f = pieces_exposed(tp_one, linear_f(C, proj_in), k);

@@ -165,13 +165,35 @@ void check_moe_deck(const Deck& deck, const GPTConfig& cfg, int dp_cp, bool devi
                 ep, deck.train.val_batches, dp);
 }
 
+// Note [Chunks on the host] (model/tp_overlap.h): parallel.tp_overlap auto turns the overlap on
+// where it wins on a host, when the tp ranks do not share one node's memory (the bytes then take
+// time on a wire) or the emulated link slows tp; on one node the bytes move only while compute
+// waits, and the chunks would cost their copies and smaller GEMMs (docs/perf.md: +6.6%). A
+// device keeps the collectives whole (not built: issue 45's GPU part). MPI_Comm_split_type is
+// collective over tp: every tp rank resolves it at the same point.
+bool tp_overlap_on(const Deck& deck, MpiComm& tp, bool device) {
+  const std::string& mode = deck.parallel.tp_overlap;
+  if (mode == "false" || device || tp.size() == 1) return false;
+  if (mode == "true") return true;
+  MPI_Comm node = MPI_COMM_NULL;
+  TRIDENT_MPI(MPI_Comm_split_type(tp.raw(), MPI_COMM_TYPE_SHARED, tp.rank(), MPI_INFO_NULL, &node));
+  int on_node = 0;
+  TRIDENT_MPI(MPI_Comm_size(node, &on_node));
+  TRIDENT_MPI(MPI_Comm_free(&node));
+  int split = on_node < tp.size() ? 1 : 0, any = 0;  // the same answer on every tp rank
+  TRIDENT_MPI(MPI_Allreduce(&split, &any, 1, MPI_INT, MPI_MAX, tp.raw()));
+  return any != 0 || link_emulated_for(deck.comm, "tp");
+}
+
 // Note [Tensor-parallel overlap] (model/tp_overlap.h): the pieces are whole rows of every
 // micro-batch size: k divides a rank's sequence shard T/tp (with sequence parallelism, each
 // ring chunk in k pieces) or its T rows (without, the all-reduce in k pieces). Left at 0, k is
-// TP_PIECES_AUTO; a count that does not divide exits 2 with the numbers.
-int tp_overlap_chunks(const Deck& deck, int tp, int T) {
+// 2 with sequence parallelism (measured: 26% of the tp time exposed against 1 piece's 49%,
+// docs/perf.md), tp without, or the most of those that divides; a count that does not divide
+// exits 2 with the numbers.
+int tp_overlap_chunks(const Deck& deck, int tp, int T, bool overlap) {
   const ParallelConfig& p = deck.parallel;
-  if (!p.tp_overlap || tp == 1) return 0;
+  if (!overlap || tp == 1) return 0;
   const bool sp = p.sequence_parallel;
   const int rows = sp ? T / tp : T;
   int k = p.tp_overlap_chunks;
@@ -211,8 +233,8 @@ GPTOptions stage_options(const Deck& deck, const GPTConfig& cfg, const TrainCont
       ctx.grid->tp().set_duplex_link(true);
     }
     options.tp = {tp, ctx.grid->layout().tp, ctx.grid->coord().tp, deck.parallel.sequence_parallel};
-    options.tp.overlap = deck.parallel.tp_overlap;
-    options.tp.chunks = tp_overlap_chunks(deck, options.tp.size, T);
+    options.tp.overlap = tp_overlap_on(deck, ctx.grid->tp(), ctx.backend->is_device());
+    options.tp.chunks = tp_overlap_chunks(deck, options.tp.size, T, options.tp.overlap);
   }
   if (ctx.backend->is_device() && options.tp.size > 1 && !ctx.tp_device)
     internal_error(__FILE__, __LINE__, "a device backend with tp > 1 needs a device communicator");

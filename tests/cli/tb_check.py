@@ -28,6 +28,7 @@ TAGS = {
     "bubble": "time/bubble",
     "comm_ms": "comm/comm_ms", "overlap": "comm/overlap", "gather_comm_ms": "comm/gather_comm_ms",
     "gather_exposed_ms": "comm/gather_exposed_ms", "tp_comm_ms": "comm/tp_comm_ms",
+    "tp_exposed_ms": "comm/tp_exposed_ms",
     "param_mib": "memory/param_mib", "grad_mib": "memory/grad_mib",
     "grad_resident_mib": "memory/grad_resident_mib", "optimizer_mib": "memory/optimizer_mib",
     "activation_mib": "memory/activation_mib",

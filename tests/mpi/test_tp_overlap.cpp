@@ -130,8 +130,8 @@ TEST_F(TpRing, GatherMatmulEqualsGatherThenGemmAndPostsAhead) {
       ring.gather_matmul(out.data(), gathered.data(), local.data(),
                          {w.data(), bias.data(), s.OC, false}, s.B, s.T, s.C);
       float worst = 0;
-    for (size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::abs(out[i] - want[i]));
-    EXPECT_EQ(worst, 0.0f) << "late " << late << ", pieces " << pieces;
+      for (size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::abs(out[i] - want[i]));
+      EXPECT_EQ(worst, 0.0f) << "late " << late << ", pieces " << pieces;
       EXPECT_EQ(gathered, full);
       EXPECT_EQ(receives_posted_ahead(ring.events(), tp), !late) << "forward, late " << late;
       const size_t forward_events = ring.events().size();
@@ -297,6 +297,26 @@ TEST_P(TpOverlapTraining, Tp2Pp2ZeroBubble) {
 INSTANTIATE_TEST_SUITE_P(Families, TpOverlapTraining,
                          ::testing::Values("gpt2", "neox", "llama", "mixtral"),
                          [](const auto& info) { return std::string(info.param); });
+
+// parallel.tp_overlap auto (Note [Chunks on the host]): off on one node's shared memory, where
+// the chunks cannot win, on when the emulated link slows tp.
+TEST(TpOverlapSettings, AutoIsOnWhereItWins) {
+  const int tp = std::min(world_size(), 2);
+  if (tp < 2) GTEST_SKIP();
+  auto engaged = [&](std::vector<std::string> o) {
+    o.push_back("parallel.tp=2");
+    o.push_back("parallel.sequence_parallel=true");
+    ProcessGrid grid(make_layout(world_size(), 0, tp, 1));
+    bool on = false;
+    testing::run_steps(testing::small_layout_deck(o), &grid, 1,
+                       [&](int, Trainer& t) { on = t.model().tp_overlap() != nullptr; });
+    return on;
+  };
+  EXPECT_FALSE(engaged({}));  // the default is auto
+  EXPECT_TRUE(engaged({"comm.emulate_gbps=100", "comm.emulate_groups=dp,tp"}));
+  EXPECT_FALSE(engaged({"comm.emulate_gbps=100", "comm.emulate_groups=dp"}));
+  EXPECT_TRUE(engaged({"parallel.tp_overlap=true"}));
+}
 
 // Bad settings exit with the numbers: pieces that do not divide a rank's rows of a sequence,
 // with and without sequence parallelism.

@@ -93,9 +93,11 @@ TEST(PlanModel, TensorParallelOverlapByHand) {
   l.tp = 2, l.micro_batch = 2;
   auto g = [](double M, double N, double K) { return 2 * M * N * K / 1e12; };
   const double one = 32.0 * 64 * 4 / 10e9, ce = 32.0 * 3 * 4 / 10e9;
-  // Sequence parallel: a ring of 2 chunks exposes max(0, t − g/2) per collective, t = one/2;
-  // backward's reduce-scatters of qkv's and fc's input gradients hide under their dW.
+  // Sequence parallel: a ring of 2 chunks, each one piece, exposes max(0, t − g/2) per
+  // collective, t = one/2; backward's reduce-scatters of qkv's and fc's input gradients hide
+  // under their dW.
   l.sequence_parallel = true;
+  m.tp_overlap_chunks = 1;
   const double t = one / 2;
   auto ring = [&](double gemm) { return std::max(0.0, t - gemm / 2); };
   const double fwd =
@@ -109,6 +111,18 @@ TEST(PlanModel, TensorParallelOverlapByHand) {
   EXPECT_NEAR(p.term("tp_comm_exposed"), 2 * (fwd + bwd) + 2 * ce, 1e-15);
   EXPECT_NEAR(p.term("tp_comm_hidden_s"), 2 * 4 * one - 2 * (fwd + bwd), 1e-15);
   EXPECT_NEAR(p.term("overlap_slowdown"), 0.1 * p.term("tp_comm_hidden_s"), 1e-15);
+  // Two pieces a chunk (the default): the own chunk's GEMM (g/2) runs while the first piece
+  // (t/2) travels, the first arrived piece's (g/4) while the second does: max(0, t − 3g/4,
+  // t/2 − g/2).
+  m.tp_overlap_chunks = 0;
+  auto ring2 = [&](double gemm) { return std::max({0.0, t - 0.75 * gemm, t / 2 - gemm / 2}); };
+  const double fwd2 =
+      ring2(g(32, 96, 64)) + ring2(g(32, 64, 32)) + ring2(g(32, 128, 64)) + ring2(g(32, 64, 128));
+  const double bwd2 = ring2(g(32, 128, 64)) + ring2(g(32, 32, 64)) +
+                      std::max(0.0, t - g(128, 64, 32)) + std::max(0.0, t - g(96, 64, 32));
+  EXPECT_LT(fwd2 + bwd2, fwd + bwd);
+  p = predict(m, l, hw);
+  EXPECT_NEAR(p.term("tp_comm_exposed"), 2 * (fwd2 + bwd2) + 2 * ce, 1e-15);
   // Without it, k = tp = 2 pieces of each all-reduce after attproj and fcproj forward:
   // one/2 + max(0, one/2 − g/2); backward's all-reduces of qkv's and fc's input gradients
   // hide under their dW.
