@@ -77,6 +77,8 @@ expect stages-over-layers "parallel.pp \(2\) must be at most model.layers \(1\)"
 expect stage-layers-sum "stage_layers.*6 layers but model.layers is 4" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set parallel.pp=2 --set parallel.stage_layers=3,3
 expect tp-not-dividing-heads "parallel.tp.*heads" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set parallel.tp=2 --set model.heads=1 --set model.d_model=128
 expect sp-not-dividing-seq "seq_len 63 is not divisible" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set parallel.tp=2 --set parallel.sequence_parallel=true --set model.seq_len=63
+expect tp-overlap-pieces "parallel.tp_overlap_chunks 3 does not divide the sequence shard: 32 rows" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set parallel.tp=2 --set parallel.sequence_parallel=true --set parallel.tp_overlap=true --set parallel.tp_overlap_chunks=3
+expect emulate-groups-unknown "comm.emulate_groups: unknown group \"xp\"" -- "$bin" train deck.yaml "${common[@]}" --set comm.emulate_groups=dp,xp
 expect two-ranks-bad-deck "rank 0.*train.lr" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set train.lr=-1
 expect two-ranks-bad-data "rank 0.*data.train.*truncated.bin" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set data.train=truncated.bin
 # Pipeline schedules (Note [Interleaved 1F1B], Note [Split backward]).
