@@ -559,6 +559,22 @@ if [ -n "$tests_bin" ] && [ $tests_rc -ne 0 ]; then
   done < "$LOGS/test_list.txt"
 fi
 
+# The planner's GEMM curve (issue 45): bench_kernels' BM_gemm_curve (21 bf16 products, two
+# dimensions 4096) into gemm-curve.json, and tools/gemm_curve.py's `gemm:` list from it into
+# gemm-curve.yaml; `tools/gemm_curve.py gemm-curve.json --hardware inputs/hardware/dgx-h100.yaml`
+# puts it into a hardware file (docs/perf.md). Not measured is said, not a failure.
+if [ -n "$tests_bin" ] && [ "$(left)" -gt "$(s 30)" ]; then
+  step "GEMM curve (the planner's gemm: points)"
+  run_capped gemm_curve "$(cap "$(s 40)" "$(s 10)")" "$LOGS/gemm_curve.txt" "$tests_bin/bench_kernels" \
+    --benchmark_filter=BM_gemm_curve --benchmark_format=json --benchmark_out="$OUT/gemm-curve.json"
+  if python3 tools/gemm_curve.py "$OUT/gemm-curve.json" >"$OUT/gemm-curve.yaml" 2>"$LOGS/gemm_curve.err"; then
+    cat "$OUT/gemm-curve.yaml"
+  else
+    echo "gemm curve: not measured: $(head -c 300 "$LOGS/gemm_curve.err")"
+    rm -f "$OUT/gemm-curve.yaml"
+  fi
+fi
+
 if [ -n "$tests_bin" ] && [ "$(left)" -gt "$(s 40)" ]; then
   step "kernel microbenchmarks"
   run_capped bench_kernels "$(cap "$(s 120)" "$(s 15)")" "$LOGS/bench_kernels.txt" "$tests_bin/bench_kernels" \
