@@ -25,13 +25,15 @@
 #include <chrono>
 #include <vector>
 
+#include "model/ring_events.h"
 #include "trident/backend.h"
 #include "trident/comm.h"
 #include "trident/model.h"
 
 namespace trident {
 
-class CpAttention {
+// The ring's events are recorded for tests (RingEvents, Note [Ring attention]).
+class CpAttention : public RingEvents {
  public:
   // Sized for micro-batches up to B × T (T: this rank's rows, two chunks of T/2); NH, KVH are
   // this rank's (tp) heads of size hs.
@@ -46,17 +48,6 @@ class CpAttention {
   size_t buffer_bytes() const;
   double take_comm_ms();
   double take_exposed_ms();
-
-  // Tests: the order of the ring's events, when recording (Note [Ring attention]).
-  enum class Event { kRecvPosted, kComputeBegin, kComputeEnd };
-  struct EventRecord {
-    Event event;
-    int step;
-  };
-  void record_events(bool on) { record_ = on; }
-  const std::vector<EventRecord>& events() const { return events_; }
-  // Tests only: post each step's transfers after its compute (breaks the overlap on purpose).
-  void post_after_compute(bool on) { post_late_ = on; }
 
  private:
   AttentionBlockArgs args(int B, int T) const;
@@ -79,9 +70,6 @@ class CpAttention {
   void unpack_dkv(float* dkv, float* dqkv, int B, int T, bool to_packed) const;
   // Waits (all of it exposed); a received block's transfer time goes to cp_comm_ms.
   void wait(Work& w, bool received);
-  void note(Event e, int step) {
-    if (record_) events_.push_back({e, step});
-  }
   void ring_forward(AttentionBlockArgs a, int B, int T);
   void ring_backward(AttentionBlockArgs a, int B, int T);
   void gather_forward(AttentionBlockArgs a, int B, int T);
@@ -95,8 +83,6 @@ class CpAttention {
   // arriving; allgather: every rank's K/V and their gradients.
   BackendBuffer<float> kv_[2], dkv_[2], dkv_in_, gathered_, dgathered_;
   double comm_ms_ = 0, exposed_ms_ = 0;
-  bool record_ = false, post_late_ = false;
-  std::vector<EventRecord> events_;
 };
 
 }  // namespace trident

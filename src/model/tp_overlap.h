@@ -21,6 +21,7 @@
 
 #include <vector>
 
+#include "model/ring_events.h"
 #include "trident/backend.h"
 #include "trident/comm.h"
 #include "trident/model.h"
@@ -33,7 +34,8 @@ namespace trident {
 // (a ring step's send shares its wire time with the step's receive).
 void wait_tp(Backend& be, Work& w, TpTimes& times, bool transfer = true);
 
-class TpOverlap {
+// The rings' events are recorded for tests (RingEvents, Note [Tensor-parallel overlap]).
+class TpOverlap : public RingEvents {
  public:
   // Micro-batches up to maxN rows (B·T); `widest` the widest GEMM output or input a chunk has
   // (qkv, fc, fcproj's and attproj's inputs); `stage` [maxN, C] and `partial` [maxN, C] the
@@ -64,21 +66,7 @@ class TpOverlap {
                          int K, int C);
   int chunks() const { return tp_.chunks; }
 
-  // Tests: the order of a ring's events (Note [Tensor-parallel overlap]).
-  enum class Event { kRecvPosted, kComputeBegin, kComputeEnd };
-  struct EventRecord {
-    Event event;
-    int step;
-  };
-  void record_events(bool on) { record_ = on; }
-  const std::vector<EventRecord>& events() const { return events_; }
-  // Tests only: post each step's transfers after its GEMM (breaks the overlap on purpose).
-  void post_after_compute(bool on) { post_late_ = on; }
-
  private:
-  void note(Event e, int step) {
-    if (record_) events_.push_back({e, step});
-  }
   // Rows [r0, r0 + count) of sequence chunk `chunk` ([B, Tl] order) between `rows` (packed)
   // and the full [B, T, width] tensor: into full when to_full, else out of it.
   void move_rows(float* full, float* rows, int chunk, int r0, int count, int T, int width,
@@ -91,8 +79,6 @@ class TpOverlap {
   BackendBuffer<float> rows_;        // one chunk's GEMM input or output [Nr, widest]
   std::vector<Work> sends_, recvs_;  // one per ring piece, reused (no allocation per step)
   TpTimes& times_;
-  bool record_ = false, post_late_ = false;
-  std::vector<EventRecord> events_;
 };
 
 }  // namespace trident

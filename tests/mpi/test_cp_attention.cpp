@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "model/cp_attention.h"
+#include "ring_test_util.h"
 #include "trident/backend.h"
 #include "trident/comm.h"
 #include "trident/model.h"
@@ -21,33 +22,18 @@
 namespace trident {
 namespace {
 
+using testing::first_ranks;
+using testing::random_values;
+
 int world_size() {
   int n = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &n);
   return n;
 }
 
-// The first `n` ranks of the world as a communicator (null on the others, which skip).
-std::unique_ptr<MpiComm> first_ranks(int n) {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm sub = MPI_COMM_NULL;
-  MPI_Comm_split(MPI_COMM_WORLD, rank < n ? 0 : MPI_UNDEFINED, rank, &sub);
-  if (sub == MPI_COMM_NULL) return nullptr;
-  return std::make_unique<MpiComm>(sub, "cp (test)");
-}
-
 struct Shape {
   int B = 2, NH = 4, KVH = 2, hs = 8, c = 7;  // c: rows per chunk, not a multiple of a tile
 };
-
-std::vector<float> random_values(size_t n, unsigned seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
 
 // Rows of [B, T, width] at the given positions of each sequence: [B, positions, width].
 std::vector<float> rows_at(const std::vector<float>& full, int B, int T, size_t width,
@@ -73,7 +59,7 @@ double max_rel_error(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 void check_against_one_rank(int cp, CpComm mode, const Shape& s) {
-  auto comm = first_ranks(cp);
+  auto comm = first_ranks(cp, "cp (test)");
   if (!comm) return;
   auto be = make_cpu_backend(1);
   const int T = 2 * cp * s.c, Tl = T / cp, row = (s.NH + 2 * s.KVH) * s.hs, C = s.NH * s.hs;
@@ -148,29 +134,11 @@ INSTANTIATE_TEST_SUITE_P(Modes, CpAttentionModes,
                                                               : std::string("AllGather");
                          });
 
-// True when the receive of every step s from `first` to `last` was posted before step s − 1's
-// compute began.
-bool receives_posted_ahead(const std::vector<CpAttention::EventRecord>& events, int first,
-                           int last) {
-  const auto at = [&](CpAttention::Event e, int step) {
-    return long(std::find_if(events.begin(), events.end(),
-                             [&](const auto& r) { return r.event == e && r.step == step; }) -
-                events.begin());
-  };
-  for (int s = first; s <= last; ++s) {
-    const long posted = at(CpAttention::Event::kRecvPosted, s);
-    const long before = at(CpAttention::Event::kComputeBegin, s - 1);
-    if (posted >= long(events.size()) || before >= long(events.size()) || posted > before)
-      return false;
-  }
-  return true;
-}
-
 // Forward's and backward's ring, and the same ring told to post after computing (which must
 // fail the check: the check can tell).
 TEST(CpRing, PostsTheNextReceiveBeforeComputing) {
   const int cp = std::min(world_size(), 4);
-  auto comm = first_ranks(cp);
+  auto comm = first_ranks(cp, "cp (test)");
   if (!comm) return;
   auto be = make_cpu_backend(1);
   const Shape s;
@@ -190,8 +158,10 @@ TEST(CpRing, PostsTheNextReceiveBeforeComputing) {
                        s.B, Tl);
     std::vector<CpAttention::EventRecord> backward(
         attention.events().begin() + long(forward.size()), attention.events().end());
-    EXPECT_EQ(receives_posted_ahead(forward, 1, cp - 1), !late) << "forward, late: " << late;
-    EXPECT_EQ(receives_posted_ahead(backward, 1, cp - 1), !late) << "backward, late: " << late;
+    EXPECT_EQ(RingEvents::receives_posted_ahead(forward, 1, cp - 1), !late)
+        << "forward, late: " << late;
+    EXPECT_EQ(RingEvents::receives_posted_ahead(backward, 1, cp - 1), !late)
+        << "backward, late: " << late;
     EXPECT_GT(attention.take_comm_ms(), 0.0);
   }
 }

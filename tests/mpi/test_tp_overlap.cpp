@@ -17,50 +17,16 @@
 #include <random>
 
 #include "model/tp_overlap.h"
+#include "ring_test_util.h"
 #include "train_harness.h"
 #include "trident/check.h"
 
 namespace trident {
 namespace {
 
+using testing::first_ranks;
+using testing::random_values;
 using testing::world_size;
-
-std::vector<float> random_values(size_t n, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = u(rng);
-  return v;
-}
-
-// The first `n` ranks of the world as one communicator (null on the others).
-std::unique_ptr<MpiComm> first_ranks(int n) {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm c = MPI_COMM_NULL;
-  MPI_Comm_split(MPI_COMM_WORLD, rank < n ? 0 : MPI_UNDEFINED, rank, &c);
-  if (c == MPI_COMM_NULL) return nullptr;
-  return std::make_unique<MpiComm>(c, "tp (test)");
-}
-
-// Index of the first `e` of `step`, or events.size().
-long find(const std::vector<TpOverlap::EventRecord>& events, TpOverlap::Event e, int step) {
-  return long(std::find_if(events.begin(), events.end(),
-                           [&](const auto& r) { return r.event == e && r.step == step; }) -
-              events.begin());
-}
-
-// True when the receive of every step s in [1, steps) was posted before step s − 1's GEMM
-// began.
-bool receives_posted_ahead(const std::vector<TpOverlap::EventRecord>& events, int steps) {
-  for (int s = 1; s < steps; ++s) {
-    const long posted = find(events, TpOverlap::Event::kRecvPosted, s);
-    const long before = find(events, TpOverlap::Event::kComputeBegin, s - 1);
-    if (posted >= long(events.size()) || before >= long(events.size()) || posted > before)
-      return false;
-  }
-  return true;
-}
 
 // Sizes of one chunked linear: B sequences of T rows, C in, OC out (a qkv-like width). Pieces of
 // 12 rows and more: OpenBLAS may round a product of a few rows (3 here) differently.
@@ -85,7 +51,7 @@ class TpRing : public ::testing::Test {
  protected:
   void SetUp() override {
     tp = std::min(world_size(), 4);
-    comm = first_ranks(tp);
+    comm = first_ranks(tp, "tp (test)");
     if (!comm) return;
     be = make_cpu_backend(1);
     N = s.B * s.T;
@@ -133,14 +99,16 @@ TEST_F(TpRing, GatherMatmulEqualsGatherThenGemmAndPostsAhead) {
       for (size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::abs(out[i] - want[i]));
       EXPECT_EQ(worst, 0.0f) << "late " << late << ", pieces " << pieces;
       EXPECT_EQ(gathered, full);
-      EXPECT_EQ(receives_posted_ahead(ring.events(), tp), !late) << "forward, late " << late;
+      EXPECT_EQ(RingEvents::receives_posted_ahead(ring.events(), 1, tp - 1), !late)
+          << "forward, late " << late;
       const size_t forward_events = ring.events().size();
       ring.gather_matmul(out.data(), gathered.data(), local.data(), {w.data(), nullptr, s.OC, true},
                          s.B, s.T, s.C);
       EXPECT_EQ(out, want_dinp);
       const std::vector<TpOverlap::EventRecord> backward(
           ring.events().begin() + long(forward_events), ring.events().end());
-      EXPECT_EQ(receives_posted_ahead(backward, tp), !late) << "input gradient, late " << late;
+      EXPECT_EQ(RingEvents::receives_posted_ahead(backward, 1, tp - 1), !late)
+          << "input gradient, late " << late;
     }
   EXPECT_GT(times.comm_ms, 0.0);
 }
@@ -178,7 +146,8 @@ TEST_F(TpRing, MatmulReduceScatterEqualsGemmThenReduceScatterAndPostsAhead) {
         for (size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::abs(out[i] - want[i]));
         EXPECT_LE(worst, 1e-6f * scale);
       }
-      EXPECT_EQ(receives_posted_ahead(ring.events(), tp), !late) << "late " << late;
+      EXPECT_EQ(RingEvents::receives_posted_ahead(ring.events(), 1, tp - 1), !late)
+          << "late " << late;
     }
 }
 
