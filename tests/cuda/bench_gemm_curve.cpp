@@ -44,13 +44,6 @@ std::string validate(Backend& gpu) {
   return err <= 2e-2 ? "" : "bf16 matmul differs from the CPU: " + std::to_string(err);
 }
 
-void fill(Backend& be, BackendBuffer<bfloat16>& buf) {  // nonzero: see bench_matmul.cpp
-  std::vector<bfloat16> host(buf.size());
-  for (size_t i = 0; i < host.size(); ++i)
-    host[i] = to_bfloat16(float((i * 2654435761u) % 1000u) / 1000.0f - 0.5f);
-  be.copy(buf.data(), host.data(), host.size() * sizeof(bfloat16));
-}
-
 // place 0: the small dimension d is the rows (M), 1: the inner (K), 2: the columns (N).
 void BM_gemm_curve(benchmark::State& state, int d, int place) {
   if (!require_gpu(state)) return;
@@ -63,8 +56,8 @@ void BM_gemm_curve(benchmark::State& state, int d, int place) {
   const int M = place == 0 ? d : kBig, K = place == 1 ? d : kBig, N = place == 2 ? d : kBig;
   BackendBuffer<bfloat16> inp(*gpu, size_t(M) * K), w(*gpu, size_t(N) * K),
       out(*gpu, size_t(M) * N);
-  fill(*gpu, inp);
-  fill(*gpu, w);
+  fill_nonzero(*gpu, inp);
+  fill_nonzero(*gpu, w);
   cudaStream_t stream = static_cast<cudaStream_t>(cuda_compute_stream(*gpu));
   auto launch = [&] {
     gpu->matmul_forward_bf16(out.data(), inp.data(), w.data(), nullptr, M, K, N);

@@ -39,15 +39,6 @@ std::string validate(Backend& gpu) {
   return err <= 1e-2 ? "" : "backend matmul differs from the CPU: " + std::to_string(err);
 }
 
-// Nonzero data: tensor cores run measurably faster on zeros (a GEMM's power draw depends on
-// its data), so timing zeroed buffers would flatter the result.
-void fill(Backend& be, BackendBuffer<float>& buf) {
-  std::vector<float> host(buf.size());
-  for (size_t i = 0; i < host.size(); ++i)
-    host[i] = float((i * 2654435761u) % 1000u) / 1000.0f - 0.5f;
-  be.copy(buf.data(), host.data(), host.size() * sizeof(float));
-}
-
 void BM_linear(benchmark::State& state, int C, int OC, bool backward) {
   if (!require_gpu(state)) return;
   auto gpu = make_cuda_backend();
@@ -58,7 +49,7 @@ void BM_linear(benchmark::State& state, int C, int OC, bool backward) {
   const int N = 8 * 1024;
   BackendBuffer<float> inp(*gpu, size_t(N) * C), w(*gpu, size_t(OC) * C), bias(*gpu, OC),
       out(*gpu, size_t(N) * OC), dinp(*gpu, size_t(N) * C), dw(*gpu, size_t(OC) * C), db(*gpu, OC);
-  for (auto* b : {&inp, &w, &bias, &out}) fill(*gpu, *b);
+  for (auto* b : {&inp, &w, &bias, &out}) fill_nonzero(*gpu, *b);
   cudaStream_t stream = static_cast<cudaStream_t>(cuda_compute_stream(*gpu));
   auto launch = [&] {
     if (backward)

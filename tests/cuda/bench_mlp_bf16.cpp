@@ -21,13 +21,6 @@ namespace {
 
 constexpr int kTokens = 8 * 1024;
 
-void fill(Backend& be, BackendBuffer<bfloat16>& buf) {  // nonzero: see bench_matmul.cpp
-  std::vector<bfloat16> host(buf.size());
-  for (size_t i = 0; i < host.size(); ++i)
-    host[i] = to_bfloat16(float((i * 2654435761u) % 1000u) / 1000.0f - 0.5f);
-  be.copy(buf.data(), host.data(), host.size() * sizeof(bfloat16));
-}
-
 void BM_mlp_gelu(benchmark::State& state, int C, bool backward) {
   if (!require_gpu(state)) return;
   auto gpu = make_cuda_backend();
@@ -39,7 +32,7 @@ void BM_mlp_gelu(benchmark::State& state, int C, bool backward) {
   BackendBuffer<bfloat16> x(*gpu, size_t(N) * C), w(*gpu, size_t(H) * C), pre(*gpu, size_t(N) * H),
       out(*gpu, size_t(N) * H), tmp(*gpu, size_t(N) * H);
   BackendBuffer<float> bias(*gpu, H);
-  for (auto* b : {&x, &w, &pre}) fill(*gpu, *b);
+  for (auto* b : {&x, &w, &pre}) fill_nonzero(*gpu, *b);
   cudaStream_t stream = static_cast<cudaStream_t>(cuda_compute_stream(*gpu));
   // Forward: x [N,C] · w [H,C]ᵀ. Backward: dout = x [N,C] through fcproj's weight, read here
   // as w [C,H] (the same bytes), into the GELU's input gradient [N,H].
