@@ -86,6 +86,22 @@ MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
 MIB = 1024.0 * 1024.0
 
 
+def run(cmd, env=None):
+    """Runs cmd; its stdout, or exit naming the command and its stderr when it fails."""
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"plan_validate: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr}")
+    return proc.stdout
+
+
+def emit(text, out):
+    """Prints a report, and writes it to `out` too when given."""
+    print(text)
+    if out:
+        with open(out, "w") as f:
+            f.write(text + "\n")
+
+
 def bench(args, deck, ranks, overrides, out_dir):
     # A rank of several threads needs their cores: mpirun binds up to 2 ranks to one core each
     # by default, and 2 threads on one core ran at half speed (Note [Threads and binding]).
@@ -93,10 +109,7 @@ def bench(args, deck, ranks, overrides, out_dir):
     cmd = ["mpirun", "-n", str(ranks), *(["--bind-to", "none"] if threaded else []),
            args.trident, "bench", deck, "--steps", str(args.steps),
            "--set", f"run.out_dir={out_dir}", *[x for o in overrides for x in ("--set", o)]]
-    env = dict(os.environ, **MPI_ENV)
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"plan_validate: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr}")
+    run(cmd, env=dict(os.environ, **MPI_ENV))
     with open(os.path.join(out_dir, "bench.json")) as f:
         return json.load(f)
 
@@ -104,19 +117,14 @@ def bench(args, deck, ranks, overrides, out_dir):
 def calibrate(args, out):
     cmd = ["mpirun", "-n", "2", args.trident, "plan", "--calibrate", "--name", "this-machine",
            "--emulate-gbps", "1", "--emulate-latency-us", "50", "--out", out]
-    proc = subprocess.run(cmd, env=dict(os.environ, **MPI_ENV), capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"plan_validate: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr}")
+    run(cmd, env=dict(os.environ, **MPI_ENV))
     return out
 
 
 def plan(args, deck, overrides, layout, hardware):
     cmd = [args.trident, "plan", deck, "--hardware", hardware, "--layout", layout, "--json",
            *[x for o in overrides for x in ("--set", o)]]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"plan_validate: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(run(cmd).strip().splitlines()[-1])
 
 
 def megatron_flops(batch, layers, hidden):
@@ -146,10 +154,7 @@ def check_published(args):
                            ("comm.overlap", "true"), ("comm.grad_dtype", "fp32"),
                            ("parallel.tp_overlap", "true")):
             cmd += ["--set", f"{key}={value}"]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            sys.exit(f"plan_validate: {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr}")
-        ranked = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+        ranked = [json.loads(x) for x in run(cmd).splitlines() if x.startswith("{")]
         best = next((p for p in ranked if p["fits"]), None)
         if best is None:
             lines.append(f"| {params}B | {tp} | {pp} | {gpus} | {batch} | {pub} | refused | | | "
@@ -181,11 +186,7 @@ def check_published(args):
         verdict = ("agrees" if agrees else "DISAGREES") if checked else "not checked (< 5%)"
         lines.append(f"| {a[0]}B | {b[0]}B | {100 * published:+.1f}% | {100 * change:+.1f}% | "
                      f"{verdict} |")
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    emit("\n".join(lines), args.out)
     if failed:
         print(f"plan_validate: FAIL: a row misses by more than {100 * args.max_error:.0f}% or a "
               "trend disagrees")
@@ -326,11 +327,7 @@ def main():
     if args.within_factor is not None:
         lines.append(f"predicted/measured {min(ratios):.2f} .. {max(ratios):.2f} (limit "
                      f"{1 / args.within_factor:.2f} .. {args.within_factor:.2f})")
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    emit("\n".join(lines), args.out)
     if args.within_factor is not None:
         if min(ratios) < 1 / args.within_factor or max(ratios) > args.within_factor:
             print("plan_validate: FAIL: a prediction is off by more than the factor")
