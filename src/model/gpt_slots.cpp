@@ -183,7 +183,7 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
     const bool sp = tp_.sequence_parallel;
     const size_t widest = sp ? std::max({size_t(QKVl), size_t(FCl), size_t(Fl), size_t(Ql)}) : 0;
     tp_overlap_ =
-        std::make_unique<TpOverlap>(be_, tp_, int(N), int(C), widest, sp ? a.stage.data() : nullptr,
+        std::make_unique<TpOverlap>(be_, tp_, int(N), widest, sp ? a.stage.data() : nullptr,
                                     sp ? a.full_c.data() : nullptr, tp_times_);
   }
   a.dresidual = floats(Nr * C);

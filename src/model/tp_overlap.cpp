@@ -29,8 +29,8 @@ void wait_tp(Backend& be, Work& w, TpTimes& times, bool transfer) {
   w = Work{};
 }
 
-TpOverlap::TpOverlap(Backend& be, const TensorParallel& tp, int maxN, int C, size_t widest,
-                     float* stage, float* partial, TpTimes& times)
+TpOverlap::TpOverlap(Backend& be, const TensorParallel& tp, int maxN, size_t widest, float* stage,
+                     float* partial, TpTimes& times)
     : be_(be), tp_(tp), stage_(stage), partial_(partial), times_(times) {
   TRIDENT_CHECK(tp_.size > 1 && tp_.comm != nullptr && tp_.comm->size() == tp_.size,
                 "tp overlap over {} ranks needs their communicator", tp_.size);
@@ -42,23 +42,22 @@ TpOverlap::TpOverlap(Backend& be, const TensorParallel& tp, int maxN, int C, siz
   const size_t works = size_t(tp_.size) * size_t(tp_.chunks);
   sends_.resize(works);
   recvs_.resize(works);
-  (void)C;
 }
 
 // Chunk c of a sequence-parallel tensor is sequence rows [c·Tl, (c+1)·Tl) of every sequence
 // (Note [Sequence-parallel rows]); as it travels it is [B, Tl] rows, cut into pieces of
 // consecutive rows. Rows [r0, r0 + rows) of chunk c sit in the full [B, T] tensor as at most
 // one run per sequence: copied run by run.
-void TpOverlap::move_rows(float* full, float* rows, int chunk, int r0, int count, int T, int width,
-                          bool to_full) const {
+void TpOverlap::move_rows(float* dst, const float* src, bool to_full, int chunk, int r0, int count,
+                          int T, int width) const {
   const int Tl = T / tp_.size;
   const size_t w = size_t(width);
   for (int r = r0; r < r0 + count;) {
     const int b = r / Tl, t = r % Tl, run = std::min(Tl - t, r0 + count - r);
-    float* f = full + (size_t(b) * T + size_t(chunk) * Tl + t) * w;
-    float* p = rows + size_t(r - r0) * w;
-    if (to_full) be_.copy(f, p, size_t(run) * w * sizeof(float));
-    else be_.copy(p, f, size_t(run) * w * sizeof(float));
+    const size_t in_full = (size_t(b) * T + size_t(chunk) * Tl + t) * w,
+                 packed = size_t(r - r0) * w;
+    be_.copy(dst + (to_full ? in_full : packed), src + (to_full ? packed : in_full),
+             size_t(run) * w * sizeof(float));
     r += run;
   }
 }
@@ -75,13 +74,13 @@ void TpOverlap::gather_matmul(float* out, float* in_full, const float* local, co
   Communicator& comm = *tp_.comm;
   // Rows [r0, r0 + count) of rank src's chunk, at `in`: into in_full, and through the GEMM.
   auto gemm = [&](const float* in, int src, int r0, int count) {
-    if (in_full) move_rows(in_full, const_cast<float*>(in), src, r0, count, T, C, true);
+    if (in_full) move_rows(in_full, in, true, src, r0, count, T, C);
     // One sequence: the rows of `out` are contiguous, so the GEMM writes them there.
     float* dst = B == 1 ? out + (size_t(src) * Tl + size_t(r0)) * g.OC : rows_.data();
     if (g.input_gradient)
       be_.matmul_backward(dst, nullptr, nullptr, in, nullptr, g.w, count, g.OC, C);
     else be_.matmul_forward(dst, in, g.w, g.bias, count, C, g.OC);
-    if (B > 1) move_rows(out, rows_.data(), src, r0, count, T, g.OC, true);
+    if (B > 1) move_rows(out, rows_.data(), true, src, r0, count, T, g.OC);
   };
   const float* held = local;  // the chunk this step computes on, of rank `src`
   int src = r;
@@ -133,7 +132,7 @@ void TpOverlap::matmul_reduce_scatter(float* out, const float* inp, const float*
   auto gemm = [&](float* dst, int c, int r0, int count) {
     const float* in = inp + (size_t(c) * Tl + size_t(r0)) * K;  // one sequence: contiguous
     if (B > 1) {
-      move_rows(const_cast<float*>(inp), rows_.data(), c, r0, count, T, K, false);
+      move_rows(rows_.data(), inp, false, c, r0, count, T, K);
       in = rows_.data();
     }
     be_.matmul_forward(dst, in, w, bias, count, K, C);

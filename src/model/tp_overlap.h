@@ -41,7 +41,7 @@ class TpOverlap : public RingEvents {
   // (qkv, fc, fcproj's and attproj's inputs); `stage` [maxN, C] and `partial` [maxN, C] the
   // model's sequence-parallel scratch (Note [Sequence-parallel rows]), used within a call: the
   // ring's received chunks and the partial sums it sends.
-  TpOverlap(Backend& be, const TensorParallel& tp, int maxN, int C, size_t widest, float* stage,
+  TpOverlap(Backend& be, const TensorParallel& tp, int maxN, size_t widest, float* stage,
             float* partial, TpTimes& times);
 
   // A GEMM on rows: forward (out = inp · wᵀ + bias, out width OC, input width C) or an input
@@ -67,10 +67,10 @@ class TpOverlap : public RingEvents {
   int chunks() const { return tp_.chunks; }
 
  private:
-  // Rows [r0, r0 + count) of sequence chunk `chunk` ([B, Tl] order) between `rows` (packed)
-  // and the full [B, T, width] tensor: into full when to_full, else out of it.
-  void move_rows(float* full, float* rows, int chunk, int r0, int count, int T, int width,
-                 bool to_full) const;
+  // Rows [r0, r0 + count) of sequence chunk `chunk` ([B, Tl] order) from packed rows into the
+  // full [B, T, width] tensor (to_full), or from the full tensor into packed rows.
+  void move_rows(float* dst, const float* src, bool to_full, int chunk, int r0, int count, int T,
+                 int width) const;
 
   Backend& be_;
   TensorParallel tp_;

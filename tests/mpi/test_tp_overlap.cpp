@@ -61,8 +61,7 @@ class TpRing : public ::testing::Test {
   // `pieces` per ring chunk (whose B·T/tp rows they split across sequence boundaries).
   TpOverlap make(bool sequence_parallel, int pieces) {
     TensorParallel t{comm.get(), tp, comm->rank(), sequence_parallel, true, pieces};
-    return TpOverlap(*be, t, N, s.C, size_t(std::max(s.C, s.OC)), stage.data(), partial.data(),
-                     times);
+    return TpOverlap(*be, t, N, size_t(std::max(s.C, s.OC)), stage.data(), partial.data(), times);
   }
   int tp = 1, N = 0;
   Shape s;
@@ -163,7 +162,7 @@ TEST_F(TpRing, MatmulAllReduceInPiecesEqualsTheWholeOne) {
   float scale = 0;
   for (float x : want) scale = std::max(scale, std::abs(x));
   TensorParallel t{comm.get(), tp, comm->rank(), false, true, 4};  // 4 pieces of 6 rows
-  TpOverlap pieces(*be, t, N, s.C, 0, nullptr, nullptr, times);
+  TpOverlap pieces(*be, t, N, 0, nullptr, nullptr, times);
   ASSERT_EQ(pieces.chunks(), 4);
   std::vector<float> out(want.size());
   pieces.matmul_all_reduce(out.data(), inp.data(), w.data(), nullptr, N, K, s.C);
