@@ -168,7 +168,7 @@ void check_moe_deck(const Deck& deck, const GPTConfig& cfg, int dp_cp, bool devi
 // Note [Chunks on the host] (model/tp_overlap.h): parallel.tp_overlap auto turns the overlap on
 // where it wins on a host, when the tp ranks do not share one node's memory (the bytes then take
 // time on a wire) or the emulated link slows tp; on one node the bytes move only while compute
-// waits, and the chunks would cost their copies and smaller GEMMs (docs/perf.md: +6.6%). A
+// waits, and the chunks would only cost their copies and smaller GEMMs (docs/perf.md). A
 // device keeps the collectives whole (not built: issue 45's GPU part). MPI_Comm_split_type is
 // collective over tp: every tp rank resolves it at the same point.
 bool tp_overlap_on(const Deck& deck, MpiComm& tp, bool device) {
@@ -188,9 +188,9 @@ bool tp_overlap_on(const Deck& deck, MpiComm& tp, bool device) {
 // Note [Tensor-parallel overlap] (model/tp_overlap.h): the pieces are whole rows of every
 // micro-batch size: k divides a rank's sequence shard T/tp (with sequence parallelism, each
 // ring chunk in k pieces) or its T rows (without, the all-reduce in k pieces). Left at 0, k is
-// 2 with sequence parallelism (measured: 26% of the tp time exposed against 1 piece's 49%,
-// docs/perf.md), tp without, or the most of those that divides; a count that does not divide
-// exits 2 with the numbers.
+// 2 with sequence parallelism (a received chunk's GEMM starts on its first half; docs/perf.md
+// compares 1, 2 and 4), tp without, or the most of those that divides; a count that does not
+// divide exits 2 with the numbers.
 int tp_overlap_chunks(const Deck& deck, int tp, int T, bool overlap) {
   const ParallelConfig& p = deck.parallel;
   if (!overlap || tp == 1) return 0;
