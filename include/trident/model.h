@@ -457,7 +457,6 @@ class GPT {
   // collective (an empty Work when there is none), finish waits and places the result.
   Work start_reduce_rows(float* out, float* partial, int B, int T, int C);
   void finish_reduce_rows(Work w, float* out, float* partial, int B, int T, int C);
-  bool overlapped() const { return tp_overlap_ != nullptr; }
   // out[Nr,C] = the tp sum of partial[N,C], reduced to this rank's rows (all-reduce, or
   // reduce-scatter with sequence parallelism); partial is clobbered.
   void reduce_rows(float* out, float* partial, int B, int T, int C);
