@@ -17,6 +17,10 @@
 #             shard or the sizes, no step_*.tmp left, `latest` unchanged; the resume runs after
 #             the tmpfs is grown (the user freed space). Needs mount (root); without it these
 #             runs are reported as skipped;
+#   asynckill SIGKILL of one random rank while a background write is in progress
+#             (checkpoint.async; each write first waits 300-1500 ms, TRIDENT_FAULT_SAVE_DELAY_MS,
+#             so the kill lands inside one): mpirun ends the job non-zero naming that rank, and
+#             the checkpoint before the one being written is `latest`, verifies and resumes;
 #   corrupt   a finished run's newest checkpoint gets a flipped byte, a truncated or a missing
 #             shard before a resume: the resume refuses with exit 2 naming the file and the
 #             previous checkpoint (Note [A damaged latest]); the recovery the message gives,
@@ -39,7 +43,7 @@
 # or printed the wrong message; 2 for bad arguments.
 set -uo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
-all_kinds=kill,stop,term,usr1,nan,diskfull,corrupt
+all_kinds=kill,stop,term,usr1,nan,diskfull,corrupt,asynckill
 faults=10 seed=1 bin= scratch= ranks_arg=2..4 kinds_arg=$all_kinds only=0 timeout_s=5 each_kind=0
 dry_run=0
 
@@ -207,6 +211,11 @@ one_run() {  # I
       draw 1 2; local fits=$r     # checkpoints that fit before the one that does not
       what="tmpfs for $fits checkpoint(s), space check $([ "$skip_check" = 1 ] && echo skipped || echo on)"
       ;;
+    asynckill)
+      draw 300 1500; delay=$r
+      draw 0 $((ranks - 1)); target=$r
+      what="SIGKILL to rank $target inside a background write (checkpoint.async, each write waits $delay ms)"
+      ;;
     corrupt)
       draw 0 2; local damage=(flip truncate remove); damage=${damage[$r]}
       draw 0 999; local pick=$r     # which of the shards that hold data (some hold none)
@@ -281,6 +290,28 @@ one_run() {  # I
       [ "$(latest_step)" = $((fits * every)) ] || problems+=("latest is step $(latest_step), expected $((fits * every))")
       ls -d "$ck"/step_*.tmp >/dev/null 2>&1 && problems+=("a step_*.tmp was left")
       mount -o remount,size=64m "$mnt"   # the user frees space, then resumes
+      ;;
+    asynckill)
+      launch "$log" "$ranks" TRIDENT_FAULT_SAVE_DELAY_MS=$delay -- --set checkpoint.dir="$ck" \
+        --set checkpoint.async=true
+      local caught=0 written
+      while kill -0 "$job" 2>/dev/null; do  # a write in progress after the first one committed
+        if [ -L "$ck/latest" ] && ls -d "$ck"/step_*.tmp >/dev/null 2>&1; then caught=1; break; fi
+        sleep 0.02
+      done
+      if [ $caught = 1 ]; then
+        written=$(latest_step)
+        killed_rank=$target t_fault=$(now_ms)
+        kill -KILL $(rank_pids "$target") 2>/dev/null
+      else
+        problems+=("the run ended before a background write after the first checkpoint")
+      fi
+      finish_job
+      [ $rc -ne 0 ] || problems+=("exit 0 after SIGKILL of a rank")
+      grep -qE "rank $target with PID [0-9]+ .* exited on signal 9" "$log" \
+        || problems+=("mpirun did not report rank $target's SIGKILL")
+      [ $caught = 0 ] || [ "$(latest_step)" = "$written" ] \
+        || problems+=("latest moved from step $written to $(latest_step) after the kill")
       ;;
     corrupt)
       launch "$dir/first.log" "$ranks" -- --set checkpoint.dir="$ck" --set train.stop_at=$((2 * every))

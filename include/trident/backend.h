@@ -396,6 +396,16 @@ class Backend {
   // Memory this backend could still allocate, in bytes (host: the kernel's MemAvailable, shared
   // by every rank on the machine; CUDA: the device's free memory); 0 if unknown.
   virtual size_t free_memory_bytes() const;
+  // Note [Snapshots to the host]
+  // An asynchronous checkpoint copies what it saves into host buffers allocated once, then
+  // writes them while training goes on. A host backend copies them now (memcpy split over its
+  // threads): on return the live buffers may change. A device backend copies into pinned host
+  // memory on a copy stream, after the ops issued so far and before any issued later; the host
+  // does not wait, and the writer waits in finish_host_snapshot before it reads the copy.
+  virtual void* allocate_host_snapshot(size_t bytes);  // every page touched
+  virtual void release_host_snapshot(void* p) noexcept;
+  virtual void start_host_snapshot(void* dst, const void* src, size_t bytes);
+  virtual void finish_host_snapshot() {}  // callable from another thread
   // Waits until every op issued so far has finished; afterwards the host may touch buffers.
   virtual void synchronize() {}
   // True when ops run asynchronously on a device (the host must synchronize() before reading).

@@ -14,7 +14,8 @@
 // oldest complete checkpoints beyond `keep` are removed last. A crash at any point leaves the
 // previous checkpoint complete and `latest` pointing at it.
 //
-// HDF5 is not thread-safe here: call these from one thread (the compute thread).
+// HDF5 is not thread-safe here: call these from one thread at a time (the compute thread, or
+// the background writer of Note [Asynchronous checkpoints] while the compute thread uses none).
 #pragma once
 
 #include <mpi.h>
@@ -57,9 +58,11 @@ struct CheckpointMeta {
 // Collective over `comm` (every rank calls it with its own tensors and the same meta). Writes,
 // syncs and publishes dir/step_<step>, switches dir/latest, prunes to the `keep` newest.
 // Returns the checkpoint's path. A collective that waits longer than timeout_s throws.
+// read_back: every rank reads its shard back and checks its CRCs before `latest` moves (the
+// background writer's choice: the time is off the step's path).
 std::string save_checkpoint(const std::string& dir, const CheckpointMeta& meta,
                             const std::vector<ShardTensor>& tensors, int keep, MPI_Comm comm,
-                            double timeout_s = kCheckpointTimeoutSeconds);
+                            double timeout_s = kCheckpointTimeoutSeconds, bool read_back = false);
 
 // Note [Leaving after a storage fault]
 // A save checks for room before HDF5 writes a byte. If an HDF5 write still fails (the disk

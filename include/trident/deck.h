@@ -128,6 +128,10 @@ struct CheckpointConfig {
   int every = 0;                 // save every N steps (0: only at the end)
   int keep = 2;                  // newest complete checkpoints kept
   std::string resume = "false";  // false | true (refuse if none) | auto
+  // Note [Asynchronous checkpoints] (src/train/checkpoint_saver.h): snapshot, then write in
+  // the background.
+  bool async = false;
+  std::string on_error = "stop";  // a save that failed: stop | continue
 
   bool operator==(const CheckpointConfig&) const = default;
 };

@@ -145,6 +145,14 @@ class Trainer {
   std::vector<ShardTensor> checkpoint_tensors(float* params, float* m, float* v);
   // Collective over the world: saves after `steps_done` steps; returns the path.
   std::string save(const std::string& dir, int steps_done, const std::string& run_id, int keep);
+  // What a save after `steps_done` steps records besides the tensors (step, run, deck, layout).
+  CheckpointMeta checkpoint_meta(int steps_done, const std::string& run_id) const;
+  // Note [Asynchronous checkpoints] (src/train/checkpoint_saver.h): floats a snapshot holds
+  // (this rank's saved parameters, then m, then v), and the snapshot itself: starts copying
+  // them into `dst` (Backend::start_host_snapshot) and returns the tensors save_checkpoint
+  // writes, pointing into `dst`: the same shards as save() writes.
+  size_t snapshot_floats() const;
+  std::vector<ShardTensor> snapshot(float* dst);
   // Collective: loads a checkpoint saved in any layout; returns its meta (step, run id, ...).
   CheckpointMeta load(const std::string& path);
   // ZeRO: waits until the parameters of the last update are gathered on this rank (before

@@ -17,6 +17,7 @@
 #include "app/gemm_peak.h"
 #include "app/run_setup.h"
 #include "io/tensorboard.h"
+#include "train/checkpoint_saver.h"
 #include "trident/check.h"
 #include "trident/checkpoint.h"
 #include "trident/metrics.h"
@@ -36,11 +37,16 @@ volatile std::sig_atomic_t g_stop_signal = 0;
 extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
 
 // Through the grid's world communicator, so a rank that stopped answering ends the job after
-// comm.timeout_s here too instead of hanging.
-bool any_rank_signalled(ProcessGrid& grid) {
-  int signalled = g_stop_signal != 0 ? 1 : 0;
-  grid.world().all_reduce(&signalled, 1).wait();
-  return signalled != 0;
+// comm.timeout_s here too instead of hanging. Also counts the ranks whose checkpoint writer is
+// still writing (Note [Background commit]).
+struct Boundary {
+  bool signalled = false;
+  bool writes_ended = true;  // no rank's writer is still writing
+};
+Boundary agree_at_boundary(ProcessGrid& grid, const CheckpointSaver& saver) {
+  int flags[2] = {g_stop_signal != 0 ? 1 : 0, saver.writing() ? 1 : 0};
+  grid.world().all_reduce(flags, 2).wait();
+  return {flags[0] != 0, flags[1] == 0};
 }
 
 // A fresh run's id: rank 0 draws it, every rank gets the same.
@@ -171,15 +177,55 @@ int run_train(const DeckArgs& args, const BlasCoreCheck& blas) {
   }
   const int end_step =
       deck.train.stop_at > 0 ? std::min(deck.train.stop_at, deck.train.steps) : deck.train.steps;
+  // Note [Asynchronous checkpoints]: with checkpoint.async the saves are written in the
+  // background; `report` tells what ended, once every rank knows.
+  CheckpointSaver saver(trainer, *backend, ck, deck.comm.timeout_s, run_id);
   std::string saved_path;
-  auto save = [&](int steps_done, const char* why) {
-    if (ck.dir.empty()) return;
-    const auto t0 = std::chrono::steady_clock::now();
-    const std::string path = trainer.save(ck.dir, steps_done, run_id, ck.keep);
-    saved_path = path;
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (lead) fmt::print("checkpoint: {} ({}, {:.2f} s)\n", path, why, seconds);
+  struct Reported {
+    double write_ms = 0;
+    std::string error;  // the first failure's message
+    bool stop = false;  // a failure that ends the run (checkpoint.on_error, or the last save)
+    void add(const Reported& o) {
+      write_ms += o.write_ms;
+      if (error.empty()) error = o.error;
+      stop = stop || o.stop;
+    }
+  };
+  auto report = [&](bool last_save) {
+    Reported r;
+    for (const SaveOutcome& o : saver.take_finished()) {
+      r.write_ms += o.write_ms;
+      if (o.ok()) {
+        saved_path = o.path;
+        if (lead)
+          fmt::print("checkpoint: {} ({}, {:.2f} s{})\n", o.path, o.why, o.write_ms / 1e3,
+                     saver.async() ? " written in the background" : "");
+        continue;
+      }
+      if (o.code != ExitCode::kBadInput) throw Error(o.error, o.code);  // a timeout: the job ends
+      const std::string prev = latest_checkpoint(ck.dir);
+      if (lead)
+        fmt::print("WARNING: checkpoint of step {} ({}) failed: {}; latest is still {}\n", o.step,
+                   o.why, o.error, prev.empty() ? "none" : prev);
+      if (r.error.empty())
+        r.error = fmt::format("checkpoint of step {} failed: {}", o.step, o.error);
+      r.stop = r.stop || ck.on_error == "stop" || last_save;
+    }
+    return r;
+  };
+  // A stop: the run's end or a signal. The last save waits for its write (and the one before).
+  auto final_save = [&](int steps_done, const char* why, double* block_ms) {
+    if (ck.dir.empty()) return Reported{};
+    *block_ms += saver.save(steps_done, why);
+    *block_ms += saver.wait();
+    return report(/*last_save=*/true);
+  };
+  auto stop_on_failure = [&](const Reported& r) {
+    if (!r.stop) return;
+    throw AgreedFailure{
+        int(ExitCode::kBadInput), lead,
+        fmt::format("trident: error: {} (checkpoint.on_error: {}{})", r.error, ck.on_error,
+                    ck.on_error == "continue" ? "; the last save" : "")};
   };
   if (lead) {
     fmt::print("{}\n", deck.to_yaml());
@@ -238,11 +284,30 @@ int run_train(const DeckArgs& args, const BlasCoreCheck& blas) {
   bool stopped_by_signal = false;
   int steps_done = first_step;
   for (int step = first_step; step < end_step; ++step) {
+    const bool writing_during = saver.writing();  // the step overlaps a background write
     StepStats s = trainer.train_step(step);
     steps_done = step + 1;
     const bool last_step = step + 1 == deck.train.steps;
     if (deck.train.val_every > 0 && (s.step % deck.train.val_every == 0 || last_step))
       s.val_loss = trainer.validate();
+    // Checkpoints before the record, so that it carries what this step boundary did.
+    const Boundary at = agree_at_boundary(*grid, saver);  // Note [Stop signals]
+    double block_ms = 0;
+    Reported saved = at.writes_ended ? report(false) : Reported{};
+    if (at.signalled) {
+      stopped_by_signal = true;
+      saved.add(final_save(steps_done, "stop signal", &block_ms));
+    } else if (ck.every > 0 && !ck.dir.empty() && steps_done % ck.every == 0 &&
+               steps_done != end_step) {
+      // One save at a time: the write in flight ends first, on every rank, so its outcome is
+      // reported here alike; an async save's own outcome comes at a later boundary.
+      block_ms += saver.wait();
+      saved.add(report(false));
+      if (!saved.stop) {  // a failure that stops the run saves nothing more
+        block_ms += saver.save(steps_done, "every");
+        if (!saver.async()) saved.add(report(false));
+      }
+    }
     if (lead) {
       if (!s.warning.empty()) fmt::print("WARNING: {}\n", s.warning);
       // The trainer leaves out an MFU above 1: the peak it is measured against was too low.
@@ -254,9 +319,21 @@ int run_train(const DeckArgs& args, const BlasCoreCheck& blas) {
                    "bench` measures it carefully.\n",
                    s.step, ctx.peak_flops / 1e9, blas.chosen);
       }
-      const nlohmann::json record = step_record(s, trainer.memory_bytes());
+      nlohmann::json record = step_record(s, trainer.memory_bytes());
+      if (!ck.dir.empty()) {  // Note [Asynchronous checkpoints]
+        record["ckpt_block_ms"] = block_ms;
+        record["ckpt_write_ms"] = saved.write_ms;
+        record["ckpt_writing"] = writing_during ? 1 : 0;
+        if (!saved.error.empty()) {
+          record["ckpt_failed"] = 1;
+          record["ckpt_error"] = saved.error;
+        }
+      }
       metrics->write(record);
-      if (tensorboard) tensorboard->write_step(record);
+      if (tensorboard) {
+        tensorboard->write_step(record);
+        if (!saved.error.empty()) tensorboard->write_code_text(s.step, "ckpt/error", saved.error);
+      }
       if (s.skipped) {  // Note [Non-finite steps]: always shown
         fmt::print("step {:>5}/{} | skipped: loss {:.4f}, norm {:.3f} not finite; no update "
                    "({} in a row, train.max_skips {})\n",
@@ -281,18 +358,16 @@ int run_train(const DeckArgs& args, const BlasCoreCheck& blas) {
       }
     }
     last = s;
-    if (any_rank_signalled(*grid)) {  // Note [Stop signals]
-      stopped_by_signal = true;
-      save(steps_done, "stop signal");
-      break;
-    }
-    if (ck.every > 0 && steps_done % ck.every == 0 && steps_done != end_step)
-      save(steps_done, "every");
+    stop_on_failure(saved);
+    if (stopped_by_signal) break;
   }
   const char* reason = stopped_by_signal               ? "stop signal"
                        : steps_done < deck.train.steps ? "stop_at"
                                                        : "end";
-  if (!stopped_by_signal) save(steps_done, reason);
+  if (!stopped_by_signal) {
+    double block_ms = 0;
+    stop_on_failure(final_save(steps_done, reason, &block_ms));
+  }
   if (lead)
     write_run_state(out_dir, steps_done < deck.train.steps ? "stopped" : "done", reason, steps_done,
                     deck.train.steps, saved_path);

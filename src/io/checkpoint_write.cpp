@@ -8,8 +8,10 @@
 //   2. every rank writes and fsyncs shard_r<rank>.h5 (only tensors it owns);
 //   3. rank 0 gathers what each rank wrote (MPI_Gatherv of a serialized list);
 //   4. rank 0 checks that the blocks cover every global tensor exactly once, writes and
-//      fsyncs index.h5 and the directory, renames step_X.tmp to step_X, switches `latest`
-//      and prunes. Its agreement is the closing barrier: no rank returns before `latest` moved.
+//      fsyncs index.h5;
+//   5. with read_back, every rank reads its shard back and checks its CRCs (verify_checkpoint);
+//   6. rank 0 fsyncs the directory, renames step_X.tmp to step_X, switches `latest` and
+//      prunes. Its agreement is the closing barrier: no rank returns before `latest` moved.
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/file.h>
@@ -19,6 +21,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -28,6 +31,7 @@
 #include <map>
 #include <regex>
 #include <set>
+#include <thread>
 
 #include "io/checkpoint_format.h"
 #include "trident/checkpoint.h"
@@ -184,6 +188,7 @@ std::vector<SavedTensor> write_shard(const std::string& path, const CheckpointMe
 
   std::vector<SavedTensor> saved;
   std::set<std::string> names;
+  haddr_t first_data = HADDR_UNDEF;  // where the first block's bytes are (a fault's target)
   for (const auto& t : tensors) {
     if (!t.owner) continue;
     check_tensor(t);
@@ -210,6 +215,7 @@ std::vector<SavedTensor> write_shard(const std::string& path, const CheckpointMe
       TRIDENT_H5(H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data),
                  "writing dataset {}/{} to {}", t.name, k, path);
       const uint32_t crc = crc32_of(data, n * sizeof(float));
+      if (first_data == HADDR_UNDEF) first_data = H5Dget_offset(ds);
       write_attr(ds, kAttrStart, b.start);
       write_attr(ds, kAttrCrc32, std::vector<uint32_t>{crc});
       ds.close(fmt::format("dataset {}/{} in {}", t.name, k, path));
@@ -220,6 +226,21 @@ std::vector<SavedTensor> write_shard(const std::string& path, const CheckpointMe
   }
   file.close(path);
   fsync_path(path, false);
+  // Fault injection for tests/cli/test_async_checkpoint.sh: "RANK:STEP", one byte of that
+  // rank's first block in that step's shard flipped after the write (damage the read-back finds).
+  int bad_rank = -1;
+  long long bad_step = -1;
+  if (const char* f = std::getenv("TRIDENT_FAULT_CORRUPT_SHARD");
+      f && std::sscanf(f, "%d:%lld", &bad_rank, &bad_step) == 2 && bad_rank == rank &&
+      bad_step == meta.step && first_data != HADDR_UNDEF) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    char byte = 0;
+    if (fd >= 0 && ::pread(fd, &byte, 1, off_t(first_data)) == 1) {
+      byte = char(byte ^ 0x10);
+      if (::pwrite(fd, &byte, 1, off_t(first_data)) != 1) byte = 0;
+    }
+    if (fd >= 0) ::close(fd);
+  }
   return saved;
 }
 
@@ -444,7 +465,7 @@ void storage_step(const std::filesystem::path& final_dir, F&& step) {
 std::string save_into(const std::filesystem::path& base, const std::filesystem::path& tmp,
                       const std::filesystem::path& final_dir, const CheckpointMeta& meta,
                       const std::vector<ShardTensor>& tensors, int keep, MPI_Comm comm,
-                      double timeout_s) {
+                      double timeout_s, bool read_back) {
   namespace fs = std::filesystem;
   int rank = 0, size = 1;
   TRIDENT_MPI(MPI_Comm_rank(comm, &rank));
@@ -474,6 +495,11 @@ std::string save_into(const std::filesystem::path& base, const std::filesystem::
                                  base.string(), double(avail) / 1048576.0);
                  }),
                  others);
+
+  // Fault injection for tests/cli/test_async_checkpoint.sh: milliseconds to wait before the
+  // shards are written (step_X.tmp exists; training changes its live buffers meanwhile).
+  if (const char* ms = std::getenv("TRIDENT_FAULT_SAVE_DELAY_MS"))
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(ms)));
 
   std::vector<char> mine;
   agree_or_throw(
@@ -526,6 +552,13 @@ std::string save_into(const std::filesystem::path& base, const std::filesystem::
                      write_index((tmp / kIndexFile).string(), meta, size,
                                  merge_and_check(std::move(pieces)));
                    });
+                 }),
+                 others);
+  // Every rank reads its own shard back (verify_checkpoint's split) and checks every CRC: a
+  // damaged shard fails the save here, before `latest` could name it.
+  if (read_back) verify_checkpoint(tmp.string(), comm, timeout_s);
+  agree_or_throw(comm, timeout_s, attempt([&] {
+                   if (rank != 0) return;
                    storage_step(final_dir, [&] {
                      fsync_path(tmp.string(), true);
                      publish(base, tmp, final_dir);
@@ -544,7 +577,7 @@ bool checkpoint_write_broken() { return ckpt::hdf5_write_broken.load(); }
 
 std::string save_checkpoint(const std::string& dir, const CheckpointMeta& meta,
                             const std::vector<ShardTensor>& tensors, int keep, MPI_Comm comm,
-                            double timeout_s) {
+                            double timeout_s, bool read_back) {
   namespace fs = std::filesystem;
   using namespace ckpt;
   silence_hdf5_errors();
@@ -568,7 +601,7 @@ std::string save_checkpoint(const std::string& dir, const CheckpointMeta& meta,
                  others);
   // From here on a failure removes the unfinished step_X.tmp (`latest` was never touched).
   try {
-    return save_into(base, tmp, final_dir, meta, tensors, keep, comm, timeout_s);
+    return save_into(base, tmp, final_dir, meta, tensors, keep, comm, timeout_s, read_back);
   } catch (...) {
     if (rank == 0) {
       std::error_code ec;

@@ -305,6 +305,13 @@ const std::vector<Key>& table() {
       {.name = "checkpoint.resume", .field = at<&Deck::checkpoint, &CheckpointConfig::resume>(),
        .text = Text::kEnum, .choices = {"false", "true", "auto"},
        .help = "continue from checkpoint.dir/latest: true (refuse if none), auto (if any)"},
+      {.name = "checkpoint.async", .field = at<&Deck::checkpoint, &CheckpointConfig::async>(),
+       .help = "save in the background: the step waits only for a host snapshot of what is "
+               "saved, a writer thread writes it; latest moves when every shard is durable"},
+      {.name = "checkpoint.on_error", .field = at<&Deck::checkpoint, &CheckpointConfig::on_error>(),
+       .text = Text::kEnum, .choices = {"stop", "continue"},
+       .help = "a save that failed (full disk, I/O error, damaged shard): stop the run (exit 2) "
+               "or report it and continue; latest stays at the previous checkpoint either way"},
   };
   // clang-format on
   return rows;

@@ -106,6 +106,10 @@ constexpr StepTag kStepTags[] = {
     {"grad_resident_mib", "memory/grad_resident_mib"},
     {"optimizer_mib", "memory/optimizer_mib"},
     {"activation_mib", "memory/activation_mib"},
+    {"ckpt_block_ms", "ckpt/block_ms"},
+    {"ckpt_write_ms", "ckpt/write_ms"},
+    {"ckpt_writing", "ckpt/writing"},
+    {"ckpt_failed", "ckpt/failed"},
 };
 
 // A number of the record, or NaN when absent, not a number, or not finite.

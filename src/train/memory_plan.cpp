@@ -55,7 +55,7 @@ size_t zero3_pool_bytes(const std::vector<ParamInfo>& layout, const StageSpec& s
 
 void check_memory_plan(const GPTConfig& cfg, int B, int T, const GPTOptions& options,
                        Backend& backend, int shard_ranks, bool stage_gradients,
-                       const Zero3Memory& zero3) {
+                       const Zero3Memory& zero3, bool snapshot) {
   size_t model_bytes = 0, stage_bytes = 0;
   {
     auto counter = make_counting_backend(backend, &model_bytes);
@@ -89,6 +89,11 @@ void check_memory_plan(const GPTConfig& cfg, int B, int T, const GPTOptions& opt
     grads = shard + pool;
     need = acts + params + grads + optimizer;
   }
+  // Note [Asynchronous checkpoints]: the snapshot holds what the rank saves, its parameters
+  // (ZeRO-3: their shard) and m and v, in host memory: on a host backend beside the rest; on a
+  // device pinned host memory, which device memory does not hold.
+  const double snap = snapshot && !backend.is_device() ? params + optimizer : 0.0;
+  need += snap;
   // Ranks sharing this machine's memory, from the launcher (Open MPI sets it under mpirun and
   // srun); not a collective: ranks may have failed an earlier, rank-local check (their data),
   // and setup_step agrees on the outcome (a collective here would pair with its all-reduce).
@@ -103,10 +108,12 @@ void check_memory_plan(const GPTConfig& cfg, int B, int T, const GPTOptions& opt
                                                             : "parameters";
   input_error(
       "not enough memory: each rank needs {:.2f} GiB ({} here: parameters {:.2f}, "
-      "gradients {:.2f}, optimizer state {:.2f}, activations and scratch {:.2f}; the "
+      "gradients {:.2f}, optimizer state {:.2f}, activations and scratch {:.2f}{}; the "
       "largest: {}){}, but only {:.2f} GiB is free ({}); lower model.* or "
       "train.micro_batch, set train.recompute, or shard with parallel.tp/pp/zero",
-      need / GiB, backend.name(), params / GiB, grads / GiB, optimizer / GiB, acts / GiB, largest,
+      need / GiB, backend.name(), params / GiB, grads / GiB, optimizer / GiB, acts / GiB,
+      snap > 0 ? fmt::format(", checkpoint.async's snapshot {:.2f}", snap / GiB) : std::string(),
+      largest,
       local > 1
           ? fmt::format(", {:.2f} GiB for the {} ranks on this machine", need * local / GiB, local)
           : std::string(),

@@ -52,7 +52,8 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
   open_data(cfg);
   check_memory_plan(cfg, deck_.train.micro_batch, T, options, *ctx_.backend,
                     dp_ && dp_->sharded() ? dp_->shard_ranks() : 1,  // Note [Memory plan]
-                    ctx_.pp_links && ctx_.backend->is_device(), zero3_memory());
+                    ctx_.pp_links && ctx_.backend->is_device(), zero3_memory(),
+                    deck_.checkpoint.async && !deck_.checkpoint.dir.empty());
   model_ = std::make_unique<GPT>(cfg, *ctx_.backend, deck_.train.micro_batch, T, options);
   // The parts that work on the model's buffers. ZeRO-3 initialises its shards a unit at a time
   // (Note [ZeRO-3 units]); weights read from a file come whole, then go into the shards.

@@ -186,8 +186,7 @@ std::vector<ShardTensor> Trainer::checkpoint_tensors(float* params, float* m, fl
   return out;
 }
 
-std::string Trainer::save(const std::string& dir, int steps_done, const std::string& run_id,
-                          int keep) {
+CheckpointMeta Trainer::checkpoint_meta(int steps_done, const std::string& run_id) const {
   CheckpointMeta meta;
   meta.step = steps_done;
   meta.run_id = run_id;
@@ -199,6 +198,11 @@ std::string Trainer::save(const std::string& dir, int steps_done, const std::str
     meta.tp = g.tp;
     meta.pp = g.pp;
   }
+  return meta;
+}
+
+std::string Trainer::save(const std::string& dir, int steps_done, const std::string& run_id,
+                          int keep) {
   // HDF5 reads the tensors on the host (Note [Backend memory]). ZeRO-3 saves its shards as they
   // are: nothing is gathered.
   const bool zero3 = dp_ && dp_->zero3();
@@ -207,8 +211,25 @@ std::string Trainer::save(const std::string& dir, int steps_done, const std::str
   const size_t n = zero3 ? dp_->shard_size() : model_->num_params(), k = opt_->size();
   HostView<float> p(be, zero3 ? dp_->shard_params() : model_->params(), n, true),
       m(be, opt_->m(), k, true), v(be, opt_->v(), k, true);
-  return save_checkpoint(dir, meta, checkpoint_tensors(p.data(), m.data(), v.data()), keep,
-                         MPI_COMM_WORLD, deck_.comm.timeout_s);
+  return save_checkpoint(dir, checkpoint_meta(steps_done, run_id),
+                         checkpoint_tensors(p.data(), m.data(), v.data()), keep, MPI_COMM_WORLD,
+                         deck_.comm.timeout_s);
+}
+
+size_t Trainer::snapshot_floats() const {
+  const bool zero3 = dp_ && dp_->zero3();
+  return (zero3 ? dp_->shard_size() : model_->num_params()) + 2 * opt_->size();
+}
+
+std::vector<ShardTensor> Trainer::snapshot(float* dst) {
+  const bool zero3 = dp_ && dp_->zero3();
+  if (!zero3) sync_params();
+  Backend& be = *ctx_.backend;
+  const size_t n = zero3 ? dp_->shard_size() : model_->num_params(), k = opt_->size();
+  be.start_host_snapshot(dst, zero3 ? dp_->shard_params() : model_->params(), n * sizeof(float));
+  be.start_host_snapshot(dst + n, opt_->m(), k * sizeof(float));
+  be.start_host_snapshot(dst + n + k, opt_->v(), k * sizeof(float));
+  return checkpoint_tensors(dst, dst + n, dst + n + k);
 }
 
 CheckpointMeta Trainer::load(const std::string& path) {

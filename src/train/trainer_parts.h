@@ -25,7 +25,8 @@ GPTOptions stage_options(const Deck& deck, const GPTConfig& cfg, const TrainCont
 // ranks ZeRO shards the optimizer and gradient shards over (1: none). `stage_gradients`: the
 // pipeline stage keeps its boundary gradients in backend memory (device links).
 // `zero3`: with ZeRO-3 (Note [ZeRO-3 units]) the full parameter and gradient buffers count only
-// as what they hold at most (zero3_pool_bytes).
+// as what they hold at most (zero3_pool_bytes). `snapshot`: checkpoint.async's host copy of
+// what the rank saves (Note [Asynchronous checkpoints]).
 struct Zero3Memory {
   bool on = false;
   size_t bucket_bytes = 0;
@@ -34,7 +35,7 @@ struct Zero3Memory {
 };
 void check_memory_plan(const GPTConfig& cfg, int B, int T, const GPTOptions& options,
                        Backend& backend, int shard_ranks, bool stage_gradients = false,
-                       const Zero3Memory& zero3 = {});
+                       const Zero3Memory& zero3 = {}, bool snapshot = false);
 // ZeRO-3's most resident bytes of the full parameter and gradient buffers: two neighbouring
 // groups of units (the one running and the one gathered ahead); the gradient of the largest
 // unit being written and two buckets waiting or on the wire (Note [Bounded gradient memory]);

@@ -32,6 +32,8 @@ TAGS = {
     "param_mib": "memory/param_mib", "grad_mib": "memory/grad_mib",
     "grad_resident_mib": "memory/grad_resident_mib", "optimizer_mib": "memory/optimizer_mib",
     "activation_mib": "memory/activation_mib",
+    "ckpt_block_ms": "ckpt/block_ms", "ckpt_write_ms": "ckpt/write_ms",
+    "ckpt_writing": "ckpt/writing", "ckpt_failed": "ckpt/failed",
 }
 
 

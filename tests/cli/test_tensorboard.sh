@@ -133,7 +133,7 @@ browse=(timeout 120 chromium --headless --no-sandbox --disable-gpu --hide-scroll
 groups=$(grep -oE 'class="group-title" title="[a-z]+"' page.html | grep -oE '"[a-z]+"$' | tr -d '"' \
          | sort -u | tr '\n' ' ')
 size=$(stat -c %s tensorboard.png 2>/dev/null || echo 0)
-if [ "$groups" = "comm memory perf time train val " ] && grep -q dp2 page.html \
+if [ "$groups" = "ckpt comm memory perf time train val " ] && grep -q dp2 page.html \
    && grep -q resumed page.html && [ "$size" -gt 20000 ]; then
   ok "chromium: the page shows runs dp2 and resumed, tag groups $groups; screenshot $size bytes"
 else
