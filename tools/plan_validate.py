@@ -2,8 +2,13 @@
 """Predicted against measured: `trident plan --layout` next to `trident bench` for a list of
 layouts on this machine (docs/plan.md, "On this machine").
 
-    tools/plan_validate.py --trident build/trident --hardware inputs/hardware/this-machine.yaml \
+    tools/plan_validate.py --trident build/trident --hardware this-machine \
         [--cases default|quick] [--rounds 1] [--max-median 0.10 --max-worst 0.20] [--out T.md]
+
+--hardware takes a path or a name, as `trident plan` does: `this-machine` is your own
+calibration where there is one (`trident plan --calibrate` writes it outside the repository:
+Note [User hardware files]), else the shipped reference inputs/hardware/this-machine.yaml.
+The calibrations of --calibrate-each-round and --bracket go to a temporary directory (--out).
 
 Each case is a deck, a rank count, deck overrides and the layout the planner is given (the
 same layout in the planner's words). bench's median step time and its memory figures are

@@ -63,14 +63,15 @@ struct Hardware {
 
 // Reads and checks a hardware file; bad input throws trident::Error (exit 2) naming the key.
 Hardware load_hardware(const std::string& path);
-// NAME or a path: a path that exists is read; otherwise inputs/hardware/NAME.yaml, looked up in
-// $TRIDENT_HARDWARE_DIR, then beside the executable (../inputs/hardware), then in the source
-// tree the binary was built from; a name that begins exactly one description's name up to a
-// dash (dgx-a100 for dgx-a100-80gb) reads that one. Unknown names list the files that are there.
+// NAME or a path: a path that exists is read; otherwise NAME.yaml, looked up in the user's
+// directory (user_hardware_dir), then beside the executable (../inputs/hardware), then in the
+// source tree the binary was built from; a name that begins exactly one description's name up
+// to a dash (dgx-a100 for dgx-a100-80gb) reads that one. Unknown names list the files there.
 Hardware find_hardware(const std::string& name_or_path);
-// The source tree's inputs/hardware, where `trident plan --calibrate` writes by default (the
-// tree trident_plan was built from; its TRIDENT_SOURCE_DIR).
-std::string source_hardware_dir();
+// Where `trident plan --calibrate` writes and --hardware NAME looks first:
+// $TRIDENT_HARDWARE_DIR, else ${XDG_DATA_HOME:-~/.local/share}/trident/hardware; "" when
+// neither it nor HOME is set (Note [User hardware files] in src/plan/hardware.cpp).
+std::string user_hardware_dir();
 // `sub` (e.g. "tools/plot_plan.py") beside the executable (<exe>/../sub), then in the source
 // tree; the first that exists, or "" if neither does.
 std::string find_in_tree(const std::string& sub);

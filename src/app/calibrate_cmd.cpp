@@ -1,6 +1,7 @@
 // `trident plan --calibrate`: measures this machine (src/bench/calibrate.h, Note [Calibration])
 // and writes its hardware description (kind: cpu, dtype: fp32; Note [Hardware files] in
-// src/plan/hardware.cpp). Only rank 0 writes the file.
+// src/plan/hardware.cpp) into the user's hardware directory (Note [User hardware files]) or
+// --out. Only rank 0 writes the file.
 #include <mpi.h>
 #include <unistd.h>
 
@@ -64,9 +65,15 @@ std::string today() {
   return text;
 }
 
+// --out, else the user's hardware directory (Note [User hardware files]): never the source
+// tree's tracked inputs/hardware/.
 std::string output_path(const CalibrateArgs& args, const std::string& name) {
   if (!args.out.empty()) return args.out;
-  return (std::filesystem::path(source_hardware_dir()) / (name + ".yaml")).string();
+  const std::string dir = user_hardware_dir();
+  if (dir.empty())
+    input_error("trident plan --calibrate: neither TRIDENT_HARDWARE_DIR nor HOME is set; name "
+                "the file with --out");
+  return (std::filesystem::path(dir) / (name + ".yaml")).string();
 }
 
 }  // namespace
@@ -79,14 +86,21 @@ int run_calibrate(const CalibrateArgs& args, const BlasCoreCheck& blas) {
   TRIDENT_MPI(MPI_Comm_size(world, &size));
   const bool lead = rank == 0;
   const std::string name = args.name.empty() ? "this-machine" : args.name;
-  const std::string path = output_path(args, name);
+  std::string path;
   const int cores = int(sysconf(_SC_NPROCESSORS_ONLN));
   const int threads = args.threads > 0 ? args.threads : cores;
   setup_step([&] {
     if (name.find('/') != std::string::npos)
       input_error("--name {}: a description's name cannot contain '/'", name);
+    path = output_path(args, name);
     const auto dir = std::filesystem::absolute(path).parent_path();
-    if (lead && !std::filesystem::is_directory(dir))
+    if (!lead) return;
+    std::error_code ec;
+    if (args.out.empty() && !std::filesystem::create_directories(dir, ec) && ec)
+      input_error("trident plan --calibrate: cannot create {}: {} (set TRIDENT_HARDWARE_DIR or "
+                  "pass --out)",
+                  dir.string(), ec.message());
+    if (!std::filesystem::is_directory(dir))
       input_error("--out {}: directory {} does not exist", path, dir.string());
   });
 
@@ -266,6 +280,11 @@ int run_calibrate(const CalibrateArgs& args, const BlasCoreCheck& blas) {
     std::filesystem::rename(tmp, path);
     load_hardware(path);  // reads back: the file is valid
     progress(lead, "wrote {}", path);
+    if (args.out.empty()) {  // found by name from now on; say when it hides a shipped one
+      const std::string shipped = find_in_tree("inputs/hardware/" + name + ".yaml");
+      progress(lead, "`trident plan --hardware {}` reads it{}", name,
+               shipped.empty() ? "" : fmt::format(" (it shadows the shipped {})", shipped));
+    }
   });
   return 0;
 }

@@ -73,7 +73,7 @@ struct PlanArgs {
 int run_plan(const PlanArgs& args);
 
 struct CalibrateArgs {
-  std::string out;                // empty: inputs/hardware/<name>.yaml in the source tree
+  std::string out;                // empty: <name>.yaml in user_hardware_dir() (trident/plan.h)
   std::string name;               // the description's name; empty: "this-machine"
   int threads = 0;                // 0: every core of the node
   double emulate_gbps = 0;        // also measure the emulated link (comm.emulate_gbps) ...

@@ -4,6 +4,8 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "trident/check.h"
 #include "trident/peak_check.h"
 
@@ -16,6 +18,22 @@ int ranks_on_this_node() {
   TRIDENT_MPI(MPI_Comm_size(node, &size));
   TRIDENT_MPI(MPI_Comm_free(&node));
   return size;
+}
+
+// Note [Train's GEMM peak]
+// A run's MFU is against the peak it can reach, so train measures as carefully as its steps
+// need: briefly (best of 2 sgemm 2048³ after a warm-up, ~0.3 s), then, where one step at that
+// rate takes over 0.5 s, as bench does (best of 5-10, ~1-2 s) too, keeping the larger. GPT-2
+// 124M's 1.1 s steps ran at 170 GFLOP/s against a brief 167 (bench: 202-207): large steps run
+// near the peak, so a low figure turned their MFU off; they can afford a step's time for it.
+// Small decks run far below the peak and keep starting fast. An MFU above 1 stays n/a: the
+// careful figure is still a measurement (a busy machine lowers it).
+double measure_train_gemm_peak(Backend& backend, double step_flops) {
+  const double brief = backend.measure_gemm_peak_flops_brief();
+  constexpr double kCarefulAboveStepS = 0.5;
+  // A device backend has one measurement: its brief one is the careful one.
+  if (backend.is_device() || (brief > 0 && step_flops / brief <= kCarefulAboveStepS)) return brief;
+  return std::max(brief, backend.measure_gemm_peak_flops());
 }
 
 CheckedPeak check_gemm_peak(double measured_flops, const Backend& backend,

@@ -14,6 +14,10 @@ struct CheckedPeak {
   std::string problem;  // why it was rejected and what to do ("" when accepted)
 };
 
+// train's measurement of the MFU denominator (Note [Train's GEMM peak]): briefly, and carefully
+// as bench does too when one step of step_flops (this rank's share) takes over 0.5 s.
+double measure_train_gemm_peak(Backend& backend, double step_flops);
+
 // Collective over MPI_COMM_WORLD: the ranks on this rank's node (they share its cores).
 int ranks_on_this_node();
 

@@ -162,7 +162,9 @@ int main(int argc, char** argv) {
   plan->add_option("--set", plan_args.deck.overrides, "override one deck key: a.b=value")
       ->take_all()
       ->allow_extra_args(false);
-  plan->add_option("--hardware", plan_args.hardware, "inputs/hardware/NAME.yaml, or a path");
+  plan->add_option("--hardware", plan_args.hardware,
+                   "a path, or NAME: your calibration (--calibrate writes it), else "
+                   "inputs/hardware/NAME.yaml");
   plan->add_option("--gpus", plan_args.gpus, "devices (ranks) to plan for")
       ->check(CLI::PositiveNumber);
   plan->add_option("--global-batch", plan_args.global_batch, "sequences per step")
@@ -203,7 +205,9 @@ int main(int argc, char** argv) {
   plan->add_option("--max-v", plan_args.max_v, "search: most virtual stages (interleaved)")
       ->check(CLI::PositiveNumber);
   plan->add_flag("--calibrate", calibrate, "measure this machine; write a hardware file");
-  plan->add_option("--out", calibrate_args.out, "--calibrate: the file to write");
+  plan->add_option("--out", calibrate_args.out,
+                   "--calibrate: the file to write (default: NAME.yaml in $TRIDENT_HARDWARE_DIR, "
+                   "else ${XDG_DATA_HOME:-~/.local/share}/trident/hardware)");
   plan->add_option("--name", calibrate_args.name, "--calibrate: the description's name");
   plan->add_option("--threads", calibrate_args.threads, "--calibrate: threads (0: all cores)")
       ->check(CLI::NonNegativeNumber);

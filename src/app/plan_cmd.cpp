@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -36,6 +37,7 @@ nlohmann::json to_json(const Prediction& p, const Hardware& hw) {
                       {"schedule", l.schedule},
                       {"sequence_parallel", l.sequence_parallel},
                       {"hardware", hw.name},
+                      {"hardware_file", hw.path},
                       {"step_s", p.step_s},
                       {"tokens_per_s", p.tokens_per_s},
                       {"tflops_per_gpu", p.tflops_per_gpu},
@@ -62,8 +64,8 @@ std::string split(const Prediction& p) {
 }
 
 void print_one(const Prediction& p, const Hardware& hw) {
-  fmt::print("layout {} on {} ({} rank{})\n", format_layout(p.layout), hw.name, p.layout.world(),
-             p.layout.world() > 1 ? "s" : "");
+  fmt::print("layout {} on {} ({} rank{}), hardware file {}\n", format_layout(p.layout), hw.name,
+             p.layout.world(), p.layout.world() > 1 ? "s" : "", hw.path);
   if (!p.why_not.empty()) fmt::print("  does not fit: {}\n", p.why_not);
   if (p.step_s > 0)
     fmt::print("  step {:.4g} s  {:.4g} tokens/s  {:.4g} TFLOP/s per rank  MFU {}\n", p.step_s,
@@ -167,6 +169,13 @@ int run_plan(const PlanArgs& args) {
   const Deck deck = load_deck(args.deck.deck, args.deck.overrides);
   Hardware hw = find_hardware(args.hardware);
   if (args.memory_gb > 0) hw.memory_gb = args.memory_gb;
+  // A user's calibration of a shipped name wins (Note [User hardware files]): say so.
+  const std::string shipped = find_in_tree("inputs/hardware/" + args.hardware + ".yaml");
+  std::error_code ec;
+  if (!args.json && !shipped.empty() && !std::filesystem::equivalent(shipped, hw.path, ec))
+    fmt::print("plan: --hardware {} reads {}, which shadows the shipped {} (give its path to "
+               "use that one)\n",
+               args.hardware, hw.path, shipped);
   const PlanModel model = PlanModel::from_deck(deck);
   if (!deck.model.init_from.empty() && !args.json)
     fmt::print("plan: model.init_from is set ({}); the plan uses the deck's model.* shape "

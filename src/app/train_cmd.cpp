@@ -123,8 +123,11 @@ int run_train(const DeckArgs& args, const BlasCoreCheck& blas) {
   setup_step([&] { shape = model_config_from_deck(deck, &note); });
   CheckedPeak peak;
   Run run = make_run(deck, [&](Backend& backend) {
-    // Brief: train reports MFU as a guide; `trident bench` measures carefully.
-    peak = check_gemm_peak(backend.measure_gemm_peak_flops_brief(), backend, blas,
+    // As carefully as the steps need (Note [Train's GEMM peak]): this rank's share of a step.
+    const double step_flops = shape.train_flops_per_token(deck.model.seq_len) *
+                              deck.train.micro_batch * deck.model.seq_len * deck.train.accum /
+                              (deck.parallel.tp * deck.parallel.pp * deck.parallel.cp);
+    peak = check_gemm_peak(measure_train_gemm_peak(backend, step_flops), backend, blas,
                            ranks_on_this_node());
     return peak.flops;
   });

@@ -308,10 +308,11 @@ std::vector<fs::path> tree_roots() {
   return roots;
 }
 
-// Where NAME.yaml is looked for, in order (see find_hardware in trident/plan.h).
+// Where NAME.yaml is looked for, in order (see find_hardware in trident/plan.h): the user's
+// calibrations shadow the shipped descriptions of the same name (Note [User hardware files]).
 std::vector<fs::path> hardware_dirs() {
   std::vector<fs::path> dirs;
-  if (const char* env = std::getenv("TRIDENT_HARDWARE_DIR"); env && *env) dirs.emplace_back(env);
+  if (const std::string user = user_hardware_dir(); !user.empty()) dirs.emplace_back(user);
   for (const fs::path& root : tree_roots()) dirs.push_back(root / "inputs" / "hardware");
   return dirs;
 }
@@ -336,8 +337,10 @@ Hardware find_hardware(const std::string& name_or_path) {
   std::error_code ec;
   if (fs::is_regular_file(name_or_path, ec)) return load_hardware(name_or_path);
   if (name_or_path.find('/') != std::string::npos || name_or_path.ends_with(".yaml"))
-    input_error("--hardware {}: no such file (a name is looked up as inputs/hardware/NAME.yaml)",
-                name_or_path);
+    input_error("--hardware {}: no such file (a name is looked up as NAME.yaml in {}, then in "
+                "the shipped inputs/hardware/)",
+                name_or_path,
+                user_hardware_dir().empty() ? "$TRIDENT_HARDWARE_DIR" : user_hardware_dir());
   const std::vector<fs::path> dirs = hardware_dirs();
   for (const fs::path& dir : dirs) {
     const fs::path file = dir / (name_or_path + ".yaml");
@@ -368,7 +371,20 @@ Hardware find_hardware(const std::string& name_or_path) {
               listing.empty() ? "none" : listing);
 }
 
-std::string source_hardware_dir() { return (tree_roots().back() / "inputs" / "hardware").string(); }
+// Note [User hardware files]
+// `plan --calibrate` writes a user's description outside the source tree, so a clone's tracked
+// inputs/hardware/ stays as shipped (a calibration is this machine's, not the project's):
+// $TRIDENT_HARDWARE_DIR if set, else $XDG_DATA_HOME/trident/hardware (an absolute one, as the
+// XDG spec says), else ~/.local/share/trident/hardware. find_hardware looks there before the
+// shipped files, so a user's this-machine shadows the shipped reference; plan prints the file.
+std::string user_hardware_dir() {
+  if (const char* env = std::getenv("TRIDENT_HARDWARE_DIR"); env && *env) return env;
+  if (const char* xdg = std::getenv("XDG_DATA_HOME"); xdg && *xdg == '/')
+    return (fs::path(xdg) / "trident" / "hardware").string();
+  if (const char* home = std::getenv("HOME"); home && *home)
+    return (fs::path(home) / ".local" / "share" / "trident" / "hardware").string();
+  return {};
+}
 
 std::string find_in_tree(const std::string& sub) {
   std::error_code ec;

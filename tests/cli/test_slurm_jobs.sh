@@ -5,12 +5,15 @@
 #      checkpoint.resume: auto and ends at train.steps with every loss and grad norm equal,
 #      bitwise, to an uninterrupted mpirun run of the same deck;
 #   2. launch mistakes: `srun mpirun trident` (two worlds) stops with exit 2 and a message that
-#      says so; a batch job whose srun has no PMI plugin fails and is not requeued.
+#      says so; a batch job whose srun has no PMI plugin fails and is not requeued;
+#   3. the jobs' output lands in runs/slurm/ of the submit directory, never beside it (the
+#      repository root, for a user), and the source tree ships runs/slurm/ for it.
 # Skips (77) when Slurm's daemons are not installed (tools/setup.sh installs them).
 # usage: test_slurm_jobs.sh TRIDENT_BINARY SOURCE_DIR SCRATCH_DIR
 source "$(dirname "$0")/lib.sh" "$@"
 start_local_slurm 20000
 export TRIDENT_HOME=$src TRIDENT_BIN=$bin
+mkdir -p runs/slurm  # Slurm does not create --output's directory (the sbatch headers say so)
 
 wait_job() {  # JOBID SECONDS: until the job has left the queue; prints its final state
   local end=$((SECONDS + $2))
@@ -44,7 +47,7 @@ for _ in $(seq 1 240); do
 done
 state=$(wait_job "$jid" 600)
 wait $ref || fail "uninterrupted mpirun run: $(tail -3 whole.log)"
-out=trident-$jid.out
+out=runs/slurm/trident-$jid.out
 if [ -z "$requeued" ]; then
   fail "job $jid was not requeued ($state): $(grep -E 'trident:|checkpoint|error' "$out" | head -5)"
 elif [ "$state" != "JobState=COMPLETED" ]; then
@@ -90,11 +93,25 @@ fi
 jid2=$(TRIDENT_SRUN_MPI=none sbatch --parsable --ntasks=2 --time=2 "$src/jobs/slurm/cpu-train.sbatch" \
        "${short[@]}" --set run.out_dir=nopmi)
 state=$(wait_job "$jid2" 120)
-if [ "$state" = "JobState=FAILED" ] && grep -q "not requeued" "trident-$jid2.out" \
+if [ "$state" = "JobState=FAILED" ] && grep -q "not requeued" "runs/slurm/trident-$jid2.out" \
    && ! scontrol show job "$jid2" | grep -q 'Restarts=[1-9]'; then
-  ok "no PMI plugin: job $jid2 $state, not requeued: $(grep -m1 -i 'PMI' "trident-$jid2.out" | head -c 90)"
+  ok "no PMI plugin: job $jid2 $state, not requeued: $(grep -m1 -i 'PMI' "runs/slurm/trident-$jid2.out" | head -c 90)"
 else
-  fail "no PMI plugin: job $jid2 $state: $(tail -5 "trident-$jid2.out")"
+  fail "no PMI plugin: job $jid2 $state: $(tail -5 "runs/slurm/trident-$jid2.out")"
+fi
+
+# 3. Where the output went: runs/slurm/ for both jobs, nothing beside it.
+stray=$(ls trident-*.out 2>/dev/null | tr '\n' ' ')
+if [ -s "runs/slurm/trident-$jid.out" ] && [ -s "runs/slurm/trident-$jid2.out" ] && [ -z "$stray" ]; then
+  ok "job output in runs/slurm/ (trident-$jid.out, trident-$jid2.out), none in the submit directory"
+else
+  fail "job output: runs/slurm/ has '$(ls runs/slurm | tr '\n' ' ')', the submit directory '$stray'"
+fi
+# A clone has the directory: its placeholder is tracked although runs/ is ignored.
+if git -C "$src" rev-parse --git-dir >/dev/null 2>&1; then
+  git -C "$src" ls-files --error-unmatch runs/slurm/.gitkeep >/dev/null 2>&1 \
+    && ok "the repository tracks runs/slurm/ (a clone can submit from its root)" \
+    || fail "runs/slurm/.gitkeep is not tracked: sbatch from a fresh clone's root finds no runs/slurm/"
 fi
 
 finish

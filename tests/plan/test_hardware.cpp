@@ -5,6 +5,8 @@
 #include <stdlib.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -300,6 +302,52 @@ TEST_F(HardwareFileTest, FindsByNameOrPath) {
   }
   unsetenv("TRIDENT_HARDWARE_DIR");
   EXPECT_THROW(find_hardware(file("missing/none.yaml")), Error);
+}
+
+// Sets or unsets an environment variable for one scope, restoring it after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    value ? setenv(name, value, 1) : unsetenv(name);
+  }
+  ~ScopedEnv() { had_ ? setenv(name_, old_.c_str(), 1) : unsetenv(name_); }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
+// Note [User hardware files]: where calibrations go, and that they shadow the shipped files.
+TEST_F(HardwareFileTest, UserDirectoryIsFoundFirst) {
+  const std::string home = file("home"), xdg = file("xdg"), own = file("own");
+  ScopedEnv set_home("HOME", home.c_str());
+  ScopedEnv no_dir("TRIDENT_HARDWARE_DIR", nullptr);
+  {
+    ScopedEnv no_xdg("XDG_DATA_HOME", nullptr);
+    EXPECT_EQ(user_hardware_dir(), home + "/.local/share/trident/hardware");
+    ScopedEnv relative_xdg("XDG_DATA_HOME", "relative/data");  // ignored, as the spec says
+    EXPECT_EQ(user_hardware_dir(), home + "/.local/share/trident/hardware");
+  }
+  ScopedEnv set_xdg("XDG_DATA_HOME", xdg.c_str());
+  EXPECT_EQ(user_hardware_dir(), xdg + "/trident/hardware");
+  // A calibration named as a shipped description is read instead of it; others still are found.
+  std::filesystem::create_directories(user_hardware_dir());
+  write("xdg/trident/hardware/this-machine.yaml", kValid);
+  EXPECT_EQ(find_hardware("this-machine").path, xdg + "/trident/hardware/this-machine.yaml");
+  EXPECT_EQ(find_hardware("dgx-h100").name, "dgx-h100");
+  {
+    ScopedEnv set_dir("TRIDENT_HARDWARE_DIR", own.c_str());  // replaces the XDG directory
+    EXPECT_EQ(user_hardware_dir(), own);
+    EXPECT_TRUE(
+        std::filesystem::equivalent(find_hardware("this-machine").path, shipped("this-machine")));
+  }
+  ScopedEnv no_home("HOME", nullptr);
+  ScopedEnv no_xdg("XDG_DATA_HOME", nullptr);
+  EXPECT_EQ(user_hardware_dir(), "");  // calibrate then asks for --out
+  EXPECT_TRUE(
+      std::filesystem::equivalent(find_hardware("this-machine").path, shipped("this-machine")));
 }
 
 }  // namespace
