@@ -4,7 +4,8 @@
 # every key with positive figures (Note [Hardware files]), and refuses a bad --out with exit 2.
 # Then the planner on that file: the ranked table, --json's keys, --png, exit 2 naming the key
 # for a bad hardware file, an unknown hardware name and a layout trident refuses; the NeoX and
-# Llama decks' FLOP counts and a refused kv_heads; ZeRO-3 and HSDP on the Llama deck; and last
+# Llama decks' FLOP counts and a refused kv_heads; ZeRO-3 and HSDP on the Llama deck; the
+# checkpoint snapshot's line and memory term with --async-checkpoint; and last
 # predictions against `trident bench` for a few layouts (tools/plan_validate.py --cases quick)
 # within the tolerance stated below. About 2 minutes on 2 cores.
 # usage: test_plan.sh TRIDENT_BINARY SOURCE_DIR SCRATCH_DIR
