@@ -58,6 +58,14 @@ struct Hardware {
   double core_scaling = 1;
   // cpu: one rank's GEMM rate with a thread on every core / (cores × its single-thread rate).
   double thread_scaling = 1;
+  // A checkpoint snapshot's copy into host memory (checkpoint.async,
+  // Note [Plan checkpoint snapshot] in src/plan/memory.cpp), GB/s of bytes copied: gpu: one
+  // device's pinned device-to-host rate while the node's devices copy at once; cpu: one
+  // thread's memcpy into a touched buffer. 0: unknown (gpu: no time is given), half of
+  // memory_gbytes_per_s (cpu: a copy reads and writes every byte).
+  double host_copy_gbytes_per_s = 0;
+  std::string host_copy_path;  // what that copy crosses, as printed ("PCIe Gen5 x16"); optional
+  double host_memory_gb = 0;   // gpu: host memory per node (where pinned snapshots sit); 0: unknown
   std::vector<std::string> sources;  // where each figure comes from (cited, or "measured ...")
 };
 
@@ -77,6 +85,8 @@ std::string user_hardware_dir();
 std::string find_in_tree(const std::string& sub);
 // The YAML text of a description (what --calibrate writes; reads back with load_hardware).
 std::string hardware_to_yaml(const Hardware& hw);
+// host_copy_gbytes_per_s in B/s, with the cpu's default; 0 where a gpu's is unknown.
+double host_copy_bytes_per_s(const Hardware& hw);
 // The achieved GEMM rate (FLOP/s per device) for an M×N×K GEMM (interpolated, see GemmPoint).
 double gemm_flops_per_s(const Hardware& hw, double m, double n, double k);
 
@@ -138,6 +148,9 @@ struct PlanModel {
   double emulate_gbps = 0, emulate_latency_us = 0;
   bool emulate_dp = true, emulate_tp = false;
   int grad_comm_bytes = 4;  // comm.grad_dtype: fp32 4, bf16 2
+  // checkpoint.async (trident plan --async-checkpoint): a cpu rank's memory holds the snapshot
+  // (Note [Plan checkpoint snapshot] in src/plan/memory.cpp).
+  bool async_checkpoint = false;
   static PlanModel from_deck(const Deck& deck);
 };
 
@@ -147,8 +160,19 @@ struct PlanTerm {
   double value = 0;
 };
 
+// What an asynchronous checkpoint save copies before the step goes on
+// (Note [Plan checkpoint snapshot] in src/plan/memory.cpp); predicted for every layout, counted
+// in memory only with PlanModel::async_checkpoint.
+struct CheckpointSnapshot {
+  double bytes_per_rank = 0;       // the rank that saves the most: fp32 params + Adam m and v
+  int node_ranks = 1;              // the layout's ranks on one node
+  double host_bytes_per_node = 0;  // bytes_per_rank × node_ranks
+  double copy_s = 0;               // one save's copy at host_copy_bytes_per_s; 0: rate unknown
+};
+
 struct Prediction {
   PlanLayout layout;
+  CheckpointSnapshot snapshot;
   std::vector<PlanTerm> time;    // seconds per step on the slowest rank; sum = step_s
   std::vector<PlanTerm> memory;  // bytes on the rank that holds the most; sum = memory_bytes
   std::vector<PlanTerm> info;    // not part of the sums: whole collectives, bubble fraction

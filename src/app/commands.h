@@ -68,6 +68,8 @@ struct PlanArgs {
   // The largest model per device count at each ZeRO stage (zero_capacity) instead of a plan.
   bool zero_capacity = false;
   double memory_gb = 0;  // > 0: one device's memory instead of the hardware file's
+  // checkpoint.async's snapshot: in a cpu rank's memory and fit; printed (PlanModel).
+  bool async_checkpoint = false;
 };
 // No MPI: a model evaluated on one process (src/plan/, Note [Plan model]).
 int run_plan(const PlanArgs& args);

@@ -193,6 +193,11 @@ int main(int argc, char** argv) {
                  "the largest model that fits per device count at ZeRO 0-3 (no activations)");
   plan->add_option("--memory-gb", plan_args.memory_gb, "one device's memory (default: the file's)")
       ->check(CLI::PositiveNumber);
+  plan->add_flag(
+      "--async-checkpoint", plan_args.async_checkpoint,
+      "as the deck's checkpoint.async: true: count the save's host snapshot (cpu: in each "
+      "rank's memory) "
+      "and print its size and copy time");
   plan->add_option("--sp", plan_args.sp, "search: sequence parallelism 0,1 with tp > 1")
       ->delimiter(',')
       ->check(CLI::Range(0, 1));

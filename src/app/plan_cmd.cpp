@@ -51,6 +51,41 @@ nlohmann::json to_json(const Prediction& p, const Hardware& hw) {
   return j;
 }
 
+// checkpoint.async's line (Note [Plan checkpoint snapshot] in src/plan/memory.cpp): where the
+// snapshot sits, its size, and one save's copy time at the file's host copy rate.
+std::string snapshot_line(const Prediction& p, const Hardware& hw) {
+  const CheckpointSnapshot& s = p.snapshot;
+  const bool cpu = hw.kind == "cpu";
+  std::string where =
+      cpu ? "in the rank's memory, counted in its total"
+          : fmt::format("in pinned host memory, not the device's; {:.3g} GB per node of {} "
+                        "rank{}{}",
+                        s.host_bytes_per_node / 1e9, s.node_ranks, s.node_ranks > 1 ? "s" : "",
+                        hw.host_memory_gb > 0
+                            ? fmt::format(" against the node's {:.4g} GB", hw.host_memory_gb)
+                            : "");
+  const double rate = host_copy_bytes_per_s(hw);
+  std::string via = hw.host_copy_path;
+  if (via.empty())
+    via = cpu && hw.host_copy_gbytes_per_s <= 0
+              ? "half of memory_gbytes_per_s: a copy reads and writes each byte"
+              : (cpu ? "memcpy" : "device to host");
+  const std::string time =
+      rate > 0 ? fmt::format("{:.3g} ms per save at {:.3g} GB/s ({}, {})", 1e3 * s.copy_s,
+                             rate / 1e9, via, hw.name)
+               : fmt::format("copy time unknown: {} has no host_copy_gbytes_per_s", hw.name);
+  return fmt::format("checkpoint snapshot: {:.3g} GB per rank ({}), {}", s.bytes_per_rank / 1e9,
+                     where, time);
+}
+
+void add_snapshot(nlohmann::json& j, const Prediction& p, const Hardware& hw) {
+  j["checkpoint_snapshot"] = {{"bytes_per_rank", p.snapshot.bytes_per_rank},
+                              {"host_bytes_per_node", p.snapshot.host_bytes_per_node},
+                              {"copy_s", p.snapshot.copy_s},
+                              {"host_copy_gbytes_per_s", host_copy_bytes_per_s(hw) / 1e9},
+                              {"in", hw.kind == "cpu" ? "rank memory" : "pinned host memory"}};
+}
+
 // The step's split as "gemm 61% bubble 12% ...", largest first, terms of at least 1%.
 std::string split(const Prediction& p) {
   std::vector<PlanTerm> t = p.time;
@@ -176,7 +211,8 @@ int run_plan(const PlanArgs& args) {
     fmt::print("plan: --hardware {} reads {}, which shadows the shipped {} (give its path to "
                "use that one)\n",
                args.hardware, hw.path, shipped);
-  const PlanModel model = PlanModel::from_deck(deck);
+  PlanModel model = PlanModel::from_deck(deck);
+  model.async_checkpoint = model.async_checkpoint || args.async_checkpoint;
   if (!deck.model.init_from.empty() && !args.json)
     fmt::print("plan: model.init_from is set ({}); the plan uses the deck's model.* shape "
                "({} layers, d_model {}, {} heads, vocab {}), not the file's: set them to match\n",
@@ -218,8 +254,14 @@ int run_plan(const PlanArgs& args) {
     const Prediction p = predict(model, layout, hw);
     if (p.step_s <= 0)  // a layout trident refuses: bad input
       input_error("--layout {}: {}", args.layout, p.why_not);
-    if (args.json) fmt::print("{}\n", to_json(p, hw).dump());
-    else print_moe(model), print_one(p, hw);
+    if (args.json) {
+      nlohmann::json j = to_json(p, hw);
+      if (model.async_checkpoint) add_snapshot(j, p, hw);
+      fmt::print("{}\n", j.dump());
+    } else {
+      print_moe(model), print_one(p, hw);
+      if (model.async_checkpoint) fmt::print("  {}\n", snapshot_line(p, hw));
+    }
     if (!args.png.empty()) draw_png({p}, hw, args.png);
     return 0;
   }
@@ -246,7 +288,11 @@ int run_plan(const PlanArgs& args) {
                 args.gpus, global_batch, model.heads);
   const size_t top = std::min(ranked.size(), size_t(args.top));
   if (args.json) {
-    for (size_t i = 0; i < top; ++i) fmt::print("{}\n", to_json(ranked[i], hw).dump());
+    for (size_t i = 0; i < top; ++i) {
+      nlohmann::json j = to_json(ranked[i], hw);
+      if (model.async_checkpoint) add_snapshot(j, ranked[i], hw);
+      fmt::print("{}\n", j.dump());
+    }
   } else {
     size_t fitting = 0;
     for (const Prediction& p : ranked) fitting += p.fits;
@@ -269,6 +315,7 @@ int run_plan(const PlanArgs& args) {
     else if (!ranked[0].fits)
       fmt::print("plan: no layout fits in {:.4g} GB per {}\n", hw.memory_gb,
                  hw.kind == "cpu" ? "node" : "device");
+    if (model.async_checkpoint) fmt::print("#1 {}\n", snapshot_line(ranked[0], hw));
   }
   if (!args.png.empty())
     draw_png({ranked.begin(), ranked.begin() + std::min<size_t>(top, 8)}, hw, args.png);

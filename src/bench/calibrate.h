@@ -61,19 +61,26 @@ struct ComputeRound {
   std::vector<GemmPoint> gemm;
   double elementwise_gbytes_per_s = 0, optimizer_gbytes_per_s = 0;
   double small_gpt_s = 0, small_gpt_all_threads_s = 0;  // forward + backward, 1 / all threads
+  double host_copy_gbytes_per_s = 0;                    // measure_snapshot_copy
 };
 
 constexpr int kComputeRounds = 3;
 
 // kComputeRounds rounds on `single` (a one-thread backend), `after_round(round, figures)`
 // after each; then hw's gemm points, peak_tflops, elementwise and optimizer rates,
-// compute_efficiency and thread_scaling (cores > 1) from the rounds' medians, 4 digits.
+// compute_efficiency, thread_scaling (cores > 1) and host_copy_gbytes_per_s (with its line in
+// hw.sources) from the rounds' medians, 4 digits.
 void measure_compute(Backend& single, int cores, Hardware& hw,
                      const std::function<void(int, const ComputeRound&)>& after_round);
 
 // STREAM triad on `threads` threads over three arrays of n doubles: GB/s, best of 10, counted
 // as 24 bytes per element.
 double measure_triad(int threads, size_t n);
+
+// A checkpoint snapshot's copy (Note [Plan checkpoint snapshot] in src/plan/memory.cpp): one
+// thread's memcpy of `bytes` into a buffer touched beforehand, as a snapshot buffer allocated
+// once is; GB/s of bytes copied, median of 5.
+double measure_snapshot_copy(size_t bytes);
 
 // One thread's memcpy rate (GB/s, bytes copied): the single-rank stand-in for a transport.
 double measure_copy(size_t bytes);

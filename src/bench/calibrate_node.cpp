@@ -1,4 +1,6 @@
 // One rank's compute and memory figures (Note [Calibration] in bench/calibrate.h).
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -147,6 +149,9 @@ double measure_optimizer(Backend& be) {
   return rates[rates.size() / 2];
 }
 
+// Large enough to leave the caches (a GPT-2 124M snapshot is 1.49 GB), small enough for a round.
+constexpr size_t kSnapshotCopyBytes = size_t(256) << 20;
+
 // One round of the compute figures (ComputeRound); compute_efficiency and thread_scaling come
 // from the rounds' medians.
 void measure_compute_round(Backend& single, int cores, ComputeRound& hw) {
@@ -158,6 +163,7 @@ void measure_compute_round(Backend& single, int cores, ComputeRound& hw) {
   hw.elementwise_gbytes_per_s = measure_elementwise(single);
   hw.optimizer_gbytes_per_s = measure_optimizer(single);
   hw.small_gpt_s = time_small_gpt(single);
+  hw.host_copy_gbytes_per_s = measure_snapshot_copy(kSnapshotCopyBytes);
   if (cores > 1) {  // the same model on a thread per core, in this one process
     std::unique_ptr<Backend> all = make_cpu_backend(cores);
     AllCoresWhileAlive widen(cores);
@@ -243,6 +249,12 @@ void measure_compute(Backend& single, int cores, Hardware& hw,
   hw.optimizer_gbytes_per_s =
       median_of([](const ComputeRound& r) { return r.optimizer_gbytes_per_s; });
   for (const GemmPoint& p : hw.gemm) hw.peak_tflops = std::max(hw.peak_tflops, p.tflops);
+  hw.host_copy_gbytes_per_s =
+      median_of([](const ComputeRound& r) { return r.host_copy_gbytes_per_s; });
+  hw.sources.push_back(fmt::format(
+      "host_copy_gbytes_per_s: a checkpoint snapshot's copy, memcpy of {} MiB on 1 thread into a "
+      "buffer touched beforehand, median of 5 per round, median of {} rounds",
+      kSnapshotCopyBytes >> 20, kComputeRounds));
   const double one_thread = median_of([](const ComputeRound& r) { return r.small_gpt_s; });
   hw.compute_efficiency = round_sig(compute_efficiency_of(hw, one_thread));
   if (cores > 1)
@@ -282,6 +294,23 @@ double measure_triad(int threads, size_t n) {
   for (size_t i = 0; i < n; i += n / 97 + 1)
     TRIDENT_CHECK(a[i] == b[i] + s * c[i], "calibration: triad element {} is wrong", i);
   return 24.0 * double(n) / best / 1e9;
+}
+
+double measure_snapshot_copy(size_t bytes) {
+  std::vector<char> src(bytes), dst(bytes);
+  for (size_t i = 0; i < bytes; i += 4096) src[i] = char(i / 4096 % 127 + 1);
+  std::memset(dst.data(), 0, bytes);           // touched: the timed copies take no page faults
+  std::memcpy(dst.data(), src.data(), bytes);  // validated first, then timed
+  for (size_t i = 0; i < bytes; i += 4096 * 97)
+    TRIDENT_CHECK(dst[i] == src[i], "calibration: the snapshot copy's byte {} is wrong", i);
+  std::vector<double> gbs;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = Clock::now();
+    std::memcpy(dst.data(), src.data(), bytes);
+    gbs.push_back(double(bytes) / seconds_since(t0) / 1e9);
+  }
+  std::sort(gbs.begin(), gbs.end());
+  return gbs[gbs.size() / 2];
 }
 
 // One thread's memcpy rate (GB/s, bytes copied): the single-rank stand-in for a transport.

@@ -55,6 +55,14 @@ namespace trident {
 //                                              (above 1: the terms' rates were measured low)
 //   thread_scaling       in (0, 1], default 1  cpu: one rank's GEMM rate with a thread on
 //                                              every core / (cores × one thread's rate)
+//   host_copy_gbytes_per_s ≥ 0, default 0    a checkpoint snapshot's copy to host memory,
+//                                              bytes copied: gpu: pinned device-to-host per
+//                                              device, the node's devices at once; cpu: one
+//                                              thread's memcpy. 0: unknown (gpu), half of
+//                                              memory_gbytes_per_s (cpu)
+//   host_copy_path       string, optional    what that copy crosses, as printed
+//   host_memory_gb       ≥ 0, default 0      gpu: host memory per node (pinned snapshots);
+//                                              0: unknown; cpu: not read (memory_gb is it)
 //   sources              list of strings, required, not empty: where each figure comes from
 // A link's gbytes_per_s is the achieved ring bus bandwidth per device in one direction, what
 // nccl-tests calls busbw (algbw · 2(n−1)/n for all-reduce); latency_us is the cost of one ring
@@ -80,6 +88,9 @@ constexpr std::string_view kTopKeys[] = {"name",
                                          "elementwise_gbytes_per_s",
                                          "optimizer_gbytes_per_s",
                                          "compute_efficiency",
+                                         "host_copy_gbytes_per_s",
+                                         "host_copy_path",
+                                         "host_memory_gb",
                                          "sources"};
 constexpr std::string_view kLinkKeys[] = {"gbytes_per_s", "latency_us"};
 constexpr std::string_view kGemmKeys[] = {"min_dim", "tflops"};
@@ -284,9 +295,13 @@ Hardware parse(const YAML::Node& root, const std::string& path) {
         OptionalFigure{"elementwise_gbytes_per_s", &Hardware::elementwise_gbytes_per_s, 0, true,
                        kNoLimit, false},
         OptionalFigure{"optimizer_gbytes_per_s", &Hardware::optimizer_gbytes_per_s, 0, true,
-                       kNoLimit, false}})
+                       kNoLimit, false},
+        OptionalFigure{"host_copy_gbytes_per_s", &Hardware::host_copy_gbytes_per_s, 0, true,
+                       kNoLimit, false},
+        OptionalFigure{"host_memory_gb", &Hardware::host_memory_gb, 0, true, kNoLimit, false}})
     if (const YAML::Node n = root[o.key])
       hw.*o.field = r.in_range(n, o.key, o.lo, o.lo_closed, o.hi, o.hi_closed);
+  if (const YAML::Node n = root["host_copy_path"]) hw.host_copy_path = r.text(n, "host_copy_path");
   hw.sources = r.sources(root);
   return hw;
 }
@@ -406,13 +421,22 @@ std::string hardware_to_yaml(const Hardware& hw) {
       "intra_node: {{gbytes_per_s: {}, latency_us: {}}}\n"
       "inter_node: {{gbytes_per_s: {}, latency_us: {}}}\n"
       "overlap_slowdown: {}\ncore_scaling: {}\nthread_scaling: {}\nelementwise_gbytes_per_s: "
-      "{}\noptimizer_gbytes_per_s: {}\ncompute_efficiency: {}\nsources:\n",
+      "{}\noptimizer_gbytes_per_s: {}\ncompute_efficiency: {}\nhost_copy_gbytes_per_s: {}\n",
       hw.attention_tflops, hw.memory_gbytes_per_s, hw.memory_gb, hw.intra_node.gbytes_per_s,
       hw.intra_node.latency_us, hw.inter_node.gbytes_per_s, hw.inter_node.latency_us,
       hw.overlap_slowdown, hw.core_scaling, hw.thread_scaling, hw.elementwise_gbytes_per_s,
-      hw.optimizer_gbytes_per_s, hw.compute_efficiency);
+      hw.optimizer_gbytes_per_s, hw.compute_efficiency, hw.host_copy_gbytes_per_s);
+  if (!hw.host_copy_path.empty())
+    out += fmt::format("host_copy_path: {}\n", yaml_quote(hw.host_copy_path));
+  if (hw.host_memory_gb > 0) out += fmt::format("host_memory_gb: {}\n", hw.host_memory_gb);
+  out += "sources:\n";
   for (const std::string& s : hw.sources) out += fmt::format("  - {}\n", yaml_quote(s));
   return out;
+}
+
+double host_copy_bytes_per_s(const Hardware& hw) {
+  if (hw.host_copy_gbytes_per_s > 0) return hw.host_copy_gbytes_per_s * 1e9;
+  return hw.kind == "cpu" ? hw.memory_gbytes_per_s * 1e9 / 2 : 0;
 }
 
 double gemm_flops_per_s(const Hardware& hw, double m, double n, double k) {

@@ -60,6 +60,15 @@
 // cannot hold at once in a trainer (the micro-batches' gradients must sum somewhere: a full
 // buffer, 4·Ψ resident, or the shard, m reduce-scatters); docs/plan.md says so.
 //
+// Note [Plan checkpoint snapshot]
+// An asynchronous save (checkpoint.async) first copies what a synchronous save writes from
+// this rank: its fp32 parameters (ZeRO-3: its shard) and Adam's m and v (ZeRO-1/2/3: its
+// piece), 4 B each: 12·Ψ at ZeRO-0, 4·Ψ + 8·Ψ/S at ZeRO-1/2, 12·Ψ/S at ZeRO-3 (Ψ the stage's
+// parameters of one tp rank, S = dp_shard·cp; experts over their own shard ranks). The copy
+// sits in host memory allocated once: on a cpu that is the rank's own memory, so it joins the
+// memory terms and the fit; on a gpu it is pinned host memory, reported per node apart from
+// the device's. One save blocks for bytes / host_copy_bytes_per_s; the write is background.
+
 // Note [Plan attention state]
 // What attention saves per layer for backward: a fused kernel (attention_tflops > 0) or a
 // blockwise one saves the output and one log-sum-exp per row and head, B·NH·T/cp floats
@@ -193,6 +202,13 @@ double stage_params(const PlanModel& m, const PlanLayout& l, int s) {
   double n = 0;
   for (double u : stage_units(m, l, s)) n += u;  // integers below 2^53: the sum is exact
   return n;
+}
+
+double snapshot_bytes(const PlanModel& m, const PlanLayout& l, int s) {
+  const double params = stage_params(m, l, s), experts = stage_expert_params(m, l, s);
+  const double piece =
+      l.zero > 0 ? (params - experts) / l.shard_ranks() + experts / l.expert_shard_ranks() : params;
+  return 4 * ((l.zero == 3 ? piece : params) + 2 * piece);  // params, m, v
 }
 
 std::string layout_problem(const PlanModel& m, const PlanLayout& l) {
@@ -413,6 +429,8 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
                                  {"expert_grads", states.expert_grads},
                                  {"expert_optimizer", states.expert_optimizer}});
     terms.insert(terms.end(), {{"activations", acts}, {"scratch", scratch}});
+    if (m.async_checkpoint && hw.kind == "cpu")  // Note [Plan checkpoint snapshot]
+      terms.push_back({"checkpoint_snapshot", snapshot_bytes(m, l, s)});
     double total = 0;
     for (const PlanTerm& t : terms) total += t.value;
     if (total > best_total) best_total = total, best = terms;

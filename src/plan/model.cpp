@@ -157,6 +157,7 @@ double ring_seconds(LinkOp op, double bytes, int n, const LinkSpec& link) {
 
 PlanModel PlanModel::from_deck(const Deck& deck) {
   PlanModel m;
+  m.async_checkpoint = deck.checkpoint.async;  // or plan's --async-checkpoint
   m.layers = deck.model.layers;
   m.d_model = deck.model.d_model;
   m.heads = deck.model.heads;
@@ -472,6 +473,19 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
   if (p.memory_bytes > capacity)
     p.why_not = fmt::format("needs {:.1f} GB per rank, has {:.1f} GB", p.memory_bytes / 1e9,
                             capacity / 1e9);
+  // Note [Plan checkpoint snapshot]: the stage that saves the most; a node's ranks each hold one
+  // (an upper bound under pp, where a node's stages differ).
+  for (int s = 0; s < l.pp; ++s)
+    p.snapshot.bytes_per_rank = std::max(p.snapshot.bytes_per_rank, snapshot_bytes(m, l, s));
+  p.snapshot.node_ranks = place.local_ranks;
+  p.snapshot.host_bytes_per_node = p.snapshot.bytes_per_rank * place.local_ranks;
+  const double copy_rate = host_copy_bytes_per_s(hw);
+  p.snapshot.copy_s = copy_rate > 0 ? p.snapshot.bytes_per_rank / copy_rate : 0;
+  if (m.async_checkpoint && hw.kind == "gpu" && hw.host_memory_gb > 0 && p.why_not.empty() &&
+      p.snapshot.host_bytes_per_node > hw.host_memory_gb * 1e9)
+    p.why_not = fmt::format("the checkpoint snapshot needs {:.1f} GB of pinned host memory per "
+                            "node, the node has {:.1f} GB",
+                            p.snapshot.host_bytes_per_node / 1e9, hw.host_memory_gb);
   p.fits = p.why_not.empty();  // a layout that does not fit is still timed
 
   // The slowest stage sets the pace (embedding on the first, head on the last). The bubble is

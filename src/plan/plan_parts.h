@@ -85,6 +85,8 @@ struct ModelStates {
 };
 ModelStates model_state_bytes(const PlanModel& model, const PlanLayout& layout, const Hardware& hw,
                               int stage);
+// Bytes an asynchronous save copies on a rank of `stage` (Note [Plan checkpoint snapshot]).
+double snapshot_bytes(const PlanModel& model, const PlanLayout& layout, int stage);
 // Why trident would refuse the layout (the trainer's own checks); empty if it runs.
 std::string layout_problem(const PlanModel& model, const PlanLayout& layout);
 // Bytes per rank on the stage that holds the most (src/plan/memory.cpp, Note [Plan memory]).

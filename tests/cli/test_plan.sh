@@ -4,7 +4,8 @@
 # every key with positive figures (Note [Hardware files]), and refuses a bad --out with exit 2.
 # Then the planner on that file: the ranked table, --json's keys, --png, exit 2 naming the key
 # for a bad hardware file, an unknown hardware name and a layout trident refuses; the NeoX and
-# Llama decks' FLOP counts and a refused kv_heads; ZeRO-3 and HSDP on the Llama deck; and last
+# Llama decks' FLOP counts and a refused kv_heads; ZeRO-3 and HSDP on the Llama deck; the
+# checkpoint snapshot's line and memory term with --async-checkpoint; and last
 # predictions against `trident bench` for a few layouts (tools/plan_validate.py --cases quick)
 # within the tolerance stated below. About 2 minutes on 2 cores.
 # usage: test_plan.sh TRIDENT_BINARY SOURCE_DIR SCRATCH_DIR
@@ -30,7 +31,8 @@ import sys, yaml
 d = yaml.safe_load(open(sys.argv[1]))
 keys = {"name", "kind", "devices_per_node", "dtype", "peak_tflops", "gemm", "attention_tflops",
         "memory_gbytes_per_s", "memory_gb", "intra_node", "inter_node", "overlap_slowdown",
-        "core_scaling", "thread_scaling", "elementwise_gbytes_per_s", "optimizer_gbytes_per_s", "compute_efficiency", "sources"}
+        "core_scaling", "thread_scaling", "elementwise_gbytes_per_s", "optimizer_gbytes_per_s", "compute_efficiency",
+        "host_copy_gbytes_per_s", "sources"}
 assert set(d) == keys, f"keys differ: {set(d) ^ keys}"
 assert d["name"] == "cli-test" and d["kind"] == "cpu" and d["dtype"] == "fp32", d
 assert d["devices_per_node"] >= 1
@@ -45,6 +47,7 @@ assert 0.05 < d["inter_node"]["gbytes_per_s"] <= 0.126, d["inter_node"]
 assert 0 <= d["overlap_slowdown"] < 1
 assert 0 < d["core_scaling"] <= 1 and 0 < d["thread_scaling"] <= 1, d
 assert 0 < d["compute_efficiency"] <= 2, d
+assert 0 < d["host_copy_gbytes_per_s"] <= d["memory_gbytes_per_s"], d  # a copy moves each byte twice
 assert any("measured by trident plan --calibrate" in s for s in d["sources"]), d["sources"]
 PY
 then ok "the file has every key and plausible figures"; else fail "the file's contents"; fi
@@ -143,6 +146,31 @@ assert by[(3, 64)] > 8 * by[(3, 8)] > 8 * by[(0, 8)] and by[(0, 64)] == by[(0, 1
 PY
 then ok "zero 3 and HSDP: less memory than zero 2, the split named, capacity grows"; else fail "zero 3: $z3 / $(head -5 <<<"$hsdp")"; fi
 expect_bad "dp_shard without zero 3" "needs zero=3" "$bin" plan "$tiny" --hardware "$out" --layout dp=4,zero=2,dp_shard=2
+
+# checkpoint.async's snapshot (Note [Plan checkpoint snapshot] in src/plan/memory.cpp), asked for
+# with --async-checkpoint: GPT-2 124M's fp32 params, m and v (1.48 GB at the deck's 64 positions) in a DGX H100's pinned host
+# memory, not the device's; on the calibrated CPU in the rank's memory total; nothing without it.
+g2=$src/inputs/gpt2-124m.yaml
+snap=$("$bin" plan "$g2" --hardware dgx-h100 --layout dp=1 --async-checkpoint 2>&1)
+grep -qE "^  checkpoint snapshot: 1\.48 GB per rank \(in pinned host memory.*, 28\.6 ms per save at 52 GB/s \(PCIe Gen5 x16" <<<"$snap" \
+  && ok "--async-checkpoint prints the snapshot's size and copy time" || fail "no snapshot line: $snap"
+"$bin" plan "$g2" --hardware dgx-h100 --layout dp=1 2>&1 | grep -q "checkpoint snapshot" \
+  && fail "a snapshot line without --async-checkpoint" || ok "no snapshot line without the flag"
+"$bin" plan "$g2" --hardware dgx-h100 --gpus 8 --async-checkpoint 2>&1 | grep -qE "^#1 checkpoint snapshot: .* per node of 8 ranks" \
+  && ok "the ranked table names the best layout's snapshot" || fail "no snapshot line under the table"
+with=$("$bin" plan "$g2" --hardware "$out" --layout dp=1 --async-checkpoint --json)
+without=$("$bin" plan "$g2" --hardware "$out" --layout dp=1 --json)
+if "$py" - "$with" "$without" <<'PY'
+import json, sys
+w, wo = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+s = w["checkpoint_snapshot"]
+assert s["bytes_per_rank"] == 12 * 123738624 and s["in"] == "rank memory", s
+assert w["memory_bytes"]["checkpoint_snapshot"] == s["bytes_per_rank"], w["memory_bytes"]
+assert abs(w["memory_gb_per_rank"] - wo["memory_gb_per_rank"] - s["bytes_per_rank"] / 1e9) < 1e-6, (w, wo)
+assert abs(s["copy_s"] * s["host_copy_gbytes_per_s"] * 1e9 - s["bytes_per_rank"]) < 1, s
+assert "checkpoint_snapshot" not in wo and "checkpoint_snapshot" not in wo["memory_bytes"], wo
+PY
+then ok "cpu: the snapshot is in the rank's memory total"; else fail "cpu snapshot: $with"; fi
 
 # Predicted against measured on this machine, with the file calibrated just now: each of four
 # layouts within a factor 2 (predicted/measured in [0.5, 2]). The documented validation

@@ -23,15 +23,16 @@ std::string shipped(const std::string& name) {
 
 struct VendorFigures {
   std::string name;
-  double peak_tflops, hbm_gbytes_per_s, memory_gb, nic_gbytes_per_s;
+  double peak_tflops, hbm_gbytes_per_s, memory_gb, nic_gbytes_per_s, pcie_gbytes_per_s;
 };
 
 // Written by hand from the datasheets (sources: in each file): dense BF16, HBM peak, capacity,
-// one NIC per GPU (HDR 200 Gb/s = 25 GB/s, NDR 400 Gb/s = 50 GB/s).
+// one NIC per GPU (HDR 200 Gb/s = 25 GB/s, NDR 400 Gb/s = 50 GB/s), the host link's raw rate
+// (PCIe Gen4 x16 32 GB/s, Gen5 x16 64 GB/s).
 const VendorFigures kVendor[] = {
-    {"dgx-a100-80gb", 312, 2039, 80, 25},
-    {"dgx-h100", 989, 3350, 80, 50},
-    {"hgx-h200", 989, 4800, 141, 50},
+    {"dgx-a100-80gb", 312, 2039, 80, 25, 32},
+    {"dgx-h100", 989, 3350, 80, 50, 64},
+    {"hgx-h200", 989, 4800, 141, 50, 64},
 };
 
 TEST(ShippedHardware, CarryTheVendorFigures) {
@@ -52,6 +53,9 @@ TEST(ShippedHardware, CarryTheVendorFigures) {
     EXPECT_GT(hw.intra_node.gbytes_per_s, hw.inter_node.gbytes_per_s);
     for (const GemmPoint& p : hw.gemm) EXPECT_LE(p.tflops, 0.9 * hw.peak_tflops);
     EXPECT_GT(hw.overlap_slowdown, 0);
+    // A device-to-host copy over PCIe x16: Gen4 32 GB/s, Gen5 64 GB/s before protocol overhead.
+    EXPECT_GT(hw.host_copy_gbytes_per_s, 0.5 * v.pcie_gbytes_per_s);
+    EXPECT_LT(hw.host_copy_gbytes_per_s, v.pcie_gbytes_per_s);
     EXPECT_GE(hw.sources.size(), 5u);
   }
   // Megatron 2021 ran attention unfused (the file says why).
@@ -150,6 +154,33 @@ TEST_F(HardwareFileTest, OptionalKeysDefault) {
   const Hardware hw = load_hardware(write("ok.yaml", text));
   EXPECT_EQ(hw.attention_tflops, 0);
   EXPECT_EQ(hw.overlap_slowdown, 0);
+  EXPECT_EQ(hw.host_copy_gbytes_per_s, 0);
+  EXPECT_EQ(hw.host_memory_gb, 0);
+  EXPECT_EQ(hw.host_copy_path, "");
+}
+
+// Note [Plan checkpoint snapshot] in src/plan/memory.cpp: the host copy's figures.
+TEST_F(HardwareFileTest, ReadsTheHostCopyKeys) {
+  std::string text = valid_with("host_copy_gbytes_per_s: 52");
+  text += "host_copy_path: \"PCIe Gen5 x16\"\nhost_memory_gb: 2048\n";
+  const Hardware hw = load_hardware(write("ok.yaml", text));
+  EXPECT_EQ(hw.host_copy_gbytes_per_s, 52);
+  EXPECT_EQ(hw.host_copy_path, "PCIe Gen5 x16");
+  EXPECT_EQ(hw.host_memory_gb, 2048);
+  EXPECT_DOUBLE_EQ(host_copy_bytes_per_s(hw), 52e9);
+  const Hardware back = load_hardware(write("back.yaml", hardware_to_yaml(hw)));
+  EXPECT_EQ(back.host_copy_gbytes_per_s, 52);
+  EXPECT_EQ(back.host_copy_path, "PCIe Gen5 x16");
+  EXPECT_EQ(back.host_memory_gb, 2048);
+  expect_refused(valid_with("host_copy_gbytes_per_s: -1"), "host_copy_gbytes_per_s");
+  expect_refused(valid_with("host_memory_gb: lots"), "host_memory_gb");
+  expect_refused(valid_with("host_copy_path: [a, b]"), "host_copy_path");
+  // Unknown on a gpu: no rate; a cpu without one copies at half its memory bandwidth.
+  Hardware gpu = hw, cpu = hw;
+  gpu.host_copy_gbytes_per_s = cpu.host_copy_gbytes_per_s = 0;
+  cpu.kind = "cpu";
+  EXPECT_EQ(host_copy_bytes_per_s(gpu), 0);
+  EXPECT_DOUBLE_EQ(host_copy_bytes_per_s(cpu), 500e9);
 }
 
 TEST_F(HardwareFileTest, RoundTripsThroughYaml) {
@@ -175,6 +206,9 @@ TEST_F(HardwareFileTest, RoundTripsThroughYaml) {
     EXPECT_EQ(b.inter_node.gbytes_per_s, a.inter_node.gbytes_per_s);
     EXPECT_EQ(b.inter_node.latency_us, a.inter_node.latency_us);
     EXPECT_EQ(b.overlap_slowdown, a.overlap_slowdown);
+    EXPECT_EQ(b.host_copy_gbytes_per_s, a.host_copy_gbytes_per_s);
+    EXPECT_EQ(b.host_copy_path, a.host_copy_path);
+    EXPECT_EQ(b.host_memory_gb, a.host_memory_gb);
     EXPECT_EQ(b.sources, a.sources);
   }
   // Numbers that need every digit, and strings that need quoting.
