@@ -62,6 +62,9 @@ expect bad-nonfinite "train.nonfinite" -- "$bin" train deck.yaml "${common[@]}" 
 expect heads-not-dividing "heads" -- "$bin" train deck.yaml "${common[@]}" --set model.heads=3
 # Note [Memory plan]: refused before allocating, with the bytes per rank and the largest item.
 expect model-too-big "not enough memory: each rank needs [0-9.]+ GiB .*largest: .*only [0-9.]+ GiB is free" -- "$bin" train deck.yaml "${common[@]}" --set model.layers=100000
+# Note [Asynchronous checkpoints]: the snapshot is counted (one more copy of params, m and v).
+expect model-too-big-async "not enough memory: .*checkpoint.async's snapshot [0-9.]+; the largest" -- "$bin" train deck.yaml "${common[@]}" --set model.layers=100000 --set checkpoint.async=true --set checkpoint.dir=ck_async
+expect bad-on-error "checkpoint.on_error" -- "$bin" train deck.yaml "${common[@]}" --set checkpoint.on_error=ignore
 
 # Layouts
 expect grid-not-dividing "world 6 is not divisible by tp 4" -- "$bin" grid --world 6 --tp 4
