@@ -12,7 +12,7 @@ script with them set, before anything imports torch.
   torch's Llama step up to 3.5x faster with it.
 - OPENBLAS_CORETYPE: OpenBLAS 0.3.21 does not know this CPU (family 6 model 207) and picks
   Prescott (SSE3) by itself. FAIR_CORE is the core measured fastest for torch here
-  (docs/perf.md, "Fair peers").
+  (docs/perf.md, "Against the fair torch peer").
 
 This module imports nothing heavy: it must be importable before torch is.
 """
@@ -20,7 +20,8 @@ import ctypes
 import os
 import sys
 
-# The best setting measured for torch on this machine (docs/perf.md, "Fair peers").
+# The best setting measured for torch on this machine
+# (docs/perf.md, "Against the fair torch peer").
 FAIR_CORE = "SkylakeX"
 FAIR_WAIT = "passive"
 KEYS = ("OPENBLAS_CORETYPE", "OMP_WAIT_POLICY")
