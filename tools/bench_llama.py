@@ -3,20 +3,27 @@
 training step (forward, backward, AdamW) of transformers' LlamaForCausalLM on Debian's torch,
 and trident's GPT-2 124M in the same rounds for the MFU comparison; interleaved, medians.
 
-    python3 tools/bench_llama.py [--rounds 3] [--steps 5]
+    python3 tools/bench_llama.py [--rounds 3] [--steps 5] [--torch-defaults | --torch-sweep]
 
 Each round runs, one after another: trident on the Llama deck, trident on inputs/gpt2-124m.yaml,
-then transformers once per setting (OPENBLAS_CORETYPE unset, SkylakeX, Cooperlake, each also
-with OMP_WAIT_POLICY=passive: Debian's torch runs its fp32 GEMMs in OpenBLAS, whose kernel
-choice matters, on OpenBLAS's threads beside its own OpenMP team). The summary
-gives each variant's median over the rounds (each run itself the median of its timed steps),
-the ratio of trident's median to the best torch setting's median, and both MFUs.
+then transformers once per torch setting. By default that is the one setting found best for
+torch on this machine (tools/torch_peer.py: OPENBLAS_CORETYPE named, OMP_WAIT_POLICY=passive:
+Debian's torch runs its fp32 GEMMs in OpenBLAS, whose kernel choice matters, on OpenBLAS's
+threads beside its own OpenMP team). `--torch-defaults` adds torch as Debian ships it (both
+variables unset) for comparison; `--torch-sweep` runs the six settings that found the best
+(OPENBLAS_CORETYPE unset, SkylakeX, Cooperlake, each with and without passive); `--torch-env`
+any list. The summary gives each variant's median over the rounds (each run itself the median
+of its timed steps), the ratio of trident's median to the best torch setting's median, and both
+MFUs.
 
 `--torch-only` is the peer's side alone, run by the driver under the venv's python
 (tools/hf_venv.sh): the same shape as the deck (vocabulary 32000 is already a multiple of 128,
 so both do the same FLOPs), eager attention (torch 1.13 has no fused CPU attention), fp32,
 AdamW(lr 6e-4, weight decay 0.1), the loss as trident takes it (T inputs, the next T targets).
-It ends with `torch_bench: key=value ...`.
+Run by hand it takes the fair setting too (re-executing itself before torch is imported;
+`--torch-defaults`, `--blas-core`, `--omp-wait-policy` as in tools/bench_torch.py); the driver
+passes `--env-as-given` with each variant's environment. It prints the settings and the core
+OpenBLAS loaded, and ends with `torch_bench: key=value ...`.
 """
 import argparse
 import os
@@ -27,11 +34,15 @@ import subprocess
 import sys
 import time
 
+import torch_peer
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # torch's settings tried, each `K=V ...` for its environment ("": as Debian ships it). Besides
 # OpenBLAS's kernel, OpenMP's wait policy: torch's idle OpenMP workers spin next to OpenBLAS's
 # own threads, and with the cores shared `passive` made its step 3.5x faster in a trial.
-TORCH_ENVS = ["", "OPENBLAS_CORETYPE=SkylakeX", "OPENBLAS_CORETYPE=Cooperlake",
+FAIR_ENV = (f"OPENBLAS_CORETYPE={torch_peer.FAIR_CORE} "
+            f"OMP_WAIT_POLICY={torch_peer.FAIR_WAIT}")
+TORCH_SWEEP = ["", "OPENBLAS_CORETYPE=SkylakeX", "OPENBLAS_CORETYPE=Cooperlake",
               "OMP_WAIT_POLICY=passive", "OPENBLAS_CORETYPE=SkylakeX OMP_WAIT_POLICY=passive",
               "OPENBLAS_CORETYPE=Cooperlake OMP_WAIT_POLICY=passive"]
 # BENCH_AUTOCAST=bf16 (read by --torch-only, not by torch) runs the forward under
@@ -61,10 +72,11 @@ def torch_only(a):
     tokens = torch.randint(0, a.vocab, (a.micro_batch, a.seq_len + 1))
     idx, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
     n_params = sum(p.numel() for p in model.parameters())
-    core = os.environ.get("OPENBLAS_CORETYPE", "default")
-    wait = os.environ.get("OMP_WAIT_POLICY", "default")
-    print(f"torch {torch.__version__}, {a.threads} threads, OPENBLAS_CORETYPE={core}, OMP_WAIT_POLICY={wait}, "
-          f"autocast={autocast or 'off'}, {n_params / 1e6:.2f} M parameters, micro-batch {a.micro_batch} x {a.seq_len}",
+    core = os.environ.get("OPENBLAS_CORETYPE") or "unset"
+    wait = os.environ.get("OMP_WAIT_POLICY") or "unset"
+    loaded = torch_peer.blas_core_loaded()
+    print(f"torch {torch.__version__}, {a.threads} threads, OPENBLAS_CORETYPE={core} (OpenBLAS "
+          f"core loaded: {loaded}), OMP_WAIT_POLICY={wait}, autocast={autocast or 'off'}, {n_params / 1e6:.2f} M parameters, micro-batch {a.micro_batch} x {a.seq_len}",
           flush=True)
     times = []
     for step in range(a.warmup + a.steps):
@@ -83,7 +95,7 @@ def torch_only(a):
     step_ms = statistics.median(times)
     print(f"torch_bench: tokens_per_s={a.micro_batch * a.seq_len / (step_ms / 1e3):.1f} "
           f"ms_per_step={step_ms:.2f} params_m={n_params / 1e6:.2f} threads={a.threads} "
-          f"coretype={core} omp_wait_policy={wait} autocast={autocast or 'off'}")
+          f"coretype={core} blas_core={loaded} omp_wait_policy={wait} autocast={autocast or 'off'}")
 
 
 def run(cmd, env=None):
@@ -106,7 +118,7 @@ def load():
 def driver(a):
     trident = [a.trident, "bench"]
     steps = ["--warmup", str(a.warmup), "--steps", str(a.steps)]
-    torch_cmd = [a.python, os.path.abspath(__file__), "--torch-only", "--threads",
+    torch_cmd = [a.python, os.path.abspath(__file__), "--torch-only", "--env-as-given", "--threads",
                  str(a.threads), "--warmup", str(a.warmup), "--steps", str(a.steps)]
     variants = [("trident llama", trident + ["inputs/llama-124m.yaml"] + steps, {}),
                 ("trident gpt2", trident + ["inputs/gpt2-124m.yaml"] + steps, {})]
@@ -149,6 +161,15 @@ def driver(a):
              for l, g in zip(results["trident llama"], results["trident gpt2"])
              if "n/a" not in (l.get("mfu"), g.get("mfu"))]
     print(f"trident llama / {best}: {ratio:.2f}x (target >= 2.5; fp32 against fp32)")
+    fair = f"torch llama {FAIR_ENV}"
+    if fair in results and fair != best:
+        print(f"trident llama / {fair} (the fair peer): "
+              f"{med('trident llama', 'tokens_per_s') / med(fair, 'tokens_per_s'):.2f}x")
+    shipped = "torch llama as shipped"
+    if shipped in results:
+        print(f"trident llama / {shipped}: "
+              f"{med('trident llama', 'tokens_per_s') / med(shipped, 'tokens_per_s'):.2f}x "
+              f"(not the fair figure: torch's defaults)")
     if fastest != best:
         print(f"trident llama (fp32) / {fastest}: "
               f"{med('trident llama', 'tokens_per_s') / med(fastest, 'tokens_per_s'):.2f}x "
@@ -173,8 +194,20 @@ def main():
     ap.add_argument("--trident", default=os.path.join(ROOT, "build", "trident"))
     ap.add_argument("--python", default=None,
                     help="the python with transformers 4.36.2 (default: tools/hf_venv.sh's)")
-    ap.add_argument("--torch-env", default=";".join(TORCH_ENVS),
-                    help="torch's settings, ';'-separated, each 'K=V K=V' (empty: as shipped)")
+    ap.add_argument("--torch-env", default=FAIR_ENV,
+                    help="torch's settings, ';'-separated, each 'K=V K=V' (empty: as shipped); "
+                         "default: the fair one, " + FAIR_ENV)
+    ap.add_argument("--torch-defaults", action="store_true",
+                    help="driver: also run torch as shipped (both variables unset); "
+                         "--torch-only: run it so")
+    ap.add_argument("--torch-sweep", action="store_true",
+                    help="torch at the six settings that found the fair one: " + ";".join(TORCH_SWEEP))
+    ap.add_argument("--env-as-given", action="store_true",
+                    help="--torch-only: keep the environment's settings (the driver's)")
+    ap.add_argument("--blas-core", default=torch_peer.FAIR_CORE,
+                    help="--torch-only: OPENBLAS_CORETYPE ('default': unset)")
+    ap.add_argument("--omp-wait-policy", default=torch_peer.FAIR_WAIT,
+                    help="--torch-only: OMP_WAIT_POLICY ('default': unset)")
     # The shape (the deck's; only --torch-only reads these).
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--d-model", type=int, default=768)
@@ -186,8 +219,14 @@ def main():
     ap.add_argument("--micro-batch", type=int, default=4)
     a = ap.parse_args()
     if a.torch_only:
+        if not a.env_as_given:
+            if a.torch_defaults:
+                a.blas_core = a.omp_wait_policy = "default"
+            torch_peer.with_env(torch_peer.wanted(a.blas_core, a.omp_wait_policy))
         return torch_only(a)
-    a.torch_env = a.torch_env.split(";")
+    a.torch_env = TORCH_SWEEP if a.torch_sweep else a.torch_env.split(";")
+    if a.torch_defaults and "" not in a.torch_env:
+        a.torch_env = a.torch_env + [""]
     if a.python is None:
         p = subprocess.run(["bash", os.path.join(ROOT, "tools", "hf_venv.sh")],
                            capture_output=True, text=True)

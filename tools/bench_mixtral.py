@@ -35,8 +35,11 @@ import subprocess
 import sys
 import time
 
+import torch_peer
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TORCH_ENVS = ["OPENBLAS_CORETYPE=SkylakeX OMP_WAIT_POLICY=passive",
+# The fair setting (tools/torch_peer.py) and the same wait policy with the other AVX-512 core.
+TORCH_ENVS = [f"OPENBLAS_CORETYPE={torch_peer.FAIR_CORE} OMP_WAIT_POLICY={torch_peer.FAIR_WAIT}",
               "OPENBLAS_CORETYPE=Cooperlake OMP_WAIT_POLICY=passive"]
 DATA = os.path.join(ROOT, "inputs", "data", "tiny-train.bin")
 
@@ -82,7 +85,9 @@ def torch_only(a):
     n_params = sum(p.numel() for p in model.parameters())
     core = os.environ.get("OPENBLAS_CORETYPE", "default")
     wait = os.environ.get("OMP_WAIT_POLICY", "default")
-    print(f"torch {torch.__version__}, {a.threads} threads, OPENBLAS_CORETYPE={core}, "
+    loaded = torch_peer.blas_core_loaded()
+    print(f"torch {torch.__version__}, {a.threads} threads, OPENBLAS_CORETYPE={core} (OpenBLAS "
+          f"core loaded: {loaded}), "
           f"OMP_WAIT_POLICY={wait}, {n_params / 1e6:.2f} M parameters, micro-batch {B} x {T}, "
           f"tokens {a.tokens}", flush=True)
     times = []
@@ -101,7 +106,7 @@ def torch_only(a):
               f"{ms:.1f} ms loss {loss.item():.4f}", flush=True)
     step_ms = statistics.median(times)
     print(f"torch_bench: tokens_per_s={B * T / (step_ms / 1e3):.1f} ms_per_step={step_ms:.2f} "
-          f"params_m={n_params / 1e6:.2f} threads={a.threads} coretype={core} "
+          f"params_m={n_params / 1e6:.2f} threads={a.threads} coretype={core} blas_core={loaded} "
           f"omp_wait_policy={wait} tokens={a.tokens}")
 
 

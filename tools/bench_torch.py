@@ -2,8 +2,8 @@
 """The peer benchmark: one GPT-2 training step (forward, backward, AdamW) in Debian's PyTorch,
 on the same shape trident's `bench` runs, so docs/perf.md can put the two side by side.
 
-    OPENBLAS_CORETYPE=Cooperlake /usr/bin/python3 tools/bench_torch.py --layers 12 \
-        --d-model 768 --heads 12 --seq-len 64 --micro-batch 4 --threads 2
+    /usr/bin/python3 tools/bench_torch.py --layers 12 --d-model 768 --heads 12 --seq-len 64 \
+        --micro-batch 4 --threads 2 [--torch-defaults]
 
 The model is written here for this purpose (pre-LayerNorm blocks, tanh GELU, tied embedding,
 causal attention as matmul + masked softmax: torch 1.13 has no fused attention on the CPU);
@@ -11,13 +11,44 @@ the vocabulary is padded to a multiple of 128 as trident pads it, so both do the
 fp32 throughout. Prints one line per step and ends with `torch_bench: key=value ...`
 (medians of the timed steps). Debian's torch runs its GEMMs in OpenBLAS, so the BLAS core
 (OPENBLAS_CORETYPE) matters as much as it does for trident.
+
+torch runs at the best setting found for it on this machine (tools/torch_peer.py: OpenBLAS's
+core named, OMP_WAIT_POLICY=passive), put into the environment by re-executing the script
+before torch is imported; `--blas-core` and `--omp-wait-policy` choose others,
+`--torch-defaults` runs torch as Debian ships it (both variables unset) for comparison. The
+header and the last line print the settings, and the core OpenBLAS actually loaded.
 """
 import argparse
 import math
+import os
 import statistics
 import time
 
-import torch
+import torch_peer
+
+
+def peer_options(ap):
+    ap.add_argument("--blas-core", default=torch_peer.FAIR_CORE,
+                    help="OPENBLAS_CORETYPE for torch ('default': unset, OpenBLAS detects)")
+    ap.add_argument("--omp-wait-policy", default=torch_peer.FAIR_WAIT,
+                    help="OMP_WAIT_POLICY for torch ('default': unset)")
+    ap.add_argument("--torch-defaults", action="store_true",
+                    help="torch as shipped: both variables unset (overrides the two above)")
+
+
+def peer_env(a):
+    if a.torch_defaults:
+        a.blas_core = a.omp_wait_policy = "default"
+    return torch_peer.wanted(a.blas_core, a.omp_wait_policy)
+
+
+if __name__ == "__main__":
+    # Before `import torch`: OpenBLAS and libgomp read their variables when they load.
+    _pre = argparse.ArgumentParser(add_help=False)
+    peer_options(_pre)
+    torch_peer.with_env(peer_env(_pre.parse_known_args()[0]))
+
+import torch  # noqa: E402
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -83,7 +114,10 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
+    peer_options(ap)
     a = ap.parse_args()
+    peer_env(a)
+    core = torch_peer.blas_core_loaded()
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -94,8 +128,9 @@ def main():
     idx, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
     n_params = sum(p.numel() for p in model.parameters())
     print(f"torch {torch.__version__}, {a.threads} threads, {n_params / 1e6:.2f} M parameters "
-          f"(vocab padded to {padded}), micro-batch {a.micro_batch} x {a.seq_len} tokens",
-          flush=True)
+          f"(vocab padded to {padded}), micro-batch {a.micro_batch} x {a.seq_len} tokens; "
+          f"{torch_peer.describe()} (OpenBLAS core loaded: {core})"
+          f"{' -- torch as shipped' if a.torch_defaults else ''}", flush=True)
 
     times = []
     for step in range(a.warmup + a.steps):
@@ -114,7 +149,8 @@ def main():
     tokens_per_step = a.micro_batch * a.seq_len
     print(f"torch_bench: tokens_per_s={tokens_per_step / (step_ms / 1e3):.1f} "
           f"ms_per_step={step_ms:.2f} params_m={n_params / 1e6:.2f} threads={a.threads} "
-          f"torch={torch.__version__}")
+          f"torch={torch.__version__} blas_core={core} "
+          f"omp_wait_policy={os.environ.get('OMP_WAIT_POLICY') or 'unset'}")
 
 
 if __name__ == "__main__":
