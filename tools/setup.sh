@@ -8,6 +8,7 @@ packages=(
   build-essential cmake ninja-build pkg-config clang-format
   libopenmpi-dev openmpi-bin libhdf5-openmpi-dev
   libeigen3-dev libopenblas-dev libyaml-cpp-dev
+  libisal-dev  # ISA-L's CRC-32 of checkpoint datasets (src/io/checkpoint_format.cpp)
   libgtest-dev libbenchmark-dev libcli11-dev libfmt-dev nlohmann-json3-dev
   python3-h5py python3-matplotlib python3-numpy python3-torch python3-yaml
   slurmctld slurmd slurm-client munge

@@ -20,6 +20,7 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -55,14 +56,24 @@ struct CheckpointMeta {
   int format_version = kCheckpointFormatVersion;
 };
 
+// How save_checkpoint writes: read_back, every rank reads its shard back from the storage and
+// compares it with `tensors` before `latest` moves (Note [Read-back] in
+// src/io/checkpoint_write.cpp); write_share < 1, the CPU time spent writing is paced to that
+// share of the time passed (Note [Paced background writes]). The background writer's choices:
+// its time is off the step's path.
+struct SaveOptions {
+  bool read_back = false;
+  double write_share = 1.0;
+  const std::atomic<bool>* hurry = nullptr;  // once true, no more pacing
+};
+
 // Collective over `comm` (every rank calls it with its own tensors and the same meta). Writes,
 // syncs and publishes dir/step_<step>, switches dir/latest, prunes to the `keep` newest.
 // Returns the checkpoint's path. A collective that waits longer than timeout_s throws.
-// read_back: every rank reads its shard back and checks its CRCs before `latest` moves (the
-// background writer's choice: the time is off the step's path).
 std::string save_checkpoint(const std::string& dir, const CheckpointMeta& meta,
                             const std::vector<ShardTensor>& tensors, int keep, MPI_Comm comm,
-                            double timeout_s = kCheckpointTimeoutSeconds, bool read_back = false);
+                            double timeout_s = kCheckpointTimeoutSeconds,
+                            const SaveOptions& options = {});
 
 // Note [Leaving after a storage fault]
 // A save checks for room before HDF5 writes a byte. If an HDF5 write still fails (the disk

@@ -132,6 +132,9 @@ struct CheckpointConfig {
   // the background.
   bool async = false;
   std::string on_error = "stop";  // a save that failed: stop | continue
+  // Note [Paced background writes] (src/io/checkpoint_format.h): the share of one core the
+  // background writer may use; 0: auto (0.1 on a host backend, 1 on a device's).
+  double write_share = 0.0;
 
   bool operator==(const CheckpointConfig&) const = default;
 };

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -85,6 +86,9 @@ struct StepStats {
   MoeStats moe;  // mixtures of experts: summed over the step's micro-batches and layers
   // Pipeline (this stage): time in the schedule, and the part spent waiting for neighbours.
   double pipeline_ms = 0.0, pipeline_wait_ms = 0.0, pipeline_compute_ms = 0.0;
+  // Note [Deferred host snapshot] (src/train/checkpoint_saver.h): the time the optimizer
+  // waited for a checkpoint's copy of its buffers.
+  double snapshot_wait_ms = 0.0;
   double val_loss = NAN;  // NaN when not validated this step
   // Note [Non-finite steps]: the loss or the norm was not finite and train.nonfinite is skip:
   // the update was dropped. skips_in_a_row counts this one.
@@ -153,6 +157,16 @@ class Trainer {
   // writes, pointing into `dst`: the same shards as save() writes.
   size_t snapshot_floats() const;
   std::vector<ShardTensor> snapshot(float* dst);
+  // The same without copying: the copies it needs (into `dst`, from backend memory), for
+  // Note [Deferred host snapshot]: the caller makes them before the next update, which first
+  // calls `gate` (set_update_gate) and waits for it.
+  struct HostCopy {
+    float* dst;
+    const float* src;
+    size_t count;
+  };
+  std::vector<ShardTensor> snapshot_plan(float* dst, std::vector<HostCopy>* copies);
+  void set_update_gate(std::function<void()> gate) { update_gate_ = std::move(gate); }
   // Collective: loads a checkpoint saved in any layout; returns its meta (step, run id, ...).
   CheckpointMeta load(const std::string& path);
   // ZeRO: waits until the parameters of the last update are gathered on this rank (before
@@ -207,8 +221,9 @@ class Trainer {
   std::unique_ptr<AdamW> opt_;
   std::unique_ptr<GPTStage> stage_;
   std::unique_ptr<GradNorm> norm_;
-  int skips_in_a_row_ = 0;            // Note [Non-finite steps]
-  std::vector<int> fault_nan_steps_;  // TRIDENT_FAULT_NAN_STEPS: 1-based steps to poison
+  std::function<void()> update_gate_;  // Note [Deferred host snapshot]
+  int skips_in_a_row_ = 0;             // Note [Non-finite steps]
+  std::vector<int> fault_nan_steps_;   // TRIDENT_FAULT_NAN_STEPS: 1-based steps to poison
 };
 
 // The model shape a deck asks for: the deck's model keys, or model.init_from's header (which

@@ -219,7 +219,7 @@ int run_train(const DeckArgs& args, const BlasCoreCheck& blas) {
   // A stop: the run's end or a signal. The last save waits for its write (and the one before).
   auto final_save = [&](int steps_done, const char* why, double* block_ms) {
     if (ck.dir.empty()) return Reported{};
-    *block_ms += saver.save(steps_done, why);
+    *block_ms += saver.save(steps_done, why, /*last=*/true);
     *block_ms += saver.wait();
     return report(/*last_save=*/true);
   };
@@ -323,8 +323,8 @@ int run_train(const DeckArgs& args, const BlasCoreCheck& blas) {
                    s.step, ctx.peak_flops / 1e9, blas.chosen);
       }
       nlohmann::json record = step_record(s, trainer.memory_bytes());
-      if (!ck.dir.empty()) {  // Note [Asynchronous checkpoints]
-        record["ckpt_block_ms"] = block_ms;
+      if (!ck.dir.empty()) {                                      // Note [Asynchronous checkpoints]
+        record["ckpt_block_ms"] = block_ms + s.snapshot_wait_ms;  // Note [Deferred host snapshot]
         record["ckpt_write_ms"] = saved.write_ms;
         record["ckpt_writing"] = writing_during ? 1 : 0;
         if (!saved.error.empty()) {

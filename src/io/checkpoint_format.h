@@ -35,6 +35,7 @@
 #include <hdf5.h>
 #include <mpi.h>
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -78,6 +79,25 @@ std::string escape_vds_name(const std::string& name);
 std::string unescape_vds_name(const std::string& name);
 
 uint32_t crc32_of(const void* data, size_t bytes);
+uint32_t crc32_extend(uint32_t crc, const void* data, size_t bytes);  // crc32_of(a + b) from a's
+
+// Note [Paced background writes]
+// On a host whose cores all train, every CPU second the background writer takes (copies into
+// the page cache, CRCs, the read-back) is a second the steps beside it lose, and an OpenMP team
+// waits for its slowest thread. So the writer pauses after each piece of work long enough that
+// its CPU time stays a `share` of the time passed (checkpoint.write_share): the cost is spread
+// over more steps. Its CPU time, not wall time: an fsync's wait costs the steps nothing.
+// Once *hurry is true (someone waits for the write), it pauses no more.
+class Pacer {
+ public:
+  Pacer(double share, const std::atomic<bool>* hurry);  // share >= 1: never pauses
+  void pause();
+
+ private:
+  static double thread_cpu_seconds();
+  double share_, last_;
+  const std::atomic<bool>* hurry_;
+};
 std::string hex32(uint32_t v);                             // 0x1234abcd
 std::string shape_str(const std::vector<int64_t>& shape);  // [3, 4]
 int64_t elements_of(const std::vector<int64_t>& shape);

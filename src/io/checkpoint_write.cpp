@@ -5,13 +5,12 @@
 // The phases of save_checkpoint, each ended by an agreement all ranks reach
 // (Note [Agree before throwing]):
 //   1. rank 0 removes a leftover step_X.tmp of this step and creates it afresh;
-//   2. every rank writes and fsyncs shard_r<rank>.h5 (only tensors it owns);
+//   2. every rank writes and fsyncs shard_r<rank>.h5 (only tensors it owns); with read_back
+//      it then reads the shard back (Note [Read-back]);
 //   3. rank 0 gathers what each rank wrote (MPI_Gatherv of a serialized list);
 //   4. rank 0 checks that the blocks cover every global tensor exactly once, writes and
-//      fsyncs index.h5;
-//   5. with read_back, every rank reads its shard back and checks its CRCs (verify_checkpoint);
-//   6. rank 0 fsyncs the directory, renames step_X.tmp to step_X, switches `latest` and
-//      prunes. Its agreement is the closing barrier: no rank returns before `latest` moved.
+//      fsyncs index.h5 and the directory, renames step_X.tmp to step_X, switches `latest`
+//      and prunes. Its agreement is the closing barrier: no rank returns before `latest` moved.
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/file.h>
@@ -140,6 +139,8 @@ void deserialize(Reader& r, int shard, std::vector<SavedTensor>& out) {
 
 // ---- phase 2: this rank's shard ----
 
+constexpr size_t kPacedFloats = size_t(4) << 20;  // 16 MiB of CRC between a writer's pauses
+
 void check_tensor(const ShardTensor& t) {
   TRIDENT_CHECK(!t.name.empty() && t.name.front() != '/' && t.name.back() != '/',
                 "checkpoint tensor name '{}' must be a relative path like params/wte", t.name);
@@ -180,7 +181,8 @@ H5Id intermediate_groups_lcpl() {
 }
 
 std::vector<SavedTensor> write_shard(const std::string& path, const CheckpointMeta& meta,
-                                     const std::vector<ShardTensor>& tensors, int rank, int size) {
+                                     const std::vector<ShardTensor>& tensors, int rank, int size,
+                                     Pacer& pacer) {
   H5Id file = create_checkpoint_file(path, meta);
   write_attr(file, kAttrRank, int64_t{rank});
   write_attr(file, kAttrWorld, int64_t{size});
@@ -214,7 +216,12 @@ std::vector<SavedTensor> write_shard(const std::string& path, const CheckpointMe
               H5Dclose};
       TRIDENT_H5(H5Dwrite(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data),
                  "writing dataset {}/{} to {}", t.name, k, path);
-      const uint32_t crc = crc32_of(data, n * sizeof(float));
+      pacer.pause();
+      uint32_t crc = 0;
+      for (size_t at = 0; at < n; at += kPacedFloats) {  // Note [Paced background writes]
+        crc = crc32_extend(crc, data + at, std::min(kPacedFloats, n - at) * sizeof(float));
+        pacer.pause();
+      }
       if (first_data == HADDR_UNDEF) first_data = H5Dget_offset(ds);
       write_attr(ds, kAttrStart, b.start);
       write_attr(ds, kAttrCrc32, std::vector<uint32_t>{crc});
@@ -242,6 +249,46 @@ std::vector<SavedTensor> write_shard(const std::string& path, const CheckpointMe
     if (fd >= 0) ::close(fd);
   }
   return saved;
+}
+
+// Note [Read-back]
+// A background save reads its shard back before `latest` can move. After the fsync the file's
+// pages are dropped from the page cache (they are clean), so the read comes from the storage,
+// and each block is compared with the snapshot it was written from: any byte the storage
+// changed fails the save (a comparison finds every changed byte, a CRC all but 2^-32 of them,
+// and memcmp costs no more than the CRC pass).
+void read_back_shard(const std::string& path, const std::vector<ShardTensor>& tensors,
+                     Pacer& pacer) {
+  if (const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC); fd >= 0) {
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);  // advice: a failure only reads the cache
+    ::close(fd);
+  }
+  H5Id file = open_read_only(path, path);
+  std::vector<float> buf;
+  for (const auto& t : tensors) {
+    if (!t.owner) continue;
+    const float* data = t.data;
+    for (size_t k = 0; k < t.blocks.size(); ++k) {
+      const auto n = static_cast<size_t>(elements_of(t.blocks[k].count));
+      if (n == 0) continue;
+      const std::string name = block_dataset_name(t.name, k);
+      H5Id ds{TRIDENT_H5(H5Dopen2(file, name.c_str(), H5P_DEFAULT), "reading back {} in {}", name,
+                         path),
+              H5Dclose};
+      buf.resize(n);
+      TRIDENT_H5(H5Dread(ds, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()),
+                 "reading back {} in {}", name, path);
+      if (std::memcmp(buf.data(), data, n * sizeof(float)) != 0) {
+        size_t i = 0;
+        while (i < n && std::memcmp(&buf[i], &data[i], sizeof(float)) == 0) ++i;
+        input_error("{}: dataset {} read back differs from what was written, from element {} of "
+                    "{} (the storage changed it)",
+                    path, name, i, n);
+      }
+      pacer.pause();
+      data += n;
+    }
+  }
 }
 
 // ---- phase 4: the index ----
@@ -465,7 +512,7 @@ void storage_step(const std::filesystem::path& final_dir, F&& step) {
 std::string save_into(const std::filesystem::path& base, const std::filesystem::path& tmp,
                       const std::filesystem::path& final_dir, const CheckpointMeta& meta,
                       const std::vector<ShardTensor>& tensors, int keep, MPI_Comm comm,
-                      double timeout_s, bool read_back) {
+                      double timeout_s, const SaveOptions& options) {
   namespace fs = std::filesystem;
   int rank = 0, size = 1;
   TRIDENT_MPI(MPI_Comm_rank(comm, &rank));
@@ -504,9 +551,11 @@ std::string save_into(const std::filesystem::path& base, const std::filesystem::
   std::vector<char> mine;
   agree_or_throw(
       comm, timeout_s, attempt([&] {
-        mine = serialize(hdf5_write([&] {
-          return write_shard((tmp / shard_file_name(rank)).string(), meta, tensors, rank, size);
-        }));
+        const std::string shard = (tmp / shard_file_name(rank)).string();
+        Pacer pacer(options.write_share, options.hurry);
+        mine = serialize(
+            hdf5_write([&] { return write_shard(shard, meta, tensors, rank, size, pacer); }));
+        if (options.read_back) read_back_shard(shard, tensors, pacer);  // Note [Read-back]
         // Fault injection for tests/cli/test_storage_faults.sh: "RANK:STEP", that
         // rank dies in that step's save, its shard written and the index not.
         int die_rank = -1;
@@ -552,13 +601,6 @@ std::string save_into(const std::filesystem::path& base, const std::filesystem::
                      write_index((tmp / kIndexFile).string(), meta, size,
                                  merge_and_check(std::move(pieces)));
                    });
-                 }),
-                 others);
-  // Every rank reads its own shard back (verify_checkpoint's split) and checks every CRC: a
-  // damaged shard fails the save here, before `latest` could name it.
-  if (read_back) verify_checkpoint(tmp.string(), comm, timeout_s);
-  agree_or_throw(comm, timeout_s, attempt([&] {
-                   if (rank != 0) return;
                    storage_step(final_dir, [&] {
                      fsync_path(tmp.string(), true);
                      publish(base, tmp, final_dir);
@@ -577,7 +619,7 @@ bool checkpoint_write_broken() { return ckpt::hdf5_write_broken.load(); }
 
 std::string save_checkpoint(const std::string& dir, const CheckpointMeta& meta,
                             const std::vector<ShardTensor>& tensors, int keep, MPI_Comm comm,
-                            double timeout_s, bool read_back) {
+                            double timeout_s, const SaveOptions& options) {
   namespace fs = std::filesystem;
   using namespace ckpt;
   silence_hdf5_errors();
@@ -601,7 +643,7 @@ std::string save_checkpoint(const std::string& dir, const CheckpointMeta& meta,
                  others);
   // From here on a failure removes the unfinished step_X.tmp (`latest` was never touched).
   try {
-    return save_into(base, tmp, final_dir, meta, tensors, keep, comm, timeout_s, read_back);
+    return save_into(base, tmp, final_dir, meta, tensors, keep, comm, timeout_s, options);
   } catch (...) {
     if (rank == 0) {
       std::error_code ec;

@@ -308,6 +308,12 @@ const std::vector<Key>& table() {
       {.name = "checkpoint.async", .field = at<&Deck::checkpoint, &CheckpointConfig::async>(),
        .help = "save in the background: the step waits only for a host snapshot of what is "
                "saved, a writer thread writes it; latest moves when every shard is durable"},
+      {.name = "checkpoint.write_share",
+       .field = at<&Deck::checkpoint, &CheckpointConfig::write_share>(), .min = ge(0),
+       .max = le(1),
+       .help = "the share of one core an async save's writer may use while training goes on "
+               "(paced by its CPU time); 0: auto, 0.1 on a CPU backend, 1 on a GPU's; saves at "
+               "a stop, and a write someone waits for, run unpaced"},
       {.name = "checkpoint.on_error", .field = at<&Deck::checkpoint, &CheckpointConfig::on_error>(),
        .text = Text::kEnum, .choices = {"stop", "continue"},
        .help = "a save that failed (full disk, I/O error, damaged shard): stop the run (exit 2) "

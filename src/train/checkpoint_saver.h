@@ -2,9 +2,9 @@
 // the background by a writer thread (checkpoint.async true).
 //
 // Note [Asynchronous checkpoints]
-// A save copies exactly what a synchronous save writes (Trainer::snapshot: parameters, m, v;
-// the meta holds step, run id and deck, from which the data cursor and RNG follow) into host
-// buffers allocated once, and returns: training changes the live buffers, never the copy. The
+// A save copies exactly what a synchronous save writes (Trainer::snapshot_plan: parameters, m,
+// v; the meta holds step, run id and deck, whence the data cursor and RNG) into host buffers
+// allocated once, and returns: training changes the live buffers, never the copy. The
 // writer then runs save_checkpoint on it, with read-back, so a damaged shard never becomes
 // `latest`. One save at a time: the next save first waits for the write in flight, so the
 // buffers are reused only once their write is durable (Megatron-LM PR #2288's corruption came
@@ -17,6 +17,14 @@
 // every shard is durable, not at some later step. The outcome is taken at a step boundary only
 // when no rank's writer is still writing (a sum in the stop-signal all-reduce), so every rank
 // reports it at the same step and on_error acts on every rank alike.
+//
+// Note [Deferred host snapshot]
+// Forward and backward only read the parameters, m and v; the optimizer's update is the first
+// thing of a step that writes them. So on a host the writer thread makes the snapshot's copy
+// while the next step's forward and backward run, and the update first waits until it is done
+// (Trainer::set_update_gate; StepStats::snapshot_wait_ms, counted in ckpt_block_ms). The save
+// itself stops the step only to hand the job over. On a device the copy stream does the same
+// (Note [Snapshots to the host]).
 #pragma once
 
 #include <mpi.h>
@@ -32,11 +40,11 @@
 #include "trident/check.h"
 #include "trident/checkpoint.h"
 #include "trident/deck.h"
+#include "trident/train.h"
 
 namespace trident {
 
 class Backend;
-class Trainer;
 
 // A save that ended: committed (`path`) or failed (`error`, every rank alike).
 struct SaveOutcome {
@@ -64,7 +72,8 @@ class CheckpointSaver {
   // fault becomes a failed outcome; any other error is thrown). Async: waits for the write in
   // flight, snapshots, hands the write to the writer. Returns the milliseconds it stopped the
   // caller.
-  double save(int steps_done, const char* why);
+  // `last`: the run stops after it (its end, a signal): the write is not paced.
+  double save(int steps_done, const char* why, bool last = false);
   // This rank's writer has a write that has not ended.
   bool writing() const { return writing_.load(); }
   // Waits for the write in flight, if any. Returns the milliseconds waited.
@@ -78,7 +87,9 @@ class CheckpointSaver {
   struct Job {
     CheckpointMeta meta;
     std::vector<ShardTensor> tensors;
+    std::vector<Trainer::HostCopy> copies;  // the writer's to make (host backends)
     std::string why;
+    bool paced = true;  // Note [Paced background writes]; a stop's save is not
   };
   void writer_loop();
 
@@ -98,6 +109,9 @@ class CheckpointSaver {
   Job job_;                              // under mu_
   std::vector<SaveOutcome> finished_;    // under mu_
   std::atomic<bool> writing_{false};
+  std::atomic<bool> hurry_{false};  // someone waits for the write: no more pacing
+  bool copied_ = true;              // under mu_: the job's copies are made
+  double write_share_ = 1;
   std::thread writer_;
 };
 

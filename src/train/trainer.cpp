@@ -247,6 +247,10 @@ StepStats Trainer::train_step(int step) {
   s.loss = loss / (tc.accum * dp_size_ * cp_size_);
 
   const auto t0 = std::chrono::steady_clock::now();
+  if (update_gate_) {  // Note [Deferred host snapshot]: nothing below may change the buffers yet
+    update_gate_();
+    s.snapshot_wait_ms = ms_since(t0);
+  }
   if (std::find(fault_nan_steps_.begin(), fault_nan_steps_.end(), s.step) != fault_nan_steps_.end())
     poison_gradient();
   s.grad_norm = std::sqrt(norm_->sum_squares());

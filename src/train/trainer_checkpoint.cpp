@@ -222,13 +222,20 @@ size_t Trainer::snapshot_floats() const {
 }
 
 std::vector<ShardTensor> Trainer::snapshot(float* dst) {
+  std::vector<HostCopy> copies;
+  std::vector<ShardTensor> tensors = snapshot_plan(dst, &copies);
+  for (const HostCopy& c : copies)
+    ctx_.backend->start_host_snapshot(c.dst, c.src, c.count * sizeof(float));
+  return tensors;
+}
+
+std::vector<ShardTensor> Trainer::snapshot_plan(float* dst, std::vector<HostCopy>* copies) {
   const bool zero3 = dp_ && dp_->zero3();
   if (!zero3) sync_params();
-  Backend& be = *ctx_.backend;
   const size_t n = zero3 ? dp_->shard_size() : model_->num_params(), k = opt_->size();
-  be.start_host_snapshot(dst, zero3 ? dp_->shard_params() : model_->params(), n * sizeof(float));
-  be.start_host_snapshot(dst + n, opt_->m(), k * sizeof(float));
-  be.start_host_snapshot(dst + n + k, opt_->v(), k * sizeof(float));
+  *copies = {{dst, zero3 ? dp_->shard_params() : model_->params(), n},
+             {dst + n, opt_->m(), k},
+             {dst + n + k, opt_->v(), k}};
   return checkpoint_tensors(dst, dst + n, dst + n + k);
 }
 

@@ -3,8 +3,11 @@
 # src/train/checkpoint_saver.h), through the trident binary:
 #   1. async and sync saves of the same steps hold the same shards, bitwise (every dataset of
 #      every shard file and of index.h5), at 1 rank, dp 2 (ZeRO-1), tp 2, pp 2 and dp 2 at ZeRO-3,
-#      while training goes on: each write waits 300 ms (TRIDENT_FAULT_SAVE_DELAY_MS) before it
-#      writes a byte, and the records must show steps that ran during a write (ckpt_writing 1);
+#      while training goes on: the snapshot's copy starts 200 ms late
+#      (TRIDENT_FAULT_SNAPSHOT_DELAY_MS), so the next step's update must wait for it
+#      (Note [Deferred host snapshot]; a ckpt_block_ms >= 150 ms after a save), and each write waits
+#      300 ms more (TRIDENT_FAULT_SAVE_DELAY_MS) before it writes a byte; the records must show
+#      steps that ran during a write (ckpt_writing 1);
 #   2. a damaged shard found by the read-back (TRIDENT_FAULT_CORRUPT_SHARD; at ZeRO-1 on 2 ranks,
 #      so that rank 1's shard holds data): on_error continue
 #      reports it (log, metrics.jsonl's ckpt_failed/ckpt_error) and goes on, later saves commit;
@@ -24,8 +27,8 @@ source "$(dirname "$0")/lib.sh" "$@"
 common=("$src/inputs/gpt-tiny.yaml" --set run.threads=1 --set train.steps=8 --set train.micro_batch=4
         --set train.warmup_steps=2 --set train.val_every=0 --set log.every=100
         --set checkpoint.every=2 --set checkpoint.keep=10)
-run_np() { local n=$1; shift; timeout 300 mpirun -n "$n" -x TRIDENT_FAULT_SAVE_DELAY_MS -x TRIDENT_FAULT_CORRUPT_SHARD -x TRIDENT_FAULT_DIE_IN_SAVE "$bin" train "${common[@]}" "$@"; }
-export TRIDENT_FAULT_SAVE_DELAY_MS=0 TRIDENT_FAULT_CORRUPT_SHARD= TRIDENT_FAULT_DIE_IN_SAVE=
+run_np() { local n=$1; shift; timeout 300 mpirun -n "$n" -x TRIDENT_FAULT_SAVE_DELAY_MS -x TRIDENT_FAULT_SNAPSHOT_DELAY_MS -x TRIDENT_FAULT_CORRUPT_SHARD -x TRIDENT_FAULT_DIE_IN_SAVE "$bin" train "${common[@]}" "$@"; }
+export TRIDENT_FAULT_SAVE_DELAY_MS=0 TRIDENT_FAULT_SNAPSHOT_DELAY_MS=0 TRIDENT_FAULT_CORRUPT_SHARD= TRIDENT_FAULT_DIE_IN_SAVE=
 
 # same_ckpt A B: every dataset of every file of checkpoint directory A equals B's, bit for bit
 # (the run ids differ, so attributes are not compared). Prints what differs; silent if equal.
@@ -63,7 +66,7 @@ for spec in "${layouts[@]}"; do
   run_np "$n" $extra --set run.out_dir="s_$tag" --set checkpoint.dir="$PWD/cks_$tag" >"s_$tag.log" 2>&1 \
     || { fail "$spec: sync run: $(tail -2 "s_$tag.log")"; continue; }
   # shellcheck disable=SC2086
-  TRIDENT_FAULT_SAVE_DELAY_MS=300 run_np "$n" $extra --set checkpoint.async=true --set run.out_dir="a_$tag" \
+  TRIDENT_FAULT_SAVE_DELAY_MS=300 TRIDENT_FAULT_SNAPSHOT_DELAY_MS=200 run_np "$n" $extra --set checkpoint.async=true --set run.out_dir="a_$tag" \
     --set checkpoint.dir="$PWD/cka_$tag" >"a_$tag.log" 2>&1 || { fail "$spec: async run: $(tail -2 "a_$tag.log")"; continue; }
   bad=""
   for st in 2 4 6 8; do
@@ -73,7 +76,9 @@ for spec in "${layouts[@]}"; do
   [ "$(losses "s_$tag/metrics.jsonl")" = "$(losses "a_$tag/metrics.jsonl")" ] || bad="$bad losses differ;"
   w=$(count_writing "a_$tag/metrics.jsonl")
   [ "$w" -ge 1 ] || bad="$bad no step ran during a background write;"
-  [ -z "$bad" ] && ok "$spec: async = sync shards at steps 2,4,6,8, bitwise ($w steps ran during a write)" \
+  gated=$($py -c "import json,sys; print(sum(1 for r in map(json.loads, open(sys.argv[1])) if r['step'] % 2 == 1 and r['step'] > 1 and r['ckpt_block_ms'] >= 150))" "a_$tag/metrics.jsonl")
+  [ "$gated" -ge 3 ] || bad="$bad the update after a save did not wait for the late copy ($gated of 3 steps);"
+  [ -z "$bad" ] && ok "$spec: async = sync shards at steps 2,4,6,8, bitwise ($w steps ran during a write, $gated updates waited for the copy)" \
     || fail "$spec:$bad"
 done
 
@@ -81,7 +86,7 @@ done
 TRIDENT_FAULT_CORRUPT_SHARD=0:4 run_np 1 --set checkpoint.async=true --set checkpoint.on_error=continue \
   --set run.out_dir=c1 --set checkpoint.dir="$PWD/ckc1" >c1.log 2>&1; rc=$?
 failed=$($py -c "import json; print([r['step'] for r in map(json.loads, open('c1/metrics.jsonl')) if r.get('ckpt_failed')])")
-if [ $rc -eq 0 ] && grep -q "WARNING: checkpoint of step 4 (every) failed: .*CRC-32" c1.log \
+if [ $rc -eq 0 ] && grep -q "WARNING: checkpoint of step 4 (every) failed: .*read back differs from what was written" c1.log \
    && [[ $failed == "[5]" || $failed == "[6]" ]] && [ ! -e ckc1/step_00000004 ] \
    && [ "$(readlink ckc1/latest)" = step_00000008 ] && "$bin" ckpt verify ckc1 >/dev/null 2>&1; then
   ok "damaged shard, on_error continue: reported at step $failed, step 4 not committed, latest step 8 verifies"
@@ -90,7 +95,7 @@ else
 fi
 TRIDENT_FAULT_CORRUPT_SHARD=1:4 run_np 2 --set parallel.zero=1 --set checkpoint.async=true --set run.out_dir=c2 \
   --set checkpoint.dir="$PWD/ckc2" >c2.log 2>&1; rc=$?
-if [ $rc -eq 2 ] && grep -q "trident: error: checkpoint of step 4 failed: .*shard_r00001.h5.*CRC-32.*checkpoint.on_error: stop" c2.log \
+if [ $rc -eq 2 ] && grep -q "trident: error: checkpoint of step 4 failed: .*shard_r00001.h5: dataset .* read back differs.*checkpoint.on_error: stop" c2.log \
    && [ "$(readlink ckc2/latest)" = step_00000002 ] && ! ls -d ckc2/*.tmp >/dev/null 2>&1 \
    && "$bin" ckpt verify ckc2 >/dev/null 2>&1; then
   ok "damaged shard, on_error stop (2 ranks): exit 2 naming the shard, latest step 2 verifies"
