@@ -398,10 +398,10 @@ class Backend {
   virtual size_t free_memory_bytes() const;
   // Note [Snapshots to the host]
   // An asynchronous checkpoint copies what it saves into host buffers allocated once, then
-  // writes them while training goes on. A host backend copies them now (memcpy split over its
-  // threads): on return the live buffers may change. A device backend copies into pinned host
-  // memory on a copy stream, after the ops issued so far and before any issued later; the host
-  // does not wait, and the writer waits in finish_host_snapshot before it reads the copy.
+  // writes them while training goes on. A host backend copies on the calling thread (a memcpy;
+  // the writer's, Note [Deferred host snapshot]): on return the copy is made. A device backend
+  // copies into pinned host memory on a copy stream, after the ops issued so far and before any
+  // issued later; the host does not wait, and the writer waits in finish_host_snapshot.
   virtual void* allocate_host_snapshot(size_t bytes);  // every page touched
   virtual void release_host_snapshot(void* p) noexcept;
   virtual void start_host_snapshot(void* dst, const void* src, size_t bytes);

@@ -152,14 +152,11 @@ class Trainer {
   // What a save after `steps_done` steps records besides the tensors (step, run, deck, layout).
   CheckpointMeta checkpoint_meta(int steps_done, const std::string& run_id) const;
   // Note [Asynchronous checkpoints] (src/train/checkpoint_saver.h): floats a snapshot holds
-  // (this rank's saved parameters, then m, then v), and the snapshot itself: starts copying
-  // them into `dst` (Backend::start_host_snapshot) and returns the tensors save_checkpoint
-  // writes, pointing into `dst`: the same shards as save() writes.
+  // (this rank's saved parameters, then m, then v), and the snapshot's plan: the tensors
+  // save_checkpoint writes, pointing into `dst` (the same shards as save() writes), and the
+  // copies that fill it from backend memory (Backend::start_host_snapshot). The caller makes
+  // them before the next update, which first calls the gate (set_update_gate) and waits.
   size_t snapshot_floats() const;
-  std::vector<ShardTensor> snapshot(float* dst);
-  // The same without copying: the copies it needs (into `dst`, from backend memory), for
-  // Note [Deferred host snapshot]: the caller makes them before the next update, which first
-  // calls `gate` (set_update_gate) and waits for it.
   struct HostCopy {
     float* dst;
     const float* src;

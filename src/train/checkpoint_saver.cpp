@@ -4,7 +4,6 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <cstring>
 #include <exception>
 
 #include "trident/backend.h"
@@ -72,8 +71,12 @@ double CheckpointSaver::save(int steps_done, const char* why, bool last) {
   job.meta = trainer_.checkpoint_meta(steps_done, run_id_);
   job.why = why;
   job.paced = !last;
-  if (backend_.is_device()) job.tensors = trainer_.snapshot(snapshot_);  // on the copy stream
-  else job.tensors = trainer_.snapshot_plan(snapshot_, &job.copies);     // the writer copies
+  job.tensors = trainer_.snapshot_plan(snapshot_, &job.copies);
+  if (backend_.is_device()) {  // now, on the copy stream, ordered with the compute stream
+    for (const Trainer::HostCopy& c : job.copies)
+      backend_.start_host_snapshot(c.dst, c.src, c.count * sizeof(float));
+    job.copies.clear();
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     copied_ = job.copies.empty();
@@ -117,7 +120,7 @@ void CheckpointSaver::writer_loop() {
     if (const char* ms = std::getenv("TRIDENT_FAULT_SNAPSHOT_DELAY_MS"); ms && !job.copies.empty())
       std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(ms)));
     for (const Trainer::HostCopy& c : job.copies)
-      std::memcpy(c.dst, c.src, c.count * sizeof(float));
+      backend_.start_host_snapshot(c.dst, c.src, c.count * sizeof(float));
     {
       std::lock_guard<std::mutex> lock(mu_);
       copied_ = true;

@@ -87,7 +87,7 @@ class CheckpointSaver {
   struct Job {
     CheckpointMeta meta;
     std::vector<ShardTensor> tensors;
-    std::vector<Trainer::HostCopy> copies;  // the writer's to make (host backends)
+    std::vector<Trainer::HostCopy> copies;  // the writer's to make (host backends); else made
     std::string why;
     bool paced = true;  // Note [Paced background writes]; a stop's save is not
   };

@@ -221,14 +221,6 @@ size_t Trainer::snapshot_floats() const {
   return (zero3 ? dp_->shard_size() : model_->num_params()) + 2 * opt_->size();
 }
 
-std::vector<ShardTensor> Trainer::snapshot(float* dst) {
-  std::vector<HostCopy> copies;
-  std::vector<ShardTensor> tensors = snapshot_plan(dst, &copies);
-  for (const HostCopy& c : copies)
-    ctx_.backend->start_host_snapshot(c.dst, c.src, c.count * sizeof(float));
-  return tensors;
-}
-
 std::vector<ShardTensor> Trainer::snapshot_plan(float* dst, std::vector<HostCopy>* copies) {
   const bool zero3 = dp_ && dp_->zero3();
   if (!zero3) sync_params();
