@@ -61,7 +61,8 @@ struct StepStats {
   double grad_norm = 0.0;  // before clipping
   double ms_per_step = 0.0;
   double tokens_per_s = 0.0;
-  double mfu = 0.0;  // fraction of the measured GEMM peak
+  double mfu = 0.0;                // fraction of the measured GEMM peak
+  double model_flops_per_s = 0.0;  // MFU's numerator: the step's model FLOPs (all ranks) per s
   double forward_ms = 0.0, backward_ms = 0.0, optimizer_ms = 0.0;
   // Data parallel (0 with dp = 1): time with an all-reduce in flight, the part of it after
   // the end of backward, and overlap = 1 − exposed/comm. Both include the step's first
@@ -178,6 +179,11 @@ class Trainer {
     size_t grads_resident = 0;
   };
   MemoryBytes memory_bytes() const;
+  // The MFU denominator (per rank), raised when measured again (Note [Peak measured again]).
+  double peak_flops() const { return ctx_.peak_flops; }
+  void set_peak_flops(double flops) { ctx_.peak_flops = flops; }
+  // s's MFU against the current peak: NaN for a skipped step, without a peak, or above 1.
+  double mfu_of(const StepStats& s) const;
   int dp_size() const { return dp_size_; }
   int pp_size() const { return pp_size_; }
   const GradReducer* reducer() const;                  // null with dp = 1

@@ -18,6 +18,13 @@ struct CheckedPeak {
 // as bench does too when one step of step_flops (this rank's share) takes over 0.5 s.
 double measure_train_gemm_peak(Backend& backend, double step_flops);
 
+// Note [Peak measured again]: how many times a run may measure its peak after start-up, and
+// the measurement: the larger of current and a careful one, if that passes check_gemm_peak;
+// current otherwise.
+inline constexpr int kMaxPeakMeasurements = 3;
+double measure_gemm_peak_again(Backend& backend, double current, const BlasCoreCheck& blas,
+                               int ranks_on_node);
+
 // Collective over MPI_COMM_WORLD: the ranks on this rank's node (they share its cores).
 int ranks_on_this_node();
 

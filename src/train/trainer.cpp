@@ -283,15 +283,17 @@ StepStats Trainer::train_step(int step) {
   if (model_->config().has_moe()) s.moe = moe_step_stats();
   s.ms_per_step = ms_since(t_step);
   s.tokens_per_s = double(tokens_per_step()) / (s.ms_per_step / 1e3);
-  // MFU: the step's FLOPs are spread over all ranks, each with its own (measured) peak. NaN
-  // (not reported) without a peak, above 1 (the peak was wrong), or for a skipped step.
-  const int ranks = ctx_.grid ? ctx_.grid->world_size() : 1;
-  s.mfu =
-      s.skipped
-          ? NAN
-          : mfu_or_nan(model_->config().train_flops_per_token(deck_.model.seq_len) * s.tokens_per_s,
-                       ctx_.peak_flops * ranks);
+  s.model_flops_per_s =
+      model_->config().train_flops_per_token(deck_.model.seq_len) * s.tokens_per_s;
+  s.mfu = mfu_of(s);
   return s;
+}
+
+// MFU: the step's FLOPs are spread over all ranks, each with its own (measured) peak. NaN
+// (not reported) without a peak, above 1 (the peak was wrong), or for a skipped step.
+double Trainer::mfu_of(const StepStats& s) const {
+  const int ranks = ctx_.grid ? ctx_.grid->world_size() : 1;
+  return s.skipped ? NAN : mfu_or_nan(s.model_flops_per_s, ctx_.peak_flops * ranks);
 }
 
 // Note [Non-finite steps]
