@@ -1,9 +1,12 @@
 // GoogleTest main for MPI tests: every rank runs every test, only rank 0 prints, and the
 // program fails on every rank if any rank failed (the exit status is agreed with an all-reduce).
+// Before MPI_Init, as trident does, the product's BLAS kernel (Note [Tests' BLAS core]).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <cstdio>
+
+#include "products_blas_core.h"
 
 // -fsanitize=address (the TRIDENT_SANITIZE build): gcc says so with a macro, clang with a feature.
 #if defined(__SANITIZE_ADDRESS__)
@@ -26,6 +29,7 @@
 //
 // tools/lsan.supp names what Open MPI's own threads lose.
 int main(int argc, char** argv) {
+  trident::testing::use_products_blas_core(argv);
   int provided = 0;
 #ifdef TRIDENT_ASAN
   __lsan_disable();
