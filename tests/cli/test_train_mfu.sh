@@ -5,7 +5,7 @@
 # metrics.jsonl, and never warns that MFU came out above 1 (the brief start-up peak once did:
 # 167 GFLOP/s against steps at 170; the careful one too, in CI: 197.4 against 199.5). A step
 # above the peak has it measured again (Note [Peak measured again]); a second run, whose
-# start-up peak is scaled to a quarter (TRIDENT_FAULT_PEAK_SCALE), must say so and still give
+# start-up peak is scaled to a tenth (TRIDENT_FAULT_PEAK_SCALE), must say so and still give
 # a numeric MFU at every step. About 30 s on 2 cores. Skips (77) when the machine was too busy
 # to measure a plausible peak at all (train's WARNING "the GEMM peak measured ..."): MFU is
 # then rightly n/a, and the test has nothing to judge.
@@ -39,9 +39,10 @@ print("mfu per step: " + " ".join(f"{100 * r['mfu']:.1f}%" for r in rows))
 PY
 then ok "metrics.jsonl: mfu in (0, 1] at every step"; else fail "metrics.jsonl's mfu"; fi
 
-# The re-measurement: a start-up peak a quarter of the measured one is exceeded by the first
-# steps (~80-250 GFLOP/s against ~50), so the peak must be measured again and MFU stay numeric.
-log=$(OMP_NUM_THREADS=2 TRIDENT_FAULT_PEAK_SCALE=0.25 "$bin" train "$src/inputs/gpt2-124m.yaml" \
+# The re-measurement: a start-up peak a tenth of the measured one is exceeded by the first
+# steps (~60-250 GFLOP/s, 59 under a busy loop beside, against ~20), so the peak must be
+# measured again and MFU stay numeric.
+log=$(OMP_NUM_THREADS=2 TRIDENT_FAULT_PEAK_SCALE=0.1 "$bin" train "$src/inputs/gpt2-124m.yaml" \
       --set train.steps=2 --set log.every=1 --set run.out_dir=low 2>&1); rc=$?
 grep -E "GEMM peak|^step|WARNING|^note: a step ran" <<<"$log"
 [ $rc -eq 0 ] && ok "train with a low start-up peak exits 0" || fail "exit status $rc: $(tail -3 <<<"$log")"
