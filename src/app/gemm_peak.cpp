@@ -37,12 +37,12 @@ double measure_train_gemm_peak(Backend& backend, double step_flops) {
 }
 
 // Note [Peak measured again]
-// A step that runs faster than the GEMM peak shows that the peak was measured low: this VM's
-// careful figure ranged 190-288 GFLOP/s within a minute, and CI's came out at 197.4 under a
-// step at 199.5. Every rank then measures again, carefully (~2 s), at the same step boundary
-// (agreed in the stop-signal all-reduce), and keeps the larger: the peak only rises, so MFU
-// errs low, never high. At most kMaxPeakMeasurements times a run; after that an MFU above 1
-// stays n/a, with one warning.
+// A step that runs faster than the GEMM peak shows that the peak was measured low (a shared
+// machine's careful figure moves by half from one minute to the next: docs/perf.md). Every
+// rank then measures again, carefully (~2 s), at the same step boundary (agreed in the
+// stop-signal all-reduce), and keeps the larger: the peak only rises, so MFU errs low, never
+// high. At most kMaxPeakMeasurements times a run; after that an MFU above 1 stays n/a, with
+// one warning.
 double measure_gemm_peak_again(Backend& backend, double current, const BlasCoreCheck& blas,
                                int ranks_on_node) {
   const CheckedPeak again = check_gemm_peak(std::max(current, backend.measure_gemm_peak_flops()),

@@ -300,8 +300,11 @@ int run_train(const DeckArgs& args, const BlasCoreCheck& blas) {
     if (deck.train.val_every > 0 && (s.step % deck.train.val_every == 0 || last_step))
       s.val_loss = trainer.validate();
     // Checkpoints before the record, so that it carries what this step boundary did.
-    const bool above_peak = !s.skipped && trainer.peak_flops() > 0 && std::isnan(s.mfu);
-    const Boundary at = agree_at_boundary(*grid, saver, above_peak);  // Note [Stop signals]
+    // An MFU left out for being above 1 (not for a skipped step or a missing peak).
+    const auto above_peak = [&] {
+      return !s.skipped && trainer.peak_flops() > 0 && std::isnan(s.mfu);
+    };
+    const Boundary at = agree_at_boundary(*grid, saver, above_peak());  // Note [Stop signals]
     if (at.peak_low && peak_measurements < kMaxPeakMeasurements) {
       ++peak_measurements;
       const double before = trainer.peak_flops();
@@ -332,8 +335,8 @@ int run_train(const DeckArgs& args, const BlasCoreCheck& blas) {
     }
     if (lead) {
       if (!s.warning.empty()) fmt::print("WARNING: {}\n", s.warning);
-      // The trainer leaves out an MFU above 1: the peak it is measured against was too low.
-      if (trainer.peak_flops() > 0 && !s.skipped && std::isnan(s.mfu) && !mfu_warned) {
+      // Still above 1 after measuring again: the peak it is measured against is too low.
+      if (above_peak() && !mfu_warned) {
         mfu_warned = true;
         fmt::print("WARNING: MFU came out above 1 at step {} against the GEMM peak of {:.1f} "
                    "GFLOP/s per rank, measured {} time(s) (blas_core={}): it was measured low "

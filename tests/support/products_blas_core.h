@@ -11,10 +11,9 @@ namespace trident::testing {
 // Note [Tests' BLAS core]
 // trident re-executes itself when OpenBLAS takes a fallback kernel for a CPU it does not know
 // (Note [BLAS core check]); the test programs do the same first thing in main, so that they
-// test the kernel users run, at its speed. OpenBLAS 0.3.21 gives this Xeon (family 6 model
-// 207) Prescott's SSE sgemm: 78% of GptBf16.HundredTrainingSteps' time, 36.5 s where
-// Cooperlake's takes a third. Silent on stdout (ctest lists the tests from it); the marker is
-// cleared so that a trident started by a test makes its own check.
+// test the kernel users run, at its speed (the fallback's cost: docs/decisions.md, "CI time").
+// Silent on stdout (ctest lists the tests from it); the marker is cleared so that a trident
+// started by a test makes its own check.
 inline void use_products_blas_core(char** argv) {
   BlasCoreCheck check = check_blas_core();
   if (check.action == BlasCoreAction::kReexec) {
