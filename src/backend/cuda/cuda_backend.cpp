@@ -28,6 +28,7 @@
 #include "attention_cudnn.h"
 #include "attention_flash.h"
 #include "backend/cuda/device_resources.h"
+#include "backend/cuda/host_snapshot.h"
 #include "backend/cuda/lt_gemm.h"
 #include "bias_grad.h"
 #include "crossentropy.h"
@@ -88,12 +89,6 @@ class CudaBackend final : public Backend {
     gemm_.reset();
     if (cudnn_) cudnnDestroy(cudnn_);
     cudaFreeHost(host_double_);
-    if (copy_stream_) {
-      cudaStreamSynchronize(copy_stream_);
-      cudaEventDestroy(before_copy_);
-      cudaEventDestroy(copied_);
-      cudaStreamDestroy(copy_stream_);
-    }
     cudaStreamDestroy(stream_);
   }
 
@@ -143,33 +138,15 @@ class CudaBackend final : public Backend {
   }
   void synchronize() override { TRIDENT_CUDA(cudaStreamSynchronize(stream_)); }
 
-  // Note [Snapshots to the host]: pinned memory, so the copy runs at the link's speed and
-  // asynchronously; the copy stream waits for the compute stream's ops so far, and the compute
-  // stream's later ops wait for the copy (an optimizer update must not change what is read).
+  // Note [Snapshots to the host], on a copy stream: Note [Pinned snapshot copies].
   void* allocate_host_snapshot(size_t bytes) override {
-    void* p = nullptr;
-    TRIDENT_CUDA(cudaHostAlloc(&p, std::max<size_t>(bytes, 256), cudaHostAllocDefault));
-    std::memset(p, 0, bytes);
-    return p;
+    return cuda::HostSnapshotCopier::allocate(bytes);
   }
-  void release_host_snapshot(void* p) noexcept override { cudaFreeHost(p); }
+  void release_host_snapshot(void* p) noexcept override { cuda::HostSnapshotCopier::release(p); }
   void start_host_snapshot(void* dst, const void* src, size_t bytes) override {
-    if (!copy_stream_) {
-      TRIDENT_CUDA(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
-      TRIDENT_CUDA(cudaEventCreateWithFlags(&before_copy_, cudaEventDisableTiming));
-      TRIDENT_CUDA(cudaEventCreateWithFlags(&copied_, cudaEventDisableTiming));
-    }
-    TRIDENT_CUDA(cudaEventRecord(before_copy_, stream_));
-    TRIDENT_CUDA(cudaStreamWaitEvent(copy_stream_, before_copy_, 0));
-    TRIDENT_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, copy_stream_));
-    TRIDENT_CUDA(cudaEventRecord(copied_, copy_stream_));
-    TRIDENT_CUDA(cudaStreamWaitEvent(stream_, copied_, 0));
+    snapshots_.start(dst, src, bytes, stream_);
   }
-  void finish_host_snapshot() override {
-    if (!copy_stream_) return;
-    TRIDENT_CUDA(cudaSetDevice(device_));  // the writer thread's current device
-    TRIDENT_CUDA(cudaEventSynchronize(copied_));
-  }
+  void finish_host_snapshot() override { snapshots_.finish(); }
   // A layer phase ("forward block 3"): an NVTX range, and with op timing on its device time,
   // summed per kind of layer (the name without its block number).
   void push_range(const char* name) override {
@@ -786,9 +763,7 @@ class CudaBackend final : public Backend {
   size_t largest_attention_tokens_ = 0;                         // B·T of the note
   std::set<std::tuple<int, int, int, int, int>> refused_said_;  // (B, T, NH, KVH, HS) said
   cudaStream_t stream_ = nullptr;
-  // Note [Snapshots to the host]: made by the first snapshot.
-  cudaStream_t copy_stream_ = nullptr;
-  cudaEvent_t before_copy_ = nullptr, copied_ = nullptr;
+  cuda::HostSnapshotCopier snapshots_{device_};  // Note [Pinned snapshot copies]
   cudnnHandle_t cudnn_ = nullptr;
   std::unique_ptr<cuda::LtGemm> gemm_;
   std::unique_ptr<cuda::CudnnAttention> cudnn_attention_;
