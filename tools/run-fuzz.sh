@@ -2,8 +2,9 @@
 # The libFuzzer targets (tests/fuzz/, Note [Fuzz build] in CMakeLists.txt): installs clang
 # (tools/setup.sh fuzz), builds the targets into build-fuzz/ with clang 14, ASan and UBSan,
 # replays every seed (tests/fuzz/corpus/) and regression input (tests/fuzz/regressions/), then
-# fuzzes each target for SECONDS (default 30). Fails on the first finding and names the input
-# libFuzzer saved; once the bug is fixed, copy that input into tests/fuzz/regressions/TARGET/.
+# fuzzes each target for SECONDS (default 30), one per core at a time. Fails on a finding and
+# names the input libFuzzer saved; once the bug is fixed, copy that input into
+# tests/fuzz/regressions/TARGET/.
 # usage: tools/run-fuzz.sh [SECONDS [TARGET...]]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,7 +37,8 @@ export UBSAN_OPTIONS=print_stacktrace=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
 export TMPDIR=$PWD/$scratch
 flags=(-timeout=20 -rss_limit_mb=2560 -malloc_limit_mb=2048 -print_final_stats=1)
-for t in "${targets[@]}"; do
+fuzz_one() {  # TARGET: fuzzes it; prints one line, or the finding and returns 1
+  local t=$1 fuzzer seeds regressions dict log start runs cov
   fuzzer=build-fuzz/tests/fuzz/$t
   seeds=tests/fuzz/corpus/$t regressions=tests/fuzz/regressions/$t
   mkdir -p "$scratch/$t/corpus"
@@ -52,14 +54,26 @@ for t in "${targets[@]}"; do
   if ! "$fuzzer" "${flags[@]}" "${dict[@]}" -max_total_time="$seconds" \
        -artifact_prefix="$scratch/$t/" "$scratch/$t/corpus" "$seeds" "$regressions" \
        >"$log" 2>&1; then
-    echo "run-fuzz: $t: FINDING after $(( $(date +%s) - start )) s; the end of $log:"
-    grep -E "fuzz finding|ERROR:|SUMMARY|runtime error|Test unit written" "$log" | head -20
-    tail -40 "$log"
-    exit 1
+    {  # one block, so that a target running beside it does not cut into the report
+      echo "run-fuzz: $t: FINDING after $(( $(date +%s) - start )) s; the end of $log:"
+      grep -E "fuzz finding|ERROR:|SUMMARY|runtime error|Test unit written" "$log" | head -20
+      tail -40 "$log"
+    } >"$scratch/$t/report"
+    cat "$scratch/$t/report"
+    return 1
   fi
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
   cov=$(grep -oE "cov: [0-9]+" "$log" | tail -1)
   echo "run-fuzz: $t: ok, $runs inputs in $(( $(date +%s) - start )) s (${cov:-cov: ?} edges;" \
        "$(ls "$seeds" | wc -l) seeds and $(ls "$regressions" | wc -l) regression inputs" \
        "replayed first)"
+}
+
+# One target per core at a time (each is a single-threaded process); any finding fails the run.
+status=0
+for t in "${targets[@]}"; do
+  while [ "$(jobs -pr | wc -l)" -ge "$(nproc)" ]; do wait -n || status=1; done
+  fuzz_one "$t" &
 done
+while [ "$(jobs -pr | wc -l)" -gt 0 ]; do wait -n || status=1; done
+exit $status
