@@ -6,6 +6,7 @@
 
 #include <cstdio>
 
+#include "param_diagonal.h"
 #include "products_blas_core.h"
 
 // -fsanitize=address (the TRIDENT_SANITIZE build): gcc says so with a macro, clang with a feature.
@@ -45,6 +46,9 @@ int main(int argc, char** argv) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   ::testing::InitGoogleTest(&argc, argv);
+  const int left_out = trident::testing::apply_param_diagonal();  // Note [Parameter diagonal]
+  if (rank == 0 && left_out > 0)
+    std::printf("parameter diagonal: %d parameterized test(s) left out\n", left_out);
   auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
   if (rank != 0) delete listeners.Release(listeners.default_result_printer());
   int local_failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
