@@ -6,5 +6,6 @@ bash tools/build.sh "$@"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_mpi_yield_when_idle=1
 # In parallel, one test more than the cores (the scripts wait a third of their time); an MPI
-# test and a timing test run alone (RUN_SERIAL; tests/CMakeLists.txt, docs/decisions.md "CI time").
+# test claims two (PROCESSORS) and a test that bounds times runs alone (RUN_SERIAL; see
+# tests/CMakeLists.txt and docs/decisions.md, "CI time").
 ctest --test-dir build --output-on-failure --timeout 900 --parallel "$(($(nproc) + 1))"
