@@ -13,9 +13,9 @@
 #      of a few tried) in bf16, 1.5B in bf16 without recomputation at micro-batch 16, then the
 #      same models in fp32, then a Llama-shaped 1.1B with grouped kv heads (inputs/llama-1b.yaml,
 #      sequence 2048) in fp32 and in bf16, and prints the issue's targets met or missed;
-#   5. runs the GPU tests (every kernel against its CPU twin, the model families' kernels and
-#      grouped-query attention included, NCCL, the model against the CPU), capped, then each
-#      unfinished test alone;
+#   5. runs the GPU tests (every kernel against its CPU twin, the model families' kernels,
+#      grouped-query attention and context parallelism's attention blocks included, NCCL, the
+#      model against the CPU), capped, then each unfinished test alone;
 #   6. runs the kernel microbenchmarks, if time is left.
 #
 # Note [GPU check phases]
@@ -596,6 +596,12 @@ fi
 step "summary"
 if [ -n "$tests_bin" ]; then
   targets+=("" "test_cuda: ${tests_ran:-did not finish}; passed $(count OK), failed $tests_failed, skipped $tests_skipped (exit $tests_rc)")
+  # Context parallelism on one GPU: its block kernels (tests/cuda/test_attention_block.cpp,
+  # inside test_cuda) against the CPU twin. cp itself spans ranks, one GPU each (NCCL takes
+  # no two ranks on one device), so no cp training runs on this one-GPU machine, and at cp 1
+  # the model takes the flash or cuDNN attention, not the blocks.
+  cp_ok=$(grep -oE "^\[ +OK +\] [^ ]*AttentionBlock[^ ]*" "$LOGS/test_cuda.log" 2>/dev/null | sort -u | wc -l)
+  targets+=("context parallelism: block kernels against the CPU twin, $cp_ok test(s) passed; cp over ranks needs 2 GPUs, not run here")
 fi
 write_table "$(verdict_lines)"
 finished=1

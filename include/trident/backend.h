@@ -65,6 +65,9 @@ struct AttentionBlockArgs {
   float* dq = nullptr;                 // backward: q's strides
   float *dk = nullptr, *dv = nullptr;  // backward: k's and v's strides
 };
+// The shapes every block op relies on: kv heads dividing heads, rows of one tensor that do not
+// overlap, nor one head's statistics rows. An internal error naming `op` otherwise.
+void check_attention_block(const AttentionBlockArgs& a, const char* op);
 
 class Backend {
  public:

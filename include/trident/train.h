@@ -121,6 +121,9 @@ struct TrainContext {
   // Set by the Trainer with parallel.ep > 1: the experts' gradients' group
   // (Note [Expert parallelism] in src/model/moe.h); null: they reduce with everything else.
   Communicator* expert_dp = nullptr;
+  // Context parallelism on a device: the NcclComm over the cp ranks that the ring's K/V travel
+  // on (Note [Ring on a device] in src/model/cp_ring_grouped.cpp); null: grid->cp() (host).
+  Communicator* cp_device = nullptr;
 };
 
 // One rank's training run: assembles the model, the data, the data-parallel unit

@@ -64,12 +64,14 @@ DeviceComms make_device_comms(const Deck& deck, Backend& backend, ProcessGrid& g
   auto stream = static_cast<cudaStream_t>(cuda_compute_stream(backend));
   // Every rank creates the same communicators in the same order (each creation is collective
   // over its group; the groups partition the world).
-  if (grid.layout().dp > 1) {
+  const bool cp = grid.layout().cp > 1;
+  if (grid.layout().dp * grid.layout().cp > 1) {  // gradients reduce over dp × cp
     NcclCommOptions options;
     options.timeout_s = deck.comm.timeout_s;
     options.grad_bf16 = deck.comm.grad_dtype == "bf16";
     options.profile = profiling(deck);
-    comms.dp = std::make_unique<NcclComm>(grid.dp().raw(), "dp (nccl)", stream, options);
+    comms.dp = std::make_unique<NcclComm>(grid.gradients().raw(),
+                                          cp ? "dp x cp (nccl)" : "dp (nccl)", stream, options);
   }
   if (grid.layout().tp > 1) {
     NcclCommOptions options;
@@ -112,6 +114,12 @@ DeviceComms make_device_comms(const Deck& deck, Backend& backend, ProcessGrid& g
     options.profile = profiling(deck);
     comms.embedding =
         std::make_unique<NcclComm>(grid.embedding().raw(), "embedding (nccl)", stream, options);
+  }
+  if (cp) {
+    NcclCommOptions options;
+    options.timeout_s = deck.comm.timeout_s;
+    options.profile = profiling(deck);
+    comms.cp = std::make_unique<NcclComm>(grid.cp().raw(), "cp (nccl)", stream, options);
   }
 #else
   (void)grid;

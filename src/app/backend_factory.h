@@ -16,16 +16,19 @@ namespace trident {
 std::unique_ptr<Backend> make_backend(const Deck& deck);
 
 // Communicators for device buffers (TrainContext::dp_device, tp_device, pp_links,
-// embedding_device): NcclComms over the grid's dp ranks (its own stream, ordered after the
-// backend's), tp ranks (on the backend's stream), this stage's pipeline links (two ranks each,
-// own streams: Note [Stage transfers on a device] in trident/pipeline.h) and the embedding
-// group (on the backend's stream). Null (empty) for a host backend or a group of one.
+// embedding_device, cp_device): NcclComms over the grid's gradient ranks, dp × cp (its own
+// stream, ordered after the backend's), tp ranks (on the backend's stream), this stage's
+// pipeline links (two ranks each, own streams: Note [Stage transfers on a device] in
+// trident/pipeline.h), the embedding group (on the backend's stream) and the cp ranks (own
+// stream, ordered by marks: Note [Ring on a device]). Null (empty) for a host backend or a
+// group of one.
 // Collective over the world.
 struct DeviceComms {
   std::unique_ptr<Communicator> dp, tp;
   std::vector<std::unique_ptr<Communicator>> pp_links;  // owned; `links` points into them
   std::unique_ptr<StageLinks> links;                    // null without pp_links
   std::unique_ptr<Communicator> embedding;
+  std::unique_ptr<Communicator> cp;
 };
 DeviceComms make_device_comms(const Deck& deck, Backend& backend, ProcessGrid& grid);
 

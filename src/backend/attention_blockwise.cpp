@@ -32,6 +32,8 @@
 #include "backend/fast_math.h"
 #include "backend/kernels.h"
 #include "backend/parallel.h"
+#include "trident/backend.h"
+#include "trident/check.h"
 
 namespace trident::cpu {
 namespace {
@@ -246,6 +248,28 @@ void attention_backward_blockwise(Real* dqkv, Real* delta, const Real* dout, con
   std::fill(dqkv, dqkv + size_t(B) * T * (NH + 2 * KVH) * hs, Real(0));  // dqkv is assigned
   attention_block_backward(a, threads);
 }
+
+}  // namespace trident::cpu
+
+namespace trident {
+
+void check_attention_block(const AttentionBlockArgs& a, const char* op) {
+  TRIDENT_CHECK(a.KVH > 0 && a.NH % a.KVH == 0 && a.hs > 0,
+                "{}: kv heads {} must divide heads {}, head size {} > 0", op, a.KVH, a.NH, a.hs);
+  const size_t q_row = size_t(a.NH) * a.hs, kv_row = size_t(a.KVH) * a.hs;
+  TRIDENT_CHECK(a.B > 0 && a.Tq >= 0 && a.Tk >= 0, "{}: need B > 0, Tq, Tk >= 0, got {}, {}, {}",
+                op, a.B, a.Tq, a.Tk);
+  TRIDENT_CHECK(a.q_rstride >= q_row && a.o_rstride >= q_row && a.kv_rstride >= kv_row &&
+                    a.s_hstride >= size_t(a.Tq) && a.s_bstride >= size_t(a.NH) * a.s_hstride,
+                "{}: row strides q {} out {} kv {} below the heads' width {} / {}, or stats "
+                "strides {}, {} below Tq {}",
+                op, a.q_rstride, a.o_rstride, a.kv_rstride, q_row, kv_row, a.s_bstride, a.s_hstride,
+                a.Tq);
+}
+
+}  // namespace trident
+
+namespace trident::cpu {
 
 #define TRIDENT_INSTANTIATE(Real)                                                                \
   template void attention_block_forward<Real>(const AttentionBlockArgs<Real>&, int);             \

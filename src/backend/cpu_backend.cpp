@@ -102,23 +102,23 @@ class CpuBackend final : public Backend {
   }
 
   void attention_block_forward(const AttentionBlockArgs& a) override {
-    check_block(a, "attention_block_forward");
+    check_attention_block(a, "attention_block_forward");
     TRIDENT_CHECK(a.k && a.v && a.out && a.lse, "attention_block_forward: null k, v, out or lse");
     cpu::attention_block_forward(to_cpu(a), threads_);
   }
   void attention_block_backward(const AttentionBlockArgs& a) override {
-    check_block(a, "attention_block_backward");
+    check_attention_block(a, "attention_block_backward");
     TRIDENT_CHECK(a.k && a.v && a.dout && a.lse && a.delta && a.dq && a.dk && a.dv,
                   "attention_block_backward: null k, v, dout, lse, delta, dq, dk or dv");
     cpu::attention_block_backward(to_cpu(a), threads_);
   }
   void attention_block_delta(const AttentionBlockArgs& a) override {
-    check_block(a, "attention_block_delta");
+    check_attention_block(a, "attention_block_delta");
     TRIDENT_CHECK(a.out && a.dout && a.delta, "attention_block_delta: null out, dout or delta");
     cpu::attention_block_delta(to_cpu(a), threads_);
   }
   void attention_block_reset(const AttentionBlockArgs& a) override {
-    check_block(a, "attention_block_reset");
+    check_attention_block(a, "attention_block_reset");
     TRIDENT_CHECK(a.lse, "attention_block_reset: null lse");
     cpu::attention_block_reset(to_cpu(a), threads_);
   }
@@ -203,20 +203,6 @@ class CpuBackend final : public Backend {
   static void check_heads(int NH, int KVH, int hs) {
     TRIDENT_CHECK(KVH > 0 && NH % KVH == 0 && hs > 0,
                   "attention: kv heads {} must divide heads {}, head size {} > 0", KVH, NH, hs);
-  }
-  // The shapes every block op relies on (Note [Attention blocks]): rows of one tensor do not
-  // overlap, nor do one head's statistics rows.
-  static void check_block(const AttentionBlockArgs& a, const char* op) {
-    check_heads(a.NH, a.KVH, a.hs);
-    const size_t q_row = size_t(a.NH) * a.hs, kv_row = size_t(a.KVH) * a.hs;
-    TRIDENT_CHECK(a.B > 0 && a.Tq >= 0 && a.Tk >= 0, "{}: need B > 0, Tq, Tk >= 0, got {}, {}, {}",
-                  op, a.B, a.Tq, a.Tk);
-    TRIDENT_CHECK(a.q_rstride >= q_row && a.o_rstride >= q_row && a.kv_rstride >= kv_row &&
-                      a.s_hstride >= size_t(a.Tq) && a.s_bstride >= size_t(a.NH) * a.s_hstride,
-                  "{}: row strides q {} out {} kv {} below the heads' width {} / {}, or stats "
-                  "strides {}, {} below Tq {}",
-                  op, a.q_rstride, a.o_rstride, a.kv_rstride, q_row, kv_row, a.s_bstride,
-                  a.s_hstride, a.Tq);
   }
   static cpu::AttentionBlockArgs<float> to_cpu(const AttentionBlockArgs& a) {
     cpu::AttentionBlockArgs<float> c;

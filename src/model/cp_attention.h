@@ -23,6 +23,7 @@
 
 #include <array>
 #include <chrono>
+#include <memory>
 #include <vector>
 
 #include "model/ring_events.h"
@@ -36,8 +37,10 @@ namespace trident {
 class CpAttention : public RingEvents {
  public:
   // Sized for micro-batches up to B × T (T: this rank's rows, two chunks of T/2); NH, KVH are
-  // this rank's (tp) heads of size hs.
-  CpAttention(Backend& be, const ContextParallel& cp, int B, int T, int NH, int KVH, int hs);
+  // this rank's (tp) heads of size hs. The ring's transfers go in groups on a communicator
+  // with marks, and on any other when `grouped` (tests): Note [Ring on a device].
+  CpAttention(Backend& be, const ContextParallel& cp, int B, int T, int NH, int KVH, int hs,
+              bool grouped = false);
 
   // out [B,T,NH·hs] and lse [B,NH,T] (the block's `att`) from qkv [B,T,(NH+2·KVH)·hs].
   void forward(float* out, float* lse, const float* qkv, int B, int T);
@@ -74,6 +77,21 @@ class CpAttention : public RingEvents {
   void ring_backward(AttentionBlockArgs a, int B, int T);
   void gather_forward(AttentionBlockArgs a, int B, int T);
   void gather_backward(AttentionBlockArgs a, int B, int T);
+  // Note [Ring on a device] (cp_ring_grouped.cpp): one exchange per step, ordered by marks.
+  void grouped_ring_forward(AttentionBlockArgs a, int B, int T);
+  void grouped_ring_backward(AttentionBlockArgs a, int B, int T);
+  // send_count floats to rank `to` and recv_count from rank `from`, as one operation.
+  Work exchange(const float* send, size_t send_count, int to, float* recv, size_t recv_count,
+                int from);
+  // The transfer started next reads or overwrites what the compute enqueued so far used: on a
+  // device its stream waits for a mark recorded now; on the host, nothing to do.
+  void before_transfer();
+  // The compute enqueued next needs `w`: on a device the compute stream waits for the
+  // communication stream and `w` is kept for the next call; on the host, wait(w, received).
+  void needed(Work w, bool received);
+  // Device: the previous call's transfers, long done on the device by now, are waited for (a
+  // stuck one ends at comm.timeout_s) and their spans go to cp_comm_ms.
+  void settle_pending();
 
   Backend& be_;
   ContextParallel cp_;
@@ -81,7 +99,13 @@ class CpAttention : public RingEvents {
   size_t kv_row_;  // 2·KVH·hs
   // ring: two K/V blocks (one computed on, one arriving), two dK/dV partial sums and the one
   // arriving; allgather: every rank's K/V and their gradients.
+  // Grouped ring: kv_ are two slots of 2·block, k|v rows then their partial dK/dV; dkv_[0] the
+  // step's own dK/dV, dkv_in_ this rank's sums coming home.
   BackendBuffer<float> kv_[2], dkv_[2], dkv_in_, gathered_, dgathered_;
+  std::shared_ptr<ComputeMark> mark_;  // null on a host communicator
+  bool grouped_ = false;
+  std::vector<size_t> send_counts_, recv_counts_;  // exchange()'s, sized once
+  std::vector<Work> pending_;                      // settle_pending()
   double comm_ms_ = 0, exposed_ms_ = 0;
 };
 

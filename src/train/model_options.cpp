@@ -103,17 +103,13 @@ GPTConfig model_config_from_deck(const Deck& deck, std::string* note) {
   return cfg;
 }
 
-void check_context_parallel(const Deck& deck, int cp, bool device_backend) {
+void check_context_parallel(const Deck& deck, int cp) {
   if (cp == 1) return;
   const int T = deck.model.seq_len;
   if (T % (2 * cp) != 0)
     input_error("model.seq_len {} must be a multiple of 2 * parallel.cp = {}: each sequence is "
                 "split into 2 * cp chunks, two per cp rank (Note [Context parallelism])",
                 T, 2 * cp);
-  if (device_backend)
-    input_error("parallel.cp {} runs on run.backend cpu for now: the CUDA backend has no "
-                "attention by blocks yet (Note [Attention blocks])",
-                cp);
   if (deck.run.precision != "fp32")
     input_error("parallel.cp {} runs with run.precision fp32 (the bf16 path has no attention by "
                 "blocks yet)",
@@ -212,17 +208,21 @@ GPTOptions stage_options(const Deck& deck, const GPTConfig& cfg, const TrainCont
   // Note [Context parallelism] (model/cp_attention.h): the model holds T / cp rows of each
   // sequence, two chunks of T / (2·cp).
   const int cp = ctx.grid ? ctx.grid->layout().cp : 1;
-  check_context_parallel(deck, cp, ctx.backend->is_device());
+  check_context_parallel(deck, cp);
   const int T = deck.model.seq_len / cp;
   if (cp > 1) {
     MpiComm& comm = ctx.grid->cp();
     // The emulated link (comm.emulate_gbps, when comm.emulate_groups names cp) carries cp's K/V,
-    // both ways at once.
-    if (link_emulated_for(deck.comm, "cp")) {
+    // both ways at once (host communicators only, as tp's).
+    if (!ctx.cp_device && link_emulated_for(deck.comm, "cp")) {
       comm.set_emulated_link(deck.comm.emulate_gbps, deck.comm.emulate_latency_us);
       comm.set_duplex_link(true);
     }
-    options.cp = {&comm, cp, ctx.grid->coord().cp, parse_cp_comm(deck.parallel.cp_comm)};
+    if (ctx.backend->is_device() && !ctx.cp_device)
+      internal_error(__FILE__, __LINE__,
+                     "a device backend with cp > 1 needs a device communicator");
+    options.cp = {ctx.cp_device ? ctx.cp_device : &comm, cp, ctx.grid->coord().cp,
+                  parse_cp_comm(deck.parallel.cp_comm)};
   }
   if (ctx.grid && ctx.grid->layout().tp > 1) {
     Communicator* tp = ctx.tp_device ? ctx.tp_device : &ctx.grid->tp();

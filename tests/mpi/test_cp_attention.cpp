@@ -1,8 +1,9 @@
-// Context parallelism's attention alone (src/model/cp_attention.h): at cp 2, 3 and 4, ring and
-// allgather, each rank's output and every gradient (dQ of its rows, dK and dV of its own
-// chunks, which travel home) equal the one-rank attention over the whole sequence at those
-// positions; this is where users of other trainers found dK/dV wrong. And the ring posts step
-// k+1's receive before step k's compute begins, which a ring that posts late fails.
+// Context parallelism's attention alone (src/model/cp_attention.h): at cp 2, 3 and 4, ring,
+// allgather and the ring in grouped exchanges (the device's, Note [Ring on a device]), each
+// rank's output and every gradient (dQ of its rows, dK and dV of its own chunks, which travel
+// home) equal the one-rank attention over the whole sequence at those positions; this is where
+// users of other trainers found dK/dV wrong. And the ring posts step k+1's receive before step
+// k's compute begins, which a ring that posts late fails.
 // Runs under mpirun with 2 and 4 ranks (cp 3 on three of the four).
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -10,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <ostream>
 #include <random>
 #include <vector>
 
@@ -58,7 +60,17 @@ double max_rel_error(const std::vector<float>& a, const std::vector<float>& b) {
   return err / scale;
 }
 
-void check_against_one_rank(int cp, CpComm mode, const Shape& s) {
+// A way of moving K/V: ring or allgather, and the ring's grouped exchanges, which a device
+// always takes, run here on the host (Note [Ring on a device] in src/model/cp_ring_grouped.cpp).
+struct CpMode {
+  CpComm comm;
+  bool grouped;
+};
+void PrintTo(const CpMode& m, std::ostream* os) {
+  *os << (m.comm == CpComm::kAllGather ? "allgather" : m.grouped ? "ring, grouped" : "ring");
+}
+
+void check_against_one_rank(int cp, CpMode mode, const Shape& s) {
   auto comm = first_ranks(cp, "cp (test)");
   if (!comm) return;
   auto be = make_cpu_backend(1);
@@ -77,7 +89,8 @@ void check_against_one_rank(int cp, CpComm mode, const Shape& s) {
   const std::vector<int> pos = cp_positions(Tl, cp, comm->rank());
   const std::vector<float> my_qkv = rows_at(qkv, s.B, T, size_t(row), pos);
   const std::vector<float> my_dout = rows_at(dout, s.B, T, size_t(C), pos);
-  CpAttention attention(*be, {comm.get(), cp, comm->rank(), mode}, s.B, Tl, s.NH, s.KVH, s.hs);
+  CpAttention attention(*be, {comm.get(), cp, comm->rank(), mode.comm}, s.B, Tl, s.NH, s.KVH, s.hs,
+                        mode.grouped);
   std::vector<float> my_out(size_t(s.B) * Tl * C), lse(size_t(s.B) * s.NH * Tl), delta(lse.size()),
       my_dqkv(my_qkv.size());
   attention.forward(my_out.data(), lse.data(), my_qkv.data(), s.B, Tl);
@@ -106,7 +119,7 @@ void check_against_one_rank(int cp, CpComm mode, const Shape& s) {
   }
 }
 
-class CpAttentionModes : public ::testing::TestWithParam<CpComm> {};
+class CpAttentionModes : public ::testing::TestWithParam<CpMode> {};
 
 TEST_P(CpAttentionModes, EqualsOneRankAtCp2) { check_against_one_rank(2, GetParam(), Shape{}); }
 
@@ -128,14 +141,17 @@ TEST_P(CpAttentionModes, MultiQueryAndOneHead) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, CpAttentionModes,
-                         ::testing::Values(CpComm::kRing, CpComm::kAllGather),
+                         ::testing::Values(CpMode{CpComm::kRing, false},
+                                           CpMode{CpComm::kAllGather, false},
+                                           CpMode{CpComm::kRing, true}),
                          [](const auto& info) {
-                           return info.param == CpComm::kRing ? std::string("Ring")
-                                                              : std::string("AllGather");
+                           return info.param.comm == CpComm::kAllGather ? std::string("AllGather")
+                                  : info.param.grouped                  ? std::string("RingGrouped")
+                                                                        : std::string("Ring");
                          });
 
-// Forward's and backward's ring, and the same ring told to post after computing (which must
-// fail the check: the check can tell).
+// Forward's and backward's ring, point to point and in the device's grouped exchanges, and the
+// same rings told to post after computing (which must fail the check: the check can tell).
 TEST(CpRing, PostsTheNextReceiveBeforeComputing) {
   const int cp = std::min(world_size(), 4);
   auto comm = first_ranks(cp, "cp (test)");
@@ -145,9 +161,10 @@ TEST(CpRing, PostsTheNextReceiveBeforeComputing) {
   const int Tl = 2 * s.c, row = (s.NH + 2 * s.KVH) * s.hs, C = s.NH * s.hs;
   const std::vector<float> qkv = random_values(size_t(s.B) * Tl * row, 3 + comm->rank());
   const std::vector<float> dout = random_values(size_t(s.B) * Tl * C, 5 + comm->rank());
-  for (bool late : {false, true}) {
+  for (int variant = 0; variant < 4; ++variant) {
+    const bool late = variant % 2 == 1, grouped = variant >= 2;  // grouped: the device's ring
     CpAttention attention(*be, {comm.get(), cp, comm->rank(), CpComm::kRing}, s.B, Tl, s.NH, s.KVH,
-                          s.hs);
+                          s.hs, grouped);
     attention.post_after_compute(late);
     std::vector<float> out(size_t(s.B) * Tl * C), lse(size_t(s.B) * s.NH * Tl), delta(lse.size()),
         dqkv(qkv.size());
@@ -159,9 +176,9 @@ TEST(CpRing, PostsTheNextReceiveBeforeComputing) {
     std::vector<CpAttention::EventRecord> backward(
         attention.events().begin() + long(forward.size()), attention.events().end());
     EXPECT_EQ(RingEvents::receives_posted_ahead(forward, 1, cp - 1), !late)
-        << "forward, late: " << late;
+        << "forward, late: " << late << ", grouped: " << grouped;
     EXPECT_EQ(RingEvents::receives_posted_ahead(backward, 1, cp - 1), !late)
-        << "backward, late: " << late;
+        << "backward, late: " << late << ", grouped: " << grouped;
     EXPECT_GT(attention.take_comm_ms(), 0.0);
   }
 }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "train/trainer_parts.h"
 #include "train_harness.h"
 #include "trident/train.h"
 
@@ -25,6 +26,21 @@ run: {threads: 1}
 using TrainedRun = testing::RunResult;
 
 TrainedRun train(const Deck& deck, int steps) { return testing::run_steps(deck, nullptr, steps); }
+
+// cp runs on either backend (the CUDA one has attention by blocks since issue 43, part 5) in
+// fp32; bf16 activations have no blocks, and the refusal names the key (exit 2).
+TEST(ContextParallelChecks, Bf16IsRefusedByItsKey) {
+  Deck d = tiny_deck();
+  EXPECT_NO_THROW(check_context_parallel(d, 2));
+  d.run.precision = "bf16";
+  try {
+    check_context_parallel(d, 2);
+    FAIL() << "run.precision bf16 with parallel.cp 2 was not refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ExitCode::kBadInput);
+    EXPECT_NE(std::string(e.what()).find("run.precision"), std::string::npos) << e.what();
+  }
+}
 
 TEST(Schedule, WarmupThenCosineOrConstant) {
   TrainConfig t;

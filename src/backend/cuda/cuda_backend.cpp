@@ -25,6 +25,7 @@
 #include <tuple>
 #include <vector>
 
+#include "attention_block.h"
 #include "attention_cudnn.h"
 #include "attention_flash.h"
 #include "backend/cuda/device_resources.h"
@@ -261,6 +262,21 @@ class CudaBackend final : public Backend {
       return;
     }
     cuda::flash_attention_backward_cuda(dqkv, scratch, dout, qkv, out, att, B, T, C, NH, stream_);
+  }
+  // Attention by blocks (Note [Attention blocks]): context parallelism's ring, fp32.
+  void attention_block_forward(const AttentionBlockArgs& a) override {
+    Op op(*this, "attention block fwd");
+    cuda::attention_block_fwd_cuda(a, stream_);
+  }
+  void attention_block_backward(const AttentionBlockArgs& a) override {
+    Op op(*this, "attention block bwd");
+    cuda::attention_block_bwd_cuda(a, stream_);
+  }
+  void attention_block_delta(const AttentionBlockArgs& a) override {
+    cuda::attention_block_delta_cuda(a, stream_);
+  }
+  void attention_block_reset(const AttentionBlockArgs& a) override {
+    cuda::attention_block_reset_cuda(a, stream_);
   }
 
   void gelu_forward(float* out, const float* inp, size_t n) override {
