@@ -600,6 +600,8 @@ if [ -n "$tests_bin" ]; then
   # inside test_cuda) against the CPU twin. cp itself spans ranks, one GPU each (NCCL takes
   # no two ranks on one device), so no cp training runs on this one-GPU machine, and at cp 1
   # the model takes the flash or cuDNN attention, not the blocks.
+  # Tensor-parallel overlap on a device (Note [Tensor-parallel ring on a device]) spans tp
+  # ranks, one GPU each, likewise: not run here.
   cp_ok=$(grep -oE "^\[ +OK +\] [^ ]*AttentionBlock[^ ]*" "$LOGS/test_cuda.log" 2>/dev/null | sort -u | wc -l)
   targets+=("context parallelism: block kernels against the CPU twin, $cp_ok test(s) passed; cp over ranks needs 2 GPUs, not run here")
 fi

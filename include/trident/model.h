@@ -128,6 +128,11 @@ struct TensorParallel {
   // parallelism (0: size).
   bool overlap = false;
   int chunks = 0;
+  // The overlap's rings in grouped exchanges on this communicator
+  // (Note [Tensor-parallel ring on a device] in src/model/tp_ring_grouped.cpp): on a device an
+  // NcclComm over the tp ranks on its own stream; on a host, tests only. Null: the host's rings
+  // on `comm`.
+  Communicator* ring = nullptr;
 };
 
 // Context parallelism for one model replica (Note [Context parallelism] in

@@ -124,6 +124,11 @@ struct TrainContext {
   // Context parallelism on a device: the NcclComm over the cp ranks that the ring's K/V travel
   // on (Note [Ring on a device] in src/model/cp_ring_grouped.cpp); null: grid->cp() (host).
   Communicator* cp_device = nullptr;
+  // Tensor-parallel overlap on a device: an NcclComm over the tp ranks on its own stream that
+  // the rings' chunks travel on (Note [Tensor-parallel ring on a device] in
+  // src/model/tp_ring_grouped.cpp). On a host, tests only (the device's order over MPI); null:
+  // the host's rings on grid->tp().
+  Communicator* tp_ring = nullptr;
 };
 
 // One rank's training run: assembles the model, the data, the data-parallel unit

@@ -79,6 +79,12 @@ DeviceComms make_device_comms(const Deck& deck, Backend& backend, ProcessGrid& g
     options.on_compute_stream = true;
     options.profile = profiling(deck);
     comms.tp = std::make_unique<NcclComm>(grid.tp().raw(), "tp (nccl)", stream, options);
+    // Note [Chunks on the host] (src/model/tp_overlap.h): on a device only true turns it on.
+    if (deck.parallel.tp_overlap == "true") {
+      options.on_compute_stream = false;
+      comms.tp_ring =
+          std::make_unique<NcclComm>(grid.tp().raw(), "tp ring (nccl)", stream, options);
+    }
   }
   if (grid.layout().pp > 1) {
     // Note [Stage transfers on a device] (trident/pipeline.h): a link of two ranks per

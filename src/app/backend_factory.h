@@ -20,8 +20,9 @@ std::unique_ptr<Backend> make_backend(const Deck& deck);
 // stream, ordered after the backend's), tp ranks (on the backend's stream), this stage's
 // pipeline links (two ranks each, own streams: Note [Stage transfers on a device] in
 // trident/pipeline.h), the embedding group (on the backend's stream) and the cp ranks (own
-// stream, ordered by marks: Note [Ring on a device]). Null (empty) for a host backend or a
-// group of one.
+// stream, ordered by marks: Note [Ring on a device]), and with parallel.tp_overlap true the tp
+// ranks again on their own stream for the overlap's rings
+// (Note [Tensor-parallel ring on a device]). Null (empty) for a host backend or a group of one.
 // Collective over the world.
 struct DeviceComms {
   std::unique_ptr<Communicator> dp, tp;
@@ -29,6 +30,7 @@ struct DeviceComms {
   std::unique_ptr<StageLinks> links;                    // null without pp_links
   std::unique_ptr<Communicator> embedding;
   std::unique_ptr<Communicator> cp;
+  std::unique_ptr<Communicator> tp_ring;
 };
 DeviceComms make_device_comms(const Deck& deck, Backend& backend, ProcessGrid& grid);
 

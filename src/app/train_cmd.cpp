@@ -281,9 +281,6 @@ int run_train(const DeckArgs& args, const BlasCoreCheck& blas) {
     if (const std::string n = blas_core_note(blas); !n.empty()) fmt::print("{}\n", n);
     if (!cores.warning.empty()) fmt::print("WARNING: {}\n", cores.warning);
     if (!peak.problem.empty()) fmt::print("WARNING: {}\n", peak.problem);
-    if (g.tp > 1 && deck.parallel.tp_overlap == "true" && backend->is_device())
-      fmt::print("note: parallel.tp_overlap is not built for a device backend yet (issue 45's GPU "
-                 "part): the tp collectives run whole, as with parallel.tp_overlap false\n");
   }
 
   const auto t_start = std::chrono::steady_clock::now();

@@ -13,6 +13,12 @@ namespace {
 // Each stream of messages between two ranks has its own tag (MPI keeps order per tag and peer).
 constexpr int kTagForwardKv = 431, kTagBackwardKv = 432, kTagDkv = 440;  // + part
 
+Communicator& checked_comm(const ContextParallel& cp) {
+  TRIDENT_CHECK(cp.size > 1 && cp.comm != nullptr && cp.comm->size() == cp.size,
+                "context parallelism over {} ranks needs their communicator", cp.size);
+  return *cp.comm;
+}
+
 }  // namespace
 
 CpComm parse_cp_comm(const std::string& text) {
@@ -35,16 +41,13 @@ std::vector<int> cp_positions(int T_local, int cp, int cp_rank) {
 
 CpAttention::CpAttention(Backend& be, const ContextParallel& cp, int B, int T, int NH, int KVH,
                          int hs, bool grouped)
-    : be_(be), cp_(cp), NH_(NH), KVH_(KVH), hs_(hs), kv_row_(2 * size_t(KVH) * hs) {
-  TRIDENT_CHECK(cp_.size > 1 && cp_.comm != nullptr && cp_.comm->size() == cp_.size,
-                "context parallelism over {} ranks needs their communicator", cp_.size);
+    : be_(be), cp_(cp), NH_(NH), KVH_(KVH), hs_(hs), kv_row_(2 * size_t(KVH) * hs),
+      // A call's transfers: at most cp + 1 exchanges.
+      order_(checked_comm(cp), size_t(cp.size) + 2) {
   TRIDENT_CHECK(T % 2 == 0, "a cp rank's {} rows are not two chunks", T);
   const size_t block = size_t(B) * T * kv_row_;
-  mark_ = cp_.comm->new_mark(false);
-  grouped_ = grouped || mark_ != nullptr;
+  grouped_ = grouped || order_.on_device();
   if (cp_.mode == CpComm::kRing && grouped_) {
-    send_counts_.assign(size_t(cp_.size), 0);
-    recv_counts_.assign(size_t(cp_.size), 0);
     kv_[0] = BackendBuffer<float>(be_, 2 * block);
     kv_[1] = BackendBuffer<float>(be_, 2 * block);
     dkv_[0] = BackendBuffer<float>(be_, block);
@@ -58,7 +61,6 @@ CpAttention::CpAttention(Backend& be, const ContextParallel& cp, int B, int T, i
     gathered_ = BackendBuffer<float>(be_, block * size_t(cp_.size));
     dgathered_ = BackendBuffer<float>(be_, block * size_t(cp_.size));
   }
-  pending_.reserve(size_t(cp_.size) + 2);  // a call's transfers: at most cp + 1 exchanges
 }
 
 size_t CpAttention::buffer_bytes() const {
@@ -185,7 +187,7 @@ void CpAttention::forward(float* out, float* lse, const float* qkv, int B, int T
   a.lse = lse;
   AttentionBlockArgs all = a;  // every local row
   all.Tq = T;
-  settle_pending();
+  comm_ms_ += order_.settle();
   be_.attention_block_reset(all);
   if (cp_.mode == CpComm::kAllGather) gather_forward(a, B, T);
   else if (grouped_) grouped_ring_forward(a, B, T);
@@ -203,7 +205,7 @@ void CpAttention::backward(float* dqkv, float* delta, const float* dout, const f
   a.dq = dqkv;
   AttentionBlockArgs all = a;
   all.Tq = T;
-  settle_pending();
+  comm_ms_ += order_.settle();
   be_.attention_block_delta(all);
   be_.fill_zero(dqkv, size_t(B) * T * (NH_ + 2 * KVH_) * hs_ * sizeof(float));
   if (cp_.mode == CpComm::kAllGather) gather_backward(a, B, T);
@@ -309,7 +311,7 @@ void CpAttention::ring_backward(AttentionBlockArgs a, int B, int T) {
 void CpAttention::gather_forward(AttentionBlockArgs a, int B, int T) {
   const size_t count = size_t(B) * T * kv_row_;
   pack_kv(kv_[0].data(), a.q, B, T);
-  before_transfer();
+  order_.before_transfer();
   needed(cp_.comm->all_gather(kv_[0].data(), gathered_.data(), count), true);
   for (int src = 0; src < cp_.size; ++src)
     forward_pair(a, packed(gathered_.data() + size_t(src) * count, nullptr, T), src, T);
@@ -319,7 +321,7 @@ void CpAttention::gather_backward(AttentionBlockArgs a, int B, int T) {
   const size_t count = size_t(B) * T * kv_row_;
   float* dqkv = a.dq;
   pack_kv(kv_[0].data(), a.q, B, T);
-  before_transfer();
+  order_.before_transfer();
   needed(cp_.comm->all_gather(kv_[0].data(), gathered_.data(), count), true);
   be_.fill_zero(dgathered_.data(), dgathered_.size() * sizeof(float));
   for (int src = 0; src < cp_.size; ++src)
@@ -327,7 +329,7 @@ void CpAttention::gather_backward(AttentionBlockArgs a, int B, int T) {
         a,
         packed(gathered_.data() + size_t(src) * count, dgathered_.data() + size_t(src) * count, T),
         src, T);
-  before_transfer();
+  order_.before_transfer();
   needed(cp_.comm->reduce_scatter(dgathered_.data(), dkv_in_.data(), count), true);
   unpack_dkv(dkv_in_.data(), dqkv, B, T, /*to_packed=*/false);
 }

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "model/ring_events.h"
+#include "model/ring_order.h"
 #include "trident/backend.h"
 #include "trident/comm.h"
 #include "trident/model.h"
@@ -80,18 +81,10 @@ class CpAttention : public RingEvents {
   // Note [Ring on a device] (cp_ring_grouped.cpp): one exchange per step, ordered by marks.
   void grouped_ring_forward(AttentionBlockArgs a, int B, int T);
   void grouped_ring_backward(AttentionBlockArgs a, int B, int T);
-  // send_count floats to rank `to` and recv_count from rank `from`, as one operation.
-  Work exchange(const float* send, size_t send_count, int to, float* recv, size_t recv_count,
-                int from);
-  // The transfer started next reads or overwrites what the compute enqueued so far used: on a
-  // device its stream waits for a mark recorded now; on the host, nothing to do.
-  void before_transfer();
   // The compute enqueued next needs `w`: on a device the compute stream waits for the
-  // communication stream and `w` is kept for the next call; on the host, wait(w, received).
+  // communication stream and `w` is kept for the next call (RingOrder::defer); on the host,
+  // wait(w, received).
   void needed(Work w, bool received);
-  // Device: the previous call's transfers, long done on the device by now, are waited for (a
-  // stuck one ends at comm.timeout_s) and their spans go to cp_comm_ms.
-  void settle_pending();
 
   Backend& be_;
   ContextParallel cp_;
@@ -102,10 +95,8 @@ class CpAttention : public RingEvents {
   // Grouped ring: kv_ are two slots of 2·block, k|v rows then their partial dK/dV; dkv_[0] the
   // step's own dK/dV, dkv_in_ this rank's sums coming home.
   BackendBuffer<float> kv_[2], dkv_[2], dkv_in_, gathered_, dgathered_;
-  std::shared_ptr<ComputeMark> mark_;  // null on a host communicator
+  RingOrder order_;  // the grouped exchanges and their marks (Note [Ring on a device])
   bool grouped_ = false;
-  std::vector<size_t> send_counts_, recv_counts_;  // exchange()'s, sized once
-  std::vector<Work> pending_;                      // settle_pending()
   double comm_ms_ = 0, exposed_ms_ = 0;
 };
 

@@ -5,50 +5,17 @@
 // NCCL pairs transfers by order, not tag, and a receive enqueued alone on a stream waits there
 // for its peer, whose stream is held the same way: ungrouped, a ring of sends and receives
 // deadlocks. So each step is one exchange (all_to_all_v: one peer each way, one NCCL group),
-// started after a mark of the compute so far (before_transfer); the compute stream waits for
-// it only before the step that reads it (needed), and the host waits for nothing until the next
-// call. Backward sends each step's K/V with the previous step's partial dK/dV from one slot
-// [k|v | dk|dv], so the sums travel a step behind their blocks; one more exchange takes each
+// started after a mark of the compute so far (RingOrder::before_transfer); the compute stream
+// waits for it only before the step that reads it (defer), and the host waits for nothing until
+// the next call. Backward sends each step's K/V with the previous step's partial dK/dV from one
+// slot [k|v | dk|dv], so the sums travel a step behind their blocks; one more exchange takes each
 // home. Host waits (no marks) make the same sequence safe on MpiComm.
-#include <algorithm>
-#include <utility>
-
 #include "model/cp_attention.h"
 
 namespace trident {
 
-Work CpAttention::exchange(const float* send, size_t send_count, int to, float* recv,
-                           size_t recv_count, int from) {
-  std::fill(send_counts_.begin(), send_counts_.end(), size_t(0));
-  std::fill(recv_counts_.begin(), recv_counts_.end(), size_t(0));
-  send_counts_[size_t(to)] = send_count;
-  recv_counts_[size_t(from)] = recv_count;
-  return cp_.comm->all_to_all_v(send, send_counts_.data(), recv, recv_counts_.data());
-}
-
-void CpAttention::before_transfer() {
-  if (!mark_) return;
-  cp_.comm->record_mark(*mark_);
-  cp_.comm->order_after(mark_.get());
-}
-
 void CpAttention::needed(Work w, bool received) {
-  if (!mark_) {
-    wait(w, received);
-    return;
-  }
-  cp_.comm->compute_waits_for_comm();
-  pending_.push_back(std::move(w));
-}
-
-// On a device cp_comm_ms is the sum of the transfers' spans as the host saw them (enqueue to a
-// poll seeing them done: an upper bound), and cp_exposed_ms is not measured (0).
-void CpAttention::settle_pending() {
-  for (Work& w : pending_) {
-    w.wait();
-    comm_ms_ += w.record().ms();
-  }
-  pending_.clear();
+  if (!order_.defer(w)) wait(w, received);
 }
 
 void CpAttention::grouped_ring_forward(AttentionBlockArgs a, int B, int T) {
@@ -61,8 +28,8 @@ void CpAttention::grouped_ring_forward(AttentionBlockArgs a, int B, int T) {
     Work step;
     auto post = [&] {  // this block on to r + 1, step s+1's from r − 1
       if (!more) return;
-      before_transfer();
-      step = exchange(cur, count, next, kv_[(s + 1) % 2].data(), count, prev);
+      order_.before_transfer();
+      step = order_.exchange(cur, count, next, kv_[(s + 1) % 2].data(), count, prev);
       note(Event::kRecvPosted, s + 1);
     };
     if (!post_late_) post();
@@ -93,10 +60,10 @@ void CpAttention::grouped_ring_backward(AttentionBlockArgs a, int B, int T) {
     const bool first = s == 0, last = s + 1 == n;
     Work step;
     auto post = [&] {
-      before_transfer();
-      step = first  ? exchange(cur, count, prev, other, count, next)
-             : last ? exchange(cur + count, count, prev, other + count, count, next)
-                    : exchange(cur, 2 * count, prev, other, 2 * count, next);
+      order_.before_transfer();
+      step = first  ? order_.exchange(cur, count, prev, other, count, next)
+             : last ? order_.exchange(cur + count, count, prev, other + count, count, next)
+                    : order_.exchange(cur, 2 * count, prev, other, 2 * count, next);
       if (!last) note(Event::kRecvPosted, s + 1);
     };
     if (!post_late_) post();
@@ -110,8 +77,9 @@ void CpAttention::grouped_ring_backward(AttentionBlockArgs a, int B, int T) {
     needed(std::move(step), true);
     if (!first) be_.add(other + count, other + count, own, count);
   }
-  before_transfer();
-  needed(exchange(kv_[n % 2].data() + count, count, prev, dkv_in_.data(), count, next), true);
+  order_.before_transfer();
+  needed(order_.exchange(kv_[n % 2].data() + count, count, prev, dkv_in_.data(), count, next),
+         true);
   unpack_dkv(dkv_in_.data(), dqkv, B, T, /*to_packed=*/false);
 }
 

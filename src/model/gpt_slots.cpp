@@ -178,8 +178,9 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   if (tp_.sequence_parallel) {
     a.full_c = floats(N * C), a.stage = floats(N * C), a.dfull = floats(N * C);
   }
-  // Note [Tensor-parallel overlap] (tp_overlap.h); on a device the collectives stay plain.
-  if (tps > 1 && tp_.overlap && !be_.is_device()) {
+  // Note [Tensor-parallel overlap] (tp_overlap.h); on a device in grouped exchanges on tp's ring
+  // communicator (Note [Tensor-parallel ring on a device]).
+  if (tps > 1 && tp_.overlap) {
     const bool sp = tp_.sequence_parallel;
     const size_t widest = sp ? std::max({size_t(QKVl), size_t(FCl), size_t(Fl), size_t(Ql)}) : 0;
     tp_overlap_ =

@@ -42,6 +42,14 @@ TpOverlap::TpOverlap(Backend& be, const TensorParallel& tp, int maxN, size_t wid
   const size_t works = size_t(tp_.size) * size_t(tp_.chunks);
   sends_.resize(works);
   recvs_.resize(works);
+  if (tp_.ring) {
+    TRIDENT_CHECK(tp_.ring->size() == tp_.size, "the tp ring's communicator has {} ranks, not {}",
+                  tp_.ring->size(), tp_.size);
+    order_ = std::make_unique<RingOrder>(*tp_.ring, works);
+  }
+  // A device's collectives run in grouped exchanges ordered by marks, never host waits.
+  TRIDENT_CHECK(!be_.is_device() || (order_ && order_->on_device()),
+                "tp overlap on a device needs the tp ring's device communicator");
 }
 
 // Chunk c of a sequence-parallel tensor is sequence rows [c·Tl, (c+1)·Tl) of every sequence
@@ -62,26 +70,32 @@ void TpOverlap::move_rows(float* dst, const float* src, bool to_full, int chunk,
   }
 }
 
+void TpOverlap::gather_gemm(float* out, float* in_full, const float* in, const Gemm& g, int src,
+                            int r0, int count, int B, int T, int C) {
+  const int Tl = T / tp_.size;
+  if (in_full) move_rows(in_full, in, true, src, r0, count, T, C);
+  // One sequence: the rows of `out` are contiguous, so the GEMM writes them there.
+  float* dst = B == 1 ? out + (size_t(src) * Tl + size_t(r0)) * g.OC : rows_.data();
+  if (g.input_gradient)
+    be_.matmul_backward(dst, nullptr, nullptr, in, nullptr, g.w, count, g.OC, C);
+  else be_.matmul_forward(dst, in, g.w, g.bias, count, C, g.OC);
+  if (B > 1) move_rows(out, rows_.data(), true, src, r0, count, T, g.OC);
+}
+
 // The ring's pieces (Note [Tensor-parallel overlap]): step 0 holds this rank's own chunk whole,
 // so it posts all its pieces and takes them in one GEMM; a later step computes each arrived
 // piece while the next ones travel.
 void TpOverlap::gather_matmul(float* out, float* in_full, const float* local, const Gemm& g, int B,
                               int T, int C) {
+  if (order_) {
+    grouped_gather_matmul(out, in_full, local, g, B, T, C);
+    return;
+  }
   const int n = tp_.size, r = tp_.rank, Tl = T / n, k = tp_.chunks;
   const int prev = (r + n - 1) % n, next = (r + 1) % n;
   const int Nr = B * Tl, rows = Nr / k;  // a piece's rows
   const size_t chunk = size_t(Nr) * C, piece = size_t(rows) * C;
   Communicator& comm = *tp_.comm;
-  // Rows [r0, r0 + count) of rank src's chunk, at `in`: into in_full, and through the GEMM.
-  auto gemm = [&](const float* in, int src, int r0, int count) {
-    if (in_full) move_rows(in_full, in, true, src, r0, count, T, C);
-    // One sequence: the rows of `out` are contiguous, so the GEMM writes them there.
-    float* dst = B == 1 ? out + (size_t(src) * Tl + size_t(r0)) * g.OC : rows_.data();
-    if (g.input_gradient)
-      be_.matmul_backward(dst, nullptr, nullptr, in, nullptr, g.w, count, g.OC, C);
-    else be_.matmul_forward(dst, in, g.w, g.bias, count, C, g.OC);
-    if (B > 1) move_rows(out, rows_.data(), true, src, r0, count, T, g.OC);
-  };
   const float* held = local;  // the chunk this step computes on, of rank `src`
   int src = r;
   for (int s = 0; s < n; ++s) {
@@ -98,7 +112,7 @@ void TpOverlap::gather_matmul(float* out, float* in_full, const float* local, co
       if (!post_late_)
         for (int q = 0; q < k; ++q) post(q);
       note(Event::kComputeBegin, s);
-      gemm(held, src, 0, Nr);
+      gather_gemm(out, in_full, held, g, src, 0, Nr, B, T, C);
       note(Event::kComputeEnd, s);
       if (post_late_)
         for (int q = 0; q < k; ++q) post(q);
@@ -107,7 +121,7 @@ void TpOverlap::gather_matmul(float* out, float* in_full, const float* local, co
         wait_tp(be_, recvs_[size_t(s - 1) * k + q], times_);
         if (!post_late_) post(q);
         note(Event::kComputeBegin, s);
-        gemm(held + q * piece, src, q * rows, rows);
+        gather_gemm(out, in_full, held + q * piece, g, src, q * rows, rows, B, T, C);
         note(Event::kComputeEnd, s);
         if (post_late_) post(q);
       }
@@ -118,24 +132,32 @@ void TpOverlap::gather_matmul(float* out, float* in_full, const float* local, co
   for (int i = 0; i < (n - 1) * k; ++i) wait_tp(be_, sends_[size_t(i)], times_, false);
 }
 
+void TpOverlap::partial_gemm(float* dst, const float* inp, const float* w, const float* bias, int c,
+                             int r0, int count, int B, int T, int K, int C) {
+  const float* in = inp + (size_t(c) * (T / tp_.size) + size_t(r0)) * K;  // one sequence
+  if (B > 1) {
+    move_rows(rows_.data(), inp, false, c, r0, count, T, K);
+    in = rows_.data();
+  }
+  be_.matmul_forward(dst, in, w, bias, count, K, C);
+}
+
 // The other way round: the steps before the last compute each piece of a partial sum and pass it
 // on; the last computes this rank's own chunk in one GEMM and adds the pieces as they arrive.
 void TpOverlap::matmul_reduce_scatter(float* out, const float* inp, const float* w,
                                       const float* bias, int B, int T, int K, int C) {
+  if (order_) {
+    grouped_matmul_reduce_scatter(out, inp, w, bias, B, T, K, C);
+    return;
+  }
   const int n = tp_.size, r = tp_.rank, Tl = T / n, k = tp_.chunks;
   const int prev = (r + n - 1) % n, next = (r + 1) % n;
   const int Nr = B * Tl, rows = Nr / k;
   const size_t chunk = size_t(Nr) * C, piece = size_t(rows) * C;
   Communicator& comm = *tp_.comm;
   float* arrived[2] = {stage_, stage_ + chunk};
-  // dst = the partial sums of rows [r0, r0 + count) of chunk c.
   auto gemm = [&](float* dst, int c, int r0, int count) {
-    const float* in = inp + (size_t(c) * Tl + size_t(r0)) * K;  // one sequence: contiguous
-    if (B > 1) {
-      move_rows(rows_.data(), inp, false, c, r0, count, T, K);
-      in = rows_.data();
-    }
-    be_.matmul_forward(dst, in, w, bias, count, K, C);
+    partial_gemm(dst, inp, w, bias, c, r0, count, B, T, K, C);
   };
   for (int s = 0; s < n; ++s) {
     // The chunk whose owner is s + 1 hops ahead: the last step computes this rank's own.
@@ -177,6 +199,10 @@ void TpOverlap::matmul_reduce_scatter(float* out, const float* inp, const float*
 
 void TpOverlap::matmul_all_reduce(float* out, const float* inp, const float* w, const float* bias,
                                   int N, int K, int C) {
+  if (order_) {
+    grouped_matmul_all_reduce(out, inp, w, bias, N, K, C);
+    return;
+  }
   const int chunks = tp_.chunks;
   TRIDENT_CHECK(chunks >= 1 && N % chunks == 0 && size_t(chunks) <= recvs_.size(),
                 "{} rows in {} pieces", N, chunks);

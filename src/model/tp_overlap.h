@@ -16,12 +16,15 @@
 // so the overlap is real only where the wire takes time (another node, or an emulated link on
 // tp), whose time runs from the post. Hence parallel.tp_overlap auto, the default, is on only
 // there (tp_overlap_on in train/model_options.cpp); true forces it. The embedding's, the head's
-// and the LayerNorm weights' sums stay whole. A device keeps all whole (issue 45's GPU part).
+// and the LayerNorm weights' sums stay whole. A device runs the rings in grouped exchanges
+// (Note [Tensor-parallel ring on a device] in tp_ring_grouped.cpp).
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "model/ring_events.h"
+#include "model/ring_order.h"
 #include "trident/backend.h"
 #include "trident/comm.h"
 #include "trident/model.h"
@@ -40,7 +43,8 @@ class TpOverlap : public RingEvents {
   // Micro-batches up to maxN rows (B·T); `widest` the widest GEMM output or input a chunk has
   // (qkv, fc, fcproj's and attproj's inputs); `stage` [maxN, C] and `partial` [maxN, C] the
   // model's sequence-parallel scratch (Note [Sequence-parallel rows]), used within a call: the
-  // ring's received chunks and the partial sums it sends.
+  // ring's received chunks and the partial sums it sends. With tp.ring the rings go in grouped
+  // exchanges on it (Note [Tensor-parallel ring on a device]).
   TpOverlap(Backend& be, const TensorParallel& tp, int maxN, size_t widest, float* stage,
             float* partial, TpTimes& times);
 
@@ -65,19 +69,37 @@ class TpOverlap : public RingEvents {
   void matmul_all_reduce(float* out, const float* inp, const float* w, const float* bias, int N,
                          int K, int C);
   int chunks() const { return tp_.chunks; }
+  bool grouped() const { return order_ != nullptr; }  // Note [Tensor-parallel ring on a device]
 
  private:
   // Rows [r0, r0 + count) of sequence chunk `chunk` ([B, Tl] order) from packed rows into the
   // full [B, T, width] tensor (to_full), or from the full tensor into packed rows.
   void move_rows(float* dst, const float* src, bool to_full, int chunk, int r0, int count, int T,
                  int width) const;
+  // Rows [r0, r0 + count) of rank src's chunk, at `in`: into in_full (if not null), and through
+  // the GEMM into their rows of out [B, T, g.OC].
+  void gather_gemm(float* out, float* in_full, const float* in, const Gemm& g, int src, int r0,
+                   int count, int B, int T, int C);
+  // dst = the partial sums of rows [r0, r0 + count) of chunk c of inp [B, T, K].
+  void partial_gemm(float* dst, const float* inp, const float* w, const float* bias, int c, int r0,
+                    int count, int B, int T, int K, int C);
+  // Note [Tensor-parallel ring on a device]: one exchange per ring step, ordered by marks.
+  void grouped_gather_matmul(float* out, float* in_full, const float* local, const Gemm& g, int B,
+                             int T, int C);
+  void grouped_matmul_reduce_scatter(float* out, const float* inp, const float* w,
+                                     const float* bias, int B, int T, int K, int C);
+  void grouped_matmul_all_reduce(float* out, const float* inp, const float* w, const float* bias,
+                                 int N, int K, int C);
+  // The compute enqueued next needs `w`: deferred on a device (RingOrder::defer), else waited.
+  void needed(Work& w);
 
   Backend& be_;
   TensorParallel tp_;
   float* stage_;    // [tp][Nr, C]: gathered chunks; a reduce-scatter's received sums in [2]
   float* partial_;  // [2][Nr, C]: a reduce-scatter's partial sums being sent
-  BackendBuffer<float> rows_;        // one chunk's GEMM input or output [Nr, widest]
-  std::vector<Work> sends_, recvs_;  // one per ring piece, reused (no allocation per step)
+  BackendBuffer<float> rows_;         // one chunk's GEMM input or output [Nr, widest]
+  std::vector<Work> sends_, recvs_;   // one per ring piece, reused (no allocation per step)
+  std::unique_ptr<RingOrder> order_;  // with tp.ring: the grouped exchanges
   TpTimes& times_;
 };
 

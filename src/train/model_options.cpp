@@ -164,13 +164,15 @@ void check_moe_deck(const Deck& deck, const GPTConfig& cfg, int dp_cp, bool devi
 // Note [Chunks on the host] (model/tp_overlap.h): parallel.tp_overlap auto turns the overlap on
 // where it wins on a host, when the tp ranks do not share one node's memory (the bytes then take
 // time on a wire) or the emulated link slows tp; on one node the bytes move only while compute
-// waits, and the chunks would only cost their copies and smaller GEMMs (docs/perf.md). A
-// device keeps the collectives whole (not built: issue 45's GPU part). MPI_Comm_split_type is
-// collective over tp: every tp rank resolves it at the same point.
+// waits, and the chunks would only cost their copies and smaller GEMMs (docs/perf.md). On a
+// device auto is off: its rings (Note [Tensor-parallel ring on a device]) never ran on one, so
+// no measurement says where they win; true runs them. MPI_Comm_split_type is collective over
+// tp: every tp rank resolves it at the same point.
 bool tp_overlap_on(const Deck& deck, MpiComm& tp, bool device) {
   const std::string& mode = deck.parallel.tp_overlap;
-  if (mode == "false" || device || tp.size() == 1) return false;
+  if (mode == "false" || tp.size() == 1) return false;
   if (mode == "true") return true;
+  if (device) return false;
   MPI_Comm node = MPI_COMM_NULL;
   TRIDENT_MPI(MPI_Comm_split_type(tp.raw(), MPI_COMM_TYPE_SHARED, tp.rank(), MPI_INFO_NULL, &node));
   int on_node = 0;
@@ -235,6 +237,10 @@ GPTOptions stage_options(const Deck& deck, const GPTConfig& cfg, const TrainCont
     options.tp = {tp, ctx.grid->layout().tp, ctx.grid->coord().tp, deck.parallel.sequence_parallel};
     options.tp.overlap = tp_overlap_on(deck, ctx.grid->tp(), ctx.backend->is_device());
     options.tp.chunks = tp_overlap_chunks(deck, options.tp.size, T, options.tp.overlap);
+    options.tp.ring = ctx.tp_ring;
+    if (ctx.backend->is_device() && options.tp.overlap && !ctx.tp_ring)
+      internal_error(__FILE__, __LINE__,
+                     "a device backend with parallel.tp_overlap needs the tp ring's communicator");
   }
   if (ctx.backend->is_device() && options.tp.size > 1 && !ctx.tp_device)
     internal_error(__FILE__, __LINE__, "a device backend with tp > 1 needs a device communicator");

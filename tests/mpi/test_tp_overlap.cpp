@@ -2,10 +2,12 @@
 //   - the rings post the receive of chunk s + 1 before the GEMM of chunk s starts, and the
 //     check can tell when they do not (the same rings told to post late must fail it);
 //   - each chunked collective equals its plain twin (a GEMM then the whole collective);
+//   - so do the device's rings in grouped exchanges (Note [Tensor-parallel ring on a device]),
+//     run over MPI with a ring communicator, and they too post ahead and fail when told not to;
 //   - training with parallel.tp_overlap equals training without it over 20 steps, in every
 //     family and layout the issue names: bitwise at tp 2 (a sum of two partials is one
 //     addition whichever rank's comes first), losses within 1e-6 at tp 4 (the ring adds in
-//     another order than MPI's reduce-scatter).
+//     another order than MPI's reduce-scatter); with the grouped rings too.
 // Runs under mpirun with 2 ranks (tp 2) and 4 ranks (tp 4, dp 2 × tp 2, tp 2 × pp 2).
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -14,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <random>
 
 #include "model/tp_overlap.h"
@@ -58,10 +61,25 @@ class TpRing : public ::testing::Test {
     stage.assign(size_t(N) * s.C, 0.0f);
     partial.assign(size_t(N) * s.C, 0.0f);
   }
-  // `pieces` per ring chunk (whose B·T/tp rows they split across sequence boundaries).
-  TpOverlap make(bool sequence_parallel, int pieces) {
+  // `pieces` per ring chunk (whose B·T/tp rows they split across sequence boundaries); grouped:
+  // the device's rings (Note [Tensor-parallel ring on a device]), here over the same MpiComm.
+  TpOverlap make(bool sequence_parallel, int pieces, bool grouped = false) {
     TensorParallel t{comm.get(), tp, comm->rank(), sequence_parallel, true, pieces};
+    if (grouped) t.ring = comm.get();
     return TpOverlap(*be, t, N, size_t(std::max(s.C, s.OC)), stage.data(), partial.data(), times);
+  }
+  // Each sequence-parallel ring: plain in 1 and 2 pieces, and grouped; each posting ahead and
+  // told to post late. `check` runs it with its events recorded, `what` naming the variant.
+  void each_variant(
+      const std::function<void(TpOverlap&, const std::string& what, bool late)>& check) {
+    for (bool grouped : {false, true})
+      for (int pieces : {1, 2})
+        for (bool late : {false, true}) {
+          TpOverlap ring = make(true, pieces, grouped);
+          ring.post_after_compute(late);
+          ring.record_events(true);
+          check(ring, fmt::format("late {}, pieces {}, grouped {}", late, pieces, grouped), late);
+        }
   }
   int tp = 1, N = 0;
   Shape s;
@@ -86,29 +104,25 @@ TEST_F(TpRing, GatherMatmulEqualsGatherThenGemmAndPostsAhead) {
   // Backward's use: dinp [N, OC] = dout [N, C] · w [C, OC] (w read as the layer's [C, OC]).
   be->matmul_backward(want_dinp.data(), nullptr, nullptr, full.data(), nullptr, w.data(), N, s.OC,
                       s.C);
-  for (int pieces : {1, 2})
-    for (bool late : {false, true}) {
-      TpOverlap ring = make(true, pieces);
-      ring.post_after_compute(late);
-      ring.record_events(true);
-      std::vector<float> out(size_t(N) * s.OC), gathered(full.size());
-      ring.gather_matmul(out.data(), gathered.data(), local.data(),
-                         {w.data(), bias.data(), s.OC, false}, s.B, s.T, s.C);
-      float worst = 0;
-      for (size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::abs(out[i] - want[i]));
-      EXPECT_EQ(worst, 0.0f) << "late " << late << ", pieces " << pieces;
-      EXPECT_EQ(gathered, full);
-      EXPECT_EQ(RingEvents::receives_posted_ahead(ring.events(), 1, tp - 1), !late)
-          << "forward, late " << late;
-      const size_t forward_events = ring.events().size();
-      ring.gather_matmul(out.data(), gathered.data(), local.data(), {w.data(), nullptr, s.OC, true},
-                         s.B, s.T, s.C);
-      EXPECT_EQ(out, want_dinp);
-      const std::vector<TpOverlap::EventRecord> backward(
-          ring.events().begin() + long(forward_events), ring.events().end());
-      EXPECT_EQ(RingEvents::receives_posted_ahead(backward, 1, tp - 1), !late)
-          << "input gradient, late " << late;
-    }
+  each_variant([&](TpOverlap& ring, const std::string& what, bool late) {
+    std::vector<float> out(size_t(N) * s.OC), gathered(full.size());
+    ring.gather_matmul(out.data(), gathered.data(), local.data(),
+                       {w.data(), bias.data(), s.OC, false}, s.B, s.T, s.C);
+    float worst = 0;
+    for (size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::abs(out[i] - want[i]));
+    EXPECT_EQ(worst, 0.0f) << what;
+    EXPECT_EQ(gathered, full);
+    EXPECT_EQ(RingEvents::receives_posted_ahead(ring.events(), 1, tp - 1), !late)
+        << "forward, " << what;
+    const size_t forward_events = ring.events().size();
+    ring.gather_matmul(out.data(), gathered.data(), local.data(), {w.data(), nullptr, s.OC, true},
+                       s.B, s.T, s.C);
+    EXPECT_EQ(out, want_dinp);
+    const std::vector<TpOverlap::EventRecord> backward(ring.events().begin() + long(forward_events),
+                                                       ring.events().end());
+    EXPECT_EQ(RingEvents::receives_posted_ahead(backward, 1, tp - 1), !late)
+        << "input gradient, " << what;
+  });
   EXPECT_GT(times.comm_ms, 0.0);
 }
 
@@ -131,23 +145,21 @@ TEST_F(TpRing, MatmulReduceScatterEqualsGemmThenReduceScatterAndPostsAhead) {
   comm->reduce_scatter(staged.data(), want.data(), want.size()).wait();
   float scale = 0;
   for (float x : want) scale = std::max(scale, std::abs(x));
-  for (int pieces : {1, 2})
-    for (bool late : {false, true}) {
-      TpOverlap ring = make(true, pieces);
-      ring.post_after_compute(late);
-      ring.record_events(true);
-      std::vector<float> out(want.size());
-      ring.matmul_reduce_scatter(out.data(), inp.data(), w.data(), b, s.B, s.T, K, s.C);
-      if (tp == 2) {
-        EXPECT_EQ(out, want);
-      } else {
-        float worst = 0;
-        for (size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::abs(out[i] - want[i]));
-        EXPECT_LE(worst, 1e-6f * scale);
-      }
-      EXPECT_EQ(RingEvents::receives_posted_ahead(ring.events(), 1, tp - 1), !late)
-          << "late " << late;
+  each_variant([&](TpOverlap& ring, const std::string& what, bool late) {
+    std::vector<float> out(want.size());
+    ring.matmul_reduce_scatter(out.data(), inp.data(), w.data(), b, s.B, s.T, K, s.C);
+    if (tp == 2) {
+      EXPECT_EQ(out, want);
+    } else {
+      float worst = 0;
+      for (size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::abs(out[i] - want[i]));
+      EXPECT_LE(worst, 1e-6f * scale);
     }
+    // Grouped: step s's exchange is noted as step s + 1's receive, steps 1 … tp − 1 exchange.
+    const int first = ring.grouped() ? 2 : 1;
+    EXPECT_EQ(RingEvents::receives_posted_ahead(ring.events(), first, first + tp - 2), !late)
+        << what;
+  });
 }
 
 // Without sequence parallelism: the all-reduce in pieces equals the whole one (tp 2: bitwise).
@@ -161,15 +173,18 @@ TEST_F(TpRing, MatmulAllReduceInPiecesEqualsTheWholeOne) {
   comm->all_reduce(want.data(), want.size()).wait();
   float scale = 0;
   for (float x : want) scale = std::max(scale, std::abs(x));
-  TensorParallel t{comm.get(), tp, comm->rank(), false, true, 4};  // 4 pieces of 6 rows
-  TpOverlap pieces(*be, t, N, 0, nullptr, nullptr, times);
-  ASSERT_EQ(pieces.chunks(), 4);
-  std::vector<float> out(want.size());
-  pieces.matmul_all_reduce(out.data(), inp.data(), w.data(), nullptr, N, K, s.C);
-  float worst = 0;
-  for (size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::abs(out[i] - want[i]));
-  if (tp == 2) EXPECT_EQ(worst, 0.0f);
-  EXPECT_LE(worst, 1e-6f * scale);
+  for (bool grouped : {false, true}) {  // grouped: the device's order, over the same MpiComm
+    TensorParallel t{comm.get(), tp, comm->rank(), false, true, 4};  // 4 pieces of 6 rows
+    if (grouped) t.ring = comm.get();
+    TpOverlap pieces(*be, t, N, 0, nullptr, nullptr, times);
+    ASSERT_EQ(pieces.chunks(), 4);
+    std::vector<float> out(want.size());
+    pieces.matmul_all_reduce(out.data(), inp.data(), w.data(), nullptr, N, K, s.C);
+    float worst = 0;
+    for (size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::abs(out[i] - want[i]));
+    if (tp == 2) EXPECT_EQ(worst, 0.0f) << "grouped " << grouped;
+    EXPECT_LE(worst, 1e-6f * scale) << "grouped " << grouped;
+  }
 }
 
 // ---- Training: parallel.tp_overlap true against false, 20 steps ---------------------------
@@ -189,17 +204,47 @@ std::vector<std::string> keys(const std::string& family) {
           "model.moe.every=2"};
 }
 
-testing::RunResult run(const std::string& family, const std::vector<std::string>& layout,
-                       bool overlap, const GridLayout& g) {
+Deck overlap_deck(const std::string& family, const std::vector<std::string>& layout, bool overlap) {
   std::vector<std::string> o = keys(family);
   o.insert(o.end(), layout.begin(), layout.end());
   o.push_back("train.steps=20");
   o.push_back(fmt::format("parallel.tp_overlap={}", overlap));
+  return testing::small_layout_deck(o);
+}
+
+testing::RunResult run(const std::string& family, const std::vector<std::string>& layout,
+                       bool overlap, const GridLayout& g) {
   ProcessGrid grid(g);
   // The model runs the chunked collectives exactly when asked (else equality proves nothing).
-  return testing::run_steps(testing::small_layout_deck(o), &grid, 20, [&](int, Trainer& t) {
+  return testing::run_steps(overlap_deck(family, layout, overlap), &grid, 20, [&](int, Trainer& t) {
     EXPECT_EQ(t.model().tp_overlap() != nullptr, overlap);
   });
+}
+
+// The device's grouped rings (Note [Tensor-parallel ring on a device]) over MPI: the Trainer is
+// given a second communicator over the tp ranks as its ring (TrainContext::tp_ring), as a
+// device run is given its own-stream NcclComm.
+testing::RunResult run_grouped(const std::string& family, const std::vector<std::string>& layout,
+                               const GridLayout& g) {
+  const Deck deck = overlap_deck(family, layout, true);
+  ProcessGrid grid(g);
+  MPI_Comm dup = MPI_COMM_NULL;
+  TRIDENT_MPI(MPI_Comm_dup(grid.tp().raw(), &dup));
+  MpiComm ring(dup, "tp ring (test)");
+  auto be = make_cpu_backend(deck.run.threads);
+  TrainContext context{be.get(), 1e9, &grid, nullptr};
+  context.tp_ring = &ring;
+  Trainer trainer(deck, context);
+  EXPECT_NE(trainer.model().tp_overlap(), nullptr);
+  testing::RunResult result;
+  for (int step = 0; step < 20; ++step) {
+    const StepStats stats = trainer.train_step(step);
+    result.losses.push_back(stats.loss);
+    result.norms.push_back(stats.grad_norm);
+  }
+  const float* params = trainer.model().params();
+  result.params.assign(params, params + trainer.model().num_params());
+  return result;
 }
 
 // Bitwise at tp 2 without sequence parallelism. At tp 4 the ring's sums round differently
@@ -224,7 +269,9 @@ void expect_same(const testing::RunResult& on, const testing::RunResult& off, bo
 
 class TpOverlapTraining : public ::testing::TestWithParam<std::string> {
  protected:
-  void check(int dp, int tp, int pp, const std::vector<std::string>& layout) const {
+  // grouped: the overlap's rings in the device's order (run_grouped).
+  void check(int dp, int tp, int pp, const std::vector<std::string>& layout,
+             bool grouped = false) const {
     if (world_size() != dp * tp * pp) GTEST_SKIP() << "needs " << dp * tp * pp << " ranks";
     const bool sp =
         std::find(layout.begin(), layout.end(), "parallel.sequence_parallel=true") != layout.end();
@@ -232,8 +279,8 @@ class TpOverlapTraining : public ::testing::TestWithParam<std::string> {
     l.push_back(fmt::format("parallel.tp={}", tp));
     l.push_back(fmt::format("parallel.pp={}", pp));
     const GridLayout g = make_layout(world_size(), dp, tp, pp);
-    expect_same(run(GetParam(), l, true, g), run(GetParam(), l, false, g), tp == 2 && !sp,
-                GetParam() == "mixtral");
+    expect_same(grouped ? run_grouped(GetParam(), l, g) : run(GetParam(), l, true, g),
+                run(GetParam(), l, false, g), tp == 2 && !sp, GetParam() == "mixtral");
   }
 };
 
@@ -253,6 +300,12 @@ TEST_P(TpOverlapTraining, Tp2SequenceParallelRecompute) {
 TEST_P(TpOverlapTraining, Tp4SequenceParallel) {
   check(1, 4, 1, {"parallel.sequence_parallel=true"});
 }
+TEST_P(TpOverlapTraining, Tp2SequenceParallelGrouped) {
+  check(1, 2, 1, {"parallel.sequence_parallel=true"}, true);
+}
+TEST_P(TpOverlapTraining, Tp4SequenceParallelGrouped) {
+  check(1, 4, 1, {"parallel.sequence_parallel=true"}, true);
+}
 TEST_P(TpOverlapTraining, Dp2Tp2SequenceParallel) {
   check(2, 2, 1, {"parallel.sequence_parallel=true"});
 }
@@ -265,6 +318,7 @@ TEST_P(TpOverlapDenseTraining, Tp2InFourPieces) {
 }
 TEST_P(TpOverlapDenseTraining, Tp2RecomputeMlp) { check(1, 2, 1, {"train.recompute=mlp"}); }
 TEST_P(TpOverlapDenseTraining, Tp4) { check(1, 4, 1, {}); }
+TEST_P(TpOverlapDenseTraining, Tp2Grouped) { check(1, 2, 1, {}, true); }
 TEST_P(TpOverlapDenseTraining, Dp2Tp2) { check(2, 2, 1, {}); }
 // The zero-bubble schedule splits backward (backward_input, then backward_weight).
 TEST_P(TpOverlapDenseTraining, Tp2Pp2ZeroBubble) {
