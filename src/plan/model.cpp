@@ -128,7 +128,8 @@ double flash_rate_factor(double head_dim, double keys) {
 // output-gradient all-gathers before fcproj's and attproj's input-gradient GEMMs) a piece's
 // GEMM runs while the next travels; without sequence parallelism the row-parallel all-reduce goes
 // in k pieces, each beside the next piece's GEMM; qkv's and fc's input-gradient sums ride under
-// their weight-gradient GEMM. What hides slows the compute under it by overlap_slowdown.
+// their weight-gradient GEMM (on a host; a device's ring steps are whole chunks and these sums
+// wait). What hides slows the compute under it by overlap_slowdown.
 
 // The ring's (tp−1)·k pieces travel back to back; the rank's own chunk (g/tp) computes first,
 // each arrived piece (g/(tp·k)) after it: the GEMMs end at max(g, t + g/(tp·k), the first piece
@@ -371,31 +372,35 @@ StageCost stage_cost(const PlanModel& m, const PlanLayout& l, const Hardware& hw
   // What of them the GEMMs leave exposed, per pass: attention's half (qkv, attproj) and the
   // MLP's (fc, fcproj); all of it without overlap (Note [Plan tensor-parallel overlap]).
   double attn_tp_f = tp_one, attn_tp_b = tp_one, mlp_tp_f = tp_one, mlp_tp_b = tp_one;
-  // auto, as the trainer resolves it on a host (Note [Chunks on the host]): on where the tp group
-  // crosses nodes or its link is emulated; a GPU's NCCL moves the bytes by itself, so there it
-  // wins in any case (as the GPU part will run it).
+  // auto, as the trainer resolves it (Note [Chunks on the host]): on a host, on where the tp group
+  // crosses nodes or its link is emulated; on a device, off (its rings never ran on one).
+  const bool device = hw.kind != "cpu";
   const bool tp_overlap =
-      m.tp_overlap && (!m.tp_overlap_auto || hw.kind != "cpu" ||
-                       place.tp_link.gbytes_per_s != hw.intra_node.gbytes_per_s ||
-                       (m.emulate_gbps > 0 && m.emulate_tp));
+      m.tp_overlap && (!m.tp_overlap_auto ||
+                       (!device && (place.tp_link.gbytes_per_s != hw.intra_node.gbytes_per_s ||
+                                    (m.emulate_gbps > 0 && m.emulate_tp))));
+  // A device's rings move whole chunks and leave backward's bulk sums exposed:
+  // Note [Tensor-parallel ring on a device].
+  auto bulk = [&](double t, double g) { return device ? t : bulk_exposed(t, g); };
   if (tp_overlap && l.tp > 1) {
     auto dgrad = [&](double out, double in) { return gemm(N, in, out); };
     auto wgrad = [&](double out, double in) { return gemm(out, in, N); };
     if (l.sequence_parallel) {
       const double t = tp_one / 2;  // one all-gather or reduce-scatter: half an all-reduce
-      // Pieces per ring chunk: the deck's, or trident's default of 2 (model_options.cpp).
-      const double k = m.tp_overlap_chunks > 0 ? m.tp_overlap_chunks : 2;
+      // Pieces per ring chunk: the deck's, or trident's default of 2 (model_options.cpp); one on
+      // a device.
+      const double k = device ? 1 : m.tp_overlap_chunks > 0 ? m.tp_overlap_chunks : 2;
       auto ring = [&](double g) { return ring_exposed(t, g, tp, k); };
       attn_tp_f = ring(linear_f(qkv, C)) + ring(linear_f(C, proj_in));
       mlp_tp_f = ring(linear_f(fc, C)) + ring(linear_f(C, hidden));
-      attn_tp_b = ring(dgrad(C, proj_in)) + bulk_exposed(t, wgrad(qkv, C));
-      mlp_tp_b = ring(dgrad(C, hidden)) + bulk_exposed(t, wgrad(fc, C));
+      attn_tp_b = ring(dgrad(C, proj_in)) + bulk(t, wgrad(qkv, C));
+      mlp_tp_b = ring(dgrad(C, hidden)) + bulk(t, wgrad(fc, C));
     } else {
       const double k = m.tp_overlap_chunks > 0 ? m.tp_overlap_chunks : tp;
       attn_tp_f = pieces_exposed(tp_one, linear_f(C, proj_in), k);
       mlp_tp_f = pieces_exposed(tp_one, linear_f(C, hidden), k);
-      attn_tp_b = bulk_exposed(tp_one, wgrad(qkv, C));
-      mlp_tp_b = bulk_exposed(tp_one, wgrad(fc, C));
+      attn_tp_b = bulk(tp_one, wgrad(qkv, C));
+      mlp_tp_b = bulk(tp_one, wgrad(fc, C));
     }
   }
   const double block_tp_f = attn_tp_f + mlp_tp_f, block_tp_b = attn_tp_b + mlp_tp_b;

@@ -83,11 +83,12 @@ TEST(PlanModel, TensorParallelAllReducesOnTheRing) {
   EXPECT_LT(on.term("tp_comm_exposed"), p.term("tp_comm_exposed"));
 }
 
-// Note [Plan tensor-parallel overlap] by hand: N = 32 rows, C = 64, tp = 2 (qkv 96 rows, fc
-// 128, attproj's input 32, fcproj's 128), every GEMM at 1 TFLOP/s, links at 10 GB/s.
+// Note [Plan tensor-parallel overlap] by hand, on a host: N = 32 rows, C = 64, tp = 2 (qkv 96
+// rows, fc 128, attproj's input 32, fcproj's 128), every GEMM at 1 TFLOP/s, links at 10 GB/s.
 TEST(PlanModel, TensorParallelOverlapByHand) {
   PlanModel m = small_model();
   Hardware hw = round_machine();
+  hw.kind = "cpu";  // the host's rings: pieces, and the bulk sums under dW
   hw.overlap_slowdown = 0.1;
   PlanLayout l;
   l.tp = 2, l.micro_batch = 2;
@@ -138,6 +139,35 @@ TEST(PlanModel, TensorParallelOverlapByHand) {
   p = predict(m, l, hw);
   EXPECT_NEAR(p.term("tp_comm_exposed"),
               2 * (quarters(g(32, 64, 32)) + quarters(g(32, 64, 128)) + bwd_ar) + 2 * ce, 1e-15);
+}
+
+// A device runs what Note [Tensor-parallel ring on a device] builds: auto is off there, and true
+// moves whole chunks (tp_overlap_chunks splits nothing) with backward's bulk sums exposed. By
+// hand with the numbers above, sequence parallel, tp = 2, one piece: forward as the host's,
+// backward's two rings as the host's and its two reduce-scatters whole (t each).
+TEST(PlanModel, DeviceTensorParallelOverlapAsTheDeviceRunsIt) {
+  PlanModel m = small_model();
+  Hardware hw = round_machine();
+  ASSERT_EQ(hw.kind, "gpu");
+  PlanLayout l;
+  l.tp = 2, l.micro_batch = 2, l.sequence_parallel = true;
+  auto g = [](double M, double N, double K) { return 2 * M * N * K / 1e12; };
+  const double one = 32.0 * 64 * 4 / 10e9, ce = 32.0 * 3 * 4 / 10e9, t = one / 2;
+  auto ring = [&](double gemm) { return std::max(0.0, t - gemm / 2); };
+  const double fwd =
+      ring(g(32, 96, 64)) + ring(g(32, 64, 32)) + ring(g(32, 128, 64)) + ring(g(32, 64, 128));
+  const double bwd = ring(g(32, 128, 64)) + ring(g(32, 32, 64)) + 2 * t;
+  for (int chunks : {0, 1, 4}) {
+    m.tp_overlap_chunks = chunks;
+    const Prediction p = predict(m, l, hw);
+    ASSERT_TRUE(p.fits) << p.why_not;
+    EXPECT_NEAR(p.term("tp_comm_exposed"), 2 * (fwd + bwd) + 2 * ce, 1e-15) << chunks;
+  }
+  m.tp_overlap = false;
+  const double off = predict(m, l, hw).term("tp_comm_exposed");
+  EXPECT_NEAR(off, 2 * 4 * one + 2 * ce, 1e-15);
+  m.tp_overlap = true, m.tp_overlap_auto = true;  // auto: off on a device
+  EXPECT_DOUBLE_EQ(predict(m, l, hw).term("tp_comm_exposed"), off);
 }
 
 // Hiding a collective never costs more than waiting for it (the slowdown is a fraction of the
