@@ -23,7 +23,6 @@
 
 #include <array>
 #include <chrono>
-#include <memory>
 #include <vector>
 
 #include "model/ring_events.h"

@@ -199,20 +199,21 @@ void TpOverlap::matmul_reduce_scatter(float* out, const float* inp, const float*
 
 void TpOverlap::matmul_all_reduce(float* out, const float* inp, const float* w, const float* bias,
                                   int N, int K, int C) {
-  if (order_) {
-    grouped_matmul_all_reduce(out, inp, w, bias, N, K, C);
-    return;
-  }
   const int chunks = tp_.chunks;
   TRIDENT_CHECK(chunks >= 1 && N % chunks == 0 && size_t(chunks) <= recvs_.size(),
                 "{} rows in {} pieces", N, chunks);
   const size_t rows = size_t(N / chunks);
+  // Grouped (Note [Tensor-parallel ring on a device]): on the ring's communicator, each piece
+  // after a mark of its GEMM; the compute waits once, after the last.
+  if (order_) times_.comm_ms += order_->settle();
+  Communicator& comm = order_ ? *tp_.ring : *tp_.comm;
   for (int i = 0; i < chunks; ++i) {
     float* o = out + size_t(i) * rows * C;
     be_.matmul_forward(o, inp + size_t(i) * rows * K, w, bias, int(rows), K, C);
-    recvs_[size_t(i)] = tp_.comm->all_reduce(o, rows * C);
+    if (order_) order_->before_transfer();
+    recvs_[size_t(i)] = comm.all_reduce(o, rows * C);
   }
-  for (int i = 0; i < chunks; ++i) wait_tp(be_, recvs_[size_t(i)], times_);
+  for (int i = 0; i < chunks; ++i) needed(recvs_[size_t(i)]);
 }
 
 }  // namespace trident

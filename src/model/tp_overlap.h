@@ -88,8 +88,6 @@ class TpOverlap : public RingEvents {
                              int T, int C);
   void grouped_matmul_reduce_scatter(float* out, const float* inp, const float* w,
                                      const float* bias, int B, int T, int K, int C);
-  void grouped_matmul_all_reduce(float* out, const float* inp, const float* w, const float* bias,
-                                 int N, int K, int C);
   // The compute enqueued next needs `w`: deferred on a device (RingOrder::defer), else waited.
   void needed(Work& w);
 

@@ -15,7 +15,7 @@
 namespace trident {
 
 void TpOverlap::needed(Work& w) {
-  if (!order_->defer(w)) wait_tp(be_, w, times_);
+  if (!order_ || !order_->defer(w)) wait_tp(be_, w, times_);
 }
 
 // Step s computes on the chunk of rank r − s while the exchange brings step s + 1's from r − 1
@@ -82,22 +82,6 @@ void TpOverlap::grouped_matmul_reduce_scatter(float* out, const float* inp, cons
       be_.add(sums, sums, arrived, chunk);
     }
   }
-}
-
-void TpOverlap::grouped_matmul_all_reduce(float* out, const float* inp, const float* w,
-                                          const float* bias, int N, int K, int C) {
-  const int chunks = tp_.chunks;
-  TRIDENT_CHECK(chunks >= 1 && N % chunks == 0 && size_t(chunks) <= recvs_.size(),
-                "{} rows in {} pieces", N, chunks);
-  const size_t rows = size_t(N / chunks);
-  times_.comm_ms += order_->settle();
-  for (int i = 0; i < chunks; ++i) {
-    float* o = out + size_t(i) * rows * C;
-    be_.matmul_forward(o, inp + size_t(i) * rows * K, w, bias, int(rows), K, C);
-    order_->before_transfer();
-    recvs_[size_t(i)] = tp_.ring->all_reduce(o, rows * C);
-  }
-  for (int i = 0; i < chunks; ++i) needed(recvs_[size_t(i)]);
 }
 
 }  // namespace trident
