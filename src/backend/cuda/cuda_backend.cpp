@@ -19,15 +19,14 @@
 #include <cstring>
 #include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <string_view>
-#include <tuple>
 #include <vector>
 
 #include "attention_block.h"
 #include "attention_cudnn.h"
 #include "attention_flash.h"
+#include "backend/cuda/attention_choice.h"
 #include "backend/cuda/device_resources.h"
 #include "backend/cuda/host_snapshot.h"
 #include "backend/cuda/lt_gemm.h"
@@ -71,7 +70,7 @@ class CudaBackend final : public Backend {
 
  public:
   explicit CudaBackend(const CudaBackendOptions& options)
-      : device_(options.device), attention_mode_(options.attention) {
+      : device_(options.device), attention_(options.attention) {
     TRIDENT_CUDA(cudaSetDevice(device_));
     TRIDENT_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     cudaDeviceProp prop{};
@@ -732,52 +731,15 @@ class CudaBackend final : public Backend {
   bool use_cudnn(int B, int T, int C, int NH) {
     return use_cudnn(B, T, NH, NH, NH > 0 && C % NH == 0 ? C / NH : 0);
   }
-  // The shape in words, for the messages and notes below only (never per op).
-  static std::string shape_words(int B, int T, int NH, int KVH, int HS) {
-    return KVH == NH ? fmt::format("B={} T={} C={} NH={}", B, T, NH * HS, NH)
-                     : fmt::format("B={} T={} C={} NH={} KVH={}", B, T, NH * HS, NH, KVH);
-  }
   bool use_cudnn(int B, int T, int NH, int KVH, int HS) {
-    if (attention_mode_ == "flash") {
-      if (attention_note_.empty()) attention_note_ = "flash kernel, fp32 (run.attention: flash)";
-      return false;
-    }
-    std::string why;
-    const bool ok = cudnn_attention_->supported_gqa(B, T, NH, KVH, HS, &why);
-    if (attention_mode_ == "cudnn" && !ok)
-      input_error("run.attention is cudnn, but cuDNN has no fused-attention plan for {}: {}",
-                  shape_words(B, T, NH, KVH, HS), why);
-    if (!ok && !cuda::flash_attention_supported(HS))
-      input_error("attention with head size {} has neither a cuDNN plan ({}) nor a flash "
-                  "kernel (head sizes 32, 64, 128)",
-                  HS, why);
-    // Said once per shape: a refusal under run.attention auto falls back to the fp32 flash
-    // kernel in both directions, which costs a GPT-2 step a lot, so it must be visible. (A
-    // tuple key and a note rewritten only for a larger shape: nothing is formatted per op.)
-    if (!ok && refused_said_.insert({B, T, NH, KVH, HS}).second)
-      fmt::print(stderr,
-                 "cuda backend: cuDNN has no fused-attention plan for {} ({}); that attention "
-                 "runs on the fp32 flash kernel\n",
-                 shape_words(B, T, NH, KVH, HS), why);
-    if (size_t(B) * T > largest_attention_tokens_) {
-      largest_attention_tokens_ = size_t(B) * T;  // the note is the largest shape's (training's)
-      attention_note_ = ok ? fmt::format("cuDNN fused SDPA, bf16 ({}; backward graph: {})",
-                                         shape_words(B, T, NH, KVH, HS),
-                                         cudnn_attention_->backward_graph_gqa(B, T, NH, KVH, HS))
-                           : fmt::format("flash kernel, fp32 ({}): cuDNN refused: {}",
-                                         shape_words(B, T, NH, KVH, HS), why);
-    }
-    return ok;
+    return attention_.use_cudnn(*cudnn_attention_, B, T, NH, KVH, HS);
   }
-  std::string attention_note() const override { return attention_note_; }
+  std::string attention_note() const override { return attention_.note(); }
 
   int device_ = 0;
   int sm_ = 0;
   std::string device_name_;
-  std::string attention_mode_;
-  std::string attention_note_;                                  // attention_note()
-  size_t largest_attention_tokens_ = 0;                         // B·T of the note
-  std::set<std::tuple<int, int, int, int, int>> refused_said_;  // (B, T, NH, KVH, HS) said
+  cuda::AttentionChoice attention_;  // run.attention's path per shape, attention_note()
   cudaStream_t stream_ = nullptr;
   cuda::HostSnapshotCopier snapshots_{device_};  // Note [Pinned snapshot copies]
   cudnnHandle_t cudnn_ = nullptr;
