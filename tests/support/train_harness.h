@@ -72,10 +72,12 @@ struct RunResult {
 
 // Trains `steps` steps (grid may be null: one rank, no MPI). after_step(s, trainer) runs after
 // each step, e.g. to gather gradients.
-inline RunResult run_steps(const Deck& d, ProcessGrid* grid, int steps,
-                           const std::function<void(int, Trainer&)>& after_step = {}) {
+// The same in a given context (its backend: a CPU one made here).
+inline RunResult run_steps_in(const Deck& d, TrainContext context, int steps,
+                              const std::function<void(int, Trainer&)>& after_step = {}) {
   auto be = make_cpu_backend(d.run.threads);
-  Trainer t(d, TrainContext{be.get(), 1e9, grid, nullptr});
+  context.backend = be.get();
+  Trainer t(d, context);
   RunResult r;
   for (int s = 0; s < steps; ++s) {
     const StepStats st = t.train_step(s);
@@ -86,6 +88,11 @@ inline RunResult run_steps(const Deck& d, ProcessGrid* grid, int steps,
   t.sync_params();  // ZeRO: the last update's all-gather
   r.params.assign(t.model().params(), t.model().params() + t.model().num_params());
   return r;
+}
+
+inline RunResult run_steps(const Deck& d, ProcessGrid* grid, int steps,
+                           const std::function<void(int, Trainer&)>& after_step = {}) {
+  return run_steps_in(d, TrainContext{nullptr, 1e9, grid, nullptr}, steps, after_step);
 }
 
 // Losses within loss_rel and gradient norms within norm_rel, relative, step by step.
