@@ -35,6 +35,15 @@ int node_local_rank() {
 bool profiling(const Deck& deck) {
   return !deck.log.trace.empty() || std::getenv("NVTX_INJECTION64_PATH") != nullptr;
 }
+
+// What every device communicator takes from the deck: comm.timeout_s and profiling.
+NcclCommOptions comm_options(const Deck& deck, bool on_compute_stream = false) {
+  NcclCommOptions options;
+  options.timeout_s = deck.comm.timeout_s;
+  options.on_compute_stream = on_compute_stream;
+  options.profile = profiling(deck);
+  return options;
+}
 #endif
 
 }  // namespace
@@ -66,18 +75,13 @@ DeviceComms make_device_comms(const Deck& deck, Backend& backend, ProcessGrid& g
   // over its group; the groups partition the world).
   const bool cp = grid.layout().cp > 1;
   if (grid.layout().dp * grid.layout().cp > 1) {  // gradients reduce over dp × cp
-    NcclCommOptions options;
-    options.timeout_s = deck.comm.timeout_s;
+    NcclCommOptions options = comm_options(deck);
     options.grad_bf16 = deck.comm.grad_dtype == "bf16";
-    options.profile = profiling(deck);
     comms.dp = std::make_unique<NcclComm>(grid.gradients().raw(),
                                           cp ? "dp x cp (nccl)" : "dp (nccl)", stream, options);
   }
   if (grid.layout().tp > 1) {
-    NcclCommOptions options;
-    options.timeout_s = deck.comm.timeout_s;
-    options.on_compute_stream = true;
-    options.profile = profiling(deck);
+    NcclCommOptions options = comm_options(deck, /*on_compute_stream=*/true);
     comms.tp = std::make_unique<NcclComm>(grid.tp().raw(), "tp (nccl)", stream, options);
     // Note [Chunks on the host] (src/model/tp_overlap.h): on a device only true turns it on.
     if (deck.parallel.tp_overlap == "true") {
@@ -89,9 +93,7 @@ DeviceComms make_device_comms(const Deck& deck, Backend& backend, ProcessGrid& g
   if (grid.layout().pp > 1) {
     // Note [Stage transfers on a device] (trident/pipeline.h): a link of two ranks per
     // direction and neighbour, each on its own stream, made in link order on every rank.
-    NcclCommOptions options;
-    options.timeout_s = deck.comm.timeout_s;
-    options.profile = profiling(deck);
+    const NcclCommOptions options = comm_options(deck);
     comms.links = std::make_unique<StageLinks>();
     BackendBuffer<float> probe(backend, 1);
     backend.synchronize();  // its zeroing done before a link writes it
@@ -114,17 +116,12 @@ DeviceComms make_device_comms(const Deck& deck, Backend& backend, ProcessGrid& g
   if (grid.layout().pp > 1 && grid.in_embedding_group()) {
     // Note [Stage sum in device memory] (train/tied_embedding.cpp): on the compute stream,
     // since the norm and AdamW need the sum right after it.
-    NcclCommOptions options;
-    options.timeout_s = deck.comm.timeout_s;
-    options.on_compute_stream = true;
-    options.profile = profiling(deck);
+    const NcclCommOptions options = comm_options(deck, /*on_compute_stream=*/true);
     comms.embedding =
         std::make_unique<NcclComm>(grid.embedding().raw(), "embedding (nccl)", stream, options);
   }
   if (cp) {
-    NcclCommOptions options;
-    options.timeout_s = deck.comm.timeout_s;
-    options.profile = profiling(deck);
+    const NcclCommOptions options = comm_options(deck);
     comms.cp = std::make_unique<NcclComm>(grid.cp().raw(), "cp (nccl)", stream, options);
   }
 #else
