@@ -1,7 +1,8 @@
-// The mixture layer (src/model/moe.h): routing and permutation on the host, the GEMMs through
-// the Backend. Everything runs in a fixed order whatever the thread count: loops over tokens
-// are parallel only where each token writes its own row, and sums over a token's k choices or
-// over the tokens of an expert run in one order.
+// The mixture layer (src/model/moe.h): routing, permutation and combine as Backend ops
+// (Note [Mixture ops]), the GEMMs through the Backend, the counts on the host. Everything runs
+// in a fixed order whatever the thread count: loops over tokens are parallel only where each
+// token writes its own row, and sums over a token's k choices or over the tokens of an expert
+// run in one order.
 #include "model/moe.h"
 
 #include <algorithm>
@@ -27,8 +28,8 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 // per layer per micro-batch forward, the routing summary (counts | kept | probability and z
 // sums) in one device-to-host copy, a wait for the device; with ep > 1 a second one brings the
 // exchanged counts. Backward reuses forward's and waits for nothing. Megatron-Core's dropless
-// path waits the same way (tokens_per_expert to the host); a grouped GEMM taking its sizes on
-// the device (and a device-initiated all-to-all) would remove the wait, not built here.
+// path waits the same way (tokens_per_expert to the host); no grouped GEMM we have reads its
+// sizes on the device (docs/decisions.md, "Mixture of experts on the GPU").
 struct MoeLayer::SlotState {
   int N = 0, M = 0, R = 0;  // tokens, rows sent (kept choices), rows received
   int64_t dropped = 0;
