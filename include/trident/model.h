@@ -153,9 +153,12 @@ std::vector<int> cp_positions(int T_local, int cp, int cp_rank);
 // Expert parallelism (Note [Expert parallelism] in src/model/moe.h): the mixture layers'
 // experts divided over `size` ranks of dp × cp; tokens travel by all-to-all on `comm`.
 struct ExpertParallel {
-  Communicator* comm = nullptr;
+  Communicator* comm = nullptr;  // the tokens' all-to-all (a device communicator on a device)
   int size = 1;
   int rank = 0;
+  // The same group over host memory: the row counts' exchange (Note [Expert counts on the
+  // host] in src/model/moe.cpp); null: comm.
+  Communicator* counts = nullptr;
 };
 
 // Refuses (input_error, before any allocation) a shape that tp cannot split: heads % tp,

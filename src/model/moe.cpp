@@ -26,19 +26,19 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 // The experts' GEMMs are per-expert GEMMs on row offsets, and the ep all-to-all (MPI, or NCCL's
 // grouped send/recv) takes its counts from the host: so the per-expert rows reach the host once
 // per layer per micro-batch forward, the routing summary (counts | kept | probability and z
-// sums) in one device-to-host copy, a wait for the device; with ep > 1 a second one brings the
-// exchanged counts. Backward reuses forward's and waits for nothing. Megatron-Core's dropless
-// path waits the same way (tokens_per_expert to the host); no grouped GEMM we have reads its
-// sizes on the device (docs/decisions.md, "Mixture of experts on the GPU").
+// sums) in one device-to-host copy, a wait for the device; ep's counts are then exchanged
+// between the hosts (ExpertParallel::counts), not on the device and back. Backward reuses
+// forward's and waits for nothing. Megatron-Core's dropless path waits likewise; no grouped
+// GEMM we have reads its sizes on the device (docs/decisions.md, "Mixture of experts on the
+// GPU").
 struct MoeLayer::SlotState {
   int N = 0, M = 0, R = 0;  // tokens, rows sent (kept choices), rows received
   int64_t dropped = 0;
   // Backend memory: [N,E] router logits and scores (softmax p or sigmoid s), [N] their
   // log-sum-exp; [N,k] each choice's expert, its row (-1: dropped), its combine weight; [M] the
-  // token of each sent row; the summary (moe_permute: [E+1] sums, then [2E] int32 counts); the
-  // rows received per (peer, local expert) with ep.
+  // token of each sent row; the summary (moe_permute: [E+1] sums, then [2E] int32 counts).
   BackendBuffer<float> logits, probs, lse, topw;
-  BackendBuffer<int32_t> top, pos, send_token, recv_device;
+  BackendBuffer<int32_t> top, pos, send_token;
   BackendBuffer<double> summary;
   // The host's copies (Note [Expert counts on the host]).
   std::vector<int32_t> count;    // [E] choices per expert, before drops
@@ -82,7 +82,6 @@ MoeLayer::MoeLayer(const GPTConfig& cfg, Backend& be, int layer, int slots, int 
     s.send_token = ints(M);
     // [E+1] sums, then 2E int32s in E doubles, padded to 3(E+1) so counts() finds them.
     s.summary = BackendBuffer<double>(be, 3 * (size_t(E) + 1));
-    if (ep.size > 1) s.recv_device = ints(size_t(E));
     s.count.resize(size_t(E));
     s.kept.resize(size_t(E));
     s.recv.resize(size_t(ep.size) * El);
@@ -182,17 +181,15 @@ void MoeLayer::route(SlotState& s, const float* x, const MoeWeights& w, int N, b
   stats_.dropped += s.dropped;
 }
 
-// ep > 1: each rank's kept rows per expert to the experts' ranks (an all-to-all of E/ep
-// integers a peer, on the device with a device communicator), then to the host
-// (Note [Expert counts on the host]); a local expert's rows follow, [local expert][peer].
+// ep > 1: each rank's kept rows per expert to the experts' ranks, an all-to-all of E/ep
+// integers a peer between the hosts (Note [Expert counts on the host]); a local expert's rows
+// follow, [local expert][peer].
 void MoeLayer::exchange_counts(SlotState& s) {
   const int P = ep_.size, El = cfg_.moe.experts / P;
   Scratch& x = *scratch_;
   const auto t0 = std::chrono::steady_clock::now();
-  const int32_t* kept = s.counts() + cfg_.moe.experts;
-  ep_.comm->all_to_all_v(kept, x.int_counts.data(), s.recv_device.data(), x.int_counts.data())
-      .wait();
-  be_.copy(s.recv.data(), s.recv_device.data(), s.recv.size() * sizeof(int32_t));
+  Communicator& host = ep_.counts ? *ep_.counts : *ep_.comm;
+  host.all_to_all_v(s.kept.data(), x.int_counts.data(), s.recv.data(), x.int_counts.data()).wait();
   stats_.a2a_ms += ms_since(t0);
   stats_.a2a_exposed_ms += ms_since(t0);
   s.rows_at[0] = 0;
@@ -414,7 +411,7 @@ size_t MoeLayer::bytes() const {
          {&s.xs, &s.xr, &s.h, &s.act, &s.yr, &s.ys, &s.sh_h, &s.sh_act, &s.sh_y, &s.sh_g})
       floats += b->size();
     floats += s.logits.size() + s.probs.size() + s.lse.size() + s.topw.size();
-    ints += s.top.size() + s.pos.size() + s.send_token.size() + s.recv_device.size();
+    ints += s.top.size() + s.pos.size() + s.send_token.size();
     floats += 2 * s.summary.size();
   }
   const Scratch& x = *scratch_;

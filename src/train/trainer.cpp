@@ -152,7 +152,7 @@ void Trainer::make_expert_groups(GPTOptions& options) {
     ep_device_ = ctx_.device_group(*ep_comm_, "ep (device)", /*compute=*/true);
     expert_dp_device_ = ctx_.device_group(*expert_dp_comm_, "expert_dp (device)", false);
   }
-  options.ep = {ep_device_ ? ep_device_.get() : ep_comm_.get(), ep_size_, ep_rank_};
+  options.ep = {ep_device_ ? ep_device_.get() : ep_comm_.get(), ep_size_, ep_rank_, ep_comm_.get()};
   ctx_.expert_dp = expert_dp_device_ ? expert_dp_device_.get() : expert_dp_comm_.get();
 }
 
