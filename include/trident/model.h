@@ -156,8 +156,8 @@ struct ExpertParallel {
   Communicator* comm = nullptr;  // the tokens' all-to-all (a device communicator on a device)
   int size = 1;
   int rank = 0;
-  // The same group over host memory: the row counts' exchange (Note [Expert counts on the
-  // host] in src/model/moe.cpp); null: comm.
+  // The same group over host memory, for the row counts' exchange (src/model/moe.cpp,
+  // Note [Expert counts on the host]); null: comm.
   Communicator* counts = nullptr;
 };
 
