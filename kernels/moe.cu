@@ -13,7 +13,7 @@ namespace {
 
 constexpr int kBlock = 256;
 constexpr int kPermuteThreads = 1024;
-constexpr int kMaxExperts = moe_token::kMaxExperts;
+constexpr int kMaxExperts = 256;  // the permutation's shared offsets
 
 __global__ void moe_route_fwd_kernel(float* probs, float* lse, int32_t* top, float* topw,
                                      const float* logits, const float* bias, int N, int E, int k,
@@ -142,13 +142,10 @@ __global__ void moe_route_bwd_kernel(float* dlogits, const float* dtopw, const f
                                      bool sigmoid, bool norm_topk) {
   const int t = blockIdx.x * blockDim.x + threadIdx.x;
   if (t >= N) return;
-  double aux[kMaxExperts];
-  for (int i = 0; i < E; ++i)
-    aux[i] = aux_count ? aux_num * aux_count[i] / aux_den * loss_scale : 0.0;
   const double z = z2 > 0 ? z2 * lse[t] / N * loss_scale : 0.0;
   moe_token::route_backward(dlogits + size_t(t) * E, probs + size_t(t) * E, top + size_t(t) * k,
-                            topw + size_t(t) * k, dtopw + size_t(t) * k, aux, z, E, k, sigmoid,
-                            norm_topk);
+                            topw + size_t(t) * k, dtopw + size_t(t) * k, aux_count, aux_num,
+                            aux_den, loss_scale, z, E, k, sigmoid, norm_topk);
 }
 
 __global__ void sigmoid_kernel(float* out, const float* inp, size_t n) {

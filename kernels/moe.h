@@ -30,7 +30,7 @@ void moe_combine_backward_cuda(float* dys, float* dtopw, const float* dout, cons
                                cudaStream_t stream);
 void moe_scatter_add_cuda(float* dx, const float* dxs, const int32_t* pos, int N, int C, int k,
                           cudaStream_t stream);
-// One thread per token (its E ≤ 256 probability gradients in double).
+// One thread per token, with no array of E (moe_token::route_backward).
 void moe_route_backward_cuda(float* dlogits, const float* dtopw, const float* probs,
                              const float* lse, const int32_t* top, const float* topw,
                              const int32_t* aux_count, double aux_num, double aux_den, double z2,

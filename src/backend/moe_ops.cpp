@@ -145,17 +145,12 @@ void Backend::moe_route_backward(float* dlogits, const float* dtopw, const float
                                  double z2, double loss_scale, int N, int E, int k, bool sigmoid,
                                  bool norm_topk) {
   host_only(*this, __func__);
-  TRIDENT_CHECK(E <= moe_token::kMaxExperts, "moe_route_backward: {} experts, at most {}", E,
-                moe_token::kMaxExperts);
-  double aux[moe_token::kMaxExperts];
-  for (int i = 0; i < E; ++i)
-    aux[i] = aux_count ? aux_num * aux_count[i] / aux_den * loss_scale : 0.0;
 #pragma omp parallel for num_threads(threads()) schedule(static)
   for (int t = 0; t < N; ++t) {
     const double z = z2 > 0 ? z2 * lse[t] / N * loss_scale : 0.0;
     moe_token::route_backward(dlogits + size_t(t) * E, probs + size_t(t) * E, top + size_t(t) * k,
-                              topw + size_t(t) * k, dtopw + size_t(t) * k, aux, z, E, k, sigmoid,
-                              norm_topk);
+                              topw + size_t(t) * k, dtopw + size_t(t) * k, aux_count, aux_num,
+                              aux_den, loss_scale, z, E, k, sigmoid, norm_topk);
   }
 }
 

@@ -14,8 +14,6 @@
 
 namespace trident::moe_token {
 
-constexpr int kMaxExperts = 256;  // a token's probability gradients live in a local array
-
 // probs[E], lse, top[k], topw[k] of the token whose logits are l[E] (Backend::moe_route_forward).
 TRIDENT_HOST_DEVICE inline void route(float* p, float* lse, int32_t* top, float* topw,
                                       const float* l, const float* bias, int E, int k, bool sigmoid,
@@ -50,28 +48,31 @@ TRIDENT_HOST_DEVICE inline void route(float* p, float* lse, int32_t* top, float*
     for (int j = 0; j < k; ++j) topw[j] = float(double(topw[j]) / chosen);
 }
 
-// dl[E] of one token (Backend::moe_route_backward); aux[E] the load-balancing term, z its
-// z-loss factor (z2 · lse / N · loss_scale).
+// dl[E] of one token (Backend::moe_route_backward); z its z-loss factor (z2 · lse / N ·
+// loss_scale). No array of E: a GPU thread's would be local memory reserved for every resident
+// thread. d loss/d pᵢ is the balance term plus the one choice (if any) that picked i, in the
+// order the host loops summed them before: aux, then the choice.
 TRIDENT_HOST_DEVICE inline void route_backward(float* dl, const float* p, const int32_t* top,
                                                const float* topw, const float* dtopw,
-                                               const double* aux, double z, int E, int k,
-                                               bool sigmoid, bool norm_topk) {
-  double dp[kMaxExperts];
-  for (int i = 0; i < E; ++i) dp[i] = aux[i];
-  if (norm_topk) {
-    double chosen = 0, dot = 0;
-    for (int j = 0; j < k; ++j) chosen += p[top[j]], dot += double(dtopw[j]) * topw[j];
-    for (int j = 0; j < k; ++j) dp[top[j]] += (double(dtopw[j]) - dot) / chosen;
-  } else {
-    for (int j = 0; j < k; ++j) dp[top[j]] += dtopw[j];
-  }
+                                               const int32_t* aux_count, double aux_num,
+                                               double aux_den, double loss_scale, double z, int E,
+                                               int k, bool sigmoid, bool norm_topk) {
+  double chosen = 0, dotw = 0;
+  if (norm_topk)
+    for (int j = 0; j < k; ++j) chosen += p[top[j]], dotw += double(dtopw[j]) * topw[j];
+  auto dp = [&](int i) {
+    double v = aux_count ? aux_num * aux_count[i] / aux_den * loss_scale : 0.0;
+    for (int j = 0; j < k; ++j)
+      if (top[j] == i) v += norm_topk ? (double(dtopw[j]) - dotw) / chosen : double(dtopw[j]);
+    return v;
+  };
   if (sigmoid) {
-    for (int i = 0; i < E; ++i) dl[i] = float(dp[i] * p[i] * (1.0 - p[i]));
+    for (int i = 0; i < E; ++i) dl[i] = float(dp(i) * p[i] * (1.0 - p[i]));
     return;
   }
   double dot = 0;
-  for (int i = 0; i < E; ++i) dot += double(p[i]) * dp[i];
-  for (int i = 0; i < E; ++i) dl[i] = float(double(p[i]) * (dp[i] - dot) + z * p[i]);
+  for (int i = 0; i < E; ++i) dot += double(p[i]) * dp(i);
+  for (int i = 0; i < E; ++i) dl[i] = float(double(p[i]) * (dp(i) - dot) + z * p[i]);
 }
 
 }  // namespace trident::moe_token
