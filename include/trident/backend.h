@@ -259,6 +259,53 @@ class Backend {
   virtual void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
                          size_t row_bytes, size_t rows);
 
+  // --- the mixture of experts (src/model/moe.h; Note [Mixture ops] in src/backend/moe_ops.cpp)
+  // Defined here on the host (the CPU backend's, and the CUDA kernels' twin); a device backend
+  // overrides every one. N tokens, E experts, k choices a token, C channels; a choice c = t·k + j.
+  // Router: probs[N,E] = softmax(logits) (lse[N] its log-sum-exp) or sigmoid(logits) (lse = 0);
+  // top[N,k] the k best experts by probs (+ bias[E] with sigmoid, when not null), ties to the
+  // lower index; topw[N,k] their probs, divided by their sum when norm_topk.
+  virtual void moe_route_forward(float* probs, float* lse, int32_t* top, float* topw,
+                                 const float* logits, const float* bias, int N, int E, int k,
+                                 bool sigmoid, bool norm_topk);
+  // The permutation (Note [Expert capacity] in src/model/moe.h): pos[N,k] each choice's row in
+  // expert order (token order, then choice; at most `cap` rows an expert; -1: dropped),
+  // send_token[M] each row's token. Its summary, for the host: counts[2E] = the choices per
+  // expert before drops | the rows kept; sums[E+1] = Σₜ probs[t,i] | Σₜ lse[t]² (double, in
+  // token order). hf_count[E], when not null, += the choices per expert.
+  virtual void moe_permute(int32_t* pos, int32_t* send_token, int32_t* counts, double* sums,
+                           int32_t* hf_count, const int32_t* top, const float* probs,
+                           const float* lse, int N, int E, int k, int cap);
+  // rows[r,:] = x[send_token[r],:] for the M sent rows.
+  virtual void moe_gather_rows(float* rows, const float* x, const int32_t* send_token, int M,
+                               int C);
+  // out[t,:] = gate[t]·shared[t,:] + Σⱼ topw[t,j]·ys[pos[t,j],:] over kept choices in choice
+  // order (assign; shared null: no shared term; gate null: 1).
+  virtual void moe_combine_forward(float* out, const float* ys, const float* shared,
+                                   const float* gate, const int32_t* pos, const float* topw, int N,
+                                   int C, int k);
+  // dys[pos[t,j],:] = topw[t,j]·dout[t,:]; dtopw[t,j] = dout[t,:]·ys[pos[t,j],:], 0 when dropped
+  // (assign).
+  virtual void moe_combine_backward(float* dys, float* dtopw, const float* dout, const float* ys,
+                                    const int32_t* pos, const float* topw, int N, int C, int k);
+  // dx[t,:] += Σⱼ dxs[pos[t,j],:] over kept choices (the un-permutation; accumulates).
+  virtual void moe_scatter_add(float* dx, const float* dxs, const int32_t* pos, int N, int C,
+                               int k);
+  // dlogits[N,E] (assign) from the combine weights' gradients dtopw, the load-balancing term
+  // d aux/d pᵢ = aux_num · aux_count[i] / aux_den · loss_scale for every token (aux_count null:
+  // none), and the z-loss's z2 · lse[t] / N · loss_scale · pᵢ (z2 = 2·z_coeff; 0: none).
+  virtual void moe_route_backward(float* dlogits, const float* dtopw, const float* probs,
+                                  const float* lse, const int32_t* top, const float* topw,
+                                  const int32_t* aux_count, double aux_num, double aux_den,
+                                  double z2, double loss_scale, int N, int E, int k, bool sigmoid,
+                                  bool norm_topk);
+  // out = 1 / (1 + exp(-inp)), elementwise (the shared experts' gate).
+  virtual void sigmoid_forward(float* out, const float* inp, size_t n);
+  // The gate's backward: dy[t,:] = gate[t]·dout[t,:]; dgate[t] = (dout[t,:]·y[t,:])·g(1 − g)
+  // with g = gate[t] (assign; the pre-sigmoid gradient).
+  virtual void moe_gate_backward(float* dgate, float* dy, const float* dout, const float* y,
+                                 const float* gate, int N, int C);
+
   // --- bf16 activations (Note [bf16 activations] in src/backend/bf16_ops.cpp) -------------
   // The ops of the model's bf16 path (GPTOptions::precision): activations that feed GEMMs,
   // attention and GELU are bf16; the residual stream, its gradient (plus a bf16 copy for the

@@ -153,9 +153,12 @@ std::vector<int> cp_positions(int T_local, int cp, int cp_rank);
 // Expert parallelism (Note [Expert parallelism] in src/model/moe.h): the mixture layers'
 // experts divided over `size` ranks of dp × cp; tokens travel by all-to-all on `comm`.
 struct ExpertParallel {
-  Communicator* comm = nullptr;
+  Communicator* comm = nullptr;  // the tokens' all-to-all (a device communicator on a device)
   int size = 1;
   int rank = 0;
+  // The same group over host memory, for the row counts' exchange (src/model/moe.cpp,
+  // Note [Expert counts on the host]); null: comm.
+  Communicator* counts = nullptr;
 };
 
 // Refuses (input_error, before any allocation) a shape that tp cannot split: heads % tp,
@@ -562,9 +565,11 @@ class GPT {
   std::vector<std::unique_ptr<MoeLayer>> moe_;  // per local layer; null where the MLP is dense
   std::unique_ptr<MoeHfTotals> moe_hf_;
   int moe_count_ = 0;
-  std::vector<double> moe_loads_;  // [mixture layers][E]: the bias step's sums (gpt_moe.cpp)
-  bool recomputing_ = false;       // inside recompute_block: the mixture's statistics are taken
-  double moe_hf_aux_ = 0.0;        // transformers' aux form, summed over micro-batches
+  std::vector<double> moe_loads_;     // [mixture layers][E]: the bias step's sums (gpt_moe.cpp)
+  std::vector<float> moe_bias_step_;  // [mixture layers][E]: sigmoid's bias step,
+  BackendBuffer<float> moe_bias_step_device_;  // on the host, then in backend memory
+  bool recomputing_ = false;  // inside recompute_block: the mixture's statistics are taken
+  double moe_hf_aux_ = 0.0;   // transformers' aux form, summed over micro-batches
   void make_moe_layers(int B, int T, int slots);
   void moe_begin_forward(int slot);
   void moe_end_forward(int slot, int N);

@@ -129,6 +129,11 @@ struct TrainContext {
   // src/model/tp_ring_grouped.cpp). On a host, tests only (the device's order over MPI); null:
   // the host's rings on grid->tp().
   Communicator* tp_ring = nullptr;
+  // Expert parallelism on a device: a device communicator over a host group the Trainer split
+  // (the ep group, on the compute stream; the expert-data-parallel group, as dp_device), or
+  // null: the host groups carry the tokens and the experts' gradients.
+  std::function<std::unique_ptr<Communicator>(MpiComm& group, const char* name, bool compute)>
+      device_group = nullptr;
 };
 
 // One rank's training run: assembles the model, the data, the data-parallel unit
@@ -216,6 +221,7 @@ class Trainer {
   // expert-data-parallel replicas, ep apart, over which the experts' gradients reduce.
   int ep_size_ = 1, ep_rank_ = 0, expert_dp_rank_ = 0;
   std::unique_ptr<MpiComm> ep_comm_, expert_dp_comm_;
+  std::unique_ptr<Communicator> ep_device_, expert_dp_device_;  // TrainContext::device_group
   void make_expert_groups(GPTOptions& options);
   MoeStats moe_step_stats();
   std::unique_ptr<Communicator> solo_;  // the pp communicator when there is no grid

@@ -124,6 +124,17 @@ DeviceComms make_device_comms(const Deck& deck, Backend& backend, ProcessGrid& g
     const NcclCommOptions options = comm_options(deck);
     comms.cp = std::make_unique<NcclComm>(grid.cp().raw(), "cp (nccl)", stream, options);
   }
+  // The ep group on the compute stream (the tokens move between the layer's kernels); the
+  // expert-data-parallel group as dp's, for the GradReducer.
+  NcclCommOptions group_options = comm_options(deck);
+  group_options.grad_bf16 = deck.comm.grad_dtype == "bf16";
+  comms.group = [stream, group_options](MpiComm& group, const char* name, bool compute) {
+    NcclCommOptions options = group_options;
+    options.on_compute_stream = compute;
+    if (compute) options.grad_bf16 = false;
+    return std::unique_ptr<Communicator>(
+        std::make_unique<NcclComm>(group.raw(), name, stream, options));
+  };
 #else
   (void)grid;
 #endif

@@ -1,6 +1,7 @@
 // The backend a deck asks for (run.backend), made the same way by every subcommand.
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "trident/backend.h"
@@ -31,6 +32,8 @@ struct DeviceComms {
   std::unique_ptr<Communicator> embedding;
   std::unique_ptr<Communicator> cp;
   std::unique_ptr<Communicator> tp_ring;
+  // TrainContext::device_group: an NcclComm over a group the Trainer splits (ep, expert dp).
+  std::function<std::unique_ptr<Communicator>(MpiComm&, const char*, bool)> group;
 };
 DeviceComms make_device_comms(const Deck& deck, Backend& backend, ProcessGrid& grid);
 

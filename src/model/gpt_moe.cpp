@@ -2,11 +2,11 @@
 // second norm, their figures and the sigmoid router's bias step.
 //
 // Note [Mixtures in the layouts]
-// A mixture runs on the host in fp32 on this rank's tokens (with cp its chunks), so dp, cp, pp
-// (1f1b, gpipe, interleaved), recompute and ZeRO-1/2 need only the gradient groups
-// (Note [Expert parallelism]). The balance losses and the capacity count this rank's tokens:
-// with cp (or tp) they are the ranks' own, not one loss over the whole sequence as Megatron-Core
-// sums the counts over tp × cp. Refused until built: bf16, device backends, ZeRO-3, HSDP with
+// A mixture runs in fp32 (on a device too, Note [Mixture ops]) on this rank's tokens (with cp
+// its chunks), so dp, cp, pp (1f1b, gpipe, interleaved), recompute and ZeRO-1/2 need only the
+// gradient groups (Note [Expert parallelism]). The balance losses and the capacity count this
+// rank's tokens: with cp (or tp) they are the ranks' own, not one loss over the whole sequence
+// as Megatron-Core sums the counts over tp × cp. Refused until built: bf16, ZeRO-3, HSDP with
 // ep > 1, zb-h1 (its W pass would need the routing again), and the hf form across stages.
 //
 // Note [Mixtures and tp]
@@ -36,6 +36,7 @@ void GPT::make_moe_layers(int B, int T, int slots) {
   moe_hf_->count.assign(size_t(slots) * E, 0.0);
   moe_hf_->psum.assign(size_t(slots) * E, 0.0);
   moe_hf_->layers.assign(size_t(slots), 0);
+  moe_hf_->count_device = BackendBuffer<int32_t>(be_, size_t(slots) * E);
   for (int i = 0; i < stage_.num_layers; ++i) {
     if (!table_->layers[size_t(i)].moe) continue;
     moe_[size_t(i)] = std::make_unique<MoeLayer>(cfg_, be_, stage_.global_layer(i), slots, B * T,
@@ -43,6 +44,10 @@ void GPT::make_moe_layers(int B, int T, int slots) {
     ++moe_count_;
   }
   moe_loads_.assign(size_t(moe_count_) * E, 0.0);
+  if (cfg_.moe.router == MoeRouter::kSigmoid) {
+    moe_bias_step_.assign(size_t(moe_count_) * E, 0.0f);
+    moe_bias_step_device_ = BackendBuffer<float>(be_, size_t(moe_count_) * E);
+  }
 }
 
 namespace {
@@ -81,6 +86,7 @@ void GPT::moe_begin_forward(int slot) {
   std::fill(moe_hf_->count.begin() + slot * E, moe_hf_->count.begin() + (slot + 1) * E, 0.0);
   std::fill(moe_hf_->psum.begin() + slot * E, moe_hf_->psum.begin() + (slot + 1) * E, 0.0);
   moe_hf_->layers[size_t(slot)] = 0;
+  be_.fill_zero(moe_hf_->count_device.data() + slot * E, E * sizeof(int32_t));
 }
 
 // transformers' form is known only when every mixture layer of the micro-batch has routed.
@@ -122,18 +128,25 @@ void GPT::update_router_biases(Communicator* group) {
   if (group && group->size() > 1) group->all_reduce(loads.data(), n).wait();
   // Note [Mixtures and tp]: each tp rank routed its own rows.
   if (tp_.size > 1) tp_wait(tp_.comm->all_reduce(loads.data(), n));
+  // The steps on the host, then into the biases in backend memory: one copy, an add a layer.
+  float* step = moe_bias_step_.data();
+  for (size_t l = 0; l < size_t(moe_count_); ++l) {
+    const double* load = loads.data() + l * E;
+    double mean = 0;
+    for (size_t e = 0; e < E; ++e) mean += load[e] / double(E);
+    for (size_t e = 0; e < E; ++e) {
+      const double d = mean - load[e];
+      step[l * E + e] = float(cfg_.moe.bias_update_rate * double((d > 0) - (d < 0)));
+    }
+  }
+  float* device_step = moe_bias_step_device_.data();
+  be_.copy(device_step, step, moe_bias_step_.size() * sizeof(float));
   n = 0;
   for (size_t i = 0; i < moe_.size(); ++i) {
     if (!moe_[i]) continue;
-    const double* load = loads.data() + n;
-    n += E;
-    double mean = 0;
-    for (size_t e = 0; e < E; ++e) mean += load[e] / double(E);
     float* bias = params_.data() + table_->layers[i].moe_offset[3];
-    for (size_t e = 0; e < E; ++e) {
-      const double d = mean - load[e];
-      bias[e] += float(cfg_.moe.bias_update_rate * double((d > 0) - (d < 0)));
-    }
+    be_.add(bias, bias, device_step + n, E);
+    n += E;
     std::fill(moe_[i]->step_load().begin(), moe_[i]->step_load().end(), 0.0);
   }
 }

@@ -49,9 +49,6 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   check_tensor_parallel(cfg, tp_.size, tp_.sequence_parallel, T);
   // Note [Mixtures in the layouts] in src/model/gpt_moe.cpp.
   if (cfg.has_moe()) {
-    if (backend.is_device())
-      input_error("model.moe: mixtures of experts run on the host backend only (run.backend {})",
-                  backend.name());
     if (options.precision == Precision::kBf16)
       input_error("model.moe with run.precision bf16: mixtures run in fp32 for now");
     if (tp_.size > 1 && !tp_.sequence_parallel)

@@ -1,7 +1,8 @@
-// The mixture layer (src/model/moe.h): routing and permutation on the host, the GEMMs through
-// the Backend. Everything runs in a fixed order whatever the thread count: loops over tokens
-// are parallel only where each token writes its own row, and sums over a token's k choices or
-// over the tokens of an expert run in one order.
+// The mixture layer (src/model/moe.h): routing, permutation and combine as Backend ops
+// (Note [Mixture ops]), the GEMMs through the Backend, the counts on the host. Everything runs
+// in a fixed order whatever the thread count: loops over tokens are parallel only where each
+// token writes its own row, and sums over a token's k choices or over the tokens of an expert
+// run in one order.
 #include "model/moe.h"
 
 #include <algorithm>
@@ -21,51 +22,68 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
+// Note [Expert counts on the host]
+// The experts' GEMMs are per-expert GEMMs on row offsets, and the ep all-to-all (MPI, or NCCL's
+// grouped send/recv) takes its counts from the host: so the per-expert rows reach the host once
+// per layer per micro-batch forward, the routing summary (counts | kept | probability and z
+// sums) in one device-to-host copy, a wait for the device; ep's counts are then exchanged
+// between the hosts (ExpertParallel::counts), not on the device and back. Backward reuses
+// forward's and waits for nothing. Megatron-Core's dropless path waits likewise; no grouped
+// GEMM we have reads its sizes on the device (docs/decisions.md, "Mixture of experts on the
+// GPU").
 struct MoeLayer::SlotState {
   int N = 0, M = 0, R = 0;  // tokens, rows sent (kept choices), rows received
   int64_t dropped = 0;
-  std::vector<float> logits, probs, lse;  // [N,E] scores (softmax p or sigmoid s); [N] z-loss
-  std::vector<int32_t> top, pos;          // [N,k] expert of each choice; its sent row (-1: dropped)
-  std::vector<float> topw;                // [N,k] combine weights
-  std::vector<int32_t> count;             // [E] choices per expert, before drops
-  std::vector<int32_t> kept;              // [E] rows sent per expert (expert order)
-  std::vector<int32_t> send_token;        // [M] the token of each sent row
-  std::vector<int32_t> recv;              // [ep][El] rows from peer p for local expert e
-  std::vector<int32_t> rows_at;           // [El+1] local expert e's rows in xr
-  // Backend memory (the memory plan counts it): [M,C] [R,C] [R,fcr] [R,Fe] [R,C] [M,C]; the
-  // shared experts' [N,fcs] [N,Fs] [N,C] [N].
+  // Backend memory: [N,E] router logits and scores (softmax p or sigmoid s), [N] their
+  // log-sum-exp; [N,k] each choice's expert, its row (-1: dropped), its combine weight; [M] the
+  // token of each sent row; the summary (moe_permute: [E+1] sums, then [2E] int32 counts).
+  BackendBuffer<float> logits, probs, lse, topw;
+  BackendBuffer<int32_t> top, pos, send_token;
+  BackendBuffer<double> summary;
+  // The host's copies (Note [Expert counts on the host]).
+  std::vector<int32_t> count;    // [E] choices per expert, before drops
+  std::vector<int32_t> kept;     // [E] rows sent per expert (expert order)
+  std::vector<int32_t> recv;     // [ep][El] rows from peer p for local expert e
+  std::vector<int32_t> rows_at;  // [El+1] local expert e's rows in xr
+  // [M,C] [R,C] [R,fcr] [R,Fe] [R,C] [M,C]; the shared experts' [N,fcs] [N,Fs] [N,C] [N].
   BackendBuffer<float> xs, xr, h, act, yr, ys;
   BackendBuffer<float> sh_h, sh_act, sh_y, sh_g;
+  int32_t* counts() { return reinterpret_cast<int32_t*>(summary.data() + (summary.size() / 3)); }
 };
 
 struct MoeLayer::Scratch {
   BackendBuffer<float> dys, dyr, dact, dh, dxr, dxs, dlogits, dtopw, dx2, peer;
   BackendBuffer<float> dsh_y, dsh_act, dsh_h, dgate;
-  std::vector<double> psum, aux;  // [E] routing statistics, the aux losses' gradient
+  std::vector<double> summary;  // the host's copy of a slot's summary
   std::vector<size_t> send_counts, recv_counts, int_counts;
-  std::vector<int32_t> count_send;
 };
 
 MoeLayer::MoeLayer(const GPTConfig& cfg, Backend& be, int layer, int slots, int max_tokens,
                    ExpertParallel ep, MoeHfTotals* hf)
     : cfg_(cfg), be_(be), layer_(layer), max_tokens_(max_tokens), ep_(ep), hf_(hf),
       slots_(size_t(slots)), scratch_(std::make_unique<Scratch>()) {
-  TRIDENT_CHECK(!be.is_device(), "the mixture layer runs on the host only");
   const int E = cfg.moe.experts, k = cfg.moe.top_k, C = cfg.channels;
   const int Fe = cfg.expert_width(), fcr = cfg.fc_rows_of(Fe), El = E / ep.size;
   const int Fs = cfg.shared_width(), fcs = cfg.fc_rows_of(Fs);
   const size_t N = size_t(max_tokens), M = N * size_t(k), R = M * size_t(ep.size);
+  TRIDENT_CHECK(
+      cfg.moe.aux_loss != MoeAux::kHF || (hf && hf->count_device.size() >= size_t(slots) * E),
+      "mixture layer {}: the hf form needs its totals' {} counts in backend memory", layer,
+      size_t(slots) * E);
   auto floats = [&](size_t n) { return BackendBuffer<float>(be, n); };
+  auto ints = [&](size_t n) { return BackendBuffer<int32_t>(be, n); };
   for (SlotState& s : slots_) {
-    s.logits.resize(N * E);
-    s.probs.resize(N * E);
-    s.lse.resize(N);
-    s.top.resize(M);
-    s.pos.resize(M);
-    s.topw.resize(M);
+    s.logits = floats(N * E);
+    s.probs = floats(N * E);
+    s.lse = floats(N);
+    s.top = ints(M);
+    s.pos = ints(M);
+    s.topw = floats(M);
+    s.send_token = ints(M);
+    // [E+1] sums, then 2E int32s in E doubles, padded to 3(E+1) so counts() finds them.
+    s.summary = BackendBuffer<double>(be, 3 * (size_t(E) + 1));
     s.count.resize(size_t(E));
     s.kept.resize(size_t(E));
-    s.send_token.resize(M);
     s.recv.resize(size_t(ep.size) * El);
     s.rows_at.resize(size_t(El) + 1);
     s.xs = floats(M * C);
@@ -100,67 +118,44 @@ MoeLayer::MoeLayer(const GPTConfig& cfg, Backend& be, int layer, int slots, int 
     x.dsh_h = floats(N * fcs);
     x.dgate = floats(N);
   }
+  x.summary.resize(3 * (size_t(E) + 1));
   x.send_counts.resize(size_t(ep.size));
   x.recv_counts.resize(size_t(ep.size));
-  x.count_send.resize(size_t(E));
-  x.psum.resize(size_t(E));
-  x.aux.resize(size_t(E));
   x.int_counts.assign(size_t(ep.size), size_t(El));
   step_load_.assign(size_t(E), 0.0);
 }
 
 MoeLayer::~MoeLayer() = default;
 
-// The router's scores, each token's top k (ties to the lower index) and their weights; the
+// The router's scores, each token's top k and their weights, the permutation (the Backend's
+// ops: Note [Mixture ops]); the summary to the host (Note [Expert counts on the host]); the
 // statistics and the transformers-form totals when `counted`.
 void MoeLayer::route(SlotState& s, const float* x, const MoeWeights& w, int N, bool counted) {
   const MoeConfig& m = cfg_.moe;
   const int E = m.experts, k = m.top_k, C = cfg_.channels;
-  be_.matmul_forward(s.logits.data(), x, w.router, nullptr, N, C, E);
   const bool sigmoid = m.router == MoeRouter::kSigmoid;
-#pragma omp parallel for schedule(static)
-  for (int t = 0; t < N; ++t) {
-    const float* l = s.logits.data() + size_t(t) * E;
-    float* p = s.probs.data() + size_t(t) * E;
-    if (sigmoid) {
-      for (int i = 0; i < E; ++i) p[i] = 1.0f / (1.0f + std::exp(-l[i]));
-    } else {
-      float mx = l[0];
-      for (int i = 1; i < E; ++i) mx = std::max(mx, l[i]);
-      double sum = 0;
-      for (int i = 0; i < E; ++i) sum += std::exp(double(l[i] - mx));
-      for (int i = 0; i < E; ++i) p[i] = float(std::exp(double(l[i] - mx)) / sum);
-      s.lse[size_t(t)] = float(double(mx) + std::log(sum));
-    }
-    int32_t* top = s.top.data() + size_t(t) * k;
-    float* tw = s.topw.data() + size_t(t) * k;
-    double chosen = 0;
-    for (int j = 0; j < k; ++j) {
-      int best = -1;
-      float best_score = 0;
-      for (int i = 0; i < E; ++i) {
-        bool taken = false;
-        for (int q = 0; q < j; ++q) taken = taken || top[q] == i;
-        if (taken) continue;
-        const float score = sigmoid && w.routerbias ? p[i] + w.routerbias[i] : p[i];
-        if (best < 0 || score > best_score) best = i, best_score = score;  // ties: lower index
-      }
-      top[j] = best;
-      tw[j] = p[best];
-      chosen += p[best];
-    }
-    if (m.norm_topk)
-      for (int j = 0; j < k; ++j) tw[j] = float(double(tw[j]) / chosen);
-  }
-  std::fill(s.count.begin(), s.count.end(), 0);
-  for (size_t c = 0; c < size_t(N) * k; ++c) ++s.count[size_t(s.top[c])];
+  be_.matmul_forward(s.logits.data(), x, w.router, nullptr, N, C, E);
+  be_.moe_route_forward(s.probs.data(), s.lse.data(), s.top.data(), s.topw.data(), s.logits.data(),
+                        sigmoid ? w.routerbias : nullptr, N, E, k, sigmoid, m.norm_topk);
+  const int cap =
+      m.capacity_factor > 0 ? int(std::ceil(double(m.capacity_factor) * double(N) * k / E)) : N * k;
+  const size_t slot = size_t(&s - slots_.data());
+  int32_t* hf_count =
+      counted && m.aux_loss == MoeAux::kHF ? hf_->count_device.data() + slot * size_t(E) : nullptr;
+  be_.moe_permute(s.pos.data(), s.send_token.data(), s.counts(), s.summary.data(), hf_count,
+                  s.top.data(), s.probs.data(), s.lse.data(), N, E, k, cap);
+  std::vector<double>& summary = scratch_->summary;
+  be_.copy(summary.data(), s.summary.data(), summary.size() * sizeof(double));
+  const auto* counts = reinterpret_cast<const int32_t*>(summary.data() + summary.size() / 3);
+  std::copy(counts, counts + E, s.count.begin());
+  std::copy(counts + E, counts + 2 * E, s.kept.begin());
+  s.M = 0;
+  for (int i = 0; i < E; ++i) s.M += s.kept[size_t(i)];
+  s.dropped = int64_t(N) * k - s.M;
   if (!counted) return;
+  const double* psum = summary.data();
   const double mean = double(N) * k / E;
   double mx = 0, aux = 0, z = 0;
-  std::vector<double>& psum = scratch_->psum;
-  std::fill(psum.begin(), psum.end(), 0.0);
-  for (int t = 0; t < N; ++t)
-    for (int i = 0; i < E; ++i) psum[size_t(i)] += s.probs[size_t(t) * E + i];
   for (int i = 0; i < E; ++i) {
     mx = std::max(mx, double(s.count[size_t(i)]));
     step_load_[size_t(i)] += s.count[size_t(i)];
@@ -168,11 +163,10 @@ void MoeLayer::route(SlotState& s, const float* x, const MoeWeights& w, int N, b
       aux += psum[size_t(i)] * s.count[size_t(i)] * m.aux_coeff * E / (double(N) * N * k);
   }
   if (m.z_coeff > 0) {
-    for (int t = 0; t < N; ++t) z += double(s.lse[size_t(t)]) * s.lse[size_t(t)];
+    z = psum[size_t(E)];
     z *= m.z_coeff / double(N);
   }
   if (m.aux_loss == MoeAux::kHF) {
-    const size_t slot = size_t(&s - slots_.data());
     for (int i = 0; i < E; ++i) {
       hf_->count[slot * E + i] += s.count[size_t(i)];
       hf_->psum[slot * E + i] += psum[size_t(i)];
@@ -184,32 +178,27 @@ void MoeLayer::route(SlotState& s, const float* x, const MoeWeights& w, int N, b
   stats_.load_max_over_mean += mean > 0 ? mx / mean : 0.0;
   stats_.layers_seen += 1;
   stats_.choices += int64_t(N) * k;
+  stats_.dropped += s.dropped;
 }
 
-// Each kept choice's row in expert order (Note [Expert capacity]): token order, then choice.
-void MoeLayer::permute(SlotState& s, int N) {
-  const MoeConfig& m = cfg_.moe;
-  const int E = m.experts, k = m.top_k;
-  const int cap =
-      m.capacity_factor > 0 ? int(std::ceil(double(m.capacity_factor) * double(N) * k / E)) : N * k;
-  std::fill(s.kept.begin(), s.kept.end(), 0);
-  for (size_t c = 0; c < size_t(N) * k; ++c) {
-    int32_t& kept = s.kept[size_t(s.top[c])];
-    if (kept < cap) {
-      s.pos[c] = kept++;  // the rank within its expert for now
-    } else {
-      s.pos[c] = -1;
-    }
+// ep > 1: each rank's kept rows per expert to the experts' ranks, an all-to-all of E/ep
+// integers a peer between the hosts (Note [Expert counts on the host]); a local expert's rows
+// follow, [local expert][peer].
+void MoeLayer::exchange_counts(SlotState& s) {
+  const int P = ep_.size, El = cfg_.moe.experts / P;
+  Scratch& x = *scratch_;
+  const auto t0 = std::chrono::steady_clock::now();
+  Communicator& host = ep_.counts ? *ep_.counts : *ep_.comm;
+  host.all_to_all_v(s.kept.data(), x.int_counts.data(), s.recv.data(), x.int_counts.data()).wait();
+  stats_.a2a_ms += ms_since(t0);
+  stats_.a2a_exposed_ms += ms_since(t0);
+  s.rows_at[0] = 0;
+  for (int e = 0; e < El; ++e) {
+    int n = 0;
+    for (int p = 0; p < P; ++p) n += s.recv[size_t(p) * El + e];
+    s.rows_at[size_t(e) + 1] = s.rows_at[size_t(e)] + n;
   }
-  std::vector<int32_t> first(size_t(E) + 1, 0);
-  for (int i = 0; i < E; ++i) first[size_t(i) + 1] = first[size_t(i)] + s.kept[size_t(i)];
-  s.M = first[size_t(E)];
-  s.dropped = int64_t(N) * k - s.M;
-  for (size_t c = 0; c < size_t(N) * k; ++c) {
-    if (s.pos[c] < 0) continue;
-    s.pos[c] += first[size_t(s.top[c])];
-    s.send_token[size_t(s.pos[c])] = int32_t(c / size_t(k));
-  }
+  s.R = s.rows_at[size_t(El)];
 }
 
 // Rows in send order (the M rows of this rank, in expert order) to the experts' ranks, into
@@ -229,8 +218,8 @@ void MoeLayer::dispatch(SlotState& s, const float* rows, float* out, int width, 
         for (int q = 0; q < p; ++q) expert_major += size_t(s.recv[size_t(q) * El + e]);
         const size_t n = size_t(s.recv[size_t(p) * El + e]) * width;
         if (to_expert_major)
-          std::memcpy(dst + expert_major * width, src + peer_major * width, n * sizeof(float));
-        else std::memcpy(dst + peer_major * width, src + expert_major * width, n * sizeof(float));
+          be_.copy(dst + expert_major * width, src + peer_major * width, n * sizeof(float));
+        else be_.copy(dst + peer_major * width, src + expert_major * width, n * sizeof(float));
         peer_major += size_t(s.recv[size_t(p) * El + e]);
       }
   };
@@ -282,33 +271,14 @@ void MoeLayer::forward(int slot, float* out, const float* x, const MoeWeights& w
                 max_tokens_);
   SlotState& s = slots_[size_t(slot)];
   const MoeConfig& m = cfg_.moe;
-  const int E = m.experts, k = m.top_k, C = cfg_.channels, P = ep_.size, El = E / P;
+  const int E = m.experts, k = m.top_k, C = cfg_.channels, P = ep_.size;
   s.N = N;
   const auto t_layer = std::chrono::steady_clock::now();
   route(s, x, w, N, counted);
-  permute(s, N);
-  if (counted) stats_.dropped += s.dropped;
-#pragma omp parallel for schedule(static)
-  for (int r = 0; r < s.M; ++r)
-    std::memcpy(s.xs.data() + size_t(r) * C, x + size_t(s.send_token[size_t(r)]) * C,
-                size_t(C) * sizeof(float));
+  be_.moe_gather_rows(s.xs.data(), x, s.send_token.data(), s.M, C);
   stats_.route_ms += ms_since(t_layer);
   if (P > 1) {  // the counts first: this rank's rows for each peer's experts
-    std::copy(s.kept.begin(), s.kept.end(), scratch_->count_send.begin());
-    auto t0 = std::chrono::steady_clock::now();
-    ep_.comm
-        ->all_to_all_v(scratch_->count_send.data(), scratch_->int_counts.data(), s.recv.data(),
-                       scratch_->int_counts.data())
-        .wait();
-    stats_.a2a_ms += ms_since(t0);
-    stats_.a2a_exposed_ms += ms_since(t0);
-    s.rows_at[0] = 0;
-    for (int e = 0; e < El; ++e) {
-      int n = 0;
-      for (int p = 0; p < P; ++p) n += s.recv[size_t(p) * El + e];
-      s.rows_at[size_t(e) + 1] = s.rows_at[size_t(e)] + n;
-    }
-    s.R = s.rows_at[size_t(El)];
+    exchange_counts(s);
     dispatch(s, s.xs.data(), s.xr.data(), C, false);
   } else {
     s.rows_at[0] = 0;
@@ -327,29 +297,13 @@ void MoeLayer::forward(int slot, float* out, const float* x, const MoeWeights& w
     be_.matmul_forward(s.sh_y.data(), s.sh_act.data(), w.shfcprojw, nullptr, N, Fs, C);
     if (m.shared_gate) {
       be_.matmul_forward(s.sh_g.data(), x, w.shgate, nullptr, N, C, 1);
-      for (int t = 0; t < N; ++t)
-        s.sh_g.data()[size_t(t)] = 1.0f / (1.0f + std::exp(-s.sh_g.data()[size_t(t)]));
+      be_.sigmoid_forward(s.sh_g.data(), s.sh_g.data(), size_t(N));
     }
   }
   const auto t_combine = std::chrono::steady_clock::now();
-#pragma omp parallel for schedule(static)
-  for (int t = 0; t < N; ++t) {
-    float* o = out + size_t(t) * C;
-    if (Fs > 0) {
-      const float g = m.shared_gate ? s.sh_g.data()[size_t(t)] : 1.0f;
-      const float* y = s.sh_y.data() + size_t(t) * C;
-      for (int c = 0; c < C; ++c) o[c] = g * y[c];
-    } else {
-      std::fill(o, o + C, 0.0f);
-    }
-    for (int j = 0; j < k; ++j) {
-      const int r = s.pos[size_t(t) * k + j];
-      if (r < 0) continue;
-      const float wgt = s.topw[size_t(t) * k + j];
-      const float* y = s.ys.data() + size_t(r) * C;
-      for (int c = 0; c < C; ++c) o[c] += wgt * y[c];
-    }
-  }
+  be_.moe_combine_forward(out, s.ys.data(), Fs > 0 ? s.sh_y.data() : nullptr,
+                          Fs > 0 && m.shared_gate ? s.sh_g.data() : nullptr, s.pos.data(),
+                          s.topw.data(), N, C, k);
   stats_.route_ms += ms_since(t_combine);
   stats_.layer_ms += ms_since(t_layer);
 }
@@ -384,44 +338,21 @@ void MoeLayer::router_backward(SlotState& s, float* dx, const float* x, const Mo
   const MoeConfig& m = cfg_.moe;
   const int E = m.experts, k = m.top_k, C = cfg_.channels;
   Scratch& sc = *scratch_;
-  std::vector<double>& aux = sc.aux;  // d(aux)/d p_i, the same for every token
-  std::fill(aux.begin(), aux.end(), 0.0);
+  const int32_t* aux_count = nullptr;  // d(aux)/d p_i = num · count_i / den · loss_scale
+  double aux_num = double(m.aux_coeff) * E, aux_den = 1.0;
   if (m.aux_loss == MoeAux::kSwitch) {
-    for (int i = 0; i < E; ++i)
-      aux[size_t(i)] =
-          double(m.aux_coeff) * E * s.count[size_t(i)] / (double(N) * N * k) * loss_scale;
+    aux_count = s.counts();
+    aux_den = double(N) * N * k;
   } else if (m.aux_loss == MoeAux::kHF) {
     const size_t slot = size_t(&s - slots_.data());
     const double LN = double(hf_->layers[slot]) * N;
-    for (int i = 0; i < E; ++i)
-      aux[size_t(i)] = double(m.aux_coeff) * E * hf_->count[slot * E + i] / (LN * LN) * loss_scale;
+    aux_count = hf_->count_device.data() + slot * size_t(E);
+    aux_den = LN * LN;
   }
   const bool sigmoid = m.router == MoeRouter::kSigmoid;
-#pragma omp parallel for schedule(static)
-  for (int t = 0; t < N; ++t) {
-    const float* p = s.probs.data() + size_t(t) * E;
-    const int32_t* top = s.top.data() + size_t(t) * k;
-    const float* tw = s.topw.data() + size_t(t) * k;
-    const float* dtw = sc.dtopw.data() + size_t(t) * k;
-    float* dl = sc.dlogits.data() + size_t(t) * E;
-    double dp[256];  // E ≤ 256 (check_moe)
-    for (int i = 0; i < E; ++i) dp[i] = aux[size_t(i)];
-    if (m.norm_topk) {
-      double chosen = 0, dot = 0;
-      for (int j = 0; j < k; ++j) chosen += p[top[j]], dot += double(dtw[j]) * tw[j];
-      for (int j = 0; j < k; ++j) dp[top[j]] += (double(dtw[j]) - dot) / chosen;
-    } else {
-      for (int j = 0; j < k; ++j) dp[top[j]] += dtw[j];
-    }
-    if (sigmoid) {
-      for (int i = 0; i < E; ++i) dl[i] = float(dp[i] * p[i] * (1.0 - p[i]));
-      continue;
-    }
-    double dot = 0;
-    for (int i = 0; i < E; ++i) dot += double(p[i]) * dp[i];
-    const double z = m.z_coeff > 0 ? 2.0 * m.z_coeff * s.lse[size_t(t)] / N * loss_scale : 0.0;
-    for (int i = 0; i < E; ++i) dl[i] = float(double(p[i]) * (dp[i] - dot) + z * p[i]);
-  }
+  be_.moe_route_backward(sc.dlogits.data(), sc.dtopw.data(), s.probs.data(), s.lse.data(),
+                         s.top.data(), s.topw.data(), aux_count, aux_num, aux_den, 2.0 * m.z_coeff,
+                         loss_scale, N, E, k, sigmoid, m.norm_topk);
   be_.matmul_backward(dx, g.router, nullptr, sc.dlogits.data(), x, w.router, N, C, E);
 }
 
@@ -435,23 +366,8 @@ void MoeLayer::backward(int slot, float* dx, const float* dout, const float* x, 
   Scratch& sc = *scratch_;
   const auto t_layer = std::chrono::steady_clock::now();
   // The combine: each choice's weight gradient, and its row's output gradient.
-#pragma omp parallel for schedule(static)
-  for (int t = 0; t < N; ++t) {
-    const float* d = dout + size_t(t) * C;
-    for (int j = 0; j < k; ++j) {
-      const size_t c = size_t(t) * k + j;
-      const int r = s.pos[c];
-      if (r < 0) {
-        sc.dtopw.data()[c] = 0.0f;
-        continue;
-      }
-      const float* y = s.ys.data() + size_t(r) * C;
-      float* dy = sc.dys.data() + size_t(r) * C;
-      double dot = 0;
-      for (int q = 0; q < C; ++q) dot += double(d[q]) * y[q], dy[q] = s.topw[c] * d[q];
-      sc.dtopw.data()[c] = float(dot);
-    }
-  }
+  be_.moe_combine_backward(sc.dys.data(), sc.dtopw.data(), dout, s.ys.data(), s.pos.data(),
+                           s.topw.data(), N, C, k);
   stats_.route_ms += ms_since(t_layer);
   if (ep_.size > 1) dispatch(s, sc.dys.data(), sc.dyr.data(), C, false);
   experts_backward(s, w, g);
@@ -469,15 +385,8 @@ void MoeLayer::backward(int slot, float* dx, const float* dout, const float* x, 
     const int fcs = cfg_.fc_rows_of(Fs);
     const float* dy = dout;
     if (m.shared_gate) {
-      for (int t = 0; t < N; ++t) {
-        const float gt = s.sh_g.data()[size_t(t)];
-        double dot = 0;
-        for (int q = 0; q < C; ++q) {
-          dot += double(dout[size_t(t) * C + q]) * s.sh_y.data()[size_t(t) * C + q];
-          sc.dsh_y.data()[size_t(t) * C + q] = gt * dout[size_t(t) * C + q];
-        }
-        sc.dgate.data()[size_t(t)] = float(dot * gt * (1.0 - gt));
-      }
+      be_.moe_gate_backward(sc.dgate.data(), sc.dsh_y.data(), dout, s.sh_y.data(), s.sh_g.data(), N,
+                            C);
       be_.matmul_backward(sc.dx2.data(), g.shgate, nullptr, sc.dgate.data(), x, w.shgate, N, C, 1);
       be_.add(dx, dx, sc.dx2.data(), size_t(N) * C);
       dy = sc.dsh_y.data();
@@ -490,16 +399,7 @@ void MoeLayer::backward(int slot, float* dx, const float* dout, const float* x, 
     be_.add(dx, dx, sc.dx2.data(), size_t(N) * C);
   }
   const auto t_gather = std::chrono::steady_clock::now();
-#pragma omp parallel for schedule(static)
-  for (int t = 0; t < N; ++t) {
-    float* d = dx + size_t(t) * C;
-    for (int j = 0; j < k; ++j) {
-      const int r = s.pos[size_t(t) * k + j];
-      if (r < 0) continue;
-      const float* src = dxs + size_t(r) * C;
-      for (int q = 0; q < C; ++q) d[q] += src[q];
-    }
-  }
+  be_.moe_scatter_add(dx, dxs, s.pos.data(), N, C, k);
   stats_.route_ms += ms_since(t_gather);
   stats_.layer_ms += ms_since(t_layer);
 }
@@ -512,6 +412,7 @@ size_t MoeLayer::bytes() const {
       floats += b->size();
     floats += s.logits.size() + s.probs.size() + s.lse.size() + s.topw.size();
     ints += s.top.size() + s.pos.size() + s.send_token.size();
+    floats += 2 * s.summary.size();
   }
   const Scratch& x = *scratch_;
   for (const auto* b : {&x.dys, &x.dyr, &x.dact, &x.dh, &x.dxr, &x.dxs, &x.dlogits, &x.dtopw,

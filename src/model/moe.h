@@ -49,9 +49,12 @@ struct MoeGrads {
 
 // transformers' load-balancing form reads every mixture layer's routing of a micro-batch:
 // the layers' counts and probability sums, per slot, filled by forward, read by backward.
+// The counts also in backend memory (count_device, [slots][E]): the router's backward reads
+// them there (Note [Mixture ops] in src/backend/moe_ops.cpp).
 struct MoeHfTotals {
   std::vector<double> count, psum;  // [slots][E]
   std::vector<int> layers;          // [slots] mixture layers that added theirs
+  BackendBuffer<int32_t> count_device;
 };
 
 class MoeLayer {
@@ -82,7 +85,7 @@ class MoeLayer {
   struct SlotState;
   struct Scratch;
   void route(SlotState& s, const float* x, const MoeWeights& w, int N, bool counted);
-  void permute(SlotState& s, int N);
+  void exchange_counts(SlotState& s);
   void dispatch(SlotState& s, const float* rows, float* out, int width, bool back);
   void experts_forward(SlotState& s, const MoeWeights& w);
   void experts_backward(SlotState& s, const MoeWeights& w, const MoeGrads& g);

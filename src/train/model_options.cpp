@@ -129,11 +129,18 @@ void check_moe_deck(const Deck& deck, const GPTConfig& cfg, int dp_cp, bool devi
     input_error("parallel.ep {} must divide model.moe.experts {} and dp × cp = {} (the experts "
                 "are divided over ep ranks taken from dp × cp)",
                 ep, E, dp_cp);
-  if (device_backend)
-    input_error("model.moe runs on run.backend cpu for now (no expert kernels on the device)");
   if (deck.run.precision != "fp32")
-    input_error("model.moe with run.precision {}: mixtures run in fp32 for now",
+    input_error("model.moe with run.precision {}: mixtures run in fp32 for now (the router, "
+                "permutation and expert GEMMs have no bf16 ops; the rest of the model's bf16 "
+                "path does not reach a mixture layer)",
                 deck.run.precision);
+  // Note [Mixtures on a device]
+  // A device runs the mixture through its ops (Note [Mixture ops]) in fp32; the sigmoid
+  // router's loads are summed on the host, which a device tp communicator cannot do.
+  if (device_backend && p.tp > 1 && cfg.moe.router == MoeRouter::kSigmoid)
+    input_error("model.moe.router sigmoid with parallel.tp {} on a device backend: the bias "
+                "step's loads are not summed over the device's tp group yet; use tp 1",
+                p.tp);
   if (p.tp > 1 && !p.sequence_parallel)
     input_error("model.moe with parallel.tp {} needs parallel.sequence_parallel true: each tp "
                 "rank routes its own rows, as Megatron-Core's experts with tp do",

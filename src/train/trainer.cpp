@@ -148,8 +148,12 @@ void Trainer::make_expert_groups(GPTOptions& options) {
     ep_comm_->set_emulated_link(deck_.comm.emulate_gbps, deck_.comm.emulate_latency_us);
     ep_comm_->set_duplex_link(true);
   }
-  options.ep = {ep_comm_.get(), ep_size_, ep_rank_};
-  ctx_.expert_dp = expert_dp_comm_.get();
+  if (ctx_.device_group) {  // the model's tokens and the experts' gradients in device memory
+    ep_device_ = ctx_.device_group(*ep_comm_, "ep (device)", /*compute=*/true);
+    expert_dp_device_ = ctx_.device_group(*expert_dp_comm_, "expert_dp (device)", false);
+  }
+  options.ep = {ep_device_ ? ep_device_.get() : ep_comm_.get(), ep_size_, ep_rank_, ep_comm_.get()};
+  ctx_.expert_dp = expert_dp_device_ ? expert_dp_device_.get() : expert_dp_comm_.get();
 }
 
 Zero3Memory Trainer::zero3_memory() const {

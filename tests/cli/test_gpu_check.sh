@@ -10,7 +10,7 @@
 #      not retried after a refusal not about memory), MFU against the
 #      H100 PCIe's 756 TFLOP/s (the fake's 0.4000 against 989: 0.4 · 989 / 756 = 0.5233), and
 #      the cuDNN refusal of a shape no deck runs and the two-GPU test's skip on this one-GPU
-#      machine reported, not failed;
+#      machine reported, not failed; the mixture's case (mixtral-1b) measured, last;
 #   2. the script killed (SIGKILL) while smoke hangs still leaves a table with an INCOMPLETE
 #      verdict naming the phase, and the hung job ends at its own cap.
 # usage: test_gpu_check.sh TRIDENT_BINARY SOURCE_DIR SCRATCH_DIR (the binary is not used)
@@ -49,6 +49,11 @@ grep -q "bench gpt2-124m micro_batch 32" run1.log &&
   fail "gpt2-124m retried after a refusal not about memory" || ok "no retry after a refusal not about memory"
 grep -q "^| gpt2-124m-bf16 | 64 | 163840.0 | 100.00 | 0.5233 |" "$table" &&
   ok "MFU against the H100 PCIe's 756 TFLOP/s" || fail "MFU not 0.5233: $(grep gpt2-124m-bf16 "$table")"
+# The mixture's case is the last phase before the summary, and still has its time.
+grep -q "^| mixtral-1b | 8 | 163840.0 |" "$table" &&
+  ok "the last case, mixtral-1b, measured at micro-batch 8" || fail "no mixtral-1b row"
+[ "$(grep -E '^=== \[[0-9]+ s\] ' run1.log | tail -2 | head -1 | grep -c 'bench mixtral-1b')" = 1 ] &&
+  ok "mixtral-1b runs right before the summary" || fail "mixtral-1b is not the last phase"
 grep -q "^- test_cuda Shapes/AttentionTest.CudnnMatchesCpu/3 skipped" "$table" &&
   ok "the cuDNN refusal is reported" || fail "the cuDNN refusal is not reported"
 grep -q "^- test_cuda PipelineLinks.TwoStagesOverNcclOnTwoGpus skipped" "$table" &&

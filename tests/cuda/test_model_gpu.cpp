@@ -99,11 +99,48 @@ TEST(ModelGpu, NeoxTrainsLikeCpu) {
   expect_gpu_matches_cpu("auto", {"model.family=neox"});
 }
 
+// Mixtures of experts (kernels/moe.cu, Note [Mixture ops]) at the same bars: Mixtral's router
+// with the switch loss and the z-loss; the sigmoid router with its bias step, a gated shared
+// expert and capacity drops. A choice near a tie may go to the other expert on the GPU (bf16
+// router logits): one token's rows in the first step, within the gradients' bar.
+const std::vector<std::string> kMixtral = {"model.family=mixtral", "model.kv_heads=2",
+                                           "model.moe.experts=4", "model.moe.ffn_width=64"};
+
+TEST(ModelGpu, MixtralTrainsLikeCpu) {
+  TRIDENT_REQUIRE_GPU();
+  std::vector<std::string> keys = kMixtral;
+  keys.insert(keys.end(), {"model.moe.aux_loss=switch", "model.moe.z_loss=0.001"});
+  expect_gpu_matches_cpu("auto", keys);
+}
+
+TEST(ModelGpu, SigmoidRouterWithSharedExpertTrainsLikeCpu) {
+  TRIDENT_REQUIRE_GPU();
+  std::vector<std::string> keys = kMixtral;
+  keys.insert(keys.end(), {"model.moe.router=sigmoid", "model.moe.bias_update_rate=0.001",
+                           "model.moe.shared_experts=1", "model.moe.shared_gate=true",
+                           "model.moe.capacity_factor=1.25"});
+  expect_gpu_matches_cpu("auto", keys);
+}
+
 // Two GPU runs of the same deck are bitwise equal: every kernel is deterministic (no float
 // atomics), and cuBLASLt picks the same algorithm for the same shapes.
 TEST(ModelGpu, RunsAreBitwiseReproducible) {
   TRIDENT_REQUIRE_GPU();
   const Deck d = tiny_deck({"run.attention=flash"});
+  auto gpu = make_cuda_backend({.device = 0, .attention = "flash"});
+  const GpuRun a = train(d, *gpu, 5);
+  const GpuRun b = train(d, *gpu, 5);
+  EXPECT_EQ(a.losses, b.losses);
+  EXPECT_EQ(a.first_grads, b.first_grads);
+}
+
+// The same for a mixture: the permutation ranks choices in token order, the sums run in one
+// order, so the routing and the expert GEMMs' shapes repeat exactly.
+TEST(ModelGpu, MixtureRunsAreBitwiseReproducible) {
+  TRIDENT_REQUIRE_GPU();
+  std::vector<std::string> keys = kMixtral;
+  keys.push_back("run.attention=flash");
+  const Deck d = tiny_deck(keys);
   auto gpu = make_cuda_backend({.device = 0, .attention = "flash"});
   const GpuRun a = train(d, *gpu, 5);
   const GpuRun b = train(d, *gpu, 5);

@@ -156,6 +156,7 @@ int main(int argc, char** argv) {
     hf.count.assign(E, 0.0);
     hf.psum.assign(E, 0.0);
     hf.layers.assign(1, 0);
+    hf.count_device = trident::BackendBuffer<int32_t>(*be, E);
     trident::MoeLayer moe1(cfg, *be, 0, 1, N, trident::ExpertParallel{}, &hf);
     trident::MoeLayer moe2(cfg, *be, 1, 1, N, trident::ExpertParallel{}, &hf);
     // NaN in every assigned output: a row the layer leaves unwritten shows.

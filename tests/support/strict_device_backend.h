@@ -239,6 +239,56 @@ class StrictDeviceBackend final : public Backend {
     Open open(*this);
     cpu_->copy_rows(dst, dst_pitch, src, src_pitch, row_bytes, rows);
   }
+  // The mixture's ops (Note [Mixture ops]): the CPU backend's host definitions.
+  void moe_route_forward(float* probs, float* lse, int32_t* top, float* topw, const float* logits,
+                         const float* bias, int N, int E, int k, bool sigmoid,
+                         bool norm_topk) override {
+    Open open(*this);
+    cpu_->moe_route_forward(probs, lse, top, topw, logits, bias, N, E, k, sigmoid, norm_topk);
+  }
+  void moe_permute(int32_t* pos, int32_t* send_token, int32_t* counts, double* sums,
+                   int32_t* hf_count, const int32_t* top, const float* probs, const float* lse,
+                   int N, int E, int k, int cap) override {
+    Open open(*this);
+    cpu_->moe_permute(pos, send_token, counts, sums, hf_count, top, probs, lse, N, E, k, cap);
+  }
+  void moe_gather_rows(float* rows, const float* x, const int32_t* send_token, int M,
+                       int C) override {
+    Open open(*this);
+    cpu_->moe_gather_rows(rows, x, send_token, M, C);
+  }
+  void moe_combine_forward(float* out, const float* ys, const float* shared, const float* gate,
+                           const int32_t* pos, const float* topw, int N, int C, int k) override {
+    Open open(*this);
+    cpu_->moe_combine_forward(out, ys, shared, gate, pos, topw, N, C, k);
+  }
+  void moe_combine_backward(float* dys, float* dtopw, const float* dout, const float* ys,
+                            const int32_t* pos, const float* topw, int N, int C, int k) override {
+    Open open(*this);
+    cpu_->moe_combine_backward(dys, dtopw, dout, ys, pos, topw, N, C, k);
+  }
+  void moe_scatter_add(float* dx, const float* dxs, const int32_t* pos, int N, int C,
+                       int k) override {
+    Open open(*this);
+    cpu_->moe_scatter_add(dx, dxs, pos, N, C, k);
+  }
+  void moe_route_backward(float* dlogits, const float* dtopw, const float* probs, const float* lse,
+                          const int32_t* top, const float* topw, const int32_t* aux_count,
+                          double aux_num, double aux_den, double z2, double loss_scale, int N,
+                          int E, int k, bool sigmoid, bool norm_topk) override {
+    Open open(*this);
+    cpu_->moe_route_backward(dlogits, dtopw, probs, lse, top, topw, aux_count, aux_num, aux_den, z2,
+                             loss_scale, N, E, k, sigmoid, norm_topk);
+  }
+  void sigmoid_forward(float* out, const float* inp, size_t n) override {
+    Open open(*this);
+    cpu_->sigmoid_forward(out, inp, n);
+  }
+  void moe_gate_backward(float* dgate, float* dy, const float* dout, const float* y,
+                         const float* gate, int N, int C) override {
+    Open open(*this);
+    cpu_->moe_gate_backward(dgate, dy, dout, y, gate, N, C);
+  }
   double sum_squares(const float* x, size_t n) override {
     Open open(*this);
     return cpu_->sum_squares(x, n);

@@ -36,6 +36,7 @@
 #include "elementwise.h"
 #include "encoder.h"
 #include "layernorm.h"
+#include "moe.h"
 #include "optimizer.h"
 #include "rmsnorm.h"
 #include "rope.h"
@@ -666,6 +667,59 @@ class CudaBackend final : public Backend {
     if (rows > 0 && row_bytes > 0)
       TRIDENT_CUDA(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows,
                                      cudaMemcpyDefault, stream_));
+  }
+
+  // --- the mixture of experts (kernels/moe.cu; Note [Mixture ops]) ----------------------
+  void moe_route_forward(float* probs, float* lse, int32_t* top, float* topw, const float* logits,
+                         const float* bias, int N, int E, int k, bool sigmoid,
+                         bool norm_topk) override {
+    Op op(*this, "moe route fwd");
+    cuda::moe_route_forward_cuda(probs, lse, top, topw, logits, bias, N, E, k, sigmoid, norm_topk,
+                                 stream_);
+  }
+  void moe_permute(int32_t* pos, int32_t* send_token, int32_t* counts, double* sums,
+                   int32_t* hf_count, const int32_t* top, const float* probs, const float* lse,
+                   int N, int E, int k, int cap) override {
+    Op op(*this, "moe permute");
+    cuda::moe_permute_cuda(pos, send_token, counts, sums, hf_count, top, probs, lse, N, E, k, cap,
+                           stream_);
+  }
+  void moe_gather_rows(float* rows, const float* x, const int32_t* send_token, int M,
+                       int C) override {
+    Op op(*this, "moe permute");
+    cuda::moe_gather_rows_cuda(rows, x, send_token, M, C, stream_);
+  }
+  void moe_combine_forward(float* out, const float* ys, const float* shared, const float* gate,
+                           const int32_t* pos, const float* topw, int N, int C, int k) override {
+    Op op(*this, "moe combine fwd");
+    cuda::moe_combine_forward_cuda(out, ys, shared, gate, pos, topw, N, C, k, stream_);
+  }
+  void moe_combine_backward(float* dys, float* dtopw, const float* dout, const float* ys,
+                            const int32_t* pos, const float* topw, int N, int C, int k) override {
+    Op op(*this, "moe combine bwd");
+    cuda::moe_combine_backward_cuda(dys, dtopw, dout, ys, pos, topw, N, C, k, stream_);
+  }
+  void moe_scatter_add(float* dx, const float* dxs, const int32_t* pos, int N, int C,
+                       int k) override {
+    Op op(*this, "moe combine bwd");
+    cuda::moe_scatter_add_cuda(dx, dxs, pos, N, C, k, stream_);
+  }
+  void moe_route_backward(float* dlogits, const float* dtopw, const float* probs, const float* lse,
+                          const int32_t* top, const float* topw, const int32_t* aux_count,
+                          double aux_num, double aux_den, double z2, double loss_scale, int N,
+                          int E, int k, bool sigmoid, bool norm_topk) override {
+    Op op(*this, "moe route bwd");
+    cuda::moe_route_backward_cuda(dlogits, dtopw, probs, lse, top, topw, aux_count, aux_num,
+                                  aux_den, z2, loss_scale, N, E, k, sigmoid, norm_topk, stream_);
+  }
+  void sigmoid_forward(float* out, const float* inp, size_t n) override {
+    Op op(*this, "moe gate");
+    cuda::sigmoid_forward_cuda(out, inp, n, stream_);
+  }
+  void moe_gate_backward(float* dgate, float* dy, const float* dout, const float* y,
+                         const float* gate, int N, int C) override {
+    Op op(*this, "moe gate");
+    cuda::moe_gate_backward_cuda(dgate, dy, dout, y, gate, N, C, stream_);
   }
 
   // --- optimizer side -------------------------------------------------------------------
