@@ -129,6 +129,10 @@ struct TrainContext {
   // src/model/tp_ring_grouped.cpp). On a host, tests only (the device's order over MPI); null:
   // the host's rings on grid->tp().
   Communicator* tp_ring = nullptr;
+  // ZeRO-3 on a device (Note [Weights in unit slots] in src/train/zero3_pool.h): a second
+  // NcclComm over dp's ranks (dp × cp), on its own stream, that the units' gathers run on, so
+  // that they pair among themselves whatever order the reduce-scatters take on dp_device.
+  Communicator* dp_gather_device = nullptr;
 };
 
 // One rank's training run: assembles the model, the data, the data-parallel unit

@@ -79,6 +79,9 @@ DeviceComms make_device_comms(const Deck& deck, Backend& backend, ProcessGrid& g
     options.grad_bf16 = deck.comm.grad_dtype == "bf16";
     comms.dp = std::make_unique<NcclComm>(grid.gradients().raw(),
                                           cp ? "dp x cp (nccl)" : "dp (nccl)", stream, options);
+    if (deck.parallel.zero == 3)  // Note [Weights in unit slots] in src/train/zero3_pool.h
+      comms.dp_gather = std::make_unique<NcclComm>(grid.gradients().raw(), "dp gathers (nccl)",
+                                                   stream, comm_options(deck));
   }
   if (grid.layout().tp > 1) {
     NcclCommOptions options = comm_options(deck, /*on_compute_stream=*/true);

@@ -26,6 +26,7 @@ std::unique_ptr<Backend> make_backend(const Deck& deck);
 // Collective over the world.
 struct DeviceComms {
   std::unique_ptr<Communicator> dp, tp;
+  std::unique_ptr<Communicator> dp_gather;              // ZeRO-3's unit gathers (TrainContext)
   std::vector<std::unique_ptr<Communicator>> pp_links;  // owned; `links` points into them
   std::unique_ptr<StageLinks> links;                    // null without pp_links
   std::unique_ptr<Communicator> embedding;

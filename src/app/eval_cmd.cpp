@@ -49,10 +49,16 @@ Loaded load_for_inference(const DeckArgs& args, const std::string& checkpoint, b
     if (!checkpoint.empty()) l.path = resolve_checkpoint(checkpoint);
     l.backend = make_backend(l.deck);
     l.device_comms = make_device_comms(l.deck, *l.backend, *l.grid);
-    l.trainer = std::make_unique<Trainer>(
-        l.deck, TrainContext{l.backend.get(), 0.0, l.grid.get(), nullptr, l.device_comms.dp.get(),
-                             l.device_comms.tp.get(), l.device_comms.links.get(),
-                             l.device_comms.embedding.get()});
+    TrainContext context{l.backend.get(),
+                         0.0,
+                         l.grid.get(),
+                         nullptr,
+                         l.device_comms.dp.get(),
+                         l.device_comms.tp.get(),
+                         l.device_comms.links.get(),
+                         l.device_comms.embedding.get()};
+    context.dp_gather_device = l.device_comms.dp_gather.get();
+    l.trainer = std::make_unique<Trainer>(l.deck, context);
   });
   if (!l.path.empty()) setup_step([&] { l.meta = l.trainer->load(l.path); });
   return l;

@@ -201,8 +201,10 @@ Trainer::MemoryBytes Trainer::memory_bytes() const {
   MemoryBytes m;
   const size_t shard = dp_ ? dp_->shard_size() : 0;
   m.params = model_->num_params() * sizeof(float);
-  if (dp_ && dp_->zero3())  // the shard, and what was gathered at most (Note [ZeRO-3 units])
-    m.params = shard * sizeof(float) + dp_->params_resident_peak();
+  // The shard, and what was gathered at most (Note [ZeRO-3 units]); on a device the unit pool
+  // (Note [Weights in unit slots]).
+  if (dp_ && dp_->zero3())
+    m.params = shard * sizeof(float) + dp_->params_resident_peak() + dp_->pool_bytes();
   m.grads = (model_->num_params() + shard) * sizeof(float);
   m.grads_resident =
       dp_ && dp_->releases_grads() ? dp_->grad_resident_peak() + shard * sizeof(float) : m.grads;
