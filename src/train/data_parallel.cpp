@@ -47,10 +47,6 @@ void DataParallel::check_deck(const Deck& deck, bool device, int chunks, bool sp
                 "whole, not gathered per unit; use run.precision fp32",
                 deck.run.precision);
   // Note [HSDP]: what it does not combine with yet.
-  if (zero > 0 && deck.parallel.dp_replicate > 1 && device)
-    input_error("parallel.dp_replicate {} with parallel.zero {} needs run.backend cpu: the "
-                "device communicators are dp's, not dp_shard's and dp_replicate's",
-                deck.parallel.dp_replicate, zero);
   if (zero > 0 && deck.parallel.dp_replicate > 1 && deck.parallel.zero_reduce == "micro_batch")
     input_error("parallel.dp_replicate {} with parallel.zero_reduce micro_batch: each round's "
                 "shard would be summed over the replicas again; use parallel.zero_reduce: step",
@@ -178,6 +174,13 @@ void DataParallel::attach(GPT& model) {
   const bool emulated = link_emulated_for(cc, "dp");  // comm.emulate_groups
   if (emulated && !hsdp) dp.set_emulated_link(cc.emulate_gbps, cc.emulate_latency_us);
   Communicator* reduce_comm = ctx_.dp_device ? ctx_.dp_device : &dp;
+  // Note [HSDP] on a device: the shard group's and the replicas' own device communicators.
+  if (hsdp && device_) {
+    if (!ctx_.dp_shard_device || !ctx_.dp_replicate_device)
+      internal_error(__FILE__, __LINE__, "HSDP on a device needs dp_shard and dp_replicate comms");
+    reduce_comm = ctx_.dp_shard_device;
+    opt.replicate_comm = ctx_.dp_replicate_device;
+  }
   // Note [bf16 gradient compression] (comm.h) and Note [ZeRO-1]: on the host, the gradients get
   // a communicator of their own (bf16: so the loss, norms and row sets on dp stay exact; ZeRO:
   // its gathers run during the next forward). MPI_Comm_dup is collective over dp: every rank
@@ -193,7 +196,7 @@ void DataParallel::attach(GPT& model) {
     if (bf16) grad_comm_->set_bf16_sums(true);
     reduce_comm = grad_comm_.get();
   }
-  if (hsdp) {
+  if (hsdp && !device_) {
     MpiComm& replicate = ctx_.grid->dp_replicate();
     replicate_comm_ = MpiComm::duplicate(replicate.raw(), "dp_replicate (HSDP)");
     replicate_comm_->set_timeout(replicate.timeout());

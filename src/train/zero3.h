@@ -10,8 +10,8 @@
 // where a unit is gathered or a gradient written: host pages come on write and go back on
 // release (Note [ZeRO-2 on the host]), so no allocator runs in a step.
 //
-// On a device the pool would be unit buffers sized once (cudaFree while NCCL runs is the known
-// multi-GPU hang); it is not built, so zero 3 needs run.backend cpu.
+// The host keeps these pages (its resident peak is measured on them); a device gathers into a
+// pool of unit slots sized once instead: Note [Weights in unit slots] in train/zero3_pool.h.
 //
 // The life of a unit in one step, driven by the model's ParamUseFn (called before the embedding,
 // each block and the head in forward; before the head and each block in backward):

@@ -23,7 +23,7 @@ namespace {
 
 using testing::world_size;
 
-Deck deck(int tp, int pp, std::vector<std::string> extra) {
+Deck deck(int tp, int pp, std::vector<std::string> extra, int replicas = 1) {
   const std::string yaml = R"(
 model: {layers: 4, d_model: 32, heads: 4, vocab: 250, seq_len: 16, tied_head: false}
 train: {micro_batch: 2, accum: 1, steps: 4, lr: 3.0e-3, warmup_steps: 1, seed: 7,
@@ -35,6 +35,7 @@ run: {threads: 1}
   extra.push_back("parallel.zero=3");
   extra.push_back(fmt::format("parallel.tp={}", tp));
   extra.push_back(fmt::format("parallel.pp={}", pp));
+  extra.push_back(fmt::format("parallel.dp_replicate={}", replicas));
   return parse_deck(yaml, TRIDENT_SOURCE_DIR, extra);
 }
 
@@ -50,8 +51,9 @@ struct Outcome {
 
 // The strict run's device communicators, over host communicators of their own.
 struct StrictComms {
-  std::unique_ptr<MpiComm> dp_host, gather_host;  // as a device comm is, the group's own
-  std::unique_ptr<testing::StrictDeviceComm> dp, gather, tp;
+  std::unique_ptr<MpiComm> dp_host, gather_host;        // as a device comm is, the group's own
+  std::unique_ptr<MpiComm> shard_host, replicate_host;  // HSDP's
+  std::unique_ptr<testing::StrictDeviceComm> dp, gather, tp, shard, replicate;
 };
 
 Outcome train(Backend& be, const Deck& d, ProcessGrid& grid, StrictComms* comms) {
@@ -60,6 +62,8 @@ Outcome train(Backend& be, const Deck& d, ProcessGrid& grid, StrictComms* comms)
     ctx.dp_device = comms->dp.get();
     ctx.tp_device = comms->tp.get();
     ctx.dp_gather_device = comms->gather.get();
+    ctx.dp_shard_device = comms->shard.get();
+    ctx.dp_replicate_device = comms->replicate.get();
   }
   Trainer t(d, ctx);
   auto* strict = dynamic_cast<testing::StrictDeviceBackend*>(&be);
@@ -92,17 +96,28 @@ Outcome train(Backend& be, const Deck& d, ProcessGrid& grid, StrictComms* comms)
 
 // The layout's CPU run and strict run; bit for bit (losses, norms, validation, shards), the
 // same gathers, none late, and no allocation in steps 2 on.
-void expect_matches_cpu(int tp, int pp, std::vector<std::string> extra = {}) {
+void expect_matches_cpu(int tp, int pp, std::vector<std::string> extra = {}, int replicas = 1) {
   const int dp = world_size() / (tp * pp);
-  SCOPED_TRACE(fmt::format("dp {} tp {} pp {} {}", dp, tp, pp, fmt::join(extra, " ")));
-  ProcessGrid grid(make_layout(world_size(), dp, tp, pp));
-  const Deck d = deck(tp, pp, extra);
+  SCOPED_TRACE(fmt::format("dp {} ({} replicas) tp {} pp {} {}", dp, replicas, tp, pp,
+                           fmt::join(extra, " ")));
+  ProcessGrid grid(testing::layout_of(tp, pp, replicas));
+  const Deck d = deck(tp, pp, extra, replicas);
   auto cpu = make_cpu_backend(1);
   const Outcome want = train(*cpu, d, grid, nullptr);
   testing::StrictDeviceBackend strict;
   StrictComms comms;
   comms.dp_host = MpiComm::duplicate(grid.gradients().raw(), "dp (test)");
-  comms.gather_host = MpiComm::duplicate(grid.gradients().raw(), "dp gathers (test)");
+  // Note [HSDP]: the gathers and reduce-scatters over dp_shard, the second hop over the replicas.
+  MpiComm& shards = replicas > 1 ? grid.gradient_shards() : grid.gradients();
+  comms.gather_host = MpiComm::duplicate(shards.raw(), "dp gathers (test)");
+  if (replicas > 1) {
+    comms.shard_host = MpiComm::duplicate(shards.raw(), "dp_shard (test)");
+    comms.replicate_host = MpiComm::duplicate(grid.dp_replicate().raw(), "dp_replicate (test)");
+    comms.shard = std::make_unique<testing::StrictDeviceComm>(strict, *comms.shard_host);
+    comms.replicate = std::make_unique<testing::StrictDeviceComm>(strict, *comms.replicate_host);
+    comms.shard->set_asynchronous(true);
+    comms.replicate->set_asynchronous(true);
+  }
   comms.dp = std::make_unique<testing::StrictDeviceComm>(strict, *comms.dp_host);
   comms.gather = std::make_unique<testing::StrictDeviceComm>(strict, *comms.gather_host);
   comms.dp->set_asynchronous(true);
@@ -152,6 +167,7 @@ TEST(Zero3Device, EqualsTheCpuBitForBitAtFourRanks) {
   expect_matches_cpu(1, 1);
   expect_matches_cpu(2, 1, {"parallel.sequence_parallel=true"});
   expect_matches_cpu(1, 2, {"parallel.schedule=1f1b", "train.accum=2"});
+  expect_matches_cpu(1, 1, {}, /*replicas=*/2);  // HSDP 2 x 2
 }
 
 // The pool holds two block slots beside wte, wpe and the head (Note [Weights in unit slots]),

@@ -461,8 +461,8 @@ class StrictDeviceBackend final : public Backend {
 class StrictDeviceComm final : public Communicator {
  public:
   StrictDeviceComm(StrictDeviceBackend& be, Communicator& host) : be_(be), host_(host) {}
-  // Reduce-scatters and all-gathers in flight until tested complete (staged through host
-  // buffers, landing then), as on a device stream: a thread driving two such communicators
+  // All-reduces, reduce-scatters and all-gathers in flight until tested complete (staged through
+  // host buffers, landing then), as on a device stream: a thread driving two such communicators
   // (ZeRO-3's reduce-scatters and gathers) may start them in another order on each rank.
   // Default: each runs to completion when started.
   void set_asynchronous(bool on) { asynchronous_ = on; }
@@ -523,6 +523,15 @@ class StrictDeviceComm final : public Communicator {
   Work start_all_reduce_op(void* data, size_t count, ElemType type, ReduceOp op,
                            std::string_view label) override {
     TRIDENT_CHECK(type == ElemType::kFloat32, "strict comm: float data only");
+    if (asynchronous_) {  // in place: staged in, summed there, landing back
+      auto t = staged(data, 0, data, count);
+      {
+        StrictDeviceBackend::Open open(be_, /*op=*/false);
+        std::memcpy(t->staging.data(), data, count * sizeof(float));
+      }
+      t->host = host_.all_reduce(t->staging.data(), count, op, label);
+      return Work(std::make_unique<CollectiveWork>(t, be_));
+    }
     return now([&] { return host_.all_reduce(static_cast<float*>(data), count, op, label); });
   }
   Work start_reduce_scatter(const void* send, void* recv, size_t recv_count,
