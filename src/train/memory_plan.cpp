@@ -71,7 +71,7 @@ size_t zero3_device_pool_bytes(const std::vector<ParamInfo>& layout, const Zero3
       others += n;
     }
   }
-  return (zero3.keeps_params ? total : others + std::min<size_t>(blocks, 2) * block) *
+  return (zero3.keeps_params ? total : others + std::min<size_t>(blocks, 3) * block) *
          sizeof(float);
 }
 

@@ -26,8 +26,8 @@ UnitPool::UnitPool(Backend& be, GPT& model, const std::vector<Zero3Unit>& units,
     own_offset_.push_back(long(total));
     total += floats[u];
   }
-  // Two block slots: the group running and the one gathered ahead (Note [Unit slots]).
-  for (int k = 0; k < std::min(blocks, 2); ++k) {
+  // Three block slots (Note [Unit slots]).
+  for (int k = 0; k < std::min(blocks, 3); ++k) {
     block_offset_.push_back(total);
     total += block;
   }

@@ -11,12 +11,13 @@
 // offsets stand). The gradient buffer stays whole: ZeRO-1's gradient memory on a device.
 //
 // Note [Unit slots]
-// A slot of its own for each of wte, wpe and the head (each held at most once; a tied wte from
-// the embedding to the head), and two for the blocks, of the largest block's size: the one
-// running and the one gathered one group ahead (UnitGathers holds a group and the next, never
-// more). Where units stay gathered (reshard_after_forward false, zero3_gather step) every block
-// has its own, the stage's parameters. check_memory_plan (src/train/memory_plan.cpp) counts the
-// same on a device.
+// A slot of its own for each of wte, wpe and the head (each held at most once, and together:
+// a pass keeps a held unit it reads later, so a forward after a forward finds the head held),
+// and three for the blocks, of the largest block's size: the one running, the one gathered one
+// group ahead, and the last pass's last block, kept where this pass reads it later (forwards in
+// a row on a stage before the head: GPipe, 1F1B's warm-up, validation). Where units stay
+// gathered (reshard_after_forward false, zero3_gather step) every unit has its own slot.
+// check_memory_plan (src/train/memory_plan.cpp) counts the same on a device.
 #pragma once
 
 #include <cstddef>

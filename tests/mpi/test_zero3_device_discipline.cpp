@@ -169,12 +169,15 @@ TEST(Zero3Device, EqualsTheCpuBitForBitAtFourRanks) {
   expect_matches_cpu(1, 1);
   expect_matches_cpu(2, 1, {"parallel.sequence_parallel=true"});
   expect_matches_cpu(1, 2, {"parallel.schedule=1f1b", "train.accum=2"});
+  // Four blocks a stage, forwards in a row: stage 0 holds three blocks (Note [Unit slots]).
+  expect_matches_cpu(1, 2, {"parallel.schedule=gpipe", "train.accum=2", "model.layers=8"});
   expect_matches_cpu(1, 1, {}, /*replicas=*/2);  // HSDP 2 x 2
 }
 
-// The pool holds two block slots beside wte, wpe and the head (Note [Weights in unit slots]),
-// so it is smaller than the stage's parameters; keeping every unit gathered, it is all of them.
-TEST(Zero3Device, PoolHoldsTwoBlocksOrEverything) {
+// The pool holds three block slots beside wte, wpe and the head (Note [Unit slots]),
+// so with 8 blocks it is smaller than the stage's parameters; keeping every unit gathered, it is
+// all of them.
+TEST(Zero3Device, PoolHoldsThreeBlocksOrEverything) {
   if (world_size() != 2) GTEST_SKIP() << "dp 2 on 2 ranks";
   ProcessGrid grid(make_layout(2, 2, 1, 1));
   testing::StrictDeviceBackend strict;
@@ -189,7 +192,7 @@ TEST(Zero3Device, PoolHoldsTwoBlocksOrEverything) {
     Trainer t(deck(1, 1, std::move(extra)), ctx);
     return std::pair(t.data_parallel()->pool_bytes(), t.model().num_params() * sizeof(float));
   };
-  const auto [pool, model] = pool_of({});
+  const auto [pool, model] = pool_of({"model.layers=8"});
   EXPECT_LT(pool, model * 3 / 4);
   const auto [kept, model2] = pool_of({"parallel.reshard_after_forward=false"});
   EXPECT_EQ(kept, model2);
