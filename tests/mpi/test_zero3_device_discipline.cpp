@@ -171,6 +171,8 @@ TEST(Zero3Device, EqualsTheCpuBitForBitAtFourRanks) {
   expect_matches_cpu(1, 2, {"parallel.schedule=1f1b", "train.accum=2"});
   // Four blocks a stage, forwards in a row: stage 0 holds three blocks (Note [Unit slots]).
   expect_matches_cpu(1, 2, {"parallel.schedule=gpipe", "train.accum=2", "model.layers=8"});
+  expect_matches_cpu(
+      1, 2, {"parallel.schedule=interleaved", "parallel.virtual_stages=2", "train.accum=2"});
   expect_matches_cpu(1, 1, {}, /*replicas=*/2);  // HSDP 2 x 2
 }
 
