@@ -49,6 +49,7 @@ struct Outcome {
   size_t step_allocations = 0, step_releases = 0;  // the strict backend's, after step 1
   size_t gather_orders = 0;                        // the strict gather comm's order_after calls
   size_t pool_bytes = 0, model_floats = 0;
+  bool full_params = true;  // the model still holds its full parameter buffer
 };
 
 // The strict run's device communicators, over host communicators of their own.
@@ -92,6 +93,7 @@ Outcome train(Backend& be, const Deck& d, ProcessGrid& grid, StrictComms* comms)
   be.copy(o.shard.data(), dp.shard_params(), o.shard.size() * sizeof(float));
   o.pool_bytes = dp.pool_bytes();
   o.model_floats = t.model().num_params();
+  o.full_params = t.model().params() != nullptr;
   if (comms) o.gather_orders = comms->gather->orders();
   return o;
 }
@@ -152,6 +154,8 @@ void expect_matches_cpu(int tp, int pp, std::vector<std::string> extra = {}, int
   EXPECT_EQ(got.step_allocations, 0u) << "backend allocations during steps 2 on";
   EXPECT_EQ(got.step_releases, 0u) << "backend releases during steps 2 on";
   EXPECT_GT(got.pool_bytes, 0u);
+  EXPECT_FALSE(got.full_params) << "the full parameter buffer outlived setup on the device";
+  EXPECT_TRUE(want.full_params);   // the host's: address space, pages given back
   EXPECT_EQ(want.pool_bytes, 0u);  // the host keeps its pages
 }
 
