@@ -615,6 +615,10 @@ if [ -n "$tests_bin" ]; then
   # ranks, one GPU each, likewise: not run here.
   cp_ok=$(grep -oE "^\[ +OK +\] [^ ]*AttentionBlock[^ ]*" "$LOGS/test_cuda.log" 2>/dev/null | sort -u | wc -l)
   targets+=("context parallelism: block kernels against the CPU twin, $cp_ok test(s) passed; cp over ranks needs 2 GPUs, not run here")
+  # ZeRO-3 on a device (Note [Weights in unit slots] in src/train/zero3_pool.h) shards over dp
+  # ranks, one GPU each: at dp 1 there is nothing to shard (no unit pool, no gathers), so one GPU
+  # runs nothing of it. Its discipline is proved on the CPU (tests/mpi/test_zero3_device_discipline.cpp).
+  targets+=("ZeRO-3 on a device: needs 2 GPUs (dp 2), not run here; proved bitwise against the CPU by test_zero3_device_discipline")
 fi
 write_table "$(verdict_lines)"
 finished=1

@@ -82,6 +82,8 @@ struct GradReducerOptions {
   // full buffer `params` (host memory, laid out like the gradients) holds a bucket only between
   // gather() and release_gathered(). The gathers run on gather_comm, a communicator of their
   // own with dp's ranks, so that they pair among themselves whatever the reduce-scatters do.
+  // params null (a device): no full buffer; each gather() names its unit's place in a pool
+  // (Note [Weights in unit slots] in train/zero3_pool.h), and nothing is released to the kernel.
   float* params = nullptr;
   float* shard_params = nullptr;
   Communicator* gather_comm = nullptr;
@@ -205,7 +207,9 @@ class GradReducer {
   // from the shards into the full buffer, on the reducer's thread, in call order (the same on
   // every rank: Note [Same buckets, same order]); `unit` names them in records and errors. The
   // buckets must be released (not gathered, not in flight). Any time, in a step or between.
-  void gather(size_t first, size_t end, const std::string& unit);
+  // `base` (only without a full buffer): bucket b goes to base + buckets()[b].offset, and on a
+  // device the gather is ordered after the compute stream's work enqueued so far.
+  void gather(size_t first, size_t end, const std::string& unit, float* base = nullptr);
   // ZeRO-3: buckets [first, end) are no longer read: they count as not gathered again, and their
   // pages go back to the kernel. Each must have been waited for (wait_gathered).
   void release_gathered(size_t first, size_t end);

@@ -282,7 +282,7 @@ class GPT {
     std::fill(cast_version_.begin(), cast_version_.end(), weights_version_);
   }
   float* grads() { return grads_.data(); }
-  size_t num_params() const { return params_.size(); }
+  size_t num_params() const { return num_params_; }
   const ParamInfo& param(const std::string& name) const;
 
   // GPT-2 initialisation: N(0, 0.02); residual projections (attproj, fcproj) N(0, 0.02/√(2L));
@@ -350,7 +350,17 @@ class GPT {
   std::vector<std::vector<int>> param_use_sequence(int chunk, ParamPass pass) const;
   // init_weights for parameters [first, end) of params_info() only (the same values), so that
   // ZeRO-3 can initialise its shards a unit at a time, never holding the whole model.
-  void init_params(uint64_t seed, size_t first, size_t end);
+  // `base` (ZeRO-3 on a device: a pool slot, Note [Weights in unit slots]): the values are
+  // written at base + offset instead of params() + offset.
+  void init_params(uint64_t seed, size_t first, size_t end, float* base = nullptr);
+  // Note [Weights in unit slots] (train/zero3_pool.h): forward and backward read each unit's
+  // weights at weight base + offset, one base per home (a local block 0..L-1, wte L, wpe L+1,
+  // the head's final norm and untied LM head L+2); every base is params() unless set.
+  int weight_home(size_t param) const;
+  void set_weight_base(int home, float* base) { weight_base_[size_t(home)] = base; }
+  // Gives the full parameter buffer back (ZeRO-3 on a device, after its shards were taken):
+  // params() is null from then on, and every weight is read through a set base.
+  void release_full_params();
   // Optional hook called between layers in forward and backward (the pipeline's transfer
   // progress: Note [Progress during compute] in trident/pipeline.h; empty: none).
   void set_progress(std::function<void()> fn) { progress_ = std::move(fn); }
@@ -422,6 +432,12 @@ class GPT {
   int param_index(const std::string& name) const;  // -1 if this stage has no such parameter
   // Block `local_layer`'s tensors in `base` (params_ or grads_).
   BlockWeights block(float* base, int local_layer) const;
+  // Where forward and backward read weights (Note [Weights in unit slots]).
+  float* layer_weights(int local_layer) const { return weight_base_[size_t(local_layer)]; }
+  float* wte_weights() const { return weight_base_[weight_base_.size() - 3]; }
+  float* wpe_weights() const { return weight_base_[weight_base_.size() - 2]; }
+  float* head_weights() const { return weight_base_.back(); }
+  float* head_w_weights() const { return cfg_.tied_head ? wte_weights() : head_weights(); }
   // One block's forward from residual_in [Nr,C] into `a` (forward, and recomputation).
   void block_forward(int slot, int local_layer, const BlockWeights& w, const BlockActs& a,
                      const float* residual_in, int B, int T);
@@ -540,6 +556,8 @@ class GPT {
   std::vector<ParamInfo> infos_;
   std::unordered_map<std::string, int> index_by_name_;  // into infos_
   BackendBuffer<float> params_, grads_;                 // Note [Backend memory]
+  size_t num_params_ = 0;                               // params_'s, kept past its release
+  std::vector<float*> weight_base_;                     // Note [Weights in unit slots]
   BackendBuffer<bfloat16> params16_;                    // bf16: the GEMMs' copy of the weights
   // bf16: params() calls so far, and per cast span the count its params16_ copy was made at.
   uint64_t weights_version_ = 1;

@@ -134,6 +134,15 @@ struct TrainContext {
   // null: the host groups carry the tokens and the experts' gradients.
   std::function<std::unique_ptr<Communicator>(MpiComm& group, const char* name, bool compute)>
       device_group = nullptr;
+  // ZeRO-3 on a device (Note [Weights in unit slots] in src/train/zero3_pool.h): a second
+  // NcclComm over dp's ranks (dp × cp), on its own stream, that the units' gathers run on, so
+  // that they pair among themselves whatever order the reduce-scatters take on dp_device.
+  // (With HSDP, over dp_shard's ranks, as the reduce-scatters.)
+  Communicator* dp_gather_device = nullptr;
+  // HSDP on a device (Note [HSDP] in src/train/data_parallel.h): NcclComms over dp_shard (× cp)
+  // for the reduce-scatters and over dp_replicate for the shards' sum across replicas.
+  Communicator* dp_shard_device = nullptr;
+  Communicator* dp_replicate_device = nullptr;
 };
 
 // One rank's training run: assembles the model, the data, the data-parallel unit

@@ -79,6 +79,18 @@ DeviceComms make_device_comms(const Deck& deck, Backend& backend, ProcessGrid& g
     options.grad_bf16 = deck.comm.grad_dtype == "bf16";
     comms.dp = std::make_unique<NcclComm>(grid.gradients().raw(),
                                           cp ? "dp x cp (nccl)" : "dp (nccl)", stream, options);
+    // Note [HSDP] (src/train/data_parallel.h): the shards' group and the replicas', each its own.
+    const bool hsdp = deck.parallel.zero > 0 && grid.layout().dp_replicate > 1;
+    if (hsdp) {
+      comms.dp_shard = std::make_unique<NcclComm>(grid.gradient_shards().raw(), "dp_shard (nccl)",
+                                                  stream, comm_options(deck));
+      comms.dp_replicate = std::make_unique<NcclComm>(
+          grid.dp_replicate().raw(), "dp_replicate (nccl)", stream, comm_options(deck));
+    }
+    if (deck.parallel.zero == 3)  // Note [Weights in unit slots] in src/train/zero3_pool.h
+      comms.dp_gather = std::make_unique<NcclComm>(
+          (hsdp ? grid.gradient_shards() : grid.gradients()).raw(),
+          hsdp ? "dp_shard gathers (nccl)" : "dp gathers (nccl)", stream, comm_options(deck));
   }
   if (grid.layout().tp > 1) {
     NcclCommOptions options = comm_options(deck, /*on_compute_stream=*/true);

@@ -27,8 +27,10 @@ std::unique_ptr<Backend> make_backend(const Deck& deck);
 // Collective over the world.
 struct DeviceComms {
   std::unique_ptr<Communicator> dp, tp;
-  std::vector<std::unique_ptr<Communicator>> pp_links;  // owned; `links` points into them
-  std::unique_ptr<StageLinks> links;                    // null without pp_links
+  std::unique_ptr<Communicator> dp_gather;               // ZeRO-3's unit gathers (TrainContext)
+  std::unique_ptr<Communicator> dp_shard, dp_replicate;  // HSDP (TrainContext)
+  std::vector<std::unique_ptr<Communicator>> pp_links;   // owned; `links` points into them
+  std::unique_ptr<StageLinks> links;                     // null without pp_links
   std::unique_ptr<Communicator> embedding;
   std::unique_ptr<Communicator> cp;
   std::unique_ptr<Communicator> tp_ring;

@@ -58,6 +58,9 @@ Loaded load_for_inference(const DeckArgs& args, const std::string& checkpoint, b
                      l.device_comms.links.get(),
                      l.device_comms.embedding.get()};
     ctx.device_group = l.device_comms.group;
+    ctx.dp_gather_device = l.device_comms.dp_gather.get();
+    ctx.dp_shard_device = l.device_comms.dp_shard.get();
+    ctx.dp_replicate_device = l.device_comms.dp_replicate.get();
     l.trainer = std::make_unique<Trainer>(l.deck, ctx);
   });
   if (!l.path.empty()) setup_step([&] { l.meta = l.trainer->load(l.path); });

@@ -99,6 +99,9 @@ Run make_run(const Deck& deck, const std::function<double(Backend&)>& measure_pe
     run.context.cp_device = run.device_comms.cp.get();
     run.context.tp_ring = run.device_comms.tp_ring.get();
     run.context.device_group = run.device_comms.group;
+    run.context.dp_gather_device = run.device_comms.dp_gather.get();
+    run.context.dp_shard_device = run.device_comms.dp_shard.get();
+    run.context.dp_replicate_device = run.device_comms.dp_replicate.get();
     // Validates the datasets and model.init_from before anything is written.
     run.trainer = std::make_unique<Trainer>(deck, run.context);
   });

@@ -212,9 +212,10 @@ void GradReducer::init_sharded(const GradReducerOptions& options) {
 // Note [ZeRO-3 units] (train/zero3.h): nothing is gathered until a unit asks.
 void GradReducer::init_zero3(const GradReducerOptions& options) {
   State& s = *state_;
-  TRIDENT_CHECK(options.params && options.gather_comm && s.release_reduced,
-                "GradReducer: ZeRO-3 needs the full parameter buffer, a gather communicator and "
-                "released gradients");
+  s.pooled = options.params == nullptr;  // Note [Weights in unit slots] in train/zero3_pool.h
+  TRIDENT_CHECK(options.gather_comm && (s.pooled || s.release_reduced),
+                "GradReducer: ZeRO-3 needs a gather communicator, and on the host released "
+                "gradients");
   TRIDENT_CHECK(
       options.gather_comm->size() == s.dp.size() && options.gather_comm->rank() == s.dp.rank(),
       "GradReducer: the gather communicator (rank {} of {}) is not dp's (rank {} of {})",
@@ -224,6 +225,11 @@ void GradReducer::init_zero3(const GradReducerOptions& options) {
   s.gather_comm = options.gather_comm;
   s.gathered.assign(s.buckets.size(), 0);
   s.requested.assign(s.buckets.size(), 0);
+  if (s.pooled) {
+    for (size_t b = 0; b < s.buckets.size(); ++b)
+      s.unit_marks.push_back(s.gather_comm->new_mark(false));  // Note [Marks made once]
+    return;
+  }
   prefer_huge_pages(s.full_params, s.grads_total * sizeof(float));  // Note [Huge pages released]
   release_host_floats(s.full_params, s.grads_total);
 }
@@ -404,9 +410,12 @@ void GradReducer::wait_all_gathered() {
   for (size_t b : state_->gather_order) wait_gathered(b);
 }
 
-void GradReducer::gather(size_t first, size_t end, const std::string& unit) {
+void GradReducer::gather(size_t first, size_t end, const std::string& unit, float* base) {
   State& s = *state_;
   TRIDENT_CHECK(s.shard_params, "GradReducer::gather('{}') without ZeRO-3", unit);
+  TRIDENT_CHECK((base != nullptr) == s.pooled,
+                "GradReducer::gather('{}'): a destination is named {} a device pool", unit,
+                s.pooled ? "only with" : "without");
   TRIDENT_CHECK(first < end && end <= s.buckets.size(),
                 "GradReducer::gather('{}'): buckets [{}, {})"
                 " of {}",
@@ -426,6 +435,12 @@ void GradReducer::gather(size_t first, size_t end, const std::string& unit) {
     e.param = first;
     e.count = end;
     e.name = unit;
+    e.data = s.pooled ? base : s.full_params;
+    // Recorded again only once the unit was released, after its gather was waited for.
+    if (s.pooled && s.unit_marks[first]) {
+      s.gather_comm->record_mark(*s.unit_marks[first]);
+      e.mark = s.unit_marks[first];
+    }
     s.events.push_back(std::move(e));
   }
   s.wake_thread.notify_one();
@@ -436,9 +451,10 @@ void GradReducer::release_gathered(size_t first, size_t end) {
   TRIDENT_CHECK(s.shard_params && first < end && end <= s.buckets.size(),
                 "GradReducer::release_gathered [{}, {}) of {} buckets", first, end,
                 s.buckets.size());
-  s.params_resident_peak =
-      std::max(s.params_resident_peak,
-               resident_bytes(s.full_params, s.grads_total * sizeof(float), s.params_page_scratch));
+  if (!s.pooled)
+    s.params_resident_peak = std::max(
+        s.params_resident_peak,
+        resident_bytes(s.full_params, s.grads_total * sizeof(float), s.params_page_scratch));
   {
     std::lock_guard lock(s.mutex);
     for (size_t b = first; b < end; ++b) {
@@ -450,13 +466,14 @@ void GradReducer::release_gathered(size_t first, size_t end) {
       s.gathered[b] = 0;
     }
   }
-  s.release_full(first, end);
+  if (!s.pooled) s.release_full(first, end);
 }
 
 void GradReducer::take_shards(size_t first, size_t end) {
   State& s = *state_;
   TRIDENT_CHECK(s.shard_params && first < end && end <= s.buckets.size(),
                 "GradReducer::take_shards [{}, {}) of {} buckets", first, end, s.buckets.size());
+  TRIDENT_CHECK(!s.pooled, "GradReducer::take_shards: no full buffer (a device pool)");
   const auto r = size_t(s.dp.rank());
   for (size_t b = first; b < end; ++b) {
     TRIDENT_CHECK(!s.requested[b], "GradReducer::take_shards: {} is gathered or in flight",

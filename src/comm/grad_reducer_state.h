@@ -77,6 +77,11 @@ struct GradReducer::State {
   float* full_params = nullptr;
   float* shard_params = nullptr;
   Communicator* gather_comm = nullptr;
+  // ZeRO-3 on a device (Note [Weights in unit slots] in train/zero3_pool.h): no full buffer;
+  // each gather names where its unit goes, and is ordered after the compute stream's mark
+  // recorded when it was asked for (one made-once mark per bucket, the unit's first).
+  bool pooled = false;
+  std::vector<std::shared_ptr<ComputeMark>> unit_marks;
   Communicator* replicate = nullptr;    // HSDP: the second hop's communicator (null: none)
   Communicator* expert_comm = nullptr;  // the experts' buckets' (null: none)
   std::vector<char> expert_bucket;      // per bucket: reduced on expert_comm
@@ -191,7 +196,8 @@ struct GradReducer::State {
   CommClock::time_point next_poll(int idle_polls) const;
   void handle(reducer::Event& e);
   void start_gathers(float* params, const ComputeMark* after);
-  void start_unit_gathers(size_t first, size_t end, const std::string& unit);
+  void start_unit_gathers(size_t first, size_t end, const std::string& unit, float* base,
+                          const ComputeMark* after);
   void push_gather(size_t bucket, Work work, std::string name);
   // ZeRO-3, compute thread: the full buffer's pages of buckets [first, end) go back.
   void release_full(size_t first, size_t end);

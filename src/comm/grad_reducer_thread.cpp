@@ -130,7 +130,7 @@ void GradReducer::State::handle(Event& e) {
     return;
   }
   if (e.kind == EventKind::kUnitGather) {
-    start_unit_gathers(e.param, e.count, e.name);
+    start_unit_gathers(e.param, e.count, e.name, e.data, e.mark.get());
     return;
   }
   if (!active) return;  // leftovers of a step that already failed
@@ -204,13 +204,17 @@ void GradReducer::State::push_gather(size_t b, Work work, std::string name) {
 // Note [ZeRO-3 units] (train/zero3.h): one unit's buckets, from the shards into the full
 // buffer, in the order the compute thread asked (its program order, the same on every rank).
 // A round is open while any gather is in flight; units asked for meanwhile join it.
-void GradReducer::State::start_unit_gathers(size_t first, size_t end, const std::string& unit) {
+// `base`: where the unit goes (bucket b at base + its offset); `after`: on a device, the compute
+// stream's mark when it was asked for: the shards are updated and the slot's last reader done.
+void GradReducer::State::start_unit_gathers(size_t first, size_t end, const std::string& unit,
+                                            float* base, const ComputeMark* after) {
+  gather_comm->order_after(after);
   if (!gathering) gather_building = GatherStats{};
   gathering = true;
   for (size_t b = first; b < end; ++b) {
     push_gather(b,
-                gather_comm->all_gather(shard_params + shard_offset[b],
-                                        full_params + buckets[b].offset, shard_count[b]),
+                gather_comm->all_gather(shard_params + shard_offset[b], base + buckets[b].offset,
+                                        shard_count[b]),
                 fmt::format("unit {}: {}", unit, bucket_names[b]));
     ++gathers_left;
   }

@@ -148,6 +148,27 @@ const float* GPT::logits() const {
   return slots_[0].logits.data();
 }
 
+// Note [Weights in unit slots] (train/zero3_pool.h): the homes follow ZeRO-3's units.
+int GPT::weight_home(size_t param) const {
+  TRIDENT_CHECK(param < infos_.size(), "weight_home({}) of {} parameters", param, infos_.size());
+  const ParamInfo& p = infos_[param];
+  const int layers = int(table_->layers.size());
+  if (p.layer >= 0) {
+    for (int l = 0; l < layers; ++l)
+      if (stage_.global_layer(l) == p.layer) return l;
+    internal_error(__FILE__, __LINE__,
+                   fmt::format("'{}': layer {} not on this stage", p.name, p.layer));
+  }
+  if (p.name == "wte") return layers;
+  if (p.name == "wpe") return layers + 1;
+  return layers + 2;  // the final norm, an untied LM head
+}
+
+void GPT::release_full_params() {
+  params_ = BackendBuffer<float>();
+  std::fill(weight_base_.begin(), weight_base_.end(), nullptr);
+}
+
 void GPT::zero_grads() { be_.fill_zero(grads_.data(), grads_.size() * sizeof(float)); }
 
 void GPT::rope(float* qkv, int N, int T, bool backward) {
@@ -312,7 +333,7 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, int 
       continue;
     }
     const BlockActs a = block_acts(slot, i);
-    block_forward(slot, i, block(P, i), a, residual, B, T);
+    block_forward(slot, i, block(layer_weights(i), i), a, residual, B, T);
     residual = a.residual3;
   }
   moe_end_forward(slot, N);
@@ -321,9 +342,10 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, int 
   Phase ph(be_, phases_, table_->forward_head);
   if (precision_ == Precision::kBf16) return head_forward_bf16(s, residual, targets, B, T);
   Slot& h = head(s);
-  norm_gathered(h.lnf.data(), h.lnf_mean.data(), h.lnf_rstd.data(), residual, P + table_->lnfw,
-                at(P, table_->lnfb), B, T, C);
-  be_.matmul_forward(h.logits.data(), h.lnf.data(), P + table_->head_w, nullptr, N, C, Vl);
+  norm_gathered(h.lnf.data(), h.lnf_mean.data(), h.lnf_rstd.data(), residual,
+                head_weights() + table_->lnfw, at(head_weights(), table_->lnfb), B, T, C);
+  be_.matmul_forward(h.logits.data(), h.lnf.data(), head_w_weights() + table_->head_w, nullptr, N,
+                     C, Vl);
   s.has_targets = targets != nullptr;
   if (!targets) return 0.0f;
   be_.copy(s.targets.data(), targets, size_t(N) * sizeof(int32_t));

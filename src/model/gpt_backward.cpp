@@ -115,7 +115,6 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale, const fl
   const int FCl = cfg_.fc_rows() / tps, Fl = cfg_.hidden() / tps;
   const bool tied = cfg_.tied_head, parallel = cfg_.parallel_residual;
   Scratch& a = *scratch_;
-  float* P = params_.data();
   float* G = grads_.data();
   // The whole backward computes weight gradients as it goes; B leaves them to W and keeps
   // the output gradients instead (Note [Split backward]).
@@ -165,7 +164,7 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale, const fl
       }
     } else if (wte_after_head || !tied) {
       be_.matmul_backward(nullptr, G + table_->head_w, nullptr, h.logits.data(), h.lnf.data(),
-                          P + table_->head_w, N, C, Vl);
+                          head_w_weights() + table_->head_w, N, C, Vl);
       if (tied) ready.wte();
       else ready.through(table_->head_w_index);
     }
@@ -174,10 +173,10 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale, const fl
     // logit gradient to bf16 once rather than twice (the same GEMMs, the same bits).
     const bool dw_here = tied && !wte_after_head;
     be_.matmul_backward(a.dbuf_c.data(), dw_here ? G + table_->wte : nullptr, nullptr,
-                        h.logits.data(), h.lnf.data(), P + table_->head_w, N, C, Vl);
+                        h.logits.data(), h.lnf.data(), head_w_weights() + table_->head_w, N, C, Vl);
     norm_gathered_backward(a.dresidual.data(), G + table_->lnfw, at(G, table_->lnfb),
-                           a.dbuf_c.data(), last_residual, P + table_->lnfw, h.lnf_mean.data(),
-                           h.lnf_rstd.data(), B, T, C, 2 * L, last_micro_batch);
+                           a.dbuf_c.data(), last_residual, head_weights() + table_->lnfw,
+                           h.lnf_mean.data(), h.lnf_rstd.data(), B, T, C, 2 * L, last_micro_batch);
     ready.through(table_->head_last_index);
   } else {
     TRIDENT_CHECK(dstage_output != nullptr, "a stage before the last needs its output gradient");
@@ -192,7 +191,7 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale, const fl
     const float* residual_in = i == begin ? s.encoded.data() : block_acts(slot, i - 1).residual3;
     recompute_block(slot, i, residual_in);
     const BlockActs act = block_acts(slot, i);
-    const BlockWeights w = block(P, i);
+    const BlockWeights w = block(layer_weights(i), i);
     const BlockWeights dw = block(G, i);
     float* dres = a.dresidual.data();  // gradient w.r.t. this block's output (this rank's rows)
 
@@ -278,7 +277,6 @@ void GPT::backward_weight(int slot, const GradReadyFn& on_ready, const Embedding
   const int Ql = cfg_.heads / tps * cfg_.head_size(), QKVl = cfg_.qkv_rows() / tps;
   const int FCl = cfg_.fc_rows() / tps, Fl = cfg_.hidden() / tps;
   const bool tied = cfg_.tied_head;
-  float* P = params_.data();
   float* G = grads_.data();
   // As in backward_pass: the same ready order, and a tied wte reported on its own.
   const bool wte_after_head = tied && stage_.has_head && (!stage_.has_embedding || sink);
@@ -302,7 +300,7 @@ void GPT::backward_weight(int slot, const GradReadyFn& on_ready, const Embedding
     const LayerTable& lt = table_->layers[size_t(i)];
     Phase ph(be_, phases_, lt.weight_phase);
     const BlockActs act = block_acts(slot, i);
-    const BlockWeights w = block(P, i);
+    const BlockWeights w = block(layer_weights(i), i);
     const BlockWeights dw = block(G, i);
     TRIDENT_CHECK(!lt.moe, "a split backward of a mixture layer");
     be_.matmul_backward(nullptr, dw.fcprojw, dw.fcprojb, all_rows(act.residual3), act.fch_gelu,

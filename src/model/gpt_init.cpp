@@ -43,7 +43,7 @@ bool ends_with(const std::string& s, const char* suffix) {
 
 void GPT::init_weights(uint64_t seed) { init_params(seed, 0, infos_.size()); }
 
-void GPT::init_params(uint64_t seed, size_t first, size_t end) {
+void GPT::init_params(uint64_t seed, size_t first, size_t end, float* base) {
   TRIDENT_CHECK(first <= end && end <= infos_.size(), "init_params [{}, {}) of {}", first, end,
                 infos_.size());
   if (first == end) return;
@@ -56,7 +56,7 @@ void GPT::init_params(uint64_t seed, size_t first, size_t end) {
     view_lo = std::min(view_lo, infos_[i].offset);
     view_hi = std::max(view_hi, infos_[i].offset + infos_[i].count);
   }
-  HostView<float> host(be_, params() + view_lo, view_hi - view_lo, /*load=*/true);
+  HostView<float> host(be_, (base ? base : params()) + view_lo, view_hi - view_lo, /*load=*/true);
   for (size_t i = first; i < end; ++i) {
     const ParamInfo& p = infos_[i];
     float* w = host.data() + (p.offset - view_lo);

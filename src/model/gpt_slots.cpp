@@ -113,6 +113,8 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   auto halves = [&](size_t n) { return BackendBuffer<bfloat16>(be_, n); };  // zeroed
   params_ = floats(total);
   grads_ = floats(params_.size());
+  num_params_ = total;
+  weight_base_.assign(table_->layers.size() + 3, params_.data());  // Note [Weights in unit slots]
   if (bf16) {
     params16_ = halves(total);
     cast_version_.assign(table_->layers.size() + 1, 0);  // nothing cast yet
@@ -275,7 +277,7 @@ void GPT::recompute_block(int slot, int local_layer, const float* residual_in) {
   }
   const Slot& s = slots_[slot];
   const int B = s.B, T = s.T, N = B * T;
-  const BlockWeights w = block(params_.data(), local_layer);
+  const BlockWeights w = block(layer_weights(local_layer), local_layer);
   BlockActs a = block_acts(slot, local_layer);
   if (recompute_mode_ == Recompute::kMlp) {
     if (moe_[size_t(local_layer)]) return;  // a mixture keeps its own (src/model/moe.h)

@@ -17,8 +17,8 @@ namespace trident {
 
 void GPT::embedding_forward(float* out, const int32_t* tokens, int B, int T) {
   const int C = cfg_.channels;
-  const float* wte = params_.data() + table_->wte;
-  const float* wpe = at(params_.data(), table_->wpe);  // null with rotary positions
+  const float* wte = wte_weights() + table_->wte;
+  const float* wpe = at(wpe_weights(), table_->wpe);  // null with rotary positions
   if (wpe && cp_.size > 1) {  // this rank's rows of wpe (Note [Context parallelism])
     float* local = scratch_->cp_wpe.data();
     for (const CpRun& run : cp_runs(T))

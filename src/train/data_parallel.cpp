@@ -33,19 +33,20 @@ void DataParallel::check_deck(const Deck& deck, bool device, int chunks, bool sp
                 "(parallel.schedule {}); use parallel.zero_reduce: step",
                 zero, chunks, deck.parallel.schedule);
   // Note [ZeRO-3 units] (train/zero3.h): what is not built yet is refused by name.
-  if (zero == 3 && device)
-    input_error("parallel.zero: 3 needs run.backend cpu: its gathered units live in host pages "
-                "given back after use (Note [ZeRO-3 units]); a device needs a pool of unit "
-                "buffers, which is not built. parallel.zero: 1 works on the device");
+  // Note [Weights in unit slots] (train/zero3_pool.h): on a device the units live in a pool,
+  // and the gradient buffer stays whole (its pages cannot go back).
+  if (zero == 3 && device && deck.parallel.zero_reduce == "micro_batch")
+    input_error("parallel.zero: 3 with parallel.zero_reduce micro_batch needs run.backend cpu: "
+                "each round gives the gradients' host pages back "
+                "(Note [ZeRO-2 and accumulation]); on a device use parallel.zero_reduce: step");
+  if (zero == 3 && device && (deck.model.moe_experts > 0 || deck.model.family == "mixtral"))
+    input_error("parallel.zero: 3 with a mixture of experts needs run.backend cpu: a mixture's "
+                "weights are not read through the unit pool (Note [Weights in unit slots])");
   if (zero == 3 && deck.run.precision != "fp32")
     input_error("parallel.zero: 3 with run.precision {}: the bf16 copy of the weights is kept "
                 "whole, not gathered per unit; use run.precision fp32",
                 deck.run.precision);
   // Note [HSDP]: what it does not combine with yet.
-  if (zero > 0 && deck.parallel.dp_replicate > 1 && device)
-    input_error("parallel.dp_replicate {} with parallel.zero {} needs run.backend cpu: the "
-                "device communicators are dp's, not dp_shard's and dp_replicate's",
-                deck.parallel.dp_replicate, zero);
   if (zero > 0 && deck.parallel.dp_replicate > 1 && deck.parallel.zero_reduce == "micro_batch")
     input_error("parallel.dp_replicate {} with parallel.zero_reduce micro_batch: each round's "
                 "shard would be summed over the replicas again; use parallel.zero_reduce: step",
@@ -81,8 +82,10 @@ DataParallel::DataParallel(const Deck& deck, const TrainContext& ctx) : deck_(de
   if (ctx_.backend->is_device() && !ctx_.dp_device)
     internal_error(__FILE__, __LINE__, "a device backend with dp > 1 needs a device communicator");
   sharded_ = deck_.parallel.zero > 0;
-  release_grads_ = sharded_ && deck_.parallel.zero >= 2;  // Note [ZeRO-2 on the host]
-  zero3_ = deck_.parallel.zero == 3;                      // Note [ZeRO-3 units]
+  device_ = ctx_.backend->is_device();
+  // Note [ZeRO-2 on the host]; a device keeps its gradient buffer (Note [Weights in unit slots])
+  release_grads_ = sharded_ && deck_.parallel.zero >= 2 && !device_;
+  zero3_ = deck_.parallel.zero == 3;  // Note [ZeRO-3 units]
 }
 
 DataParallel::~DataParallel() {
@@ -171,6 +174,13 @@ void DataParallel::attach(GPT& model) {
   const bool emulated = link_emulated_for(cc, "dp");  // comm.emulate_groups
   if (emulated && !hsdp) dp.set_emulated_link(cc.emulate_gbps, cc.emulate_latency_us);
   Communicator* reduce_comm = ctx_.dp_device ? ctx_.dp_device : &dp;
+  // Note [HSDP] on a device: the shard group's and the replicas' own device communicators.
+  if (hsdp && device_) {
+    if (!ctx_.dp_shard_device || !ctx_.dp_replicate_device)
+      internal_error(__FILE__, __LINE__, "HSDP on a device needs dp_shard and dp_replicate comms");
+    reduce_comm = ctx_.dp_shard_device;
+    opt.replicate_comm = ctx_.dp_replicate_device;
+  }
   // Note [bf16 gradient compression] (comm.h) and Note [ZeRO-1]: on the host, the gradients get
   // a communicator of their own (bf16: so the loss, norms and row sets on dp stay exact; ZeRO:
   // its gathers run during the next forward). MPI_Comm_dup is collective over dp: every rank
@@ -186,7 +196,7 @@ void DataParallel::attach(GPT& model) {
     if (bf16) grad_comm_->set_bf16_sums(true);
     reduce_comm = grad_comm_.get();
   }
-  if (hsdp) {
+  if (hsdp && !device_) {
     MpiComm& replicate = ctx_.grid->dp_replicate();
     replicate_comm_ = MpiComm::duplicate(replicate.raw(), "dp_replicate (HSDP)");
     replicate_comm_->set_timeout(replicate.timeout());
@@ -210,15 +220,22 @@ void DataParallel::attach(GPT& model) {
     opt.gather_order = gather_order_;
   }
   if (zero3_) {
+    model_ = &model;
     shard_params_ = BackendBuffer<float>(*ctx_.backend, shard_floats_);
-    gather_comm_ = MpiComm::duplicate(dp.raw(), "dp (ZeRO-3 gathers)");
-    gather_comm_->set_timeout(dp.timeout());
-    // One emulated wire for the gathers and the reduce-scatters (both driven by the reducer's
-    // thread), or ZeRO-3 would be measured on twice the link.
-    if (emulated) gather_comm_->share_emulated_link(*grad_comm_);
-    opt.params = model.params();
     opt.shard_params = shard_params_.data();
-    opt.gather_comm = gather_comm_.get();
+    if (device_) {  // Note [Weights in unit slots]: no full buffer, gathers on a device comm
+      if (!ctx_.dp_gather_device)
+        internal_error(__FILE__, __LINE__, "ZeRO-3 on a device needs a gather communicator");
+      opt.gather_comm = ctx_.dp_gather_device;
+    } else {
+      gather_comm_ = MpiComm::duplicate(dp.raw(), "dp (ZeRO-3 gathers)");
+      gather_comm_->set_timeout(dp.timeout());
+      // One emulated wire for the gathers and the reduce-scatters (both driven by the
+      // reducer's thread), or ZeRO-3 would be measured on twice the link.
+      if (emulated) gather_comm_->share_emulated_link(*grad_comm_);
+      opt.params = model.params();
+      opt.gather_comm = gather_comm_.get();
+    }
   }
   reducer_ = std::make_unique<GradReducer>(*reduce_comm, model.grads(), std::move(params), opt);
   if (!sharded_) return;
@@ -232,6 +249,17 @@ void DataParallel::attach(GPT& model) {
     uo.reshard_after_forward = deck_.parallel.reshard_after_forward;
     uo.per_step = deck_.parallel.zero3_gather == "step";
     unit_gathers_ = std::make_unique<UnitGathers>(*reducer_, model, unit_first_, uo);
+    if (device_) {
+      std::vector<size_t> first, floats;
+      for (const Zero3Unit& u : unit_gathers_->units()) {
+        const Bucket& last = reducer_->buckets()[u.end_bucket - 1];
+        first.push_back(reducer_->buckets()[u.first_bucket].offset);
+        floats.push_back(last.offset + last.count - first.back());
+      }
+      pool_ = std::make_unique<UnitPool>(*ctx_.backend, model, unit_gathers_->units(), first,
+                                         floats, !uo.reshard_after_forward || uo.per_step);
+      unit_gathers_->set_pool(pool_.get());
+    }
     model.set_param_use([this](ParamPass pass, const std::vector<int>& indices) {
       unit_gathers_->use(pass, indices);
     });
@@ -250,17 +278,46 @@ void DataParallel::attach(GPT& model) {
 
 void DataParallel::init_params(GPT& model, uint64_t seed) {
   TRIDENT_CHECK(zero3_, "DataParallel::init_params without ZeRO-3");
-  for (const Zero3Unit& u : unit_gathers_->units()) {
-    model.init_params(seed, u.first_param, u.end_param);
-    reducer_->take_shards(u.first_bucket, u.end_bucket);
+  const std::vector<Zero3Unit>& units = unit_gathers_->units();
+  for (size_t k = 0; k < units.size(); ++k) {
+    const Zero3Unit& u = units[k];
+    if (!device_) {
+      model.init_params(seed, u.first_param, u.end_param);
+      reducer_->take_shards(u.first_bucket, u.end_bucket);
+      continue;
+    }
+    // Note [Weights in unit slots]: each unit in its slot (padding zero), then into the shards.
+    float* base = pool_->take(int(k));
+    const Bucket& first = reducer_->buckets()[u.first_bucket];
+    const Bucket& last = reducer_->buckets()[u.end_bucket - 1];
+    ctx_.backend->fill_zero(base + first.offset,
+                            (last.offset + last.count - first.offset) * sizeof(float));
+    model.init_params(seed, u.first_param, u.end_param, base);
+    copy_shards(u, base);
+    pool_->give_back(int(k));
   }
+  if (device_) model.release_full_params();
 }
 
 void DataParallel::take_params() {
   TRIDENT_CHECK(zero3_, "DataParallel::take_params without ZeRO-3");
-  for (const Zero3Unit& u : unit_gathers_->units())
-    reducer_->take_shards(u.first_bucket, u.end_bucket);
+  for (const Zero3Unit& u : unit_gathers_->units()) {
+    if (device_) copy_shards(u, model_->params());
+    else reducer_->take_shards(u.first_bucket, u.end_bucket);
+  }
+  if (device_) model_->release_full_params();
 }
+
+void DataParallel::copy_shards(const Zero3Unit& u, const float* base) {
+  for (size_t b = u.first_bucket; b < u.end_bucket; ++b) {
+    const size_t n = reducer_->shard_count(b);
+    ctx_.backend->copy(shard_params_.data() + reducer_->shard_offset(b),
+                       base + reducer_->buckets()[b].offset + size_t(reducer_->shard_rank(b)) * n,
+                       n * sizeof(float));
+  }
+}
+
+size_t DataParallel::pool_bytes() const { return pool_ ? pool_->bytes() : 0; }
 
 void DataParallel::release_params() {
   if (zero3_) unit_gathers_->release_all();

@@ -17,6 +17,7 @@
 
 #include "train/zero.h"
 #include "train/zero3.h"
+#include "train/zero3_pool.h"
 #include "trident/deck.h"
 #include "trident/grad_reducer.h"
 #include "trident/model.h"
@@ -78,6 +79,8 @@ class DataParallel {
   // The reducer's index of the model's parameter `param`'s piece `piece`, and the range of a
   // parameter's units [first, last).
   int unit(int param, int piece) const { return unit_first_[size_t(param)] + piece; }
+  // ZeRO-3 on a device: the unit pool's bytes (0 on the host).
+  size_t pool_bytes() const;
   int units_end(int param) const { return unit_first_[size_t(param) + 1]; }
   // With ZeRO: this rank's shard of the bucket holding `unit`: its gradient sums and the part
   // [flat_begin, flat_begin + count) of the flat buffer they belong to.
@@ -104,12 +107,17 @@ class DataParallel {
   size_t grad_resident_peak() const { return grad_resident_peak_; }
 
  private:
+  // ZeRO-3 on a device: this rank's shard of unit u's buckets, read at `base` (+ bucket offsets),
+  // copied into shard_params on the backend.
+  void copy_shards(const Zero3Unit& u, const float* base);
+
   const Deck& deck_;
   TrainContext ctx_;
   int size_ = 1, rank_ = 0;
   int replicas_ = 1, shard_ranks_ = 1, shard_rank_ = 0;  // Note [HSDP]
   bool writes_shard_ = true;
-  bool sharded_ = false, release_grads_ = false, zero3_ = false;
+  bool sharded_ = false, release_grads_ = false, zero3_ = false, device_ = false;
+  GPT* model_ = nullptr;  // attach's (ZeRO-3)
   // lay_out's split, kept for attach: the parameter in row pieces (-1: none), its piece rows.
   int split_param_ = -1, row_elems_ = 1;
   std::vector<int> piece_rows_;
@@ -124,6 +132,7 @@ class DataParallel {
   std::unique_ptr<MpiComm> gather_comm_;     // ZeRO-3: the gathers' own duplicate of dp
   std::unique_ptr<MpiComm> replicate_comm_;  // HSDP: the shards' sum over the replicas
   BackendBuffer<float> shard_grads_, shard_params_;
+  std::unique_ptr<UnitPool> pool_;  // ZeRO-3 on a device (Note [Weights in unit slots])
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<UnitGathers> unit_gathers_;  // ZeRO-3
   std::vector<OwnedPiece> shard_runs_;         // ZeRO-3: owned_runs_ with flat = shard offset

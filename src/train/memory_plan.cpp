@@ -53,6 +53,28 @@ size_t zero3_pool_bytes(const std::vector<ParamInfo>& layout, const StageSpec& s
   return (params + grads) * sizeof(float);
 }
 
+// Note [Unit slots] (train/zero3_pool.h): the device pool, in the layout's (unpadded) floats.
+size_t zero3_device_pool_bytes(const std::vector<ParamInfo>& layout, const Zero3Memory& zero3) {
+  const std::vector<std::string> names = zero3_unit_names(layout);
+  std::map<std::string, size_t> unit_floats;
+  size_t total = 0;
+  for (size_t i = 0; i < layout.size(); ++i) {
+    unit_floats[names[i]] += layout[i].count;
+    total += layout[i].count;
+  }
+  size_t others = 0, block = 0, blocks = 0;
+  for (const auto& [name, n] : unit_floats) {
+    if (name[0] == 'h' && name != "head") {
+      block = std::max(block, n);
+      ++blocks;
+    } else {
+      others += n;
+    }
+  }
+  return (zero3.keeps_params ? total : others + std::min<size_t>(blocks, 3) * block) *
+         sizeof(float);
+}
+
 void check_memory_plan(const GPTConfig& cfg, int B, int T, const GPTOptions& options,
                        Backend& backend, int shard_ranks, bool stage_gradients,
                        const Zero3Memory& zero3, bool snapshot) {
@@ -88,6 +110,14 @@ void check_memory_plan(const GPTConfig& cfg, int B, int T, const GPTOptions& opt
     params = shard;
     grads = shard + pool;
     need = acts + params + grads + optimizer;
+    if (backend.is_device()) {
+      // Note [Weights in unit slots]: the unit pool; the gradient buffer whole; the full
+      // parameter buffer held at setup until the shards are taken, before the optimizer's state.
+      const double full = double(param_floats) * 4;
+      params = shard + double(zero3_device_pool_bytes(layout, zero3));
+      grads = full + shard;
+      need = acts + params + grads + std::max(full, optimizer);
+    }
   }
   // Note [Asynchronous checkpoints]: the snapshot holds what the rank saves, its parameters
   // (ZeRO-3: their shard) and m and v, in host memory: on a host backend beside the rest; on a

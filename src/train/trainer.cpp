@@ -205,8 +205,10 @@ Trainer::MemoryBytes Trainer::memory_bytes() const {
   MemoryBytes m;
   const size_t shard = dp_ ? dp_->shard_size() : 0;
   m.params = model_->num_params() * sizeof(float);
-  if (dp_ && dp_->zero3())  // the shard, and what was gathered at most (Note [ZeRO-3 units])
-    m.params = shard * sizeof(float) + dp_->params_resident_peak();
+  // The shard, and what was gathered at most (Note [ZeRO-3 units]); on a device the unit pool
+  // (Note [Weights in unit slots]).
+  if (dp_ && dp_->zero3())
+    m.params = shard * sizeof(float) + dp_->params_resident_peak() + dp_->pool_bytes();
   m.grads = (model_->num_params() + shard) * sizeof(float);
   m.grads_resident =
       dp_ && dp_->releases_grads() ? dp_->grad_resident_peak() + shard * sizeof(float) : m.grads;
@@ -359,6 +361,18 @@ double Trainer::validate() {
                        *valid_order_);
     run_pipeline_forward(*pp_comm_, pp_size_, pp_rank_, mine, *stage_, chunks_, ctx_.pp_links);
     sum[0] = stage_->take_loss_sum();
+  }
+  // ZeRO-3's gathers pair over dp (Note [ZeRO-3 units]): a rank with fewer validation
+  // micro-batches than the most any rank has runs that many more forwards, uncounted (its own
+  // samples again), or the others' gathers would wait for it.
+  const int most = (n + dp_size_ - 1) / dp_size_;
+  if (dp_ && dp_->zero3() && most > mine) {
+    stage_->begin_step({0, deck_.train.micro_batch, deck_.model.seq_len, most - mine, dp_size_,
+                        dp_rank_, cp_size_, cp_rank_},
+                       *valid_order_);
+    run_pipeline_forward(*pp_comm_, pp_size_, pp_rank_, most - mine, *stage_, chunks_,
+                         ctx_.pp_links);
+    (void)stage_->take_loss_sum();
   }
   if (dp_) dp_->release_params();  // ZeRO-3: the units the forward passes left gathered
   if (model_->has_moe()) model_->discard_moe_stats();  // validation's routing is not the step's

@@ -42,5 +42,7 @@ void check_memory_plan(const GPTConfig& cfg, int B, int T, const GPTOptions& opt
 // the whole buffer for what `zero3` keeps.
 size_t zero3_pool_bytes(const std::vector<ParamInfo>& layout, const StageSpec& stage, bool tied,
                         const Zero3Memory& zero3);
+// On a device: the unit pool's bytes (Note [Unit slots] in train/zero3_pool.h).
+size_t zero3_device_pool_bytes(const std::vector<ParamInfo>& layout, const Zero3Memory& zero3);
 
 }  // namespace trident

@@ -1,6 +1,8 @@
 // Note [ZeRO-3 units] (zero3.h): the units, and the gathers' schedule over a step.
 #include "train/zero3.h"
 
+#include "train/zero3_pool.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -139,7 +141,7 @@ void UnitGathers::request(int unit, bool late, ParamPass pass, int position) {
   const Zero3Unit& u = units_[size_t(unit)];
   if (unit == stall_unit_ && ++stall_count_ == stall_at_)
     std::this_thread::sleep_for(std::chrono::minutes(10));
-  reducer_.gather(u.first_bucket, u.end_bucket, u.name);
+  reducer_.gather(u.first_bucket, u.end_bucket, u.name, pool_ ? pool_->take(unit) : nullptr);
   held_[size_t(unit)] = 1;
   ++counts_.gathers;
   counts_.late += late ? 1 : 0;
@@ -155,6 +157,7 @@ void UnitGathers::release(int unit, ParamPass pass, int position) {
   wait(unit);  // a prefetch never used may still be on the wire
   const Zero3Unit& u = units_[size_t(unit)];
   reducer_.release_gathered(u.first_bucket, u.end_bucket);
+  if (pool_) pool_->give_back(unit);
   held_[size_t(unit)] = 0;
   if (options_.log) log_.push_back({LogEntry::kRelease, unit, pass, position});
 }

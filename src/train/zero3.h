@@ -10,8 +10,8 @@
 // where a unit is gathered or a gradient written: host pages come on write and go back on
 // release (Note [ZeRO-2 on the host]), so no allocator runs in a step.
 //
-// On a device the pool would be unit buffers sized once (cudaFree while NCCL runs is the known
-// multi-GPU hang); it is not built, so zero 3 needs run.backend cpu.
+// The host keeps these pages (its resident peak is measured on them); a device gathers into a
+// pool of unit slots sized once instead: Note [Weights in unit slots] in train/zero3_pool.h.
 //
 // The life of a unit in one step, driven by the model's ParamUseFn (called before the embedding,
 // each block and the head in forward; before the head and each block in backward):
@@ -44,6 +44,7 @@
 namespace trident {
 
 class GradReducer;
+class UnitPool;
 
 // The unit of each parameter (the model's, in ready order): "h<layer>", "wte", "wpe" or "head".
 // A unit's parameters must be one run of the list (internal_error naming it otherwise).
@@ -75,6 +76,8 @@ class UnitGathers {
   void gather_all();
 
   const std::vector<Zero3Unit>& units() const { return units_; }
+  // On a device: units are gathered into this pool's slots (Note [Weights in unit slots]).
+  void set_pool(UnitPool* pool) { pool_ = pool; }
   // Gathers asked for since the last call, and how many of them were not asked for one group
   // ahead (a pass's first group is asked for when it is used: not counted as late).
   struct Counts {
@@ -101,6 +104,7 @@ class UnitGathers {
   void release(int unit, ParamPass pass, int position);
 
   GradReducer& reducer_;
+  UnitPool* pool_ = nullptr;
   Options options_;
   std::vector<Zero3Unit> units_;
   std::vector<int> unit_of_param_;

@@ -45,12 +45,7 @@ Result train(int tp, int pp, std::vector<std::string> overrides, int steps = 8, 
   overrides.push_back(fmt::format("parallel.tp={}", tp));
   overrides.push_back(fmt::format("parallel.pp={}", pp));
   overrides.push_back(fmt::format("parallel.dp_replicate={}", replicas));
-  GridSizes sizes;
-  sizes.world = world_size();
-  sizes.tp = tp;
-  sizes.pp = pp;
-  sizes.dp_replicate = replicas;
-  ProcessGrid grid(complete_layout(sizes));
+  ProcessGrid grid(testing::layout_of(tp, pp, replicas));
   auto be = make_cpu_backend(1);
   Trainer t(deck(overrides), TrainContext{be.get(), 1e9, &grid, nullptr});
   Result r;

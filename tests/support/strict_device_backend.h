@@ -46,12 +46,16 @@ class StrictDeviceBackend final : public Backend {
     const size_t n = (std::max<size_t>(bytes, 1) + page - 1) / page * page;
     void* p = mmap(nullptr, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);  // zeroed
     TRIDENT_CHECK(p != MAP_FAILED, "mmap of {} bytes", n);
+    std::lock_guard<std::mutex> lock(mutex_);
     regions_[p] = n;
+    ++allocations_;
     return p;
   }
   void release(void* p) noexcept override {
+    std::lock_guard<std::mutex> lock(mutex_);
     auto it = regions_.find(p);
     if (it == regions_.end()) return;
+    ++releases_;
     munmap(it->first, it->second);
     regions_.erase(it);
   }
@@ -62,6 +66,10 @@ class StrictDeviceBackend final : public Backend {
   }
   // Copies from backend memory to the host so far: each is a wait for the device on a GPU.
   size_t copies_to_host() const { return copies_to_host_; }
+  // allocate() and release() calls so far (on a GPU a cudaMalloc or cudaFree, which a step
+  // must not make: Note [Weights in unit slots] in src/train/zero3_pool.h).
+  size_t allocations() const { return allocations_; }
+  size_t releases() const { return releases_; }
   void fill_zero(void* p, size_t bytes) override {
     Open open(*this);
     if (bytes > 0) std::memset(p, 0, bytes);
@@ -480,6 +488,7 @@ class StrictDeviceBackend final : public Backend {
   std::mutex mutex_;
   int open_ = 0;
   size_t copies_to_host_ = 0;
+  size_t allocations_ = 0, releases_ = 0;
   std::map<std::thread::id, uint64_t> ops_;
 };
 
@@ -502,6 +511,11 @@ class StrictDeviceBackend final : public Backend {
 class StrictDeviceComm final : public Communicator {
  public:
   StrictDeviceComm(StrictDeviceBackend& be, Communicator& host) : be_(be), host_(host) {}
+  // All-reduces, reduce-scatters and all-gathers in flight until tested complete (staged through
+  // host buffers, landing then), as on a device stream: a thread driving two such communicators
+  // (ZeRO-3's reduce-scatters and gathers) may start them in another order on each rank.
+  // Default: each runs to completion when started.
+  void set_asynchronous(bool on) { asynchronous_ = on; }
   int rank() const override { return host_.rank(); }
   int size() const override { return host_.size(); }
   const std::string& name() const override { return host_.name(); }
@@ -522,8 +536,12 @@ class StrictDeviceComm final : public Communicator {
     m.recorded = true;
   }
   void order_after(const ComputeMark* mark) override {
-    if (mark) ordered_ = static_cast<const Mark&>(*mark);
+    if (!mark) return;
+    ordered_ = static_cast<const Mark&>(*mark);
+    if (ordered_.recorded) ++orders_;
   }
+  // order_after calls with a recorded mark so far (ZeRO-3: one per unit gather).
+  size_t orders() const { return orders_; }
   // The receives started so far land in their buffers.
   void compute_waits_for_comm() override {
     for (auto& t : landing_) {
@@ -555,11 +573,25 @@ class StrictDeviceComm final : public Communicator {
   Work start_all_reduce_op(void* data, size_t count, ElemType type, ReduceOp op,
                            std::string_view label) override {
     TRIDENT_CHECK(type == ElemType::kFloat32, "strict comm: float data only");
+    if (asynchronous_) {  // in place: staged in, summed there, landing back
+      auto t = staged(data, 0, data, count);
+      {
+        StrictDeviceBackend::Open open(be_, /*op=*/false);
+        std::memcpy(t->staging.data(), data, count * sizeof(float));
+      }
+      t->host = host_.all_reduce(t->staging.data(), count, op, label);
+      return Work(std::make_unique<CollectiveWork>(t, be_));
+    }
     return now([&] { return host_.all_reduce(static_cast<float*>(data), count, op, label); });
   }
   Work start_reduce_scatter(const void* send, void* recv, size_t recv_count,
                             ElemType type) override {
     TRIDENT_CHECK(type == ElemType::kFloat32, "strict comm: float data only");
+    if (asynchronous_) {
+      auto t = staged(send, recv_count * size_t(size()), recv, recv_count);
+      t->host = host_.reduce_scatter(t->staging_in.data(), t->staging.data(), recv_count);
+      return Work(std::make_unique<CollectiveWork>(t, be_));
+    }
     return now([&] {
       return host_.reduce_scatter(static_cast<const float*>(send), static_cast<float*>(recv),
                                   recv_count);
@@ -567,6 +599,11 @@ class StrictDeviceComm final : public Communicator {
   }
   Work start_all_gather(const void* send, void* recv, size_t send_count, ElemType type) override {
     TRIDENT_CHECK(type == ElemType::kFloat32, "strict comm: float data only");
+    if (asynchronous_) {
+      auto t = staged(send, send_count, recv, send_count * size_t(size()));
+      t->host = host_.all_gather(t->staging_in.data(), t->staging.data(), send_count);
+      return Work(std::make_unique<CollectiveWork>(t, be_));
+    }
     return now([&] {
       return host_.all_gather(static_cast<const float*>(send), static_cast<float*>(recv),
                               send_count);
@@ -605,7 +642,43 @@ class StrictDeviceComm final : public Communicator {
     std::vector<float> staging;
     Work host;
     bool done = false;
-    float* dst = nullptr;  // a receive's buffer
+    float* dst = nullptr;           // a receive's buffer
+    std::vector<float> staging_in;  // an asynchronous collective's input
+  };
+  // An asynchronous collective: its input copied out now, its output landing when complete.
+  std::shared_ptr<Transfer> staged(const void* send, size_t send_count, void* recv,
+                                   size_t recv_count) {
+    auto t = std::make_shared<Transfer>();
+    t->staging_in.resize(send_count);
+    t->staging.resize(recv_count);
+    t->dst = static_cast<float*>(recv);
+    StrictDeviceBackend::Open open(be_, /*op=*/false);
+    std::memcpy(t->staging_in.data(), send, send_count * sizeof(float));
+    return t;
+  }
+  class CollectiveWork final : public Work::Impl {
+   public:
+    CollectiveWork(std::shared_ptr<Transfer> t, StrictDeviceBackend& be)
+        : t_(std::move(t)), be_(be) {}
+    bool test() override {
+      if (!t_->done && t_->host.test()) land();
+      return t_->done;
+    }
+    void wait() override {
+      if (t_->done) return;
+      t_->host.wait();
+      land();
+    }
+    const OpRecord& record() const override { return t_->host.record(); }
+
+   private:
+    void land() {
+      StrictDeviceBackend::Open open(be_, /*op=*/false);
+      std::memcpy(t_->dst, t_->staging.data(), t_->staging.size() * sizeof(float));
+      t_->done = true;
+    }
+    std::shared_ptr<Transfer> t_;
+    StrictDeviceBackend& be_;
   };
   class TransferWork final : public Work::Impl {
    public:
@@ -638,6 +711,8 @@ class StrictDeviceComm final : public Communicator {
   Mark ordered_;  // the last order_after's
   std::vector<std::shared_ptr<Transfer>> landing_;
   size_t transfers_ = 0;
+  size_t orders_ = 0;
+  bool asynchronous_ = false;
 };
 
 }  // namespace trident::testing

@@ -57,6 +57,16 @@ inline int world_size() {
 // biases. llama: RMSNorm, SwiGLU of width 64, grouped-query attention, no biases, untied head;
 // its kv heads must split over every tp the world allows, so 2 kv heads of 4 on up to 2 ranks,
 // 4 of 8 on 4 or more (two query heads per kv head either way). The decks' d_model is 32.
+// The grid of world_size() ranks with these tp, pp and dp_replicate sizes (dp: the rest).
+inline auto layout_of(int tp, int pp, int replicas = 1) {
+  GridSizes sizes;
+  sizes.world = world_size();
+  sizes.tp = tp;
+  sizes.pp = pp;
+  sizes.dp_replicate = replicas;
+  return complete_layout(sizes);
+}
+
 inline std::vector<std::string> family_keys(const std::string& family) {
   if (family == "gpt2") return {};
   if (family == "neox") return {"model.family=neox"};

@@ -1,0 +1,58 @@
+// ZeRO-3 on a device: the gathered units' weights live in a pool of backend memory allocated
+// once, when the run is built.
+//
+// Note [Weights in unit slots]
+// On the host a unit is gathered into the full parameter buffer, whose pages come and go
+// (Note [ZeRO-3 units] in train/zero3.h, kept there: it measures its resident peak on them). Device
+// memory cannot give pages back, and a cudaFree while NCCL runs is the known multi-GPU hang: on
+// a device the full buffer goes after setup (GPT::release_full_params), a unit is gathered into
+// a slot of a pool allocated once, and the model reads it at the base it is told when the unit
+// is asked for (GPT::set_weight_base: the slot less the unit's first offset, so the model's
+// offsets stand). The gradient buffer stays whole: ZeRO-1's gradient memory on a device.
+//
+// Note [Unit slots]
+// A slot of its own for each of wte, wpe and the head (each held at most once, and together:
+// a pass keeps a held unit it reads later, so a forward after a forward finds the head held),
+// and three for the blocks, of the largest block's size: the one running, the one gathered one
+// group ahead, and the last pass's last block, kept where this pass reads it later (forwards in
+// a row on a stage before the head: GPipe, 1F1B's warm-up, validation). Where units stay
+// gathered (reshard_after_forward false, zero3_gather step) every unit has its own slot.
+// check_memory_plan (src/train/memory_plan.cpp) counts the same on a device.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "train/zero3.h"
+#include "trident/backend.h"
+
+namespace trident {
+
+class UnitPool {
+ public:
+  // `floats`: per unit, the elements from its first bucket's offset to its last bucket's end;
+  // `first`: that first offset. keep_all: every unit gets a slot of its own.
+  UnitPool(Backend& be, GPT& model, const std::vector<Zero3Unit>& units,
+           const std::vector<size_t>& first, const std::vector<size_t>& floats, bool keep_all);
+
+  // Gives `unit` a slot, tells the model where its weights are, and returns the base its
+  // gather writes at (bucket b at base + b's offset). The unit must not hold one.
+  float* take(int unit);
+  void give_back(int unit);
+  size_t bytes() const { return memory_.size() * sizeof(float); }
+  int block_slots() const { return int(block_offset_.size()); }
+
+ private:
+  float* base_of(int unit, size_t slot_offset) const;
+
+  GPT& model_;
+  BackendBuffer<float> memory_;
+  std::vector<size_t> first_;         // per unit: its first bucket's flat offset
+  std::vector<int> home_;             // per unit: the model's weight home
+  std::vector<long> own_offset_;      // per unit: its own slot's offset in memory_; -1: a block
+  std::vector<size_t> block_offset_;  // per block slot: its offset in memory_
+  std::vector<int> block_user_;       // per block slot: the unit in it, -1: free
+  std::vector<int> slot_of_;          // per unit: its block slot while held, else -1
+};
+
+}  // namespace trident
