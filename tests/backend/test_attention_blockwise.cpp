@@ -121,6 +121,12 @@ class ChunkedAttention {
   size_t q_chunks() const { return q_cuts_.size() - 1; }
   size_t k_chunks() const { return k_cuts_.size() - 1; }
 
+  // Row `off` of a buffer; null while it is empty (the gradients before backward): an offset
+  // from a null pointer is undefined (clang's UBSan reports it).
+  static double* at(std::vector<double>& v, size_t off) {
+    return v.empty() ? nullptr : v.data() + off;
+  }
+
   cpu::AttentionBlockArgs<double> args(size_t i, size_t j) {
     const size_t C = size_t(s_.NH) * s_.hs, q0 = q_cuts_[i], k0 = k_cuts_[j];
     cpu::AttentionBlockArgs<double> a;
@@ -130,11 +136,11 @@ class ChunkedAttention {
     a.q = qkv_.data() + q0 * row(), a.q_bstride = s_.T * row(), a.q_rstride = row();
     a.k = kv_[j].data(), a.v = kv_[j].data() + s_.KVH * s_.hs;
     a.kv_rstride = 2 * size_t(s_.KVH) * s_.hs, a.kv_bstride = a.Tk * a.kv_rstride;
-    a.out = out.data() + q0 * C, a.dout = dout.data() + q0 * C;
+    a.out = at(out, q0 * C), a.dout = at(dout, q0 * C);
     a.o_bstride = s_.T * C, a.o_rstride = C;
-    a.lse = lse.data() + q0, a.delta = delta.data() + q0;
+    a.lse = at(lse, q0), a.delta = at(delta, q0);
     a.s_bstride = size_t(s_.NH) * s_.T, a.s_hstride = s_.T;
-    a.dq = dqkv.data() + q0 * row();
+    a.dq = at(dqkv, q0 * row());
     a.dk = dkv_[j].data(), a.dv = dkv_[j].data() + s_.KVH * s_.hs;
     return a;
   }

@@ -27,6 +27,12 @@
 
 namespace trident::testing {
 
+// n floats from src to dst; nothing when n is 0, where either may be null (an empty collective),
+// which memcpy does not allow.
+inline void copy_floats(void* dst, const void* src, size_t n) {
+  if (n > 0) std::memcpy(dst, src, n * sizeof(float));
+}
+
 class StrictDeviceBackend final : public Backend {
  public:
   // bf16_family_ops false: a device without the families' bf16 kernels (the model refuses a
@@ -548,7 +554,7 @@ class StrictDeviceComm final : public Communicator {
       if (!t->done) t->host.wait();
       t->done = true;
       StrictDeviceBackend::Open open(be_, /*op=*/false);
-      std::memcpy(t->dst, t->staging.data(), t->staging.size() * sizeof(float));
+      copy_floats(t->dst, t->staging.data(), t->staging.size());
     }
     landing_.clear();
   }
@@ -577,7 +583,7 @@ class StrictDeviceComm final : public Communicator {
       auto t = staged(data, 0, data, count);
       {
         StrictDeviceBackend::Open open(be_, /*op=*/false);
-        std::memcpy(t->staging.data(), data, count * sizeof(float));
+        copy_floats(t->staging.data(), data, count);
       }
       t->host = host_.all_reduce(t->staging.data(), count, op, label);
       return Work(std::make_unique<CollectiveWork>(t, be_));
@@ -618,7 +624,7 @@ class StrictDeviceComm final : public Communicator {
     t->staging.resize(count);
     {
       StrictDeviceBackend::Open open(be_, /*op=*/false);
-      std::memcpy(t->staging.data(), data, count * sizeof(float));
+      copy_floats(t->staging.data(), data, count);
     }
     t->host = host_.send(t->staging.data(), count, dest, 0);
     return Work(std::make_unique<TransferWork>(t));
@@ -653,7 +659,7 @@ class StrictDeviceComm final : public Communicator {
     t->staging.resize(recv_count);
     t->dst = static_cast<float*>(recv);
     StrictDeviceBackend::Open open(be_, /*op=*/false);
-    std::memcpy(t->staging_in.data(), send, send_count * sizeof(float));
+    copy_floats(t->staging_in.data(), send, send_count);
     return t;
   }
   class CollectiveWork final : public Work::Impl {
@@ -674,7 +680,7 @@ class StrictDeviceComm final : public Communicator {
    private:
     void land() {
       StrictDeviceBackend::Open open(be_, /*op=*/false);
-      std::memcpy(t_->dst, t_->staging.data(), t_->staging.size() * sizeof(float));
+      copy_floats(t_->dst, t_->staging.data(), t_->staging.size());
       t_->done = true;
     }
     std::shared_ptr<Transfer> t_;
