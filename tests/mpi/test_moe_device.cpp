@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "moe_run.h"
 #include "strict_device_backend.h"
 #include "train_harness.h"
 
@@ -21,33 +22,6 @@ namespace trident {
 namespace {
 
 using testing::world_size;
-
-struct Outcome {
-  std::vector<double> losses, norms, aux;
-  std::vector<int64_t> dropped;
-  std::vector<float> params;       // this rank's
-  size_t copies_in_last_step = 0;  // the strict backend's reads of its memory
-};
-
-Outcome train(Backend& be, const Deck& d, ProcessGrid& grid, TrainContext ctx) {
-  ctx.backend = &be;
-  ctx.grid = &grid;
-  Trainer t(d, ctx);
-  Outcome o;
-  auto* strict = dynamic_cast<testing::StrictDeviceBackend*>(&be);
-  for (int s = 0; s < d.train.steps; ++s) {
-    const size_t before = strict ? strict->copies_to_host() : 0;
-    const StepStats st = t.train_step(s);
-    if (strict) o.copies_in_last_step = strict->copies_to_host() - before;
-    o.losses.push_back(st.loss);
-    o.norms.push_back(st.grad_norm);
-    o.aux.push_back(st.moe.aux_loss);
-    o.dropped.push_back(st.moe.dropped);
-  }
-  HostView<float> p(be, t.model().params(), t.model().num_params(), /*load=*/true);
-  o.params.assign(p.data(), p.data() + p.size());
-  return o;
-}
 
 // A small Mixtral (Llama's block, 4 experts of SwiGLU width 32, top 2) at ep over dp = world.
 Deck moe_deck(int ep, std::vector<std::string> keys) {
@@ -61,7 +35,7 @@ Deck moe_deck(int ep, std::vector<std::string> keys) {
 
 // The run on the strict backend with its device communicators (the ep and expert-dp groups'
 // through TrainContext::device_group; their number into *made).
-Outcome train_strict(const Deck& d, ProcessGrid& grid, size_t* made) {
+testing::MoeRun train_strict(const Deck& d, ProcessGrid& grid, size_t* made) {
   testing::StrictDeviceBackend strict;
   testing::StrictDeviceComm dp_comm(strict, grid.gradients());
   TrainContext ctx;
@@ -71,7 +45,8 @@ Outcome train_strict(const Deck& d, ProcessGrid& grid, size_t* made) {
     return std::unique_ptr<Communicator>(
         std::make_unique<testing::StrictDeviceComm>(strict, group));
   };
-  return train(strict, d, grid, ctx);
+  ctx.grid = &grid;
+  return testing::run_moe(strict, d, ctx);
 }
 
 void expect_device_matches_cpu(int ep, const std::vector<std::string>& keys) {
@@ -79,19 +54,17 @@ void expect_device_matches_cpu(int ep, const std::vector<std::string>& keys) {
   ProcessGrid grid(complete_layout({.world = world_size()}));
   const Deck d = moe_deck(ep, keys);
   auto cpu = make_cpu_backend(1);
-  const Outcome want = train(*cpu, d, grid, TrainContext{});
+  TrainContext on_grid;
+  on_grid.grid = &grid;
+  const testing::MoeRun want = testing::run_moe(*cpu, d, on_grid);
   size_t made = 0;
-  const Outcome got = train_strict(d, grid, &made);
+  const testing::MoeRun got = train_strict(d, grid, &made);
   EXPECT_EQ(made, 2u);  // the ep group and the expert-data-parallel group
-  EXPECT_EQ(got.losses, want.losses);
-  EXPECT_EQ(got.norms, want.norms);
-  EXPECT_EQ(got.aux, want.aux);
-  EXPECT_EQ(got.dropped, want.dropped);
-  EXPECT_EQ(got.params, want.params);
+  testing::expect_same_moe_run(got, want);
   // Note [Expert counts on the host]: ep's counts are exchanged between the hosts, so a step
   // reads backend memory as often as at ep 1 (one routing summary a layer and micro-batch).
   size_t made_at_one = 0;
-  const Outcome one = train_strict(moe_deck(1, keys), grid, &made_at_one);
+  const testing::MoeRun one = train_strict(moe_deck(1, keys), grid, &made_at_one);
   EXPECT_EQ(made_at_one, 0u);
   EXPECT_EQ(got.copies_in_last_step, one.copies_in_last_step);
 }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "moe_run.h"
 #include "strict_device_backend.h"
 #include "trident/deck.h"
 #include "trident/train.h"
@@ -27,46 +28,6 @@ data: {train: inputs/data/tiny-train.bin, valid: inputs/data/tiny-valid.bin, shu
 run: {threads: 1}
 )";
   return parse_deck(yaml, TRIDENT_SOURCE_DIR, keys);
-}
-
-struct Outcome {
-  std::vector<double> losses, norms, aux, z, load;
-  std::vector<int64_t> dropped;
-  double val = 0;
-  std::vector<float> params;
-  size_t copies_in_last_step = 0;  // the strict backend's reads of its memory
-};
-
-Outcome train(Backend& be, const Deck& d) {
-  Trainer t(d, TrainContext{&be, 1e9});
-  Outcome o;
-  auto* strict = dynamic_cast<testing::StrictDeviceBackend*>(&be);
-  for (int s = 0; s < d.train.steps; ++s) {
-    const size_t before = strict ? strict->copies_to_host() : 0;
-    const StepStats st = t.train_step(s);
-    if (strict) o.copies_in_last_step = strict->copies_to_host() - before;
-    o.losses.push_back(st.loss);
-    o.norms.push_back(st.grad_norm);
-    o.aux.push_back(st.moe.aux_loss);
-    o.z.push_back(st.moe.z_loss);
-    o.load.push_back(st.moe.load_max_over_mean);
-    o.dropped.push_back(st.moe.dropped);
-  }
-  o.val = t.validate();
-  HostView<float> p(be, t.model().params(), t.model().num_params(), /*load=*/true);
-  o.params.assign(p.data(), p.data() + p.size());
-  return o;
-}
-
-void expect_same_run(const Outcome& got, const Outcome& want) {
-  EXPECT_EQ(got.losses, want.losses);
-  EXPECT_EQ(got.norms, want.norms);
-  EXPECT_EQ(got.aux, want.aux);
-  EXPECT_EQ(got.z, want.z);
-  EXPECT_EQ(got.load, want.load);
-  EXPECT_EQ(got.dropped, want.dropped);
-  EXPECT_EQ(got.val, want.val);
-  EXPECT_EQ(got.params, want.params);
 }
 
 struct Case {
@@ -100,9 +61,9 @@ TEST(MoeDevice, MixturesTouchBackendMemoryOnlyThroughOpsAndCopies) {
     const Deck d = moe_deck(c.keys);
     auto cpu = make_cpu_backend(1);
     testing::StrictDeviceBackend strict;
-    const Outcome want = train(*cpu, d);
-    const Outcome got = train(strict, d);
-    expect_same_run(got, want);
+    const testing::MoeRun want = testing::run_moe(*cpu, d, TrainContext{nullptr, 1e9});
+    const testing::MoeRun got = testing::run_moe(strict, d, TrainContext{nullptr, 1e9});
+    testing::expect_same_moe_run(got, want);
     if (d.model.moe_aux_loss != "none") EXPECT_GT(want.aux.back(), 0.0);
     if (c.drops) EXPECT_GT(want.dropped.front() + want.dropped.back(), 0);
     // Note [Expert counts on the host]: one summary a mixture layer and micro-batch, beside

@@ -1,0 +1,59 @@
+// Shared by the mixture-of-experts device tests (tests/train and tests/mpi test_moe_device): a
+// few steps of a deck on any backend, the mixture's figures recorded step by step, and the
+// check that two such runs are the same bit for bit.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "strict_device_backend.h"
+#include "trident/train.h"
+
+namespace trident::testing {
+
+struct MoeRun {
+  std::vector<double> losses, norms, aux, z, load;
+  std::vector<int64_t> dropped;
+  double val = 0;                  // the validation loss; 0 without data.valid
+  std::vector<float> params;       // this rank's, read through the backend's copies
+  size_t copies_in_last_step = 0;  // the strict backend's reads of its memory (else 0)
+};
+
+// Trains d.train.steps steps on `be` in `context` (its backend set here), then validates
+// where the deck has a validation set.
+inline MoeRun run_moe(Backend& be, const Deck& d, TrainContext context) {
+  context.backend = &be;
+  Trainer t(d, context);
+  MoeRun o;
+  auto* strict = dynamic_cast<StrictDeviceBackend*>(&be);
+  for (int s = 0; s < d.train.steps; ++s) {
+    const size_t before = strict ? strict->copies_to_host() : 0;
+    const StepStats st = t.train_step(s);
+    if (strict) o.copies_in_last_step = strict->copies_to_host() - before;
+    o.losses.push_back(st.loss);
+    o.norms.push_back(st.grad_norm);
+    o.aux.push_back(st.moe.aux_loss);
+    o.z.push_back(st.moe.z_loss);
+    o.load.push_back(st.moe.load_max_over_mean);
+    o.dropped.push_back(st.moe.dropped);
+  }
+  if (!d.data.valid.empty()) o.val = t.validate();
+  HostView<float> p(be, t.model().params(), t.model().num_params(), /*load=*/true);
+  o.params.assign(p.data(), p.data() + p.size());
+  return o;
+}
+
+inline void expect_same_moe_run(const MoeRun& got, const MoeRun& want) {
+  EXPECT_EQ(got.losses, want.losses);
+  EXPECT_EQ(got.norms, want.norms);
+  EXPECT_EQ(got.aux, want.aux);
+  EXPECT_EQ(got.z, want.z);
+  EXPECT_EQ(got.load, want.load);
+  EXPECT_EQ(got.dropped, want.dropped);
+  EXPECT_EQ(got.val, want.val);
+  EXPECT_EQ(got.params, want.params);
+}
+
+}  // namespace trident::testing
