@@ -153,4 +153,17 @@ DeviceComms make_device_comms(const Deck& deck, Backend& backend, ProcessGrid& g
   return comms;
 }
 
+void attach_device_comms(const DeviceComms& comms, TrainContext& context) {
+  context.dp_device = comms.dp.get();
+  context.tp_device = comms.tp.get();
+  context.pp_links = comms.links.get();
+  context.embedding_device = comms.embedding.get();
+  context.cp_device = comms.cp.get();
+  context.tp_ring = comms.tp_ring.get();
+  context.device_group = comms.group;
+  context.dp_gather_device = comms.dp_gather.get();
+  context.dp_shard_device = comms.dp_shard.get();
+  context.dp_replicate_device = comms.dp_replicate.get();
+}
+
 }  // namespace trident

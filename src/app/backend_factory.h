@@ -9,6 +9,7 @@
 #include "trident/deck.h"
 #include "trident/grid.h"
 #include "trident/pipeline.h"
+#include "trident/train.h"
 
 namespace trident {
 
@@ -38,5 +39,8 @@ struct DeviceComms {
   std::function<std::unique_ptr<Communicator>(MpiComm&, const char*, bool)> group;
 };
 DeviceComms make_device_comms(const Deck& deck, Backend& backend, ProcessGrid& grid);
+// Points every device communicator of `context` at `comms`' (null where there is none), so that
+// each subcommand that builds a Trainer hands it the same set.
+void attach_device_comms(const DeviceComms& comms, TrainContext& context);
 
 }  // namespace trident

@@ -49,18 +49,8 @@ Loaded load_for_inference(const DeckArgs& args, const std::string& checkpoint, b
     if (!checkpoint.empty()) l.path = resolve_checkpoint(checkpoint);
     l.backend = make_backend(l.deck);
     l.device_comms = make_device_comms(l.deck, *l.backend, *l.grid);
-    TrainContext ctx{l.backend.get(),
-                     0.0,
-                     l.grid.get(),
-                     nullptr,
-                     l.device_comms.dp.get(),
-                     l.device_comms.tp.get(),
-                     l.device_comms.links.get(),
-                     l.device_comms.embedding.get()};
-    ctx.device_group = l.device_comms.group;
-    ctx.dp_gather_device = l.device_comms.dp_gather.get();
-    ctx.dp_shard_device = l.device_comms.dp_shard.get();
-    ctx.dp_replicate_device = l.device_comms.dp_replicate.get();
+    TrainContext ctx{l.backend.get(), 0.0, l.grid.get(), nullptr};
+    attach_device_comms(l.device_comms, ctx);
     l.trainer = std::make_unique<Trainer>(l.deck, ctx);
   });
   if (!l.path.empty()) setup_step([&] { l.meta = l.trainer->load(l.path); });

@@ -88,20 +88,8 @@ Run make_run(const Deck& deck, const std::function<double(Backend&)>& measure_pe
     const double peak = measure_peak(*run.backend);
     run.device_comms = make_device_comms(deck, *run.backend, *run.grid);
     run.trace = make_trace(deck, *run.grid);
-    run.context = TrainContext{run.backend.get(),
-                               peak,
-                               run.grid.get(),
-                               run.trace.get(),
-                               run.device_comms.dp.get(),
-                               run.device_comms.tp.get(),
-                               run.device_comms.links.get(),
-                               run.device_comms.embedding.get()};
-    run.context.cp_device = run.device_comms.cp.get();
-    run.context.tp_ring = run.device_comms.tp_ring.get();
-    run.context.device_group = run.device_comms.group;
-    run.context.dp_gather_device = run.device_comms.dp_gather.get();
-    run.context.dp_shard_device = run.device_comms.dp_shard.get();
-    run.context.dp_replicate_device = run.device_comms.dp_replicate.get();
+    run.context = TrainContext{run.backend.get(), peak, run.grid.get(), run.trace.get()};
+    attach_device_comms(run.device_comms, run.context);
     // Validates the datasets and model.init_from before anything is written.
     run.trainer = std::make_unique<Trainer>(deck, run.context);
   });
