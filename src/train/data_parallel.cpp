@@ -39,9 +39,6 @@ void DataParallel::check_deck(const Deck& deck, bool device, int chunks, bool sp
     input_error("parallel.zero: 3 with parallel.zero_reduce micro_batch needs run.backend cpu: "
                 "each round gives the gradients' host pages back "
                 "(Note [ZeRO-2 and accumulation]); on a device use parallel.zero_reduce: step");
-  if (zero == 3 && device && (deck.model.moe_experts > 0 || deck.model.family == "mixtral"))
-    input_error("parallel.zero: 3 with a mixture of experts needs run.backend cpu: a mixture's "
-                "weights are not read through the unit pool (Note [Weights in unit slots])");
   if (zero == 3 && deck.run.precision != "fp32")
     input_error("parallel.zero: 3 with run.precision {}: the bf16 copy of the weights is kept "
                 "whole, not gathered per unit; use run.precision fp32",
