@@ -20,6 +20,12 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// A routing summary of `size` doubles (moe_permute): [E+1] sums, then 2E int32 counts from its
+// third (its size is 3(E+1)), in device memory or in the host's copy.
+int32_t* summary_counts(double* summary, size_t size) {
+  return reinterpret_cast<int32_t*>(summary + size / 3);
+}
+
 }  // namespace
 
 // Note [Expert counts on the host]
@@ -48,7 +54,7 @@ struct MoeLayer::SlotState {
   // [M,C] [R,C] [R,fcr] [R,Fe] [R,C] [M,C]; the shared experts' [N,fcs] [N,Fs] [N,C] [N].
   BackendBuffer<float> xs, xr, h, act, yr, ys;
   BackendBuffer<float> sh_h, sh_act, sh_y, sh_g;
-  int32_t* counts() { return reinterpret_cast<int32_t*>(summary.data() + (summary.size() / 3)); }
+  int32_t* counts() { return summary_counts(summary.data(), summary.size()); }
 };
 
 struct MoeLayer::Scratch {
@@ -146,7 +152,7 @@ void MoeLayer::route(SlotState& s, const float* x, const MoeWeights& w, int N, b
                   s.top.data(), s.probs.data(), s.lse.data(), N, E, k, cap);
   std::vector<double>& summary = scratch_->summary;
   be_.copy(summary.data(), s.summary.data(), summary.size() * sizeof(double));
-  const auto* counts = reinterpret_cast<const int32_t*>(summary.data() + summary.size() / 3);
+  const int32_t* counts = summary_counts(summary.data(), summary.size());
   std::copy(counts, counts + E, s.count.begin());
   std::copy(counts + E, counts + 2 * E, s.kept.begin());
   s.M = 0;
@@ -190,8 +196,9 @@ void MoeLayer::exchange_counts(SlotState& s) {
   const auto t0 = std::chrono::steady_clock::now();
   Communicator& host = ep_.counts ? *ep_.counts : *ep_.comm;
   host.all_to_all_v(s.kept.data(), x.int_counts.data(), s.recv.data(), x.int_counts.data()).wait();
-  stats_.a2a_ms += ms_since(t0);
-  stats_.a2a_exposed_ms += ms_since(t0);
+  const double ms = ms_since(t0);
+  stats_.a2a_ms += ms;
+  stats_.a2a_exposed_ms += ms;  // the compute thread waits for it
   s.rows_at[0] = 0;
   for (int e = 0; e < El; ++e) {
     int n = 0;
