@@ -60,6 +60,14 @@
 // cannot hold at once in a trainer (the micro-batches' gradients must sum somewhere: a full
 // buffer, 4·Ψ resident, or the shard, m reduce-scatters); docs/plan.md says so.
 //
+// Note [Plan ZeRO-3 on a device]
+// A GPU holds what the trainer allocates there (Note [Unit slots] in src/train/zero3_pool.h,
+// zero3_device_pool_bytes in src/train/memory_plan.cpp): device memory is sized once, so the
+// pool is a slot of its own for each of wte, wpe and the head, and three block slots of the
+// largest block (the one running, the one ahead, the last pass's last block), not the two
+// groups the host's pages hold at most; everything where units stay gathered. For Llama-3-8B
+// (wte and head 525 M each, a block 218 M) that is 1.70 G parameters against 0.74 G.
+//
 // Note [Plan checkpoint snapshot]
 // An asynchronous save (checkpoint.async) first copies what a synchronous save writes from
 // this rank: its fp32 parameters (ZeRO-3: its shard) and Adam's m and v (ZeRO-1/2/3: its
@@ -195,6 +203,16 @@ Zero3Pool zero3_pool(const PlanModel& m, const PlanLayout& l, int s) {
   for (size_t u = 0; u < units.size(); ++u)
     if (!(u == 0 && stage.has_embedding && cfg.tied_head && both))
       pool.whole_grad = std::max(pool.whole_grad, units[u]);
+  // Note [Plan ZeRO-3 on a device]: the units before the blocks and after them have slots of
+  // their own, the blocks share three.
+  const size_t first_block = stage.has_embedding ? (cfg.has_wpe() ? 2 : 1) : 0;
+  double block = 0;
+  for (size_t u = 0; u < units.size(); ++u) {
+    const bool is_block = u >= first_block && u < first_block + size_t(stage.num_layers);
+    if (is_block) block = std::max(block, units[u]);
+    else pool.device_params += units[u];
+  }
+  pool.device_params += std::min(stage.num_layers, 3) * block;
   return pool;
 }
 
@@ -284,7 +302,8 @@ ModelStates model_state_bytes(const PlanModel& m, const PlanLayout& l, const Har
     const Zero3Pool pool = zero3_pool(m, l, s);
     const bool kept =
         !l.reshard_after_forward || (l.zero3_gather == "step" && (l.pp > 1 || l.accum > 1));
-    st.params = (fp32 ? shard * 4 : 0) + (kept ? params : std::min(params, pool.params)) * E;
+    const double held = hw.kind == "gpu" ? pool.device_params : pool.params;
+    st.params = (fp32 ? shard * 4 : 0) + (kept ? params : std::min(params, held)) * E;
     st.grads = shard * 4 + std::min(params * 4, 2 * bucket + pool.whole_grad * 4);
     st.expert_params = fp32 ? expert_shard * 4 : 0;
     st.expert_grads = expert_shard * 4;

@@ -73,13 +73,14 @@ TEST(PlanZero3, MemoryPerRankAgainstZeroZeroOneTwoByHand) {
       {0, 2 * kPsi, 4 * kPsi, 12 * kPsi},  // 18Ψ = 7,365,888
       {1, 2 * kPsi, 4 * kPsi + 4 * shard, 12 * shard},
       {2, 2 * kPsi, 4 * shard + kTwoBuckets, 12 * shard},
-      // ZeRO-3: two blocks gathered and the tied wte kept beside them (2·(2U + 8,192)), the
-      // shard's gradient + two buckets + the unit being written (4·U); 16Ψ/8 + 2·(2U + 8,192)
-      // + 131,072 + 4U = 818,432 + 216,320 + 331,008 = 1,365,760.
-      {3, 2 * (2 * kUnit + 8192), 4 * shard + kTwoBuckets + 4 * kUnit, 12 * shard},
+      // ZeRO-3 on a GPU: the device's unit slots (Note [Plan ZeRO-3 on a device]): wte, wpe
+      // and the head's own, three of a block: 2·(8,192 + 1,024 + 128 + 3U) = 318,592; the
+      // shard's gradient + two buckets + the unit being written (4·U); 16Ψ/8 + 318,592 +
+      // 131,072 + 4U = 818,432 + 318,592 + 331,008 = 1,468,032.
+      {3, 2 * (8192 + 1024 + 128 + 3 * kUnit), 4 * shard + kTwoBuckets + 4 * kUnit, 12 * shard},
   };
   const double expected_totals[] = {7365888, 818432 + 1841472 + 613824, 818432 + 335680 + 613824,
-                                    1365760};
+                                    1468032};
   for (const Row& r : rows) {
     const ModelStates st = model_state_bytes(m, data_parallel(8, r.zero), hw, 0);
     EXPECT_DOUBLE_EQ(st.params, r.params) << "zero " << r.zero;
@@ -102,13 +103,33 @@ TEST(PlanZero3, MemoryPerRankAgainstZeroZeroOneTwoByHand) {
   step.accum = 4, step.zero3_gather = "step";
   EXPECT_DOUBLE_EQ(model_state_bytes(m, step, hw, 0).params, 2 * kPsi);
   step.zero3_gather = "micro_batch";
-  EXPECT_DOUBLE_EQ(model_state_bytes(m, step, hw, 0).params, 2 * (2 * kUnit + 8192));
+  const double slots = 8192 + 1024 + 128 + 3 * kUnit;
+  EXPECT_DOUBLE_EQ(model_state_bytes(m, step, hw, 0).params, 2 * slots);
+  // On a host the pages hold what is gathered at a time: two blocks and the tied wte kept
+  // beside them (Note [Plan ZeRO-3]).
+  Hardware host = hw;
+  host.kind = "cpu";
+  EXPECT_DOUBLE_EQ(model_state_bytes(m, step, host, 0).params, 2 * (2 * kUnit + 8192));
   // fp32: the parameter is its own master, so the shard's 4 B are parameters, 8 B optimizer.
   const ModelStates f = model_state_bytes(m, data_parallel(8, 3), round_machine("fp32"), 0);
-  EXPECT_DOUBLE_EQ(f.params, 4 * shard + 4 * (2 * kUnit + 8192));
+  EXPECT_DOUBLE_EQ(f.params, 4 * shard + 4 * slots);
   EXPECT_DOUBLE_EQ(f.optimizer, 8 * shard);
   EXPECT_DOUBLE_EQ(f.params + f.grads + f.optimizer,
-                   16 * shard + 4 * (2 * kUnit + 8192) + kTwoBuckets + 4 * kUnit);
+                   16 * shard + 4 * slots + kTwoBuckets + 4 * kUnit);
+}
+
+// Note [Plan ZeRO-3 on a device]: fewer than three blocks on a stage take a slot each; wte, wpe
+// and the head keep theirs. Two stages of 4 blocks and one of 2 (pp 4 over 8 layers: 2 each).
+TEST(PlanZero3, DeviceSlotsAreTheEndsAndThreeBlocks) {
+  const PlanModel m = small_model();
+  EXPECT_DOUBLE_EQ(zero3_pool(m, data_parallel(4, 3), 0).device_params,
+                   8192 + 1024 + 128 + 3 * kUnit);
+  PlanLayout pp = data_parallel(2, 3);
+  pp.pp = 4;
+  EXPECT_DOUBLE_EQ(zero3_pool(m, pp, 0).device_params, 8192 + 1024 + 2 * kUnit);
+  EXPECT_DOUBLE_EQ(zero3_pool(m, pp, 1).device_params, 2 * kUnit);
+  // The last stage's head reads the tied wte through a copy of its own.
+  EXPECT_DOUBLE_EQ(zero3_pool(m, pp, 3).device_params, 2 * kUnit + 128 + 8192);
 }
 
 // Without overlap every collective is exposed. fp32 (4 B gathers and gradients), dp = 4 in a
