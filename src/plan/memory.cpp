@@ -259,6 +259,9 @@ std::string layout_problem(const PlanModel& m, const PlanLayout& l) {
   if (l.reduce_ranks() % l.ep != 0)
     return fmt::format("ep={} does not divide dp·cp = {} (ep ranks are taken from dp × cp)", l.ep,
                        l.reduce_ranks());
+  if (experts > 0 && l.zero == 3)  // check_moe_deck (src/train/model_options.cpp) refuses it
+    return "zero=3 with experts: the trainer does not gather a mixture's tensors by unit yet "
+           "(model.moe with parallel.zero 3 is refused); use zero 1 or 2";
   if (l.zero == 3 && l.shard_ranks() % l.ep != 0)
     return fmt::format("ep={} does not divide the ZeRO-3 shard group dp_shard·cp = {}", l.ep,
                        l.shard_ranks());

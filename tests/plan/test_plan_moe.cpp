@@ -145,6 +145,10 @@ TEST(PlanMoe, RefusesWhatEpCannotSplit) {
   const PlanModel dense = PlanModel::from_deck(
       load_deck(std::string(TRIDENT_SOURCE_DIR) + "/inputs/llama-1b.yaml", {}));
   EXPECT_NE(predict(dense, layout(2, 2), hw).why_not.find("no experts"), std::string::npos);
+  // The trainer refuses ZeRO-3 with a mixture (check_moe_deck), so the search does not offer it.
+  PlanLayout zero3 = layout(8, 4);
+  zero3.zero = 3;
+  EXPECT_NE(predict(m, zero3, hw).why_not.find("zero=3 with experts"), std::string::npos);
   EXPECT_EQ(parse_layout("dp=8,ep=4,micro=1", 16).ep, 4);
   EXPECT_NE(format_layout(layout(8, 4)).find("ep=4,"), std::string::npos);
   EXPECT_EQ(format_layout(layout(8, 1)).find("ep="), std::string::npos);
