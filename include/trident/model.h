@@ -215,6 +215,9 @@ struct GPTOptions {
   // ready order, and the buffer's size with the padding. Empty: contiguous, unpadded.
   std::vector<size_t> param_offsets;
   size_t param_total = 0;
+  // ZeRO-3 on a device (Note [No full weights on a device], train/zero3_pool.h): no full
+  // parameter buffer is made; params() is null until hold_full_params().
+  bool no_full_params = false;
   // Note [Head gradient in pieces] (train/tied_embedding.h): row boundaries of wte's local slice
   // [0, ..., padded_vocab / tp] in which the LM head computes and reports its gradient, when
   // that is final after the head (no embedding on this stage, or an EmbeddingRowSink). Empty:
@@ -361,6 +364,9 @@ class GPT {
   // Gives the full parameter buffer back (ZeRO-3 on a device, after its shards were taken):
   // params() is null from then on, and every weight is read through a set base.
   void release_full_params();
+  // Makes the full buffer (zeroed) where GPTOptions::no_full_params left none, for weights
+  // read from a file whole (Note [No full weights on a device]); a no-op where it is held.
+  void hold_full_params();
   // Optional hook called between layers in forward and backward (the pipeline's transfer
   // progress: Note [Progress during compute] in trident/pipeline.h; empty: none).
   void set_progress(std::function<void()> fn) { progress_ = std::move(fn); }

@@ -111,8 +111,8 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   build_param_table();
   auto floats = [&](size_t n) { return BackendBuffer<float>(be_, n); };     // zeroed
   auto halves = [&](size_t n) { return BackendBuffer<bfloat16>(be_, n); };  // zeroed
-  params_ = floats(total);
-  grads_ = floats(params_.size());
+  if (!options.no_full_params) params_ = floats(total);  // Note [No full weights on a device]
+  grads_ = floats(total);
   num_params_ = total;
   weight_base_.assign(table_->layers.size() + 3, params_.data());  // Note [Weights in unit slots]
   if (bf16) {

@@ -147,6 +147,7 @@ void DataParallel::lay_out(const std::vector<ParamInfo>& params, int split_param
           "padding inside the pieces of {}", units.units[u].name);
   }
   options.param_total = layout.total;
+  options.no_full_params = zero3_ && device_;  // Note [No full weights on a device]
 }
 
 void DataParallel::attach(GPT& model) {

@@ -81,7 +81,9 @@ void check_memory_plan(const GPTConfig& cfg, int B, int T, const GPTOptions& opt
   size_t model_bytes = 0, stage_bytes = 0;
   {
     auto counter = make_counting_backend(backend, &model_bytes);
-    GPT probe(cfg, *counter, B, T, options);
+    GPTOptions whole = options;  // the full buffers counted, then taken out below
+    whole.no_full_params = false;
+    GPT probe(cfg, *counter, B, T, whole);
     if (stage_gradients) {  // per slot, a received and a sent one where the stage has them
       const StageSpec& st = options.stage;
       const size_t buffers =
@@ -111,12 +113,13 @@ void check_memory_plan(const GPTConfig& cfg, int B, int T, const GPTOptions& opt
     grads = shard + pool;
     need = acts + params + grads + optimizer;
     if (backend.is_device()) {
-      // Note [Weights in unit slots]: the unit pool; the gradient buffer whole; the full
-      // parameter buffer held at setup until the shards are taken, before the optimizer's state.
+      // Note [Weights in unit slots]: the unit pool; the gradient buffer whole.
+      // Note [No full weights on a device]: the full parameter buffer only for model.init_from,
+      // held at setup until the shards are taken, before the optimizer's state.
       const double full = double(param_floats) * 4;
       params = shard + double(zero3_device_pool_bytes(layout, zero3));
       grads = full + shard;
-      need = acts + params + grads + std::max(full, optimizer);
+      need = acts + params + grads + std::max(zero3.whole_at_setup ? full : 0.0, optimizer);
     }
   }
   // Note [Asynchronous checkpoints]: the snapshot holds what the rank saves, its parameters

@@ -18,6 +18,14 @@
 // a row on a stage before the head: GPipe, 1F1B's warm-up, validation). Where units stay
 // gathered (reshard_after_forward false, zero3_gather step) every unit has its own slot.
 // check_memory_plan (src/train/memory_plan.cpp) counts the same on a device.
+//
+// Note [No full weights on a device]
+// A device never holds the full fp32 parameters, or ZeRO-3 could train nothing larger than one
+// device's 4 B per parameter (Llama-3-70B: 280 GB). The model is built without the buffer
+// (GPTOptions::no_full_params); DataParallel::init_params initialises each unit in its slot and
+// copies the shard out. Only model.init_from, whose readers fill the whole model, makes it
+// (GPT::hold_full_params) and gives it back once the shards are taken; a checkpoint loads
+// straight into the shards.
 #pragma once
 
 #include <cstddef>

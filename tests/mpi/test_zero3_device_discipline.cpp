@@ -11,8 +11,12 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstring>
 #include <memory>
+#include <tuple>
 
 #include "strict_device_backend.h"
 #include "train/data_parallel.h"
@@ -202,6 +206,49 @@ TEST(Zero3Device, PoolHoldsThreeBlocksOrEverything) {
   EXPECT_LT(pool, model * 3 / 4);
   const auto [kept, model2] = pool_of({"parallel.reshard_after_forward=false"});
   EXPECT_EQ(kept, model2);
+}
+
+// Note [No full weights on a device]: building the run never holds the full fp32 parameters
+// (a model larger than one device could not start), so the most device memory it held is what
+// it holds once built; a full buffer made and given back would have put the peak a whole
+// model's 4 B per parameter above it (at dp 4 more than the optimizer's two quarters that
+// follow). model.init_from reads whole: there the buffer is held at setup, then given back.
+TEST(Zero3Device, SetupNeverHoldsTheFullParameters) {
+  if (world_size() != 4) GTEST_SKIP() << "dp 4 on 4 ranks";
+  ProcessGrid grid(make_layout(4, 4, 1, 1));
+  auto run_setup = [&](std::vector<std::string> extra) {
+    testing::StrictDeviceBackend strict;
+    auto dp_host = MpiComm::duplicate(grid.gradients().raw(), "dp (test)");
+    auto gather_host = MpiComm::duplicate(grid.gradients().raw(), "dp gathers (test)");
+    testing::StrictDeviceComm dp(strict, *dp_host), gather(strict, *gather_host);
+    dp.set_asynchronous(true);
+    gather.set_asynchronous(true);
+    TrainContext ctx{&strict, 1e9, &grid, nullptr, &dp};
+    ctx.dp_gather_device = &gather;
+    Trainer t(deck(1, 1, std::move(extra)), ctx);
+    EXPECT_EQ(t.model().params(), nullptr);
+    return std::tuple(strict.peak_bytes(), strict.bytes_in_use(),
+                      t.model().num_params() * sizeof(float));
+  };
+  const auto [peak, held, full] = run_setup({"model.layers=8"});
+  EXPECT_EQ(peak, held) << "a buffer of " << (peak - held) << " B held at setup and given back";
+  // The llm.c file of a GPT-2 of the deck's shape, written by an unsharded run's export.
+  int pid = int(getpid());
+  MPI_Bcast(&pid, 1, MPI_INT, 0, MPI_COMM_WORLD);  // rank 0's, one name for every rank
+  const std::string file = fmt::format("/tmp/trident-zero3-init-{}.bin", pid);
+  if (grid.world_rank() == 0) {
+    testing::StrictDeviceBackend strict;
+    Trainer t(deck(1, 1, {"model.layers=8", "model.tied_head=true"}),
+              {&strict, 1e9, nullptr, nullptr});
+    save_llmc_weights(t.model(), file);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  const auto [peak2, held2, full2] =
+      run_setup({"model.layers=8", "model.tied_head=true", "model.init_from=" + file});
+  EXPECT_GT(peak2, held2 + full2 / 4) << "model.init_from reads into the full buffer first";
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (grid.world_rank() == 0) std::remove(file.c_str());
+  (void)full;
 }
 
 }  // namespace

@@ -55,6 +55,8 @@ class StrictDeviceBackend final : public Backend {
     std::lock_guard<std::mutex> lock(mutex_);
     regions_[p] = n;
     ++allocations_;
+    in_use_ += n;
+    peak_ = std::max(peak_, in_use_);
     return p;
   }
   void release(void* p) noexcept override {
@@ -62,6 +64,7 @@ class StrictDeviceBackend final : public Backend {
     auto it = regions_.find(p);
     if (it == regions_.end()) return;
     ++releases_;
+    in_use_ -= it->second;
     munmap(it->first, it->second);
     regions_.erase(it);
   }
@@ -76,6 +79,9 @@ class StrictDeviceBackend final : public Backend {
   // must not make: Note [Weights in unit slots] in src/train/zero3_pool.h).
   size_t allocations() const { return allocations_; }
   size_t releases() const { return releases_; }
+  // Bytes allocated and not released (in whole pages), now and at most so far.
+  size_t bytes_in_use() const { return in_use_; }
+  size_t peak_bytes() const { return peak_; }
   void fill_zero(void* p, size_t bytes) override {
     Open open(*this);
     if (bytes > 0) std::memset(p, 0, bytes);
@@ -495,6 +501,7 @@ class StrictDeviceBackend final : public Backend {
   int open_ = 0;
   size_t copies_to_host_ = 0;
   size_t allocations_ = 0, releases_ = 0;
+  size_t in_use_ = 0, peak_ = 0;
   std::map<std::thread::id, uint64_t> ops_;
 };
 
