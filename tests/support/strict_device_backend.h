@@ -76,6 +76,11 @@ class StrictDeviceBackend final : public Backend {
   // must not make: Note [Weights in unit slots] in src/train/zero3_pool.h).
   size_t allocations() const { return allocations_; }
   size_t releases() const { return releases_; }
+  // What the memory plan (Note [Memory plan]) is told is free; 0: the host's MemAvailable.
+  void set_free_memory_bytes(size_t bytes) { free_memory_ = bytes; }
+  size_t free_memory_bytes() const override {
+    return free_memory_ ? free_memory_ : Backend::free_memory_bytes();
+  }
   void fill_zero(void* p, size_t bytes) override {
     Open open(*this);
     if (bytes > 0) std::memset(p, 0, bytes);
@@ -495,6 +500,7 @@ class StrictDeviceBackend final : public Backend {
   int open_ = 0;
   size_t copies_to_host_ = 0;
   size_t allocations_ = 0, releases_ = 0;
+  size_t free_memory_ = 0;
   std::map<std::thread::id, uint64_t> ops_;
 };
 
