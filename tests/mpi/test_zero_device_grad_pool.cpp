@@ -125,6 +125,7 @@ TEST(ZeroDeviceGradPool, EqualsTheCpuBitForBitAtFourRanks) {
   if (world_size() != 4) GTEST_SKIP() << "layouts of 4 ranks";
   expect_matches_cpu(2, 1, 1);
   expect_matches_cpu(2, 2, 1, {"parallel.sequence_parallel=true"});
+  expect_matches_cpu(2, 2, 1, {"parallel.sequence_parallel=false"});
   expect_matches_cpu(2, 1, 2, {"parallel.schedule=1f1b"});
   expect_matches_cpu(2, 1, 1, {}, /*replicas=*/2);  // HSDP 2 x 2: the first hop frees a slot
   expect_matches_cpu(3, 1, 1);
