@@ -96,6 +96,10 @@ struct GradReducerOptions {
   // expert-data-parallel group) instead of dp; sharded, each over that group.
   std::vector<char> expert;
   Communicator* expert_comm = nullptr;
+  // Note [Gradients in unit slots] (train/grad_pool.h; with shard_grads, device memory): there
+  // is no flat gradient buffer (`grads` null); each bucket is reduce-scattered from where the
+  // last set_grad_base put it, and wait_reduced tells when that place may be written again.
+  bool pooled_grads = false;
 };
 
 // One all-reduce of a step: a bucket or an extra buffer.
@@ -210,6 +214,13 @@ class GradReducer {
   // `base` (only without a full buffer): bucket b goes to base + buckets()[b].offset, and on a
   // device the gather is ordered after the compute stream's work enqueued so far.
   void gather(size_t first, size_t end, const std::string& unit, float* base = nullptr);
+  // With options.pooled_grads: buckets [first, end)'s gradients are written at base + their
+  // offsets, until their reduce-scatters (over the shard group: the first hop with replicas)
+  // complete. Call before the compute stream writes them.
+  void set_grad_base(size_t first, size_t end, float* base);
+  // Blocks until the reduce-scatters of buckets [first, end) since their last set_grad_base
+  // have completed (at once if none is pending). Rethrows the thread's error.
+  void wait_reduced(size_t first, size_t end);
   // ZeRO-3: buckets [first, end) are no longer read: they count as not gathered again, and their
   // pages go back to the kernel. Each must have been waited for (wait_gathered).
   void release_gathered(size_t first, size_t end);

@@ -218,6 +218,9 @@ struct GPTOptions {
   // ZeRO-3 on a device (Note [No full weights on a device], train/zero3_pool.h): no full
   // parameter buffer is made; params() is null until hold_full_params().
   bool no_full_params = false;
+  // Note [Gradients in unit slots] (train/grad_pool.h): no flat gradient buffer; backward
+  // writes each home's gradients at the base set_grad_base gave it (null until then).
+  bool pooled_grads = false;
   // Note [Head gradient in pieces] (train/tied_embedding.h): row boundaries of wte's local slice
   // [0, ..., padded_vocab / tp] in which the LM head computes and reports its gradient, when
   // that is final after the head (no embedding on this stage, or an EmbeddingRowSink). Empty:
@@ -361,6 +364,9 @@ class GPT {
   // the head's final norm and untied LM head L+2); every base is params() unless set.
   int weight_home(size_t param) const;
   void set_weight_base(int home, float* base) { weight_base_[size_t(home)] = base; }
+  // The same for gradients (Note [Gradients in unit slots] in train/grad_pool.h): backward
+  // writes a home's gradients at its grad base + offset; every base is grads() unless set.
+  void set_grad_base(int home, float* base) { grad_base_[size_t(home)] = base; }
   // Gives the full parameter buffer back (ZeRO-3 on a device, after its shards were taken):
   // params() is null from then on, and every weight is read through a set base.
   void release_full_params();
@@ -444,6 +450,12 @@ class GPT {
   float* wpe_weights() const { return weight_base_[weight_base_.size() - 2]; }
   float* head_weights() const { return weight_base_.back(); }
   float* head_w_weights() const { return cfg_.tied_head ? wte_weights() : head_weights(); }
+  // Where backward writes gradients, by the same homes (Note [Gradients in unit slots]).
+  float* layer_grads(int local_layer) const { return grad_base_[size_t(local_layer)]; }
+  float* wte_grads() const { return grad_base_[grad_base_.size() - 3]; }
+  float* wpe_grads() const { return grad_base_[grad_base_.size() - 2]; }
+  float* head_grads() const { return grad_base_.back(); }
+  float* head_w_grads() const { return cfg_.tied_head ? wte_grads() : head_grads(); }
   // One block's forward from residual_in [Nr,C] into `a` (forward, and recomputation).
   void block_forward(int slot, int local_layer, const BlockWeights& w, const BlockActs& a,
                      const float* residual_in, int B, int T);
@@ -564,6 +576,7 @@ class GPT {
   BackendBuffer<float> params_, grads_;                 // Note [Backend memory]
   size_t num_params_ = 0;                               // params_'s, kept past its release
   std::vector<float*> weight_base_;                     // Note [Weights in unit slots]
+  std::vector<float*> grad_base_;                       // Note [Gradients in unit slots]
   BackendBuffer<bfloat16> params16_;                    // bf16: the GEMMs' copy of the weights
   // bf16: params() calls so far, and per cast span the count its params16_ copy was made at.
   uint64_t weights_version_ = 1;

@@ -139,6 +139,10 @@ void GradReducer::name_buckets() {
                       : fmt::format("bucket {} ({} .. {})", b, p[first].name, p[last].name));
   }
   s.gathered.assign(s.buckets.size(), 1);
+  s.bucket_grads.assign(s.buckets.size(), nullptr);  // pooled: set_grad_base's
+  for (size_t b = 0; b < s.buckets.size() && s.grads; ++b)
+    s.bucket_grads[b] = s.grads + s.buckets[b].offset;
+  s.grads_pending.assign(s.buckets.size(), 0);
 }
 
 // Note [ZeRO-1]: the buckets of the padded layout; the parameters must already sit there.
@@ -172,6 +176,10 @@ void GradReducer::init_sharded(const GradReducerOptions& options) {
     }
   }
   s.shard_grads = options.shard_grads;
+  // Note [Gradients in unit slots] (train/grad_pool.h): no buffer; each bucket's place is set.
+  s.pooled_grads = options.pooled_grads;
+  TRIDENT_CHECK(!s.pooled_grads || (!s.grads && !options.release_reduced),
+                "GradReducer: pooled gradients with a flat buffer or released host pages");
   s.replicate = options.replicate_comm;
   s.release_reduced = options.release_reduced;
   // Note [Bounded gradient memory]: without overlap nothing is released before finish(), so a
@@ -444,6 +452,42 @@ void GradReducer::gather(size_t first, size_t end, const std::string& unit, floa
     s.events.push_back(std::move(e));
   }
   s.wake_thread.notify_one();
+}
+
+void GradReducer::set_grad_base(size_t first, size_t end, float* base) {
+  State& s = *state_;
+  TRIDENT_CHECK(s.pooled_grads && first < end && end <= s.buckets.size() && base,
+                "GradReducer::set_grad_base [{}, {}) of {} buckets without pooled gradients", first,
+                end, s.buckets.size());
+  std::lock_guard lock(s.mutex);
+  for (size_t b = first; b < end; ++b) {
+    TRIDENT_CHECK(!s.grads_pending[b], "GradReducer: {} given a new place before it was reduced",
+                  s.bucket_names[b]);
+    s.bucket_grads[b] = base + s.buckets[b].offset;
+    s.grads_pending[b] = 1;
+  }
+}
+
+void GradReducer::wait_reduced(size_t first, size_t end) {
+  State& s = *state_;
+  TRIDENT_CHECK(s.pooled_grads && first < end && end <= s.buckets.size(),
+                "GradReducer::wait_reduced [{}, {}) of {} buckets without pooled gradients", first,
+                end, s.buckets.size());
+  std::unique_lock lock(s.mutex);
+  auto done = [&] {
+    return s.error || std::none_of(s.grads_pending.begin() + std::ptrdiff_t(first),
+                                   s.grads_pending.begin() + std::ptrdiff_t(end),
+                                   [](char p) { return p != 0; });
+  };
+  if (!done()) {
+    const auto t0 = CommClock::now();
+    s.compute_waiting.store(true, std::memory_order_relaxed);
+    s.wake_thread.notify_one();  // so it polls without the pause kept beside compute
+    s.released_cv.wait(lock, done);
+    s.compute_waiting.store(false, std::memory_order_relaxed);
+    s.held_wait_ms += std::chrono::duration<double, std::milli>(CommClock::now() - t0).count();
+  }
+  if (s.error) std::rethrow_exception(s.error);
 }
 
 void GradReducer::release_gathered(size_t first, size_t end) {

@@ -82,6 +82,12 @@ struct GradReducer::State {
   // recorded when it was asked for (one made-once mark per bucket, the unit's first).
   bool pooled = false;
   std::vector<std::shared_ptr<ComputeMark>> unit_marks;
+  // Note [Gradients in unit slots] in train/grad_pool.h: per bucket, where its gradients are
+  // (set by the compute thread before it writes them), and whether its reduce-scatter since
+  // then is still to complete (under `mutex`; released_cv tells).
+  bool pooled_grads = false;
+  std::vector<float*> bucket_grads;
+  std::vector<char> grads_pending;
   Communicator* replicate = nullptr;    // HSDP: the second hop's communicator (null: none)
   Communicator* expert_comm = nullptr;  // the experts' buckets' (null: none)
   std::vector<char> expert_bucket;      // per bucket: reduced on expert_comm

@@ -330,7 +330,7 @@ bool GradReducer::State::launch_ready() {
   const size_t launched_before = next_bucket + next_extra;
   while (next_bucket < buckets.size() && pending[next_bucket] == 0) {
     const Bucket& b = buckets[next_bucket];
-    start(grads + b.offset, b.count, bucket_names[next_bucket], static_cast<int>(next_bucket),
+    start(bucket_grads[next_bucket], b.count, bucket_names[next_bucket], int(next_bucket),
           ready_ms[next_bucket], ready_mark[next_bucket].get());
     ready_mark[next_bucket] = nullptr;  // its event is no longer needed
     ++next_bucket;
@@ -417,6 +417,13 @@ bool GradReducer::State::poll_in_flight() {
     const size_t record = f.record;
     in_flight.erase(in_flight.begin() + static_cast<std::ptrdiff_t>(i));
     if (first_hop && release_reduced && bucket >= 0) release_bucket(size_t(bucket));
+    if (first_hop && pooled_grads && bucket >= 0) {  // Note [Gradients in unit slots]
+      {
+        std::lock_guard lock(mutex);
+        grads_pending[size_t(bucket)] = 0;
+      }
+      released_cv.notify_all();
+    }
     if (first_hop && replicate) {
       --hop1_left[record];
       launch_second_hops();

@@ -175,7 +175,9 @@ void GPT::release_full_params() {
   std::fill(weight_base_.begin(), weight_base_.end(), nullptr);
 }
 
-void GPT::zero_grads() { be_.fill_zero(grads_.data(), grads_.size() * sizeof(float)); }
+void GPT::zero_grads() {
+  if (!grads_.empty()) be_.fill_zero(grads_.data(), grads_.size() * sizeof(float));
+}
 
 void GPT::rope(float* qkv, int N, int T, bool backward) {
   const int rot = cfg_.rotary_dims();

@@ -115,7 +115,6 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale, const fl
   const int FCl = cfg_.fc_rows() / tps, Fl = cfg_.hidden() / tps;
   const bool tied = cfg_.tied_head, parallel = cfg_.parallel_residual;
   Scratch& a = *scratch_;
-  float* G = grads_.data();
   // The whole backward computes weight gradients as it goes; B leaves them to W and keeps
   // the output gradients instead (Note [Split backward]).
   const bool weights = part == BackwardPart::kWhole;
@@ -158,13 +157,14 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale, const fl
       // as it is computed (Note [Head gradient in pieces]).
       for (size_t k = 0; k + 1 < wte_piece_rows_.size(); ++k) {
         const int r0 = wte_piece_rows_[k], rows = wte_piece_rows_[k + 1] - r0;
-        be_.matmul_backward_weight_rows(G + table_->wte + size_t(r0) * C, h.logits.data() + r0, Vl,
-                                        h.lnf.data(), N, C, rows);
+        float* dwte_rows = wte_grads() + table_->wte + size_t(r0) * C;
+        be_.matmul_backward_weight_rows(dwte_rows, h.logits.data() + r0, Vl, h.lnf.data(), N, C,
+                                        rows);
         ready.wte_piece(int(k));
       }
     } else if (wte_after_head || !tied) {
-      be_.matmul_backward(nullptr, G + table_->head_w, nullptr, h.logits.data(), h.lnf.data(),
-                          head_w_weights() + table_->head_w, N, C, Vl);
+      be_.matmul_backward(nullptr, head_w_grads() + table_->head_w, nullptr, h.logits.data(),
+                          h.lnf.data(), head_w_weights() + table_->head_w, N, C, Vl);
       if (tied) ready.wte();
       else ready.through(table_->head_w_index);
     }
@@ -172,9 +172,10 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale, const fl
     // embedding), the same call computes its dW: one GEMM call, so a device casts the [N, V]
     // logit gradient to bf16 once rather than twice (the same GEMMs, the same bits).
     const bool dw_here = tied && !wte_after_head;
-    be_.matmul_backward(a.dbuf_c.data(), dw_here ? G + table_->wte : nullptr, nullptr,
+    be_.matmul_backward(a.dbuf_c.data(), dw_here ? wte_grads() + table_->wte : nullptr, nullptr,
                         h.logits.data(), h.lnf.data(), head_w_weights() + table_->head_w, N, C, Vl);
-    norm_gathered_backward(a.dresidual.data(), G + table_->lnfw, at(G, table_->lnfb),
+    float* H = head_grads();
+    norm_gathered_backward(a.dresidual.data(), H + table_->lnfw, at(H, table_->lnfb),
                            a.dbuf_c.data(), last_residual, head_weights() + table_->lnfw,
                            h.lnf_mean.data(), h.lnf_rstd.data(), B, T, C, 2 * L, last_micro_batch);
     ready.through(table_->head_last_index);
@@ -192,7 +193,7 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale, const fl
     recompute_block(slot, i, residual_in);
     const BlockActs act = block_acts(slot, i);
     const BlockWeights w = block(layer_weights(i), i);
-    const BlockWeights dw = block(G, i);
+    const BlockWeights dw = block(layer_grads(i), i);
     float* dres = a.dresidual.data();  // gradient w.r.t. this block's output (this rank's rows)
 
     const float* dout = dres;  // a mixture: this rank's rows
@@ -277,7 +278,6 @@ void GPT::backward_weight(int slot, const GradReadyFn& on_ready, const Embedding
   const int Ql = cfg_.heads / tps * cfg_.head_size(), QKVl = cfg_.qkv_rows() / tps;
   const int FCl = cfg_.fc_rows() / tps, Fl = cfg_.hidden() / tps;
   const bool tied = cfg_.tied_head;
-  float* G = grads_.data();
   // As in backward_pass: the same ready order, and a tied wte reported on its own.
   const bool wte_after_head = tied && stage_.has_head && (!stage_.has_embedding || sink);
   const int begin = stage_.chunk_begin(s.chunk), end = begin + stage_.chunk_size(s.chunk);
@@ -301,7 +301,7 @@ void GPT::backward_weight(int slot, const GradReadyFn& on_ready, const Embedding
     Phase ph(be_, phases_, lt.weight_phase);
     const BlockActs act = block_acts(slot, i);
     const BlockWeights w = block(layer_weights(i), i);
-    const BlockWeights dw = block(G, i);
+    const BlockWeights dw = block(layer_grads(i), i);
     TRIDENT_CHECK(!lt.moe, "a split backward of a mixture layer");
     be_.matmul_backward(nullptr, dw.fcprojw, dw.fcprojb, all_rows(act.residual3), act.fch_gelu,
                         w.fcprojw, N, Fl, C);

@@ -70,7 +70,7 @@ void GPT::moe_backward(int slot, int local_layer, float* dln2, const float* dout
   const LayerTable& lt = table_->layers[size_t(local_layer)];
   const auto& o = lt.moe_offset;
   const MoeWeights w = moe_weights(params_.data(), o);
-  float* G = grads_.data();  // the choice bias (o[3]) has no gradient
+  float* G = layer_grads(local_layer);  // the choice bias (o[3]) has no gradient
   const MoeGrads g{at(G, o[0]), at(G, o[1]), at(G, o[2]), at(G, o[4]), at(G, o[5]), at(G, o[6])};
   // Note [Mixtures and tp]: the auxiliary terms' mean over the tp ranks' rows.
   moe_[size_t(local_layer)]->backward(slot, dln2, dout, ln2, w, g, N, loss_scale / float(tp_.size));

@@ -77,6 +77,8 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
     input_error("run.precision bf16 runs with tensor parallelism 1 (this run has tp {}); use "
                 "run.precision fp32 for tp > 1",
                 tp_.size);
+  if (bf16 && options.pooled_grads)  // gpt_bf16.cpp writes into grads() (no grad bases yet)
+    internal_error(__FILE__, __LINE__, "bf16 with pooled gradients");
   if (bf16 && !options.wte_piece_rows.empty())
     internal_error(__FILE__, __LINE__, "bf16 with the head's gradient in pieces");
   if (stage_.num_layers < 0) stage_.num_layers = cfg.layers - stage_.first_layer;
@@ -112,9 +114,10 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   auto floats = [&](size_t n) { return BackendBuffer<float>(be_, n); };     // zeroed
   auto halves = [&](size_t n) { return BackendBuffer<bfloat16>(be_, n); };  // zeroed
   if (!options.no_full_params) params_ = floats(total);  // Note [No full weights on a device]
-  grads_ = floats(total);
+  if (!options.pooled_grads) grads_ = floats(total);
   num_params_ = total;
   weight_base_.assign(table_->layers.size() + 3, params_.data());  // Note [Weights in unit slots]
+  grad_base_.assign(weight_base_.size(), grads_.data());           // Note [Gradients in unit slots]
   if (bf16) {
     params16_ = halves(total);
     cast_version_.assign(table_->layers.size() + 1, 0);  // nothing cast yet

@@ -45,8 +45,8 @@ void GPT::embedding_forward(float* out, const int32_t* tokens, int B, int T) {
 void GPT::embedding_backward(const float* dout, const int32_t* tokens, const EmbeddingRowSink* sink,
                              int B, int T) {
   const int C = cfg_.channels;
-  float* dwte = grads_.data() + table_->wte;
-  float* dwpe = at(grads_.data(), table_->wpe);
+  float* dwte = wte_grads() + table_->wte;
+  float* dwpe = at(wpe_grads(), table_->wpe);
   // cp: the rows' gradients go to scratch first, then onto wpe's at their positions (when this
   // function returns, whichever way).
   float* dwpe_global = nullptr;

@@ -4,6 +4,7 @@
 
 #include "trident/check.h"
 #include "trident/grid.h"
+#include "trident/pipeline.h"
 #include "trident/trace.h"
 
 namespace trident {
@@ -19,10 +20,6 @@ size_t mib_to_bytes(double mb) {
 void DataParallel::check_deck(const Deck& deck, bool device, int chunks, bool split_backward) {
   // Note [ZeRO-1] (train/zero.h). Refused before anything is allocated.
   const int zero = deck.parallel.zero;
-  if (zero == 2 && device)
-    input_error("parallel.zero: 2 needs run.backend cpu: ZeRO-2 gives each reduced bucket's "
-                "host pages back (Note [ZeRO-2 on the host]); a device needs a pool of bucket "
-                "buffers, which is not built. parallel.zero: 1 works on the device");
   if (zero > 0 && deck.comm.grad_dtype == "bf16")
     input_error("parallel.zero: {} with comm.grad_dtype bf16: the bf16 path compresses "
                 "all-reduces only, not the sharded optimizer's reduce-scatter; use fp32",
@@ -32,13 +29,14 @@ void DataParallel::check_deck(const Deck& deck, bool device, int chunks, bool sp
                 "per stage (parallel.virtual_stages {}) and a schedule whose backward is one pass "
                 "(parallel.schedule {}); use parallel.zero_reduce: step",
                 zero, chunks, deck.parallel.schedule);
-  // Note [ZeRO-3 units] (train/zero3.h): what is not built yet is refused by name.
-  // Note [Weights in unit slots] (train/zero3_pool.h): on a device the units live in a pool,
-  // and the gradient buffer stays whole (its pages cannot go back).
-  if (zero == 3 && device && deck.parallel.zero_reduce == "micro_batch")
-    input_error("parallel.zero: 3 with parallel.zero_reduce micro_batch needs run.backend cpu: "
-                "each round gives the gradients' host pages back "
-                "(Note [ZeRO-2 and accumulation]); on a device use parallel.zero_reduce: step");
+  // Note [When gradients are pooled] (train/grad_pool.h): a round's sum joins the shard in host
+  // code; on a device the gradients persist across micro-batches in the whole buffer instead.
+  if (zero >= 2 && device && deck.parallel.zero_reduce == "micro_batch")
+    input_error("parallel.zero: {} with parallel.zero_reduce micro_batch needs run.backend cpu: "
+                "each round adds into the shard in host code (Note [ZeRO-2 and accumulation]); "
+                "on a device use parallel.zero_reduce: step (with train.accum > 1 the gradient "
+                "buffer is then kept whole, with accum 1 backward writes into a pool)",
+                zero);
   if (zero == 3 && deck.run.precision != "fp32")
     input_error("parallel.zero: 3 with run.precision {}: the bf16 copy of the weights is kept "
                 "whole, not gathered per unit; use run.precision fp32",
@@ -80,9 +78,12 @@ DataParallel::DataParallel(const Deck& deck, const TrainContext& ctx) : deck_(de
     internal_error(__FILE__, __LINE__, "a device backend with dp > 1 needs a device communicator");
   sharded_ = deck_.parallel.zero > 0;
   device_ = ctx_.backend->is_device();
-  // Note [ZeRO-2 on the host]; a device keeps its gradient buffer (Note [Weights in unit slots])
+  // Note [ZeRO-2 on the host]; a device pools its gradients or keeps them whole
   release_grads_ = sharded_ && deck_.parallel.zero >= 2 && !device_;
   zero3_ = deck_.parallel.zero == 3;  // Note [ZeRO-3 units]
+  // Note [Gradients in unit slots] (train/grad_pool.h).
+  const PipeSchedule schedule = parse_pipe_schedule(deck_.parallel.schedule, "parallel.schedule");
+  pooled_grads_ = trident::pools_grads(deck_, device_, splits_backward(schedule));
 }
 
 DataParallel::~DataParallel() {
@@ -119,7 +120,7 @@ void DataParallel::lay_out(const std::vector<ParamInfo>& params, int split_param
   if (!sharded_) return;
   // Note [ZeRO-3 units]: a bucket never holds two units.
   breaks_.clear();
-  if (zero3_) {
+  if (deck_.parallel.zero >= 2) {  // ZeRO-2 too (Note [When gradients are pooled])
     const std::vector<std::string> names = zero3_unit_names(params);
     for (size_t i = 0; i < params.size(); ++i)
       for (int u = units.first[i]; u < units.first[i + 1]; ++u)
@@ -210,6 +211,7 @@ void DataParallel::attach(GPT& model) {
     shard_grads_ = BackendBuffer<float>(*ctx_.backend, shard_floats_);
     opt.shard_grads = shard_grads_.data();
     opt.release_reduced = release_grads_;
+    opt.pooled_grads = pooled_grads_;
     // Note [Bounded gradient memory] (train/zero.h): one bucket on the wire while the next is
     // written.
     opt.max_held_bytes = release_grads_ ? opt.bucket_bytes : 0;
@@ -235,10 +237,14 @@ void DataParallel::attach(GPT& model) {
       opt.gather_comm = gather_comm_.get();
     }
   }
+  TRIDENT_CHECK(pooled_grads_ == (model.grads() == nullptr),
+                "the model's gradient buffer does not match the pool (GPTOptions::pooled_grads)");
   reducer_ = std::make_unique<GradReducer>(*reduce_comm, model.grads(), std::move(params), opt);
   if (!sharded_) return;
   owned_ = owned_pieces(infos, *reducer_);
   owned_runs_ = merge_pieces(owned_);
+  if (pooled_grads_)
+    grad_pool_ = std::make_unique<GradPool>(*ctx_.backend, model, *reducer_, unit_first_);
   if (zero3_) {
     // AdamW updates the shards where they are (Note [ZeRO-3 units]).
     shard_runs_ = owned_runs_;
@@ -260,6 +266,7 @@ void DataParallel::attach(GPT& model) {
     }
     model.set_param_use([this](ParamPass pass, const std::vector<int>& indices) {
       unit_gathers_->use(pass, indices);
+      if (grad_pool_) grad_pool_->use(pass, indices);  // Note [Gradients in unit slots]
     });
     return;
   }
@@ -267,7 +274,8 @@ void DataParallel::attach(GPT& model) {
   // reads a group of parameters in forward; it waits for the buckets holding them, and only
   // those. Set once here, for the model's lifetime (this unit outlives no model it serves).
   model.set_param_use([this](ParamPass pass, const std::vector<int>& indices) {
-    if (pass != ParamPass::kForward) return;  // gathered once, before the first forward read
+    if (grad_pool_) grad_pool_->use(pass, indices);  // Note [Gradients in unit slots]
+    if (pass != ParamPass::kForward) return;         // gathered once, before the first forward read
     for (int i : indices)
       for (int u = unit_first_[size_t(i)]; u < unit_first_[size_t(i) + 1]; ++u)
         reducer_->wait_gathered(reducer_->bucket_of_param(size_t(u)));
@@ -316,6 +324,12 @@ void DataParallel::copy_shards(const Zero3Unit& u, const float* base) {
 }
 
 size_t DataParallel::pool_bytes() const { return pool_ ? pool_->bytes() : 0; }
+
+size_t DataParallel::grad_pool_bytes() const { return grad_pool_ ? grad_pool_->bytes() : 0; }
+
+void DataParallel::begin_step() {
+  if (grad_pool_) grad_pool_->begin_step();
+}
 
 void DataParallel::release_params() {
   if (zero3_) unit_gathers_->release_all();

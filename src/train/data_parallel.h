@@ -15,6 +15,7 @@
 #include <memory>
 #include <vector>
 
+#include "train/grad_pool.h"
 #include "train/zero.h"
 #include "train/zero3.h"
 #include "train/zero3_pool.h"
@@ -81,6 +82,12 @@ class DataParallel {
   int unit(int param, int piece) const { return unit_first_[size_t(param)] + piece; }
   // ZeRO-3 on a device: the unit pool's bytes (0 on the host).
   size_t pool_bytes() const;
+  // Note [Gradients in unit slots] (train/grad_pool.h): whether backward writes into a pool
+  // (GPTOptions::pooled_grads), its bytes (0 without), and its start of a step (instead of
+  // GPT::zero_grads).
+  bool pools_grads() const { return pooled_grads_; }
+  size_t grad_pool_bytes() const;
+  void begin_step();
   int units_end(int param) const { return unit_first_[size_t(param) + 1]; }
   // With ZeRO: this rank's shard of the bucket holding `unit`: its gradient sums and the part
   // [flat_begin, flat_begin + count) of the flat buffer they belong to.
@@ -117,7 +124,8 @@ class DataParallel {
   int replicas_ = 1, shard_ranks_ = 1, shard_rank_ = 0;  // Note [HSDP]
   bool writes_shard_ = true;
   bool sharded_ = false, release_grads_ = false, zero3_ = false, device_ = false;
-  GPT* model_ = nullptr;  // attach's (ZeRO-3)
+  bool pooled_grads_ = false;  // Note [When gradients are pooled]
+  GPT* model_ = nullptr;       // attach's (ZeRO-3)
   // lay_out's split, kept for attach: the parameter in row pieces (-1: none), its piece rows.
   int split_param_ = -1, row_elems_ = 1;
   std::vector<int> piece_rows_;
@@ -135,6 +143,7 @@ class DataParallel {
   std::unique_ptr<UnitPool> pool_;  // ZeRO-3 on a device (Note [Weights in unit slots])
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<UnitGathers> unit_gathers_;  // ZeRO-3
+  std::unique_ptr<GradPool> grad_pool_;        // Note [Gradients in unit slots]
   std::vector<OwnedPiece> shard_runs_;         // ZeRO-3: owned_runs_ with flat = shard offset
   size_t params_resident_peak_ = 0;
   std::vector<OwnedPiece> owned_;       // this rank's piece of each parameter, buffer order

@@ -3,6 +3,7 @@
 #include <map>
 #include <string>
 
+#include "train/grad_pool.h"
 #include "train/trainer_parts.h"
 #include "train/zero3.h"
 #include "trident/check.h"
@@ -102,9 +103,13 @@ void check_memory_plan(const GPTConfig& cfg, int B, int T, const GPTOptions& opt
   const size_t shard_floats = sharded ? param_floats / size_t(shard_ranks) : 0;
   double params = double(param_floats) * 4, shard = double(shard_floats) * 4;
   const double optimizer = 2.0 * double(sharded ? shard_floats : param_floats) * 4;
-  const double acts = double(model_bytes) - 2 * params;
-  double need = double(model_bytes) + optimizer + shard;
-  double grads = params + shard;
+  // Note [Gradients in unit slots] (train/grad_pool.h): with pooled gradients the probe made
+  // no gradient buffer; the pool (its own slots and two blocks, unpadded) holds them instead.
+  const bool pooled = options.pooled_grads;
+  const double pool_grads = pooled ? double(grad_pool_floats(layout)) * 4 : 0.0;
+  const double acts = double(model_bytes) - (pooled ? 1 : 2) * params;
+  double need = double(model_bytes) + optimizer + shard + pool_grads;
+  double grads = (pooled ? pool_grads : params) + shard;
   if (zero3.on) {
     // Note [ZeRO-3 units]: the shards of the parameters and gradients, and the pool; the full
     // buffers' address space takes no memory.
@@ -113,12 +118,13 @@ void check_memory_plan(const GPTConfig& cfg, int B, int T, const GPTOptions& opt
     grads = shard + pool;
     need = acts + params + grads + optimizer;
     if (backend.is_device()) {
-      // Note [Weights in unit slots]: the unit pool; the gradient buffer whole.
-      // Note [No full weights on a device]: the full parameter buffer only for model.init_from,
-      // held at setup until the shards are taken, before the optimizer's state.
+      // Note [Weights in unit slots]: the unit pool; the gradients' pool, or the buffer whole
+      // (Note [When gradients are pooled]). Note [No full weights on a device]: the full
+      // parameter buffer only for model.init_from, held at setup until the shards are taken,
+      // before the optimizer's state.
       const double full = double(param_floats) * 4;
       params = shard + double(zero3_device_pool_bytes(layout, zero3));
-      grads = full + shard;
+      grads = (pooled ? pool_grads : full) + shard;
       need = acts + params + grads + std::max(zero3.whole_at_setup ? full : 0.0, optimizer);
     }
   }

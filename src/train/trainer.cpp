@@ -41,6 +41,7 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
                                             DataParallel::bucket_bytes(deck_.comm), options);
   if (dp_size_ * cp_size_ > 1) {  // gradients reduce over dp × cp
     dp_ = std::make_unique<DataParallel>(deck_, ctx_);
+    options.pooled_grads = dp_->pools_grads();  // Note [Gradients in unit slots]
     const std::vector<ParamInfo> layout =
         gpt_param_layout(cfg, options.tp.size, options.tp.rank, options.stage,
                          options.wte_after_head, options.ep.size, options.ep.rank);
@@ -212,6 +213,8 @@ Trainer::MemoryBytes Trainer::memory_bytes() const {
   if (dp_ && dp_->zero3())
     m.params = shard * sizeof(float) + dp_->params_resident_peak() + dp_->pool_bytes();
   m.grads = (model_->num_params() + shard) * sizeof(float);
+  if (dp_ && dp_->pools_grads())  // Note [Gradients in unit slots]: the pool, not the buffer
+    m.grads = dp_->grad_pool_bytes() + shard * sizeof(float);
   m.grads_resident =
       dp_ && dp_->releases_grads() ? dp_->grad_resident_peak() + shard * sizeof(float) : m.grads;
   m.optimizer = 2 * opt_->size() * sizeof(float);
@@ -230,7 +233,9 @@ StepStats Trainer::train_step(int step) {
   s.step = step + 1;
   // ZeRO-2 left the gradient buffer zero (and its pages with the kernel) when the last step's
   // buckets were released.
-  if (!dp_ || !dp_->releases_grads()) model_->zero_grads();
+  // A device's pool zeroes its slots itself (Note [Gradients in unit slots]).
+  if (dp_ && dp_->pools_grads()) dp_->begin_step();
+  else if (!dp_ || !dp_->releases_grads()) model_->zero_grads();
   const GPTStage::StepInputs in{
       step, tc.micro_batch, deck_.model.seq_len, tc.accum, dp_size_, dp_rank_, cp_size_, cp_rank_};
   const double rows_ms = tied_ ? tied_->begin_step(in) : 0.0;

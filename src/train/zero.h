@@ -27,13 +27,13 @@
 // its pages back to the kernel (release_host_floats). A released page reads as zero and holds no
 // memory until backward writes it again: gradient memory is held only from backward's write to
 // the end of the reduce-scatter, and the next step skips zero_grads. Host memory only (a device
-// allocation cannot give pages back like this), hence the refusal on device backends.
+// allocation cannot give pages back like this): Note [Gradients in unit slots] for a device.
 //
 // Pages go back with madvise MADV_DONTNEED, and a memset for the partial pages at the ends.
 // The model writes its gradients straight into the flat buffer (pointers resolved once), so
 // the buffer keeps its address range; only its memory comes and goes. Before each release the
 // thread counts the buffer's resident pages (mincore), and bench reports the peak
-// (grad_resident_mib, with the shard). On a device it would be a pool of bucket buffers.
+// (grad_resident_mib, with the shard). A device writes into a pool (train/grad_pool.h).
 // With train.accum > 1, Note [ZeRO-2 and accumulation] below.
 //
 // Note [ZeRO-2 and accumulation]

@@ -8,7 +8,7 @@
 // a device the full buffer goes after setup (GPT::release_full_params), a unit is gathered into
 // a slot of a pool allocated once, and the model reads it at the base it is told when the unit
 // is asked for (GPT::set_weight_base: the slot less the unit's first offset, so the model's
-// offsets stand). The gradient buffer stays whole: ZeRO-1's gradient memory on a device.
+// offsets stand). The gradients have a pool too: Note [Gradients in unit slots] (grad_pool.h).
 //
 // Note [Unit slots]
 // A slot of its own for each of wte, wpe and the head (each held at most once, and together:

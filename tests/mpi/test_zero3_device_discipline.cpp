@@ -19,6 +19,7 @@
 #include <tuple>
 
 #include "strict_device_backend.h"
+#include "strict_zero_run.h"
 #include "train/data_parallel.h"
 #include "train_harness.h"
 
@@ -27,22 +28,8 @@ namespace {
 
 using testing::world_size;
 
-// val_batches 3: uneven over dp 2 and 4, so validation's uncounted forwards (the ranks with
-// fewer micro-batches, Trainer::validate) keep ZeRO-3's gathers paired, or the test hangs.
 Deck deck(int tp, int pp, std::vector<std::string> extra, int replicas = 1) {
-  const std::string yaml = R"(
-model: {layers: 4, d_model: 32, heads: 4, vocab: 250, seq_len: 16, tied_head: false}
-train: {micro_batch: 2, accum: 1, steps: 4, lr: 3.0e-3, warmup_steps: 1, seed: 7,
-        val_every: 0, val_batches: 3}
-data: {train: inputs/data/tiny-train.bin, valid: inputs/data/tiny-valid.bin, shuffle: true}
-comm: {bucket_mb: 0.02, first_bucket_mb: 0.005}
-run: {threads: 1}
-)";
-  extra.push_back("parallel.zero=3");
-  extra.push_back(fmt::format("parallel.tp={}", tp));
-  extra.push_back(fmt::format("parallel.pp={}", pp));
-  extra.push_back(fmt::format("parallel.dp_replicate={}", replicas));
-  return parse_deck(yaml, TRIDENT_SOURCE_DIR, extra);
+  return testing::zero_deck(3, tp, pp, std::move(extra), replicas);
 }
 
 struct Outcome {
@@ -56,41 +43,20 @@ struct Outcome {
   bool full_params = true;  // the model still holds its full parameter buffer
 };
 
-// The strict run's device communicators, over host communicators of their own.
-struct StrictComms {
-  std::unique_ptr<MpiComm> dp_host, gather_host;        // as a device comm is, the group's own
-  std::unique_ptr<MpiComm> shard_host, replicate_host;  // HSDP's
-  std::unique_ptr<testing::StrictDeviceComm> dp, gather, tp, shard, replicate;
-};
-
-Outcome train(Backend& be, const Deck& d, ProcessGrid& grid, StrictComms* comms) {
+Outcome train(Backend& be, const Deck& d, ProcessGrid& grid, testing::StrictComms* comms) {
   TrainContext ctx{&be, 1e9, &grid, nullptr};
-  if (comms) {
-    ctx.dp_device = comms->dp.get();
-    ctx.tp_device = comms->tp.get();
-    ctx.dp_gather_device = comms->gather.get();
-    ctx.dp_shard_device = comms->shard.get();
-    ctx.dp_replicate_device = comms->replicate.get();
-  }
+  if (comms) comms->attach(ctx);
   Trainer t(d, ctx);
-  auto* strict = dynamic_cast<testing::StrictDeviceBackend*>(&be);
   Outcome o;
-  size_t allocations = 0, releases = 0;
-  for (int s = 0; s < d.train.steps; ++s) {
-    if (s == 1 && strict) {
-      allocations = strict->allocations();
-      releases = strict->releases();
-    }
-    const StepStats st = t.train_step(s);
-    o.losses.push_back(st.loss);
-    o.norms.push_back(st.grad_norm);
-    o.gathers.push_back(st.unit_gathers);
-    o.late.push_back(st.late_unit_gathers);
-  }
-  if (strict) {
-    o.step_allocations = strict->allocations() - allocations;
-    o.step_releases = strict->releases() - releases;
-  }
+  const testing::StepMemory m =
+      testing::run_steps_counted(t, be, d.train.steps, [&](const StepStats& st) {
+        o.losses.push_back(st.loss);
+        o.norms.push_back(st.grad_norm);
+        o.gathers.push_back(st.unit_gathers);
+        o.late.push_back(st.late_unit_gathers);
+      });
+  o.step_allocations = m.allocations;
+  o.step_releases = m.releases;
   o.val = t.validate();
   DataParallel& dp = *t.data_parallel();
   o.shard.resize(dp.shard_size());
@@ -113,24 +79,7 @@ void expect_matches_cpu(int tp, int pp, std::vector<std::string> extra = {}, int
   auto cpu = make_cpu_backend(1);
   const Outcome want = train(*cpu, d, grid, nullptr);
   testing::StrictDeviceBackend strict;
-  StrictComms comms;
-  comms.dp_host = MpiComm::duplicate(grid.gradients().raw(), "dp (test)");
-  // Note [HSDP]: the gathers and reduce-scatters over dp_shard, the second hop over the replicas.
-  MpiComm& shards = replicas > 1 ? grid.gradient_shards() : grid.gradients();
-  comms.gather_host = MpiComm::duplicate(shards.raw(), "dp gathers (test)");
-  if (replicas > 1) {
-    comms.shard_host = MpiComm::duplicate(shards.raw(), "dp_shard (test)");
-    comms.replicate_host = MpiComm::duplicate(grid.dp_replicate().raw(), "dp_replicate (test)");
-    comms.shard = std::make_unique<testing::StrictDeviceComm>(strict, *comms.shard_host);
-    comms.replicate = std::make_unique<testing::StrictDeviceComm>(strict, *comms.replicate_host);
-    comms.shard->set_asynchronous(true);
-    comms.replicate->set_asynchronous(true);
-  }
-  comms.dp = std::make_unique<testing::StrictDeviceComm>(strict, *comms.dp_host);
-  comms.gather = std::make_unique<testing::StrictDeviceComm>(strict, *comms.gather_host);
-  comms.dp->set_asynchronous(true);
-  comms.gather->set_asynchronous(true);
-  if (tp > 1) comms.tp = std::make_unique<testing::StrictDeviceComm>(strict, grid.tp());
+  testing::StrictComms comms(strict, grid, tp, replicas);
   const Outcome got = train(strict, d, grid, &comms);
 
   if (d.model.tied_head != "false") {

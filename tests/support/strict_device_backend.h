@@ -82,6 +82,11 @@ class StrictDeviceBackend final : public Backend {
   // Bytes allocated and not released (in whole pages), now and at most so far.
   size_t bytes_in_use() const { return in_use_; }
   size_t peak_bytes() const { return peak_; }
+  // What the memory plan (Note [Memory plan]) is told is free; 0: the host's MemAvailable.
+  void set_free_memory_bytes(size_t bytes) { free_memory_ = bytes; }
+  size_t free_memory_bytes() const override {
+    return free_memory_ ? free_memory_ : Backend::free_memory_bytes();
+  }
   void fill_zero(void* p, size_t bytes) override {
     Open open(*this);
     if (bytes > 0) std::memset(p, 0, bytes);
@@ -502,6 +507,7 @@ class StrictDeviceBackend final : public Backend {
   size_t copies_to_host_ = 0;
   size_t allocations_ = 0, releases_ = 0;
   size_t in_use_ = 0, peak_ = 0;
+  size_t free_memory_ = 0;
   std::map<std::thread::id, uint64_t> ops_;
 };
 

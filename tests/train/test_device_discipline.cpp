@@ -137,22 +137,25 @@ TEST(DeviceDiscipline, TheLossIsReadOncePerStepNotPerMicroBatch) {
   EXPECT_GE(one, 1u);  // the loss is read at all
 }
 
-// ZeRO-2's page release is host memory only (Note [ZeRO-2 on the host] in train/zero.h): a
-// device backend refuses parallel.zero 2 before allocating anything, naming the key and the
-// backend. ZeRO-1 is accepted there (with dp 1 it is zero 0; over dp, test_pp_device_discipline).
-TEST(DeviceDiscipline, ZeroTwoIsRefusedOnADeviceBackend) {
+// ZeRO-2 on a device writes its gradients into a pool (Note [Gradients in unit slots] in
+// train/grad_pool.h; over dp, test_zero_device_grad_pool); a round per micro-batch adds into
+// the shard in host code, so zero_reduce micro_batch is refused before anything is allocated,
+// naming the keys and the backend.
+TEST(DeviceDiscipline, ZeroTwoByMicroBatchIsRefusedOnADeviceBackend) {
   testing::StrictDeviceBackend strict;
   Deck d = small_deck();
   d.parallel.zero = 2;
+  d.parallel.zero_reduce = "micro_batch";
   try {
     Trainer t(d, TrainContext{&strict, 1e9});
-    FAIL() << "parallel.zero 2 was accepted on a device backend";
+    FAIL() << "parallel.zero_reduce micro_batch was accepted on a device backend";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("parallel.zero: 2 needs run.backend cpu"),
+    EXPECT_NE(std::string(e.what()).find(
+                  "parallel.zero: 2 with parallel.zero_reduce micro_batch needs run.backend cpu"),
               std::string::npos)
         << e.what();
   }
-  d.parallel.zero = 1;
+  d.parallel.zero_reduce = "step";
   EXPECT_NO_THROW(Trainer(d, TrainContext{&strict, 1e9}));
 }
 
