@@ -100,7 +100,7 @@ void check_memory_plan(const GPTConfig& cfg, int B, int T, const GPTOptions& opt
   const size_t shard_floats = sharded ? param_floats / size_t(shard_ranks) : 0;
   double params = double(param_floats) * 4, shard = double(shard_floats) * 4;
   const double optimizer = 2.0 * double(sharded ? shard_floats : param_floats) * 4;
-  const double acts = double(model_bytes) - 2 * params;
+  double acts = double(model_bytes) - 2 * params;
   double need = double(model_bytes) + optimizer + shard;
   double grads = params + shard;
   if (zero3.on) {
@@ -118,6 +118,20 @@ void check_memory_plan(const GPTConfig& cfg, int B, int T, const GPTOptions& opt
       grads = full + shard;
       need = acts + params + grads + std::max(full, optimizer);
     }
+  }
+  // Note [bf16 unit gathers] (train/zero3_pool.h): on a device the model's whole bf16 weight
+  // copy (the probe's, counted above as scratch) goes with the full buffer after setup; the
+  // shards' bf16 copy and a tied head's cast stay. The pool is the fp32 pool's size.
+  if (zero3.on && backend.is_device() && options.precision == Precision::kBf16) {
+    const double copy16 = double(param_floats) * 2, full = double(param_floats) * 4;
+    const double kept16 =
+        double(shard_floats) * 2 + (cfg.tied_head && options.stage.has_head
+                                        ? double(cfg.padded_vocab) * cfg.channels * 2
+                                        : 0.0);
+    acts -= copy16;
+    params += kept16;
+    // At setup the copy is held beside the full buffer, before the optimizer's state exists.
+    need += kept16 - copy16 + std::max(full + copy16, optimizer) - std::max(full, optimizer);
   }
   // Note [Asynchronous checkpoints]: the snapshot holds what the rank saves, its parameters
   // (ZeRO-3: their shard) and m and v, in host memory: on a host backend beside the rest; on a

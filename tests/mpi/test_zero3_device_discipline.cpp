@@ -49,7 +49,8 @@ struct Outcome {
   size_t step_allocations = 0, step_releases = 0;  // the strict backend's, after step 1
   size_t gather_orders = 0;                        // the strict gather comm's order_after calls
   size_t pool_bytes = 0, model_floats = 0;
-  bool full_params = true;  // the model still holds its full parameter buffer
+  size_t gathered_f32 = 0, gathered_bf16 = 0;  // the strict gather comm's all-gather bytes
+  bool full_params = true;                     // the model still holds its full parameter buffer
 };
 
 // The strict run's device communicators, over host communicators of their own.
@@ -89,27 +90,24 @@ Outcome train(Backend& be, const Deck& d, ProcessGrid& grid, StrictComms* comms)
   }
   o.val = t.validate();
   DataParallel& dp = *t.data_parallel();
-  o.shard.resize(dp.shard_size());
-  be.copy(o.shard.data(), dp.shard_params(), o.shard.size() * sizeof(float));
+  if (dp.zero3()) {  // (the bf16 tests' reference runs are ZeRO-1's)
+    o.shard.resize(dp.shard_size());
+    be.copy(o.shard.data(), dp.shard_params(), o.shard.size() * sizeof(float));
+  }
   o.pool_bytes = dp.pool_bytes();
   o.model_floats = t.model().num_params();
   o.full_params = t.model().params() != nullptr;
-  if (comms) o.gather_orders = comms->gather->orders();
+  if (comms) {
+    o.gather_orders = comms->gather->orders();
+    o.gathered_f32 = comms->gather->all_gather_bytes(ElemType::kFloat32);
+    o.gathered_bf16 = comms->gather->all_gather_bytes(ElemType::kBfloat16);
+  }
   return o;
 }
 
-// The layout's CPU run and strict run; bit for bit (losses, norms, validation, shards), the
-// same gathers, none late, and no allocation in steps 2 on.
-void expect_matches_cpu(int tp, int pp, std::vector<std::string> extra = {}, int replicas = 1) {
-  const int dp = world_size() / (tp * pp);
-  SCOPED_TRACE(fmt::format("dp {} ({} replicas) tp {} pp {} {}", dp, replicas, tp, pp,
-                           fmt::join(extra, " ")));
-  ProcessGrid grid(testing::layout_of(tp, pp, replicas));
-  const Deck d = deck(tp, pp, extra, replicas);
-  auto cpu = make_cpu_backend(1);
-  const Outcome want = train(*cpu, d, grid, nullptr);
-  testing::StrictDeviceBackend strict;
-  StrictComms comms;
+// The strict device communicators of a layout: asynchronous, as NCCL's are.
+void make_strict_comms(StrictComms& comms, testing::StrictDeviceBackend& strict, ProcessGrid& grid,
+                       int tp, int replicas) {
   comms.dp_host = MpiComm::duplicate(grid.gradients().raw(), "dp (test)");
   // Note [HSDP]: the gathers and reduce-scatters over dp_shard, the second hop over the replicas.
   MpiComm& shards = replicas > 1 ? grid.gradient_shards() : grid.gradients();
@@ -127,6 +125,21 @@ void expect_matches_cpu(int tp, int pp, std::vector<std::string> extra = {}, int
   comms.dp->set_asynchronous(true);
   comms.gather->set_asynchronous(true);
   if (tp > 1) comms.tp = std::make_unique<testing::StrictDeviceComm>(strict, grid.tp());
+}
+
+// The layout's CPU run and strict run; bit for bit (losses, norms, validation, shards), the
+// same gathers, none late, and no allocation in steps 2 on.
+void expect_matches_cpu(int tp, int pp, std::vector<std::string> extra = {}, int replicas = 1) {
+  const int dp = world_size() / (tp * pp);
+  SCOPED_TRACE(fmt::format("dp {} ({} replicas) tp {} pp {} {}", dp, replicas, tp, pp,
+                           fmt::join(extra, " ")));
+  ProcessGrid grid(testing::layout_of(tp, pp, replicas));
+  const Deck d = deck(tp, pp, extra, replicas);
+  auto cpu = make_cpu_backend(1);
+  const Outcome want = train(*cpu, d, grid, nullptr);
+  testing::StrictDeviceBackend strict;
+  StrictComms comms;
+  make_strict_comms(comms, strict, grid, tp, replicas);
   const Outcome got = train(strict, d, grid, &comms);
 
   if (d.model.tied_head != "false") {
@@ -202,6 +215,118 @@ TEST(Zero3Device, PoolHoldsThreeBlocksOrEverything) {
   EXPECT_LT(pool, model * 3 / 4);
   const auto [kept, model2] = pool_of({"parallel.reshard_after_forward=false"});
   EXPECT_EQ(kept, model2);
+}
+
+// Note [bf16 unit gathers] (src/train/zero3_pool.h): bf16 ZeRO-3 on the strict device backend
+// trains as bf16 ZeRO-1 does there, bit for bit: the GEMMs read bf16(master) either way (cast
+// by each rank before its bf16 gather, or after ZeRO-1's fp32 gather), everything else reads
+// the fp32 masters, and the gradients are reduced in fp32. No clipping (train.grad_clip 0): the
+// gradient norm sums the shards of other bucket layouts in another order, 1e-6 apart, and a
+// clip factor an ulp off would move every weight. A gather of unconverted or stale bf16
+// weights fails at once (step 1, or 2).
+Outcome train_bf16(int tp, int pp, std::vector<std::string> extra, int replicas, int zero) {
+  extra.push_back("train.grad_clip=0");
+  ProcessGrid grid(testing::layout_of(tp, pp, replicas));
+  Deck d = deck(tp, pp, extra, replicas);
+  d.run.precision = "bf16";  // past the deck's refusal of the CPU backend: the strict one runs
+  d.parallel.zero = zero;
+  testing::StrictDeviceBackend strict;
+  StrictComms comms;
+  make_strict_comms(comms, strict, grid, tp, replicas);
+  return train(strict, d, grid, &comms);
+}
+
+void expect_bf16_matches_zero1(int tp, int pp, std::vector<std::string> extra = {},
+                               int replicas = 1) {
+  SCOPED_TRACE(fmt::format("bf16: dp {} ({} replicas) tp {} pp {} {}", world_size() / (tp * pp),
+                           replicas, tp, pp, fmt::join(extra, " ")));
+  const Outcome want = train_bf16(tp, pp, extra, replicas, 1);
+  const Outcome got = train_bf16(tp, pp, extra, replicas, 3);
+  EXPECT_EQ(got.losses, want.losses);
+  EXPECT_EQ(got.val, want.val);
+  ASSERT_EQ(got.norms.size(), want.norms.size());
+  for (size_t i = 0; i < want.norms.size(); ++i)
+    EXPECT_NEAR(got.norms[i], want.norms[i], 1e-6 * want.norms[i]) << "step " << i + 1;
+  for (int late : got.late) EXPECT_EQ(late, 0);
+  EXPECT_GT(got.gathered_bf16, 0u) << "no unit was gathered in bf16";
+  EXPECT_EQ(got.step_allocations, 0u) << "backend allocations during steps 2 on";
+  EXPECT_EQ(got.step_releases, 0u) << "backend releases during steps 2 on";
+  EXPECT_FALSE(got.full_params);
+}
+
+TEST(Zero3Device, Bf16EqualsZeroOneAtDp2) {
+  if (world_size() != 2) GTEST_SKIP() << "dp 2 on 2 ranks";
+  expect_bf16_matches_zero1(1, 1);
+  expect_bf16_matches_zero1(1, 1, {"model.tied_head=true"});
+  expect_bf16_matches_zero1(1, 1, {"train.accum=2", "train.recompute=full"});
+  expect_bf16_matches_zero1(1, 1, {"parallel.reshard_after_forward=false"});
+}
+
+// bf16 runs with tp 1 (GPT refuses run.precision bf16 with tp > 1, ZeRO or not), so the 4-rank
+// layouts are dp 4, dp 2 x pp 2 and HSDP 2 x 2.
+TEST(Zero3Device, Bf16EqualsZeroOneAtFourRanks) {
+  if (world_size() != 4) GTEST_SKIP() << "layouts of 4 ranks";
+  expect_bf16_matches_zero1(1, 1);
+  expect_bf16_matches_zero1(1, 2, {"parallel.schedule=1f1b", "train.accum=2"});
+  expect_bf16_matches_zero1(1, 2,
+                            {"parallel.schedule=1f1b", "train.accum=2", "model.tied_head=true"});
+  expect_bf16_matches_zero1(1, 1, {}, /*replicas=*/2);  // HSDP 2 x 2
+}
+
+// The gathers' bytes, counted by the gather communicator per element type: with a bucket per
+// parameter (a byte limit below every parameter: one layout at either precision), the bf16 run
+// moves the GEMM weights (and the untied head) at 2 bytes and the rest as the fp32 run does, so
+// its fp32 bytes plus twice its bf16 bytes are the fp32 run's, and the GEMM weights are most of
+// the model. The pool is the fp32 pool's size (Note [bf16 unit gathers]).
+TEST(Zero3Device, Bf16GathersHalveTheWeightBytes) {
+  if (world_size() != 2) GTEST_SKIP() << "dp 2 on 2 ranks";
+  const std::vector<std::string> per_param = {"comm.bucket_mb=1e-6", "comm.first_bucket_mb=1e-6"};
+  ProcessGrid grid(make_layout(2, 2, 1, 1));
+  testing::StrictDeviceBackend strict;
+  StrictComms comms;
+  make_strict_comms(comms, strict, grid, 1, 1);
+  const Outcome fp32 = train(strict, deck(1, 1, per_param), grid, &comms);
+  const Outcome bf16 = train_bf16(1, 1, per_param, 1, 3);
+  EXPECT_EQ(fp32.gathered_bf16, 0u);
+  EXPECT_GT(bf16.gathered_bf16, 0u);
+  EXPECT_EQ(bf16.gathered_f32 + 2 * bf16.gathered_bf16, fp32.gathered_f32);
+  EXPECT_LT(bf16.gathered_f32 + bf16.gathered_bf16, fp32.gathered_f32 * 6 / 10);
+  EXPECT_EQ(bf16.gathers, fp32.gathers);
+  EXPECT_EQ(bf16.pool_bytes, fp32.pool_bytes);
+}
+
+// Note [bf16 unit gathers]: a checkpoint holds the fp32 masters. A bf16 ZeRO-3 run saved after
+// step 2 and resumed (the loaded shards' bf16 copy stale until cast) goes on bit for bit, at
+// ZeRO-3 and at ZeRO-1 (which loads the masters whole). A resume that gathered the bf16 copy
+// without casting the loaded shards would gather zeros.
+TEST(Zero3Device, Bf16CheckpointResumesBitForBit) {
+  if (world_size() != 2) GTEST_SKIP() << "dp 2 on 2 ranks";
+  const std::string dir = testing::scratch_dir("zero3_bf16_device");
+  ProcessGrid grid(make_layout(2, 2, 1, 1));
+  auto run = [&](int zero, bool save, bool load) {
+    Deck d = deck(1, 1, {"train.grad_clip=0"});
+    d.run.precision = "bf16";  // as train_bf16
+    d.parallel.zero = zero;
+    testing::StrictDeviceBackend strict;
+    StrictComms comms;
+    make_strict_comms(comms, strict, grid, 1, 1);
+    TrainContext ctx{&strict, 1e9, &grid, nullptr};
+    ctx.dp_device = comms.dp.get();
+    ctx.dp_gather_device = comms.gather.get();
+    Trainer t(d, ctx);
+    if (load) EXPECT_EQ(t.load(latest_checkpoint(dir)).step, 2);
+    std::vector<double> losses;
+    for (int step = load ? 2 : 0; step < d.train.steps; ++step) {
+      losses.push_back(t.train_step(step).loss);
+      if (save && step + 1 == 2) t.save(dir, 2, "run-bf16-zero3", 1);
+    }
+    return losses;
+  };
+  const std::vector<double> whole = run(3, true, false);
+  ASSERT_EQ(whole.size(), 4u);
+  const std::vector<double> tail(whole.begin() + 2, whole.end());
+  EXPECT_EQ(run(3, false, true), tail);
+  EXPECT_EQ(run(1, false, true), tail);
 }
 
 }  // namespace
