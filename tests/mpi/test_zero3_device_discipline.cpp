@@ -270,6 +270,9 @@ TEST(Zero3Device, Bf16EqualsZeroOneAtFourRanks) {
   expect_bf16_matches_zero1(1, 2, {"parallel.schedule=1f1b", "train.accum=2"});
   expect_bf16_matches_zero1(1, 2,
                             {"parallel.schedule=1f1b", "train.accum=2", "model.tied_head=true"});
+  expect_bf16_matches_zero1(1, 2, {"parallel.schedule=gpipe", "train.accum=2", "model.layers=8"});
+  expect_bf16_matches_zero1(
+      1, 2, {"parallel.schedule=interleaved", "parallel.virtual_stages=2", "train.accum=2"});
   expect_bf16_matches_zero1(1, 1, {}, /*replicas=*/2);  // HSDP 2 x 2
 }
 
