@@ -29,11 +29,15 @@
 #include <type_traits>
 #include <vector>
 
+#include "trident/bfloat16.h"
+
 namespace trident {
 
 using CommClock = std::chrono::steady_clock;
 
-enum class ElemType { kFloat32, kFloat64, kInt32, kInt64, kUint8 };
+// kBfloat16: moved as it is (ZeRO-3's bf16 weight gathers: Note [bf16 unit gathers] in
+// train/zero3_pool.h); host communicators do not sum it.
+enum class ElemType { kFloat32, kFloat64, kInt32, kInt64, kUint8, kBfloat16 };
 size_t elem_bytes(ElemType type);
 const char* elem_type_name(ElemType type);
 
@@ -44,6 +48,7 @@ constexpr ElemType elem_type_of() {
   else if constexpr (std::is_same_v<T, int32_t>) return ElemType::kInt32;
   else if constexpr (std::is_same_v<T, int64_t>) return ElemType::kInt64;
   else if constexpr (std::is_same_v<T, uint8_t> || std::is_same_v<T, char>) return ElemType::kUint8;
+  else if constexpr (std::is_same_v<T, bfloat16>) return ElemType::kBfloat16;
   else static_assert(sizeof(T) == 0, "no ElemType for this element type");
 }
 

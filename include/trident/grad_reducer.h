@@ -87,6 +87,11 @@ struct GradReducerOptions {
   float* params = nullptr;
   float* shard_params = nullptr;
   Communicator* gather_comm = nullptr;
+  // Note [bf16 unit gathers] in train/zero3_pool.h (a device pool only): parameters (ready
+  // order) marked here each have a bucket of their own (alone), and it is gathered from this
+  // bf16 copy of the shards, at shard_params's offsets, into the first half of its place.
+  const bfloat16* shard_params16 = nullptr;
+  std::vector<char> gather_bf16;
   // HSDP (Note [HSDP] in train/data_parallel.h; with shard_grads): `dp` is the shard group, and
   // each bucket's shard (and each extra) is then all-reduced over this communicator of the
   // replicas, in launch order, as soon as its reduce-scatter has completed.

@@ -104,6 +104,12 @@ std::vector<ParamInfo> gpt_param_layout(const GPTConfig& cfg, int tp_size = 1, i
                                         StageSpec stage = {}, bool wte_after_head = true,
                                         int ep_size = 1, int ep_rank = 0);
 
+// The bf16 path reads this parameter only through its bf16 copy: a dense block's GEMM weights
+// (qkvw, attprojw, fcw, fcprojw) and an untied LM head. Norms, biases and the embedding tables
+// (a tied wte too: the embedding reads it) are read in fp32 (Note [bf16 unit gathers] in
+// src/train/zero3_pool.h).
+bool read_as_bf16(const ParamInfo& p);
+
 // Activation recomputation: keep everything (none), recompute the MLP's hidden activations
 // in backward (mlp), or keep only each block's input and recompute the whole block (full).
 enum class Recompute { kNone, kMlp, kFull };
@@ -363,12 +369,17 @@ class GPT {
   // weights at weight base + offset, one base per home (a local block 0..L-1, wte L, wpe L+1,
   // the head's final norm and untied LM head L+2); every base is params() unless set.
   int weight_home(size_t param) const;
-  void set_weight_base(int home, float* base) { weight_base_[size_t(home)] = base; }
+  void set_weight_base(int home, float* base) {
+    weight_base_[size_t(home)] = base;
+    if (size_t(home) == weight_base_.size() - 3) tied_head16_stale_ = true;  // wte's
+  }
   // The same for gradients (Note [Gradients in unit slots] in train/grad_pool.h): backward
   // writes a home's gradients at its grad base + offset; every base is grads() unless set.
   void set_grad_base(int home, float* base) { grad_base_[size_t(home)] = base; }
   // Gives the full parameter buffer back (ZeRO-3 on a device, after its shards were taken):
-  // params() is null from then on, and every weight is read through a set base.
+  // params() is null from then on, and every weight is read through a set base. On the bf16
+  // path the whole bf16 copy goes too: the units' slots hold the GEMMs' bf16 weights
+  // (Note [bf16 unit gathers] in train/zero3_pool.h), and a tied head's is cast from wte's slot.
   void release_full_params();
   // Makes the full buffer (zeroed) where GPTOptions::no_full_params left none, for weights
   // read from a file whole (Note [No full weights on a device]); a no-op where it is held.
@@ -464,6 +475,12 @@ class GPT {
   // The bf16 path (gpt_bf16.cpp; Note [bf16 activations]): a block's weights are cast to
   // params16_ right before its forward unless that copy is current, and backward reads it.
   BlockWeights16 block16(int local_layer) const;
+  // A GEMM weight's bf16 copy at flat `offset`: in params16_, or without it in the first half
+  // of its fp32 place at its home's weight base (Note [bf16 unit gathers]).
+  const bfloat16* weights16(int home, size_t offset) const;
+  // The LM head's bf16 weights (wte's if tied); without params16_, a tied head's cast from wte's
+  // slot once per gather of it.
+  const bfloat16* head_w16();
   // params16_[begin, end) = bf16(params_) unless span `span` (a local layer, or
   // table_.layers.size() for wte) was cast or written at the current weights_version_.
   void cast_weights(size_t span, size_t begin, size_t end);
@@ -578,6 +595,10 @@ class GPT {
   std::vector<float*> weight_base_;                     // Note [Weights in unit slots]
   std::vector<float*> grad_base_;                       // Note [Gradients in unit slots]
   BackendBuffer<bfloat16> params16_;                    // bf16: the GEMMs' copy of the weights
+  // bf16 without params16_ (ZeRO-3 on a device): a tied head's bf16 weights, cast from wte's
+  // slot when stale (wte was given a new base, so gathered again).
+  BackendBuffer<bfloat16> tied_head16_;
+  bool tied_head16_stale_ = true;
   // bf16: params() calls so far, and per cast span the count its params16_ copy was made at.
   uint64_t weights_version_ = 1;
   std::vector<uint64_t> cast_version_;

@@ -43,9 +43,10 @@ class AdamW {
   void update(Backend& be, GPT& model, const TrainConfig& cfg, float lr, int t, float grad_scale);
   // ZeRO: updates only this rank's shard, one fused pass per run (merge_pieces): parameters at
   // run.flat in the flat buffer, moments and gradients at run.shard in the shard buffers.
+  // params16 (ZeRO-3's bf16 gathers): the same pass writes bf16(params) there, at run.flat.
   void update_shard(Backend& be, float* params, const float* shard_grads,
                     const std::vector<OwnedPiece>& runs, const TrainConfig& cfg, float lr, int t,
-                    float grad_scale);
+                    float grad_scale, bfloat16* params16 = nullptr);
   float* m() { return m_.data(); }
   float* v() { return v_.data(); }
   size_t size() const { return m_.size(); }

@@ -233,6 +233,19 @@ void GradReducer::init_zero3(const GradReducerOptions& options) {
   s.gather_comm = options.gather_comm;
   s.gathered.assign(s.buckets.size(), 0);
   s.requested.assign(s.buckets.size(), 0);
+  if (!options.gather_bf16.empty()) {  // Note [bf16 unit gathers]
+    TRIDENT_CHECK(
+        s.pooled && options.shard_params16 && options.gather_bf16.size() == s.params.size(),
+        "GradReducer: bf16 gathers need a device pool, the bf16 shards and a flag per "
+        "parameter");
+    s.shard_params16 = options.shard_params16;
+    for (const Bucket& b : s.buckets) {
+      const bool bf16 = options.gather_bf16[b.first_param] != 0;
+      TRIDENT_CHECK(!bf16 || b.num_params == 1, "GradReducer: bf16 gather of {} not alone",
+                    s.params[b.first_param].name);
+      s.gather_bf16.push_back(bf16);
+    }
+  }
   if (s.pooled) {
     for (size_t b = 0; b < s.buckets.size(); ++b)
       s.unit_marks.push_back(s.gather_comm->new_mark(false));  // Note [Marks made once]

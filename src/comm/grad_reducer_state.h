@@ -88,6 +88,10 @@ struct GradReducer::State {
   bool pooled_grads = false;
   std::vector<float*> bucket_grads;
   std::vector<char> grads_pending;
+  // Note [bf16 unit gathers] (train/zero3_pool.h): per bucket, gathered from shard_params16 as
+  // bf16 into the first half of its place (empty: none).
+  const bfloat16* shard_params16 = nullptr;
+  std::vector<char> gather_bf16;
   Communicator* replicate = nullptr;    // HSDP: the second hop's communicator (null: none)
   Communicator* expert_comm = nullptr;  // the experts' buckets' (null: none)
   std::vector<char> expert_bucket;      // per bucket: reduced on expert_comm
@@ -204,7 +208,7 @@ struct GradReducer::State {
   void start_gathers(float* params, const ComputeMark* after);
   void start_unit_gathers(size_t first, size_t end, const std::string& unit, float* base,
                           const ComputeMark* after);
-  void push_gather(size_t bucket, Work work, std::string name);
+  void push_gather(size_t bucket, Work work, std::string name, size_t elem_bytes = sizeof(float));
   // ZeRO-3, compute thread: the full buffer's pages of buckets [first, end) go back.
   void release_full(size_t first, size_t end);
   void end_gather_round(size_t last_bucket);

@@ -190,11 +190,11 @@ void GradReducer::State::start_gathers(float* params, const ComputeMark* after) 
 }
 
 // Bucket b's all-gather, started as `work`: in flight, with its record in the round.
-void GradReducer::State::push_gather(size_t b, Work work, std::string name) {
+void GradReducer::State::push_gather(size_t b, Work work, std::string name, size_t elem_bytes) {
   BucketRecord rec;
   rec.name = std::move(name);
   rec.bucket = static_cast<int>(b);
-  rec.bytes = buckets[b].count * sizeof(float);
+  rec.bytes = buckets[b].count * elem_bytes;
   rec.start_ms = ms(CommClock::now());
   rec.ready_ms = rec.start_ms;
   in_flight.push_back({std::move(work), gather_building.records.size(), static_cast<int>(b)});
@@ -212,10 +212,19 @@ void GradReducer::State::start_unit_gathers(size_t first, size_t end, const std:
   if (!gathering) gather_building = GatherStats{};
   gathering = true;
   for (size_t b = first; b < end; ++b) {
-    push_gather(b,
-                gather_comm->all_gather(shard_params + shard_offset[b], base + buckets[b].offset,
-                                        shard_count[b]),
-                fmt::format("unit {}: {}", unit, bucket_names[b]));
+    std::string name = fmt::format("unit {}: {}", unit, bucket_names[b]);
+    if (!gather_bf16.empty() && gather_bf16[b]) {  // Note [bf16 unit gathers]
+      push_gather(b,
+                  gather_comm->all_gather(shard_params16 + shard_offset[b],
+                                          reinterpret_cast<bfloat16*>(base + buckets[b].offset),
+                                          shard_count[b]),
+                  std::move(name), sizeof(bfloat16));
+    } else {
+      push_gather(b,
+                  gather_comm->all_gather(shard_params + shard_offset[b], base + buckets[b].offset,
+                                          shard_count[b]),
+                  std::move(name));
+    }
     ++gathers_left;
   }
 }

@@ -24,6 +24,7 @@ size_t elem_bytes(ElemType type) {
     case ElemType::kInt32: return 4;
     case ElemType::kInt64: return 8;
     case ElemType::kUint8: return 1;
+    case ElemType::kBfloat16: return 2;
   }
   return 0;
 }
@@ -35,6 +36,7 @@ const char* elem_type_name(ElemType type) {
     case ElemType::kInt32: return "int32";
     case ElemType::kInt64: return "int64";
     case ElemType::kUint8: return "uint8";
+    case ElemType::kBfloat16: return "bf16";
   }
   return "?";
 }
@@ -80,6 +82,7 @@ MPI_Datatype mpi_type(ElemType type) {
     case ElemType::kInt32: return MPI_INT32_T;
     case ElemType::kInt64: return MPI_INT64_T;
     case ElemType::kUint8: return MPI_UINT8_T;
+    case ElemType::kBfloat16: return MPI_UINT16_T;  // moved, never summed (check_summable)
   }
   return MPI_DATATYPE_NULL;
 }
@@ -94,6 +97,14 @@ void pause_for(int idle_polls) {
   const auto pause = progress_backoff(idle_polls);
   if (pause.count() == 0) std::this_thread::yield();
   else std::this_thread::sleep_for(pause);
+}
+
+// MPI has no bf16 sum (its MPI_UINT16_T would add integers): bf16 is only moved here.
+void check_summable(ElemType type, const std::string& comm) {
+  if (type == ElemType::kBfloat16)
+    internal_error(
+        __FILE__, __LINE__,
+        fmt::format("a bf16 sum on host communicator '{}': bf16 is moved, not summed", comm));
 }
 
 }  // namespace
@@ -319,6 +330,7 @@ Work MpiComm::make_work(const char* op, LinkOp link_op, size_t bytes, size_t req
 }
 
 Work MpiComm::start_all_reduce(void* data, size_t count, ElemType type) {
+  check_summable(type, name_);
   const auto start = CommClock::now();
   if (bf16_op_ != MPI_OP_NULL && type == ElemType::kFloat32) {  // Note [bf16 gradient compression]
     std::vector<uint16_t>* staged = take_staging(count);
@@ -369,6 +381,7 @@ constexpr size_t kReducePiece = size_t(4) << 20;  // floats: 16 MiB (Note [Messa
 static_assert(kReducePiece <= size_t(INT_MAX), "a reduce piece's count is an MPI int");
 
 Work MpiComm::start_reduce_scatter(const void* send, void* recv, size_t recv_count, ElemType type) {
+  check_summable(type, name_);
   const auto start = CommClock::now();
   const size_t pieces = (recv_count + kReducePiece - 1) / kReducePiece;
   auto post = [send = static_cast<const char*>(send), recv = static_cast<char*>(recv), recv_count,

@@ -173,6 +173,10 @@ void GPT::hold_full_params() {
 void GPT::release_full_params() {
   params_ = BackendBuffer<float>();
   std::fill(weight_base_.begin(), weight_base_.end(), nullptr);
+  if (precision_ != Precision::kBf16) return;
+  params16_ = BackendBuffer<bfloat16>();  // Note [bf16 unit gathers]
+  if (cfg_.tied_head && stage_.has_head && tied_head16_.empty())
+    tied_head16_ = BackendBuffer<bfloat16>(be_, size_t(cfg_.padded_vocab) * cfg_.channels);
 }
 
 void GPT::zero_grads() {
@@ -315,7 +319,6 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, int 
   Slot& s = slots_[slot];
   s.B = B;
   s.T = T;
-  float* P = params_.data();
 
   // The slot's chunk (StageSpec): its blocks, and the embedding or the head if it has them.
   const int begin = stage_.chunk_begin(s.chunk), end = begin + stage_.chunk_size(s.chunk);
@@ -336,7 +339,7 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, int 
     if (precision_ == Precision::kBf16) {
       cast_weights(size_t(i), lt.span_begin, lt.span_end);  // after param_use_ (ZeRO's gather)
       const BlockActs16 a = block_acts16(slot, i);
-      block_forward_bf16(block(P, i), block16(i), a, residual, B, T);
+      block_forward_bf16(block(layer_weights(i), i), block16(i), a, residual, B, T);
       residual = a.residual3;
       continue;
     }

@@ -18,11 +18,31 @@ namespace trident {
 
 GPT::BlockWeights16 GPT::block16(int local_layer) const {
   const BlockOffsets& o = table_->layers[size_t(local_layer)].offset;
-  const bfloat16* base = params16_.data();
-  return {base + o.qkvw, base + o.attprojw, base + o.fcw, base + o.fcprojw};
+  return {weights16(local_layer, o.qkvw), weights16(local_layer, o.attprojw),
+          weights16(local_layer, o.fcw), weights16(local_layer, o.fcprojw)};
+}
+
+// Note [bf16 unit gathers] (train/zero3_pool.h): without params16_, a GEMM weight's bucket was
+// gathered in bf16 into the first half of its fp32 place in the unit's slot.
+const bfloat16* GPT::weights16(int home, size_t offset) const {
+  if (!params16_.empty()) return params16_.data() + offset;
+  return reinterpret_cast<const bfloat16*>(weight_base_[size_t(home)] + offset);
+}
+
+const bfloat16* GPT::head_w16() {
+  if (!params16_.empty()) return params16_.data() + table_->head_w;
+  if (!cfg_.tied_head) return weights16(int(weight_base_.size()) - 1, table_->head_w);
+  // wte is read in fp32 by the embedding, so gathered in fp32; the head's GEMM reads a cast of
+  // it, made after each gather (ZeRO-1's rule for this one tensor).
+  if (tied_head16_stale_) {
+    be_.cast_to_bf16(tied_head16_.data(), wte_weights() + table_->head_w, tied_head16_.size());
+    tied_head16_stale_ = false;
+  }
+  return tied_head16_.data();
 }
 
 void GPT::cast_weights(size_t span, size_t begin, size_t end) {
+  if (params16_.empty()) return;  // the units' slots hold the bf16 weights (head_w16)
   if (cast_version_[span] == weights_version_) return;  // cast this step, or written by AdamW
   be_.cast_to_bf16(params16_.data() + begin, params_.data() + begin, end - begin);
   cast_version_[span] = weights_version_;
@@ -88,7 +108,7 @@ void GPT::block_forward_bf16(const BlockWeights& w, const BlockWeights16& w16, c
 void GPT::recompute_block_bf16(int slot, int local_layer, const float* residual_in) {
   const Slot& s = slots_[slot];
   const int B = s.B, T = s.T, N = B * T;
-  const BlockWeights w = block(params_.data(), local_layer);
+  const BlockWeights w = block(layer_weights(local_layer), local_layer);
   const BlockWeights16 w16 = block16(local_layer);
   BlockActs16 a = block_acts16(slot, local_layer);
   if (recompute_mode_ == Recompute::kMlp) {
@@ -101,13 +121,12 @@ void GPT::recompute_block_bf16(int slot, int local_layer, const float* residual_
 
 float GPT::head_forward_bf16(Slot& s, const float* residual, const int32_t* targets, int B, int T) {
   const int C = cfg_.channels, V = cfg_.vocab, Vp = cfg_.padded_vocab, N = B * T;
-  float* P = params_.data();
+  float* P = head_weights();
   Slot& h = head(s);
   cast_weights(table_->layers.size(), table_->head_w, table_->head_w + size_t(Vp) * C);
   norm_forward_bf16(h.lnf16.data(), h.lnf_mean.data(), h.lnf_rstd.data(), residual,
                     P + table_->lnfw, at(P, table_->lnfb), N, C);
-  be_.matmul_forward_bf16(h.logits16.data(), h.lnf16.data(), params16_.data() + table_->head_w,
-                          nullptr, N, C, Vp);
+  be_.matmul_forward_bf16(h.logits16.data(), h.lnf16.data(), head_w16(), nullptr, N, C, Vp);
   s.has_targets = targets != nullptr;
   if (!targets) return 0.0f;  // bf16 logits stay for the caller (none reads them yet)
   be_.copy(s.targets.data(), targets, size_t(N) * sizeof(int32_t));
@@ -129,9 +148,7 @@ void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
   const bool tied = cfg_.tied_head, parallel = cfg_.parallel_residual;
   const bool gelu_in_gemm = cfg_.activation == Activation::kGeluTanh;
   Scratch& a = *scratch_;
-  float* P = params_.data();
   float* G = grads_.data();
-  const bfloat16* P16 = params16_.data();
   float* dres = a.dresidual.data();         // w.r.t. the current block's output, fp32
   bfloat16* dres16 = a.dresidual16.data();  // its bf16 copy, for the GEMMs
   // As backward_pass: a tied wte right after the head where that is its only contribution here
@@ -150,19 +167,22 @@ void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
                   "bf16: backward's dloss_scale {} is not the {} forward applied "
                   "(GPT::set_dloss_scale before forward)",
                   dloss_scale, s.dloss * float(N));
+    if (param_use_) param_use_(ParamPass::kBackward, table_->head_uses);  // ZeRO-3's gathers
     Phase ph(be_, phases_, table_->backward_head);
     Slot& h = head(s);
+    float* P = head_weights();
+    const bfloat16* head_w16 = this->head_w16();
     // The head's dW first where it is final here (an untied lmw, or wte reported here), and the
     // input gradient after; else (a tied wte the embedding adds to later) one call for both.
     if (wte_after_head || !tied) {
       be_.matmul_backward_bf16(nullptr, G + table_->head_w, nullptr, h.logits16.data(),
-                               h.lnf16.data(), P16 + table_->head_w, N, C, Vp);
+                               h.lnf16.data(), head_w16, N, C, Vp);
       if (tied) ready.wte();
       else ready.through(table_->head_w_index);
     }
     const bool dw_here = tied && !wte_after_head;
     be_.matmul_backward_bf16(a.d16_c.data(), dw_here ? G + table_->wte : nullptr, nullptr,
-                             h.logits16.data(), h.lnf16.data(), P16 + table_->head_w, N, C, Vp);
+                             h.logits16.data(), h.lnf16.data(), head_w16, N, C, Vp);
     be_.fill_zero(dres, size_t(N) * C * sizeof(float));
     norm_backward_add_bf16(dres, dres16, G + table_->lnfw, at(G, table_->lnfb), a.d16_c.data(),
                            last_residual, P + table_->lnfw, h.lnf_mean.data(), h.lnf_rstd.data(), N,
@@ -177,11 +197,12 @@ void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
   for (int i = end - 1; i >= begin; --i) {
     progress();
     const LayerTable& lt = table_->layers[size_t(i)];
+    if (param_use_) param_use_(ParamPass::kBackward, lt.uses);  // before the recomputation
     Phase ph(be_, phases_, lt.backward_phase);
     const float* residual_in = i == begin ? s.encoded.data() : block_acts16(slot, i - 1).residual3;
     recompute_block(slot, i, residual_in);
     const BlockActs16 act = block_acts16(slot, i);
-    const BlockWeights w = block(P, i);
+    const BlockWeights w = block(layer_weights(i), i);
     const BlockWeights16 w16 = block16(i);
     const BlockWeights dw = block(G, i);
 
@@ -237,6 +258,12 @@ void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
   embedding_backward(dres, s.inputs.data(), sink, B, T);
   ready.through(table_->embedding_last_index);
   if (tied && !wte_after_head) ready.wte();
+}
+
+bool read_as_bf16(const ParamInfo& p) {
+  if (p.layer < 0) return p.name == "lmw";
+  const std::string_view suffix = std::string_view(p.name).substr(p.name.find('.') + 1);
+  return suffix == "qkvw" || suffix == "attprojw" || suffix == "fcw" || suffix == "fcprojw";
 }
 
 }  // namespace trident

@@ -119,8 +119,8 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   weight_base_.assign(table_->layers.size() + 3, params_.data());  // Note [Weights in unit slots]
   grad_base_.assign(weight_base_.size(), grads_.data());           // Note [Gradients in unit slots]
   if (bf16) {
-    params16_ = halves(total);
-    cast_version_.assign(table_->layers.size() + 1, 0);  // nothing cast yet
+    if (!options.no_full_params) params16_ = halves(total);  // Note [bf16 unit gathers]
+    cast_version_.assign(table_->layers.size() + 1, 0);      // nothing cast yet
   }
 
   const size_t C = cfg.channels, tps = tp_.size;

@@ -37,9 +37,10 @@ void DataParallel::check_deck(const Deck& deck, bool device, int chunks, bool sp
                 "on a device use parallel.zero_reduce: step (with train.accum > 1 the gradient "
                 "buffer is then kept whole, with accum 1 backward writes into a pool)",
                 zero);
-  if (zero == 3 && deck.run.precision != "fp32")
-    input_error("parallel.zero: 3 with run.precision {}: the bf16 copy of the weights is kept "
-                "whole, not gathered per unit; use run.precision fp32",
+  // Note [bf16 unit gathers] (train/zero3_pool.h): the units' bf16 weights live in the pool.
+  if (zero == 3 && deck.run.precision != "fp32" && !device)
+    input_error("parallel.zero: 3 with run.precision {} needs a device backend: the bf16 "
+                "weights are gathered into its unit pool; use run.precision fp32 on the host",
                 deck.run.precision);
   // Note [HSDP]: what it does not combine with yet.
   if (zero > 0 && deck.parallel.dp_replicate > 1 && deck.parallel.zero_reduce == "micro_batch")
@@ -125,6 +126,14 @@ void DataParallel::lay_out(const std::vector<ParamInfo>& params, int split_param
     for (size_t i = 0; i < params.size(); ++i)
       for (int u = units.first[i]; u < units.first[i + 1]; ++u)
         breaks_.push_back(i > 0 && u == units.first[i] && names[i] != names[i - 1]);
+  }
+  // Note [bf16 unit gathers]: a weight read only in bf16 is gathered in bf16, alone in its bucket.
+  gather_bf16_.clear();
+  if (zero3_ && device_ && deck_.run.precision == "bf16") {
+    for (size_t i = 0; i < params.size(); ++i)
+      for (int u = units.first[i]; u < units.first[i + 1]; ++u)
+        gather_bf16_.push_back(read_as_bf16(params[i]));
+    for (size_t u = 0; u < alone_.size(); ++u) alone_[u] = alone_[u] || gather_bf16_[u];
   }
   const BucketLayout layout =
       padded_bucket_layout(units.counts(), sizeof(float), first_bucket_bytes(deck_.comm),
@@ -227,6 +236,11 @@ void DataParallel::attach(GPT& model) {
       if (!ctx_.dp_gather_device)
         internal_error(__FILE__, __LINE__, "ZeRO-3 on a device needs a gather communicator");
       opt.gather_comm = ctx_.dp_gather_device;
+      if (!gather_bf16_.empty()) {  // Note [bf16 unit gathers]
+        shard_params16_ = BackendBuffer<bfloat16>(*ctx_.backend, shard_floats_);
+        opt.shard_params16 = shard_params16_.data();
+        opt.gather_bf16 = gather_bf16_;
+      }
     } else {
       gather_comm_ = MpiComm::duplicate(dp.raw(), "dp (ZeRO-3 gathers)");
       gather_comm_->set_timeout(dp.timeout());
@@ -265,6 +279,7 @@ void DataParallel::attach(GPT& model) {
       unit_gathers_->set_pool(pool_.get());
     }
     model.set_param_use([this](ParamPass pass, const std::vector<int>& indices) {
+      refresh_shard16();
       unit_gathers_->use(pass, indices);
       if (grad_pool_) grad_pool_->use(pass, indices);  // Note [Gradients in unit slots]
     });
@@ -303,6 +318,7 @@ void DataParallel::init_params(GPT& model, uint64_t seed) {
     pool_->give_back(int(k));
   }
   if (device_) model.release_full_params();
+  shard16_stale_ = true;
 }
 
 void DataParallel::take_params() {
@@ -312,6 +328,13 @@ void DataParallel::take_params() {
     else reducer_->take_shards(u.first_bucket, u.end_bucket);
   }
   if (device_) model_->release_full_params();
+  shard16_stale_ = true;
+}
+
+void DataParallel::refresh_shard16() {
+  if (!shard16_stale_ || shard_params16_.empty()) return;
+  ctx_.backend->cast_to_bf16(shard_params16_.data(), shard_params_.data(), shard_floats_);
+  shard16_stale_ = false;
 }
 
 void DataParallel::copy_shards(const Zero3Unit& u, const float* base) {
@@ -395,8 +418,10 @@ void DataParallel::finish(StepStats& s, const ReduceStats& earlier_rounds, doubl
 void DataParallel::update_shard(AdamW& opt, Backend& be, GPT& model, const TrainConfig& tc,
                                 float lr, int t, float grad_scale, StepStats& s) {
   if (zero3_) {  // the units gather the updated shards when next used
+    // Note [bf16 unit gathers]: AdamW's pass writes the bf16 copy too (the padding stays zero).
     opt.update_shard(be, shard_params_.data(), shard_grads_.data(), shard_runs_, tc, lr, t,
-                     grad_scale);
+                     grad_scale, shard_params16_.empty() ? nullptr : shard_params16_.data());
+    shard16_stale_ = false;  // the runs are every owned piece; the padding is zero in both
     return;
   }
   opt.update_shard(be, model.params(), shard_grads_.data(), owned_runs_, tc, lr, t, grad_scale);
@@ -417,8 +442,12 @@ void DataParallel::update_shard(AdamW& opt, Backend& be, GPT& model, const Train
 
 void DataParallel::sync_params() {
   if (!sharded_ || !reducer_) return;
-  if (zero3_) unit_gathers_->gather_all();  // the whole model, held until the next step uses it
-  else reducer_->wait_all_gathered();
+  if (!zero3_) {
+    reducer_->wait_all_gathered();
+    return;
+  }
+  refresh_shard16();
+  unit_gathers_->gather_all();  // the whole model, held until the next step uses it
 }
 
 }  // namespace trident

@@ -67,7 +67,12 @@ class DataParallel {
   bool zero3() const { return zero3_; }  // Note [ZeRO-3 units]
   // ZeRO-3: this rank's shard of the parameters (at the owned pieces' shard offsets), and the
   // units' gathers.
-  float* shard_params() { return shard_params_.data(); }
+  // Whoever asks may write it: the bf16 copy the units gather counts as stale from here on
+  // (Note [bf16 unit gathers] in train/zero3_pool.h).
+  float* shard_params() {
+    shard16_stale_ = true;
+    return shard_params_.data();
+  }
   UnitGathers& unit_gathers() { return *unit_gathers_; }
   // ZeRO-3: the units still gathered after a forward-only pass (validation) go back.
   void release_params();
@@ -117,6 +122,8 @@ class DataParallel {
   // ZeRO-3 on a device: this rank's shard of unit u's buckets, read at `base` (+ bucket offsets),
   // copied into shard_params on the backend.
   void copy_shards(const Zero3Unit& u, const float* base);
+  // Note [bf16 unit gathers]: the shards' bf16 copy cast again where stale, before a gather.
+  void refresh_shard16();
 
   const Deck& deck_;
   TrainContext ctx_;
@@ -140,6 +147,11 @@ class DataParallel {
   std::unique_ptr<MpiComm> gather_comm_;     // ZeRO-3: the gathers' own duplicate of dp
   std::unique_ptr<MpiComm> replicate_comm_;  // HSDP: the shards' sum over the replicas
   BackendBuffer<float> shard_grads_, shard_params_;
+  // Note [bf16 unit gathers]: per unit, gathered in bf16; the shards' bf16 copy, and whether it
+  // lags shard_params_.
+  std::vector<char> gather_bf16_;
+  BackendBuffer<bfloat16> shard_params16_;
+  bool shard16_stale_ = true;
   std::unique_ptr<UnitPool> pool_;  // ZeRO-3 on a device (Note [Weights in unit slots])
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<UnitGathers> unit_gathers_;  // ZeRO-3

@@ -107,7 +107,7 @@ void check_memory_plan(const GPTConfig& cfg, int B, int T, const GPTOptions& opt
   // no gradient buffer; the pool (its own slots and two blocks, unpadded) holds them instead.
   const bool pooled = options.pooled_grads;
   const double pool_grads = pooled ? double(grad_pool_floats(layout)) * 4 : 0.0;
-  const double acts = double(model_bytes) - (pooled ? 1 : 2) * params;
+  double acts = double(model_bytes) - (pooled ? 1 : 2) * params;
   double need = double(model_bytes) + optimizer + shard + pool_grads;
   double grads = (pooled ? pool_grads : params) + shard;
   if (zero3.on) {
@@ -127,6 +127,19 @@ void check_memory_plan(const GPTConfig& cfg, int B, int T, const GPTOptions& opt
       grads = (pooled ? pool_grads : full) + shard;
       need = acts + params + grads + std::max(zero3.whole_at_setup ? full : 0.0, optimizer);
     }
+  }
+  // Note [bf16 unit gathers] (train/zero3_pool.h): on a device the model makes no whole bf16
+  // weight copy (the probe's, counted above as scratch; Note [No full weights on a device]);
+  // the shards' bf16 copy and a tied head's cast are held. The pool is the fp32 pool's size.
+  if (zero3.on && backend.is_device() && options.precision == Precision::kBf16) {
+    const double copy16 = double(param_floats) * 2;
+    const double kept16 =
+        double(shard_floats) * 2 + (cfg.tied_head && options.stage.has_head
+                                        ? double(cfg.padded_vocab) * cfg.channels * 2
+                                        : 0.0);
+    acts -= copy16;
+    params += kept16;
+    need += kept16 - copy16;
   }
   // Note [Asynchronous checkpoints]: the snapshot holds what the rank saves, its parameters
   // (ZeRO-3: their shard) and m and v, in host memory: on a host backend beside the rest; on a

@@ -56,11 +56,18 @@ void AdamW::update(Backend& be, GPT& model, const TrainConfig& cfg, float lr, in
 
 void AdamW::update_shard(Backend& be, float* params, const float* shard_grads,
                          const std::vector<OwnedPiece>& runs, const TrainConfig& cfg, float lr,
-                         int t, float grad_scale) {
-  for (const OwnedPiece& r : runs)
-    be.adamw_update(params + r.flat, m_.data() + r.shard, v_.data() + r.shard,
-                    shard_grads + r.shard, r.count, lr, float(cfg.beta1), float(cfg.beta2),
-                    float(cfg.eps), r.decay ? float(cfg.weight_decay) : 0.0f, t, grad_scale);
+                         int t, float grad_scale, bfloat16* params16) {
+  for (const OwnedPiece& r : runs) {
+    const float wd = r.decay ? float(cfg.weight_decay) : 0.0f;
+    if (params16)
+      be.adamw_update_bf16(params + r.flat, params16 + r.flat, m_.data() + r.shard,
+                           v_.data() + r.shard, shard_grads + r.shard, r.count, lr,
+                           float(cfg.beta1), float(cfg.beta2), float(cfg.eps), wd, t, grad_scale);
+    else
+      be.adamw_update(params + r.flat, m_.data() + r.shard, v_.data() + r.shard,
+                      shard_grads + r.shard, r.count, lr, float(cfg.beta1), float(cfg.beta2),
+                      float(cfg.eps), wd, t, grad_scale);
+  }
 }
 
 }  // namespace trident

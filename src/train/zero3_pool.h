@@ -9,6 +9,17 @@
 // a slot of a pool allocated once, and the model reads it at the base it is told when the unit
 // is asked for (GPT::set_weight_base: the slot less the unit's first offset, so the model's
 // offsets stand). The gradients have a pool too: Note [Gradients in unit slots] (grad_pool.h).
+// With run.precision bf16, Note [bf16 unit gathers]: a slot holds a GEMM weight as bf16.
+//
+// Note [bf16 unit gathers]
+// bf16 ZeRO-3 gathers what each read needs: a parameter read only through the bf16 copy
+// (read_as_bf16: a block's four GEMM weights, an untied LM head) is alone in its bucket and
+// gathered from the shards' bf16 copy (AdamW's bf16 pass writes it; a stale one is cast before a
+// gather) into the first half of its fp32 place in the slot, at half the bytes; the rest (norms,
+// biases, wte and wpe, which the embedding reads) in fp32, a tied head's bf16 cast from wte's slot
+// after each gather. So the GEMMs read bf16(master), the rest the masters, as under ZeRO-1: the
+// same bits. Masters, gradients, reductions, checkpoints: fp32. The pool keeps the fp32 size (a
+// bf16 slot needs offsets of its own); the model never makes its whole bf16 copy.
 //
 // Note [Unit slots]
 // A slot of its own for each of wte, wpe and the head (each held at most once, and together:
@@ -17,15 +28,15 @@
 // group ahead, and the last pass's last block, kept where this pass reads it later (forwards in
 // a row on a stage before the head: GPipe, 1F1B's warm-up, validation). Where units stay
 // gathered (reshard_after_forward false, zero3_gather step) every unit has its own slot.
-// check_memory_plan (src/train/memory_plan.cpp) counts the same on a device.
+// check_memory_plan (src/train/memory_plan.cpp) counts the same on a device, bf16 or not.
 //
 // Note [No full weights on a device]
 // A device never holds the full fp32 parameters, or ZeRO-3 could train nothing larger than one
 // device's 4 B per parameter (Llama-3-70B: 280 GB). The model is built without the buffer
-// (GPTOptions::no_full_params); DataParallel::init_params initialises each unit in its slot and
-// copies the shard out. Only model.init_from, whose readers fill the whole model, makes it
-// (GPT::hold_full_params) and gives it back once the shards are taken; a checkpoint loads
-// straight into the shards.
+// (GPTOptions::no_full_params), or its bf16 copy; DataParallel::init_params initialises each
+// unit in its slot and copies the shard out. Only model.init_from, whose readers fill the whole
+// model, makes the fp32 buffer (GPT::hold_full_params) and gives it back once the shards are
+// taken; a checkpoint loads straight into the shards.
 #pragma once
 
 #include <cstddef>

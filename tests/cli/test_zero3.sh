@@ -26,7 +26,10 @@ expect_refusal() {
 }
 
 # 1. Refused by name.
-expect_refusal zero3-bf16 "run.precision bf16" 2 "${tiny[@]}" --set parallel.zero=3 --set run.precision=bf16
+# bf16 ZeRO-3 runs on a device (Note [bf16 unit gathers]; test_zero3_device_discipline): on the
+# CPU the deck refuses the precision first.
+expect_refusal zero3-bf16 "run.precision bf16 needs run.backend cuda" 2 "${tiny[@]}" \
+  --set parallel.zero=3 --set run.precision=bf16
 expect_refusal zero3-zbh1 "parallel.schedule zb-h1" 2 "${tiny[@]}" --set parallel.zero=3 \
   --set parallel.pp=2 --set parallel.schedule=zb-h1 --set train.accum=2
 expect_refusal hsdp-micro-batch "parallel.zero_reduce micro_batch" 4 "${tiny[@]}" --set parallel.zero=2 \

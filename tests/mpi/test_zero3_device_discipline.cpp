@@ -40,7 +40,8 @@ struct Outcome {
   size_t step_allocations = 0, step_releases = 0;  // the strict backend's, after step 1
   size_t gather_orders = 0;                        // the strict gather comm's order_after calls
   size_t pool_bytes = 0, model_floats = 0;
-  bool full_params = true;  // the model still holds its full parameter buffer
+  size_t gathered_f32 = 0, gathered_bf16 = 0;  // the strict gather comm's all-gather bytes
+  bool full_params = true;                     // the model still holds its full parameter buffer
 };
 
 Outcome train(Backend& be, const Deck& d, ProcessGrid& grid, testing::StrictComms* comms) {
@@ -59,12 +60,18 @@ Outcome train(Backend& be, const Deck& d, ProcessGrid& grid, testing::StrictComm
   o.step_releases = m.releases;
   o.val = t.validate();
   DataParallel& dp = *t.data_parallel();
-  o.shard.resize(dp.shard_size());
-  be.copy(o.shard.data(), dp.shard_params(), o.shard.size() * sizeof(float));
+  if (dp.zero3()) {  // (the bf16 tests' reference runs are ZeRO-1's)
+    o.shard.resize(dp.shard_size());
+    be.copy(o.shard.data(), dp.shard_params(), o.shard.size() * sizeof(float));
+  }
   o.pool_bytes = dp.pool_bytes();
   o.model_floats = t.model().num_params();
   o.full_params = t.model().params() != nullptr;
-  if (comms) o.gather_orders = comms->gather->orders();
+  if (comms) {
+    o.gather_orders = comms->gather->orders();
+    o.gathered_f32 = comms->gather->all_gather_bytes(ElemType::kFloat32);
+    o.gathered_bf16 = comms->gather->all_gather_bytes(ElemType::kBfloat16);
+  }
   return o;
 }
 
@@ -165,22 +172,25 @@ TEST(Zero3Device, PoolHoldsThreeBlocksOrEverything) {
 TEST(Zero3Device, SetupNeverHoldsTheFullParameters) {
   if (world_size() != 4) GTEST_SKIP() << "dp 4 on 4 ranks";
   ProcessGrid grid(make_layout(4, 4, 1, 1));
-  auto run_setup = [&](std::vector<std::string> extra) {
+  auto run_setup = [&](std::vector<std::string> extra, bool bf16 = false) {
     testing::StrictDeviceBackend strict;
-    auto dp_host = MpiComm::duplicate(grid.gradients().raw(), "dp (test)");
-    auto gather_host = MpiComm::duplicate(grid.gradients().raw(), "dp gathers (test)");
-    testing::StrictDeviceComm dp(strict, *dp_host), gather(strict, *gather_host);
-    dp.set_asynchronous(true);
-    gather.set_asynchronous(true);
-    TrainContext ctx{&strict, 1e9, &grid, nullptr, &dp};
-    ctx.dp_gather_device = &gather;
-    Trainer t(deck(1, 1, std::move(extra)), ctx);
+    testing::StrictComms comms(strict, grid, 1, 1);
+    TrainContext ctx{&strict, 1e9, &grid, nullptr};
+    comms.attach(ctx);
+    Deck d = deck(1, 1, std::move(extra));
+    if (bf16) d.run.precision = "bf16";  // past the deck's refusal of the CPU, as train_bf16
+    Trainer t(d, ctx);
     EXPECT_EQ(t.model().params(), nullptr);
     return std::tuple(strict.peak_bytes(), strict.bytes_in_use(),
                       t.model().num_params() * sizeof(float));
   };
   const auto [peak, held, full] = run_setup({"model.layers=8"});
   EXPECT_EQ(peak, held) << "a buffer of " << (peak - held) << " B held at setup and given back";
+  // bf16: nor with its whole bf16 copy beside it (Note [bf16 unit gathers]). (That copy alone,
+  // 2 B a parameter, would not show: at dp 4 the optimizer's state that follows is as large.)
+  const auto [peak16, held16, full16] = run_setup({"model.layers=8", "model.tied_head=true"}, true);
+  EXPECT_EQ(peak16, held16) << "bf16: " << (peak16 - held16) << " B held at setup and given back";
+  (void)full16;
   // The llm.c file of a GPT-2 of the deck's shape, written by an unsharded run's export.
   int pid = int(getpid());
   MPI_Bcast(&pid, 1, MPI_INT, 0, MPI_COMM_WORLD);  // rank 0's, one name for every rank
@@ -198,6 +208,118 @@ TEST(Zero3Device, SetupNeverHoldsTheFullParameters) {
   MPI_Barrier(MPI_COMM_WORLD);
   if (grid.world_rank() == 0) std::remove(file.c_str());
   (void)full;
+}
+
+// Note [bf16 unit gathers] (src/train/zero3_pool.h): bf16 ZeRO-3 on the strict device backend
+// trains as bf16 ZeRO-1 does there, bit for bit: the GEMMs read bf16(master) either way (cast
+// by each rank before its bf16 gather, or after ZeRO-1's fp32 gather), everything else reads
+// the fp32 masters, and the gradients are reduced in fp32. No clipping (train.grad_clip 0): the
+// gradient norm sums the shards of other bucket layouts in another order, 1e-6 apart, and a
+// clip factor an ulp off would move every weight. A gather of unconverted or stale bf16
+// weights fails at once (step 1, or 2).
+Outcome train_bf16(int tp, int pp, std::vector<std::string> extra, int replicas, int zero) {
+  extra.push_back("train.grad_clip=0");
+  ProcessGrid grid(testing::layout_of(tp, pp, replicas));
+  Deck d = deck(tp, pp, extra, replicas);
+  d.run.precision = "bf16";  // past the deck's refusal of the CPU backend: the strict one runs
+  d.parallel.zero = zero;
+  testing::StrictDeviceBackend strict;
+  testing::StrictComms comms(strict, grid, tp, replicas);
+  return train(strict, d, grid, &comms);
+}
+
+void expect_bf16_matches_zero1(int tp, int pp, std::vector<std::string> extra = {},
+                               int replicas = 1) {
+  SCOPED_TRACE(fmt::format("bf16: dp {} ({} replicas) tp {} pp {} {}", world_size() / (tp * pp),
+                           replicas, tp, pp, fmt::join(extra, " ")));
+  const Outcome want = train_bf16(tp, pp, extra, replicas, 1);
+  const Outcome got = train_bf16(tp, pp, extra, replicas, 3);
+  EXPECT_EQ(got.losses, want.losses);
+  EXPECT_EQ(got.val, want.val);
+  ASSERT_EQ(got.norms.size(), want.norms.size());
+  for (size_t i = 0; i < want.norms.size(); ++i)
+    EXPECT_NEAR(got.norms[i], want.norms[i], 1e-6 * want.norms[i]) << "step " << i + 1;
+  for (int late : got.late) EXPECT_EQ(late, 0);
+  EXPECT_GT(got.gathered_bf16, 0u) << "no unit was gathered in bf16";
+  EXPECT_EQ(got.step_allocations, 0u) << "backend allocations during steps 2 on";
+  EXPECT_EQ(got.step_releases, 0u) << "backend releases during steps 2 on";
+  EXPECT_FALSE(got.full_params);
+}
+
+TEST(Zero3Device, Bf16EqualsZeroOneAtDp2) {
+  if (world_size() != 2) GTEST_SKIP() << "dp 2 on 2 ranks";
+  expect_bf16_matches_zero1(1, 1);
+  expect_bf16_matches_zero1(1, 1, {"model.tied_head=true"});
+  expect_bf16_matches_zero1(1, 1, {"train.accum=2", "train.recompute=full"});
+  expect_bf16_matches_zero1(1, 1, {"parallel.reshard_after_forward=false"});
+}
+
+// bf16 runs with tp 1 (GPT refuses run.precision bf16 with tp > 1, ZeRO or not), so the 4-rank
+// layouts are dp 4, dp 2 x pp 2 and HSDP 2 x 2.
+TEST(Zero3Device, Bf16EqualsZeroOneAtFourRanks) {
+  if (world_size() != 4) GTEST_SKIP() << "layouts of 4 ranks";
+  expect_bf16_matches_zero1(1, 1);
+  expect_bf16_matches_zero1(1, 2, {"parallel.schedule=1f1b", "train.accum=2"});
+  expect_bf16_matches_zero1(1, 2,
+                            {"parallel.schedule=1f1b", "train.accum=2", "model.tied_head=true"});
+  expect_bf16_matches_zero1(1, 2, {"parallel.schedule=gpipe", "train.accum=2", "model.layers=8"});
+  expect_bf16_matches_zero1(
+      1, 2, {"parallel.schedule=interleaved", "parallel.virtual_stages=2", "train.accum=2"});
+  expect_bf16_matches_zero1(1, 1, {}, /*replicas=*/2);  // HSDP 2 x 2
+}
+
+// The gathers' bytes, counted by the gather communicator per element type: with a bucket per
+// parameter (a byte limit below every parameter: one layout at either precision), the bf16 run
+// moves the GEMM weights (and the untied head) at 2 bytes and the rest as the fp32 run does, so
+// its fp32 bytes plus twice its bf16 bytes are the fp32 run's, and the GEMM weights are most of
+// the model. The pool is the fp32 pool's size (Note [bf16 unit gathers]).
+TEST(Zero3Device, Bf16GathersHalveTheWeightBytes) {
+  if (world_size() != 2) GTEST_SKIP() << "dp 2 on 2 ranks";
+  const std::vector<std::string> per_param = {"comm.bucket_mb=1e-6", "comm.first_bucket_mb=1e-6"};
+  ProcessGrid grid(make_layout(2, 2, 1, 1));
+  testing::StrictDeviceBackend strict;
+  testing::StrictComms comms(strict, grid, 1, 1);
+  const Outcome fp32 = train(strict, deck(1, 1, per_param), grid, &comms);
+  const Outcome bf16 = train_bf16(1, 1, per_param, 1, 3);
+  EXPECT_EQ(fp32.gathered_bf16, 0u);
+  EXPECT_GT(bf16.gathered_bf16, 0u);
+  EXPECT_EQ(bf16.gathered_f32 + 2 * bf16.gathered_bf16, fp32.gathered_f32);
+  EXPECT_LT(bf16.gathered_f32 + bf16.gathered_bf16, fp32.gathered_f32 * 6 / 10);
+  EXPECT_EQ(bf16.gathers, fp32.gathers);
+  EXPECT_EQ(bf16.pool_bytes, fp32.pool_bytes);
+}
+
+// Note [bf16 unit gathers]: a checkpoint holds the fp32 masters. A bf16 ZeRO-3 run saved after
+// step 2 and resumed (the loaded shards' bf16 copy stale until cast) goes on bit for bit, at
+// ZeRO-3 and at ZeRO-1 (which loads the masters whole). A resume that gathered the bf16 copy
+// without casting the loaded shards would gather zeros.
+TEST(Zero3Device, Bf16CheckpointResumesBitForBit) {
+  if (world_size() != 2) GTEST_SKIP() << "dp 2 on 2 ranks";
+  const std::string dir = testing::scratch_dir("zero3_bf16_device");
+  ProcessGrid grid(make_layout(2, 2, 1, 1));
+  auto run = [&](int zero, bool save, bool load) {
+    Deck d = deck(1, 1, {"train.grad_clip=0"});
+    d.run.precision = "bf16";  // as train_bf16
+    d.parallel.zero = zero;
+    testing::StrictDeviceBackend strict;
+    testing::StrictComms comms(strict, grid, 1, 1);
+    TrainContext ctx{&strict, 1e9, &grid, nullptr};
+    ctx.dp_device = comms.dp.get();
+    ctx.dp_gather_device = comms.gather.get();
+    Trainer t(d, ctx);
+    if (load) EXPECT_EQ(t.load(latest_checkpoint(dir)).step, 2);
+    std::vector<double> losses;
+    for (int step = load ? 2 : 0; step < d.train.steps; ++step) {
+      losses.push_back(t.train_step(step).loss);
+      if (save && step + 1 == 2) t.save(dir, 2, "run-bf16-zero3", 1);
+    }
+    return losses;
+  };
+  const std::vector<double> whole = run(3, true, false);
+  ASSERT_EQ(whole.size(), 4u);
+  const std::vector<double> tail(whole.begin() + 2, whole.end());
+  EXPECT_EQ(run(3, false, true), tail);
+  EXPECT_EQ(run(1, false, true), tail);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -572,6 +573,8 @@ class StrictDeviceComm final : public Communicator {
     landing_.clear();
   }
   size_t point_to_point_count() const { return transfers_; }
+  // Bytes all-gathered so far in elements of `type` (the full outputs, as OpRecord counts them).
+  size_t all_gather_bytes(ElemType type) const { return all_gather_bytes_[size_t(type)]; }
   Work start_all_to_all_v(const void* send, const size_t* send_counts, void* recv,
                           const size_t* recv_counts, ElemType type) override {
     return now(
@@ -617,7 +620,10 @@ class StrictDeviceComm final : public Communicator {
     });
   }
   Work start_all_gather(const void* send, void* recv, size_t send_count, ElemType type) override {
-    TRIDENT_CHECK(type == ElemType::kFloat32, "strict comm: float data only");
+    TRIDENT_CHECK(type == ElemType::kFloat32 || type == ElemType::kBfloat16,
+                  "strict comm: float or bf16 data only");
+    all_gather_bytes_[size_t(type)] += send_count * size_t(size()) * elem_bytes(type);
+    if (type == ElemType::kBfloat16) return all_gather_bf16(send, recv, send_count);
     if (asynchronous_) {
       auto t = staged(send, send_count, recv, send_count * size_t(size()));
       t->host = host_.all_gather(t->staging_in.data(), t->staging.data(), send_count);
@@ -627,6 +633,28 @@ class StrictDeviceComm final : public Communicator {
       return host_.all_gather(static_cast<const float*>(send), static_cast<float*>(recv),
                               send_count);
     });
+  }
+  // bf16 (ZeRO-3's weight gathers, Note [bf16 unit gathers]): staged as bytes in the float
+  // buffers, landing as many bytes as were gathered.
+  Work all_gather_bf16(const void* send, void* recv, size_t send_count) {
+    const size_t recv_count = send_count * size_t(size());
+    if (!asynchronous_)
+      return now([&] {
+        return host_.all_gather(static_cast<const bfloat16*>(send), static_cast<bfloat16*>(recv),
+                                send_count);
+      });
+    auto t = std::make_shared<Transfer>();
+    t->staging_in.resize((send_count + 1) / 2);
+    t->staging.resize((recv_count + 1) / 2);
+    t->dst = static_cast<float*>(recv);
+    t->land_bytes = recv_count * sizeof(bfloat16);
+    {
+      StrictDeviceBackend::Open open(be_, /*op=*/false);
+      if (send_count > 0) std::memcpy(t->staging_in.data(), send, send_count * sizeof(bfloat16));
+    }
+    t->host = host_.all_gather(reinterpret_cast<const bfloat16*>(t->staging_in.data()),
+                               reinterpret_cast<bfloat16*>(t->staging.data()), send_count);
+    return Work(std::make_unique<CollectiveWork>(t, be_));
   }
   Work start_broadcast(void*, size_t, ElemType, int) override {
     internal_error(__FILE__, __LINE__, "strict comm: broadcast not needed");
@@ -663,6 +691,7 @@ class StrictDeviceComm final : public Communicator {
     bool done = false;
     float* dst = nullptr;           // a receive's buffer
     std::vector<float> staging_in;  // an asynchronous collective's input
+    size_t land_bytes = 0;          // bf16: the bytes that land (0: all of staging)
   };
   // An asynchronous collective: its input copied out now, its output landing when complete.
   std::shared_ptr<Transfer> staged(const void* send, size_t send_count, void* recv,
@@ -693,7 +722,8 @@ class StrictDeviceComm final : public Communicator {
    private:
     void land() {
       StrictDeviceBackend::Open open(be_, /*op=*/false);
-      copy_floats(t_->dst, t_->staging.data(), t_->staging.size());
+      if (t_->land_bytes > 0) std::memcpy(t_->dst, t_->staging.data(), t_->land_bytes);
+      else copy_floats(t_->dst, t_->staging.data(), t_->staging.size());
       t_->done = true;
     }
     std::shared_ptr<Transfer> t_;
@@ -731,6 +761,7 @@ class StrictDeviceComm final : public Communicator {
   std::vector<std::shared_ptr<Transfer>> landing_;
   size_t transfers_ = 0;
   size_t orders_ = 0;
+  std::array<size_t, 6> all_gather_bytes_{};  // per ElemType
   bool asynchronous_ = false;
 };
 

@@ -36,6 +36,7 @@ ncclDataType_t nccl_type(ElemType type) {
     case ElemType::kInt32: return ncclInt32;
     case ElemType::kInt64: return ncclInt64;
     case ElemType::kUint8: return ncclUint8;
+    case ElemType::kBfloat16: return ncclBfloat16;
   }
   return ncclFloat32;
 }
