@@ -148,7 +148,7 @@ void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
   const bool tied = cfg_.tied_head, parallel = cfg_.parallel_residual;
   const bool gelu_in_gemm = cfg_.activation == Activation::kGeluTanh;
   Scratch& a = *scratch_;
-  float* G = grads_.data();
+  // Each home's gradients at its base (Note [Gradients in unit slots] in train/grad_pool.h).
   float* dres = a.dresidual.data();         // w.r.t. the current block's output, fp32
   bfloat16* dres16 = a.dresidual16.data();  // its bf16 copy, for the GEMMs
   // As backward_pass: a tied wte right after the head where that is its only contribution here
@@ -175,16 +175,17 @@ void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
     // The head's dW first where it is final here (an untied lmw, or wte reported here), and the
     // input gradient after; else (a tied wte the embedding adds to later) one call for both.
     if (wte_after_head || !tied) {
-      be_.matmul_backward_bf16(nullptr, G + table_->head_w, nullptr, h.logits16.data(),
+      be_.matmul_backward_bf16(nullptr, head_w_grads() + table_->head_w, nullptr, h.logits16.data(),
                                h.lnf16.data(), head_w16, N, C, Vp);
       if (tied) ready.wte();
       else ready.through(table_->head_w_index);
     }
     const bool dw_here = tied && !wte_after_head;
-    be_.matmul_backward_bf16(a.d16_c.data(), dw_here ? G + table_->wte : nullptr, nullptr,
+    be_.matmul_backward_bf16(a.d16_c.data(), dw_here ? wte_grads() + table_->wte : nullptr, nullptr,
                              h.logits16.data(), h.lnf16.data(), head_w16, N, C, Vp);
     be_.fill_zero(dres, size_t(N) * C * sizeof(float));
-    norm_backward_add_bf16(dres, dres16, G + table_->lnfw, at(G, table_->lnfb), a.d16_c.data(),
+    float* H = head_grads();
+    norm_backward_add_bf16(dres, dres16, H + table_->lnfw, at(H, table_->lnfb), a.d16_c.data(),
                            last_residual, P + table_->lnfw, h.lnf_mean.data(), h.lnf_rstd.data(), N,
                            C);
     ready.through(table_->head_last_index);
@@ -204,7 +205,7 @@ void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
     const BlockActs16 act = block_acts16(slot, i);
     const BlockWeights w = block(layer_weights(i), i);
     const BlockWeights16 w16 = block16(i);
-    const BlockWeights dw = block(G, i);
+    const BlockWeights dw = block(layer_grads(i), i);
 
     be_.matmul_backward_bf16(nullptr, dw.fcprojw, dw.fcprojb, dres16, act.fch_gelu, nullptr, N, F,
                              C);

@@ -77,8 +77,6 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
     input_error("run.precision bf16 runs with tensor parallelism 1 (this run has tp {}); use "
                 "run.precision fp32 for tp > 1",
                 tp_.size);
-  if (bf16 && options.pooled_grads)  // gpt_bf16.cpp writes into grads() (no grad bases yet)
-    internal_error(__FILE__, __LINE__, "bf16 with pooled gradients");
   if (bf16 && !options.wte_piece_rows.empty())
     internal_error(__FILE__, __LINE__, "bf16 with the head's gradient in pieces");
   if (stage_.num_layers < 0) stage_.num_layers = cfg.layers - stage_.first_layer;

@@ -18,8 +18,8 @@ bool is_block(const std::string& unit) { return unit[0] == 'h' && unit != "head"
 }  // namespace
 
 bool pools_grads(const Deck& deck, bool device, bool split_backward) {
-  return device && deck.parallel.zero >= 2 && deck.run.precision == "fp32" && deck.comm.overlap &&
-         !split_backward && deck.train.accum == 1;
+  return device && deck.parallel.zero >= 2 && deck.comm.overlap && !split_backward &&
+         deck.train.accum == 1;
 }
 
 size_t grad_pool_floats(const std::vector<ParamInfo>& layout) {

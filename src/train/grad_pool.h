@@ -13,12 +13,12 @@
 //
 // Note [When gradients are pooled]
 // Where each step writes every gradient once and reduces it as backward goes: a device, ZeRO 2
-// or 3, fp32, comm.overlap (without it nothing is reduced before finish(): a slot's wait would
-// never end), one backward pass (no zb-h1) and train.accum 1. With accum > 1 and
+// or 3 (fp32 or bf16), comm.overlap (without it nothing is reduced before finish(): a slot's
+// wait would never end), one backward pass (no zb-h1) and train.accum 1. With accum > 1 and
 // parallel.zero_reduce step the gradients must persist across micro-batches, so the flat buffer
-// stays whole (ZeRO-1's gradient memory), as on the bf16 path for now; zero_reduce micro_batch
-// is refused on a device (its rounds add into the shard in host code). Buckets break at units
-// for ZeRO-2 as for ZeRO-3, on every backend, so the host's and the device's buckets agree.
+// stays whole (ZeRO-1's gradient memory); zero_reduce micro_batch is refused on a device (its
+// rounds add into the shard in host code). Buckets break at units for ZeRO-2 as for ZeRO-3, on
+// every backend, so the host's and the device's buckets agree.
 #pragma once
 
 #include <cstddef>

@@ -115,6 +115,42 @@ TEST(ZeroDeviceGradPool, Zero2EqualsTheCpuBitForBitAtDp2) {
   expect_matches_cpu(2, 1, 1, {"comm.overlap=false"}, 1, /*pooled=*/false);
 }
 
+// run.precision bf16 (the strict backend runs it; the CPU refuses it): the pool (overlap on)
+// trains bit for bit as the whole buffer does (overlap off: the same buckets, the same sums), at
+// ZeRO-2 and ZeRO-3, tied and untied. The bf16 backward writes every gradient at its home's base,
+// as the fp32 one does, so a gradient written to the flat buffer fails it (null there).
+void expect_bf16_pool_matches_buffer(int zero, std::vector<std::string> extra) {
+  SCOPED_TRACE(fmt::format("bf16 zero {} {}", zero, fmt::join(extra, " ")));
+  ProcessGrid grid(testing::layout_of(1, 1, 1));
+  auto run = [&](bool overlap) {
+    std::vector<std::string> e = extra;
+    e.push_back(fmt::format("comm.overlap={}", overlap));
+    Deck d = deck(zero, 1, 1, e);
+    d.run.precision = "bf16";  // past the deck's refusal of the CPU backend
+    testing::StrictDeviceBackend strict;
+    return train_strict(d, grid, 1, 1, strict);
+  };
+  const Outcome pooled = run(true), whole = run(false);
+  EXPECT_TRUE(pooled.pooled);
+  EXPECT_FALSE(pooled.grad_buffer);
+  EXPECT_FALSE(whole.pooled);
+  ASSERT_EQ(pooled.weights.size(), whole.weights.size());
+  EXPECT_EQ(pooled.losses, whole.losses);
+  EXPECT_EQ(pooled.norms, whole.norms);
+  EXPECT_EQ(pooled.val, whole.val);
+  EXPECT_EQ(0, std::memcmp(pooled.weights.data(), whole.weights.data(), pooled.weights.size() * 4))
+      << "the weights differ";
+  EXPECT_EQ(pooled.step_allocations, 0u);
+}
+
+TEST(ZeroDeviceGradPool, Bf16PoolEqualsTheWholeBuffer) {
+  if (world_size() != 2) GTEST_SKIP() << "dp 2 on 2 ranks";
+  expect_bf16_pool_matches_buffer(2, {});
+  expect_bf16_pool_matches_buffer(2, {"model.tied_head=true"});
+  expect_bf16_pool_matches_buffer(3, {});
+  expect_bf16_pool_matches_buffer(3, {"model.tied_head=true", "model.layers=8"});
+}
+
 TEST(ZeroDeviceGradPool, Zero3EqualsTheCpuBitForBitAtDp2) {
   if (world_size() != 2) GTEST_SKIP() << "dp 2 on 2 ranks";
   expect_matches_cpu(3, 1, 1);
