@@ -64,9 +64,10 @@
 // A GPU holds what the trainer allocates there (Note [Unit slots] in src/train/zero3_pool.h,
 // zero3_device_pool_bytes in src/train/memory_plan.cpp): device memory is sized once, so the
 // pool is a slot of its own for each of wte, wpe and the head, and three block slots of the
-// largest block (the one running, the one ahead, the last pass's last block), not the two
-// groups the host's pages hold at most; everything where units stay gathered. For Llama-3-8B
-// (wte and head 525 M each, a block 218 M) that is 1.70 G parameters against 0.74 G.
+// largest block, not the two groups the host's pages hold at most (Llama-3-8B: 1.70 G
+// parameters against 0.74 G); everything where units stay gathered. The slots are 4 B a
+// parameter in bf16 too, beside the shard's bf16 copy and a tied head's cast. ZeRO-2/3's
+// gradients: the device pool (Note [When gradients are pooled]) where it applies, else whole.
 //
 // Note [Plan checkpoint snapshot]
 // An asynchronous save (checkpoint.async) first copies what a synchronous save writes from
@@ -204,15 +205,17 @@ Zero3Pool zero3_pool(const PlanModel& m, const PlanLayout& l, int s) {
     if (!(u == 0 && stage.has_embedding && cfg.tied_head && both))
       pool.whole_grad = std::max(pool.whole_grad, units[u]);
   // Note [Plan ZeRO-3 on a device]: the units before the blocks and after them have slots of
-  // their own, the blocks share three.
+  // their own, the blocks share three; the gradient pool's (grad_pool_floats in
+  // src/train/grad_pool.cpp) the same own slots and two of a block.
   const size_t first_block = stage.has_embedding ? (cfg.has_wpe() ? 2 : 1) : 0;
-  double block = 0;
+  double block = 0, own = 0;
   for (size_t u = 0; u < units.size(); ++u) {
     const bool is_block = u >= first_block && u < first_block + size_t(stage.num_layers);
     if (is_block) block = std::max(block, units[u]);
-    else pool.device_params += units[u];
+    else own += units[u];
   }
-  pool.device_params += std::min(stage.num_layers, 3) * block;
+  pool.device_params = own + std::min(stage.num_layers, 3) * block;
+  pool.device_grads = own + std::min(stage.num_layers, 2) * block;
   return pool;
 }
 
@@ -296,18 +299,35 @@ ModelStates model_state_bytes(const PlanModel& m, const PlanLayout& l, const Har
   st.params = dense * E;
   st.grads = dense * 4 + shard * 4;
   if (l.zero == 2) st.grads = shard * 4 + std::min(params * 4, 2 * bucket);
+  // Note [Plan ZeRO-3 on a device]: a GPU's ZeRO-2/3 gradients, pooled or whole.
+  const bool gpu = hw.kind == "gpu";
+  const bool pooled =
+      m.overlap && l.accum == 1 && !splits_backward(parse_pipe_schedule(l.schedule, "schedule"));
   st.optimizer = (l.zero > 0 ? shard : dense) * (fp32 ? 8 : 12);
   st.expert_params = experts * E;
   st.expert_grads = experts * 4 + expert_shard * 4;
   if (l.zero == 2) st.expert_grads = expert_shard * 4;  // the buckets in flight are in grads
+  if (l.zero == 2 && gpu) {  // the pool's block slots hold a block's experts too
+    st.grads = shard * 4 + (pooled ? zero3_pool(m, l, s).device_grads : dense) * 4;
+    st.expert_grads = expert_shard * 4 + (pooled ? 0 : experts * 4);
+  }
   st.expert_optimizer = (l.zero > 0 ? expert_shard : experts) * (fp32 ? 8 : 12);
   if (l.zero == 3) {  // Note [Plan ZeRO-3]; the gathered pool (experts included) is in params
     const Zero3Pool pool = zero3_pool(m, l, s);
     const bool kept =
         !l.reshard_after_forward || (l.zero3_gather == "step" && (l.pp > 1 || l.accum > 1));
-    const double held = hw.kind == "gpu" ? pool.device_params : pool.params;
-    st.params = (fp32 ? shard * 4 : 0) + (kept ? params : std::min(params, held)) * E;
+    st.params = (fp32 ? shard * 4 : 0) + (kept ? params : std::min(params, pool.params)) * E;
     st.grads = shard * 4 + std::min(params * 4, 2 * bucket + pool.whole_grad * 4);
+    if (gpu) {  // Note [Plan ZeRO-3 on a device]
+      const StageSpec stage =
+          pipeline_stage(m.layers, l.pp, s, {}, l.schedule == "interleaved" ? l.v : 1);
+      const double tied_cast = gpt_config(m, l).tied_head && stage.has_head
+                                   ? double(padded_vocab(m, l)) / l.tp * m.d_model
+                                   : 0;
+      st.params = (fp32 ? shard * 4 : shard * 2 + tied_cast * 2) +
+                  (kept ? params : std::min(params, pool.device_params)) * 4;
+      st.grads = shard * 4 + (pooled ? pool.device_grads : params) * 4;
+    }
     st.expert_params = fp32 ? expert_shard * 4 : 0;
     st.expert_grads = expert_shard * 4;
   }

@@ -73,6 +73,7 @@ std::vector<double> stage_units(const PlanModel& model, const PlanLayout& layout
 struct Zero3Pool {
   double params = 0, whole_grad = 0;
   double device_params = 0;  // a GPU's slots (Note [Plan ZeRO-3 on a device])
+  double device_grads = 0;   // a GPU's gradient pool: the own slots and two block slots
 };
 Zero3Pool zero3_pool(const PlanModel& m, const PlanLayout& l, int s);
 // Bytes of parameters, gradients and optimizer state on `stage`, without activations

@@ -63,7 +63,9 @@ TEST(PlanZero3, UnitsAreWteWpeBlocksAndTheHead) {
 // 12 B master + m + v.
 TEST(PlanZero3, MemoryPerRankAgainstZeroZeroOneTwoByHand) {
   const PlanModel m = small_model();
-  const Hardware hw = round_machine("bf16");
+  // The host's figures (its pages come and go); a GPU's pools: DeviceHoldsItsPoolsByHand.
+  Hardware hw = round_machine("bf16");
+  hw.kind = "cpu";
   struct Row {
     int zero;
     double params, grads, optimizer;
@@ -73,14 +75,13 @@ TEST(PlanZero3, MemoryPerRankAgainstZeroZeroOneTwoByHand) {
       {0, 2 * kPsi, 4 * kPsi, 12 * kPsi},  // 18Ψ = 7,365,888
       {1, 2 * kPsi, 4 * kPsi + 4 * shard, 12 * shard},
       {2, 2 * kPsi, 4 * shard + kTwoBuckets, 12 * shard},
-      // ZeRO-3 on a GPU: the device's unit slots (Note [Plan ZeRO-3 on a device]): wte, wpe
-      // and the head's own, three of a block: 2·(8,192 + 1,024 + 128 + 3U) = 318,592; the
-      // shard's gradient + two buckets + the unit being written (4·U); 16Ψ/8 + 318,592 +
-      // 131,072 + 4U = 818,432 + 318,592 + 331,008 = 1,468,032.
-      {3, 2 * (8192 + 1024 + 128 + 3 * kUnit), 4 * shard + kTwoBuckets + 4 * kUnit, 12 * shard},
+      // ZeRO-3: two blocks gathered and the tied wte kept beside them (2·(2U + 8,192)), the
+      // shard's gradient + two buckets + the unit being written (4·U); 16Ψ/8 + 2·(2U + 8,192)
+      // + 131,072 + 4U = 818,432 + 216,320 + 331,008 = 1,365,760.
+      {3, 2 * (2 * kUnit + 8192), 4 * shard + kTwoBuckets + 4 * kUnit, 12 * shard},
   };
   const double expected_totals[] = {7365888, 818432 + 1841472 + 613824, 818432 + 335680 + 613824,
-                                    1468032};
+                                    1365760};
   for (const Row& r : rows) {
     const ModelStates st = model_state_bytes(m, data_parallel(8, r.zero), hw, 0);
     EXPECT_DOUBLE_EQ(st.params, r.params) << "zero " << r.zero;
@@ -103,19 +104,41 @@ TEST(PlanZero3, MemoryPerRankAgainstZeroZeroOneTwoByHand) {
   step.accum = 4, step.zero3_gather = "step";
   EXPECT_DOUBLE_EQ(model_state_bytes(m, step, hw, 0).params, 2 * kPsi);
   step.zero3_gather = "micro_batch";
-  const double slots = 8192 + 1024 + 128 + 3 * kUnit;
-  EXPECT_DOUBLE_EQ(model_state_bytes(m, step, hw, 0).params, 2 * slots);
-  // On a host the pages hold what is gathered at a time: two blocks and the tied wte kept
-  // beside them (Note [Plan ZeRO-3]).
-  Hardware host = hw;
-  host.kind = "cpu";
-  EXPECT_DOUBLE_EQ(model_state_bytes(m, step, host, 0).params, 2 * (2 * kUnit + 8192));
+  EXPECT_DOUBLE_EQ(model_state_bytes(m, step, hw, 0).params, 2 * (2 * kUnit + 8192));
   // fp32: the parameter is its own master, so the shard's 4 B are parameters, 8 B optimizer.
-  const ModelStates f = model_state_bytes(m, data_parallel(8, 3), round_machine("fp32"), 0);
-  EXPECT_DOUBLE_EQ(f.params, 4 * shard + 4 * slots);
+  Hardware f32 = round_machine("fp32");
+  f32.kind = "cpu";
+  const ModelStates f = model_state_bytes(m, data_parallel(8, 3), f32, 0);
+  EXPECT_DOUBLE_EQ(f.params, 4 * shard + 4 * (2 * kUnit + 8192));
   EXPECT_DOUBLE_EQ(f.optimizer, 8 * shard);
   EXPECT_DOUBLE_EQ(f.params + f.grads + f.optimizer,
-                   16 * shard + 4 * slots + kTwoBuckets + 4 * kUnit);
+                   16 * shard + 4 * (2 * kUnit + 8192) + kTwoBuckets + 4 * kUnit);
+}
+
+// A GPU's ZeRO-2/3 as the trainer allocates there (Note [Plan ZeRO-3 on a device]), bf16, dp 8
+// (Ψ/8 = 51,152). Own slots: wte 8,192 + wpe 1,024 + the head's 128 = 9,344. The gradient pool
+// (accum 1, overlap on): the own slots and two blocks, 4 B each: 4·(9,344 + 2U) = 437,248. The
+// unit slots: the own and three blocks at 4 B (bf16 lands in their first half): 4·(9,344 + 3U)
+// = 637,184, beside the shard's bf16 copy (2·51,152) and the tied head's cast (2·8,192).
+TEST(PlanZero3, DeviceHoldsItsPoolsByHand) {
+  const PlanModel m = small_model();
+  const Hardware hw = round_machine("bf16");
+  const double shard = kPsi / 8, own = 8192 + 1024 + 128;
+  const ModelStates z2 = model_state_bytes(m, data_parallel(8, 2), hw, 0);
+  EXPECT_DOUBLE_EQ(z2.grads, 4 * shard + 4 * (own + 2 * kUnit));  // 641,856
+  const ModelStates z3 = model_state_bytes(m, data_parallel(8, 3), hw, 0);
+  EXPECT_DOUBLE_EQ(z3.params, 2 * shard + 2 * 8192 + 4 * (own + 3 * kUnit));  // 755,872
+  EXPECT_DOUBLE_EQ(z3.grads, 4 * shard + 4 * (own + 2 * kUnit));
+  EXPECT_DOUBLE_EQ(z3.optimizer, 12 * shard);
+  // Accumulating over micro-batches (zero_reduce step) keeps the gradient buffer whole.
+  for (int zero : {2, 3}) {
+    PlanLayout accum = data_parallel(8, zero);
+    accum.accum = 4;
+    EXPECT_DOUBLE_EQ(model_state_bytes(m, accum, hw, 0).grads, 4 * shard + 4 * kPsi) << zero;
+  }
+  // fp32: the shard is the parameter itself; no bf16 copy, no cast.
+  const ModelStates f = model_state_bytes(m, data_parallel(8, 3), round_machine("fp32"), 0);
+  EXPECT_DOUBLE_EQ(f.params, 4 * shard + 4 * (own + 3 * kUnit));
 }
 
 // Note [Plan ZeRO-3 on a device]: fewer than three blocks on a stage take a slot each; wte, wpe
@@ -208,7 +231,8 @@ TEST(PlanZero3, HsdpShardsInTheNodeAndAllReducesTheShardAcrossReplicas) {
   // Sharded over dp_shard only: 16·Ψ/4 of states, not 16·Ψ/8.
   const ModelStates st = model_state_bytes(m, l, hw, 0);
   EXPECT_DOUBLE_EQ(st.optimizer, 8 * kPsi / 4);
-  EXPECT_DOUBLE_EQ(st.grads, 4 * kPsi / 4 + kTwoBuckets + 4 * kUnit);
+  // Without overlap a device keeps its gradient buffer whole (Note [When gradients are pooled]).
+  EXPECT_DOUBLE_EQ(st.grads, 4 * kPsi / 4 + 4 * kPsi);
   // Plain ZeRO-3 over all 8 spans two nodes: its gathers run at the inter-node link.
   EXPECT_EQ(rank_place(data_parallel(8, 3), hw).shard_link.gbytes_per_s, 10);
 }
