@@ -413,11 +413,12 @@ class GPT {
   double take_cp_comm_ms();
   double take_cp_exposed_ms();
   // Mixtures of experts (src/model/moe.h): the figures since the last take; and the sigmoid
-  // router's choice bias stepped by the step's loads summed over `group` (dp × cp).
+  // router's choice bias stepped by the step's loads summed over `group` (dp × cp) and `tp`,
+  // both host communicators (the loads are host numbers, on a device too).
   bool has_moe() const { return moe_count_ > 0; }
   MoeStats take_moe_stats();
   void discard_moe_stats();  // and the step's loads (validation's forwards)
-  void update_router_biases(Communicator* group);
+  void update_router_biases(Communicator* group, Communicator* tp);
 
   // One block's activation buffers, in BlockActs order: ln1 ln1_mean ln1_rstd qkv att atty
   // residual2 ln2 ln2_mean ln2_rstd fch fch_gelu residual3; and which of them the bf16 path

@@ -116,8 +116,9 @@ void GPT::discard_moe_stats() {
 }
 
 // DeepSeek-V3's loss-free balancing: each expert's bias moves by rate · sign(mean − load), the
-// loads summed over the step's micro-batches and the ranks of `group` (and of tp).
-void GPT::update_router_biases(Communicator* group) {
+// loads summed over the step's micro-batches and the ranks of `group` and `tp` (host
+// communicators: on a device, tp_.comm is the device's, which cannot sum host memory).
+void GPT::update_router_biases(Communicator* group, Communicator* tp) {
   if (cfg_.moe.router != MoeRouter::kSigmoid) return;
   const size_t E = size_t(cfg_.moe.experts);
   // Every layer's loads in one buffer, so each group sums them in one collective.
@@ -127,7 +128,10 @@ void GPT::update_router_biases(Communicator* group) {
     if (m) std::copy(m->step_load().begin(), m->step_load().end(), loads.begin() + n), n += E;
   if (group && group->size() > 1) group->all_reduce(loads.data(), n).wait();
   // Note [Mixtures and tp]: each tp rank routed its own rows.
-  if (tp_.size > 1) tp_wait(tp_.comm->all_reduce(loads.data(), n));
+  if (tp_.size > 1) {
+    TRIDENT_CHECK(tp && tp->size() == tp_.size, "the router's loads need the host's tp group");
+    tp->all_reduce(loads.data(), n).wait();
+  }
   // The steps on the host, then into the biases in backend memory: one copy, an add a layer.
   float* step = moe_bias_step_.data();
   for (size_t l = 0; l < size_t(moe_count_); ++l) {

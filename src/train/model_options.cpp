@@ -116,7 +116,7 @@ void check_context_parallel(const Deck& deck, int cp) {
                 cp);
 }
 
-void check_moe_deck(const Deck& deck, const GPTConfig& cfg, int dp_cp, bool device_backend) {
+void check_moe_deck(const Deck& deck, const GPTConfig& cfg, int dp_cp) {
   const ParallelConfig& p = deck.parallel;
   const int ep = p.ep;
   if (!cfg.has_moe()) {
@@ -136,11 +136,8 @@ void check_moe_deck(const Deck& deck, const GPTConfig& cfg, int dp_cp, bool devi
                 deck.run.precision);
   // Note [Mixtures on a device]
   // A device runs the mixture through its ops (Note [Mixture ops]) in fp32; the sigmoid
-  // router's loads are summed on the host, which a device tp communicator cannot do.
-  if (device_backend && p.tp > 1 && cfg.moe.router == MoeRouter::kSigmoid)
-    input_error("model.moe.router sigmoid with parallel.tp {} on a device backend: the bias "
-                "step's loads are not summed over the device's tp group yet; use tp 1",
-                p.tp);
+  // router's loads are host numbers, summed over the host's dp × cp and tp groups
+  // (GPT::update_router_biases), not the device's communicators.
   if (p.tp > 1 && !p.sequence_parallel)
     input_error("model.moe with parallel.tp {} needs parallel.sequence_parallel true: each tp "
                 "rank routes its own rows, as Megatron-Core's experts with tp do",

@@ -31,7 +31,7 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
   chunks_ = deck_.parallel.virtual_stages;
   GPTOptions options = stage_options(deck_, cfg, ctx_, schedule_, pp_size_, pp_rank_, dp_size_);
   const int T = deck_.model.seq_len / cp_size_;  // this rank's rows of each sequence
-  check_moe_deck(deck_, cfg, dp_size_ * cp_size_, ctx_.backend->is_device());
+  check_moe_deck(deck_, cfg, dp_size_ * cp_size_);
   if (deck_.parallel.ep > 1) make_expert_groups(options);
   DataParallel::check_deck(deck_, ctx_.backend->is_device(), chunks_, splits_backward(schedule_));
   // The parts that shape the model's parameter layout, before it is allocated.
@@ -281,7 +281,8 @@ StepStats Trainer::train_step(int step) {
     // before the optimizer, whose ZeRO gathers then carry it (it has no gradient: AdamW leaves
     // it as it is).
     if (model_->has_moe())
-      model_->update_router_biases(dp_size_ * cp_size_ > 1 ? &ctx_.grid->gradients() : nullptr);
+      model_->update_router_biases(dp_size_ * cp_size_ > 1 ? &ctx_.grid->gradients() : nullptr,
+                                   ctx_.grid ? &ctx_.grid->tp() : nullptr);
     if (dp_ && dp_->sharded())
       dp_->update_shard(*opt_, be, *model_, tc, float(s.lr), step + 1, scale, s);
     else opt_->update(be, *model_, tc, float(s.lr), step + 1, scale);

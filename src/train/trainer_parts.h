@@ -17,7 +17,7 @@ namespace trident {
 void check_context_parallel(const Deck& deck, int cp);
 // Mixtures and expert parallelism against the run (Note [Mixtures in the layouts] in
 // src/model/gpt_moe.cpp): input_error naming the keys of what is not built or cannot be.
-void check_moe_deck(const Deck& deck, const GPTConfig& cfg, int dp_cp, bool device_backend);
+void check_moe_deck(const Deck& deck, const GPTConfig& cfg, int dp_cp);
 GPTOptions stage_options(const Deck& deck, const GPTConfig& cfg, const TrainContext& ctx,
                          PipeSchedule schedule, int pp_size, int pp_rank, int dp_size);
 

@@ -38,8 +38,13 @@ Deck moe_deck(int ep, std::vector<std::string> keys) {
 testing::MoeRun train_strict(const Deck& d, ProcessGrid& grid, size_t* made) {
   testing::StrictDeviceBackend strict;
   testing::StrictDeviceComm dp_comm(strict, grid.gradients());
+  std::unique_ptr<testing::StrictDeviceComm> tp_comm;
   TrainContext ctx;
   ctx.dp_device = &dp_comm;
+  if (grid.layout().tp > 1) {
+    tp_comm = std::make_unique<testing::StrictDeviceComm>(strict, grid.tp());
+    ctx.tp_device = tp_comm.get();
+  }
   ctx.device_group = [&](MpiComm& group, const char*, bool) {
     ++*made;
     return std::unique_ptr<Communicator>(
@@ -49,9 +54,11 @@ testing::MoeRun train_strict(const Deck& d, ProcessGrid& grid, size_t* made) {
   return testing::run_moe(strict, d, ctx);
 }
 
-void expect_device_matches_cpu(int ep, const std::vector<std::string>& keys) {
-  SCOPED_TRACE(fmt::format("ep {} of {} ranks", ep, world_size()));
-  ProcessGrid grid(complete_layout({.world = world_size()}));
+void expect_device_matches_cpu(int ep, std::vector<std::string> keys, int tp = 1) {
+  SCOPED_TRACE(fmt::format("ep {} tp {} of {} ranks", ep, tp, world_size()));
+  ProcessGrid grid(complete_layout({.world = world_size(), .tp = tp}));
+  if (tp > 1)
+    keys.insert(keys.end(), {fmt::format("parallel.tp={}", tp), "parallel.sequence_parallel=true"});
   const Deck d = moe_deck(ep, keys);
   auto cpu = make_cpu_backend(1);
   TrainContext on_grid;
@@ -63,6 +70,7 @@ void expect_device_matches_cpu(int ep, const std::vector<std::string>& keys) {
   testing::expect_same_moe_run(got, want);
   // Note [Expert counts on the host]: ep's counts are exchanged between the hosts, so a step
   // reads backend memory as often as at ep 1 (one routing summary a layer and micro-batch).
+  if (tp > 1) return;  // the copies below are compared at tp 1
   size_t made_at_one = 0;
   const testing::MoeRun one = train_strict(moe_deck(1, keys), grid, &made_at_one);
   EXPECT_EQ(made_at_one, 0u);
@@ -85,6 +93,15 @@ TEST(MoeDevice, SigmoidRouterWithSharedExpertAtEpTwo) {
   expect_device_matches_cpu(
       2, {"model.moe.router=sigmoid", "model.moe.bias_update_rate=0.01", "model.moe.every=2",
           "model.moe.shared_experts=1", "model.moe.shared_gate=true"});
+}
+
+// The sigmoid router with tp 2 (sequence parallelism): each tp rank routes its own rows, so the
+// bias step sums the loads over tp too, on the host's tp group (a device's cannot sum host
+// numbers: Note [Mixtures on a device]). 4 ranks: dp 2 × tp 2, ep 2.
+TEST(MoeDevice, SigmoidRouterWithTensorParallelism) {
+  if (world_size() != 4) GTEST_SKIP() << "dp 2 x tp 2 on 4 ranks";
+  expect_device_matches_cpu(
+      2, {"model.moe.router=sigmoid", "model.moe.bias_update_rate=0.01", "model.moe.every=2"}, 2);
 }
 
 }  // namespace
