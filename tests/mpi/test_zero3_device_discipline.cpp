@@ -147,14 +147,10 @@ TEST(Zero3Device, PoolHoldsThreeBlocksOrEverything) {
   if (world_size() != 2) GTEST_SKIP() << "dp 2 on 2 ranks";
   ProcessGrid grid(make_layout(2, 2, 1, 1));
   testing::StrictDeviceBackend strict;
-  auto dp_host = MpiComm::duplicate(grid.gradients().raw(), "dp (test)");
-  auto gather_host = MpiComm::duplicate(grid.gradients().raw(), "dp gathers (test)");
-  testing::StrictDeviceComm dp(strict, *dp_host), gather(strict, *gather_host);
-  dp.set_asynchronous(true);
-  gather.set_asynchronous(true);
+  testing::StrictComms comms(strict, grid, 1, 1);
   auto pool_of = [&](std::vector<std::string> extra) {
-    TrainContext ctx{&strict, 1e9, &grid, nullptr, &dp};
-    ctx.dp_gather_device = &gather;
+    TrainContext ctx{&strict, 1e9, &grid, nullptr};
+    comms.attach(ctx);
     Trainer t(deck(1, 1, std::move(extra)), ctx);
     return std::pair(t.data_parallel()->pool_bytes(), t.model().num_params() * sizeof(float));
   };
@@ -184,13 +180,12 @@ TEST(Zero3Device, SetupNeverHoldsTheFullParameters) {
     return std::tuple(strict.peak_bytes(), strict.bytes_in_use(),
                       t.model().num_params() * sizeof(float));
   };
-  const auto [peak, held, full] = run_setup({"model.layers=8"});
+  const auto [peak, held, _] = run_setup({"model.layers=8"});
   EXPECT_EQ(peak, held) << "a buffer of " << (peak - held) << " B held at setup and given back";
   // bf16: nor with its whole bf16 copy beside it (Note [bf16 unit gathers]). (That copy alone,
   // 2 B a parameter, would not show: at dp 4 the optimizer's state that follows is as large.)
-  const auto [peak16, held16, full16] = run_setup({"model.layers=8", "model.tied_head=true"}, true);
+  const auto [peak16, held16, _16] = run_setup({"model.layers=8", "model.tied_head=true"}, true);
   EXPECT_EQ(peak16, held16) << "bf16: " << (peak16 - held16) << " B held at setup and given back";
-  (void)full16;
   // The llm.c file of a GPT-2 of the deck's shape, written by an unsharded run's export.
   int pid = int(getpid());
   MPI_Bcast(&pid, 1, MPI_INT, 0, MPI_COMM_WORLD);  // rank 0's, one name for every rank
@@ -207,7 +202,6 @@ TEST(Zero3Device, SetupNeverHoldsTheFullParameters) {
   EXPECT_GT(peak2, held2 + full2 / 4) << "model.init_from reads into the full buffer first";
   MPI_Barrier(MPI_COMM_WORLD);
   if (grid.world_rank() == 0) std::remove(file.c_str());
-  (void)full;
 }
 
 // Note [bf16 unit gathers] (src/train/zero3_pool.h): bf16 ZeRO-3 on the strict device backend
