@@ -216,6 +216,8 @@ Zero3Pool zero3_pool(const PlanModel& m, const PlanLayout& l, int s) {
   }
   pool.device_params = own + std::min(stage.num_layers, 3) * block;
   pool.device_grads = own + std::min(stage.num_layers, 2) * block;
+  if (cfg.tied_head && stage.has_head)
+    pool.tied_cast = double(padded_vocab(m, l)) / l.tp * m.d_model;
   return pool;
 }
 
@@ -319,12 +321,7 @@ ModelStates model_state_bytes(const PlanModel& m, const PlanLayout& l, const Har
     st.params = (fp32 ? shard * 4 : 0) + (kept ? params : std::min(params, pool.params)) * E;
     st.grads = shard * 4 + std::min(params * 4, 2 * bucket + pool.whole_grad * 4);
     if (gpu) {  // Note [Plan ZeRO-3 on a device]
-      const StageSpec stage =
-          pipeline_stage(m.layers, l.pp, s, {}, l.schedule == "interleaved" ? l.v : 1);
-      const double tied_cast = gpt_config(m, l).tied_head && stage.has_head
-                                   ? double(padded_vocab(m, l)) / l.tp * m.d_model
-                                   : 0;
-      st.params = (fp32 ? shard * 4 : shard * 2 + tied_cast * 2) +
+      st.params = (fp32 ? shard * 4 : shard * 2 + pool.tied_cast * 2) +
                   (kept ? params : std::min(params, pool.device_params)) * 4;
       st.grads = shard * 4 + (pooled ? pool.device_grads : params) * 4;
     }

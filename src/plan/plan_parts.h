@@ -74,6 +74,7 @@ struct Zero3Pool {
   double params = 0, whole_grad = 0;
   double device_params = 0;  // a GPU's slots (Note [Plan ZeRO-3 on a device])
   double device_grads = 0;   // a GPU's gradient pool: the own slots and two block slots
+  double tied_cast = 0;      // bf16 on a GPU: a tied head's cast of wte, on a stage with the head
 };
 Zero3Pool zero3_pool(const PlanModel& m, const PlanLayout& l, int s);
 // Bytes of parameters, gradients and optimizer state on `stage`, without activations
