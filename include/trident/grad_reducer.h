@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -105,6 +106,10 @@ struct GradReducerOptions {
   // is no flat gradient buffer (`grads` null); each bucket is reduce-scattered from where the
   // last set_grad_base put it, and wait_reduced tells when that place may be written again.
   bool pooled_grads = false;
+  // Note [Shard sums on a device] (with pooled_grads and zero_reduce micro_batch): how a round
+  // that accumulates adds the shard's sum so far into this rank's block of a bucket, n floats
+  // (own += sum), enqueued on the compute stream; the thread cannot touch device memory.
+  std::function<void(float* own, const float* sum, size_t n)> add_shard;
 };
 
 // One all-reduce of a step: a bucket or an extra buffer.

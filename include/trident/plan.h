@@ -111,8 +111,12 @@ struct PlanLayout {
   int dp_shard = 0;
   bool reshard_after_forward = true;         // false: units stay gathered from forward to backward
   std::string zero3_gather = "micro_batch";  // micro_batch | step: gathers under pp or accum
-  std::string recompute = "none";            // none | mlp | full
-  std::string schedule = "1f1b";             // gpipe | 1f1b | zb-h1 | interleaved
+  // parallel.zero_reduce, ZeRO-2/3 under accumulation: step (the gradients summed whole over
+  // the micro-batches, reduced once) | micro_batch (a reduction per micro-batch into the shard,
+  // gradient memory bounded: Note [Plan reductions per micro-batch] in src/plan/memory.cpp).
+  std::string zero_reduce = "step";
+  std::string recompute = "none";  // none | mlp | full
+  std::string schedule = "1f1b";   // gpipe | 1f1b | zb-h1 | interleaved
   bool sequence_parallel = false;
   int threads = 1;         // cpu: threads per rank (run.threads)
   int ranks_per_node = 0;  // 0: devices_per_node (gpu), devices_per_node/threads (cpu)

@@ -33,6 +33,7 @@ nlohmann::json to_json(const Prediction& p, const Hardware& hw) {
                       {"dp_replicate", l.replicas()},
                       {"reshard_after_forward", l.reshard_after_forward},
                       {"zero3_gather", l.zero3_gather},
+                      {"zero_reduce", l.zero_reduce},
                       {"recompute", l.recompute},
                       {"schedule", l.schedule},
                       {"sequence_parallel", l.sequence_parallel},
@@ -250,6 +251,7 @@ int run_plan(const PlanArgs& args) {
     defaults.micro_batch = deck.train.micro_batch;
     defaults.accum = deck.train.accum;
     defaults.zero = deck.parallel.zero;
+    defaults.zero_reduce = deck.parallel.zero_reduce;
     defaults.recompute = deck.train.recompute;
     defaults.schedule = deck.parallel.schedule;
     defaults.sequence_parallel = deck.parallel.sequence_parallel;

@@ -180,6 +180,9 @@ void GradReducer::init_sharded(const GradReducerOptions& options) {
   s.pooled_grads = options.pooled_grads;
   TRIDENT_CHECK(!s.pooled_grads || (!s.grads && !options.release_reduced),
                 "GradReducer: pooled gradients with a flat buffer or released host pages");
+  s.add_shard = options.add_shard;
+  TRIDENT_CHECK(!s.add_shard || s.pooled_grads,
+                "GradReducer: add_shard is for pooled gradients (Note [Shard sums on a device])");
   s.replicate = options.replicate_comm;
   s.release_reduced = options.release_reduced;
   // Note [Bounded gradient memory]: without overlap nothing is released before finish(), so a
@@ -294,6 +297,7 @@ void GradReducer::begin_step(bool reduce, bool accumulate_shards) {
                 reduce);
   s.step_open = true;
   s.step_reduces = reduce;
+  s.step_accumulates = reduce && accumulate_shards;
   if (!reduce) return;
   // The thread is done with the last round (ZeRO-1/2). ZeRO-3's gathers go on through the step.
   if (s.shard_grads && !s.shard_params) wait_all_gathered();
@@ -308,8 +312,9 @@ void GradReducer::begin_step(bool reduce, bool accumulate_shards) {
     s.error = nullptr;
     s.failed.store(false, std::memory_order_release);
     s.step_done = false;
-    TRIDENT_CHECK(!accumulate_shards || (s.shard_grads && s.release_reduced),
-                  "GradReducer: accumulating into the shards needs ZeRO-2 on the host");
+    TRIDENT_CHECK(!accumulate_shards || (s.shard_grads && (s.release_reduced || s.add_shard)),
+                  "GradReducer: accumulating into the shards needs ZeRO-2 on the host or "
+                  "add_shard (Note [Shard sums on a device])");
     Event e(EventKind::kBegin);
     e.param = accumulate_shards ? 1 : 0;
     e.mark = s.record(s.origin_mark);  // Note [Device time of an operation]; null untimed
@@ -337,6 +342,12 @@ void GradReducer::grad_ready(int param_index) {
   e.param = i;
   const size_t b = s.bucket_of_param[i];
   const bool completes = --s.unmarked[b] == 0;
+  // Note [Shard sums on a device]: before the mark the reduce-scatter is ordered after.
+  if (completes && s.step_accumulates && s.add_shard) {
+    const Communicator& comm = s.comm_of(b);
+    s.add_shard(s.bucket_grads[b] + size_t(comm.rank()) * s.shard_count[b],
+                s.shard_grads + s.shard_offset[b], s.shard_count[b]);
+  }
   // Note [Marks made once]: after the gradient's kernels were enqueued, the bucket's last only.
   if (completes) e.mark = s.record(s.bucket_marks[b]);
   if (!completes || s.max_held_bytes == 0) {

@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -88,6 +89,7 @@ struct GradReducer::State {
   bool pooled_grads = false;
   std::vector<float*> bucket_grads;
   std::vector<char> grads_pending;
+  std::function<void(float*, const float*, size_t)> add_shard;  // Note [Shard sums on a device]
   // Note [bf16 unit gathers] (train/zero3_pool.h): per bucket, gathered from shard_params16 as
   // bf16 into the first half of its place (empty: none).
   const bfloat16* shard_params16 = nullptr;
@@ -109,6 +111,7 @@ struct GradReducer::State {
   // Compute thread only.
   bool step_open = false;
   bool step_reduces = false;
+  bool step_accumulates = false;  // begin_step's accumulate_shards, for grad_ready
   std::vector<char> marked;
   std::vector<size_t> unmarked;  // per bucket: its parameters not yet marked ready this step
   double held_wait_ms = 0;       // Note [Bounded gradient memory]

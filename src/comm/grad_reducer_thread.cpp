@@ -276,9 +276,10 @@ void GradReducer::State::start(float* data, size_t count, std::string name, int 
     // the bucket into pieces whose shards are no longer one slice per rank).
     const auto b = size_t(bucket);
     Communicator& comm = comm_of(b);
-    if (accumulate_shards) {
+    if (accumulate_shards && !add_shard) {
       // Note [ZeRO-2 and accumulation] (train/zero.h): the shard's sum so far joins this
-      // rank's own block of the bucket before the reduce-scatter (host memory: ZeRO-2).
+      // rank's own block of the bucket before the reduce-scatter (host memory: ZeRO-2; on a
+      // device the compute stream did it, Note [Shard sums on a device]).
       float* own = data + size_t(comm.rank()) * shard_count[b];
       const float* sum = shard_grads + shard_offset[b];
       for (size_t k = 0; k < shard_count[b]; ++k) own[k] += sum[k];

@@ -55,10 +55,15 @@
 // its overlap: Note [Plan model].
 //
 // Assumed, where the trainer's ZeRO-3 was not yet there to read: a tied wte is one unit
-// (gathered once per pass, also serving the head); under accumulation the gradient pool stays
-// bounded while the reduce-scatter is counted once per step (Ψ), as the issue states it. Both
-// cannot hold at once in a trainer (the micro-batches' gradients must sum somewhere: a full
-// buffer, 4·Ψ resident, or the shard, m reduce-scatters); docs/plan.md says so.
+// (gathered once per pass, also serving the head).
+//
+// Note [Plan reductions per micro-batch]
+// Under accumulation (m micro-batches) the micro-batches' gradients must sum somewhere, as the
+// trainer's parallel.zero_reduce says (Note [ZeRO-2 and accumulation] in src/train/zero.h):
+// step sums them in the whole buffer (4·Ψ resident, one reduce-scatter of Ψ per step);
+// micro_batch reduce-scatters each micro-batch's into the shard (ZeRO-2/3's bounded gradients,
+// on a GPU the pool; m reduce-scatters, each hidden behind its own backward and the next
+// forward, the last behind its backward alone). The search tries both where accum > 1.
 //
 // Note [Plan ZeRO-3 on a device]
 // A GPU holds what the trainer allocates there (Note [Unit slots] in src/train/zero3_pool.h,
@@ -244,6 +249,15 @@ std::string layout_problem(const PlanModel& m, const PlanLayout& l) {
     return fmt::format("dp_shard={} < dp={} (HSDP) needs zero=3", l.dp_shard, l.dp);
   if (l.zero3_gather != "micro_batch" && l.zero3_gather != "step")
     return fmt::format("zero3_gather={}: must be micro_batch or step", l.zero3_gather);
+  if (l.zero_reduce != "step" && l.zero_reduce != "micro_batch")
+    return fmt::format("zero_reduce={}: must be step or micro_batch", l.zero_reduce);
+  // As the trainer refuses (DataParallel::check_deck).
+  if (l.zero_reduce == "micro_batch" &&
+      (l.zero < 2 || l.v > 1 || l.schedule == "zb-h1" || l.replicas() > 1))
+    return fmt::format(
+        "zero_reduce=micro_batch needs zero 2 or 3 (zero={}), one chunk per stage "
+        "(v={}), a one-pass backward (schedule={}) and no replicas (dp_replicate={})",
+        l.zero, l.v, l.schedule, l.replicas());
   if (l.cp < 1) return fmt::format("cp={}: must be at least 1", l.cp);
   if (l.cp_comm != "ring" && l.cp_comm != "allgather")
     return fmt::format("cp_comm={}: must be ring or allgather", l.cp_comm);
@@ -298,13 +312,16 @@ ModelStates model_state_bytes(const PlanModel& m, const PlanLayout& l, const Har
   const double expert_shard = l.zero > 0 ? experts / l.expert_shard_ranks() : 0;
   const double bucket = m.bucket_mb * 1024 * 1024;
   ModelStates st;
+  // Note [Plan reductions per micro-batch]: whether backward's gradients are reduced as it goes
+  // (one micro-batch, or a round per micro-batch), or summed whole over the micro-batches.
+  const bool rounds = l.accum == 1 || l.zero_reduce == "micro_batch";
   st.params = dense * E;
   st.grads = dense * 4 + shard * 4;
-  if (l.zero == 2) st.grads = shard * 4 + std::min(params * 4, 2 * bucket);
+  if (l.zero == 2) st.grads = shard * 4 + (rounds ? std::min(params * 4, 2 * bucket) : dense * 4);
   // Note [Plan ZeRO-3 on a device]: a GPU's ZeRO-2/3 gradients, pooled or whole.
   const bool gpu = hw.kind == "gpu";
   const bool pooled =
-      m.overlap && l.accum == 1 && !splits_backward(parse_pipe_schedule(l.schedule, "schedule"));
+      m.overlap && rounds && !splits_backward(parse_pipe_schedule(l.schedule, "schedule"));
   st.optimizer = (l.zero > 0 ? shard : dense) * (fp32 ? 8 : 12);
   st.expert_params = experts * E;
   st.expert_grads = experts * 4 + expert_shard * 4;
@@ -319,7 +336,8 @@ ModelStates model_state_bytes(const PlanModel& m, const PlanLayout& l, const Har
     const bool kept =
         !l.reshard_after_forward || (l.zero3_gather == "step" && (l.pp > 1 || l.accum > 1));
     st.params = (fp32 ? shard * 4 : 0) + (kept ? params : std::min(params, pool.params)) * E;
-    st.grads = shard * 4 + std::min(params * 4, 2 * bucket + pool.whole_grad * 4);
+    st.grads =
+        shard * 4 + (rounds ? std::min(params * 4, 2 * bucket + pool.whole_grad * 4) : params * 4);
     if (gpu) {  // Note [Plan ZeRO-3 on a device]
       st.params = (fp32 ? shard * 4 : shard * 2 + pool.tied_cast * 2) +
                   (kept ? params : std::min(params, pool.device_params)) * 4;

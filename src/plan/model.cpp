@@ -466,6 +466,8 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
   Prediction p;
   p.layout = l;
   p.why_not = layout_problem(m, l);
+  if (p.why_not.empty() && hw.kind == "gpu" && l.zero_reduce == "micro_batch" && !m.overlap)
+    p.why_not = "zero_reduce=micro_batch on a GPU needs comm.overlap (the gradient pool)";
   if (!p.why_not.empty()) return p;  // not a layout trident can run: fits = false, no times
   const int chunks = l.schedule == "interleaved" ? l.v : 1;
   const double f =
@@ -538,11 +540,14 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
            group_seconds(op, expert_bytes, l.expert_reduce_ranks(), place.dp_link);
   };
   const double first_bucket = std::min(grad_bytes, m.first_bucket_mb * 1024 * 1024);
+  // Note [Plan reductions per micro-batch] (src/plan/memory.cpp): a round per micro-batch.
+  const double rounds = l.zero >= 2 && l.zero_reduce == "micro_batch" ? micro : 1;
   double reduce = 0, gather = 0, reduce_exposed = 0, gather_exposed = 0, slowdown = 0;
   double replicate_reduce = 0, replicate_exposed = 0, gathers_per_step = 0;
   if (l.zero < 3) {
     const LinkOp reduce_op = l.zero > 0 ? LinkOp::kReduceScatter : LinkOp::kAllReduce;
-    reduce = both_seconds(reduce_op, dense_grad, expert_grad);
+    const double round = both_seconds(reduce_op, dense_grad, expert_grad);
+    reduce = rounds * round;
     const double last_bucket = dp_seconds(reduce_op, first_bucket);
     gather = l.zero > 0 ? both_seconds(LinkOp::kAllGather, dense_local * param_bytes,
                                        expert_local * param_bytes)
@@ -551,8 +556,12 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
     reduce_exposed = reduce, gather_exposed = gather;
     if (m.overlap && l.reduce_ranks() > 1) {
       const double window = first_backward;  // stage 0's last backward: the step's last compute
-      reduce_exposed = std::max(last_bucket, reduce - window);
-      slowdown = hw.overlap_slowdown * std::min(reduce, window);
+      // Earlier rounds hide behind their backward and the next micro-batch's forward.
+      const double earlier = first_backward + first_forward;
+      reduce_exposed =
+          std::max(last_bucket, round - window) + (rounds - 1) * std::max(0.0, round - earlier);
+      slowdown =
+          hw.overlap_slowdown * (std::min(round, window) + (rounds - 1) * std::min(round, earlier));
       if (l.zero > 0) {
         const double first_gather = dp_seconds(LinkOp::kAllGather, m.first_bucket_mb * 1024 * 1024);
         gather_exposed = std::max(std::min(first_gather, gather), gather - first_forward);
@@ -581,7 +590,9 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
     const double backward_gathers = kept_for_step || !l.reshard_after_forward ? 0 : micro;
     gathers_per_step = forward_gathers + backward_gathers;
     gather = gathers_per_step * stage_gather;
-    const double scatter = both_shard_seconds(LinkOp::kReduceScatter, dense_grad, expert_grad);
+    const double scatter_round =
+        both_shard_seconds(LinkOp::kReduceScatter, dense_grad, expert_grad);
+    const double scatter = rounds * scatter_round;  // HSDP's replicas have one round (refused)
     replicate_reduce = replicate_seconds(dense_grad / S + expert_grad / l.expert_shard_ranks());
     reduce = scatter + replicate_reduce;
     double chain_exposed = reduce;  // reduce-scatter, then the shard's all-reduce over replicas
@@ -596,10 +607,16 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
           backward_gathers * std::max(std::min(first_b, stage_gather), stage_gather - B);
       const double last_bucket =
           shard_seconds(LinkOp::kReduceScatter, first_bucket) + replicate_seconds(first_bucket / S);
-      chain_exposed = std::max(last_bucket, reduce - window);
+      // Earlier rounds (zero_reduce micro_batch) hide behind what their backward and the next
+      // forward leave after that micro-batch's gathers.
+      const double earlier = std::max(0.0, B + F - stage_gather * gathers_per_step / micro);
+      const double last_round = reduce - (rounds - 1) * scatter_round;
+      chain_exposed = std::max(last_bucket, last_round - window) +
+                      (rounds - 1) * std::max(0.0, scatter_round - earlier);
       slowdown = hw.overlap_slowdown *
                  (forward_gathers * std::min(stage_gather, F) +
-                  backward_gathers * std::min(stage_gather, B) + std::min(reduce, window));
+                  backward_gathers * std::min(stage_gather, B) + std::min(last_round, window) +
+                  (rounds - 1) * std::min(scatter_round, earlier));
     }
     // The chain's exposed time split by the two collectives' shares of it.
     reduce_exposed = reduce > 0 ? chain_exposed * scatter / reduce : 0;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <charconv>
 #include <sstream>
+#include <string_view>
 
 #include "plan/plan_parts.h"
 #include "trident/check.h"
@@ -97,6 +98,10 @@ PlanLayout parse_layout(const std::string& text, int global_batch, const PlanLay
       if (value != "micro_batch" && value != "step")
         input_error("--layout: zero3_gather={} must be micro_batch or step", value);
       l.zero3_gather = value;
+    } else if (key == "zero_reduce") {
+      if (value != "micro_batch" && value != "step")
+        input_error("--layout: zero_reduce={} must be step or micro_batch", value);
+      l.zero_reduce = value;
     } else if (key == "recompute") {
       if (value != "none" && value != "mlp" && value != "full")
         input_error("--layout: recompute={} must be none, mlp or full", value);
@@ -114,7 +119,8 @@ PlanLayout parse_layout(const std::string& text, int global_batch, const PlanLay
     else
       input_error(
           "--layout: unknown key \"{}\" (keys: dp tp pp cp cp_comm ep v micro accum zero dp_shard "
-          "dp_replicate reshard_after_forward zero3_gather recompute schedule sp threads "
+          "dp_replicate reshard_after_forward zero3_gather zero_reduce recompute schedule sp "
+          "threads "
           "node)",
           key);
   }
@@ -155,6 +161,7 @@ std::string format_layout(const PlanLayout& l) {
     if (!l.reshard_after_forward) s += ",reshard_after_forward=false";
     if (l.zero3_gather != "micro_batch") s += ",zero3_gather=" + l.zero3_gather;
   }
+  if (l.zero_reduce != "step") s += ",zero_reduce=" + l.zero_reduce;
   s += ",recompute=" + l.recompute;
   if (l.pp > 1) s += ",schedule=" + l.schedule;
   if (l.tp > 1) s += fmt::format(",sp={}", l.sequence_parallel ? 1 : 0);
@@ -209,22 +216,31 @@ std::vector<Prediction> rank_layouts(const PlanModel& m, const Hardware& hw,
               for (int zero : search.zero) {
                 if (dp == 1 && zero > 0) continue;
                 for (const Zero3Option& z3 : zero3_options(search, hw, zero, dp, tp, pp, accum))
-                  for (int sp : search.sequence_parallel)
-                    for (int ep : eps(dp * cp)) {
-                      if (sp == 1 && tp == 1) continue;
-                      if (sp == 0 && tp > 1 && !allowed(search.sequence_parallel, 0)) continue;
-                      PlanLayout l;
-                      l.dp = dp, l.tp = tp, l.pp = pp, l.v = v, l.micro_batch = micro;
-                      l.cp = cp, l.cp_comm = cp_comm, l.ep = ep;
-                      l.accum = accum, l.zero = zero, l.recompute = recompute;
-                      l.schedule = schedule, l.sequence_parallel = sp == 1;
-                      l.dp_shard = z3.dp_shard, l.reshard_after_forward = z3.reshard_after_forward;
-                      l.zero3_gather = z3.gather;
-                      l.threads = search.threads;
-                      Prediction p = predict(m, l, hw);
-                      if (p.step_s <= 0) continue;  // a layout trident refuses (p.why_not says why)
-                      out.push_back(std::move(p));
-                    }
+                  for (const char* zero_reduce : {"step", "micro_batch"})
+                    for (int sp : search.sequence_parallel)
+                      for (int ep : eps(dp * cp)) {
+                        if (sp == 1 && tp == 1) continue;
+                        // Note [Plan reductions per micro-batch]: a choice under accumulation only.
+                        if (std::string_view(zero_reduce) == "micro_batch" &&
+                            (zero < 2 || accum == 1 || v > 1 || schedule == "zb-h1" ||
+                             (z3.dp_shard > 0 && z3.dp_shard < dp)))
+                          continue;
+                        if (sp == 0 && tp > 1 && !allowed(search.sequence_parallel, 0)) continue;
+                        PlanLayout l;
+                        l.dp = dp, l.tp = tp, l.pp = pp, l.v = v, l.micro_batch = micro;
+                        l.cp = cp, l.cp_comm = cp_comm, l.ep = ep;
+                        l.accum = accum, l.zero = zero, l.recompute = recompute;
+                        l.schedule = schedule, l.sequence_parallel = sp == 1;
+                        l.dp_shard = z3.dp_shard,
+                        l.reshard_after_forward = z3.reshard_after_forward;
+                        l.zero3_gather = z3.gather;
+                        l.zero_reduce = zero_reduce;
+                        l.threads = search.threads;
+                        Prediction p = predict(m, l, hw);
+                        if (p.step_s <= 0)
+                          continue;  // a layout trident refuses (p.why_not says why)
+                        out.push_back(std::move(p));
+                      }
               }
         }
       }

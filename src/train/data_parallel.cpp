@@ -29,13 +29,13 @@ void DataParallel::check_deck(const Deck& deck, bool device, int chunks, bool sp
                 "per stage (parallel.virtual_stages {}) and a schedule whose backward is one pass "
                 "(parallel.schedule {}); use parallel.zero_reduce: step",
                 zero, chunks, deck.parallel.schedule);
-  // Note [When gradients are pooled] (train/grad_pool.h): a round's sum joins the shard in host
-  // code; on a device the gradients persist across micro-batches in the whole buffer instead.
-  if (zero >= 2 && device && deck.parallel.zero_reduce == "micro_batch")
-    input_error("parallel.zero: {} with parallel.zero_reduce micro_batch needs run.backend cpu: "
-                "each round adds into the shard in host code (Note [ZeRO-2 and accumulation]); "
-                "on a device use parallel.zero_reduce: step (with train.accum > 1 the gradient "
-                "buffer is then kept whole, with accum 1 backward writes into a pool)",
+  // Note [When gradients are pooled] (train/grad_pool.h): on a device every micro-batch's round
+  // writes into the pool, whose slots are zeroed as the link frees them; that needs overlap.
+  if (zero >= 2 && device && deck.parallel.zero_reduce == "micro_batch" && !deck.comm.overlap)
+    input_error("parallel.zero: {} with parallel.zero_reduce micro_batch on a device needs "
+                "comm.overlap true: each round's gradients are written into a pool of slots "
+                "that the reduce-scatters free as backward goes; use comm.overlap: true or "
+                "parallel.zero_reduce: step",
                 zero);
   // Note [bf16 unit gathers] (train/zero3_pool.h): the units' bf16 weights live in the pool.
   if (zero == 3 && deck.run.precision != "fp32" && !device)
@@ -97,7 +97,7 @@ DataParallel::~DataParallel() {
 }
 
 bool DataParallel::reduces_every_micro_batch() const {
-  return release_grads_ && deck_.parallel.zero_reduce == "micro_batch";
+  return (release_grads_ || pooled_grads_) && deck_.parallel.zero_reduce == "micro_batch";
 }
 
 void DataParallel::lay_out(const std::vector<ParamInfo>& params, int split_param,
@@ -221,6 +221,10 @@ void DataParallel::attach(GPT& model) {
     opt.shard_grads = shard_grads_.data();
     opt.release_reduced = release_grads_;
     opt.pooled_grads = pooled_grads_;
+    if (pooled_grads_ && reduces_every_micro_batch()) {  // Note [Shard sums on a device]
+      Backend* be = ctx_.backend;
+      opt.add_shard = [be](float* own, const float* sum, size_t n) { be->add(own, own, sum, n); };
+    }
     // Note [Bounded gradient memory] (train/zero.h): one bucket on the wire while the next is
     // written.
     opt.max_held_bytes = release_grads_ ? opt.bucket_bytes : 0;
@@ -351,6 +355,10 @@ size_t DataParallel::pool_bytes() const { return pool_ ? pool_->bytes() : 0; }
 size_t DataParallel::grad_pool_bytes() const { return grad_pool_ ? grad_pool_->bytes() : 0; }
 
 void DataParallel::begin_step() {
+  if (grad_pool_) grad_pool_->begin_step();
+}
+
+void DataParallel::begin_round() {
   if (grad_pool_) grad_pool_->begin_step();
 }
 

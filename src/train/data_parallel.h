@@ -93,6 +93,9 @@ class DataParallel {
   bool pools_grads() const { return pooled_grads_; }
   size_t grad_pool_bytes() const;
   void begin_step();
+  // Note [Shard sums on a device] (train/grad_pool.h): a later micro-batch's round (zero_reduce
+  // micro_batch) starts, after the last one's finish(): the pool's own slots are zeroed again.
+  void begin_round();
   int units_end(int param) const { return unit_first_[size_t(param) + 1]; }
   // With ZeRO: this rank's shard of the bucket holding `unit`: its gradient sums and the part
   // [flat_begin, flat_begin + count) of the flat buffer they belong to.

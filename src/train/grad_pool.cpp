@@ -19,7 +19,7 @@ bool is_block(const std::string& unit) { return unit[0] == 'h' && unit != "head"
 
 bool pools_grads(const Deck& deck, bool device, bool split_backward) {
   return device && deck.parallel.zero >= 2 && deck.comm.overlap && !split_backward &&
-         deck.train.accum == 1;
+         (deck.train.accum == 1 || deck.parallel.zero_reduce == "micro_batch");
 }
 
 size_t grad_pool_floats(const std::vector<ParamInfo>& layout) {

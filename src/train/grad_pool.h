@@ -12,13 +12,22 @@
 // completed: backward waits for the link (held_wait_ms), it never allocates.
 //
 // Note [When gradients are pooled]
-// Where each step writes every gradient once and reduces it as backward goes: a device, ZeRO 2
+// Where each backward writes every gradient once and reduces it as it goes: a device, ZeRO 2
 // or 3 (fp32 or bf16), comm.overlap (without it nothing is reduced before finish(): a slot's
-// wait would never end), one backward pass (no zb-h1) and train.accum 1. With accum > 1 and
-// parallel.zero_reduce step the gradients must persist across micro-batches, so the flat buffer
-// stays whole (ZeRO-1's gradient memory); zero_reduce micro_batch is refused on a device (its
-// rounds add into the shard in host code). Buckets break at units for ZeRO-2 as for ZeRO-3, on
-// every backend, so the host's and the device's buckets agree.
+// wait would never end), one backward pass (no zb-h1), and train.accum 1 or zero_reduce
+// micro_batch (every micro-batch a round). With accum > 1 and zero_reduce step the gradients
+// persist across micro-batches, so the flat buffer stays whole (ZeRO-1's gradient memory).
+// Buckets break at units for ZeRO-2 as for ZeRO-3, on every backend, so the host's and the
+// device's buckets agree.
+//
+// Note [Shard sums on a device]
+// With zero_reduce micro_batch a later round adds the shard's sum so far into this rank's block
+// of each bucket before its reduce-scatter, as the host's thread does (zero.h's
+// Note [ZeRO-2 and accumulation]): on a device GradReducer::grad_ready enqueues that add on the
+// compute stream (GradReducerOptions::add_shard) before the bucket's ready mark, which the
+// reduce-scatter is ordered after; the last round's finish() made compute wait for it.
+// The same float adds in the same order: the host's bits. Each round then zeroes the own slots
+// again (DataParallel::begin_round): gradient memory stays the pool's whatever train.accum.
 #pragma once
 
 #include <cstddef>

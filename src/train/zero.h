@@ -45,7 +45,8 @@
 // It needs one chunk per stage and a one-pass backward (no zb-h1).
 //
 // With micro_batch the thread adds the shard's sum so far into this rank's own block of the
-// bucket before its reduce-scatter (GradReducer::begin_step's accumulate_shards). The buffer is
+// bucket before its reduce-scatter (GradReducer::begin_step's accumulate_shards; on a device the
+// compute stream does, Note [Shard sums on a device] in grad_pool.h). The buffer is
 // zero again after each round, so the next micro-batch writes into released pages; GPTStage
 // finishes a round at the start of the next backward, so a round's tail overlaps the next
 // micro-batch's forward, and no backward writes a bucket its previous round still reads. Each

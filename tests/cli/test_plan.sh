@@ -128,11 +128,12 @@ expect_bad "kv_heads not dividing heads" "model.kv_heads" \
 # per rank than the same layout at ZeRO-2 (16·Ψ/8 + the pool against 2Ψ + 16·Ψ/8), the layout
 # text names zero=3 and the shard group; on two nodes the search offers the HSDP split 2 × 8;
 # --zero-capacity grows with the devices at ZeRO-3 and stays flat at ZeRO-0. Global batch 8, no
-# accumulation: with it a GPU keeps its gradients whole (Note [Plan ZeRO-3 on a device]).
+# accumulation: with it (zero_reduce step) a GPU keeps its gradients whole
+# (Note [Plan ZeRO-3 on a device]). The HSDP rows rank below the fitting ones: --top 40.
 l8b=$src/inputs/llama-3-8b.yaml
 z2=$("$bin" plan "$l8b" --hardware dgx-h100 --layout dp=8,micro=1,zero=2,recompute=none --global-batch 8 --json)
 z3=$("$bin" plan "$l8b" --hardware dgx-h100 --layout dp=8,micro=1,zero=3,recompute=none --global-batch 8 --json)
-hsdp=$("$bin" plan "$l8b" --hardware dgx-h100 --gpus 16 --global-batch 64 --tp 1 --pp 1 --zero 3 --micro 1 --recompute none 2>&1)
+hsdp=$("$bin" plan "$l8b" --hardware dgx-h100 --gpus 16 --global-batch 64 --tp 1 --pp 1 --zero 3 --micro 1 --recompute none --top 40 2>&1)
 cap=$("$bin" plan "$l8b" --hardware dgx-h100 --zero-capacity --json --gpus 64)
 if "$py" - "$z2" "$z3" "$hsdp" "$cap" <<'PY'
 import json, sys

@@ -170,6 +170,30 @@ TEST(ZeroDeviceGradPool, EqualsTheCpuBitForBitAtFourRanks) {
   expect_matches_cpu(3, 1, 1, {}, /*replicas=*/2);
 }
 
+// Note [Shard sums on a device]: with zero_reduce micro_batch every micro-batch's backward is a
+// round that writes into the pool, and a later round's buckets get the shard's sum so far added
+// on the compute stream before their reduce-scatter: the host's adds, so the CPU's bits, with
+// the pool (not the whole buffer) whatever accum is. An add skipped loses the earlier
+// micro-batches' gradients; own slots not zeroed between rounds count them twice.
+TEST(ZeroDeviceGradPool, MicroBatchRoundsEqualTheCpuBitForBit) {
+  const std::vector<std::string> rounds = {"train.accum=3", "parallel.zero_reduce=micro_batch"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), rounds.begin(), rounds.end());
+    return extra;
+  };
+  if (world_size() == 2) {
+    expect_matches_cpu(2, 1, 1, with({}));
+    expect_matches_cpu(2, 1, 1, with({"train.recompute=full", "model.layers=8"}));
+    expect_matches_cpu(3, 1, 1, with({}));
+    expect_matches_cpu(3, 1, 1, with({"parallel.reshard_after_forward=false"}));
+    return;
+  }
+  if (world_size() != 4) GTEST_SKIP() << "dp 2 on 2 ranks, or layouts of 4";
+  expect_matches_cpu(2, 1, 1, with({}));
+  expect_matches_cpu(2, 2, 1, with({"parallel.sequence_parallel=true"}));
+  expect_matches_cpu(3, 1, 2, with({"parallel.schedule=1f1b"}));
+}
+
 // A tied wte: the CPU reduces it as a dense part and sparse rows in row pieces, the device whole
 // (Note [Tied embedding gradient]): another summation order, so close, not equal.
 TEST(ZeroDeviceGradPool, TiedEmbeddingIsClose) {

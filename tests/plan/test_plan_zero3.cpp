@@ -130,15 +130,57 @@ TEST(PlanZero3, DeviceHoldsItsPoolsByHand) {
   EXPECT_DOUBLE_EQ(z3.params, 2 * shard + 2 * 8192 + 4 * (own + 3 * kUnit));  // 755,872
   EXPECT_DOUBLE_EQ(z3.grads, 4 * shard + 4 * (own + 2 * kUnit));
   EXPECT_DOUBLE_EQ(z3.optimizer, 12 * shard);
-  // Accumulating over micro-batches (zero_reduce step) keeps the gradient buffer whole.
+  // Accumulating over micro-batches (zero_reduce step) keeps the gradient buffer whole; a
+  // round per micro-batch (Note [Plan reductions per micro-batch]) keeps the pool.
   for (int zero : {2, 3}) {
     PlanLayout accum = data_parallel(8, zero);
     accum.accum = 4;
     EXPECT_DOUBLE_EQ(model_state_bytes(m, accum, hw, 0).grads, 4 * shard + 4 * kPsi) << zero;
+    accum.zero_reduce = "micro_batch";
+    EXPECT_DOUBLE_EQ(model_state_bytes(m, accum, hw, 0).grads, 4 * shard + 4 * (own + 2 * kUnit))
+        << zero;
   }
   // fp32: the shard is the parameter itself; no bf16 copy, no cast.
   const ModelStates f = model_state_bytes(m, data_parallel(8, 3), round_machine("fp32"), 0);
   EXPECT_DOUBLE_EQ(f.params, 4 * shard + 4 * (own + 3 * kUnit));
+}
+
+// Note [Plan reductions per micro-batch]: without overlap a round per micro-batch sends the
+// reduce-scatter accum times (fp32, dp 4 at 100 GB/s: (3/4)·4Ψ / 100e9 s a pass), and the
+// trainer's refusals are the plan's: not with zero 1, interleaving, zb-h1 or HSDP replicas, and
+// not without overlap on a GPU. On a host, step holds the whole gradient buffer over the
+// micro-batches, micro_batch two buckets and the unit being written (ZeRO-2: two buckets).
+TEST(PlanZero3, RoundsPerMicroBatchSendAccumTimes) {
+  PlanModel m = small_model();
+  m.overlap = false;
+  Hardware hw = round_machine("fp32");
+  hw.kind = "cpu";
+  const double pass = 0.75 * 4 * kPsi / 100e9;
+  for (int zero : {2, 3}) {
+    PlanLayout l = data_parallel(4, zero);
+    l.accum = 3;
+    const Prediction step = predict(m, l, hw);
+    ASSERT_TRUE(step.fits) << step.why_not;
+    EXPECT_NEAR(step.term("reduce_scatter_exposed"), pass, 1e-15) << zero;
+    EXPECT_DOUBLE_EQ(model_state_bytes(m, l, hw, 0).grads, 4 * kPsi / 4 + 4 * kPsi) << zero;
+    l.zero_reduce = "micro_batch";
+    const Prediction rounds = predict(m, l, hw);
+    ASSERT_TRUE(rounds.fits) << rounds.why_not;
+    EXPECT_NEAR(rounds.term("reduce_scatter_exposed"), 3 * pass, 1e-15) << zero;
+    EXPECT_LT(model_state_bytes(m, l, hw, 0).grads, 4 * kPsi / 4 + kTwoBuckets + 4 * kUnit + 1)
+        << zero;
+  }
+  PlanLayout bad = data_parallel(4, 1);
+  bad.accum = 3, bad.zero_reduce = "micro_batch";
+  EXPECT_NE(predict(m, bad, hw).why_not.find("zero_reduce=micro_batch needs zero 2 or 3"),
+            std::string::npos);
+  bad = data_parallel(4, 3);
+  bad.accum = 3, bad.zero_reduce = "micro_batch", bad.dp_shard = 2;
+  EXPECT_FALSE(predict(m, bad, hw).why_not.empty());  // HSDP
+  hw.kind = "gpu";
+  bad = data_parallel(4, 2);
+  bad.accum = 3, bad.zero_reduce = "micro_batch";
+  EXPECT_NE(predict(m, bad, hw).why_not.find("needs comm.overlap"), std::string::npos);
 }
 
 // Note [Plan ZeRO-3 on a device]: fewer than three blocks on a stage take a slot each; wte, wpe

@@ -138,23 +138,27 @@ TEST(DeviceDiscipline, TheLossIsReadOncePerStepNotPerMicroBatch) {
 }
 
 // ZeRO-2 on a device writes its gradients into a pool (Note [Gradients in unit slots] in
-// train/grad_pool.h; over dp, test_zero_device_grad_pool); a round per micro-batch adds into
-// the shard in host code, so zero_reduce micro_batch is refused before anything is allocated,
-// naming the keys and the backend.
-TEST(DeviceDiscipline, ZeroTwoByMicroBatchIsRefusedOnADeviceBackend) {
+// train/grad_pool.h; over dp, test_zero_device_grad_pool), whose slots only the reduce-scatters
+// free: a round per micro-batch (zero_reduce micro_batch) without comm.overlap is refused before
+// anything is allocated, naming the keys; with overlap it is accepted.
+TEST(DeviceDiscipline, ZeroTwoByMicroBatchNeedsOverlapOnADeviceBackend) {
   testing::StrictDeviceBackend strict;
   Deck d = small_deck();
   d.parallel.zero = 2;
   d.parallel.zero_reduce = "micro_batch";
+  d.comm.overlap = false;
   try {
     Trainer t(d, TrainContext{&strict, 1e9});
-    FAIL() << "parallel.zero_reduce micro_batch was accepted on a device backend";
+    FAIL() << "parallel.zero_reduce micro_batch without comm.overlap was accepted on a device";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(
-                  "parallel.zero: 2 with parallel.zero_reduce micro_batch needs run.backend cpu"),
+    EXPECT_NE(std::string(e.what()).find("parallel.zero: 2 with parallel.zero_reduce micro_batch "
+                                         "on a device needs comm.overlap true"),
               std::string::npos)
         << e.what();
   }
+  d.comm.overlap = true;
+  EXPECT_NO_THROW(Trainer(d, TrainContext{&strict, 1e9}));
+  d.comm.overlap = false;
   d.parallel.zero_reduce = "step";
   EXPECT_NO_THROW(Trainer(d, TrainContext{&strict, 1e9}));
 }
