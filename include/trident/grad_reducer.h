@@ -191,8 +191,11 @@ class GradReducer {
   // Starts a step. reduce = false (an accumulation micro-batch): grad_ready, add_extra and
   // finish do nothing until the next begin_step. accumulate_shards (ZeRO-2 on the host,
   // Note [ZeRO-2 and accumulation] in train/zero.h): each bucket's reduce-scatter adds to what
-  // its shard holds instead of replacing it — a step reduced one micro-batch at a time.
-  void begin_step(bool reduce, bool accumulate_shards = false);
+  // its shard holds instead of replacing it — a step reduced one micro-batch at a time. With
+  // HSDP (replicate_comm) only a step's last round (last_round) sums the shards over the
+  // replicas: the earlier rounds' sums are in the shard by then (Note [HSDP] in
+  // train/data_parallel.h); extras go over the replicas every round.
+  void begin_step(bool reduce, bool accumulate_shards = false, bool last_round = true);
   // Called by the compute thread once parameter `param_index` (ready order) has its final
   // gradient for this step (on the GPU: its kernels were enqueued). Cheap: a queue push, plus
   // one event recorded on the compute stream with a device communicator. Rethrows an error the

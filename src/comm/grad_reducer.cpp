@@ -290,7 +290,7 @@ GradReducer::~GradReducer() {
   state_->thread.join();
 }
 
-void GradReducer::begin_step(bool reduce, bool accumulate_shards) {
+void GradReducer::begin_step(bool reduce, bool accumulate_shards, bool last_round) {
   State& s = *state_;
   TRIDENT_CHECK(!(s.step_open && s.step_reduces) || s.failed.load(std::memory_order_acquire),
                 "GradReducer::begin_step({}) while a reducing step is open: call finish() first",
@@ -316,7 +316,7 @@ void GradReducer::begin_step(bool reduce, bool accumulate_shards) {
                   "GradReducer: accumulating into the shards needs ZeRO-2 on the host or "
                   "add_shard (Note [Shard sums on a device])");
     Event e(EventKind::kBegin);
-    e.param = accumulate_shards ? 1 : 0;
+    e.param = (accumulate_shards ? 1 : 0) | (last_round ? 0 : 2);
     e.mark = s.record(s.origin_mark);  // Note [Device time of an operation]; null untimed
     s.events.push_back(std::move(e));
   }

@@ -105,6 +105,7 @@ struct GradReducer::State {
   size_t params_resident_peak = 0;                 // compute thread's, until taken
   bool release_reduced = false;                    // ZeRO-2 on the host
   bool accumulate_shards = false;  // this round adds to the shard (begin_step's accumulate)
+  bool replicate_shards = true;    // HSDP: this round sums the shards over the replicas
   size_t grads_total = 0;          // elements of the flat gradient buffer
   std::vector<unsigned char> page_scratch;  // resident_bytes's, this thread's
 

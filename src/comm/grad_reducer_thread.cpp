@@ -102,7 +102,8 @@ CommClock::time_point GradReducer::State::next_poll(int idle_polls) const {
 void GradReducer::State::handle(Event& e) {
   if (e.kind == EventKind::kBegin) {
     active = true;
-    accumulate_shards = e.param != 0;
+    accumulate_shards = (e.param & 1) != 0;
+    replicate_shards = (e.param & 2) == 0;
     finishing = false;
     pending.assign(buckets.size(), 0);
     for (size_t b = 0; b < buckets.size(); ++b) pending[b] = buckets[b].num_params;
@@ -286,9 +287,9 @@ void GradReducer::State::start(float* data, size_t count, std::string name, int 
     }
     in_flight.push_back({comm.reduce_scatter(data, shard_grads + shard_offset[b], shard_count[b]),
                          building.records.size()});
-    if (replicate) {
+    if (replicate) {  // an earlier round's shard waits for the last (count 0: no second hop)
       hop1_left.push_back(1);
-      hop2.emplace_back(shard_grads + shard_offset[b], shard_count[b]);
+      hop2.emplace_back(shard_grads + shard_offset[b], replicate_shards ? shard_count[b] : 0);
     }
     building.records.push_back(std::move(r));
     return;
@@ -320,8 +321,7 @@ void GradReducer::State::start(float* data, size_t count, std::string name, int 
 void GradReducer::State::launch_second_hops() {
   while (next_hop2 < hop2.size() && hop1_left[next_hop2] == 0) {
     auto [data, count] = hop2[next_hop2];
-    size_t done = 0;
-    do {
+    for (size_t done = 0; done < count;) {
       const size_t n = std::min(count - done, max_message);
       InFlight f{
           replicate->all_reduce(data + done, n, ReduceOp::kSum, building.records[next_hop2].name),
@@ -329,7 +329,7 @@ void GradReducer::State::launch_second_hops() {
       f.second_hop = true;
       in_flight.push_back(std::move(f));
       done += n;
-    } while (done < count);
+    }
     ++next_hop2;
   }
 }

@@ -252,12 +252,10 @@ std::string layout_problem(const PlanModel& m, const PlanLayout& l) {
   if (l.zero_reduce != "step" && l.zero_reduce != "micro_batch")
     return fmt::format("zero_reduce={}: must be step or micro_batch", l.zero_reduce);
   // As the trainer refuses (DataParallel::check_deck).
-  if (l.zero_reduce == "micro_batch" &&
-      (l.zero < 2 || l.v > 1 || l.schedule == "zb-h1" || l.replicas() > 1))
-    return fmt::format(
-        "zero_reduce=micro_batch needs zero 2 or 3 (zero={}), one chunk per stage "
-        "(v={}), a one-pass backward (schedule={}) and no replicas (dp_replicate={})",
-        l.zero, l.v, l.schedule, l.replicas());
+  if (l.zero_reduce == "micro_batch" && (l.zero < 2 || l.v > 1 || l.schedule == "zb-h1"))
+    return fmt::format("zero_reduce=micro_batch needs zero 2 or 3 (zero={}), one chunk per stage "
+                       "(v={}) and a one-pass backward (schedule={})",
+                       l.zero, l.v, l.schedule);
   if (l.cp < 1) return fmt::format("cp={}: must be at least 1", l.cp);
   if (l.cp_comm != "ring" && l.cp_comm != "allgather")
     return fmt::format("cp_comm={}: must be ring or allgather", l.cp_comm);

@@ -592,7 +592,7 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
     gather = gathers_per_step * stage_gather;
     const double scatter_round =
         both_shard_seconds(LinkOp::kReduceScatter, dense_grad, expert_grad);
-    const double scatter = rounds * scatter_round;  // HSDP's replicas have one round (refused)
+    const double scatter = rounds * scatter_round;  // HSDP's replicas: the last round only
     replicate_reduce = replicate_seconds(dense_grad / S + expert_grad / l.expert_shard_ranks());
     reduce = scatter + replicate_reduce;
     double chain_exposed = reduce;  // reduce-scatter, then the shard's all-reduce over replicas

@@ -222,8 +222,7 @@ std::vector<Prediction> rank_layouts(const PlanModel& m, const Hardware& hw,
                         if (sp == 1 && tp == 1) continue;
                         // Note [Plan reductions per micro-batch]: a choice under accumulation only.
                         if (std::string_view(zero_reduce) == "micro_batch" &&
-                            (zero < 2 || accum == 1 || v > 1 || schedule == "zb-h1" ||
-                             (z3.dp_shard > 0 && z3.dp_shard < dp)))
+                            (zero < 2 || accum == 1 || v > 1 || schedule == "zb-h1"))
                           continue;
                         if (sp == 0 && tp > 1 && !allowed(search.sequence_parallel, 0)) continue;
                         PlanLayout l;

@@ -43,10 +43,6 @@ void DataParallel::check_deck(const Deck& deck, bool device, int chunks, bool sp
                 "weights are gathered into its unit pool; use run.precision fp32 on the host",
                 deck.run.precision);
   // Note [HSDP]: what it does not combine with yet.
-  if (zero > 0 && deck.parallel.dp_replicate > 1 && deck.parallel.zero_reduce == "micro_batch")
-    input_error("parallel.dp_replicate {} with parallel.zero_reduce micro_batch: each round's "
-                "shard would be summed over the replicas again; use parallel.zero_reduce: step",
-                deck.parallel.dp_replicate);
   if (zero > 0 && deck.parallel.dp_replicate > 1 && deck.comm.grad_dtype == "bf16")
     input_error("parallel.dp_replicate with comm.grad_dtype bf16: not built; use fp32");
   if (zero == 3 && split_backward)

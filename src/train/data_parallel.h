@@ -9,7 +9,9 @@
 // then its shard is all-reduced over dp_replicate as soon as that completes, in record order,
 // on the reducer's thread, so it overlaps backward like the rest. Gathers, AdamW's state and
 // the norm's partial sums stay in the shard group; replica 0 of each shard writes it to a
-// checkpoint; comm.emulate_gbps is the replicas' link. Without ZeRO nothing changes.
+// checkpoint; comm.emulate_gbps is the replicas' link. Without ZeRO nothing changes. With
+// zero_reduce micro_batch only the step's last round sums the shards over the replicas (the
+// earlier rounds' sums are in the shard by then): the replicas' traffic stays once a step.
 #pragma once
 
 #include <memory>

@@ -150,7 +150,8 @@ GradReadyFn GPTStage::begin_reduction(int micro) {
       earlier_rounds_ += reducer->stats();
       dp_->begin_round();  // Note [Shard sums on a device]: a device's pool, zeroed again
     }
-    reducer->begin_step(true, /*accumulate_shards=*/micro > 0);
+    reducer->begin_step(true, /*accumulate_shards=*/micro > 0,
+                        /*last_round=*/micro == in_.accum - 1);
     reducing_ = true;
     return ready;
   }

@@ -32,8 +32,10 @@ expect_refusal zero3-bf16 "run.precision bf16 needs run.backend cuda" 2 "${tiny[
   --set parallel.zero=3 --set run.precision=bf16
 expect_refusal zero3-zbh1 "parallel.schedule zb-h1" 2 "${tiny[@]}" --set parallel.zero=3 \
   --set parallel.pp=2 --set parallel.schedule=zb-h1 --set train.accum=2
-expect_refusal hsdp-micro-batch "parallel.zero_reduce micro_batch" 4 "${tiny[@]}" --set parallel.zero=2 \
-  --set parallel.dp_replicate=2 --set parallel.zero_reduce=micro_batch
+# HSDP runs rounds per micro-batch (the replicas in the last one); ZeRO-1 has no shard to add to.
+expect_refusal zero1-micro-batch "parallel.zero_reduce: micro_batch needs parallel.zero 2 or 3" 4 \
+  "${tiny[@]}" --set parallel.zero=1 --set parallel.dp_replicate=2 \
+  --set parallel.zero_reduce=micro_batch
 
 # 2. The precheck on Llama 1.1 B at dp 4. Skipped where the machine could hold ZeRO-2's 45.6 GiB.
 avail_kb=$(awk '/MemAvailable/ {print $2}' /proc/meminfo)

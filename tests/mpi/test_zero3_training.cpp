@@ -216,13 +216,20 @@ TEST(Zero3, HoldsOnlyTheShardsBetweenSteps) {
 // Note [HSDP]: dp 4 as 2 replicas × 2 shards. Every ZeRO stage shards over the pair and sums the
 // shard over the replicas; each equals zero 0 within 1e-6 (bitwise where the four addends are
 // grouped alike, as here: (a + b) + (c + d) either way, checked only at that). A shard summed
-// over dp_shard only, or over the replicas twice, is off by a factor in the first update.
+// over dp_shard only, or over the replicas twice, is off by a factor in the first update. A round
+// per micro-batch (zero_reduce micro_batch) sums over the replicas in the step's last round only:
+// a shard summed there every round counts the earlier micro-batches twice or more.
 TEST(Zero3, HsdpEqualsZero0) {
   if (world_size() != 4) GTEST_SKIP() << "2 replicas x 2 shards needs 4 ranks";
-  const Result ref = train(1, 1, {"parallel.zero=0", "train.accum=2"}, 6);
+  const Result ref = train(1, 1, {"parallel.zero=0", "train.accum=3"}, 6);
   for (const char* zero : {"parallel.zero=1", "parallel.zero=2", "parallel.zero=3"}) {
     SCOPED_TRACE(zero);
-    expect_equal(train(1, 1, {zero, "train.accum=2"}, 6, 2), ref, false);
+    expect_equal(train(1, 1, {zero, "train.accum=3"}, 6, 2), ref, false);
+  }
+  for (const char* zero : {"parallel.zero=2", "parallel.zero=3"}) {
+    SCOPED_TRACE(fmt::format("{}, zero_reduce micro_batch", zero));
+    expect_equal(train(1, 1, {zero, "train.accum=3", "parallel.zero_reduce=micro_batch"}, 6, 2),
+                 ref, false);
   }
   ProcessGrid grid(complete_layout({.world = 4, .dp_replicate = 2}));
   auto be = make_cpu_backend(1);

@@ -192,6 +192,8 @@ TEST(ZeroDeviceGradPool, MicroBatchRoundsEqualTheCpuBitForBit) {
   expect_matches_cpu(2, 1, 1, with({}));
   expect_matches_cpu(2, 2, 1, with({"parallel.sequence_parallel=true"}));
   expect_matches_cpu(3, 1, 2, with({"parallel.schedule=1f1b"}));
+  expect_matches_cpu(2, 1, 1, with({}), /*replicas=*/2);  // HSDP: the replicas in the last round
+  expect_matches_cpu(3, 1, 1, with({}), /*replicas=*/2);
 }
 
 // A tied wte: the CPU reduces it as a dense part and sparse rows in row pieces, the device whole

@@ -147,9 +147,10 @@ TEST(PlanZero3, DeviceHoldsItsPoolsByHand) {
 
 // Note [Plan reductions per micro-batch]: without overlap a round per micro-batch sends the
 // reduce-scatter accum times (fp32, dp 4 at 100 GB/s: (3/4)·4Ψ / 100e9 s a pass), and the
-// trainer's refusals are the plan's: not with zero 1, interleaving, zb-h1 or HSDP replicas, and
-// not without overlap on a GPU. On a host, step holds the whole gradient buffer over the
-// micro-batches, micro_batch two buckets and the unit being written (ZeRO-2: two buckets).
+// trainer's refusals are the plan's: not with zero 1, interleaving or zb-h1, and not without
+// overlap on a GPU; HSDP's replicas all-reduce the shard once, in the last round. On a host, step
+// holds the whole gradient buffer over the micro-batches, micro_batch two buckets and the unit
+// being written (ZeRO-2: two buckets).
 TEST(PlanZero3, RoundsPerMicroBatchSendAccumTimes) {
   PlanModel m = small_model();
   m.overlap = false;
@@ -174,9 +175,16 @@ TEST(PlanZero3, RoundsPerMicroBatchSendAccumTimes) {
   bad.accum = 3, bad.zero_reduce = "micro_batch";
   EXPECT_NE(predict(m, bad, hw).why_not.find("zero_reduce=micro_batch needs zero 2 or 3"),
             std::string::npos);
-  bad = data_parallel(4, 3);
-  bad.accum = 3, bad.zero_reduce = "micro_batch", bad.dp_shard = 2;
-  EXPECT_FALSE(predict(m, bad, hw).why_not.empty());  // HSDP
+  // HSDP: the replicas' all-reduce of the shard once a step, in the last round.
+  PlanLayout hsdp = data_parallel(4, 3);
+  hsdp.accum = 3, hsdp.zero_reduce = "micro_batch", hsdp.dp_shard = 2;
+  const Prediction h = predict(m, hsdp, hw);
+  ASSERT_TRUE(h.fits) << h.why_not;
+  EXPECT_NEAR(h.term("reduce_scatter_exposed"), 3 * 0.5 * 4 * kPsi / 100e9, 1e-15);
+  EXPECT_GT(h.term("hsdp_allreduce_exposed"), 0);
+  hsdp.zero_reduce = "step";
+  EXPECT_NEAR(predict(m, hsdp, hw).term("hsdp_allreduce_exposed"), h.term("hsdp_allreduce_exposed"),
+              1e-15);
   hw.kind = "gpu";
   bad = data_parallel(4, 2);
   bad.accum = 3, bad.zero_reduce = "micro_batch";
