@@ -222,7 +222,7 @@ struct GPTOptions {
   std::vector<size_t> param_offsets;
   size_t param_total = 0;
   // ZeRO-3 on a device (Note [No full weights on a device], train/zero3_pool.h): no full
-  // parameter buffer is made; params() is null until hold_full_params().
+  // parameter buffer is made; params() is null.
   bool no_full_params = false;
   // Note [Gradients in unit slots] (train/grad_pool.h): no flat gradient buffer; backward
   // writes each home's gradients at the base set_grad_base gave it (null until then).
@@ -381,9 +381,6 @@ class GPT {
   // path the whole bf16 copy goes too: the units' slots hold the GEMMs' bf16 weights
   // (Note [bf16 unit gathers] in train/zero3_pool.h), and a tied head's is cast from wte's slot.
   void release_full_params();
-  // Makes the full buffer (zeroed) where GPTOptions::no_full_params left none, for weights
-  // read from a file whole (Note [No full weights on a device]); a no-op where it is held.
-  void hold_full_params();
   // Optional hook called between layers in forward and backward (the pipeline's transfer
   // progress: Note [Progress during compute] in trident/pipeline.h; empty: none).
   void set_progress(std::function<void()> fn) { progress_ = std::move(fn); }
@@ -658,8 +655,13 @@ class GPT {
 // mismatch); load_llmc_weights copies the tensors into the model (what its tp rank and pipeline
 // stage holds), whose config must match. Both are model.init_from's readers: a file that
 // is_safetensors() goes to the safetensors functions below instead.
+//
+// A loader reads one tensor at a time and gives this rank's piece of each (p.count floats, host
+// memory) to `write`; empty, it writes the model's parameter buffer. ZeRO-3 on a device writes
+// its shards instead, and never holds the full parameters (Note [No full weights on a device]).
+using ParamWriteFn = std::function<void(const ParamInfo& p, const float* values)>;
 GPTConfig read_llmc_config(const std::string& path);
-void load_llmc_weights(GPT& model, const std::string& path);
+void load_llmc_weights(GPT& model, const std::string& path, const ParamWriteFn& write = {});
 // Writes the model in the same format (`trident export`, tests, handing weights to llm.c).
 void save_llmc_weights(GPT& model, const std::string& path);
 
@@ -675,7 +677,8 @@ void save_llmc_weights(GPT& model, const std::string& path);
 // the bytes of the tensor file.
 bool is_safetensors(const std::string& path);
 GPTConfig read_safetensors_config(const std::string& path);
-void load_safetensors_weights(GPT& model, const std::string& path);
+void load_safetensors_weights(GPT& model, const std::string& path,
+                              const ParamWriteFn& write = {});
 size_t save_safetensors_weights(GPT& model, const std::string& path, bool with_config = false);
 // Every trident global tensor of the checkpoint, by ParamInfo name (row-major, the vocabulary
 // padded as read_safetensors_config pads it, padded rows zero), without building a model: what

@@ -164,12 +164,6 @@ int GPT::weight_home(size_t param) const {
   return layers + 2;  // the final norm, an untied LM head
 }
 
-void GPT::hold_full_params() {
-  if (params_.size() > 0) return;
-  params_ = BackendBuffer<float>(be_, num_params_);
-  std::fill(weight_base_.begin(), weight_base_.end(), params_.data());
-}
-
 void GPT::release_full_params() {
   params_ = BackendBuffer<float>();
   std::fill(weight_base_.begin(), weight_base_.end(), nullptr);

@@ -397,7 +397,7 @@ std::map<std::string, std::vector<float>> read_hf_global_tensors(const std::stri
   return out;
 }
 
-void load_safetensors_weights(GPT& model, const std::string& path) {
+void load_safetensors_weights(GPT& model, const std::string& path, const ParamWriteFn& write) {
   const Checkpoint ck = open_resolved(path);
   const GPTConfig& f = ck.cfg;
   const GPTConfig& c = model.config();
@@ -414,7 +414,9 @@ void load_safetensors_weights(GPT& model, const std::string& path) {
   std::map<std::string, const hf::TensorMap*> by_trident;
   for (const hf::TensorMap& m : ck.maps) by_trident[m.trident] = &m;
   std::vector<std::ifstream> streams = open_streams(ck);
-  HostView<float> host(model.backend(), model.params(), model.num_params(), /*load=*/false);
+  std::optional<HostView<float>> host;  // without `write`, the model's buffer
+  if (!write) host.emplace(model.backend(), model.params(), model.num_params(), /*load=*/false);
+  std::vector<float> piece;
   // What this rank and stage holds, each from the global tensor (Note [Tensor-parallel shards]).
   for (const ParamInfo& p : model.params_info()) {
     const auto it = by_trident.find(p.name);
@@ -431,10 +433,12 @@ void load_safetensors_weights(GPT& model, const std::string& path) {
     const std::vector<std::vector<float>> parts = read_parts(ck, m, streams);
     if (p.name == "wte") check_tied_copy(ck, parts[0], streams);
     const std::vector<float> global = hf::to_trident(padded, parts);
-    float* dst = host.data() + p.offset;
+    if (write) piece.resize(p.count);
+    float* dst = write ? piece.data() : host->data() + p.offset;
     for (size_t i = 0; i < p.count; ++i) dst[i] = global[p.global_index(i)];
+    if (write) write(p, piece.data());
   }
-  host.commit();
+  if (host) host->commit();
 }
 
 size_t save_safetensors_weights(GPT& model, const std::string& path, bool with_config) {

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -87,8 +88,8 @@ GPTConfig read_llmc_config(const std::string& path) {
   return cfg;
 }
 
-void load_llmc_weights(GPT& model, const std::string& path) {
-  if (is_safetensors(path)) return load_safetensors_weights(model, path);
+void load_llmc_weights(GPT& model, const std::string& path, const ParamWriteFn& write) {
+  if (is_safetensors(path)) return load_safetensors_weights(model, path, write);
   const GPTConfig file_cfg = read_llmc_config(path);
   const GPTConfig& cfg = model.config();
   TRIDENT_CHECK(file_cfg.layers == cfg.layers && file_cfg.channels == cfg.channels &&
@@ -96,8 +97,9 @@ void load_llmc_weights(GPT& model, const std::string& path) {
                 "model shape differs from {}", path);
   std::ifstream f(path, std::ios::binary);
   f.seekg(1024);
-  std::vector<float> global;
-  HostView<float> host(model.backend(), model.params(), model.num_params(), /*load=*/false);
+  std::vector<float> global, piece;
+  std::optional<HostView<float>> host;
+  if (!write) host.emplace(model.backend(), model.params(), model.num_params(), /*load=*/false);
   // A pipeline stage holds some of the tensors: the others are skipped in the file.
   std::unordered_map<std::string, const ParamInfo*> held;
   for (const ParamInfo& p : model.params_info()) held[p.name] = &p;
@@ -120,14 +122,16 @@ void load_llmc_weights(GPT& model, const std::string& path) {
       global.assign(file_rows * cols, 0.0f);
       f.read(reinterpret_cast<char*>(global.data()), std::streamsize(global.size() * 4));
       if (!f) input_error("model.init_from: {}: read failed at tensor {}", path, p.name);
-      float* dst = host.data() + p.offset;
+      if (write) piece.resize(p.count);
+      float* dst = write ? piece.data() : host->data() + p.offset;
       for (size_t i = 0; i < p.count; ++i) {
         const size_t g = p.global_index(i);
         dst[i] = g / cols < file_rows ? global[g] : 0.0f;
       }
+      if (write) write(p, piece.data());
     }
   }
-  host.commit();
+  if (host) host->commit();
 }
 
 void save_llmc_weights(GPT& model, const std::string& path) {

@@ -322,13 +322,27 @@ void DataParallel::init_params(GPT& model, uint64_t seed) {
 }
 
 void DataParallel::take_params() {
-  TRIDENT_CHECK(zero3_, "DataParallel::take_params without ZeRO-3");
-  for (const Zero3Unit& u : unit_gathers_->units()) {
-    if (device_) copy_shards(u, model_->params());
-    else reducer_->take_shards(u.first_bucket, u.end_bucket);
-  }
-  if (device_) model_->release_full_params();
+  TRIDENT_CHECK(zero3_ && !device_, "DataParallel::take_params without ZeRO-3 on the host");
+  for (const Zero3Unit& u : unit_gathers_->units())
+    reducer_->take_shards(u.first_bucket, u.end_bucket);
+}
+
+ParamWriteFn DataParallel::shard_writer() {
+  TRIDENT_CHECK(zero3_ && device_, "DataParallel::shard_writer without ZeRO-3 on a device");
   shard16_stale_ = true;
+  // Note [No full weights on a device]: a parameter's floats [offset, offset + count) of the
+  // flat layout go to the parts of it that this rank's shards of the buckets hold (padding stays
+  // the zero the shards were allocated with).
+  return [this](const ParamInfo& p, const float* values) {
+    for (size_t b = 0; b < reducer_->buckets().size(); ++b) {
+      const size_t n = reducer_->shard_count(b);
+      const size_t slice = reducer_->buckets()[b].offset + size_t(reducer_->shard_rank(b)) * n;
+      const size_t lo = std::max(slice, p.offset), hi = std::min(slice + n, p.offset + p.count);
+      if (lo >= hi) continue;
+      ctx_.backend->copy(shard_params_.data() + reducer_->shard_offset(b) + (lo - slice),
+                         values + (lo - p.offset), (hi - lo) * sizeof(float));
+    }
+  };
 }
 
 void DataParallel::refresh_shard16() {

@@ -50,11 +50,11 @@ class DataParallel {
                GPTOptions& options);
   // After the model: builds the reducer over its gradients, ZeRO's shard buffer and pieces, and
   // the gather hook. With ZeRO-3 the model's full parameter buffer is released: its values
-  // must come into the shards by init_params or take_params after.
+  // must come into the shards by init_params, take_params or shard_writer after.
   void attach(GPT& model);
   // ZeRO-3: the model's initialisation (GPT::init_weights' values), a unit at a time into the
-  // shards, so the whole model is never held; take_params: the model's full buffer holds the
-  // weights (loaded whole), which go into the shards and the buffer is released.
+  // shards, so the whole model is never held; take_params (the host): the model's full buffer
+  // holds the weights (loaded whole), which go into the shards and its pages are released.
   void init_params(GPT& model, uint64_t seed);
   void take_params();
 
@@ -95,6 +95,9 @@ class DataParallel {
   bool pools_grads() const { return pooled_grads_; }
   size_t grad_pool_bytes() const;
   void begin_step();
+  // ZeRO-3 on a device: where model.init_from's reader puts each parameter, straight into this
+  // rank's shards (Note [No full weights on a device] in train/zero3_pool.h).
+  ParamWriteFn shard_writer();
   // Note [Shard sums on a device] (train/grad_pool.h): a later micro-batch's round (zero_reduce
   // micro_batch) starts, after the last one's finish(): the pool's own slots are zeroed again.
   void begin_round();

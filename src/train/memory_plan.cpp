@@ -119,13 +119,12 @@ void check_memory_plan(const GPTConfig& cfg, int B, int T, const GPTOptions& opt
     need = acts + params + grads + optimizer;
     if (backend.is_device()) {
       // Note [Weights in unit slots]: the unit pool; the gradients' pool, or the buffer whole
-      // (Note [When gradients are pooled]). Note [No full weights on a device]: the full
-      // parameter buffer only for model.init_from, held at setup until the shards are taken,
-      // before the optimizer's state.
+      // (Note [When gradients are pooled]). Note [No full weights on a device]: never the full
+      // parameter buffer, model.init_from included.
       const double full = double(param_floats) * 4;
       params = shard + double(zero3_device_pool_bytes(layout, zero3));
       grads = (pooled ? pool_grads : full) + shard;
-      need = acts + params + grads + std::max(zero3.whole_at_setup ? full : 0.0, optimizer);
+      need = acts + params + grads + optimizer;
     }
   }
   // Note [bf16 unit gathers] (train/zero3_pool.h): on a device the model makes no whole bf16

@@ -63,8 +63,11 @@ Trainer::Trainer(const Deck& deck, TrainContext ctx) : deck_(deck), ctx_(ctx) {
   if (deck_.model.init_from.empty()) {
     if (zero3) dp_->init_params(*model_, deck_.train.seed);
     else model_->init_weights(deck_.train.seed);
+  } else if (zero3 && ctx_.backend->is_device()) {
+    // Note [No full weights on a device]: each tensor read goes into the shards.
+    load_llmc_weights(*model_, deck_.model.init_from, dp_->shard_writer());
+    model_->release_full_params();  // none was held; a bf16 tied head's cast is made
   } else {
-    if (zero3) model_->hold_full_params();  // Note [No full weights on a device]
     load_llmc_weights(*model_, deck_.model.init_from);
     if (zero3) dp_->take_params();
   }
@@ -166,7 +169,6 @@ Zero3Memory Trainer::zero3_memory() const {
   z.bucket_bytes = DataParallel::bucket_bytes(deck_.comm);
   z.keeps_params = !p.reshard_after_forward || p.zero3_gather == "step";
   z.keeps_grads = deck_.train.accum > 1 && p.zero_reduce == "step";
-  z.whole_at_setup = !deck_.model.init_from.empty();
   return z;
 }
 

@@ -30,9 +30,8 @@ GPTOptions stage_options(const Deck& deck, const GPTConfig& cfg, const TrainCont
 struct Zero3Memory {
   bool on = false;
   size_t bucket_bytes = 0;
-  bool keeps_params = false;    // reshard_after_forward false, or zero3_gather step
-  bool keeps_grads = false;     // accumulation reduced once per step: the full gradient all step
-  bool whole_at_setup = false;  // a device reads model.init_from into the full buffer first
+  bool keeps_params = false;  // reshard_after_forward false, or zero3_gather step
+  bool keeps_grads = false;   // accumulation reduced once per step: the full gradient all step
 };
 void check_memory_plan(const GPTConfig& cfg, int B, int T, const GPTOptions& options,
                        Backend& backend, int shard_ranks, bool stage_gradients = false,

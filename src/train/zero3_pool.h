@@ -34,9 +34,9 @@
 // A device never holds the full fp32 parameters, or ZeRO-3 could train nothing larger than one
 // device's 4 B per parameter (Llama-3-70B: 280 GB). The model is built without the buffer
 // (GPTOptions::no_full_params), or its bf16 copy; DataParallel::init_params initialises each
-// unit in its slot and copies the shard out. Only model.init_from, whose readers fill the whole
-// model, makes the fp32 buffer (GPT::hold_full_params) and gives it back once the shards are
-// taken; a checkpoint loads straight into the shards.
+// unit in its slot and copies the shard out; model.init_from's readers give each tensor they
+// read to DataParallel::shard_writer, which copies this rank's parts of it into the shards; a
+// checkpoint loads straight into the shards too.
 #pragma once
 
 #include <cstddef>
