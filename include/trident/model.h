@@ -677,8 +677,7 @@ void save_llmc_weights(GPT& model, const std::string& path);
 // the bytes of the tensor file.
 bool is_safetensors(const std::string& path);
 GPTConfig read_safetensors_config(const std::string& path);
-void load_safetensors_weights(GPT& model, const std::string& path,
-                              const ParamWriteFn& write = {});
+void load_safetensors_weights(GPT& model, const std::string& path, const ParamWriteFn& write = {});
 size_t save_safetensors_weights(GPT& model, const std::string& path, bool with_config = false);
 // Every trident global tensor of the checkpoint, by ParamInfo name (row-major, the vocabulary
 // padded as read_safetensors_config pads it, padded rows zero), without building a model: what
