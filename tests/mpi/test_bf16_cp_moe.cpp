@@ -38,14 +38,24 @@ struct Run {
   std::vector<float> grads;  // this rank's gradient buffer after the first step's reduction
 };
 
-Run train(const Deck& d, ProcessGrid* grid, int steps) {
+// `steps` steps of `d` on the CPU backend; qk_scale != 1 multiplies every block's qkv weights
+// first (sharper attention, where a position matters more), the same on every layout.
+Run train(const Deck& d, ProcessGrid* grid, int steps, float qk_scale = 1.0f) {
+  auto be = make_cpu_backend(d.run.threads);
+  Trainer t(d, TrainContext{be.get(), 1e9, grid, nullptr});
+  GPT& m = t.model();
+  for (const ParamInfo& p : m.params_info())
+    if (qk_scale != 1.0f && p.name.ends_with(".qkvw"))
+      for (size_t i = 0; i < p.count; ++i) m.params()[p.offset + i] *= qk_scale;
   Run r;
-  r.steps = testing::run_steps(d, grid, steps, [&](int s, Trainer& t) {
-    if (s != 0) return;
-    GPT& m = t.model();
+  for (int s = 0; s < steps; ++s) {
+    const StepStats st = t.train_step(s);
+    r.steps.losses.push_back(st.loss);
+    r.steps.norms.push_back(st.grad_norm);
+    if (s != 0) continue;
     for (const ParamInfo& p : m.params_info()) r.tensors.push_back({p.name, p.offset, p.count});
     r.grads.assign(m.grads(), m.grads() + m.num_params());
-  });
+  }
   return r;
 }
 
@@ -101,26 +111,27 @@ ProcessGrid world_grid(int cp) {
   return ProcessGrid(complete_layout(sizes));
 }
 
-// bf16 at cp = world against bf16 on one rank, 3 steps. Both round the same per-token tensors;
-// only attention's fp32 sums run in another order (by blocks, merged by log-sum-exp), and its
-// output rounds to bf16 after: a sum an fp32 ulp apart rounds to another bf16 value now and
-// then (2^-8 of that element), so the runs differ by a few such flips, not by fp32's 1e-5.
-// Bounds: losses within 1e-4 relative and gradient norms within 1e-3 step by step, each
-// tensor's first-step gradient within 1% of its norm. Measured (printed, np 2 and 4): losses
-// within 1.6e-5, norms within 1.9e-4, gradients within 0.26% (h0.ln1w, deepest in backward).
-// A wrong widened input (the output for its gradient: tried) moves the loss by 3e-2 and the
-// gradients by 600 times their norm.
+// bf16 at cp = world against bf16 on one rank, 3 steps, the qkv weights ×3 (attention sharp
+// enough that positions matter: at ×1, RoPE at the local positions stayed within the bounds,
+// tried). Both round the same per-token tensors; only attention's fp32 sums run in another
+// order (by blocks, merged by log-sum-exp) before its output rounds to bf16, so a value now and
+// then rounds to the neighbouring bf16 (2^-8 of it): a few such flips, not fp32's 1e-5.
+// Bounds: losses within 1e-4, gradient norms within 3e-3 step by step, each tensor's first-step
+// gradient within 1.5% of its norm. Measured (printed, np 2 and 4): losses 2.4e-5, norms
+// 1.5e-3, gradients 0.38%. RoPE at the local positions: 4.8-8.1% (Llama, NeoX fail); the
+// output widened as its own gradient: 600 times the norm (every case fails). Both tried.
+constexpr float kQkScale = 3.0f;
 void expect_cp_matches_one_rank(const std::vector<std::string>& keys, const char* mode) {
   SCOPED_TRACE(fmt::format("{} cp {}", mode, world_size()));
   std::vector<std::string> with = keys;
   with.push_back(fmt::format("parallel.cp_comm={}", mode));
-  const Run ref = train(bf16(testing::small_layout_deck(with)), nullptr, 3);
+  const Run ref = train(bf16(testing::small_layout_deck(with)), nullptr, 3, kQkScale);
   with.push_back(fmt::format("parallel.cp={}", world_size()));
   ProcessGrid grid = world_grid(world_size());
-  const Run got = train(bf16(testing::small_layout_deck(with)), &grid, 3);
-  testing::expect_close(got.steps, ref.steps, 1e-4, 1e-3);
+  const Run got = train(bf16(testing::small_layout_deck(with)), &grid, 3, kQkScale);
+  testing::expect_close(got.steps, ref.steps, 1e-4, 3e-3);
   print_step_differences(got.steps, ref.steps, mode);
-  EXPECT_LT(worst_gradient_error(got, ref, mode), 0.01);
+  EXPECT_LT(worst_gradient_error(got, ref, mode), 0.015);
 }
 
 // Untied: a tied head over dp × cp > 1 on the host reduces its gradient in pieces
