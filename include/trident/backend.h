@@ -316,6 +316,9 @@ class Backend {
   // model tests' bf16 runs); a device backend overrides every one. Gradient rules as above.
   // out = bf16(inp)
   virtual void cast_to_bf16(bfloat16* out, const float* inp, size_t n);
+  // out = float(inp), exact: where the bf16 path hands a tensor to an fp32 op
+  // (Note [Widening at the bf16 boundary] in src/model/gpt_bf16_widen.cpp).
+  virtual void cast_to_fp32(float* out, const bfloat16* inp, size_t n);
   // adamw_update, then params16 = bf16(params): the GEMMs' copy of the weights written in the
   // optimizer's pass (no cast pass per micro-batch; GPT::params16).
   virtual void adamw_update_bf16(float* params, bfloat16* params16, float* m, float* v,

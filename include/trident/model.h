@@ -482,8 +482,22 @@ class GPT {
   // params16_[begin, end) = bf16(params_) unless span `span` (a local layer, or
   // table_.layers.size() for wte) was cast or written at the current weights_version_.
   void cast_weights(size_t span, size_t begin, size_t end);
-  void block_forward_bf16(const BlockWeights& w, const BlockWeights16& w16, const BlockActs16& a,
-                          const float* residual_in, int B, int T);
+  void block_forward_bf16(int slot, int local_layer, const BlockWeights& w,
+                          const BlockWeights16& w16, const BlockActs16& a, const float* residual_in,
+                          int B, int T);
+  // Where the bf16 path hands a tensor to an fp32 op (gpt_bf16_widen.cpp,
+  // Note [Widening at the bf16 boundary]): the block's attention (by blocks over cp, else the
+  // backend's bf16 op), and a mixture layer. Their fp32 scratch is sized once
+  // (make_widen_buffers, after the mixtures).
+  void make_widen_buffers(int B, int T);
+  void block_attention_forward_bf16(const BlockActs16& a, int B, int T);
+  void block_attention_backward_bf16(bfloat16* dqkv, const bfloat16* dout, const BlockActs16& a,
+                                     int B, int T);
+  // residual3 = residual2 + the mixture of ln2; dln2 = bf16(the mixture's input gradient) for
+  // dout = the block output's fp32 gradient (weight gradients accumulated).
+  void moe_forward_bf16(int slot, int local_layer, const BlockActs16& a, int N);
+  void moe_backward_bf16(int slot, int local_layer, bfloat16* dln2, const float* dout,
+                         const BlockActs16& a, int N, float dloss_scale);
   void recompute_block_bf16(int slot, int local_layer, const float* residual_in);
   // The family's norm, RoPE and MLP up-projection with its activation on the bf16 path.
   void norm_forward_bf16(bfloat16* out, float* mean, float* rstd, const float* inp, const float* w,

@@ -35,6 +35,11 @@ void Backend::cast_to_bf16(bfloat16* out, const float* inp, size_t n) {
   round_into(out, inp, n);
 }
 
+void Backend::cast_to_fp32(float* out, const bfloat16* inp, size_t n) {
+  host_only(*this, __func__);
+  for (size_t i = 0; i < n; ++i) out[i] = to_float(inp[i]);
+}
+
 void Backend::adamw_update_bf16(float* params, bfloat16* params16, float* m, float* v,
                                 const float* grads, size_t n, float lr, float beta1, float beta2,
                                 float eps, float weight_decay, int t, float grad_scale) {

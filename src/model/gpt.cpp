@@ -333,7 +333,7 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, int 
     if (precision_ == Precision::kBf16) {
       cast_weights(size_t(i), lt.span_begin, lt.span_end);  // after param_use_ (ZeRO's gather)
       const BlockActs16 a = block_acts16(slot, i);
-      block_forward_bf16(block(layer_weights(i), i), block16(i), a, residual, B, T);
+      block_forward_bf16(slot, i, block(layer_weights(i), i), block16(i), a, residual, B, T);
       residual = a.residual3;
       continue;
     }

@@ -25,6 +25,7 @@ GPT::BlockWeights16 GPT::block16(int local_layer) const {
 // Note [bf16 unit gathers] (train/zero3_pool.h): without params16_, a GEMM weight's bucket was
 // gathered in bf16 into the first half of its fp32 place in the unit's slot.
 const bfloat16* GPT::weights16(int home, size_t offset) const {
+  if (offset == kNoTensor) return nullptr;  // a mixture layer's dense MLP
   if (!params16_.empty()) return params16_.data() + offset;
   return reinterpret_cast<const bfloat16*>(weight_base_[size_t(home)] + offset);
 }
@@ -85,19 +86,23 @@ void GPT::mlp_up_forward_bf16(const BlockWeights& w, const BlockWeights16& w16,
   else be_.gelu_erf_forward_bf16(a.fch_gelu, a.fch, size_t(N) * F);
 }
 
-void GPT::block_forward_bf16(const BlockWeights& w, const BlockWeights16& w16, const BlockActs16& a,
+void GPT::block_forward_bf16(int slot, int local_layer, const BlockWeights& w,
+                             const BlockWeights16& w16, const BlockActs16& a,
                              const float* residual_in, int B, int T) {
-  const int C = cfg_.channels, NH = cfg_.heads, KVH = cfg_.kv_head_count(), hs = cfg_.head_size();
-  const int N = B * T, Q = NH * hs;
+  const int C = cfg_.channels, N = B * T, Q = cfg_.heads * cfg_.head_size();
   norm_forward_bf16(a.ln1, a.ln1_mean, a.ln1_rstd, residual_in, w.ln1w, w.ln1b, N, C);
   be_.matmul_forward_bf16(a.qkv, a.ln1, w16.qkvw, w.qkvb, N, C, cfg_.qkv_rows());
   rope_bf16(a.qkv, N, T, false);
-  be_.attention_forward_gqa_bf16(a.atty, a.att, a.qkv, B, T, NH, KVH, hs);
+  block_attention_forward_bf16(a, B, T);  // by blocks with cp (gpt_bf16_widen.cpp)
   be_.matmul_forward_add_bf16(a.residual2, residual_in, a.atty, w16.attprojw, w.attprojb, N, Q, C);
   // A parallel residual's MLP reads the block's input, as its attention does; either way the
   // block's output is residual2 plus the MLP's.
   const float* mlp_in = cfg_.parallel_residual ? residual_in : a.residual2;
   norm_forward_bf16(a.ln2, a.ln2_mean, a.ln2_rstd, mlp_in, w.ln2w, w.ln2b, N, C);
+  if (moe_[size_t(local_layer)]) {  // in fp32 (Note [Widening at the bf16 boundary])
+    moe_forward_bf16(slot, local_layer, a, N);
+    return;
+  }
   mlp_up_forward_bf16(w, w16, a, N);
   be_.matmul_forward_add_bf16(a.residual3, a.residual2, a.fch_gelu, w16.fcprojw, w.fcprojb, N,
                               cfg_.hidden(), C);
@@ -112,11 +117,16 @@ void GPT::recompute_block_bf16(int slot, int local_layer, const float* residual_
   const BlockWeights16 w16 = block16(local_layer);
   BlockActs16 a = block_acts16(slot, local_layer);
   if (recompute_mode_ == Recompute::kMlp) {
-    mlp_up_forward_bf16(w, w16, a, N);
+    if (!moe_[size_t(local_layer)]) mlp_up_forward_bf16(w, w16, a, N);  // a mixture keeps its own
     return;
   }
   a.residual3 = recompute_[12].data();  // the kept output is already there; do not rewrite it
-  block_forward_bf16(w, w16, a, residual_in, B, T);
+  recomputing_ = true;                  // a mixture's statistics were taken in forward
+  struct Reset {
+    bool& flag;
+    ~Reset() { flag = false; }
+  } reset{recomputing_};
+  block_forward_bf16(slot, local_layer, w, w16, a, residual_in, B, T);
 }
 
 float GPT::head_forward_bf16(Slot& s, const float* residual, const int32_t* targets, int B, int T) {
@@ -142,8 +152,8 @@ void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
                         const EmbeddingRowSink* sink) {
   Slot& s = slots_[slot];
   const int B = s.B, T = s.T, N = B * T;
-  const int C = cfg_.channels, NH = cfg_.heads, KVH = cfg_.kv_head_count(), hs = cfg_.head_size();
-  const int Q = NH * hs, QKV = cfg_.qkv_rows(), FC = cfg_.fc_rows(), F = cfg_.hidden();
+  const int C = cfg_.channels, Q = cfg_.heads * cfg_.head_size(), QKV = cfg_.qkv_rows(),
+            FC = cfg_.fc_rows(), F = cfg_.hidden();
   const int Vp = cfg_.padded_vocab;
   const bool tied = cfg_.tied_head, parallel = cfg_.parallel_residual;
   const bool gelu_in_gemm = cfg_.activation == Activation::kGeluTanh;
@@ -207,23 +217,28 @@ void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
     const BlockWeights16 w16 = block16(i);
     const BlockWeights dw = block(layer_grads(i), i);
 
-    be_.matmul_backward_bf16(nullptr, dw.fcprojw, dw.fcprojb, dres16, act.fch_gelu, nullptr, N, F,
-                             C);
-    ready.through(lt.ready_fcproj);
-    if (gelu_in_gemm) {
-      // Through fcproj and the GELU in one GEMM, with fc's bias gradient (DGELU_BGRAD).
-      be_.matmul_dgelu_backward_bf16(a.d16_4c.data(), dw.fcb, dres16, w16.fcprojw, act.fch, N, F,
-                                     C);
+    if (lt.moe) {  // from the fp32 gradient, into d16_c as fc's GEMM would
+      moe_backward_bf16(slot, i, a.d16_c.data(), dres, act, N, dloss_scale);
+      ready.through(lt.ready_moe);
     } else {
-      be_.matmul_backward_bf16(a.d16_act.data(), nullptr, nullptr, dres16, nullptr, w16.fcprojw, N,
-                               F, C);
-      if (cfg_.activation == Activation::kSwiGLU)
-        be_.swiglu_backward_bf16(a.d16_4c.data(), act.fch, a.d16_act.data(), N, F);
-      else be_.gelu_erf_backward_bf16(a.d16_4c.data(), act.fch, a.d16_act.data(), size_t(N) * F);
+      be_.matmul_backward_bf16(nullptr, dw.fcprojw, dw.fcprojb, dres16, act.fch_gelu, nullptr, N, F,
+                               C);
+      ready.through(lt.ready_fcproj);
+      if (gelu_in_gemm) {
+        // Through fcproj and the GELU in one GEMM, with fc's bias gradient (DGELU_BGRAD).
+        be_.matmul_dgelu_backward_bf16(a.d16_4c.data(), dw.fcb, dres16, w16.fcprojw, act.fch, N, F,
+                                       C);
+      } else {
+        be_.matmul_backward_bf16(a.d16_act.data(), nullptr, nullptr, dres16, nullptr, w16.fcprojw,
+                                 N, F, C);
+        if (cfg_.activation == Activation::kSwiGLU)
+          be_.swiglu_backward_bf16(a.d16_4c.data(), act.fch, a.d16_act.data(), N, F);
+        else be_.gelu_erf_backward_bf16(a.d16_4c.data(), act.fch, a.d16_act.data(), size_t(N) * F);
+      }
+      be_.matmul_backward_bf16(a.d16_c.data(), dw.fcw, gelu_in_gemm ? nullptr : dw.fcb,
+                               a.d16_4c.data(), act.ln2, w16.fcw, N, C, FC);
+      ready.through(lt.ready_fc);
     }
-    be_.matmul_backward_bf16(a.d16_c.data(), dw.fcw, gelu_in_gemm ? nullptr : dw.fcb,
-                             a.d16_4c.data(), act.ln2, w16.fcw, N, C, FC);
-    ready.through(lt.ready_fc);
     // Sequential: now w.r.t. residual2 (the residual path's gradient plus the MLP branch's),
     // and its bf16 copy for attproj. Parallel: the MLP read the block's input, so its gradient
     // collects into dres for the block's input while dres16 stays the block output's (which is
@@ -236,8 +251,7 @@ void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
     be_.matmul_backward_bf16(a.d16_c.data(), dw.attprojw, dw.attprojb, dres16, act.atty,
                              w16.attprojw, N, Q, C);
     ready.through(lt.ready_attproj);
-    be_.attention_backward_gqa_bf16(a.d16_3c.data(), a.datt.data(), a.d16_c.data(), act.qkv,
-                                    act.atty, act.att, B, T, NH, KVH, hs);
+    block_attention_backward_bf16(a.d16_3c.data(), a.d16_c.data(), act, B, T);
     rope_bf16(a.d16_3c.data(), N, T, true);
     be_.matmul_backward_bf16(a.d16_c.data(), dw.qkvw, dw.qkvb, a.d16_3c.data(), act.ln1, w16.qkvw,
                              N, C, QKV);

@@ -6,8 +6,9 @@
 // its chunks), so dp, cp, pp (1f1b, gpipe, interleaved), recompute and ZeRO-1/2 need only the
 // gradient groups (Note [Expert parallelism]). The balance losses and the capacity count this
 // rank's tokens: with cp (or tp) they are the ranks' own, not one loss over the whole sequence
-// as Megatron-Core sums the counts over tp × cp. Refused until built: bf16, ZeRO-3, HSDP with
-// ep > 1, zb-h1 (its W pass would need the routing again), and the hf form across stages.
+// as Megatron-Core sums the counts over tp × cp. bf16 widens ln2 for it (gpt_bf16_widen.cpp).
+// Refused until built: ZeRO-3, HSDP with ep > 1, zb-h1 (its W pass would need the routing
+// again), and the hf form across stages.
 //
 // Note [Mixtures and tp]
 // With tp a mixture needs sequence parallelism, as in Megatron-Core: each tp rank normalises

@@ -49,8 +49,6 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   check_tensor_parallel(cfg, tp_.size, tp_.sequence_parallel, T);
   // Note [Mixtures in the layouts] in src/model/gpt_moe.cpp.
   if (cfg.has_moe()) {
-    if (options.precision == Precision::kBf16)
-      input_error("model.moe with run.precision bf16: mixtures run in fp32 for now");
     if (tp_.size > 1 && !tp_.sequence_parallel)
       input_error("model.moe with parallel.tp {} needs parallel.sequence_parallel: each tp rank "
                   "routes its own rows (Note [Mixtures and tp] in src/model/gpt_moe.cpp)",
@@ -65,10 +63,6 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
                   "cp {} needs its communicator and two chunks "
                   "per rank (T {})",
                   cp_.size, T);
-    if (options.precision == Precision::kBf16)
-      input_error("parallel.cp {} runs with run.precision fp32 (the bf16 path has no attention "
-                  "by blocks yet)",
-                  cp_.size);
     cp_positions_ = cp_positions(T, cp_.size, cp_.rank);
   }
   const bool bf16 = precision_ == Precision::kBf16;
@@ -213,6 +207,7 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   }
   if (cfg.rotary_dims() > 0) make_rope_tables();
   make_moe_layers(B, T, options.slots);
+  make_widen_buffers(B, T);  // bf16 with cp or a mixture (Note [Widening at the bf16 boundary])
   // Zero now and after every reduction (Note [Sequence-parallel LayerNorm gradients]).
   a.dln_partials = floats((2 * size_t(stage_.num_layers) + 1) * 2 * C);
   be_.fill_zero(a.dln_partials.data(), a.dln_partials.size() * sizeof(float));
@@ -315,9 +310,10 @@ size_t GPT::activation_bytes() const {
   for (const auto& b : recompute16_) halves += b.size();
   const Scratch& a = *scratch_;
   for (const auto* v :
-       {&a.full_c, &a.stage, &a.ln_out, &a.dresidual, &a.dfull, &a.dbuf_c, &a.dbuf_c2, &a.dbuf_3c,
-        &a.dbuf_4c, &a.dbuf_4c2, &a.datt, &a.dln_partials, &a.ce_stats, &a.ce_all, &a.rope_cos,
-        &a.rope_sin, &a.dparallel, &a.cp_wpe, &a.cp_dwpe})
+       {&a.full_c,   &a.stage,   &a.ln_out,   &a.dresidual, &a.dfull,     &a.dbuf_c,
+        &a.dbuf_c2,  &a.dbuf_3c, &a.dbuf_4c,  &a.dbuf_4c2,  &a.datt,      &a.dln_partials,
+        &a.ce_stats, &a.ce_all,  &a.rope_cos, &a.rope_sin,  &a.dparallel, &a.cp_wpe,
+        &a.cp_dwpe,  &a.wide_in, &a.wide_out, &a.wide_dout, &a.wide_dinp})
     floats += v->size();
   for (const auto* v : {&a.dresidual16, &a.d16_c, &a.d16_3c, &a.d16_4c, &a.d16_act})
     halves += v->size();

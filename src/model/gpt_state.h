@@ -67,6 +67,10 @@ struct GPT::Scratch {
   // d16_act: the activation's output gradient [N, hidden] where it is not in fcproj's GEMM
   // (exact GELU, SwiGLU).
   BackendBuffer<bfloat16> dresidual16, d16_c, d16_3c, d16_4c, d16_act;
+  // bf16 with cp or a mixture (Note [Widening at the bf16 boundary]): an input widened to fp32
+  // (q|k|v, or ln2), the attention's output, its widened output gradient, and the fp32 input
+  // gradient (dq|dk|dv, or dln2) before its rounding. Empty otherwise.
+  BackendBuffer<float> wide_in, wide_out, wide_dout, wide_dinp;
 };
 
 // Null where the block has no such tensor (biases with model.bias false, RMSNorm's shift).

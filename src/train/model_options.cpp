@@ -110,10 +110,6 @@ void check_context_parallel(const Deck& deck, int cp) {
     input_error("model.seq_len {} must be a multiple of 2 * parallel.cp = {}: each sequence is "
                 "split into 2 * cp chunks, two per cp rank (Note [Context parallelism])",
                 T, 2 * cp);
-  if (deck.run.precision != "fp32")
-    input_error("parallel.cp {} runs with run.precision fp32 (the bf16 path has no attention by "
-                "blocks yet)",
-                cp);
 }
 
 void check_moe_deck(const Deck& deck, const GPTConfig& cfg, int dp_cp) {
@@ -129,11 +125,6 @@ void check_moe_deck(const Deck& deck, const GPTConfig& cfg, int dp_cp) {
     input_error("parallel.ep {} must divide model.moe.experts {} and dp × cp = {} (the experts "
                 "are divided over ep ranks taken from dp × cp)",
                 ep, E, dp_cp);
-  if (deck.run.precision != "fp32")
-    input_error("model.moe with run.precision {}: mixtures run in fp32 for now (the router, "
-                "permutation and expert GEMMs have no bf16 ops; the rest of the model's bf16 "
-                "path does not reach a mixture layer)",
-                deck.run.precision);
   // Note [Mixtures on a device]
   // A device runs the mixture through its ops (Note [Mixture ops]) in fp32; the sigmoid
   // router's loads are host numbers, summed over the host's dp × cp and tp groups

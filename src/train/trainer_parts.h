@@ -13,7 +13,7 @@ namespace trident {
 // precision and the loss seed. Refuses (input_error, identically on every rank) what the
 // layout cannot run, before anything is allocated.
 // Refuses (input_error) a context-parallel size the deck cannot run: seq_len not a multiple of
-// 2·cp, bf16 activations (run.precision bf16: that path has no attention by blocks).
+// 2·cp.
 void check_context_parallel(const Deck& deck, int cp);
 // Mixtures and expert parallelism against the run (Note [Mixtures in the layouts] in
 // src/model/gpt_moe.cpp): input_error naming the keys of what is not built or cannot be.

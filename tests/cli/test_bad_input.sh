@@ -112,7 +112,7 @@ expect moe-with-zb-h1 "model.moe with parallel.schedule zb-h1" -- "${mpi[@]}" "$
 expect moe-hf-aux-with-pp "model.moe.aux_loss hf with parallel.pp 2" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" "${moe[@]}" --set parallel.pp=2 --set model.moe.aux_loss=hf
 expect moe-sigmoid-with-switch "model.moe.aux_loss switch with model.moe.router sigmoid" -- "$bin" train deck.yaml "${common[@]}" "${moe[@]}" --set model.moe.router=sigmoid --set model.moe.aux_loss=switch
 expect moe-shared-gate-alone "model.moe.shared_gate needs model.moe.shared_experts > 0" -- "$bin" train deck.yaml "${common[@]}" "${moe[@]}" --set model.moe.shared_gate=true
-# bf16 is the GPU's, where mixtures do not run: the CPU refuses the precision first.
+# bf16 is the GPU's (mixtures run there in bf16 too): the CPU refuses the precision.
 expect moe-with-bf16 "run.precision bf16" -- "$bin" train deck.yaml "${common[@]}" "${moe[@]}" --set run.precision=bf16
 
 # A bad llm.c checkpoint

@@ -124,6 +124,22 @@ inline Errors check_cast_to_bf16(Backend& gpu, size_t n, size_t offset, uint32_t
   return {{"bits", bits_differ(download(gpu, d_out.data() + offset, n), want), 0.0}};
 }
 
+// cast_to_fp32: the exact widening, bitwise the host's to_float (NaN payloads aside: the
+// inputs are finite). Fraction of floats whose bits differ.
+inline Errors check_cast_to_fp32(Backend& gpu, size_t n, size_t offset, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const std::vector<bfloat16> in = random_bf16(n, rng, -100.0, 100.0);
+  std::vector<float> want(n);
+  cpu_twin()->cast_to_fp32(want.data(), in.data(), n);
+  BackendBuffer<bfloat16> d_in = upload(gpu, in, offset);
+  BackendBuffer<float> d_out = poisoned<float>(gpu, n, offset);
+  gpu.cast_to_fp32(d_out.data() + offset, d_in.data() + offset, n);
+  const std::vector<float> got = download(gpu, d_out.data() + offset, n);
+  size_t bad = 0;
+  for (size_t i = 0; i < n; ++i) bad += std::memcmp(&got[i], &want[i], sizeof(float)) != 0;
+  return {{"bits", n ? double(bad) / double(n) : 0.0, 0.0}};
+}
+
 inline Errors check_gelu_forward_bf16(Backend& gpu, size_t n, size_t offset, uint32_t seed) {
   std::mt19937 rng(seed);
   const std::vector<bfloat16> inp = random_bf16(n, rng, -8.0, 8.0);

@@ -33,6 +33,13 @@ TEST(CudaBf16, CastToBf16IsRoundToNearestEven) {
     for (size_t off : kOffsets) expect_within(check_cast_to_bf16(*gpu, n, off, 101), flat(n, off));
 }
 
+TEST(CudaBf16, CastToFp32IsExact) {
+  TRIDENT_REQUIRE_GPU();
+  const std::unique_ptr<Backend> gpu = make_cuda_backend();
+  for (size_t n : kSizes)
+    for (size_t off : kOffsets) expect_within(check_cast_to_fp32(*gpu, n, off, 111), flat(n, off));
+}
+
 TEST(CudaBf16, GeluForwardMatchesCpu) {
   TRIDENT_REQUIRE_GPU();
   const std::unique_ptr<Backend> gpu = make_cuda_backend();
@@ -188,6 +195,7 @@ TEST(CudaBf16Checks, AgreeWithThemselvesOnTheCpu) {
   const std::unique_ptr<Backend> cpu = cpu_twin();
   std::vector<std::pair<std::string, Errors>> all;
   all.push_back({"cast", check_cast_to_bf16(*cpu, 37, 1, 1)});
+  all.push_back({"widen", check_cast_to_fp32(*cpu, 37, 1, 1)});
   all.push_back({"gelu fwd", check_gelu_forward_bf16(*cpu, 37, 1, 1)});
   all.push_back({"gelu bwd", check_gelu_backward_bf16(*cpu, 37, 1, 1)});
   all.push_back({"layernorm fwd", check_layernorm_forward_bf16(*cpu, 5, 13, 1)});

@@ -328,6 +328,10 @@ class StrictDeviceBackend final : public Backend {
     Open open(*this);
     cpu_->cast_to_bf16(out, inp, n);
   }
+  void cast_to_fp32(float* out, const bfloat16* inp, size_t n) override {
+    Open open(*this);
+    cpu_->cast_to_fp32(out, inp, n);
+  }
   void adamw_update_bf16(float* params, bfloat16* params16, float* m, float* v, const float* grads,
                          size_t n, float lr, float beta1, float beta2, float eps,
                          float weight_decay, int t, float grad_scale) override {
@@ -587,7 +591,7 @@ class StrictDeviceComm final : public Communicator {
     StrictDeviceBackend::Open open(be_, /*op=*/false);
     Work w = fn();
     w.wait();
-    return Work();
+    return w;  // complete, its record readable (cp's grouped ring times its exchanges)
   }
   Work start_all_reduce(void* data, size_t count, ElemType type) override {
     return start_all_reduce_op(data, count, type, ReduceOp::kSum, {});

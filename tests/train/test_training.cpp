@@ -27,18 +27,23 @@ using TrainedRun = testing::RunResult;
 
 TrainedRun train(const Deck& deck, int steps) { return testing::run_steps(deck, nullptr, steps); }
 
-// cp runs on either backend (the CUDA one has attention by blocks since issue 43, part 5) in
-// fp32; bf16 activations have no blocks, and the refusal names the key (exit 2).
-TEST(ContextParallelChecks, Bf16IsRefusedByItsKey) {
-  Deck d = tiny_deck();
-  EXPECT_NO_THROW(check_context_parallel(d, 2));
-  d.run.precision = "bf16";
-  try {
-    check_context_parallel(d, 2);
-    FAIL() << "run.precision bf16 with parallel.cp 2 was not refused";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kBadInput);
-    EXPECT_NE(std::string(e.what()).find("run.precision"), std::string::npos) << e.what();
+// cp runs on either backend (the CUDA one has attention by blocks since issue 43, part 5), in
+// fp32 and in bf16 (widened at the boundary: Note [Widening at the bf16 boundary] in
+// src/model/gpt_bf16_widen.cpp); a sequence that does not split into 2·cp chunks is refused
+// by its key (exit 2), whatever the precision.
+TEST(ContextParallelChecks, Bf16IsAcceptedAndAnUnevenSplitRefused) {
+  Deck d = tiny_deck();  // seq_len 32
+  for (const char* precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    d.run.precision = precision;
+    EXPECT_NO_THROW(check_context_parallel(d, 2));
+    try {
+      check_context_parallel(d, 3);
+      FAIL() << "seq_len 32 with parallel.cp 3 was not refused";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ExitCode::kBadInput);
+      EXPECT_NE(std::string(e.what()).find("model.seq_len"), std::string::npos) << e.what();
+    }
   }
 }
 

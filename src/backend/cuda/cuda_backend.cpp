@@ -394,6 +394,10 @@ class CudaBackend final : public Backend {
     Op op(*this, "cast bf16");
     cuda::cast_f32_to_bf16_cuda(dev(out), inp, n, stream_);
   }
+  void cast_to_fp32(float* out, const bfloat16* inp, size_t n) override {
+    Op op(*this, "cast fp32");
+    cuda::cast_bf16_to_f32_cuda(out, dev(inp), 1.0f, n, stream_);
+  }
   void adamw_update_bf16(float* params, bfloat16* params16, float* m, float* v, const float* grads,
                          size_t n, float lr, float beta1, float beta2, float eps,
                          float weight_decay, int t, float grad_scale) override {
