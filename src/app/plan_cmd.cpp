@@ -224,12 +224,14 @@ int run_plan(const PlanArgs& args) {
     fmt::print("plan: {}; trident's GPU kernels for this block are built but have not yet run "
                "on a GPU (tools/gpu-check.sh), so this plan is a target for it\n",
                describe_block(block));
-  // What the trainer refuses at run.precision bf16 (model_options.cpp) is still priced in the
-  // file's bf16, as a target: say so, not as a layout that runs today.
+  // Note [Widening at the bf16 boundary] (src/model/gpt_bf16_widen.cpp): a bf16 run computes
+  // cp's attention and the mixtures through the fp32 ops, which the plan prices at the file's
+  // bf16 rates: say so where the search may choose them.
   if (hw.kind == "gpu" && hw.dtype == "bf16" && !args.json)
-    fmt::print("plan: priced in bf16; trident runs {}context parallelism (cp > 1) with "
-               "run.precision fp32 only for now, so such layouts here are targets\n",
-               model.block.has_moe() ? "mixtures of experts and " : "");
+    fmt::print("plan: priced in bf16; trident's bf16 runs compute {}context parallelism's "
+               "attention (cp > 1) in fp32 ops on bf16 inputs, priced here at bf16 rates (a "
+               "target until a GPU has measured them)\n",
+               model.block.has_moe() ? "the mixtures and " : "");
   const int deck_dp = deck.parallel.dp > 0 ? deck.parallel.dp : 1;
   const int global_batch = args.global_batch > 0
                                ? args.global_batch
