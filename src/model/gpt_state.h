@@ -67,6 +67,11 @@ struct GPT::Scratch {
   // d16_act: the activation's output gradient [N, hidden] where it is not in fcproj's GEMM
   // (exact GELU, SwiGLU).
   BackendBuffer<bfloat16> dresidual16, d16_c, d16_3c, d16_4c, d16_act;
+  // bf16 with tp (Note [bf16 with tp] in gpt_bf16_tp.cpp): with SP, a norm's output on this
+  // rank's rows [Nr,C], the bf16 gathers' staging [N,C] and the gathered gradient [N,C]; on the
+  // last stage, the head's fp32 logits of this rank's vocabulary [N,V/tp].
+  BackendBuffer<bfloat16> ln16_local, stage16, dfull16;
+  BackendBuffer<float> logits32;
 };
 
 // Null where the block has no such tensor (biases with model.bias false, RMSNorm's shift).
