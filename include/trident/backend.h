@@ -337,9 +337,14 @@ class Backend {
   virtual void matmul_forward_bf16(bfloat16* out, const bfloat16* inp, const bfloat16* w,
                                    const float* bias, int N, int C, int OC);
   // out[N,OC] = residual + inp · wᵀ + bias, in fp32 (out may alias residual): a row-parallel
-  // linear layer and the residual add after it in one op.
+  // linear layer and the residual add after it in one op. A null residual adds nothing: the
+  // fp32 partial sum a row-parallel linear reduces over tp first (Note [bf16 with tp]).
   virtual void matmul_forward_add_bf16(float* out, const float* residual, const bfloat16* inp,
                                        const bfloat16* w, const float* bias, int N, int C, int OC);
+  // dinp[N,C] = dout · w in fp32 (assign): a column-parallel linear's input gradient, a partial
+  // sum reduced over tp before its one rounding (Note [bf16 with tp]).
+  virtual void matmul_backward_input_fp32_bf16(float* dinp, const bfloat16* dout, const bfloat16* w,
+                                               int N, int C, int OC);
   // dinp = bf16(dout · w); dw += doutᵀ · inp; dbias += column sums of dout. Null: skipped.
   virtual void matmul_backward_bf16(bfloat16* dinp, float* dw, float* dbias, const bfloat16* dout,
                                     const bfloat16* inp, const bfloat16* w, int N, int C, int OC);

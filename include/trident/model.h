@@ -117,8 +117,9 @@ Recompute parse_recompute(const std::string& text);  // "none" | "mlp" | "full"
 
 // The activations' storage type (run.precision): fp32 everywhere, or bf16 for what the GEMMs,
 // attention and GELU read (Note [bf16 activations] in src/backend/bf16_ops.cpp). bf16 runs with
-// tp = 1, an unsplit backward and the head's gradient in one piece (checked when the GPT is
-// built, and for decks by the deck reader).
+// any tp (Note [bf16 with tp] in src/model/gpt_bf16_tp.cpp) but without tp's overlap, with an
+// unsplit backward and the head's gradient in one piece (checked when the GPT is built, and for
+// decks by the deck reader).
 enum class Precision { kFp32, kBf16 };
 Precision parse_precision(const std::string& text);  // "fp32" | "bf16"
 
@@ -511,6 +512,20 @@ class GPT {
   float head_forward_bf16(Slot& s, const float* residual, const int32_t* targets, int B, int T);
   void backward_bf16(int slot, float dloss_scale, const float* dstage_output, float* dstage_input,
                      const GradReadyFn& on_ready, const EmbeddingRowSink* sink);
+  // The bf16 path with tp > 1 (gpt_bf16_tp.cpp; Note [bf16 with tp]).
+  void gather_rows_bf16(bfloat16* full, const bfloat16* local, int B, int T, int C);
+  void norm_gathered_bf16(bfloat16* out_full, float* mean, float* rstd, const float* inp,
+                          const float* w, const float* b, int B, int T);
+  void norm_gathered_backward_bf16(float* dres, bfloat16* dres16, float* dw, float* db,
+                                   float* dout_partial, const float* inp, const float* w,
+                                   const float* mean, const float* rstd, int B, int T, int ln,
+                                   bool reduce);
+  void block_forward_bf16_tp(const BlockWeights& w, const BlockWeights16& w16, const BlockActs16& a,
+                             const float* residual_in, int B, int T);
+  float head_forward_bf16_tp(Slot& s, const float* residual, const int32_t* targets, int B, int T);
+  void backward_bf16_tp(int slot, float dloss_scale, const float* dstage_output,
+                        float* dstage_input, const GradReadyFn& on_ready,
+                        const EmbeddingRowSink* sink, bool last_micro_batch);
   // The mean of the slot's per-token losses, read on the host.
   float mean_loss(Slot& s, int N);
   // backward and backward_input (gpt_backward.cpp): the whole backward, or its B part.

@@ -84,7 +84,15 @@ void Backend::matmul_forward_add_bf16(float* out, const float* residual, const b
   const std::vector<float> x = widen(inp, size_t(N) * C), wf = widen(w, size_t(OC) * C);
   std::vector<float> y(size_t(N) * OC);
   matmul_forward(y.data(), x.data(), wf.data(), bias, N, C, OC);
-  add(out, residual, y.data(), y.size());
+  if (residual) add(out, residual, y.data(), y.size());
+  else std::memcpy(out, y.data(), y.size() * sizeof(float));
+}
+
+void Backend::matmul_backward_input_fp32_bf16(float* dinp, const bfloat16* dout, const bfloat16* w,
+                                              int N, int C, int OC) {
+  host_only(*this, __func__);
+  const std::vector<float> d = widen(dout, size_t(N) * OC), wf = widen(w, size_t(OC) * C);
+  matmul_backward(dinp, nullptr, nullptr, d.data(), nullptr, wf.data(), N, C, OC);
 }
 
 void Backend::matmul_backward_bf16(bfloat16* dinp, float* dw, float* dbias, const bfloat16* dout,

@@ -190,7 +190,8 @@ const std::vector<Key>& table() {
        .help = "cuda attention: cuDNN fused attention where it has a plan (auto), or force one"},
       {.name = "run.precision", .field = at<&Deck::run, &RunConfig::precision>(),
        .text = Text::kEnum, .choices = {"fp32", "bf16"},
-       .help = "activations: fp32, or bf16 for what the GEMMs read (cuda, tp 1)"},
+       .help = "activations: fp32, or bf16 for what the GEMMs read (cuda; with tp, no "
+               "parallel.tp_overlap)"},
 
       {.name = "parallel.dp", .field = at<&Deck::parallel, &ParallelConfig::dp>(), .min = ge(0),
        .help = "data-parallel ranks; 0: world size / (tp * pp * cp)"},
@@ -229,7 +230,8 @@ const std::vector<Key>& table() {
                "input-gradient sums travel while the weight gradients are computed (Note "
                "[Tensor-parallel overlap] in src/model/tp_overlap.h); CPU backend. auto: where it "
                "wins, when the tp group spans nodes or comm.emulate_groups names tp (on one "
-               "node's shared memory the bytes move only while compute waits)"},
+               "node's shared memory the bytes move only while compute waits); fp32 only (off "
+               "with run.precision bf16)"},
       {.name = "parallel.tp_overlap_chunks",
        .field = at<&Deck::parallel, &ParallelConfig::tp_overlap_chunks>(), .min = ge(0),
        .help = "with parallel.tp_overlap: the pieces each rank's ring chunk is cut into with "

@@ -170,7 +170,8 @@ void GPT::release_full_params() {
   if (precision_ != Precision::kBf16) return;
   params16_ = BackendBuffer<bfloat16>();  // Note [bf16 unit gathers]
   if (cfg_.tied_head && stage_.has_head && tied_head16_.empty())
-    tied_head16_ = BackendBuffer<bfloat16>(be_, size_t(cfg_.padded_vocab) * cfg_.channels);
+    tied_head16_ =
+        BackendBuffer<bfloat16>(be_, size_t(cfg_.padded_vocab / tp_.size) * cfg_.channels);
 }
 
 void GPT::zero_grads() {
@@ -345,7 +346,9 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, int 
   if (!head_chunk(s)) return 0.0f;
   if (param_use_) param_use_(ParamPass::kForward, table_->head_uses);
   Phase ph(be_, phases_, table_->forward_head);
-  if (precision_ == Precision::kBf16) return head_forward_bf16(s, residual, targets, B, T);
+  if (precision_ == Precision::kBf16)  // Note [bf16 with tp] (gpt_bf16_tp.cpp) for tp > 1
+    return tp_.size > 1 ? head_forward_bf16_tp(s, residual, targets, B, T)
+                        : head_forward_bf16(s, residual, targets, B, T);
   Slot& h = head(s);
   norm_gathered(h.lnf.data(), h.lnf_mean.data(), h.lnf_rstd.data(), residual,
                 head_weights() + table_->lnfw, at(head_weights(), table_->lnfb), B, T, C);

@@ -87,7 +87,12 @@ Work GPT::column_backward(float* dinp, float* dw, float* db, const float* dout, 
 void GPT::backward(int slot, float dloss_scale, const float* dstage_output, float* dstage_input,
                    const GradReadyFn& on_ready, const EmbeddingRowSink* sink,
                    bool last_micro_batch) {
-  if (precision_ == Precision::kBf16) {  // tp 1: no sequence-parallel partial sums to hold
+  if (precision_ == Precision::kBf16 && tp_.size > 1) {  // Note [bf16 with tp]
+    backward_bf16_tp(slot, dloss_scale, dstage_output, dstage_input, on_ready, sink,
+                     last_micro_batch);
+    return;
+  }
+  if (precision_ == Precision::kBf16) {
     backward_bf16(slot, dloss_scale, dstage_output, dstage_input, on_ready, sink);
     return;
   }

@@ -1,9 +1,10 @@
 // The bf16 path (GPTOptions::precision, Note [bf16 activations] in src/backend/bf16_ops.cpp):
 // the same model and the same gradients as gpt.cpp and gpt_backward.cpp, every family's block
-// (Note [Block shapes]), in the ops that read bf16 without a cast pass, with tp = 1. The
-// residual stream and its gradient stay fp32; the row-parallel linears add into the residual in
-// their own op (matmul_forward_add_bf16) and the norm's backward adds into the residual gradient
-// (layernorm_backward_add_bf16), which also writes the bf16 copy the next GEMMs read. The loss
+// (Note [Block shapes]), in the ops that read bf16 without a cast pass, with tp = 1 (tp > 1:
+// Note [bf16 with tp] in gpt_bf16_tp.cpp). The residual stream and its gradient stay fp32;
+// the row-parallel linears add into the residual in their own op (matmul_forward_add_bf16)
+// and the norm's backward adds into the residual gradient (layernorm_backward_add_bf16), which
+// also writes the bf16 copy the next GEMMs read. The loss
 // and its logit gradient are one pass in forward (crossentropy_fused_bf16), so backward starts
 // at the LM head's GEMMs. GPT-2's tanh GELU is in fc's GEMM (forward) and fcproj's input-gradient
 // GEMM (backward); exact GELU and SwiGLU are ops of their own after and before them.
@@ -67,7 +68,9 @@ void GPT::norm_backward_add_bf16(float* dresidual, bfloat16* dresidual16, float*
 void GPT::rope_bf16(bfloat16* qkv, int N, int T, bool backward) {
   const int rot = cfg_.rotary_dims();
   if (rot == 0) return;
-  const int NH = cfg_.heads, KVH = cfg_.kv_head_count(), hs = cfg_.head_size();
+  // This rank's heads (Note [bf16 with tp] in gpt_bf16_tp.cpp).
+  const int NH = cfg_.heads / tp_.size, KVH = cfg_.kv_head_count() / tp_.size;
+  const int hs = cfg_.head_size();
   const float *cos = scratch_->rope_cos.data(), *sin = scratch_->rope_sin.data();
   if (backward) be_.rope_backward_bf16(qkv, cos, sin, N, T, NH, KVH, hs, rot);
   else be_.rope_forward_bf16(qkv, cos, sin, N, T, NH, KVH, hs, rot);
@@ -76,7 +79,7 @@ void GPT::rope_bf16(bfloat16* qkv, int N, int T, bool backward) {
 // fc and its activation: fch = fc's output, fch_gelu = the activation's.
 void GPT::mlp_up_forward_bf16(const BlockWeights& w, const BlockWeights16& w16,
                               const BlockActs16& a, int N) {
-  const int C = cfg_.channels, F = cfg_.hidden(), FC = cfg_.fc_rows();
+  const int C = cfg_.channels, F = cfg_.hidden() / tp_.size, FC = cfg_.fc_rows() / tp_.size;
   if (cfg_.activation == Activation::kGeluTanh) {
     be_.matmul_gelu_forward_bf16(a.fch_gelu, a.fch, a.ln2, w16.fcw, w.fcb, N, C, FC);
     return;
@@ -89,6 +92,10 @@ void GPT::mlp_up_forward_bf16(const BlockWeights& w, const BlockWeights16& w16,
 void GPT::block_forward_bf16(int slot, int local_layer, const BlockWeights& w,
                              const BlockWeights16& w16, const BlockActs16& a,
                              const float* residual_in, int B, int T) {
+  if (tp_.size > 1) {  // Note [bf16 with tp] (gpt_bf16_tp.cpp)
+    block_forward_bf16_tp(w, w16, a, residual_in, B, T);
+    return;
+  }
   const int C = cfg_.channels, N = B * T, Q = cfg_.heads * cfg_.head_size();
   norm_forward_bf16(a.ln1, a.ln1_mean, a.ln1_rstd, residual_in, w.ln1w, w.ln1b, N, C);
   be_.matmul_forward_bf16(a.qkv, a.ln1, w16.qkvw, w.qkvb, N, C, cfg_.qkv_rows());

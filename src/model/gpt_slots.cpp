@@ -66,11 +66,15 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
     cp_positions_ = cp_positions(T, cp_.size, cp_.rank);
   }
   const bool bf16 = precision_ == Precision::kBf16;
-  // The bf16 path is the one-GPU-per-replica model for now (Note [bf16 activations]).
-  if (bf16 && tp_.size > 1)
-    input_error("run.precision bf16 runs with tensor parallelism 1 (this run has tp {}); use "
-                "run.precision fp32 for tp > 1",
-                tp_.size);
+  // Note [bf16 with tp] (gpt_bf16_tp.cpp): the chunked rings are fp32's (the deck refuses both).
+  // Note [bf16 with tp]: its block is the dense, one-rank-attention one for now.
+  if (bf16 && tp_.size > 1 && (cp_.size > 1 || cfg.has_moe()))
+    input_error("run.precision bf16 with parallel.tp {} and {}: the bf16 tp block has no "
+                "widened attention by blocks or mixture yet; use run.precision fp32 or tp 1",
+                tp_.size, cp_.size > 1 ? "parallel.cp > 1" : "model.moe");
+  if (bf16 && tp_.size > 1 && tp_.overlap)
+    input_error("run.precision bf16 with parallel.tp_overlap true: the chunked tp rings run in "
+                "fp32 only; set parallel.tp_overlap false (or auto)");
   if (bf16 && !options.wte_piece_rows.empty())
     internal_error(__FILE__, __LINE__, "bf16 with the head's gradient in pieces");
   if (stage_.num_layers < 0) stage_.num_layers = cfg.layers - stage_.first_layer;
@@ -182,12 +186,20 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
                                     sp ? a.full_c.data() : nullptr, tp_times_);
   }
   a.dresidual = floats(Nr * C);
-  if (bf16) {  // tp 1: no LayerNorm staging; the gradients between ops are bf16
-    a.dresidual16 = halves(N * C);
+  if (bf16) {  // the gradients between ops are bf16
+    a.dresidual16 = halves(Nr * C);
     a.d16_c = halves(N * C);
     a.d16_3c = halves(N * QKVl);
     a.d16_4c = halves(N * FCl);  // the GELU's input gradient (DGELU in fcproj's GEMM)
     if (cfg.activation != Activation::kGeluTanh) a.d16_act = halves(N * Fl);
+    if (tps > 1) {  // Note [bf16 with tp]: the fp32 partial input gradients and their sum
+      a.dbuf_c = floats(N * C);
+      if (tp_.sequence_parallel) {
+        a.ln_out = floats(Nr * C);
+        a.ln16_local = halves(Nr * C), a.stage16 = halves(N * C), a.dfull16 = halves(N * C);
+      }
+      if (stage_.has_head) a.logits32 = floats(N * Vl);
+    }
   } else {
     a.ln_out = floats(Nr * C);
     a.dbuf_c = floats(N * C);
@@ -313,9 +325,10 @@ size_t GPT::activation_bytes() const {
        {&a.full_c,   &a.stage,   &a.ln_out,   &a.dresidual, &a.dfull,     &a.dbuf_c,
         &a.dbuf_c2,  &a.dbuf_3c, &a.dbuf_4c,  &a.dbuf_4c2,  &a.datt,      &a.dln_partials,
         &a.ce_stats, &a.ce_all,  &a.rope_cos, &a.rope_sin,  &a.dparallel, &a.cp_wpe,
-        &a.cp_dwpe,  &a.wide_in, &a.wide_out, &a.wide_dout, &a.wide_dinp})
+        &a.cp_dwpe,  &a.wide_in, &a.wide_out, &a.wide_dout, &a.wide_dinp, &a.logits32})
     floats += v->size();
-  for (const auto* v : {&a.dresidual16, &a.d16_c, &a.d16_3c, &a.d16_4c, &a.d16_act})
+  for (const auto* v : {&a.dresidual16, &a.d16_c, &a.d16_3c, &a.d16_4c, &a.d16_act, &a.ln16_local,
+                        &a.stage16, &a.dfull16})
     halves += v->size();
   const size_t cp_buffers = cp_attention_ ? cp_attention_->buffer_bytes() : 0;
   size_t moe_buffers = 0;

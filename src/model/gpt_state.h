@@ -71,6 +71,11 @@ struct GPT::Scratch {
   // (q|k|v, or ln2), the attention's output, its widened output gradient, and the fp32 input
   // gradient (dq|dk|dv, or dln2) before its rounding. Empty otherwise.
   BackendBuffer<float> wide_in, wide_out, wide_dout, wide_dinp;
+  // bf16 with tp (Note [bf16 with tp] in gpt_bf16_tp.cpp): with SP, a norm's output on this
+  // rank's rows [Nr,C], the bf16 gathers' staging [N,C] and the gathered gradient [N,C]; on the
+  // last stage, the head's fp32 logits of this rank's vocabulary [N,V/tp].
+  BackendBuffer<bfloat16> ln16_local, stage16, dfull16;
+  BackendBuffer<float> logits32;
 };
 
 // Null where the block has no such tensor (biases with model.bias false, RMSNorm's shift).

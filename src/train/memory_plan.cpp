@@ -132,10 +132,10 @@ void check_memory_plan(const GPTConfig& cfg, int B, int T, const GPTOptions& opt
   // the shards' bf16 copy and a tied head's cast are held. The pool is the fp32 pool's size.
   if (zero3.on && backend.is_device() && options.precision == Precision::kBf16) {
     const double copy16 = double(param_floats) * 2;
-    const double kept16 =
-        double(shard_floats) * 2 + (cfg.tied_head && options.stage.has_head
-                                        ? double(cfg.padded_vocab) * cfg.channels * 2
-                                        : 0.0);
+    const double kept16 = double(shard_floats) * 2 +
+                          (cfg.tied_head && options.stage.has_head
+                               ? double(cfg.padded_vocab / options.tp.size) * cfg.channels * 2
+                               : 0.0);
     acts -= copy16;
     params += kept16;
     need += kept16 - copy16;

@@ -110,6 +110,10 @@ void check_context_parallel(const Deck& deck, int cp) {
     input_error("model.seq_len {} must be a multiple of 2 * parallel.cp = {}: each sequence is "
                 "split into 2 * cp chunks, two per cp rank (Note [Context parallelism])",
                 T, 2 * cp);
+  if (deck.run.precision == "bf16" && deck.parallel.tp > 1)  // Note [bf16 with tp]
+    input_error("run.precision bf16 with parallel.cp {} and parallel.tp {}: the bf16 tp block has "
+                "no widened attention by blocks yet; use run.precision fp32 or tp 1",
+                cp, deck.parallel.tp);
 }
 
 void check_moe_deck(const Deck& deck, const GPTConfig& cfg, int dp_cp) {
@@ -132,6 +136,10 @@ void check_moe_deck(const Deck& deck, const GPTConfig& cfg, int dp_cp) {
   if (p.tp > 1 && !p.sequence_parallel)
     input_error("model.moe with parallel.tp {} needs parallel.sequence_parallel true: each tp "
                 "rank routes its own rows, as Megatron-Core's experts with tp do",
+                p.tp);
+  if (deck.run.precision == "bf16" && p.tp > 1)  // Note [bf16 with tp]
+    input_error("model.moe with run.precision bf16 and parallel.tp {}: the bf16 tp block has no "
+                "mixture yet; use run.precision fp32 or tp 1",
                 p.tp);
   if (p.zero == 3)
     input_error("model.moe with parallel.zero 3: the mixture's tensors are not gathered by "
@@ -162,10 +170,11 @@ void check_moe_deck(const Deck& deck, const GPTConfig& cfg, int dp_cp) {
 // waits, and the chunks would only cost their copies and smaller GEMMs (docs/perf.md). On a
 // device auto is off: its rings (Note [Tensor-parallel ring on a device]) never ran on one, so
 // no measurement says where they win; true runs them. MPI_Comm_split_type is collective over
-// tp: every tp rank resolves it at the same point.
+// tp: every tp rank resolves it at the same point. bf16 has no rings (Note [bf16 with tp]).
 bool tp_overlap_on(const Deck& deck, MpiComm& tp, bool device) {
   const std::string& mode = deck.parallel.tp_overlap;
   if (mode == "false" || tp.size() == 1) return false;
+  if (deck.run.precision == "bf16" && mode == "auto") return false;
   if (mode == "true") return true;
   if (device) return false;
   MPI_Comm node = MPI_COMM_NULL;

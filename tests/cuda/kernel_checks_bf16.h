@@ -275,6 +275,39 @@ inline Errors check_matmul_forward_add_bf16(Backend& gpu, int N, int C, int OC, 
   return errors;
 }
 
+// The row-parallel partial sum (Note [bf16 with tp]): matmul_forward_add_bf16 with no residual
+// writes out = inp · wᵀ + bias in fp32 over a poisoned buffer.
+inline Errors check_matmul_forward_partial_bf16(Backend& gpu, int N, int C, int OC, bool with_bias,
+                                                uint32_t seed) {
+  std::mt19937 rng(seed);
+  const std::vector<bfloat16> inp = random_bf16(size_t(N) * C, rng),
+                              w = random_bf16(size_t(OC) * C, rng);
+  const std::vector<float> bias = random_floats(OC, rng);
+  std::vector<float> out(size_t(N) * OC);
+  cpu_twin()->matmul_forward_add_bf16(out.data(), nullptr, inp.data(), w.data(),
+                                      with_bias ? bias.data() : nullptr, N, C, OC);
+  BackendBuffer<bfloat16> d_inp = upload(gpu, inp), d_w = upload(gpu, w);
+  BackendBuffer<float> d_bias = upload(gpu, bias), d_out = poisoned<float>(gpu, out.size());
+  gpu.matmul_forward_add_bf16(d_out.data(), nullptr, d_inp.data(), d_w.data(),
+                              with_bias ? d_bias.data() : nullptr, N, C, OC);
+  return {{"out", err_vs(download(gpu, d_out.data(), out.size()), out), kGemmTol}};
+}
+
+// A column-parallel input gradient in fp32 (Note [bf16 with tp]): dinp = dout · w, assigned
+// over a poisoned buffer.
+inline Errors check_matmul_backward_input_fp32_bf16(Backend& gpu, int N, int C, int OC,
+                                                    uint32_t seed) {
+  std::mt19937 rng(seed);
+  const std::vector<bfloat16> w = random_bf16(size_t(OC) * C, rng),
+                              dout = random_bf16(size_t(N) * OC, rng);
+  std::vector<float> dinp(size_t(N) * C);
+  cpu_twin()->matmul_backward_input_fp32_bf16(dinp.data(), dout.data(), w.data(), N, C, OC);
+  BackendBuffer<bfloat16> d_w = upload(gpu, w), d_dout = upload(gpu, dout);
+  BackendBuffer<float> d_dinp = poisoned<float>(gpu, dinp.size());
+  gpu.matmul_backward_input_fp32_bf16(d_dinp.data(), d_dout.data(), d_w.data(), N, C, OC);
+  return {{"dinp", err_vs(download(gpu, d_dinp.data(), dinp.size()), dinp), kGemmTol}};
+}
+
 // Which of dinp, dw, dbias are asked for: each is skipped when null.
 struct MatmulGrads {
   bool dinp = true, dw = true, dbias = true;

@@ -94,6 +94,20 @@ TEST(CudaBf16, MatmulForwardAddMatchesCpu) {
                       fmt::format("N={} C={} OC={} bias {} in place {}", N, C, OC, bias, in_place));
 }
 
+// bf16 with tp (Note [bf16 with tp]): the row-parallel partial sum (no residual, fp32 D over
+// whatever was there) and the column-parallel fp32 input gradient.
+TEST(CudaBf16, MatmulFp32OutputsMatchCpu) {
+  TRIDENT_REQUIRE_GPU();
+  const std::unique_ptr<Backend> gpu = make_cuda_backend();
+  for (auto [N, C, OC] : kMatmulShapes) {
+    for (bool bias : {true, false})
+      expect_within(check_matmul_forward_partial_bf16(*gpu, N, C, OC, bias, 112),
+                    fmt::format("partial N={} C={} OC={} bias {}", N, C, OC, bias));
+    expect_within(check_matmul_backward_input_fp32_bf16(*gpu, N, C, OC, 113),
+                  fmt::format("dinp fp32 N={} C={} OC={}", N, C, OC));
+  }
+}
+
 TEST(CudaBf16, MatmulBackwardMatchesCpu) {
   TRIDENT_REQUIRE_GPU();
   const std::unique_ptr<Backend> gpu = make_cuda_backend();
@@ -205,6 +219,8 @@ TEST(CudaBf16Checks, AgreeWithThemselvesOnTheCpu) {
   all.push_back(
       {"matmul add in place", check_matmul_forward_add_bf16(*cpu, 37, 13, 21, false, true, 1)});
   all.push_back({"matmul bwd", check_matmul_backward_bf16(*cpu, 37, 13, 21, {}, 1)});
+  all.push_back({"matmul partial", check_matmul_forward_partial_bf16(*cpu, 37, 13, 21, true, 1)});
+  all.push_back({"matmul bwd fp32", check_matmul_backward_input_fp32_bf16(*cpu, 37, 13, 21, 1)});
   all.push_back(
       {"matmul bwd dw", check_matmul_backward_bf16(*cpu, 37, 13, 21, {false, true, false}, 1)});
   all.push_back({"matmul gelu fwd", check_matmul_gelu_forward_bf16(*cpu, 37, 13, 21, true, 1)});

@@ -302,11 +302,14 @@ TEST(Zero3Device, Bf16EqualsZeroOneAtDp2) {
   expect_bf16_matches_zero1(1, 1, {"parallel.reshard_after_forward=false"});
 }
 
-// bf16 runs with tp 1 (GPT refuses run.precision bf16 with tp > 1, ZeRO or not), so the 4-rank
-// layouts are dp 4, dp 2 x pp 2 and HSDP 2 x 2.
+// dp 4, dp 2 x pp 2, HSDP 2 x 2, and dp 2 x tp 2 (Note [bf16 with tp] in
+// src/model/gpt_bf16_tp.cpp: the units' bf16 GEMM weights are tp's shards of them).
 TEST(Zero3Device, Bf16EqualsZeroOneAtFourRanks) {
   if (world_size() != 4) GTEST_SKIP() << "layouts of 4 ranks";
   expect_bf16_matches_zero1(1, 1);
+  expect_bf16_matches_zero1(2, 1, {"parallel.sequence_parallel=true"});
+  expect_bf16_matches_zero1(2, 1, testing::family_keys("llama"));
+  expect_bf16_matches_zero1(2, 1, {"model.tied_head=true"});  // the head's cast: V/tp rows
   expect_bf16_matches_zero1(1, 2, {"parallel.schedule=1f1b", "train.accum=2"});
   expect_bf16_matches_zero1(1, 2,
                             {"parallel.schedule=1f1b", "train.accum=2", "model.tied_head=true"});

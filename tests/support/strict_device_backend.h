@@ -374,6 +374,11 @@ class StrictDeviceBackend final : public Backend {
     Open open(*this);
     cpu_->matmul_forward_add_bf16(out, residual, inp, w, bias, N, C, OC);
   }
+  void matmul_backward_input_fp32_bf16(float* dinp, const bfloat16* dout, const bfloat16* w, int N,
+                                       int C, int OC) override {
+    Open open(*this);
+    cpu_->matmul_backward_input_fp32_bf16(dinp, dout, w, N, C, OC);
+  }
   void matmul_backward_bf16(bfloat16* dinp, float* dw, float* dbias, const bfloat16* dout,
                             const bfloat16* inp, const bfloat16* w, int N, int C, int OC) override {
     Open open(*this);

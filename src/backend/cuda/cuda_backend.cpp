@@ -428,8 +428,16 @@ class CudaBackend final : public Backend {
                                const bfloat16* w, const float* bias, int N, int C,
                                int OC) override {
     Op op(*this, "matmul fwd");
-    // out[N,OC] = residual + inp[N,C] · w[OC,C]ᵀ + bias: the residual is cuBLASLt's C
-    gemm_->matmul_add(out, residual, dev(inp), dev(w), bias, N, OC, C, false, true, stream_);
+    // out[N,OC] = residual + inp[N,C] · w[OC,C]ᵀ + bias: the residual is cuBLASLt's C; without
+    // one, beta 0 and an fp32 D (a row-parallel partial sum: Note [bf16 with tp])
+    if (!residual) gemm_->matmul(out, dev(inp), dev(w), bias, N, OC, C, false, true, 0.0f, stream_);
+    else gemm_->matmul_add(out, residual, dev(inp), dev(w), bias, N, OC, C, false, true, stream_);
+  }
+  void matmul_backward_input_fp32_bf16(float* dinp, const bfloat16* dout, const bfloat16* w, int N,
+                                       int C, int OC) override {
+    Op op(*this, "matmul bwd");
+    if (N == 0) return;  // dinp[N,C] = dout[N,OC] · w[OC,C], fp32 D (D's layout type)
+    gemm_->matmul(dinp, dev(dout), dev(w), nullptr, N, C, OC, false, false, 0.0f, stream_);
   }
   void matmul_backward_bf16(bfloat16* dinp, float* dw, float* dbias, const bfloat16* dout,
                             const bfloat16* inp, const bfloat16* w, int N, int C, int OC) override {
