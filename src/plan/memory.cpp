@@ -464,11 +464,27 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
     if (fp32)  // ln_out, dbuf_c, dbuf_c2, dbuf_3c, dbuf_4c, dbuf_4c2
       scratch += 4 * (2 * Nr * C + N * C + N * QKVl + N * Fl + N * FCl +
                       (cfg.parallel_residual ? Nr * C : 0));  // + dparallel
-    else  // bf16 gradients between ops: dresidual16, d16_c, d16_3c, d16_4c (DGELU in the GEMM)
-      scratch += 2 * (2 * N * C + N * QKVl + N * FCl);
+    else  // bf16 gradients between ops: dresidual16 (this rank's rows), d16_c, d16_3c, d16_4c
+      // (DGELU in the GEMM), and d16_act where the activation is its own op (exact GELU, SwiGLU)
+      scratch += 2 * (Nr * C + N * C + N * QKVl + N * FCl +
+                      (cfg.activation == Activation::kGeluTanh ? 0 : N * Fl));
     if (stage.has_head && l.tp > 1) scratch += 4 * (N * 3 + tp * N * 3);
     bool stage_moe = false;
     for (int i = 0; i < stage.num_layers; ++i) stage_moe |= cfg.is_moe(stage.global_layer(i));
+    if (!fp32 && l.tp > 1) {
+      // Note [bf16 with tp] (src/model/gpt_bf16_tp.cpp): the fp32 partial input gradient, the
+      // head's fp32 logits of this rank's vocabulary; with SP the reduce-scatter target, a
+      // norm's local output and the bf16 gathers' staging and gathered gradient.
+      scratch += 4 * N * C + (stage.has_head ? 4 * N * Vl : 0);
+      if (sp) scratch += 4 * Nr * C + 2 * (Nr * C + 2 * N * C);
+    }
+    if (!fp32 && (l.cp > 1 || stage_moe)) {
+      // Note [Widening at the bf16 boundary] (src/model/gpt_bf16_widen.cpp): one fp32 set, the
+      // widened input and its gradient (q|k|v, or a mixture's ln2), with cp the output and its.
+      const double Q = double(m.heads) * cfg.head_size();
+      const double in = std::max(l.cp > 1 ? N * cfg.qkv_rows() : 0.0, stage_moe ? N * C : 0.0);
+      scratch += 4 * (2 * in + (l.cp > 1 ? 2 * N * Q : 0.0));
+    }
     if (stage_moe) {
       // One mixture layer's recomputed rows; its backward's gradients of the routed rows (C and
       // fc_rows(Fe) wide); with ep > 1 the dispatch buffers, rows in and gradients in, each for

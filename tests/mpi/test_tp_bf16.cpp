@@ -14,6 +14,7 @@
 #include <cstring>
 #include <map>
 
+#include "plan/plan_parts.h"
 #include "strict_zero_run.h"
 #include "train_harness.h"
 #include "trident/check.h"
@@ -251,6 +252,33 @@ TEST(Bf16TensorParallelDevice, OverlapAutoIsOffAndTrueIsRefused) {
     EXPECT_NE(std::string(e.what()).find("parallel.tp_overlap"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("run.precision bf16"), std::string::npos) << e.what();
   }
+}
+
+// The plan's activation and scratch bytes (src/plan/memory.cpp, Note [bf16 with tp]'s buffers)
+// are what the bf16 model allocates at tp = world, with and without SP, on the head's stage
+// and off it, exactly, as PlanModel.ActivationMemoryIsWhatTheModelAllocates checks at tp 1.
+TEST(Bf16TensorParallelDevice, PlanMemoryIsWhatTheModelAllocates) {
+  const int tp = world_size();
+  ProcessGrid grid(make_layout(tp, 1, tp, 1));
+  auto be = make_cpu_backend(1);
+  for (const char* family : {"gpt2", "llama"})
+    for (bool sp : {false, true}) {
+      SCOPED_TRACE(fmt::format("{} tp {} sp {}", family, tp, sp));
+      const Deck d = bf16_deck(
+          family, {fmt::format("parallel.tp={}", tp),
+                   fmt::format("parallel.sequence_parallel={}", sp), "parallel.tp_overlap=false"});
+      Trainer t(d, TrainContext{be.get(), 1e9, &grid, nullptr});
+      Hardware hw;  // a GPU in bf16 without a fused attention: the host op's saved state
+      hw.name = "bf16 test", hw.kind = "gpu", hw.dtype = "bf16", hw.devices_per_node = 8;
+      hw.peak_tflops = 1, hw.gemm = {{64, 1.0}}, hw.memory_gbytes_per_s = 1, hw.memory_gb = 80;
+      hw.intra_node = {10, 0}, hw.inter_node = {10, 0};
+      PlanLayout l;
+      l.tp = tp, l.sequence_parallel = sp, l.micro_batch = d.train.micro_batch;
+      double acts = 0;
+      for (const PlanTerm& term : memory_terms(PlanModel::from_deck(d), l, hw))
+        if (term.name == "activations" || term.name == "scratch") acts += term.value;
+      EXPECT_DOUBLE_EQ(acts, double(t.model().activation_bytes()));
+    }
 }
 
 // The bf16 tp block is the dense one with one rank's attention: with cp > 1 or a mixture the
