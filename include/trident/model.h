@@ -548,6 +548,7 @@ class GPT {
   void reduce_rows(float* out, float* partial, int B, int T, int C);
   // full[N,C] = all ranks' rows of local[Nr,C] (a copy without sequence parallelism).
   void gather_rows(float* full, const float* local, int B, int T, int C);
+  void place_gathered_rows(void* full, const void* stage, size_t row, int B, int T);
   // The block's norm (LayerNorm or RMSNorm, GPTConfig::norm) over N rows; mean is unused by
   // RMSNorm, b and db are null without a shift.
   void norm_forward(float* out, float* mean, float* rstd, const float* inp, const float* w,

@@ -24,13 +24,9 @@ namespace trident {
 
 // As gather_rows (Note [Sequence-parallel rows]), on bf16 rows through stage16.
 void GPT::gather_rows_bf16(bfloat16* full, const bfloat16* local, int B, int T, int C) {
-  const int tps = tp_.size, Tl = T / tps;
-  const size_t row = size_t(C) * sizeof(bfloat16);
   bfloat16* stage = scratch_->stage16.data();
-  tp_wait(tp_.comm->all_gather(local, stage, size_t(B) * Tl * C));
-  for (int r = 0; r < tps; ++r)
-    be_.copy_rows(full + size_t(r) * Tl * C, T * row, stage + size_t(r) * B * Tl * C, Tl * row,
-                  Tl * row, size_t(B));
+  tp_wait(tp_.comm->all_gather(local, stage, size_t(B) * (T / tp_.size) * C));
+  place_gathered_rows(full, stage, size_t(C) * sizeof(bfloat16), B, T);
 }
 
 // The norm of this rank's rows of inp, out_full on all N rows (gathered with SP).

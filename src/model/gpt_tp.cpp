@@ -70,13 +70,19 @@ void GPT::gather_rows(float* full, const float* local, int B, int T, int C) {
     if (full != local) be_.copy(full, local, N * C * sizeof(float));
     return;
   }
-  const int tps = tp_.size, Tl = T / tps;
-  const size_t row = size_t(C) * sizeof(float);
   float* stage = scratch_->stage.data();
-  tp_wait(tp_.comm->all_gather(local, stage, size_t(B) * Tl * C));
-  // full[b][r·Tl + t] = stage[r][b][t]
+  tp_wait(tp_.comm->all_gather(local, stage, size_t(B) * (T / tp_.size) * C));
+  place_gathered_rows(full, stage, size_t(C) * sizeof(float), B, T);
+}
+
+// full[b][r·Tl + t] = stage[r][b][t]: each tp rank's block of Tl rows of every sequence, in
+// sequence order (rows of `row` bytes; fp32 and bf16 alike).
+void GPT::place_gathered_rows(void* full, const void* stage, size_t row, int B, int T) {
+  const int tps = tp_.size, Tl = T / tps;
+  auto* dst = static_cast<char*>(full);
+  const auto* src = static_cast<const char*>(stage);
   for (int r = 0; r < tps; ++r)
-    be_.copy_rows(full + size_t(r) * Tl * C, T * row, stage + size_t(r) * B * Tl * C, Tl * row,
+    be_.copy_rows(dst + size_t(r) * Tl * row, T * row, src + size_t(r) * B * Tl * row, Tl * row,
                   Tl * row, size_t(B));
 }
 

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <charconv>
 #include <sstream>
-#include <string_view>
 
 #include "plan/plan_parts.h"
 #include "trident/check.h"
@@ -58,6 +57,14 @@ std::vector<Zero3Option> zero3_options(const PlanSearch& search, const Hardware&
     if (pp > 1 || accum > 1) out.push_back({s, true, "step"});
   }
   return out;
+}
+
+// Note [Plan reductions per micro-batch]: a choice under accumulation only, where the trainer
+// runs rounds (ZeRO-2/3, one chunk per stage, a one-pass backward).
+std::vector<const char*> zero_reduce_options(int zero, int accum, int v,
+                                             const std::string& schedule) {
+  if (zero < 2 || accum == 1 || v > 1 || schedule == "zb-h1") return {"step"};
+  return {"step", "micro_batch"};
 }
 
 }  // namespace
@@ -216,14 +223,10 @@ std::vector<Prediction> rank_layouts(const PlanModel& m, const Hardware& hw,
               for (int zero : search.zero) {
                 if (dp == 1 && zero > 0) continue;
                 for (const Zero3Option& z3 : zero3_options(search, hw, zero, dp, tp, pp, accum))
-                  for (const char* zero_reduce : {"step", "micro_batch"})
+                  for (const char* zero_reduce : zero_reduce_options(zero, accum, v, schedule))
                     for (int sp : search.sequence_parallel)
                       for (int ep : eps(dp * cp)) {
                         if (sp == 1 && tp == 1) continue;
-                        // Note [Plan reductions per micro-batch]: a choice under accumulation only.
-                        if (std::string_view(zero_reduce) == "micro_batch" &&
-                            (zero < 2 || accum == 1 || v > 1 || schedule == "zb-h1"))
-                          continue;
                         if (sp == 0 && tp > 1 && !allowed(search.sequence_parallel, 0)) continue;
                         PlanLayout l;
                         l.dp = dp, l.tp = tp, l.pp = pp, l.v = v, l.micro_batch = micro;

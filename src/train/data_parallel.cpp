@@ -368,10 +368,6 @@ void DataParallel::begin_step() {
   if (grad_pool_) grad_pool_->begin_step();
 }
 
-void DataParallel::begin_round() {
-  if (grad_pool_) grad_pool_->begin_step();
-}
-
 void DataParallel::release_params() {
   if (zero3_) unit_gathers_->release_all();
 }

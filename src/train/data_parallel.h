@@ -91,16 +91,14 @@ class DataParallel {
   size_t pool_bytes() const;
   // Note [Gradients in unit slots] (train/grad_pool.h): whether backward writes into a pool
   // (GPTOptions::pooled_grads), its bytes (0 without), and its start of a step (instead of
-  // GPT::zero_grads).
+  // GPT::zero_grads), or of each later micro-batch's round with zero_reduce micro_batch (after
+  // the last round's finish(); Note [Shard sums on a device]).
   bool pools_grads() const { return pooled_grads_; }
   size_t grad_pool_bytes() const;
   void begin_step();
   // ZeRO-3 on a device: where model.init_from's reader puts each parameter, straight into this
   // rank's shards (Note [No full weights on a device] in train/zero3_pool.h).
   ParamWriteFn shard_writer();
-  // Note [Shard sums on a device] (train/grad_pool.h): a later micro-batch's round (zero_reduce
-  // micro_batch) starts, after the last one's finish(): the pool's own slots are zeroed again.
-  void begin_round();
   int units_end(int param) const { return unit_first_[size_t(param) + 1]; }
   // With ZeRO: this rank's shard of the bucket holding `unit`: its gradient sums and the part
   // [flat_begin, flat_begin + count) of the flat buffer they belong to.

@@ -148,7 +148,7 @@ GradReadyFn GPTStage::begin_reduction(int micro) {
     if (reducing_) {
       reducer->finish();
       earlier_rounds_ += reducer->stats();
-      dp_->begin_round();  // Note [Shard sums on a device]: a device's pool, zeroed again
+      dp_->begin_step();  // Note [Shard sums on a device]: a device's pool, zeroed again
     }
     reducer->begin_step(true, /*accumulate_shards=*/micro > 0,
                         /*last_round=*/micro == in_.accum - 1);

@@ -27,7 +27,7 @@
 // compute stream (GradReducerOptions::add_shard) before the bucket's ready mark, which the
 // reduce-scatter is ordered after; the last round's finish() made compute wait for it.
 // The same float adds in the same order: the host's bits. Each round then zeroes the own slots
-// again (DataParallel::begin_round): gradient memory stays the pool's whatever train.accum.
+// again (DataParallel::begin_step): gradient memory stays the pool's whatever train.accum.
 #pragma once
 
 #include <cstddef>
