@@ -102,6 +102,9 @@ struct GradReducerOptions {
   // expert-data-parallel group) instead of dp; sharded, each over that group.
   std::vector<char> expert;
   Communicator* expert_comm = nullptr;
+  // With ZeRO-3: the experts' gathers' communicator (expert_comm's ranks, as gather_comm has
+  // dp's).
+  Communicator* expert_gather_comm = nullptr;
   // Note [Gradients in unit slots] (train/grad_pool.h; with shard_grads, device memory): there
   // is no flat gradient buffer (`grads` null); each bucket is reduce-scattered from where the
   // last set_grad_base put it, and wait_reduced tells when that place may be written again.

@@ -176,6 +176,8 @@ void check_tensor_parallel(const GPTConfig& cfg, int tp, bool sequence_parallel,
 // 0, except for wte's head gradient in pieces (GPTOptions::wte_piece_rows), which reports
 // pieces 0..K-1 of wte, each once its rows are final.
 using GradReadyFn = std::function<void(int param_index, int piece)>;
+// Adds p.count floats of backend memory to parameter p wherever it is held.
+using ParamAddFn = std::function<void(const ParamInfo& p, const float* values)>;
 
 // Note [Tied embedding gradient]
 // wte gets a dense gradient from the LM head at the start of backward and a sparse one (the
@@ -416,7 +418,9 @@ class GPT {
   bool has_moe() const { return moe_count_ > 0; }
   MoeStats take_moe_stats();
   void discard_moe_stats();  // and the step's loads (validation's forwards)
-  void update_router_biases(Communicator* group, Communicator* tp);
+  // `add`: where the steps go instead of the parameter buffer (ZeRO-3's shards,
+  // DataParallel::shard_adder); its values are in backend memory.
+  void update_router_biases(Communicator* group, Communicator* tp, const ParamAddFn& add = {});
 
   // One block's activation buffers, in BlockActs order: ln1 ln1_mean ln1_rstd qkv att atty
   // residual2 ln2 ln2_mean ln2_rstd fch fch_gelu residual3; and which of them the bf16 path

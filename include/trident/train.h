@@ -122,6 +122,9 @@ struct TrainContext {
   // Set by the Trainer with parallel.ep > 1: the experts' gradients' group
   // (Note [Expert parallelism] in src/model/moe.h); null: they reduce with everything else.
   Communicator* expert_dp = nullptr;
+  // With ZeRO-3 too: a duplicate of that group (host or device, as expert_dp) that the experts'
+  // unit gathers run on, as dp's gathers run on their own (dp_gather_device on a device).
+  Communicator* expert_gather = nullptr;
   // Context parallelism on a device: the NcclComm over the cp ranks that the ring's K/V travel
   // on (Note [Ring on a device] in src/model/cp_ring_grouped.cpp); null: grid->cp() (host).
   Communicator* cp_device = nullptr;
@@ -232,6 +235,7 @@ class Trainer {
   int ep_size_ = 1, ep_rank_ = 0, expert_dp_rank_ = 0;
   std::unique_ptr<MpiComm> ep_comm_, expert_dp_comm_;
   std::unique_ptr<Communicator> ep_device_, expert_dp_device_;  // TrainContext::device_group
+  std::unique_ptr<Communicator> expert_gather_;                 // TrainContext::expert_gather
   void make_expert_groups(GPTOptions& options);
   MoeStats moe_step_stats();
   std::unique_ptr<Communicator> solo_;  // the pp communicator when there is no grid

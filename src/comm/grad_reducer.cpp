@@ -234,6 +234,13 @@ void GradReducer::init_zero3(const GradReducerOptions& options) {
   s.full_params = options.params;
   s.shard_params = options.shard_params;
   s.gather_comm = options.gather_comm;
+  if (s.expert_comm) {  // Note [Expert parallelism]: the experts' shards, over their replicas
+    const Communicator* g = options.expert_gather_comm;
+    TRIDENT_CHECK(g && g->size() == s.expert_comm->size() && g->rank() == s.expert_comm->rank(),
+                  "GradReducer: ZeRO-3 with experts needs a gather communicator of expert_comm's "
+                  "ranks");
+    s.expert_gather_comm = options.expert_gather_comm;
+  }
   s.gathered.assign(s.buckets.size(), 0);
   s.requested.assign(s.buckets.size(), 0);
   if (!options.gather_bf16.empty()) {  // Note [bf16 unit gathers]
@@ -542,10 +549,10 @@ void GradReducer::take_shards(size_t first, size_t end) {
   TRIDENT_CHECK(s.shard_params && first < end && end <= s.buckets.size(),
                 "GradReducer::take_shards [{}, {}) of {} buckets", first, end, s.buckets.size());
   TRIDENT_CHECK(!s.pooled, "GradReducer::take_shards: no full buffer (a device pool)");
-  const auto r = size_t(s.dp.rank());
   for (size_t b = first; b < end; ++b) {
     TRIDENT_CHECK(!s.requested[b], "GradReducer::take_shards: {} is gathered or in flight",
                   s.bucket_names[b]);
+    const auto r = size_t(s.comm_of(b).rank());  // an expert's bucket: among its replicas
     std::copy_n(s.full_params + s.buckets[b].offset + r * s.shard_count[b], s.shard_count[b],
                 s.shard_params + s.shard_offset[b]);
   }

@@ -100,6 +100,11 @@ struct GradReducer::State {
   Communicator& comm_of(size_t bucket) const {
     return !expert_bucket.empty() && expert_bucket[bucket] ? *expert_comm : dp;
   }
+  // ZeRO-3: the experts' buckets gather over their replicas too, on a duplicate of expert_comm.
+  Communicator* expert_gather_comm = nullptr;
+  Communicator& gathers_on(size_t bucket) const {
+    return !expert_bucket.empty() && expert_bucket[bucket] ? *expert_gather_comm : *gather_comm;
+  }
   std::vector<char> requested;  // compute thread: per bucket, gathered or in flight
   std::vector<unsigned char> params_page_scratch;  // compute thread's, for resident_bytes
   size_t params_resident_peak = 0;                 // compute thread's, until taken

@@ -210,20 +210,21 @@ void GradReducer::State::push_gather(size_t b, Work work, std::string name, size
 void GradReducer::State::start_unit_gathers(size_t first, size_t end, const std::string& unit,
                                             float* base, const ComputeMark* after) {
   gather_comm->order_after(after);
+  if (expert_gather_comm) expert_gather_comm->order_after(after);
   if (!gathering) gather_building = GatherStats{};
   gathering = true;
   for (size_t b = first; b < end; ++b) {
     std::string name = fmt::format("unit {}: {}", unit, bucket_names[b]);
     if (!gather_bf16.empty() && gather_bf16[b]) {  // Note [bf16 unit gathers]
       push_gather(b,
-                  gather_comm->all_gather(shard_params16 + shard_offset[b],
-                                          reinterpret_cast<bfloat16*>(base + buckets[b].offset),
-                                          shard_count[b]),
+                  gathers_on(b).all_gather(shard_params16 + shard_offset[b],
+                                           reinterpret_cast<bfloat16*>(base + buckets[b].offset),
+                                           shard_count[b]),
                   std::move(name), sizeof(bfloat16));
     } else {
       push_gather(b,
-                  gather_comm->all_gather(shard_params + shard_offset[b], base + buckets[b].offset,
-                                          shard_count[b]),
+                  gathers_on(b).all_gather(shard_params + shard_offset[b], base + buckets[b].offset,
+                                           shard_count[b]),
                   std::move(name));
     }
     ++gathers_left;
@@ -366,11 +367,11 @@ bool GradReducer::State::launch_ready() {
 // for. One that only waits out its emulated link does not stop the walk.
 bool GradReducer::State::poll_in_flight() {
   bool any = false;
-  const Communicator* stopped[3] = {};  // dp, the gathers', the replicas'
+  const Communicator* stopped[4] = {};  // dp, the gathers' (dense, experts'), the replicas'
   size_t num_stopped = 0;
   auto comm_of = [&](const InFlight& f) -> const Communicator* {
     if (f.second_hop) return replicate;
-    if (f.gather_bucket >= 0 && shard_params) return gather_comm;
+    if (f.gather_bucket >= 0 && shard_params) return &gathers_on(size_t(f.gather_bucket));
     return &dp;
   };
   for (size_t i = 0; i < in_flight.size();) {
@@ -394,7 +395,7 @@ bool GradReducer::State::poll_in_flight() {
     if (!done) {
       // Note [One progress call per poll]: stop at the first whose transfer is unfinished (on
       // its communicator); go on past one that only waits out an emulated link (idle_until).
-      if (f.work.idle_until() == CommClock::time_point::min() && num_stopped < 3)
+      if (f.work.idle_until() == CommClock::time_point::min() && num_stopped < 4)
         stopped[num_stopped++] = comm;
       ++i;
       continue;

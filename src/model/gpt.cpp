@@ -93,6 +93,7 @@ void GPT::build_param_table() {
         lt.moe_offset[size_t(k)] = off(names[k]);
         lt.ready_moe = std::max(lt.ready_moe, param_index(name(names[k])));
       }
+      lt.router_bias = param_index(name("routerbias"));
       lt.ready_fcproj = lt.ready_fc = lt.ready_moe;
     } else {
       lt.ready_fcproj = ready("fcprojw", "fcprojb");

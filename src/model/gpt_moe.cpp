@@ -62,7 +62,9 @@ MoeWeights moe_weights(float* base, const std::array<size_t, 7>& o) {
 }  // namespace
 
 void GPT::moe_forward(int slot, int local_layer, float* out, const float* ln2, int N) {
-  const MoeWeights w = moe_weights(params_.data(), table_->layers[size_t(local_layer)].moe_offset);
+  // Note [Weights in unit slots]: the block's weights where its unit is (ZeRO-3 on a device).
+  const MoeWeights w =
+      moe_weights(layer_weights(local_layer), table_->layers[size_t(local_layer)].moe_offset);
   moe_[size_t(local_layer)]->forward(slot, out, ln2, w, N, !recomputing_);
 }
 
@@ -70,7 +72,7 @@ void GPT::moe_backward(int slot, int local_layer, float* dln2, const float* dout
                        int N, float loss_scale, bool last_micro_batch) {
   const LayerTable& lt = table_->layers[size_t(local_layer)];
   const auto& o = lt.moe_offset;
-  const MoeWeights w = moe_weights(params_.data(), o);
+  const MoeWeights w = moe_weights(layer_weights(local_layer), o);
   float* G = layer_grads(local_layer);  // the choice bias (o[3]) has no gradient
   const MoeGrads g{at(G, o[0]), at(G, o[1]), at(G, o[2]), at(G, o[4]), at(G, o[5]), at(G, o[6])};
   // Note [Mixtures and tp]: the auxiliary terms' mean over the tp ranks' rows.
@@ -119,7 +121,7 @@ void GPT::discard_moe_stats() {
 // DeepSeek-V3's loss-free balancing: each expert's bias moves by rate · sign(mean − load), the
 // loads summed over the step's micro-batches and the ranks of `group` and `tp` (host
 // communicators: on a device, tp_.comm is the device's, which cannot sum host memory).
-void GPT::update_router_biases(Communicator* group, Communicator* tp) {
+void GPT::update_router_biases(Communicator* group, Communicator* tp, const ParamAddFn& add) {
   if (cfg_.moe.router != MoeRouter::kSigmoid) return;
   const size_t E = size_t(cfg_.moe.experts);
   // Every layer's loads in one buffer, so each group sums them in one collective.
@@ -149,8 +151,13 @@ void GPT::update_router_biases(Communicator* group, Communicator* tp) {
   n = 0;
   for (size_t i = 0; i < moe_.size(); ++i) {
     if (!moe_[i]) continue;
-    float* bias = params_.data() + table_->layers[i].moe_offset[3];
-    be_.add(bias, bias, device_step + n, E);
+    const LayerTable& lt = table_->layers[i];
+    if (add) {
+      add(infos_[size_t(lt.router_bias)], device_step + n);
+    } else {
+      float* bias = params_.data() + lt.moe_offset[3];
+      be_.add(bias, bias, device_step + n, E);
+    }
     n += E;
     std::fill(moe_[i]->step_load().begin(), moe_[i]->step_load().end(), 0.0);
   }

@@ -103,6 +103,7 @@ struct GPT::LayerTable {
   // MoeWeights order, and the last of them in ready order; fc*'s offsets are kNoTensor then.
   bool moe = false;
   std::array<size_t, 7> moe_offset{};
+  int router_bias = -1;  // the parameter index of the sigmoid router's choice bias
   int ready_moe = -1;
   std::vector<int> uses;                // the block's parameter indices (for param_use_)
   size_t span_begin = 0, span_end = 0;  // the block's span of the flat buffer (bf16 casts)

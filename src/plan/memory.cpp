@@ -276,12 +276,10 @@ std::string layout_problem(const PlanModel& m, const PlanLayout& l) {
   if (l.reduce_ranks() % l.ep != 0)
     return fmt::format("ep={} does not divide dp·cp = {} (ep ranks are taken from dp × cp)", l.ep,
                        l.reduce_ranks());
-  if (experts > 0 && l.zero == 3)  // check_moe_deck (src/train/model_options.cpp) refuses it
-    return "zero=3 with experts: the trainer does not gather a mixture's tensors by unit yet "
-           "(model.moe with parallel.zero 3 is refused); use zero 1 or 2";
-  if (l.zero == 3 && l.shard_ranks() % l.ep != 0)
-    return fmt::format("ep={} does not divide the ZeRO-3 shard group dp_shard·cp = {}", l.ep,
-                       l.shard_ranks());
+  if (l.ep > 1 && l.zero == 3 && l.replicas() > 1)  // check_moe_deck refuses it
+    return fmt::format("ep={} with HSDP (dp_shard={} of dp={}): the experts' shards over their "
+                       "replicas are not built for HSDP; use dp_shard = dp",
+                       l.ep, l.dp_shard, l.dp);
   if (experts > 0 && l.tp > 1 && !l.sequence_parallel)
     return fmt::format("tp={} with experts needs sequence parallelism (sp=1): the experts are "
                        "replicated over tp and each tp rank routes its own tokens",
@@ -341,7 +339,8 @@ ModelStates model_state_bytes(const PlanModel& m, const PlanLayout& l, const Har
                   (kept ? params : std::min(params, pool.device_params)) * 4;
       st.grads = shard * 4 + (pooled ? pool.device_grads : params) * 4;
     }
-    st.expert_params = fp32 ? expert_shard * 4 : 0;
+    // The experts' shard: fp32 is the master; a GPU's bf16 copy of the shards holds them too.
+    st.expert_params = fp32 ? expert_shard * 4 : gpu ? expert_shard * 2 : 0;
     st.expert_grads = expert_shard * 4;
   }
   return st;

@@ -211,6 +211,7 @@ void DataParallel::attach(GPT& model) {
   if (ctx_.expert_dp) {
     opt.expert = expert_;
     opt.expert_comm = ctx_.expert_dp;
+    opt.expert_gather_comm = ctx_.expert_gather;
   }
   if (sharded_) {
     shard_grads_ = BackendBuffer<float>(*ctx_.backend, shard_floats_);
@@ -327,6 +328,19 @@ void DataParallel::take_params() {
     reducer_->take_shards(u.first_bucket, u.end_bucket);
 }
 
+// Calls fn(shard, from, n) for each part [from, from + n) of parameter p's floats that this
+// rank's shard of a bucket holds, at `shard` in the shard parameters (padding is in no part).
+template <typename Fn>
+void DataParallel::for_each_shard_part(const ParamInfo& p, Fn&& fn) {
+  for (size_t b = 0; b < reducer_->buckets().size(); ++b) {
+    const size_t n = reducer_->shard_count(b);
+    const size_t slice = reducer_->buckets()[b].offset + size_t(reducer_->shard_rank(b)) * n;
+    const size_t lo = std::max(slice, p.offset), hi = std::min(slice + n, p.offset + p.count);
+    if (lo < hi)
+      fn(shard_params_.data() + reducer_->shard_offset(b) + (lo - slice), lo - p.offset, hi - lo);
+  }
+}
+
 ParamWriteFn DataParallel::shard_writer() {
   TRIDENT_CHECK(zero3_ && device_, "DataParallel::shard_writer without ZeRO-3 on a device");
   shard16_stale_ = true;
@@ -334,14 +348,19 @@ ParamWriteFn DataParallel::shard_writer() {
   // flat layout go to the parts of it that this rank's shards of the buckets hold (padding stays
   // the zero the shards were allocated with).
   return [this](const ParamInfo& p, const float* values) {
-    for (size_t b = 0; b < reducer_->buckets().size(); ++b) {
-      const size_t n = reducer_->shard_count(b);
-      const size_t slice = reducer_->buckets()[b].offset + size_t(reducer_->shard_rank(b)) * n;
-      const size_t lo = std::max(slice, p.offset), hi = std::min(slice + n, p.offset + p.count);
-      if (lo >= hi) continue;
-      ctx_.backend->copy(shard_params_.data() + reducer_->shard_offset(b) + (lo - slice),
-                         values + (lo - p.offset), (hi - lo) * sizeof(float));
-    }
+    for_each_shard_part(p, [&](float* shard, size_t from, size_t n) {
+      ctx_.backend->copy(shard, values + from, n * sizeof(float));
+    });
+  };
+}
+
+ParamAddFn DataParallel::shard_adder() {
+  TRIDENT_CHECK(zero3_, "DataParallel::shard_adder without ZeRO-3");
+  return [this](const ParamInfo& p, const float* values) {
+    shard16_stale_ = true;
+    for_each_shard_part(p, [&](float* shard, size_t from, size_t n) {
+      ctx_.backend->add(shard, shard, values + from, n);
+    });
   };
 }
 

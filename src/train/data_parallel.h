@@ -99,6 +99,9 @@ class DataParallel {
   // ZeRO-3 on a device: where model.init_from's reader puts each parameter, straight into this
   // rank's shards (Note [No full weights on a device] in train/zero3_pool.h).
   ParamWriteFn shard_writer();
+  // ZeRO-3: adds to the parts of a parameter this rank's shards hold (the sigmoid router's bias
+  // step, GPT::update_router_biases, between the gathers of two steps).
+  ParamAddFn shard_adder();
   int units_end(int param) const { return unit_first_[size_t(param) + 1]; }
   // With ZeRO: this rank's shard of the bucket holding `unit`: its gradient sums and the part
   // [flat_begin, flat_begin + count) of the flat buffer they belong to.
@@ -128,6 +131,8 @@ class DataParallel {
   // ZeRO-3 on a device: this rank's shard of unit u's buckets, read at `base` (+ bucket offsets),
   // copied into shard_params on the backend.
   void copy_shards(const Zero3Unit& u, const float* base);
+  template <typename Fn>
+  void for_each_shard_part(const ParamInfo& p, Fn&& fn);
   // Note [bf16 unit gathers]: the shards' bf16 copy cast again where stale, before a gather.
   void refresh_shard16();
 

@@ -141,9 +141,6 @@ void check_moe_deck(const Deck& deck, const GPTConfig& cfg, int dp_cp) {
     input_error("model.moe with run.precision bf16 and parallel.tp {}: the bf16 tp block has no "
                 "mixture yet; use run.precision fp32 or tp 1",
                 p.tp);
-  if (p.zero == 3)
-    input_error("model.moe with parallel.zero 3: the mixture's tensors are not gathered by "
-                "unit yet; use parallel.zero 1 or 2");
   if (ep > 1 && p.zero > 0 && p.dp_replicate > 1)
     input_error("parallel.ep {} with parallel.zero {} and parallel.dp_replicate {}: the experts' "
                 "shards over their own replicas are not built for HSDP; use dp_replicate 1",

@@ -159,6 +159,16 @@ void Trainer::make_expert_groups(GPTOptions& options) {
   }
   options.ep = {ep_device_ ? ep_device_.get() : ep_comm_.get(), ep_size_, ep_rank_, ep_comm_.get()};
   ctx_.expert_dp = expert_dp_device_ ? expert_dp_device_.get() : expert_dp_comm_.get();
+  if (deck_.parallel.zero == 3) {  // Note [ZeRO-3 units]: the experts' gathers' own group
+    if (ctx_.device_group) {
+      expert_gather_ = ctx_.device_group(*expert_dp_comm_, "expert_dp gathers (device)", false);
+    } else {
+      auto dup = MpiComm::duplicate(expert_dp_comm_->raw(), "expert_dp (ZeRO-3 gathers)");
+      dup->set_timeout(g.timeout());
+      expert_gather_ = std::move(dup);
+    }
+    ctx_.expert_gather = expert_gather_.get();
+  }
 }
 
 Zero3Memory Trainer::zero3_memory() const {
@@ -282,9 +292,11 @@ StepStats Trainer::train_step(int step) {
     // DeepSeek-V3's choice bias, from the step's loads over dp × cp (src/model/gpt_moe.cpp);
     // before the optimizer, whose ZeRO gathers then carry it (it has no gradient: AdamW leaves
     // it as it is).
+    // ZeRO-3 holds the parameters in the shards only (Note [ZeRO-3 units]).
     if (model_->has_moe())
       model_->update_router_biases(dp_size_ * cp_size_ > 1 ? &ctx_.grid->gradients() : nullptr,
-                                   ctx_.grid ? &ctx_.grid->tp() : nullptr);
+                                   ctx_.grid ? &ctx_.grid->tp() : nullptr,
+                                   dp_ && dp_->zero3() ? dp_->shard_adder() : ParamAddFn{});
     if (dp_ && dp_->sharded())
       dp_->update_shard(*opt_, be, *model_, tc, float(s.lr), step + 1, scale, s);
     else opt_->update(be, *model_, tc, float(s.lr), step + 1, scale);

@@ -33,6 +33,15 @@
 // so their order is the compute thread's program order on every rank, independent of when the
 // reduce-scatters start. The gradients are ZeRO-2's: reduce-scattered per bucket as backward
 // finishes them, their pages released after.
+//
+// Note [ZeRO-3 with experts]
+// A mixture's experts split over ep are buckets of their own, sharded over their replicas
+// (expert-dp, Note [Expert parallelism]) as ZeRO-1/2 shard them; ZeRO-3 gathers them there too,
+// on a duplicate of that group of their own (TrainContext::expert_gather), so a unit holding a
+// block's attention and its experts gathers over two groups, each in program order. The sigmoid
+// router's choice bias, which AdamW leaves alone, takes its step in the shards
+// (DataParallel::shard_adder), the only copy between steps. With ep 1 the experts are dense
+// buckets. ep with HSDP stays refused (their shards over replicas are not built).
 #pragma once
 
 #include <cstddef>

@@ -4,7 +4,8 @@
 // gets NcclComms through TrainContext::device_group), the tokens' all-to-all, the counts'
 // exchange and the experts' gradient reduction reach backend memory only through the ops, the
 // copies and the device communicators — a host touch crashes — and the run equals the CPU
-// backend's run of the same layout bit for bit. Runs under mpirun with 2 and 4 ranks.
+// backend's run of the same layout bit for bit, with ZeRO-3 too. Runs under mpirun with 2 and 4
+// ranks.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -16,6 +17,7 @@
 
 #include "moe_run.h"
 #include "strict_device_backend.h"
+#include "strict_zero_run.h"
 #include "train_harness.h"
 
 namespace trident {
@@ -34,21 +36,22 @@ Deck moe_deck(int ep, std::vector<std::string> keys) {
 }
 
 // The run on the strict backend with its device communicators (the ep and expert-dp groups'
-// through TrainContext::device_group; their number into *made).
+// through TrainContext::device_group; their number into *made). As a GPU's NcclComms, each is
+// over a group of its own, and those the reducer's thread drives (dp, the gathers, expert-dp)
+// complete asynchronously: with ZeRO-3 the gathers and reduce-scatters interleave differently
+// on each rank, which blocking collectives on shared groups would deadlock.
 testing::MoeRun train_strict(const Deck& d, ProcessGrid& grid, size_t* made) {
   testing::StrictDeviceBackend strict;
-  testing::StrictDeviceComm dp_comm(strict, grid.gradients());
-  std::unique_ptr<testing::StrictDeviceComm> tp_comm;
+  const testing::StrictComms comms(strict, grid, grid.layout().tp, 1);
+  std::vector<std::unique_ptr<MpiComm>> hosts;
   TrainContext ctx;
-  ctx.dp_device = &dp_comm;
-  if (grid.layout().tp > 1) {
-    tp_comm = std::make_unique<testing::StrictDeviceComm>(strict, grid.tp());
-    ctx.tp_device = tp_comm.get();
-  }
-  ctx.device_group = [&](MpiComm& group, const char*, bool) {
+  comms.attach(ctx);
+  ctx.device_group = [&](MpiComm& group, const char* name, bool compute) {
     ++*made;
-    return std::unique_ptr<Communicator>(
-        std::make_unique<testing::StrictDeviceComm>(strict, group));
+    hosts.push_back(MpiComm::duplicate(group.raw(), name));
+    auto c = std::make_unique<testing::StrictDeviceComm>(strict, *hosts.back());
+    c->set_asynchronous(!compute);
+    return std::unique_ptr<Communicator>(std::move(c));
   };
   ctx.grid = &grid;
   return testing::run_moe(strict, d, ctx);
@@ -66,8 +69,10 @@ void expect_device_matches_cpu(int ep, std::vector<std::string> keys, int tp = 1
   const testing::MoeRun want = testing::run_moe(*cpu, d, on_grid);
   size_t made = 0;
   const testing::MoeRun got = train_strict(d, grid, &made);
-  EXPECT_EQ(made, 2u);  // the ep group and the expert-data-parallel group
+  // The ep group and the expert-data-parallel group; with ZeRO-3 the experts' gathers' own.
+  EXPECT_EQ(made, d.parallel.zero == 3 ? 3u : 2u);
   testing::expect_same_moe_run(got, want);
+  if (d.parallel.zero == 3) return;  // the copies below are compared without ZeRO
   // Note [Expert counts on the host]: ep's counts are exchanged between the hosts, so a step
   // reads backend memory as often as at ep 1 (one routing summary a layer and micro-batch).
   if (tp > 1) return;  // the copies below are compared at tp 1
@@ -102,6 +107,48 @@ TEST(MoeDevice, SigmoidRouterWithTensorParallelism) {
   if (world_size() != 4) GTEST_SKIP() << "dp 2 x tp 2 on 4 ranks";
   expect_device_matches_cpu(
       2, {"model.moe.router=sigmoid", "model.moe.bias_update_rate=0.01", "model.moe.every=2"}, 2);
+}
+
+// ZeRO-3 (Note [ZeRO-3 units]): each expert's unit gathered over its replicas on their own
+// device communicator (TrainContext::expert_gather), into the unit slots, and the sigmoid
+// router's bias step added into the shards (DataParallel::shard_adder); at ep 2 and ep = world.
+TEST(MoeDevice, ZeroThreeEqualsTheCpuBitForBit) {
+  for (int ep : {2, 4}) {
+    if (ep > world_size()) continue;
+    expect_device_matches_cpu(
+        ep, {"parallel.zero=3", "model.moe.router=sigmoid", "model.moe.bias_update_rate=0.01",
+             "model.moe.shared_experts=1"});
+  }
+}
+
+// bf16 (Note [Widening at the bf16 boundary]: the mixture runs in fp32 on the fp32 weights the
+// units gather) with ZeRO-3 equals bf16 with ZeRO-1 bit for bit: the same reduce-scatters and
+// AdamW on the same shards, only where the weights live between steps differs. (The host has no
+// bf16 ZeRO-3, so the reference is the device's own ZeRO-1.) As in test_zero3_device_discipline:
+// the gradient norm sums other bucket layouts' shards in another order, so norms within 1e-6
+// and no clipping (a clip factor an ulp off would move every weight); the losses bit for bit,
+// and through them the parameters.
+TEST(MoeDevice, Bf16ZeroThreeEqualsZeroOne) {
+  for (int ep : {2, 4}) {
+    if (ep > world_size()) continue;
+    SCOPED_TRACE(fmt::format("ep {} of {} ranks", ep, world_size()));
+    ProcessGrid grid(complete_layout({.world = world_size()}));
+    auto with_zero = [&](int zero) {
+      Deck d = moe_deck(ep, {"model.moe.router=sigmoid", "model.moe.bias_update_rate=0.01",
+                             "train.grad_clip=0", fmt::format("parallel.zero={}", zero)});
+      d.run.precision = "bf16";  // a deck refuses it on the CPU; the strict device runs it
+      return d;
+    };
+    size_t made = 0;
+    testing::MoeRun one = train_strict(with_zero(1), grid, &made);
+    testing::MoeRun three = train_strict(with_zero(3), grid, &made);
+    ASSERT_EQ(three.norms.size(), one.norms.size());
+    for (size_t i = 0; i < one.norms.size(); ++i)
+      EXPECT_NEAR(three.norms[i], one.norms[i], 1e-6 * one.norms[i]) << "step " << i + 1;
+    one.params.clear(), three.params.clear();  // the whole model against the shard
+    three.norms = one.norms;
+    testing::expect_same_moe_run(three, one);
+  }
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // Mixtures of experts (Note [Mixture of experts] in trident/model_config.h) in the layouts they
 // run in (Note [Mixtures in the layouts] in src/model/gpt_moe.cpp) equal one rank within the
-// dense families' bounds: ep 2 and 4, experts replicated over dp, ZeRO-1 and ZeRO-2, ep beside
+// dense families' bounds: ep 2 and 4, experts replicated over dp, ZeRO-1, 2 and 3, ep beside
 // pp (gpipe, 1f1b, interleaved) and cp, recomputation, capacity, and checkpoints that resume at
 // another ep. And a rank whose experts receive no token still takes part in every exchange.
 // Runs under mpirun with 2 and 4 ranks.
@@ -165,12 +165,12 @@ TEST_P(MoeEqualsOneRank, ExpertParallel) {
   }
 }
 
-// ZeRO-1 and ZeRO-2 beside ep: dense buckets shard over dp, each expert tensor's over its
-// replicas (world / ep: 1 at ep = world, 2 at ep 2 of 4 ranks).
+// ZeRO-1, 2 and 3 beside ep: dense buckets shard over dp, each expert tensor's over its
+// replicas (world / ep: 1 at ep = world, 2 at ep 2 of 4 ranks); ZeRO-3 gathers each over them.
 TEST_P(MoeEqualsOneRank, ExpertParallelWithZero) {
   const int world = world_size();
   const MoeRun ref = one_rank(world);
-  for (int zero : {1, 2})
+  for (int zero : {1, 2, 3})
     for (int ep : {2, 4}) {
       if (ep > world) continue;
       SCOPED_TRACE(fmt::format("ep {}, zero {}", ep, zero));
@@ -182,10 +182,10 @@ TEST_P(MoeEqualsOneRank, ExpertParallelWithZero) {
 }
 
 // ep 1: every rank holds every expert; their gradients reduce with the rest, plain and with
-// ZeRO-1 and ZeRO-2 sharding the optimizer over dp.
+// ZeRO-1, 2 and 3 sharding over dp (the sigmoid router's bias step goes into ZeRO-3's shards).
 TEST_P(MoeEqualsOneRank, ExpertsReplicatedOverDp) {
   const MoeRun ref = one_rank(world_size());
-  for (int zero : {0, 1, 2}) {
+  for (int zero : {0, 1, 2, 3}) {
     SCOPED_TRACE(fmt::format("zero {}", zero));
     expect_equal_one_rank(run(deck({fmt::format("parallel.zero={}", zero)}), true), ref);
   }
@@ -201,6 +201,16 @@ TEST_P(MoeEqualsOneRank, BesidePipeline) {
                                      fmt::format("parallel.schedule={}", schedule)};
     if (std::string(schedule) == "interleaved") keys.push_back("parallel.virtual_stages=2");
     expect_equal_one_rank(run(deck(keys), true), ref);
+  }
+  // ZeRO-3 beside pp, in both pp modes (Note [ZeRO-3 units]): the experts' units gathered
+  // over their replicas per micro-batch, or once per step.
+  for (const char* gather : {"micro_batch", "step"}) {
+    SCOPED_TRACE(fmt::format("pp 2, 1f1b, ep {}, zero 3, zero3_gather {}", dp, gather));
+    expect_equal_one_rank(
+        run(deck({"parallel.pp=2", fmt::format("parallel.ep={}", dp), "parallel.zero=3",
+                  fmt::format("parallel.zero3_gather={}", gather)}),
+            true),
+        ref);
   }
 }
 
@@ -281,7 +291,7 @@ TEST(MoeLayouts, BesideContextParallel) {
 // own continuation within the bounds above; at the same ep, losses and norms bit for bit. The
 // sigmoid case checks that the choice bias (not trained by AdamW) travels with the checkpoint.
 void resume(const std::vector<std::string>& keys, int save_ep, std::vector<int> load_eps,
-            int save_zero = 0) {
+            int save_zero = 0, int load_zero = 0) {
   const int world = world_size();
   const std::string dir = testing::scratch_dir(fmt::format("moe_ckpt_ep{}", save_ep));
   auto with = [&](std::vector<std::string> more) {
@@ -305,12 +315,12 @@ void resume(const std::vector<std::string>& keys, int save_ep, std::vector<int> 
     if (ep > world) continue;
     SCOPED_TRACE(fmt::format("saved at ep {}, loaded at ep {}", save_ep, ep));
     ProcessGrid grid(complete_layout({.world = world}));
-    Trainer t(with({fmt::format("parallel.ep={}", ep)}),
+    Trainer t(with({fmt::format("parallel.ep={}", ep), fmt::format("parallel.zero={}", load_zero)}),
               TrainContext{be.get(), 1e9, &grid, nullptr});
     ASSERT_EQ(t.load(path).step, 3);
     MoeRun after;
     run_into(t, 3, 5, after);
-    if (ep == save_ep && save_zero == 0) {
+    if (ep == save_ep && save_zero == 0 && load_zero == 0) {
       EXPECT_EQ(after.steps.losses, reference.steps.losses);
       EXPECT_EQ(after.steps.norms, reference.steps.norms);
     }
@@ -342,6 +352,14 @@ TEST(MoeLayouts, CheckpointSavedAtEp1ResumesAtEp2And4) {
 // ZeRO's checkpoint holds each rank's pieces, the experts' from their own replicas: saved at
 // ep 2 with ZeRO-1, it loads at ep 1, 2 and 4 without ZeRO.
 TEST(MoeLayouts, CheckpointSavedAtEp2WithZeroResumes) { resume(kCases[2].keys, 2, {1, 2, 4}, 1); }
+
+// ZeRO-3 holds every tensor in shards, the experts' over their replicas (and the sigmoid
+// router's bias, which the bias step writes into them): saved at ep 2 with ZeRO-3, it loads at
+// ep 1, 2 and 4 without ZeRO; saved without, it loads into ZeRO-3's shards at ep 1, 2 and 4.
+TEST(MoeLayouts, CheckpointsCrossLoadWithZero3) {
+  resume(kCases[2].keys, 2, {1, 2, 4}, 3, 0);
+  resume(kCases[2].keys, 2, {1, 2, 4}, 0, 3);
+}
 
 TEST(MoeLayouts, CheckpointSavedAtEp4ResumesAtEp2And1) {
   if (world_size() < 4) GTEST_SKIP() << "needs 4 ranks";

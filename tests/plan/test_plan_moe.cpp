@@ -101,6 +101,14 @@ TEST(PlanMoe, ExpertStatesDivideByEp) {
   EXPECT_DOUBLE_EQ(term(z1, "expert_optimizer"), experts / 8 * 12);
   EXPECT_DOUBLE_EQ(term(memory_terms(m, layout(8, 1, 1), hw), "expert_optimizer"),
                    experts / 8 * 12);
+  // ZeRO-3: the experts' weights (the bf16 copy of the shard), gradients and state shard over
+  // dp·cp/ep too: ep = dp = 8 holds its E/8 experts whole, as ep = 1 holds 1/8 of all.
+  for (int ep : {1, 8}) {
+    const std::vector<PlanTerm> z3 = memory_terms(m, layout(8, ep, 3), hw);
+    EXPECT_DOUBLE_EQ(term(z3, "expert_params"), experts / 8 * 2) << "ep " << ep;
+    EXPECT_DOUBLE_EQ(term(z3, "expert_grads"), experts / 8 * 4) << "ep " << ep;
+    EXPECT_DOUBLE_EQ(term(z3, "expert_optimizer"), experts / 8 * 12) << "ep " << ep;
+  }
   // The dispatch buffers: two of ep·k·N rows of C in bf16, in scratch at ep > 1 only.
   const double dispatch = 2.0 * 8 * 2 * m.seq_len * m.d_model * 2;
   EXPECT_DOUBLE_EQ(term(memory_terms(m, layout(8, 8), hw), "scratch") -
@@ -145,10 +153,13 @@ TEST(PlanMoe, RefusesWhatEpCannotSplit) {
   const PlanModel dense = PlanModel::from_deck(
       load_deck(std::string(TRIDENT_SOURCE_DIR) + "/inputs/llama-1b.yaml", {}));
   EXPECT_NE(predict(dense, layout(2, 2), hw).why_not.find("no experts"), std::string::npos);
-  // The trainer refuses ZeRO-3 with a mixture (check_moe_deck), so the search does not offer it.
+  // ZeRO-3 runs with experts; the trainer refuses ep with HSDP (check_moe_deck), and so does
+  // the plan.
   PlanLayout zero3 = layout(8, 4);
   zero3.zero = 3;
-  EXPECT_NE(predict(m, zero3, hw).why_not.find("zero=3 with experts"), std::string::npos);
+  EXPECT_GT(predict(m, zero3, hw).step_s, 0) << predict(m, zero3, hw).why_not;
+  zero3.dp_shard = 4;
+  EXPECT_NE(predict(m, zero3, hw).why_not.find("ep=4 with HSDP"), std::string::npos);
   EXPECT_EQ(parse_layout("dp=8,ep=4,micro=1", 16).ep, 4);
   EXPECT_NE(format_layout(layout(8, 4)).find("ep=4,"), std::string::npos);
   EXPECT_EQ(format_layout(layout(8, 1)).find("ep="), std::string::npos);

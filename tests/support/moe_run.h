@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "strict_device_backend.h"
+#include "train/data_parallel.h"
 #include "trident/train.h"
 
 namespace trident::testing {
@@ -17,7 +18,7 @@ struct MoeRun {
   std::vector<double> losses, norms, aux, z, load;
   std::vector<int64_t> dropped;
   double val = 0;                  // the validation loss; 0 without data.valid
-  std::vector<float> params;       // this rank's, read through the backend's copies
+  std::vector<float> params;       // this rank's (ZeRO-3: its shard), read through copies
   size_t copies_in_last_step = 0;  // the strict backend's reads of its memory (else 0)
 };
 
@@ -40,6 +41,12 @@ inline MoeRun run_moe(Backend& be, const Deck& d, TrainContext context) {
     o.dropped.push_back(st.moe.dropped);
   }
   if (!d.data.valid.empty()) o.val = t.validate();
+  DataParallel* dp = t.data_parallel();
+  if (dp && dp->zero3()) {  // a device holds the shards only (Note [No full weights on a device])
+    o.params.resize(dp->shard_size());
+    be.copy(o.params.data(), dp->shard_params(), o.params.size() * sizeof(float));
+    return o;
+  }
   HostView<float> p(be, t.model().params(), t.model().num_params(), /*load=*/true);
   o.params.assign(p.data(), p.data() + p.size());
   return o;
