@@ -1,0 +1,245 @@
+// parallel.tp_overlap with run.precision bf16 (Note [Tensor-parallel overlap in bf16] in
+// src/model/tp_overlap.h): training with the chunked rings equals training without them, over
+// several steps, at tp 2 and tp 4, with and without sequence parallelism, for GPT-2's, NeoX's
+// and Llama's blocks (GQA, RoPE, SwiGLU, RMSNorm), dp 2 × tp 2, full recomputation, and the
+// device's grouped rings; the strict device backend's run with the rings is the CPU's bit for
+// bit; auto follows fp32's rule; tp_comm_ms and tp_exposed_ms are reported.
+// Runs under mpirun with 2 ranks (tp 2) and 4 ranks (tp 4, and dp 2 × tp 2).
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "strict_zero_run.h"
+#include "train_harness.h"
+#include "trident/check.h"
+
+namespace trident {
+namespace {
+
+using testing::world_size;
+
+// tests/mpi/test_tp_bf16.cpp's model, 6 steps. The deck refuses bf16 on the CPU
+// (Note [bf16 activations]): the host definitions of the bf16 ops run it here.
+constexpr int kSteps = 6;
+
+Deck bf16_deck(const std::string& family, const std::vector<std::string>& overrides) {
+  const std::string yaml = R"(
+model: {layers: 2, d_model: 64, heads: 4, vocab: 250, seq_len: 16}
+train: {micro_batch: 2, accum: 1, steps: 6, lr: 3.0e-3, warmup_steps: 2, seed: 7,
+        val_every: 0}
+data: {train: inputs/data/tiny-train.bin, shuffle: true}
+run: {threads: 1}
+)";
+  std::vector<std::string> keys = testing::family_keys(family);
+  keys.insert(keys.end(), overrides.begin(), overrides.end());
+  Deck d = parse_deck(yaml, TRIDENT_SOURCE_DIR, keys);
+  d.run.precision = "bf16";
+  return d;
+}
+
+// Bounds. Bitwise where the order of every sum is unchanged: without sequence parallelism in
+// one piece (parallel.tp_overlap_chunks 1: the same GEMM and all-reduce, and backward's bulk
+// sums are the same collectives moved beside the weight-gradient GEMMs), at tp 2 and tp 4.
+// Else a piece's GEMM has fewer rows (OpenBLAS's small-matrix kernels then sum in another
+// order: in 2 pieces at tp 2 without SP the bits differ), the ring adds partials in ring order
+// (tp 4), and GPT-2's fc bias gradient sums piece by piece; an fp32 difference near a bf16
+// rounding boundary then moves a value by one bf16 ulp (2^-8 relative), and what follows.
+// Measured over these families and layouts (6 steps, tp 2, tp 4, dp 2 × tp 2): losses within
+// 1.7e-5 relative, gradient norms within 9.3e-4. Weights: GPT-2's and NeoX's key biases have
+// a gradient of rounding noise only (softmax ignores a shift of every key score), which AdamW
+// turns into steps of up to lr either way: the largest weight change 7.4e-3 of the largest
+// weight, and 1.1e-3 of this rank's weights (about the key biases' share) beyond 1e-4 of it;
+// Llama (no biases): within 1.8e-4, 9.7e-5 of its weights beyond 1e-4. Bounds: losses 1e-4,
+// norms 5e-3, largest weight change 2e-2 (lr · steps = 1.8e-2), the share moved 2.5e-3.
+constexpr double kLossRel = 1e-4, kNormRel = 5e-3, kParamRel = 2e-2, kMovedShare = 2.5e-3;
+constexpr float kMovedRel = 1e-4f;
+
+struct Measured {
+  double loss = 0, norm = 0, param = 0, moved = 0;  // moved: the share beyond kMovedRel
+};
+
+Measured compare(const testing::RunResult& on, const testing::RunResult& off) {
+  Measured m;
+  EXPECT_EQ(on.losses.size(), off.losses.size());
+  for (size_t i = 0; i < on.losses.size() && i < off.losses.size(); ++i) {
+    m.loss = std::max(m.loss, std::abs(on.losses[i] - off.losses[i]) / std::abs(off.losses[i]));
+    m.norm = std::max(m.norm, std::abs(on.norms[i] - off.norms[i]) / std::abs(off.norms[i]));
+  }
+  m.param = testing::max_param_error(on.params, off.params);
+  float scale = 0;
+  for (float x : off.params) scale = std::max(scale, std::abs(x));
+  size_t moved = 0;
+  for (size_t i = 0; i < on.params.size() && i < off.params.size(); ++i)
+    moved += std::abs(on.params[i] - off.params[i]) > kMovedRel * scale;
+  m.moved = double(moved) / double(std::max<size_t>(1, off.params.size()));
+  return m;
+}
+
+void expect_same(const testing::RunResult& on, const testing::RunResult& off, bool bitwise) {
+  const Measured m = compare(on, off);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0)
+    fmt::print("  measured: loss {:.2e}, norm {:.2e}, weights {:.2e}, moved {:.2e} ({})\n", m.loss,
+               m.norm, m.param, m.moved, bitwise ? "bitwise expected" : "bounded");
+  if (bitwise) {
+    testing::expect_bitwise(on, off);
+    return;
+  }
+  EXPECT_LE(m.loss, kLossRel);
+  EXPECT_LE(m.norm, kNormRel);
+  EXPECT_LE(m.param, kParamRel);
+  EXPECT_LE(m.moved, kMovedShare);
+}
+
+// kSteps steps with the model's rings on or off; `ring`: the device's grouped rings over MPI
+// (TrainContext::tp_ring, as tests/mpi/test_tp_overlap.cpp's run_grouped).
+testing::RunResult run(const std::string& family, std::vector<std::string> keys, bool overlap,
+                       const GridLayout& g, bool grouped = false) {
+  ProcessGrid grid(g);
+  keys.push_back(fmt::format("parallel.tp_overlap={}", overlap));
+  TrainContext context{nullptr, 1e9, &grid, nullptr};
+  std::unique_ptr<MpiComm> ring;
+  if (grouped) {
+    ring = MpiComm::duplicate(grid.tp().raw(), "tp ring (test)");
+    context.tp_ring = ring.get();
+  }
+  return testing::run_steps_in(bf16_deck(family, keys), context, kSteps, [&](int s, Trainer& t) {
+    if (s == 0) EXPECT_EQ(t.model().tp_overlap() != nullptr, overlap);  // else proves nothing
+  });
+}
+
+class Bf16TpOverlap : public ::testing::TestWithParam<std::string> {
+ protected:
+  // bitwise: Note the bounds above (one piece without SP).
+  void check(int dp, int tp, bool sp, std::vector<std::string> extra = {}, bool grouped = false,
+             bool bitwise = false) const {
+    if (world_size() != dp * tp) GTEST_SKIP() << "needs " << dp * tp << " ranks";
+    SCOPED_TRACE(fmt::format("{}: dp {} tp {} sp {} {}{}", GetParam(), dp, tp, sp,
+                             fmt::join(extra, " "), grouped ? " grouped" : ""));
+    extra.push_back(fmt::format("parallel.tp={}", tp));
+    extra.push_back(fmt::format("parallel.sequence_parallel={}", sp));
+    const GridLayout g = make_layout(world_size(), dp, tp, 1);
+    expect_same(run(GetParam(), extra, true, g, grouped), run(GetParam(), extra, false, g),
+                bitwise);
+  }
+};
+
+TEST_P(Bf16TpOverlap, AllRanksTp) { check(1, world_size(), false); }
+TEST_P(Bf16TpOverlap, AllRanksTpInOnePieceBitwise) {
+  check(1, world_size(), false, {"parallel.tp_overlap_chunks=1"}, false, true);
+}
+TEST_P(Bf16TpOverlap, AllRanksTpSequenceParallel) { check(1, world_size(), true); }
+// Full recomputation runs the block's rings again in backward; accumulation and a tied head.
+TEST_P(Bf16TpOverlap, AllRanksTpRecomputeAccumulation) {
+  check(1, world_size(), true, {"train.recompute=full", "train.accum=2", "model.tied_head=true"});
+}
+TEST_P(Bf16TpOverlap, AllRanksTpGroupedRings) { check(1, world_size(), true, {}, true); }
+// One sequence a micro-batch: a piece's GEMM writes its rows of the output in place.
+TEST_P(Bf16TpOverlap, AllRanksTpOneSequence) {
+  check(1, world_size(), true, {"train.micro_batch=1", "train.accum=2"});
+}
+TEST_P(Bf16TpOverlap, Dp2Tp2) {
+  if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  check(2, 2, false, {"parallel.tp_overlap_chunks=1"}, false, true);
+  check(2, 2, false);
+  check(2, 2, true);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, Bf16TpOverlap, ::testing::Values("gpt2", "neox", "llama"),
+                         [](const auto& info) { return std::string(info.param); });
+
+// The strict device backend (no host access to device memory; tp's device communicator and a
+// second one as the rings' own stream, as a device run's NcclComm) with the rings runs the
+// same ops in the same order as the CPU's grouped rings: bit for bit, allocating nothing after
+// step 1. Untied heads, as tests/mpi/test_tp_bf16.cpp's strict test.
+struct StrictOutcome {
+  std::vector<double> losses, norms;
+  std::vector<float> params;
+  size_t step_allocations = 0;
+};
+
+StrictOutcome train_on(Backend& be, const Deck& d, ProcessGrid& grid, Communicator& ring,
+                       testing::StrictComms* comms) {
+  TrainContext ctx{&be, 1e9, &grid, nullptr};
+  if (comms) comms->attach(ctx);
+  ctx.tp_ring = &ring;
+  Trainer t(d, ctx);
+  EXPECT_NE(t.model().tp_overlap(), nullptr);
+  StrictOutcome o;
+  o.step_allocations = testing::run_steps_counted(t, be, d.train.steps, [&](const StepStats& st) {
+                         o.losses.push_back(st.loss);
+                         o.norms.push_back(st.grad_norm);
+                       }).allocations;
+  t.sync_params();
+  o.params.resize(t.model().num_params());
+  be.copy(o.params.data(), t.model().params(), o.params.size() * sizeof(float));
+  return o;
+}
+
+void expect_strict_equals_cpu(const std::string& family, int tp, std::vector<std::string> extra) {
+  SCOPED_TRACE(fmt::format("{} tp {} {}", family, tp, fmt::join(extra, " ")));
+  ProcessGrid grid(testing::layout_of(tp, 1));
+  extra.push_back(fmt::format("parallel.tp={}", tp));
+  extra.push_back("parallel.tp_overlap=true");
+  extra.push_back("model.tied_head=false");
+  const Deck d = bf16_deck(family, extra);
+  auto cpu = make_cpu_backend(1);
+  std::unique_ptr<MpiComm> cpu_ring = MpiComm::duplicate(grid.tp().raw(), "tp ring (test)");
+  const StrictOutcome want = train_on(*cpu, d, grid, *cpu_ring, nullptr);
+  testing::StrictDeviceBackend strict;
+  testing::StrictComms comms(strict, grid, tp, 1);
+  std::unique_ptr<MpiComm> host_ring = MpiComm::duplicate(grid.tp().raw(), "tp ring host (test)");
+  testing::StrictDeviceComm ring(strict, *host_ring);
+  const StrictOutcome got = train_on(strict, d, grid, ring, &comms);
+  EXPECT_EQ(got.losses, want.losses);
+  EXPECT_EQ(got.norms, want.norms);
+  ASSERT_EQ(got.params.size(), want.params.size());
+  EXPECT_EQ(0, std::memcmp(got.params.data(), want.params.data(), got.params.size() * 4))
+      << "the parameters differ";
+  EXPECT_EQ(got.step_allocations, 0u) << "backend allocations during steps 2 on";
+}
+
+TEST(Bf16TpOverlapDevice, StrictDeviceEqualsTheCpuBitForBit) {
+  const int tp = world_size() == 4 ? 2 : world_size();  // dp 2 × tp 2 on 4 ranks
+  expect_strict_equals_cpu("gpt2", tp, {"parallel.sequence_parallel=true"});
+  expect_strict_equals_cpu("llama", tp, {"parallel.sequence_parallel=false"});
+  expect_strict_equals_cpu("llama", tp, {"parallel.sequence_parallel=true", "train.accum=2"});
+}
+
+// auto by fp32's rule (Note [Chunks on the host]): off on one node's shared memory, on where the
+// emulated link slows tp; true runs the rings. With them on, each step reports the tp
+// collectives' time (tp_comm_ms, the emulated wire's) and the part the compute waited for.
+TEST(Bf16TpOverlapSettings, AutoFollowsFp32AndTimesAreReported) {
+  const int tp = world_size() == 4 ? 4 : 2;
+  ProcessGrid grid(make_layout(world_size(), 0, tp, 1));
+  auto be = make_cpu_backend(1);
+  auto deck = [&](std::vector<std::string> o) {
+    o.push_back(fmt::format("parallel.tp={}", tp));
+    o.push_back("parallel.sequence_parallel=true");
+    return bf16_deck("llama", o);
+  };
+  auto engaged = [&](const std::vector<std::string>& o) {
+    Trainer t(deck(o), TrainContext{be.get(), 1e9, &grid, nullptr});
+    return t.model().tp_overlap() != nullptr;
+  };
+  EXPECT_FALSE(engaged({}));  // the default is auto
+  EXPECT_FALSE(engaged({"comm.emulate_gbps=100", "comm.emulate_groups=dp"}));
+  EXPECT_TRUE(engaged({"parallel.tp_overlap=true"}));
+  Trainer t(deck({"comm.emulate_gbps=100", "comm.emulate_groups=tp"}),
+            TrainContext{be.get(), 1e9, &grid, nullptr});
+  ASSERT_NE(t.model().tp_overlap(), nullptr) << "auto left the rings off on an emulated tp link";
+  for (int s = 0; s < 2; ++s) {
+    const StepStats st = t.train_step(s);
+    EXPECT_GT(st.tp_comm_ms, 0.0) << "step " << s + 1;
+    EXPECT_GE(st.tp_exposed_ms, 0.0) << "step " << s + 1;
+    EXPECT_TRUE(std::isfinite(st.tp_exposed_ms));
+  }
+}
+
+}  // namespace
+}  // namespace trident
