@@ -2,10 +2,10 @@
 // src/model/tp_overlap.h): the bf16 rings equal the whole collectives and post ahead; training
 // with them equals training without them over several steps, at tp 2 and tp 4, with and
 // without sequence parallelism, for GPT-2's, NeoX's and Llama's blocks (GQA, RoPE, SwiGLU,
-// RMSNorm), dp 2 × tp 2, full recomputation, and the device's grouped rings; the strict device
-// backend's run with the rings is the CPU's bit for bit; auto follows fp32's rule; tp_comm_ms
-// and tp_exposed_ms are reported.
-// Runs under mpirun with 2 ranks (tp 2) and 4 ranks (tp 4, and dp 2 × tp 2).
+// RMSNorm), dp 2 × tp 2, tp 2 × pp 2, full recomputation, and the device's grouped rings; the
+// strict device backend's run with the rings is the CPU's bit for bit; auto follows fp32's rule;
+// tp_comm_ms and tp_exposed_ms are reported. Runs under mpirun with 2 ranks (tp 2) and 4 ranks (tp
+// 4, and dp 2 × tp 2).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -217,13 +217,14 @@ class Bf16TpOverlap : public ::testing::TestWithParam<std::string> {
  protected:
   // bitwise: Note the bounds above (one piece without SP).
   void check(int dp, int tp, bool sp, std::vector<std::string> extra = {}, bool grouped = false,
-             bool bitwise = false) const {
-    if (world_size() != dp * tp) GTEST_SKIP() << "needs " << dp * tp << " ranks";
-    SCOPED_TRACE(fmt::format("{}: dp {} tp {} sp {} {}{}", GetParam(), dp, tp, sp,
+             bool bitwise = false, int pp = 1) const {
+    if (world_size() != dp * tp * pp) GTEST_SKIP() << "needs " << dp * tp * pp << " ranks";
+    SCOPED_TRACE(fmt::format("{}: dp {} tp {} pp {} sp {} {}{}", GetParam(), dp, tp, pp, sp,
                              fmt::join(extra, " "), grouped ? " grouped" : ""));
     extra.push_back(fmt::format("parallel.tp={}", tp));
+    extra.push_back(fmt::format("parallel.pp={}", pp));
     extra.push_back(fmt::format("parallel.sequence_parallel={}", sp));
-    const GridLayout g = make_layout(world_size(), dp, tp, 1);
+    const GridLayout g = make_layout(world_size(), dp, tp, pp);
     expect_same(run(GetParam(), extra, true, g, grouped), run(GetParam(), extra, false, g),
                 bitwise);
   }
@@ -248,6 +249,14 @@ TEST_P(Bf16TpOverlap, Dp2Tp2) {
   check(2, 2, false, {"parallel.tp_overlap_chunks=1"}, false, true);
   check(2, 2, false);
   check(2, 2, true);
+}
+
+// Pipeline stages: a stage's input and output are this rank's fp32 rows of the residual.
+TEST_P(Bf16TpOverlap, Tp2Pp2) {
+  if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  check(1, 2, true, {"parallel.schedule=1f1b", "train.accum=2"}, false, false, 2);
+  check(1, 2, false, {"parallel.schedule=1f1b", "train.accum=2", "parallel.tp_overlap_chunks=1"},
+        false, true, 2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, Bf16TpOverlap, ::testing::Values("gpt2", "neox", "llama"),
