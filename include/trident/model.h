@@ -498,7 +498,7 @@ class GPT {
   // dout = the block output's fp32 gradient (weight gradients accumulated).
   void moe_forward_bf16(int slot, int local_layer, const BlockActs16& a, int N);
   void moe_backward_bf16(int slot, int local_layer, bfloat16* dln2, const float* dout,
-                         const BlockActs16& a, int N, float dloss_scale);
+                         const BlockActs16& a, int N, float dloss_scale, bool last_micro_batch);
   void recompute_block_bf16(int slot, int local_layer, const float* residual_in);
   // The family's norm, RoPE and MLP up-projection with its activation on the bf16 path.
   void norm_forward_bf16(bfloat16* out, float* mean, float* rstd, const float* inp, const float* w,
@@ -535,8 +535,21 @@ class GPT {
                                     const bfloat16* w, const bfloat16* pre, int B, int T, int K);
   Work column_backward_bf16(float* dinp, float* dw, float* db, const bfloat16* dout,
                             const bfloat16* inp, const bfloat16* w, int B, int T, int OC);
-  void block_forward_bf16_tp(const BlockWeights& w, const BlockWeights16& w16, const BlockActs16& a,
+  // Its part after the sum over tp: the norm's backward of this rank's Nr rows from dout16.
+  void norm_local_backward_bf16(float* dres, bfloat16* dres16, float* dw, float* db,
+                                const bfloat16* dout16, const float* inp, const float* w,
+                                const float* mean, const float* rstd, int Nr, int ln, bool reduce);
+  void block_forward_bf16_tp(int slot, int local_layer, const BlockWeights& w,
+                             const BlockWeights16& w16, const BlockActs16& a,
                              const float* residual_in, int B, int T);
+  // A mixture layer in the bf16 tp block (gpt_bf16_tp_widen.cpp, Note [Widening under tp]):
+  // ln2 and the mixture on this rank's rows; backward from dres, adding ln2's input gradient.
+  void moe_block_forward_bf16_tp(int slot, int local_layer, const BlockWeights& w,
+                                 const BlockActs16& a, const float* mlp_in, int Nr);
+  void moe_block_backward_bf16_tp(int slot, int local_layer, float* dres, bfloat16* dres16,
+                                  const BlockWeights& w, const BlockWeights& dw,
+                                  const BlockActs16& a, const float* mlp_in, int Nr,
+                                  float dloss_scale, bool last_micro_batch);
   float head_forward_bf16_tp(Slot& s, const float* residual, const int32_t* targets, int B, int T);
   void backward_bf16_tp(int slot, float dloss_scale, const float* dstage_output,
                         float* dstage_input, const GradReadyFn& on_ready,

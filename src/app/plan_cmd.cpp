@@ -230,10 +230,8 @@ int run_plan(const PlanArgs& args) {
   if (hw.kind == "gpu" && hw.dtype == "bf16" && !args.json)
     fmt::print("plan: priced in bf16; trident's bf16 runs compute {}context parallelism's "
                "attention (cp > 1) in fp32 ops on bf16 inputs, priced here at bf16 rates (a "
-               "target until a GPU has measured them); with tp > 1 it refuses {}cp > 1 for now "
-               "(Note [bf16 with tp]), so such layouts here are targets\n",
-               model.block.has_moe() ? "the mixtures and " : "",
-               model.block.has_moe() ? "every mixture and " : "");
+               "target until a GPU has measured them), at tp > 1 too (Note [Widening under tp])\n",
+               model.block.has_moe() ? "the mixtures and " : "");
   const int deck_dp = deck.parallel.dp > 0 ? deck.parallel.dp : 1;
   const int global_batch = args.global_batch > 0
                                ? args.global_batch

@@ -93,7 +93,7 @@ void GPT::block_forward_bf16(int slot, int local_layer, const BlockWeights& w,
                              const BlockWeights16& w16, const BlockActs16& a,
                              const float* residual_in, int B, int T) {
   if (tp_.size > 1) {  // Note [bf16 with tp] (gpt_bf16_tp.cpp)
-    block_forward_bf16_tp(w, w16, a, residual_in, B, T);
+    block_forward_bf16_tp(slot, local_layer, w, w16, a, residual_in, B, T);
     return;
   }
   const int C = cfg_.channels, N = B * T, Q = cfg_.heads * cfg_.head_size();
@@ -225,7 +225,7 @@ void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
     const BlockWeights dw = block(layer_grads(i), i);
 
     if (lt.moe) {  // from the fp32 gradient, into d16_c as fc's GEMM would
-      moe_backward_bf16(slot, i, a.d16_c.data(), dres, act, N, dloss_scale);
+      moe_backward_bf16(slot, i, a.d16_c.data(), dres, act, N, dloss_scale, false);
       ready.through(lt.ready_moe);
     } else {
       be_.matmul_backward_bf16(nullptr, dw.fcprojw, dw.fcprojb, dres16, act.fch_gelu, nullptr, N, F,

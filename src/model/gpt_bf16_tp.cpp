@@ -59,11 +59,19 @@ void GPT::norm_gathered_backward_bf16(Work sum, float* dres, bfloat16* dres16, f
   finish_reduce_rows(std::move(sum), dout, dout_partial, B, T, C);
   bfloat16* dout16 = a.d16_c.data();
   be_.cast_to_bf16(dout16, dout, size_t(Nr) * C);
+  norm_local_backward_bf16(dres, dres16, dw, db, dout16, inp, w, mean, rstd, Nr, ln, reduce);
+}
+
+void GPT::norm_local_backward_bf16(float* dres, bfloat16* dres16, float* dw, float* db,
+                                   const bfloat16* dout16, const float* inp, const float* w,
+                                   const float* mean, const float* rstd, int Nr, int ln,
+                                   bool reduce) {
+  const int C = cfg_.channels;
   if (!tp_.sequence_parallel) {  // every rank normalised all rows: dw, db are already whole
     norm_backward_add_bf16(dres, dres16, dw, db, dout16, inp, w, mean, rstd, Nr, C);
     return;
   }
-  float* partial = a.dln_partials.data() + size_t(ln) * 2 * C;
+  float* partial = scratch_->dln_partials.data() + size_t(ln) * 2 * C;
   norm_backward_add_bf16(dres, dres16, partial, db ? partial + C : nullptr, dout16, inp, w, mean,
                          rstd, Nr, C);
   if (!reduce) return;
@@ -73,10 +81,11 @@ void GPT::norm_gathered_backward_bf16(Work sum, float* dres, bfloat16* dres16, f
   be_.fill_zero(partial, 2 * size_t(C) * sizeof(float));
 }
 
-void GPT::block_forward_bf16_tp(const BlockWeights& w, const BlockWeights16& w16,
-                                const BlockActs16& a, const float* residual_in, int B, int T) {
+void GPT::block_forward_bf16_tp(int slot, int local_layer, const BlockWeights& w,
+                                const BlockWeights16& w16, const BlockActs16& a,
+                                const float* residual_in, int B, int T) {
   const int C = cfg_.channels, tps = tp_.size, hs = cfg_.head_size();
-  const int NHl = cfg_.heads / tps, KVHl = cfg_.kv_head_count() / tps, Ql = NHl * hs;
+  const int NHl = cfg_.heads / tps, Ql = NHl * hs;
   const int QKVl = cfg_.qkv_rows() / tps, Fl = cfg_.hidden() / tps;
   const int N = B * T, Nr = N / rows_divisor_;
   // The row-parallel partial sums: in place without SP (Note [Reduce in place]).
@@ -86,11 +95,15 @@ void GPT::block_forward_bf16_tp(const BlockWeights& w, const BlockWeights16& w16
   norm_matmul_bf16(a.qkv, a.ln1, a.ln1_mean, a.ln1_rstd, residual_in, w.ln1w, w.ln1b, w16.qkvw,
                    w.qkvb, B, T, QKVl);
   rope_bf16(a.qkv, N, T, false);
-  be_.attention_forward_gqa_bf16(a.atty, a.att, a.qkv, B, T, NHl, KVHl, hs);
+  block_attention_forward_bf16(a, B, T);  // by blocks with cp (Note [Widening under tp])
   matmul_reduce_bf16(a.residual2, attn_partial, a.atty, w16.attprojw,
                      add_row_bias ? w.attprojb : nullptr, B, T, Ql);
   be_.add(a.residual2, a.residual2, residual_in, size_t(Nr) * C);
   const float* mlp_in = cfg_.parallel_residual ? residual_in : a.residual2;
+  if (moe_[size_t(local_layer)]) {  // this rank's rows (Note [Widening under tp])
+    moe_block_forward_bf16_tp(slot, local_layer, w, a, mlp_in, Nr);
+    return;
+  }
   mlp_up_forward_bf16_tp(w, w16, a, mlp_in, B, T);
   matmul_reduce_bf16(a.residual3, mlp_partial, a.fch_gelu, w16.fcprojw,
                      add_row_bias ? w.fcprojb : nullptr, B, T, Fl);
@@ -131,7 +144,7 @@ void GPT::backward_bf16_tp(int slot, float dloss_scale, const float* dstage_outp
   Slot& s = slots_[slot];
   const int B = s.B, T = s.T, N = B * T, Nr = N / rows_divisor_;
   const int C = cfg_.channels, tps = tp_.size, hs = cfg_.head_size();
-  const int NHl = cfg_.heads / tps, KVHl = cfg_.kv_head_count() / tps, Ql = NHl * hs;
+  const int NHl = cfg_.heads / tps, Ql = NHl * hs;
   const int QKVl = cfg_.qkv_rows() / tps, FCl = cfg_.fc_rows() / tps, Fl = cfg_.hidden() / tps;
   const int Vl = cfg_.padded_vocab / tps;
   const bool tied = cfg_.tied_head, parallel = cfg_.parallel_residual;
@@ -195,30 +208,38 @@ void GPT::backward_bf16_tp(int slot, float dloss_scale, const float* dstage_outp
     const BlockWeights16 w16 = block16(i);
     const BlockWeights dw = block(layer_grads(i), i);
 
-    // The block output's gradient on all N rows (gathered in bf16 with SP), and fcproj's input
-    // gradient (through the GELU in the GEMM, as on tp 1's path).
-    const bfloat16* dout = row_backward_bf16(gelu_in_gemm ? a.d16_4c.data() : a.d16_act.data(),
-                                             gelu_in_gemm ? dw.fcb : nullptr, dres16, w16.fcprojw,
-                                             gelu_in_gemm ? act.fch : nullptr, B, T, Fl);
-    be_.matmul_backward_bf16(nullptr, dw.fcprojw, dw.fcprojb, dout, act.fch_gelu, nullptr, N, Fl,
-                             C);
-    ready.through(lt.ready_fcproj);
-    if (!gelu_in_gemm) {
-      if (cfg_.activation == Activation::kSwiGLU)
-        be_.swiglu_backward_bf16(a.d16_4c.data(), act.fch, a.d16_act.data(), N, Fl);
-      else be_.gelu_erf_backward_bf16(a.d16_4c.data(), act.fch, a.d16_act.data(), size_t(N) * Fl);
+    const bfloat16* dout = nullptr;  // the block output's gradient, all N rows
+    if (lt.moe) {  // this rank's rows, from the fp32 dres (Note [Widening under tp])
+      moe_block_backward_bf16_tp(slot, i, dres, parallel ? nullptr : dres16, w, dw, act,
+                                 parallel ? residual_in : act.residual2, Nr, dloss_scale,
+                                 last_micro_batch);
+      ready.through(lt.ready_moe);
+    } else {
+      // The block output's gradient on all N rows (gathered in bf16 with SP), and fcproj's
+      // input gradient (through the GELU in the GEMM, as on tp 1's path).
+      dout = row_backward_bf16(gelu_in_gemm ? a.d16_4c.data() : a.d16_act.data(),
+                               gelu_in_gemm ? dw.fcb : nullptr, dres16, w16.fcprojw,
+                               gelu_in_gemm ? act.fch : nullptr, B, T, Fl);
+      be_.matmul_backward_bf16(nullptr, dw.fcprojw, dw.fcprojb, dout, act.fch_gelu, nullptr, N, Fl,
+                               C);
+      ready.through(lt.ready_fcproj);
+      if (!gelu_in_gemm) {
+        if (cfg_.activation == Activation::kSwiGLU)
+          be_.swiglu_backward_bf16(a.d16_4c.data(), act.fch, a.d16_act.data(), N, Fl);
+        else be_.gelu_erf_backward_bf16(a.d16_4c.data(), act.fch, a.d16_act.data(), size_t(N) * Fl);
+      }
+      Work sum = column_backward_bf16(dpartial, dw.fcw, gelu_in_gemm ? nullptr : dw.fcb,
+                                      a.d16_4c.data(), act.ln2, w16.fcw, B, T, FCl);
+      ready.through(lt.ready_fc);
+      // As on tp 1's path: sequential, dres and dres16 become residual2's; parallel, dres
+      // collects the block input's and `dout` stays the block output's, which attproj needs.
+      norm_gathered_backward_bf16(std::move(sum), dres, parallel ? nullptr : dres16, dw.ln2w,
+                                  dw.ln2b, dpartial, parallel ? residual_in : act.residual2, w.ln2w,
+                                  act.ln2_mean, act.ln2_rstd, B, T, 2 * i + 1, last_micro_batch);
     }
-    Work sum = column_backward_bf16(dpartial, dw.fcw, gelu_in_gemm ? nullptr : dw.fcb,
-                                    a.d16_4c.data(), act.ln2, w16.fcw, B, T, FCl);
-    ready.through(lt.ready_fc);
-    // As on tp 1's path: sequential, dres and dres16 become residual2's; parallel, dres
-    // collects the block input's and `dout` stays the block output's, which attproj needs.
-    norm_gathered_backward_bf16(std::move(sum), dres, parallel ? nullptr : dres16, dw.ln2w, dw.ln2b,
-                                dpartial, parallel ? residual_in : act.residual2, w.ln2w,
-                                act.ln2_mean, act.ln2_rstd, B, T, 2 * i + 1, last_micro_batch);
     ready.through(lt.ready_ln2);
 
-    if (parallel) {
+    if (parallel && !lt.moe) {
       be_.matmul_backward_bf16(a.d16_c.data(), dw.attprojw, dw.attprojb, dout, act.atty,
                                w16.attprojw, N, Ql, C);
     } else {
@@ -227,11 +248,10 @@ void GPT::backward_bf16_tp(int slot, float dloss_scale, const float* dstage_outp
                                C);
     }
     ready.through(lt.ready_attproj);
-    be_.attention_backward_gqa_bf16(a.d16_3c.data(), a.datt.data(), a.d16_c.data(), act.qkv,
-                                    act.atty, act.att, B, T, NHl, KVHl, hs);
+    block_attention_backward_bf16(a.d16_3c.data(), a.d16_c.data(), act, B, T);
     rope_bf16(a.d16_3c.data(), N, T, true);
-    sum = column_backward_bf16(dpartial, dw.qkvw, dw.qkvb, a.d16_3c.data(), act.ln1, w16.qkvw, B, T,
-                               QKVl);
+    Work sum = column_backward_bf16(dpartial, dw.qkvw, dw.qkvb, a.d16_3c.data(), act.ln1, w16.qkvw,
+                                    B, T, QKVl);
     ready.through(lt.ready_qkv);
     norm_gathered_backward_bf16(std::move(sum), dres, i > begin ? dres16 : nullptr, dw.ln1w,
                                 dw.ln1b, dpartial, residual_in, w.ln1w, act.ln1_mean, act.ln1_rstd,

@@ -22,11 +22,12 @@ namespace trident {
 
 void GPT::make_widen_buffers(int B, int T) {
   if (precision_ != Precision::kBf16) return;
-  const size_t N = size_t(B) * T, C = cfg_.channels;
-  const size_t QKV = cfg_.qkv_rows(), Q = size_t(cfg_.heads) * cfg_.head_size();  // tp 1
+  // This tp rank's heads, and a mixture's rows (Note [Widening under tp] in gpt_bf16_tp_widen.cpp).
+  const size_t N = size_t(B) * T, C = cfg_.channels, tps = tp_.size;
+  const size_t QKV = cfg_.qkv_rows() / tps, Q = cfg_.heads / tps * size_t(cfg_.head_size());
   size_t in = 0, out = 0;
   if (cp_attention_) in = N * QKV, out = N * Q;
-  if (moe_count_ > 0) in = std::max(in, N * C);
+  if (moe_count_ > 0) in = std::max(in, N / rows_divisor_ * C);
   if (in == 0) return;
   Scratch& a = *scratch_;
   a.wide_in = BackendBuffer<float>(be_, in);
@@ -37,28 +38,30 @@ void GPT::make_widen_buffers(int B, int T) {
 }
 
 void GPT::block_attention_forward_bf16(const BlockActs16& a, int B, int T) {
-  const int NH = cfg_.heads, KVH = cfg_.kv_head_count(), hs = cfg_.head_size();
+  const int NH = cfg_.heads / tp_.size, KVH = cfg_.kv_head_count() / tp_.size;
+  const int hs = cfg_.head_size();
   if (!cp_attention_) {
     be_.attention_forward_gqa_bf16(a.atty, a.att, a.qkv, B, T, NH, KVH, hs);
     return;
   }
   const size_t N = size_t(B) * T;
   Scratch& s = *scratch_;
-  be_.cast_to_fp32(s.wide_in.data(), a.qkv, N * cfg_.qkv_rows());
+  be_.cast_to_fp32(s.wide_in.data(), a.qkv, N * (cfg_.qkv_rows() / tp_.size));
   cp_attention_->forward(s.wide_out.data(), a.att, s.wide_in.data(), B, T);
   be_.cast_to_bf16(a.atty, s.wide_out.data(), N * size_t(NH) * hs);
 }
 
 void GPT::block_attention_backward_bf16(bfloat16* dqkv, const bfloat16* dout, const BlockActs16& a,
                                         int B, int T) {
-  const int NH = cfg_.heads, KVH = cfg_.kv_head_count(), hs = cfg_.head_size();
+  const int NH = cfg_.heads / tp_.size, KVH = cfg_.kv_head_count() / tp_.size;
+  const int hs = cfg_.head_size();
   Scratch& s = *scratch_;
   if (!cp_attention_) {
     be_.attention_backward_gqa_bf16(dqkv, s.datt.data(), dout, a.qkv, a.atty, a.att, B, T, NH, KVH,
                                     hs);
     return;
   }
-  const size_t N = size_t(B) * T, QKV = N * cfg_.qkv_rows(), Q = N * size_t(NH) * hs;
+  const size_t N = size_t(B) * T, QKV = N * (cfg_.qkv_rows() / tp_.size), Q = N * size_t(NH) * hs;
   // Forward's inputs again (recomputation or the kept bf16 ones: the same bits either way).
   be_.cast_to_fp32(s.wide_in.data(), a.qkv, QKV);
   be_.cast_to_fp32(s.wide_out.data(), a.atty, Q);
@@ -77,13 +80,13 @@ void GPT::moe_forward_bf16(int slot, int local_layer, const BlockActs16& a, int 
 }
 
 void GPT::moe_backward_bf16(int slot, int local_layer, bfloat16* dln2, const float* dout,
-                            const BlockActs16& a, int N, float dloss_scale) {
+                            const BlockActs16& a, int N, float dloss_scale, bool last_micro_batch) {
   const size_t n = size_t(N) * cfg_.channels;
   Scratch& s = *scratch_;
   be_.cast_to_fp32(s.wide_in.data(), a.ln2, n);
-  // tp 1 on the bf16 path: no partial sums over tp to finish (last_micro_batch unused).
+  // With tp its weight gradients sum over tp on the last micro-batch (Note [Mixtures and tp]).
   moe_backward(slot, local_layer, s.wide_dinp.data(), dout, s.wide_in.data(), N, dloss_scale,
-               false);
+               last_micro_batch);
   be_.cast_to_bf16(dln2, s.wide_dinp.data(), n);
 }
 

@@ -66,11 +66,8 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
     cp_positions_ = cp_positions(T, cp_.size, cp_.rank);
   }
   const bool bf16 = precision_ == Precision::kBf16;
-  // Note [bf16 with tp]: its block is the dense, one-rank-attention one for now.
-  if (bf16 && tp_.size > 1 && (cp_.size > 1 || cfg.has_moe()))
-    input_error("run.precision bf16 with parallel.tp {} and {}: the bf16 tp block has no "
-                "widened attention by blocks or mixture yet; use run.precision fp32 or tp 1",
-                tp_.size, cp_.size > 1 ? "parallel.cp > 1" : "model.moe");
+  // Note [bf16 with tp]: cp and mixtures widen in the tp block as in tp 1's
+  // (Note [Widening under tp]).
   if (bf16 && !options.wte_piece_rows.empty())
     internal_error(__FILE__, __LINE__, "bf16 with the head's gradient in pieces");
   if (stage_.num_layers < 0) stage_.num_layers = cfg.layers - stage_.first_layer;
@@ -206,8 +203,10 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
     a.dbuf_4c2 = floats(N * FCl);
     if (cfg.parallel_residual) a.dparallel = floats(Nr * C);
   }
-  // cp: the delta of the blocks' backward (B·NH·T) fits where T×T attention's scratch would.
-  a.datt = floats(std::max(be_.attention_scratch_floats(B, T, int(Ql), int(NHl)), N * NHl));
+  // cp: the delta of the blocks' backward (B·NH·T), the backend's attention being unused.
+  a.datt = floats(cp_.size > 1
+                      ? N * NHl
+                      : std::max(be_.attention_scratch_floats(B, T, int(Ql), int(NHl)), N * NHl));
   if (cp_.size > 1) {
     cp_attention_ = std::make_unique<CpAttention>(be_, cp_, B, T, int(NHl),
                                                   cfg.kv_head_count() / int(tps), cfg.head_size());
@@ -234,8 +233,8 @@ std::array<size_t, GPT::kBlockBuffers> GPT::block_sizes() const {
   const size_t FCl = cfg_.fc_rows() / tps, Fl = cfg_.hidden() / tps;
   const size_t N = size_t(maxB_) * maxT_, Nr = N / rows_divisor_;
   // cp: the blocks' log-sum-exp, B·NH·T floats (Note [Attention blocks]).
-  const size_t att = std::max(be_.attention_saved_floats(maxB_, maxT_, int(Ql), int(NHl)),
-                              cp_.size > 1 ? N * NHl : 0);
+  const size_t att =
+      cp_.size > 1 ? N * NHl : be_.attention_saved_floats(maxB_, maxT_, int(Ql), int(NHl));
   return {N * C, Nr, Nr, N * QKVl, att, N * Ql, Nr * C, N * C, Nr, Nr, N * FCl, N * Fl, Nr * C};
 }
 

@@ -29,9 +29,8 @@
 // Sizes are elements × 4 B for fp32. The bf16 path holds in 2 B what GEMMs, attention and GELU
 // read (GPT::kBf16Buffer) and keeps the residual stream, the stage input, LayerNorm statistics,
 // the attention state and the scratch between them in 4 B (docs/plan.md compares the bytes per
-// layer with Korthikanti et al. 2022). With tp > 1, which the bf16 path refuses for now, the
-// bf16 terms are the same buffers at the tp sizes: a target, as Megatron's accounting is, not
-// yet an allocation.
+// layer with Korthikanti et al. 2022). With tp > 1 the bf16 terms are the same buffers at the
+// tp sizes, plus Note [bf16 with tp]'s scratch (tests/mpi/test_tp_bf16.cpp compares).
 //
 // Note [Plan ZeRO-3]
 // ZeRO-3 (parallel.zero: 3, Rajbhandari et al. 2020's P_os+g+p; PyTorch FSDP's FULL_SHARD)
@@ -90,7 +89,7 @@
 // runs blockwise under context parallelism and from kBlockwiseAttentionFromT tokens on, a copy
 // of the CPU backend's threshold (that one decides), saving B·NH·max(T, 64²) so that buffers
 // stay monotone in T; its scratch is as large (delta). A fused backward's scratch is the dq
-// accumulators, 4·N·C/tp floats.
+// accumulators, 4·N·C/tp floats, but under cp only delta.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -391,14 +390,18 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
       : hw.attention_tflops > 0 || l.cp > 1
           ? double(fused_attention_saved_floats(int(B), int(Tl), int(NHl)))
           : B * NHl * std::max(T, txt * txt);  // the CPU's: never below the T×T op's size
-  const double att_scratch = hw.attention_tflops > 0 ? 4 * N * Cl : att_saved;  // dq; delta
-  // Context parallelism's exchange buffers (Note [Plan context parallelism]): the ring's two
-  // K/V blocks and, in backward, two dK/dV blocks; allgather's whole sequence of K/V and of
-  // dK/dV. At the activation width (fp32 or bf16) as the attention reads them.
+  // dq; delta (with cp the blocks' backward needs only delta: GPT::make_scratch)
+  const double att_scratch = hw.attention_tflops > 0 && l.cp == 1 ? 4 * N * Cl : att_saved;
+  // Context parallelism's exchange buffers (Note [Plan context parallelism]), CpAttention's, in
+  // fp32 in both precisions (bf16 widens: Note [Widening at the bf16 boundary]), in K/V blocks
+  // of this rank's rows: the host ring's two K/V, two dK/dV and the received dK/dV; a device's
+  // grouped ring two of K/V pairs, one dK/dV and the received; allgather this rank's K/V, the
+  // received dK/dV and the whole sequence of K/V and of dK/dV.
   const double kv_block = 2 * N * cfg.kv_head_count() / tp * cfg.head_size();
+  const double ring_blocks = hw.kind == "gpu" ? 6 : 5;
   const double cp_buffers = l.cp == 1             ? 0
-                            : l.cp_comm == "ring" ? 4 * kv_block
-                                                  : 2 * l.cp * kv_block;
+                            : l.cp_comm == "ring" ? 4 * ring_blocks * kv_block
+                                                  : 4 * (2 + 2 * l.cp) * kv_block;
   // block_sizes() in element counts; bf16 runs hold GPT::kBf16Buffer's in 2 B, the rest
   // (residual stream, LayerNorm statistics, attention state) in 4 B.
   const double sizes[GPT::kBlockBuffers] = {N * C, Nr, Nr, N * QKVl, att_saved, N * Cl, Nr * C,
@@ -459,8 +462,8 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
     // parallelism; dresidual; the attention scratch; the LayerNorm partials.
     const double tp_bufs = l.tp > 1 && l.sequence_parallel ? 3 : 0;
     scratch += 4 * (tp_bufs * N * C + Nr * C + att_scratch + (2.0 * stage.num_layers + 1) * 2 * C);
-    scratch += 4 * T * cfg.rotary_dims();  // RoPE's cos and sin tables, T × rot/2 each
-    scratch += cp_buffers * E;
+    scratch += 4 * Tl * cfg.rotary_dims();  // RoPE's cos and sin, this rank's T × rot/2 each
+    scratch += cp_buffers;
     if (fp32)  // ln_out, dbuf_c, dbuf_c2, dbuf_3c, dbuf_4c, dbuf_4c2
       scratch += 4 * (2 * Nr * C + N * C + N * QKVl + N * Fl + N * FCl +
                       (cfg.parallel_residual ? Nr * C : 0));  // + dparallel
@@ -480,10 +483,11 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
     }
     if (!fp32 && (l.cp > 1 || stage_moe)) {
       // Note [Widening at the bf16 boundary] (src/model/gpt_bf16_widen.cpp): one fp32 set, the
-      // widened input and its gradient (q|k|v, or a mixture's ln2), with cp the output and its.
-      const double Q = double(m.heads) * cfg.head_size();
-      const double in = std::max(l.cp > 1 ? N * cfg.qkv_rows() : 0.0, stage_moe ? N * C : 0.0);
-      scratch += 4 * (2 * in + (l.cp > 1 ? 2 * N * Q : 0.0));
+      // widened input and its gradient (q|k|v, or a mixture's ln2), with cp the output and its;
+      // this tp rank's heads, a mixture's rows Nr (Note [Widening under tp]).
+      const double Ql = NHl * cfg.head_size();
+      const double in = std::max(l.cp > 1 ? N * QKVl : 0.0, stage_moe ? Nr * C : 0.0);
+      scratch += 4 * (2 * in + (l.cp > 1 ? 2 * N * Ql : 0.0));
     }
     if (stage_moe) {
       // One mixture layer's recomputed rows; its backward's gradients of the routed rows (C and

@@ -110,10 +110,6 @@ void check_context_parallel(const Deck& deck, int cp) {
     input_error("model.seq_len {} must be a multiple of 2 * parallel.cp = {}: each sequence is "
                 "split into 2 * cp chunks, two per cp rank (Note [Context parallelism])",
                 T, 2 * cp);
-  if (deck.run.precision == "bf16" && deck.parallel.tp > 1)  // Note [bf16 with tp]
-    input_error("run.precision bf16 with parallel.cp {} and parallel.tp {}: the bf16 tp block has "
-                "no widened attention by blocks yet; use run.precision fp32 or tp 1",
-                cp, deck.parallel.tp);
 }
 
 void check_moe_deck(const Deck& deck, const GPTConfig& cfg, int dp_cp) {
@@ -136,10 +132,6 @@ void check_moe_deck(const Deck& deck, const GPTConfig& cfg, int dp_cp) {
   if (p.tp > 1 && !p.sequence_parallel)
     input_error("model.moe with parallel.tp {} needs parallel.sequence_parallel true: each tp "
                 "rank routes its own rows, as Megatron-Core's experts with tp do",
-                p.tp);
-  if (deck.run.precision == "bf16" && p.tp > 1)  // Note [bf16 with tp]
-    input_error("model.moe with run.precision bf16 and parallel.tp {}: the bf16 tp block has no "
-                "mixture yet; use run.precision fp32 or tp 1",
                 p.tp);
   if (p.zero == 3)
     input_error("model.moe with parallel.zero 3: the mixture's tensors are not gathered by "

@@ -16,6 +16,7 @@
 
 #include "plan/plan_parts.h"
 #include "strict_zero_run.h"
+#include "tp_global_grads.h"
 #include "train_harness.h"
 #include "trident/check.h"
 
@@ -47,42 +48,11 @@ struct Result {
   std::map<std::string, std::vector<float>> grads;  // step 1's, global tensors (live vocab rows)
 };
 
-// Each parameter's step-1 gradient as its global tensor: the tp shards all-gathered and placed
-// by ParamInfo::global_index; a replicated tensor must be equal on every tp rank.
-std::map<std::string, std::vector<float>> global_grads(GPT& m, ProcessGrid* grid) {
-  std::map<std::string, std::vector<float>> out;
-  const int tp = m.tensor_parallel().size;
-  for (const ParamInfo& p : m.params_info()) {
-    size_t global = 1;
-    for (int d : p.global_shape) global *= size_t(d);
-    std::vector<float> shards(p.count * size_t(tp));
-    if (tp > 1) grid->tp().all_gather(m.grads() + p.offset, shards.data(), p.count).wait();
-    else std::memcpy(shards.data(), m.grads() + p.offset, p.count * sizeof(float));
-    std::vector<float> g(global, 0.0f);
-    for (int r = 0; r < tp; ++r) {
-      ParamInfo q = p;
-      q.tp_rank = r;
-      for (size_t i = 0; i < p.count; ++i) {
-        const float x = shards[size_t(r) * p.count + i];
-        if (p.shard == Shard::kReplicated && r > 0) {
-          EXPECT_EQ(x, g[q.global_index(i)]) << p.name << " differs on tp rank " << r;
-          continue;
-        }
-        g[q.global_index(i)] = x;
-      }
-    }
-    if (p.name == "wte" || p.name == "lmw")  // the padding differs between layouts
-      g.resize(size_t(m.config().vocab) * m.config().channels);
-    out[p.name] = std::move(g);
-  }
-  return out;
-}
-
 Result train(const Deck& d, ProcessGrid* grid) {
   Result r;
   const testing::RunResult run = testing::run_steps(d, grid, d.train.steps, [&](int s, Trainer& t) {
     // ZeRO leaves each rank its shard of the summed gradients: the losses tell there.
-    if (s == 0 && d.parallel.zero == 0) r.grads = global_grads(t.model(), grid);
+    if (s == 0 && d.parallel.zero == 0) r.grads = testing::global_grads(t.model(), grid);
   });
   r.losses = run.losses;
   return r;
@@ -236,53 +206,51 @@ TEST(Bf16TensorParallelDevice, StrictDeviceEqualsTheCpuBitForBit) {
 
 // The plan's activation and scratch bytes (src/plan/memory.cpp, Note [bf16 with tp]'s buffers)
 // are what the bf16 model allocates at tp = world, with and without SP, on the head's stage
-// and off it, exactly, as PlanModel.ActivationMemoryIsWhatTheModelAllocates checks at tp 1.
+// and off it, exactly, as PlanModel.ActivationMemoryIsWhatTheModelAllocates checks at tp 1;
+// and at 4 ranks tp 2 × cp 2 (ring and allgather) with Note [Widening under tp]'s fp32 set.
+// (A mixture is left out: the plan's mixture buffers are not yet the MoeLayer's at any tp or
+// precision, e.g. bf16 tp 1 Mixtral: 245 KB planned, 462 KB allocated.)
+void expect_plan_is_model(const Deck& d, ProcessGrid& grid, const char* kind = "gpu") {
+  auto be = make_cpu_backend(1);
+  Trainer t(d, TrainContext{be.get(), 1e9, &grid, nullptr});
+  Hardware hw;  // a GPU in bf16 without a fused attention: the host op's saved state
+  hw.name = "bf16 test", hw.kind = kind, hw.dtype = "bf16", hw.devices_per_node = 8;
+  hw.peak_tflops = 1, hw.gemm = {{64, 1.0}}, hw.memory_gbytes_per_s = 1, hw.memory_gb = 80;
+  hw.intra_node = {10, 0}, hw.inter_node = {10, 0};
+  PlanLayout l;
+  l.tp = d.parallel.tp, l.sequence_parallel = d.parallel.sequence_parallel;
+  l.cp = d.parallel.cp, l.cp_comm = d.parallel.cp_comm, l.ep = d.parallel.ep;
+  l.micro_batch = d.train.micro_batch;
+  double acts = 0;
+  for (const PlanTerm& term : memory_terms(PlanModel::from_deck(d), l, hw))
+    if (term.name == "activations" || term.name == "scratch") acts += term.value;
+  EXPECT_DOUBLE_EQ(acts, double(t.model().activation_bytes()));
+}
+
 TEST(Bf16TensorParallelDevice, PlanMemoryIsWhatTheModelAllocates) {
   const int tp = world_size();
   ProcessGrid grid(make_layout(tp, 1, tp, 1));
-  auto be = make_cpu_backend(1);
   for (const char* family : {"gpt2", "llama"})
     for (bool sp : {false, true}) {
       SCOPED_TRACE(fmt::format("{} tp {} sp {}", family, tp, sp));
-      const Deck d = bf16_deck(
-          family, {fmt::format("parallel.tp={}", tp),
-                   fmt::format("parallel.sequence_parallel={}", sp), "parallel.tp_overlap=false"});
-      Trainer t(d, TrainContext{be.get(), 1e9, &grid, nullptr});
-      Hardware hw;  // a GPU in bf16 without a fused attention: the host op's saved state
-      hw.name = "bf16 test", hw.kind = "gpu", hw.dtype = "bf16", hw.devices_per_node = 8;
-      hw.peak_tflops = 1, hw.gemm = {{64, 1.0}}, hw.memory_gbytes_per_s = 1, hw.memory_gb = 80;
-      hw.intra_node = {10, 0}, hw.inter_node = {10, 0};
-      PlanLayout l;
-      l.tp = tp, l.sequence_parallel = sp, l.micro_batch = d.train.micro_batch;
-      double acts = 0;
-      for (const PlanTerm& term : memory_terms(PlanModel::from_deck(d), l, hw))
-        if (term.name == "activations" || term.name == "scratch") acts += term.value;
-      EXPECT_DOUBLE_EQ(acts, double(t.model().activation_bytes()));
+      expect_plan_is_model(bf16_deck(family, {fmt::format("parallel.tp={}", tp),
+                                              fmt::format("parallel.sequence_parallel={}", sp),
+                                              "parallel.tp_overlap=false"}),
+                           grid);
     }
-}
-
-// The bf16 tp block is the dense one with one rank's attention: with cp > 1 or a mixture the
-// trainer refuses the combination by name (exit 2) rather than run tp's block without them.
-TEST(Bf16TensorParallelDevice, CpOrMixtureWithTpIsRefused) {
-  if (world_size() != 4) GTEST_SKIP() << "tp 2 x cp 2, or tp 2 x dp 2, on 4 ranks";
-  auto be = make_cpu_backend(1);
-  auto refused = [&](const Deck& d, ProcessGrid& grid, const char* key) {
-    try {
-      Trainer t(d, TrainContext{be.get(), 1e9, &grid, nullptr});
-      ADD_FAILURE() << "accepted bf16 tp 2 with " << key;
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ExitCode::kBadInput);
-      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("run.precision bf16"), std::string::npos) << e.what();
-    }
-  };
+  if (tp != 4) return;
+  // The ring as the host runs it (a device's grouped ring holds one K/V block more).
   ProcessGrid cp_grid(complete_layout({.world = 4, .tp = 2, .cp = 2}));
-  refused(bf16_deck("llama", {"parallel.tp=2", "parallel.cp=2", "parallel.sequence_parallel=true"}),
-          cp_grid, "parallel.cp");
-  ProcessGrid dp_grid(make_layout(4, 2, 2, 1));
-  refused(bf16_deck("llama", {"parallel.tp=2", "parallel.sequence_parallel=true",
-                              "model.moe.experts=4", "model.moe.ffn_width=64"}),
-          dp_grid, "model.moe");
+  for (const char* mode : {"ring", "allgather"})
+    for (bool sp : {false, true}) {
+      SCOPED_TRACE(fmt::format("llama tp 2 cp 2 {} sp {}", mode, sp));
+      expect_plan_is_model(
+          bf16_deck("llama", {"parallel.tp=2", "parallel.cp=2", "model.tied_head=false",
+                              fmt::format("parallel.cp_comm={}", mode),
+                              fmt::format("parallel.sequence_parallel={}", sp),
+                              "parallel.tp_overlap=false"}),
+          cp_grid, mode == std::string("ring") ? "cpu" : "gpu");
+    }
 }
 
 }  // namespace

@@ -259,6 +259,27 @@ TEST_P(Bf16TpOverlap, Tp2Pp2) {
         false, true, 2);
 }
 
+// With context parallelism (tp 2 × cp 2) and a mixture (tp 2 with SP, dp 2): the attention
+// half's rings as the dense block's; a mixture layer's MLP half has no tp collective
+// (Note [Widening under tp]).
+TEST(Bf16TpOverlapWidened, CpAndMixture) {
+  if (world_size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  const GridLayout cp = complete_layout({.world = 4, .tp = 2, .cp = 2});
+  for (const char* mode : {"ring", "allgather"}) {
+    const std::vector<std::string> k = {"parallel.tp=2", "parallel.cp=2",
+                                        fmt::format("parallel.cp_comm={}", mode),
+                                        "parallel.sequence_parallel=true"};
+    SCOPED_TRACE(fmt::format("llama tp 2 cp 2 {}", mode));
+    expect_same(run("llama", k, true, cp), run("llama", k, false, cp), false);
+  }
+  const GridLayout dp = make_layout(4, 2, 2, 1);
+  const std::vector<std::string> k = {"model.family=mixtral", "model.moe.experts=4",
+                                      "model.moe.top_k=2",    "model.moe.ffn_width=32",
+                                      "parallel.tp=2",        "parallel.sequence_parallel=true"};
+  SCOPED_TRACE("mixtral dp 2 tp 2");
+  expect_same(run("llama", k, true, dp), run("llama", k, false, dp), false);
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, Bf16TpOverlap, ::testing::Values("gpt2", "neox", "llama"),
                          [](const auto& info) { return std::string(info.param); });
 

@@ -46,12 +46,13 @@ TEST(PlanCp, ActivationsHalveAtCp2) {
   EXPECT_NEAR(two / one, 0.5, 0.001);
 }
 
-// The exchange buffers: the ring's two K/V blocks and two dK/dV blocks, 4·kv; allgather's whole
-// sequence of K/V and of dK/dV, 2·cp·kv; kv = 2·(T/cp)·KVH·hd elements, bf16 on the H100.
+// The exchange buffers: a device's grouped ring's two K/V pairs, a dK/dV block and the received
+// one, 6·kv; allgather's own K/V, the received dK/dV and the whole sequence of K/V and of dK/dV,
+// (2 + 2·cp)·kv; kv = 2·(T/cp)·KVH·hd elements, fp32 (CpAttention's) in a bf16 run too.
 TEST(PlanCp, RingAndAllgatherBuffers) {
   const PlanModel m = llama_1b(16384);
   const Hardware hw = h100();
-  const double cp = 4, kv = 2 * (16384 / cp) * 8 * 64 * 2;  // bytes
+  const double cp = 4, kv = 2 * (16384 / cp) * 8 * 64 * 4;  // bytes
   const double ring = term(memory_terms(m, layout(1, 4, "ring"), hw), "scratch");
   const double gather = term(memory_terms(m, layout(1, 4, "allgather"), hw), "scratch");
   EXPECT_DOUBLE_EQ(gather - ring, (2 * cp - 4) * kv);
