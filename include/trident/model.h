@@ -520,10 +520,25 @@ class GPT {
   void gather_rows_bf16(bfloat16* full, const bfloat16* local, int B, int T, int C);
   void norm_gathered_bf16(bfloat16* out_full, float* mean, float* rstd, const float* inp,
                           const float* w, const float* b, int B, int T);
-  void norm_gathered_backward_bf16(float* dres, bfloat16* dres16, float* dw, float* db,
+  // `sum`: start_norm_gathered_backward(dout_partial, ...), waited for here.
+  void norm_gathered_backward_bf16(Work sum, float* dres, bfloat16* dres16, float* dw, float* db,
                                    float* dout_partial, const float* inp, const float* w,
                                    const float* mean, const float* rstd, int B, int T, int ln,
                                    bool reduce);
+  // The bf16 tp block's linears, chunked beside their collectives where parallel.tp_overlap is
+  // on (tp_overlap_bf16.cpp; Note [Tensor-parallel overlap in bf16]), as norm_matmul,
+  // matmul_reduce, row_backward and column_backward do in fp32.
+  void norm_matmul_bf16(bfloat16* out, bfloat16* normed, float* mean, float* rstd, const float* inp,
+                        const float* nw, const float* nb, const bfloat16* w, const float* b, int B,
+                        int T, int OC);
+  void mlp_up_forward_bf16_tp(const BlockWeights& w, const BlockWeights16& w16,
+                              const BlockActs16& a, const float* mlp_in, int B, int T);
+  void matmul_reduce_bf16(float* out, float* partial, const bfloat16* inp, const bfloat16* w,
+                          const float* bias, int B, int T, int K);
+  const bfloat16* row_backward_bf16(bfloat16* dinp, float* dbias, const bfloat16* dlocal,
+                                    const bfloat16* w, const bfloat16* pre, int B, int T, int K);
+  Work column_backward_bf16(float* dinp, float* dw, float* db, const bfloat16* dout,
+                            const bfloat16* inp, const bfloat16* w, int B, int T, int OC);
   // Its part after the sum over tp: the norm's backward of this rank's Nr rows from dout16.
   void norm_local_backward_bf16(float* dres, bfloat16* dres16, float* dw, float* db,
                                 const bfloat16* dout16, const float* inp, const float* w,

@@ -204,11 +204,6 @@ void validate(const DeckReader& r) {
       input_error("{}: run.precision bf16 needs run.backend cuda: the CPU backend computes in "
                   "fp32 (its bf16 ops only emulate the GPU's rounding for tests, and are slower)",
                   r.blame({"run.precision", "run.backend"}));
-    // Note [bf16 with tp] (src/model/gpt_bf16_tp.cpp): tp runs, its chunked rings do not.
-    if (d.parallel.tp > 1 && d.parallel.tp_overlap == "true")
-      input_error("{}: run.precision bf16 with parallel.tp_overlap true: the chunked tp rings "
-                  "run in fp32 only; set parallel.tp_overlap false (auto is off with bf16)",
-                  r.blame({"run.precision", "parallel.tp_overlap"}));
     if (d.parallel.schedule == "zb-h1")
       input_error("{}: run.precision bf16 does not split backward: use parallel.schedule 1f1b, "
                   "gpipe or interleaved",

@@ -230,8 +230,8 @@ const std::vector<Key>& table() {
                "input-gradient sums travel while the weight gradients are computed (Note "
                "[Tensor-parallel overlap] in src/model/tp_overlap.h); CPU backend. auto: where it "
                "wins, when the tp group spans nodes or comm.emulate_groups names tp (on one "
-               "node's shared memory the bytes move only while compute waits); fp32 only (off "
-               "with run.precision bf16)"},
+               "node's shared memory the bytes move only while compute waits); run.precision bf16 "
+               "too, its gathers in bf16 and its sums in fp32"},
       {.name = "parallel.tp_overlap_chunks",
        .field = at<&Deck::parallel, &ParallelConfig::tp_overlap_chunks>(), .min = ge(0),
        .help = "with parallel.tp_overlap: the pieces each rank's ring chunk is cut into with "

@@ -11,7 +11,9 @@
 // for the norm's bf16 backward; with SP the row-parallel GEMMs' bf16 dout is gathered in bf16.
 // Head: fp32 logits of this rank's vocabulary in one [N, V/tp] scratch for all slots (4 B a
 // logit beyond tp 1's path) feed the fp32 vocab-parallel loss; its gradient is rounded once.
-// tp_overlap's chunked rings are fp32 only: bf16 refuses true, and auto resolves to off.
+//
+// parallel.tp_overlap chunks these collectives as in fp32:
+// Note [Tensor-parallel overlap in bf16] in tp_overlap.h.
 #include <algorithm>
 
 #include "model/gpt_phase.h"
@@ -47,14 +49,14 @@ void GPT::norm_gathered_bf16(bfloat16* out_full, float* mean, float* rstd, const
 // (and writes dres16 when non-null). With SP the norm's weight gradients are partial too
 // (Note [Sequence-parallel LayerNorm gradients]): `ln` is its partial buffer, `reduce` the
 // step's last micro-batch.
-void GPT::norm_gathered_backward_bf16(float* dres, bfloat16* dres16, float* dw, float* db,
+void GPT::norm_gathered_backward_bf16(Work sum, float* dres, bfloat16* dres16, float* dw, float* db,
                                       float* dout_partial, const float* inp, const float* w,
                                       const float* mean, const float* rstd, int B, int T, int ln,
                                       bool reduce) {
   const int C = cfg_.channels, Nr = B * T / rows_divisor_;
   Scratch& a = *scratch_;
   float* dout = tp_.sequence_parallel ? a.ln_out.data() : dout_partial;
-  reduce_rows(dout, dout_partial, B, T, C);
+  finish_reduce_rows(std::move(sum), dout, dout_partial, B, T, C);
   bfloat16* dout16 = a.d16_c.data();
   be_.cast_to_bf16(dout16, dout, size_t(Nr) * C);
   norm_local_backward_bf16(dres, dres16, dw, db, dout16, inp, w, mean, rstd, Nr, ln, reduce);
@@ -90,24 +92,21 @@ void GPT::block_forward_bf16_tp(int slot, int local_layer, const BlockWeights& w
   float* attn_partial = tp_.sequence_parallel ? scratch_->full_c.data() : a.residual2;
   float* mlp_partial = tp_.sequence_parallel ? scratch_->full_c.data() : a.residual3;
   const bool add_row_bias = tp_.rank == 0;
-  norm_gathered_bf16(a.ln1, a.ln1_mean, a.ln1_rstd, residual_in, w.ln1w, w.ln1b, B, T);
-  be_.matmul_forward_bf16(a.qkv, a.ln1, w16.qkvw, w.qkvb, N, C, QKVl);
+  norm_matmul_bf16(a.qkv, a.ln1, a.ln1_mean, a.ln1_rstd, residual_in, w.ln1w, w.ln1b, w16.qkvw,
+                   w.qkvb, B, T, QKVl);
   rope_bf16(a.qkv, N, T, false);
   block_attention_forward_bf16(a, B, T);  // by blocks with cp (Note [Widening under tp])
-  be_.matmul_forward_add_bf16(attn_partial, nullptr, a.atty, w16.attprojw,
-                              add_row_bias ? w.attprojb : nullptr, N, Ql, C);
-  reduce_rows(a.residual2, attn_partial, B, T, C);
+  matmul_reduce_bf16(a.residual2, attn_partial, a.atty, w16.attprojw,
+                     add_row_bias ? w.attprojb : nullptr, B, T, Ql);
   be_.add(a.residual2, a.residual2, residual_in, size_t(Nr) * C);
   const float* mlp_in = cfg_.parallel_residual ? residual_in : a.residual2;
   if (moe_[size_t(local_layer)]) {  // this rank's rows (Note [Widening under tp])
     moe_block_forward_bf16_tp(slot, local_layer, w, a, mlp_in, Nr);
     return;
   }
-  norm_gathered_bf16(a.ln2, a.ln2_mean, a.ln2_rstd, mlp_in, w.ln2w, w.ln2b, B, T);
-  mlp_up_forward_bf16(w, w16, a, N);
-  be_.matmul_forward_add_bf16(mlp_partial, nullptr, a.fch_gelu, w16.fcprojw,
-                              add_row_bias ? w.fcprojb : nullptr, N, Fl, C);
-  reduce_rows(a.residual3, mlp_partial, B, T, C);
+  mlp_up_forward_bf16_tp(w, w16, a, mlp_in, B, T);
+  matmul_reduce_bf16(a.residual3, mlp_partial, a.fch_gelu, w16.fcprojw,
+                     add_row_bias ? w.fcprojb : nullptr, B, T, Fl);
   be_.add(a.residual3, a.residual3, a.residual2, size_t(Nr) * C);
 }
 
@@ -159,12 +158,6 @@ void GPT::backward_bf16_tp(int slot, float dloss_scale, const float* dstage_outp
   const bool has_head = head_chunk(s), has_embedding = embedding_chunk(s);
   ReadyWalk ready(on_ready, first_ready(s), table_->tied_wte_index, 1);
   const int L = stage_.num_layers;  // norm partial sums: 2 per local block, then lnf's
-  // dres16 on all N rows, for the row-parallel GEMMs (gathered in bf16 with SP).
-  auto dres16_all_rows = [&]() -> const bfloat16* {
-    if (rows_divisor_ == 1) return dres16;
-    gather_rows_bf16(a.dfull16.data(), dres16, B, T, C);
-    return a.dfull16.data();
-  };
 
   const float* last_residual =
       end > begin ? block_acts16(slot, end - 1).residual3 : s.encoded.data();
@@ -192,9 +185,10 @@ void GPT::backward_bf16_tp(int slot, float dloss_scale, const float* dstage_outp
     be_.matmul_backward_input_fp32_bf16(dpartial, dlogits, head_w16, N, C, Vl);
     be_.fill_zero(dres, size_t(Nr) * C * sizeof(float));
     float* H = head_grads();
-    norm_gathered_backward_bf16(dres, dres16, H + table_->lnfw, at(H, table_->lnfb), dpartial,
-                                last_residual, P + table_->lnfw, h.lnf_mean.data(),
-                                h.lnf_rstd.data(), B, T, 2 * L, last_micro_batch);
+    norm_gathered_backward_bf16(start_norm_gathered_backward(dpartial, B, T, C), dres, dres16,
+                                H + table_->lnfw, at(H, table_->lnfb), dpartial, last_residual,
+                                P + table_->lnfw, h.lnf_mean.data(), h.lnf_rstd.data(), B, T, 2 * L,
+                                last_micro_batch);
     ready.through(table_->head_last_index);
   } else {
     TRIDENT_CHECK(dstage_output != nullptr, "a stage before the last needs its output gradient");
@@ -221,45 +215,47 @@ void GPT::backward_bf16_tp(int slot, float dloss_scale, const float* dstage_outp
                                  last_micro_batch);
       ready.through(lt.ready_moe);
     } else {
-      dout = dres16_all_rows();
+      // The block output's gradient on all N rows (gathered in bf16 with SP), and fcproj's
+      // input gradient (through the GELU in the GEMM, as on tp 1's path).
+      dout = row_backward_bf16(gelu_in_gemm ? a.d16_4c.data() : a.d16_act.data(),
+                               gelu_in_gemm ? dw.fcb : nullptr, dres16, w16.fcprojw,
+                               gelu_in_gemm ? act.fch : nullptr, B, T, Fl);
       be_.matmul_backward_bf16(nullptr, dw.fcprojw, dw.fcprojb, dout, act.fch_gelu, nullptr, N, Fl,
                                C);
       ready.through(lt.ready_fcproj);
-      if (gelu_in_gemm) {
-        be_.matmul_dgelu_backward_bf16(a.d16_4c.data(), dw.fcb, dout, w16.fcprojw, act.fch, N, Fl,
-                                       C);
-      } else {
-        be_.matmul_backward_bf16(a.d16_act.data(), nullptr, nullptr, dout, nullptr, w16.fcprojw, N,
-                                 Fl, C);
+      if (!gelu_in_gemm) {
         if (cfg_.activation == Activation::kSwiGLU)
           be_.swiglu_backward_bf16(a.d16_4c.data(), act.fch, a.d16_act.data(), N, Fl);
         else be_.gelu_erf_backward_bf16(a.d16_4c.data(), act.fch, a.d16_act.data(), size_t(N) * Fl);
       }
-      be_.matmul_backward_bf16(nullptr, dw.fcw, gelu_in_gemm ? nullptr : dw.fcb, a.d16_4c.data(),
-                               act.ln2, nullptr, N, C, FCl);
+      Work sum = column_backward_bf16(dpartial, dw.fcw, gelu_in_gemm ? nullptr : dw.fcb,
+                                      a.d16_4c.data(), act.ln2, w16.fcw, B, T, FCl);
       ready.through(lt.ready_fc);
-      be_.matmul_backward_input_fp32_bf16(dpartial, a.d16_4c.data(), w16.fcw, N, C, FCl);
       // As on tp 1's path: sequential, dres and dres16 become residual2's; parallel, dres
       // collects the block input's and `dout` stays the block output's, which attproj needs.
-      norm_gathered_backward_bf16(dres, parallel ? nullptr : dres16, dw.ln2w, dw.ln2b, dpartial,
-                                  parallel ? residual_in : act.residual2, w.ln2w, act.ln2_mean,
-                                  act.ln2_rstd, B, T, 2 * i + 1, last_micro_batch);
+      norm_gathered_backward_bf16(std::move(sum), dres, parallel ? nullptr : dres16, dw.ln2w,
+                                  dw.ln2b, dpartial, parallel ? residual_in : act.residual2, w.ln2w,
+                                  act.ln2_mean, act.ln2_rstd, B, T, 2 * i + 1, last_micro_batch);
     }
     ready.through(lt.ready_ln2);
 
-    if (!parallel || lt.moe) dout = dres16_all_rows();
-    be_.matmul_backward_bf16(a.d16_c.data(), dw.attprojw, dw.attprojb, dout, act.atty, w16.attprojw,
-                             N, Ql, C);
+    if (parallel && !lt.moe) {
+      be_.matmul_backward_bf16(a.d16_c.data(), dw.attprojw, dw.attprojb, dout, act.atty,
+                               w16.attprojw, N, Ql, C);
+    } else {
+      dout = row_backward_bf16(a.d16_c.data(), nullptr, dres16, w16.attprojw, nullptr, B, T, Ql);
+      be_.matmul_backward_bf16(nullptr, dw.attprojw, dw.attprojb, dout, act.atty, nullptr, N, Ql,
+                               C);
+    }
     ready.through(lt.ready_attproj);
     block_attention_backward_bf16(a.d16_3c.data(), a.d16_c.data(), act, B, T);
     rope_bf16(a.d16_3c.data(), N, T, true);
-    be_.matmul_backward_bf16(nullptr, dw.qkvw, dw.qkvb, a.d16_3c.data(), act.ln1, nullptr, N, C,
-                             QKVl);
+    Work sum = column_backward_bf16(dpartial, dw.qkvw, dw.qkvb, a.d16_3c.data(), act.ln1, w16.qkvw,
+                                    B, T, QKVl);
     ready.through(lt.ready_qkv);
-    be_.matmul_backward_input_fp32_bf16(dpartial, a.d16_3c.data(), w16.qkvw, N, C, QKVl);
-    norm_gathered_backward_bf16(dres, i > begin ? dres16 : nullptr, dw.ln1w, dw.ln1b, dpartial,
-                                residual_in, w.ln1w, act.ln1_mean, act.ln1_rstd, B, T, 2 * i,
-                                last_micro_batch);
+    norm_gathered_backward_bf16(std::move(sum), dres, i > begin ? dres16 : nullptr, dw.ln1w,
+                                dw.ln1b, dpartial, residual_in, w.ln1w, act.ln1_mean, act.ln1_rstd,
+                                B, T, 2 * i, last_micro_batch);
     ready.through(lt.ready_ln1);
   }
   if (!has_embedding) {

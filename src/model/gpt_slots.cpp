@@ -66,11 +66,8 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
     cp_positions_ = cp_positions(T, cp_.size, cp_.rank);
   }
   const bool bf16 = precision_ == Precision::kBf16;
-  // Note [bf16 with tp] (gpt_bf16_tp.cpp): the chunked rings are fp32's (the deck refuses both).
-  // cp and mixtures widen in its block as in tp 1's (Note [Widening under tp]).
-  if (bf16 && tp_.size > 1 && tp_.overlap)
-    input_error("run.precision bf16 with parallel.tp_overlap true: the chunked tp rings run in "
-                "fp32 only; set parallel.tp_overlap false (or auto)");
+  // Note [bf16 with tp]: cp and mixtures widen in the tp block as in tp 1's
+  // (Note [Widening under tp]).
   if (bf16 && !options.wte_piece_rows.empty())
     internal_error(__FILE__, __LINE__, "bf16 with the head's gradient in pieces");
   if (stage_.num_layers < 0) stage_.num_layers = cfg.layers - stage_.first_layer;
@@ -193,6 +190,7 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
       if (tp_.sequence_parallel) {
         a.ln_out = floats(Nr * C);
         a.ln16_local = halves(Nr * C), a.stage16 = halves(N * C), a.dfull16 = halves(N * C);
+        if (tp_overlap_) tp_overlap_->set_stage16(a.stage16.data());  // its bf16 ring
       }
       if (stage_.has_head) a.logits32 = floats(N * Vl);
     }

@@ -18,10 +18,13 @@ class RingOrder {
   RingOrder(Communicator& comm, size_t transfers);
 
   bool on_device() const { return mark_ != nullptr; }
-  // send_count floats to rank `to` and recv_count from rank `from`, as one operation (on NCCL
-  // one group: Note [Ring on a device]).
-  Work exchange(const float* send, size_t send_count, int to, float* recv, size_t recv_count,
-                int from);
+  // send_count elements to rank `to` and recv_count from rank `from`, as one operation (on NCCL
+  // one group: Note [Ring on a device]); float or bfloat16 (the bf16 tp block's gathers).
+  template <class E>
+  Work exchange(const E* send, size_t send_count, int to, E* recv, size_t recv_count, int from) {
+    counts(send_count, to, recv_count, from);
+    return comm_.all_to_all_v(send, send_counts_.data(), recv, recv_counts_.data());
+  }
   // The transfer started next reads or overwrites what the compute enqueued so far used: on a
   // device the communication stream waits for a mark recorded now; on the host, nothing to do.
   void before_transfer();
@@ -35,6 +38,7 @@ class RingOrder {
   double settle();
 
  private:
+  void counts(size_t send_count, int to, size_t recv_count, int from);  // exchange()'s
   Communicator& comm_;
   std::shared_ptr<ComputeMark> mark_;              // null on a host communicator
   std::vector<size_t> send_counts_, recv_counts_;  // exchange()'s, sized once

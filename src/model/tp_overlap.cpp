@@ -56,16 +56,17 @@ TpOverlap::TpOverlap(Backend& be, const TensorParallel& tp, int maxN, size_t wid
 // (Note [Sequence-parallel rows]); as it travels it is [B, Tl] rows, cut into pieces of
 // consecutive rows. Rows [r0, r0 + rows) of chunk c sit in the full [B, T] tensor as at most
 // one run per sequence: copied run by run.
-void TpOverlap::move_rows(float* dst, const float* src, bool to_full, int chunk, int r0, int count,
-                          int T, int width) const {
+void TpOverlap::move_rows(void* dst, const void* src, bool to_full, int chunk, int r0, int count,
+                          int T, size_t row) const {
   const int Tl = T / tp_.size;
-  const size_t w = size_t(width);
+  auto* d = static_cast<char*>(dst);
+  const auto* from = static_cast<const char*>(src);
   for (int r = r0; r < r0 + count;) {
     const int b = r / Tl, t = r % Tl, run = std::min(Tl - t, r0 + count - r);
-    const size_t in_full = (size_t(b) * T + size_t(chunk) * Tl + t) * w,
-                 packed = size_t(r - r0) * w;
-    be_.copy(dst + (to_full ? in_full : packed), src + (to_full ? packed : in_full),
-             size_t(run) * w * sizeof(float));
+    const size_t in_full = (size_t(b) * T + size_t(chunk) * Tl + t) * row,
+                 packed = size_t(r - r0) * row;
+    be_.copy(d + (to_full ? in_full : packed), from + (to_full ? packed : in_full),
+             size_t(run) * row);
     r += run;
   }
 }
@@ -73,46 +74,51 @@ void TpOverlap::move_rows(float* dst, const float* src, bool to_full, int chunk,
 void TpOverlap::gather_gemm(float* out, float* in_full, const float* in, const Gemm& g, int src,
                             int r0, int count, int B, int T, int C) {
   const int Tl = T / tp_.size;
-  if (in_full) move_rows(in_full, in, true, src, r0, count, T, C);
+  if (in_full) move_rows(in_full, in, true, src, r0, count, T, size_t(C) * sizeof(float));
   // One sequence: the rows of `out` are contiguous, so the GEMM writes them there.
   float* dst = B == 1 ? out + (size_t(src) * Tl + size_t(r0)) * g.OC : rows_.data();
   if (g.input_gradient)
     be_.matmul_backward(dst, nullptr, nullptr, in, nullptr, g.w, count, g.OC, C);
   else be_.matmul_forward(dst, in, g.w, g.bias, count, C, g.OC);
-  if (B > 1) move_rows(out, rows_.data(), true, src, r0, count, T, g.OC);
+  if (B > 1) move_rows(out, rows_.data(), true, src, r0, count, T, size_t(g.OC) * sizeof(float));
+}
+
+void TpOverlap::gather_matmul(float* out, float* in_full, const float* local, const Gemm& g, int B,
+                              int T, int C) {
+  auto piece = [&](const float* in, int src, int r0, int count) {
+    gather_gemm(out, in_full, in, g, src, r0, count, B, T, C);
+  };
+  if (order_) grouped_gather_ring<float>(local, stage_, B, T, C, piece);
+  else gather_ring<float>(local, stage_, B, T, C, piece);
 }
 
 // The ring's pieces (Note [Tensor-parallel overlap]): step 0 holds this rank's own chunk whole,
 // so it posts all its pieces and takes them in one GEMM; a later step computes each arrived
 // piece while the next ones travel.
-void TpOverlap::gather_matmul(float* out, float* in_full, const float* local, const Gemm& g, int B,
-                              int T, int C) {
-  if (order_) {
-    grouped_gather_matmul(out, in_full, local, g, B, T, C);
-    return;
-  }
+template <class E>
+void TpOverlap::gather_ring(const E* local, E* stage, int B, int T, int C, GatherPiece<E> piece) {
   const int n = tp_.size, r = tp_.rank, Tl = T / n, k = tp_.chunks;
   const int prev = (r + n - 1) % n, next = (r + 1) % n;
   const int Nr = B * Tl, rows = Nr / k;  // a piece's rows
-  const size_t chunk = size_t(Nr) * C, piece = size_t(rows) * C;
+  const size_t chunk = size_t(Nr) * C, count = size_t(rows) * C;
   Communicator& comm = *tp_.comm;
-  const float* held = local;  // the chunk this step computes on, of rank `src`
+  const E* held = local;  // the chunk this step computes on, of rank `src`
   int src = r;
   for (int s = 0; s < n; ++s) {
     const int arriving = (r + n - s - 1) % n;  // the chunk the ring brings during this step
-    float* next_chunk = stage_ + size_t(arriving) * chunk;
+    E* next_chunk = stage + size_t(arriving) * chunk;
     auto post = [&](int q) {  // the next step's piece q, and this step's on to the next rank
       if (s == n - 1) return;
       const size_t i = size_t(s) * k + q;
-      recvs_[i] = comm.recv(next_chunk + q * piece, piece, prev, kTagGather);
+      recvs_[i] = comm.recv(next_chunk + q * count, count, prev, kTagGather);
       note(Event::kRecvPosted, s + 1);
-      sends_[i] = comm.send(held + q * piece, piece, next, kTagGather);
+      sends_[i] = comm.send(held + q * count, count, next, kTagGather);
     };
     if (s == 0) {
       if (!post_late_)
         for (int q = 0; q < k; ++q) post(q);
       note(Event::kComputeBegin, s);
-      gather_gemm(out, in_full, held, g, src, 0, Nr, B, T, C);
+      piece(held, src, 0, Nr);
       note(Event::kComputeEnd, s);
       if (post_late_)
         for (int q = 0; q < k; ++q) post(q);
@@ -121,7 +127,7 @@ void TpOverlap::gather_matmul(float* out, float* in_full, const float* local, co
         wait_tp(be_, recvs_[size_t(s - 1) * k + q], times_);
         if (!post_late_) post(q);
         note(Event::kComputeBegin, s);
-        gather_gemm(out, in_full, held + q * piece, g, src, q * rows, rows, B, T, C);
+        piece(held + q * count, src, q * rows, rows);
         note(Event::kComputeEnd, s);
         if (post_late_) post(q);
       }
@@ -131,44 +137,49 @@ void TpOverlap::gather_matmul(float* out, float* in_full, const float* local, co
   }
   for (int i = 0; i < (n - 1) * k; ++i) wait_tp(be_, sends_[size_t(i)], times_, false);
 }
+template void TpOverlap::gather_ring<float>(const float*, float*, int, int, int,
+                                            GatherPiece<float>);
+template void TpOverlap::gather_ring<bfloat16>(const bfloat16*, bfloat16*, int, int, int,
+                                               GatherPiece<bfloat16>);
 
 void TpOverlap::partial_gemm(float* dst, const float* inp, const float* w, const float* bias, int c,
                              int r0, int count, int B, int T, int K, int C) {
   const float* in = inp + (size_t(c) * (T / tp_.size) + size_t(r0)) * K;  // one sequence
   if (B > 1) {
-    move_rows(rows_.data(), inp, false, c, r0, count, T, K);
+    move_rows(rows_.data(), inp, false, c, r0, count, T, size_t(K) * sizeof(float));
     in = rows_.data();
   }
   be_.matmul_forward(dst, in, w, bias, count, K, C);
 }
 
-// The other way round: the steps before the last compute each piece of a partial sum and pass it
-// on; the last computes this rank's own chunk in one GEMM and adds the pieces as they arrive.
 void TpOverlap::matmul_reduce_scatter(float* out, const float* inp, const float* w,
                                       const float* bias, int B, int T, int K, int C) {
-  if (order_) {
-    grouped_matmul_reduce_scatter(out, inp, w, bias, B, T, K, C);
-    return;
-  }
+  auto piece = [&](float* dst, int c, int r0, int count) {
+    partial_gemm(dst, inp, w, bias, c, r0, count, B, T, K, C);
+  };
+  if (order_) grouped_reduce_scatter_ring(out, B, T, C, piece);
+  else reduce_scatter_ring(out, B, T, C, piece);
+}
+
+// The other way round: the steps before the last compute each piece of a partial sum and pass it
+// on; the last computes this rank's own chunk in one piece and adds the pieces as they arrive.
+void TpOverlap::reduce_scatter_ring(float* out, int B, int T, int C, PartialPiece piece) {
   const int n = tp_.size, r = tp_.rank, Tl = T / n, k = tp_.chunks;
   const int prev = (r + n - 1) % n, next = (r + 1) % n;
   const int Nr = B * Tl, rows = Nr / k;
-  const size_t chunk = size_t(Nr) * C, piece = size_t(rows) * C;
+  const size_t chunk = size_t(Nr) * C, count = size_t(rows) * C;
   Communicator& comm = *tp_.comm;
   float* arrived[2] = {stage_, stage_ + chunk};
-  auto gemm = [&](float* dst, int c, int r0, int count) {
-    partial_gemm(dst, inp, w, bias, c, r0, count, B, T, K, C);
-  };
   for (int s = 0; s < n; ++s) {
     // The chunk whose owner is s + 1 hops ahead: the last step computes this rank's own.
     const int c = (r + 2 * n - s - 1) % n;
     if (s == n - 1) {
       note(Event::kComputeBegin, s);
-      gemm(out, c, 0, Nr);
+      piece(out, c, 0, Nr);
       note(Event::kComputeEnd, s);
       for (int q = 0; q < k; ++q) {
         wait_tp(be_, recvs_[size_t(s) * k + q], times_);
-        be_.add(out + q * piece, out + q * piece, arrived[s % 2] + q * piece, piece);
+        be_.add(out + q * count, out + q * count, arrived[s % 2] + q * count, count);
       }
       break;
     }
@@ -177,21 +188,21 @@ void TpOverlap::matmul_reduce_scatter(float* out, const float* inp, const float*
       const size_t i = size_t(s) * k + q;
       auto post = [&] {
         recvs_[i + size_t(k)] =
-            comm.recv(arrived[(s + 1) % 2] + q * piece, piece, prev, kTagReduce);
+            comm.recv(arrived[(s + 1) % 2] + q * count, count, prev, kTagReduce);
         note(Event::kRecvPosted, s + 1);
       };
       if (!post_late_) post();
       if (s >= 2) wait_tp(be_, sends_[i - 2 * size_t(k)], times_, false);  // this buffer's send
       note(Event::kComputeBegin, s);
-      float* dst = sums + q * piece;
-      gemm(dst, c, q * rows, rows);
+      float* dst = sums + q * count;
+      piece(dst, c, q * rows, rows);
       note(Event::kComputeEnd, s);
       if (post_late_) post();
       if (s > 0) {
         wait_tp(be_, recvs_[i], times_);
-        be_.add(dst, dst, arrived[s % 2] + q * piece, piece);
+        be_.add(dst, dst, arrived[s % 2] + q * count, count);
       }
-      sends_[i] = comm.send(dst, piece, next, kTagReduce);
+      sends_[i] = comm.send(dst, count, next, kTagReduce);
     }
   }
   for (int i = 0; i < (n - 1) * k; ++i) wait_tp(be_, sends_[size_t(i)], times_, false);
@@ -199,19 +210,25 @@ void TpOverlap::matmul_reduce_scatter(float* out, const float* inp, const float*
 
 void TpOverlap::matmul_all_reduce(float* out, const float* inp, const float* w, const float* bias,
                                   int N, int K, int C) {
+  auto piece = [&](int r0, int count) {
+    be_.matmul_forward(out + size_t(r0) * C, inp + size_t(r0) * K, w, bias, count, K, C);
+  };
+  all_reduce_pieces(out, N, C, piece);
+}
+
+void TpOverlap::all_reduce_pieces(float* out, int N, int C, RowsPiece piece) {
   const int chunks = tp_.chunks;
   TRIDENT_CHECK(chunks >= 1 && N % chunks == 0 && size_t(chunks) <= recvs_.size(),
                 "{} rows in {} pieces", N, chunks);
-  const size_t rows = size_t(N / chunks);
+  const int rows = N / chunks;
   // Grouped (Note [Tensor-parallel ring on a device]): on the ring's communicator, each piece
   // after a mark of its GEMM; the compute waits once, after the last.
   if (order_) times_.comm_ms += order_->settle();
   Communicator& comm = order_ ? *tp_.ring : *tp_.comm;
   for (int i = 0; i < chunks; ++i) {
-    float* o = out + size_t(i) * rows * C;
-    be_.matmul_forward(o, inp + size_t(i) * rows * K, w, bias, int(rows), K, C);
+    piece(i * rows, rows);
     if (order_) order_->before_transfer();
-    recvs_[size_t(i)] = comm.all_reduce(o, rows * C);
+    recvs_[size_t(i)] = comm.all_reduce(out + size_t(i) * rows * C, size_t(rows) * C);
   }
   for (int i = 0; i < chunks; ++i) needed(recvs_[size_t(i)]);
 }

@@ -20,17 +20,18 @@ void TpOverlap::needed(Work& w) {
 
 // Step s computes on the chunk of rank r − s while the exchange brings step s + 1's from r − 1
 // and passes this one on to r + 1.
-void TpOverlap::grouped_gather_matmul(float* out, float* in_full, const float* local, const Gemm& g,
-                                      int B, int T, int C) {
+template <class E>
+void TpOverlap::grouped_gather_ring(const E* local, E* stage, int B, int T, int C,
+                                    GatherPiece<E> piece) {
   const int n = tp_.size, r = tp_.rank, Nr = B * (T / n);
   const int prev = (r + n - 1) % n, next = (r + 1) % n;
   const size_t chunk = size_t(Nr) * C;
   times_.comm_ms += order_->settle();
-  const float* held = local;
+  const E* held = local;
   int src = r;
   for (int s = 0; s < n; ++s) {
     const int arriving = (r + n - s - 1) % n;
-    float* next_chunk = stage_ + size_t(arriving) * chunk;
+    E* next_chunk = stage + size_t(arriving) * chunk;
     const bool more = s + 1 < n;
     Work step;
     auto post = [&] {
@@ -41,7 +42,7 @@ void TpOverlap::grouped_gather_matmul(float* out, float* in_full, const float* l
     };
     if (!post_late_) post();
     note(Event::kComputeBegin, s);
-    gather_gemm(out, in_full, held, g, src, 0, Nr, B, T, C);
+    piece(held, src, 0, Nr);
     note(Event::kComputeEnd, s);
     if (post_late_) post();
     if (more) needed(step);
@@ -49,13 +50,16 @@ void TpOverlap::grouped_gather_matmul(float* out, float* in_full, const float* l
     src = arriving;
   }
 }
+template void TpOverlap::grouped_gather_ring<float>(const float*, float*, int, int, int,
+                                                    GatherPiece<float>);
+template void TpOverlap::grouped_gather_ring<bfloat16>(const bfloat16*, bfloat16*, int, int, int,
+                                                       GatherPiece<bfloat16>);
 
 // Step s computes the partial sums of the chunk owned s + 1 hops ahead (the last: this rank's
 // own, into out), while the exchange passes step s − 1's sums on to r + 1 and brings from r − 1
 // the sums this step adds. The exchange is noted as the receive of step s + 1, as the host's
 // ring notes the transfer that runs beside step s (RingEvents' check reads both alike).
-void TpOverlap::grouped_matmul_reduce_scatter(float* out, const float* inp, const float* w,
-                                              const float* bias, int B, int T, int K, int C) {
+void TpOverlap::grouped_reduce_scatter_ring(float* out, int B, int T, int C, PartialPiece piece) {
   const int n = tp_.size, r = tp_.rank, Nr = B * (T / n);
   const int prev = (r + n - 1) % n, next = (r + 1) % n;
   const size_t chunk = size_t(Nr) * C;
@@ -74,7 +78,7 @@ void TpOverlap::grouped_matmul_reduce_scatter(float* out, const float* inp, cons
     };
     if (!post_late_) post();
     note(Event::kComputeBegin, s);
-    partial_gemm(sums, inp, w, bias, c, 0, Nr, B, T, K, C);
+    piece(sums, c, 0, Nr);
     note(Event::kComputeEnd, s);
     if (post_late_) post();
     if (s > 0) {

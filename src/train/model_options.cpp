@@ -159,11 +159,11 @@ void check_moe_deck(const Deck& deck, const GPTConfig& cfg, int dp_cp) {
 // waits, and the chunks would only cost their copies and smaller GEMMs (docs/perf.md). On a
 // device auto is off: its rings (Note [Tensor-parallel ring on a device]) never ran on one, so
 // no measurement says where they win; true runs them. MPI_Comm_split_type is collective over
-// tp: every tp rank resolves it at the same point. bf16 has no rings (Note [bf16 with tp]).
+// tp: every tp rank resolves it at the same point. bf16 by the same rule:
+// Note [Tensor-parallel overlap in bf16].
 bool tp_overlap_on(const Deck& deck, MpiComm& tp, bool device) {
   const std::string& mode = deck.parallel.tp_overlap;
   if (mode == "false" || tp.size() == 1) return false;
-  if (deck.run.precision == "bf16" && mode == "auto") return false;
   if (mode == "true") return true;
   if (device) return false;
   MPI_Comm node = MPI_COMM_NULL;

@@ -56,8 +56,6 @@ expect bad-set-syntax "expected key=value" -- "$bin" train deck.yaml --set model
 expect bad-enum "train.lr_schedule" -- "$bin" train deck.yaml "${common[@]}" --set train.lr_schedule=linear
 # Note [bf16 activations]: bf16 is the GPU's; the CPU's bf16 ops are a test twin.
 expect bf16-on-cpu "run.precision bf16 needs run.backend cuda" -- "$bin" train deck.yaml "${common[@]}" --set run.precision=bf16
-# Note [bf16 with tp]: bf16 runs tp, not tp's chunked rings (fp32 only).
-expect bf16-with-tp-overlap "run.precision bf16 with parallel.tp_overlap true" -- "$bin" train deck.yaml "${common[@]}" --set run.precision=bf16 --set run.backend=cuda --set parallel.tp=2 --set parallel.tp_overlap=true
 expect bad-precision "run.precision" -- "$bin" train deck.yaml "${common[@]}" --set run.precision=fp16
 expect bad-nonfinite "train.nonfinite" -- "$bin" train deck.yaml "${common[@]}" --set train.nonfinite=ignore
 expect heads-not-dividing "heads" -- "$bin" train deck.yaml "${common[@]}" --set model.heads=3

@@ -201,28 +201,8 @@ TEST(Bf16TensorParallelDevice, StrictDeviceEqualsTheCpuBitForBit) {
   expect_strict_equals_cpu("llama", 2, {"parallel.sequence_parallel=true", "parallel.zero=2"});
 }
 
-// Note [bf16 with tp]: the chunked rings are fp32's. auto resolves to off with bf16 (the run
-// trains); true is refused by the deck (tests/cli/test_bad_input.sh) and by the model.
-TEST(Bf16TensorParallelDevice, OverlapAutoIsOffAndTrueIsRefused) {
-  ProcessGrid grid(make_layout(world_size(), 0, world_size(), 1));
-  Deck d = bf16_deck(
-      "gpt2", {fmt::format("parallel.tp={}", world_size()), "parallel.sequence_parallel=true",
-               "parallel.tp_overlap=auto", "comm.emulate_groups=tp", "comm.emulate_gbps=100"});
-  auto be = make_cpu_backend(1);
-  {
-    Trainer t(d, TrainContext{be.get(), 1e9, &grid, nullptr});
-    EXPECT_EQ(t.model().tp_overlap(), nullptr) << "auto turned the rings on with bf16";
-  }
-  d.parallel.tp_overlap = "true";
-  try {
-    Trainer t(d, TrainContext{be.get(), 1e9, &grid, nullptr});
-    FAIL() << "accepted parallel.tp_overlap true with bf16";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ExitCode::kBadInput);
-    EXPECT_NE(std::string(e.what()).find("parallel.tp_overlap"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("run.precision bf16"), std::string::npos) << e.what();
-  }
-}
+// parallel.tp_overlap with bf16 (auto, true, the rings against the unchunked collectives):
+// tests/mpi/test_tp_overlap_bf16.cpp.
 
 // The plan's activation and scratch bytes (src/plan/memory.cpp, Note [bf16 with tp]'s buffers)
 // are what the bf16 model allocates at tp = world, with and without SP, on the head's stage
