@@ -204,31 +204,9 @@ TEST(Bf16Mixture, SigmoidRouterNearFp32) {
 
 // The strict device backend (no host touch of backend memory; device communicators for the
 // gradients, cp's ring and the ep groups) equals the CPU's host definitions bit for bit.
-testing::MoeRun train_strict(const Deck& d, ProcessGrid& grid) {
-  testing::StrictDeviceBackend strict;
-  testing::StrictDeviceComm dp_comm(strict, grid.gradients());
-  std::unique_ptr<testing::StrictDeviceComm> cp_comm;
-  TrainContext ctx;
-  ctx.dp_device = &dp_comm;
-  if (grid.layout().cp > 1) {
-    cp_comm = std::make_unique<testing::StrictDeviceComm>(strict, grid.cp());
-    ctx.cp_device = cp_comm.get();
-  }
-  ctx.device_group = [&](MpiComm& group, const char*, bool) {
-    return std::unique_ptr<Communicator>(
-        std::make_unique<testing::StrictDeviceComm>(strict, group));
-  };
-  ctx.grid = &grid;
-  return testing::run_moe(strict, d, ctx);
-}
-
 void expect_strict_equals_cpu(const Deck& d, int cp) {
   ProcessGrid grid = world_grid(cp);
-  auto cpu = make_cpu_backend(1);
-  TrainContext on_grid;
-  on_grid.grid = &grid;
-  const testing::MoeRun want = testing::run_moe(*cpu, d, on_grid);
-  testing::expect_same_moe_run(train_strict(d, grid), want);
+  testing::expect_strict_moe_equals_cpu(d, grid);
 }
 
 // allgather: a device's ring runs in grouped exchanges (Note [Ring on a device] in

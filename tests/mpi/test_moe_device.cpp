@@ -35,26 +35,11 @@ Deck moe_deck(int ep, std::vector<std::string> keys) {
   return testing::small_layout_deck(o);
 }
 
-// The run on the strict backend with its device communicators (the ep and expert-dp groups'
-// through TrainContext::device_group; their number into *made). As a GPU's NcclComms, each is
-// over a group of its own, and those the reducer's thread drives (dp, the gathers, expert-dp)
-// complete asynchronously: with ZeRO-3 the gathers and reduce-scatters interleave differently
-// on each rank, which blocking collectives on shared groups would deadlock.
+// The run on the strict backend with its device communicators (testing::run_moe_strict: the
+// ep and expert-dp groups', and with ZeRO-3 the experts' gathers', through
+// TrainContext::device_group; their number into *made).
 testing::MoeRun train_strict(const Deck& d, ProcessGrid& grid, size_t* made) {
-  testing::StrictDeviceBackend strict;
-  const testing::StrictComms comms(strict, grid, grid.layout().tp, 1);
-  std::vector<std::unique_ptr<MpiComm>> hosts;
-  TrainContext ctx;
-  comms.attach(ctx);
-  ctx.device_group = [&](MpiComm& group, const char* name, bool compute) {
-    ++*made;
-    hosts.push_back(MpiComm::duplicate(group.raw(), name));
-    auto c = std::make_unique<testing::StrictDeviceComm>(strict, *hosts.back());
-    c->set_asynchronous(!compute);
-    return std::unique_ptr<Communicator>(std::move(c));
-  };
-  ctx.grid = &grid;
-  return testing::run_moe(strict, d, ctx);
+  return testing::run_moe_strict(d, grid, made);
 }
 
 void expect_device_matches_cpu(int ep, std::vector<std::string> keys, int tp = 1) {

@@ -151,27 +151,6 @@ INSTANTIATE_TEST_SUITE_P(Families, Bf16TensorParallel, ::testing::Values("gpt2",
 // the same ops in the same order as the CPU: bit for bit, and nothing allocated after step 1.
 // Untied heads: a device reduces a tied wte's gradient whole, the CPU in dense and sparse parts
 // (Note [Tied embedding gradient]), another summation order.
-struct StrictOutcome {
-  std::vector<double> losses, norms;
-  std::vector<float> params;
-  size_t step_allocations = 0;
-};
-
-StrictOutcome train_on(Backend& be, const Deck& d, ProcessGrid& grid, testing::StrictComms* comms) {
-  TrainContext ctx{&be, 1e9, &grid, nullptr};
-  if (comms) comms->attach(ctx);
-  Trainer t(d, ctx);
-  StrictOutcome o;
-  o.step_allocations = testing::run_steps_counted(t, be, d.train.steps, [&](const StepStats& st) {
-                         o.losses.push_back(st.loss);
-                         o.norms.push_back(st.grad_norm);
-                       }).allocations;
-  t.sync_params();
-  o.params.resize(t.model().num_params());
-  be.copy(o.params.data(), t.model().params(), o.params.size() * sizeof(float));
-  return o;
-}
-
 void expect_strict_equals_cpu(const std::string& family, int tp, std::vector<std::string> extra) {
   SCOPED_TRACE(fmt::format("{} tp {} {}", family, tp, fmt::join(extra, " ")));
   ProcessGrid grid(testing::layout_of(tp, 1));
@@ -179,16 +158,12 @@ void expect_strict_equals_cpu(const std::string& family, int tp, std::vector<std
   extra.push_back("model.tied_head=false");
   const Deck d = bf16_deck(family, extra);
   auto cpu = make_cpu_backend(1);
-  const StrictOutcome want = train_on(*cpu, d, grid, nullptr);
+  const testing::StrictOutcome want = testing::train_outcome(*cpu, d, {nullptr, 1e9, &grid});
   testing::StrictDeviceBackend strict;
   testing::StrictComms comms(strict, grid, tp, 1);
-  const StrictOutcome got = train_on(strict, d, grid, &comms);
-  EXPECT_EQ(got.losses, want.losses);
-  EXPECT_EQ(got.norms, want.norms);
-  ASSERT_EQ(got.params.size(), want.params.size());
-  EXPECT_EQ(0, std::memcmp(got.params.data(), want.params.data(), got.params.size() * 4))
-      << "the parameters differ";
-  EXPECT_EQ(got.step_allocations, 0u) << "backend allocations during steps 2 on";
+  TrainContext ctx{nullptr, 1e9, &grid};
+  comms.attach(ctx);
+  testing::expect_same_outcome(testing::train_outcome(strict, d, ctx), want);
 }
 
 TEST(Bf16TensorParallelDevice, StrictDeviceEqualsTheCpuBitForBit) {

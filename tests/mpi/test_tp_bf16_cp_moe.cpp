@@ -171,25 +171,7 @@ TEST(Bf16TpMixture, MixtralEqualsTp1) {
 // the host's ring (test_bf16_cp_moe).
 void expect_strict_equals_cpu(const Deck& d, const GridSizes& sizes) {
   ProcessGrid grid(complete_layout(sizes));
-  auto cpu = make_cpu_backend(1);
-  TrainContext on_grid;
-  on_grid.grid = &grid;
-  const testing::MoeRun want = testing::run_moe(*cpu, d, on_grid);
-  testing::StrictDeviceBackend strict;
-  testing::StrictComms comms(strict, grid, sizes.tp, 1);
-  std::unique_ptr<testing::StrictDeviceComm> cp_comm;
-  TrainContext ctx;
-  comms.attach(ctx);
-  if (sizes.cp > 1) {
-    cp_comm = std::make_unique<testing::StrictDeviceComm>(strict, grid.cp());
-    ctx.cp_device = cp_comm.get();
-  }
-  ctx.device_group = [&](MpiComm& group, const char*, bool) {
-    return std::unique_ptr<Communicator>(
-        std::make_unique<testing::StrictDeviceComm>(strict, group));
-  };
-  ctx.grid = &grid;
-  testing::expect_same_moe_run(testing::run_moe(strict, d, ctx), want);
+  testing::expect_strict_moe_equals_cpu(d, grid);
 }
 
 TEST(Bf16TpOnADevice, EqualsTheCpuBitForBit) {

@@ -287,30 +287,6 @@ INSTANTIATE_TEST_SUITE_P(Families, Bf16TpOverlap, ::testing::Values("gpt2", "neo
 // second one as the rings' own stream, as a device run's NcclComm) with the rings runs the
 // same ops in the same order as the CPU's grouped rings: bit for bit, allocating nothing after
 // step 1. Untied heads, as tests/mpi/test_tp_bf16.cpp's strict test.
-struct StrictOutcome {
-  std::vector<double> losses, norms;
-  std::vector<float> params;
-  size_t step_allocations = 0;
-};
-
-StrictOutcome train_on(Backend& be, const Deck& d, ProcessGrid& grid, Communicator& ring,
-                       testing::StrictComms* comms) {
-  TrainContext ctx{&be, 1e9, &grid, nullptr};
-  if (comms) comms->attach(ctx);
-  ctx.tp_ring = &ring;
-  Trainer t(d, ctx);
-  EXPECT_NE(t.model().tp_overlap(), nullptr);
-  StrictOutcome o;
-  o.step_allocations = testing::run_steps_counted(t, be, d.train.steps, [&](const StepStats& st) {
-                         o.losses.push_back(st.loss);
-                         o.norms.push_back(st.grad_norm);
-                       }).allocations;
-  t.sync_params();
-  o.params.resize(t.model().num_params());
-  be.copy(o.params.data(), t.model().params(), o.params.size() * sizeof(float));
-  return o;
-}
-
 void expect_strict_equals_cpu(const std::string& family, int tp, std::vector<std::string> extra) {
   SCOPED_TRACE(fmt::format("{} tp {} {}", family, tp, fmt::join(extra, " ")));
   ProcessGrid grid(testing::layout_of(tp, 1));
@@ -320,18 +296,19 @@ void expect_strict_equals_cpu(const std::string& family, int tp, std::vector<std
   const Deck d = bf16_deck(family, extra);
   auto cpu = make_cpu_backend(1);
   std::unique_ptr<MpiComm> cpu_ring = MpiComm::duplicate(grid.tp().raw(), "tp ring (test)");
-  const StrictOutcome want = train_on(*cpu, d, grid, *cpu_ring, nullptr);
+  TrainContext on_cpu{nullptr, 1e9, &grid};
+  on_cpu.tp_ring = cpu_ring.get();
+  const testing::StrictOutcome want = testing::train_outcome(*cpu, d, on_cpu);
   testing::StrictDeviceBackend strict;
   testing::StrictComms comms(strict, grid, tp, 1);
   std::unique_ptr<MpiComm> host_ring = MpiComm::duplicate(grid.tp().raw(), "tp ring host (test)");
   testing::StrictDeviceComm ring(strict, *host_ring);
-  const StrictOutcome got = train_on(strict, d, grid, ring, &comms);
-  EXPECT_EQ(got.losses, want.losses);
-  EXPECT_EQ(got.norms, want.norms);
-  ASSERT_EQ(got.params.size(), want.params.size());
-  EXPECT_EQ(0, std::memcmp(got.params.data(), want.params.data(), got.params.size() * 4))
-      << "the parameters differ";
-  EXPECT_EQ(got.step_allocations, 0u) << "backend allocations during steps 2 on";
+  TrainContext ctx{nullptr, 1e9, &grid};
+  comms.attach(ctx);
+  ctx.tp_ring = &ring;
+  const testing::StrictOutcome got = testing::train_outcome(strict, d, ctx);
+  EXPECT_TRUE(want.tp_rings && got.tp_rings) << "the rings are off";
+  testing::expect_same_outcome(got, want);
 }
 
 TEST(Bf16TpOverlapDevice, StrictDeviceEqualsTheCpuBitForBit) {

@@ -6,9 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "strict_device_backend.h"
+#include "strict_zero_run.h"
 #include "train/data_parallel.h"
 #include "trident/train.h"
 
@@ -52,6 +54,25 @@ inline MoeRun run_moe(Backend& be, const Deck& d, TrainContext context) {
   return o;
 }
 
+// The run on the strict backend with a GPU run's device communicators: dp's, the gathers' and
+// tp's (StrictComms), cp's ring, and the groups the Trainer splits (ep, expert-dp, the experts'
+// gathers) through TrainContext::device_group, their number into *made.
+inline MoeRun run_moe_strict(const Deck& d, ProcessGrid& grid, size_t* made = nullptr) {
+  StrictDeviceBackend strict;
+  const StrictComms comms(strict, grid, grid.layout().tp, 1);
+  std::unique_ptr<StrictDeviceComm> cp;
+  std::vector<std::unique_ptr<MpiComm>> hosts;
+  TrainContext ctx;
+  comms.attach(ctx);
+  if (grid.layout().cp > 1) {
+    cp = std::make_unique<StrictDeviceComm>(strict, grid.cp());
+    ctx.cp_device = cp.get();
+  }
+  ctx.device_group = strict_device_groups(strict, hosts, made);
+  ctx.grid = &grid;
+  return run_moe(strict, d, ctx);
+}
+
 inline void expect_same_moe_run(const MoeRun& got, const MoeRun& want) {
   EXPECT_EQ(got.losses, want.losses);
   EXPECT_EQ(got.norms, want.norms);
@@ -61,6 +82,15 @@ inline void expect_same_moe_run(const MoeRun& got, const MoeRun& want) {
   EXPECT_EQ(got.dropped, want.dropped);
   EXPECT_EQ(got.val, want.val);
   EXPECT_EQ(got.params, want.params);
+}
+
+// The strict device run of `d` on `grid` equals the CPU backend's, bit for bit.
+inline void expect_strict_moe_equals_cpu(const Deck& d, ProcessGrid& grid) {
+  auto cpu = make_cpu_backend(1);
+  TrainContext on_grid;
+  on_grid.grid = &grid;
+  const MoeRun want = run_moe(*cpu, d, on_grid);
+  expect_same_moe_run(run_moe_strict(d, grid), want);
 }
 
 }  // namespace trident::testing

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -77,6 +78,23 @@ struct StrictComms {
   }
 };
 
+// TrainContext::device_group on the strict backend: each group over a host communicator of
+// its own (kept in `hosts`), as an NcclComm is; those the reducer's thread drives (compute
+// false: expert-dp, the experts' gathers) complete asynchronously, as on a stream: with ZeRO-3
+// blocking ones on shared groups deadlock (the gathers and reduce-scatters interleave
+// differently on each rank). `made`, if given, counts them.
+inline auto strict_device_groups(StrictDeviceBackend& strict,
+                                 std::vector<std::unique_ptr<MpiComm>>& hosts,
+                                 size_t* made = nullptr) {
+  return [&strict, &hosts, made](MpiComm& group, const char* name, bool compute) {
+    if (made) ++*made;
+    hosts.push_back(MpiComm::duplicate(group.raw(), name));
+    auto c = std::make_unique<StrictDeviceComm>(strict, *hosts.back());
+    c->set_asynchronous(!compute);
+    return std::unique_ptr<Communicator>(std::move(c));
+  };
+}
+
 // d.train.steps steps of `t`, each one's figures given to `record`; on the strict backend, the
 // backend memory allocated and released in steps 2 on.
 struct StepMemory {
@@ -95,6 +113,40 @@ inline StepMemory run_steps_counted(Trainer& t, Backend& be, int steps,
   }
   if (!strict) return {};
   return {strict->allocations() - allocations, strict->releases() - releases};
+}
+
+// A strict-device comparison's run: the steps' figures, this rank's whole parameters after the
+// last update, and the backend allocations in steps 2 on. `ctx` names the communicators; its
+// backend is set here.
+struct StrictOutcome {
+  std::vector<double> losses, norms;
+  std::vector<float> params;
+  size_t step_allocations = 0;
+  bool tp_rings = false;  // the model ran parallel.tp_overlap's rings
+};
+inline StrictOutcome train_outcome(Backend& be, const Deck& d, TrainContext ctx) {
+  ctx.backend = &be;
+  Trainer t(d, ctx);
+  StrictOutcome o;
+  o.tp_rings = t.model().tp_overlap() != nullptr;
+  o.step_allocations = run_steps_counted(t, be, d.train.steps, [&](const StepStats& st) {
+                         o.losses.push_back(st.loss);
+                         o.norms.push_back(st.grad_norm);
+                       }).allocations;
+  t.sync_params();
+  o.params.resize(t.model().num_params());
+  be.copy(o.params.data(), t.model().params(), o.params.size() * sizeof(float));
+  return o;
+}
+// Bit for bit, and nothing allocated after step 1.
+inline void expect_same_outcome(const StrictOutcome& got, const StrictOutcome& want) {
+  EXPECT_EQ(got.losses, want.losses);
+  EXPECT_EQ(got.norms, want.norms);
+  ASSERT_EQ(got.params.size(), want.params.size());
+  EXPECT_TRUE(got.params.empty() || std::memcmp(got.params.data(), want.params.data(),
+                                                got.params.size() * sizeof(float)) == 0)
+      << "the parameters differ";
+  EXPECT_EQ(got.step_allocations, 0u) << "backend allocations during steps 2 on";
 }
 
 }  // namespace trident::testing
