@@ -334,7 +334,8 @@ class MpiComm : public Communicator {
   std::vector<OpRecord> take_records();
 
   // Note [bf16 gradient compression]
-  // When on, every float32 sum all-reduce of this communicator travels as bf16, for half the
+  // When on, every float32 sum all-reduce and reduce-scatter (ZeRO's) of this communicator
+  // travels as bf16, for half the
   // bytes on the wire (comm.grad_dtype: bf16 on the CPU; PyTorch DDP's bf16_compress_hook):
   // rounded into a staging buffer at the start, summed in bf16 by a user MPI_Op, widened back
   // at completion. Other types and operations are unchanged. Only the gradients' communicator
@@ -378,10 +379,11 @@ class MpiComm : public Communicator {
   std::vector<uint16_t>* take_staging(size_t n);
   void give_staging(std::vector<uint16_t>* buffer);
 
-  struct Staged {                   // a bf16 all-reduce's staging buffer and where its result goes
+  struct Staged {  // a bf16 sum's staging buffer and where its result goes
     std::vector<uint16_t>* buffer;  // null: not staged
     float* out;
     size_t count;
+    size_t offset;  // where the result starts in the buffer (a reduce-scatter's own block; 0)
   };
   // The operation's MPI calls are `post`, made now or, on an emulated link, at its turn.
   Work make_work(const char* op, LinkOp link_op, size_t bytes, size_t requests, Post post,

@@ -36,9 +36,10 @@ namespace trident {
 
 struct NcclCommOptions {
   double timeout_s = kDefaultCommTimeoutSeconds;  // comm.timeout_s
-  // comm.grad_dtype = bf16: every float32 all_reduce of this communicator travels as bf16
-  // (cast on the communication stream, reduced in bf16, cast back to fp32). It applies to all
-  // float32 all-reduces, so give the GradReducer its own NcclComm when it is on.
+  // comm.grad_dtype = bf16: every float32 all_reduce and reduce_scatter (ZeRO's) of this
+  // communicator travels as bf16 (cast on the communication stream, reduced in bf16, cast back
+  // to fp32). It applies to all float32 sums, so give the GradReducer its own NcclComm when it
+  // is on.
   bool grad_bf16 = false;
   // Enqueue on the compute stream instead of an own stream: tensor-parallel collectives, whose
   // results the very next kernel needs (docs/design.md, "The communication thread's

@@ -131,11 +131,13 @@ class MpiWork final : public Work::Impl {
     record_.link_ms = std::chrono::duration<double, std::milli>(link_done - post_at).count();
   }
 
-  // A bf16-staged all-reduce (Note [bf16 gradient compression]): widened into `out` when done.
-  void set_staged(std::vector<uint16_t>* staged, float* out, size_t n) {
+  // A bf16-staged sum (Note [bf16 gradient compression]): its n values at `offset` of the
+  // staging buffer widened into `out` when done.
+  void set_staged(std::vector<uint16_t>* staged, float* out, size_t n, size_t offset) {
     staged_ = staged;
     out_ = out;
     n_ = n;
+    offset_ = offset;
   }
 
   ~MpiWork() override {
@@ -163,7 +165,8 @@ class MpiWork final : public Work::Impl {
                               MPI_STATUSES_IGNORE));
       transport_done_ = flag != 0;
       if (transport_done_) post_ = nullptr;
-      if (transport_done_ && staged_ != nullptr) bf16::to_float(staged_->data(), out_, n_);
+      if (transport_done_ && staged_ != nullptr)
+        bf16::to_float(staged_->data() + offset_, out_, n_);
     }
     const auto now = CommClock::now();
     if (transport_done_) {
@@ -210,7 +213,7 @@ class MpiWork final : public Work::Impl {
   // An abandoned (timed-out) operation keeps its staging buffer: MPI may still write it.
   std::vector<uint16_t>* staged_ = nullptr;
   float* out_ = nullptr;
-  size_t n_ = 0;
+  size_t n_ = 0, offset_ = 0;
 };
 
 MpiComm::MpiComm(MPI_Comm comm, std::string name) : comm_(comm), name_(std::move(name)) {
@@ -322,7 +325,8 @@ Work MpiComm::make_work(const char* op, LinkOp link_op, size_t bytes, size_t req
   }
   auto work = std::make_unique<MpiWork>(this, op, bytes, requests, std::move(post), start, post_at,
                                         link_done);
-  if (staged.buffer != nullptr) work->set_staged(staged.buffer, staged.out, staged.count);
+  if (staged.buffer != nullptr)
+    work->set_staged(staged.buffer, staged.out, staged.count, staged.offset);
   // Note [Paced link]: behind the queue, or posted now (which also posts any queued one due).
   unposted_.push_back(work.get());
   post_due();
@@ -384,20 +388,41 @@ Work MpiComm::start_reduce_scatter(const void* send, void* recv, size_t recv_cou
   check_summable(type, name_);
   const auto start = CommClock::now();
   const size_t pieces = (recv_count + kReducePiece - 1) / kReducePiece;
-  auto post = [send = static_cast<const char*>(send), recv = static_cast<char*>(recv), recv_count,
-               esize = elem_bytes(type), t = mpi_type(type), size = size_, rank = rank_,
-               comm = comm_](MPI_Request* req) {
-    for (int root = 0; root < size; ++root) {
-      const char* block = send + size_t(root) * recv_count * esize;
-      for (size_t done = 0; done < recv_count; done += kReducePiece) {
-        const int n = static_cast<int>(std::min(recv_count - done, kReducePiece));
-        void* out = root == rank ? recv + done * esize : nullptr;
-        TRIDENT_MPI(MPI_Ireduce(block + done * esize, out, n, t, MPI_SUM, root, comm, req++));
+  // The reduces of `data` (esize bytes an element, MPI type t, op): into recv, or with `in_place`
+  // into this rank's own block of data (MPI_IN_PLACE at the root).
+  auto reduces = [recv_count, size = size_, rank = rank_, comm = comm_](
+                     const char* data, char* recv, size_t esize, MPI_Datatype t, MPI_Op op,
+                     bool in_place) {
+    return [=](MPI_Request* req) {
+      for (int root = 0; root < size; ++root) {
+        const char* block = data + size_t(root) * recv_count * esize;
+        for (size_t done = 0; done < recv_count; done += kReducePiece) {
+          const int n = static_cast<int>(std::min(recv_count - done, kReducePiece));
+          const void* in = block + done * esize;
+          void* out = nullptr;
+          if (root == rank) {
+            out = in_place ? const_cast<char*>(block) + done * esize : recv + done * esize;
+            if (in_place) in = MPI_IN_PLACE;
+          }
+          TRIDENT_MPI(MPI_Ireduce(in, out, n, t, op, root, comm, req++));
+        }
       }
-    }
+    };
   };
-  return make_work("reduce_scatter", LinkOp::kReduceScatter, recv_count * size_ * elem_bytes(type),
-                   size_t(size_) * pieces, std::move(post), start);
+  const size_t total = recv_count * size_t(size_);
+  if (bf16_op_ != MPI_OP_NULL && type == ElemType::kFloat32) {  // Note [bf16 gradient compression]
+    std::vector<uint16_t>* staged = take_staging(total);
+    bf16::from_float(static_cast<const float*>(send), staged->data(), total);
+    const auto* wire = reinterpret_cast<const char*>(staged->data());
+    return make_work("reduce_scatter", LinkOp::kReduceScatter, total * 2, size_t(size_) * pieces,
+                     reduces(wire, nullptr, 2, MPI_UINT16_T, bf16_op_, true), start,
+                     {staged, static_cast<float*>(recv), recv_count, size_t(rank_) * recv_count});
+  }
+  return make_work("reduce_scatter", LinkOp::kReduceScatter, total * elem_bytes(type),
+                   size_t(size_) * pieces,
+                   reduces(static_cast<const char*>(send), static_cast<char*>(recv),
+                           elem_bytes(type), mpi_type(type), MPI_SUM, false),
+                   start);
 }
 
 Work MpiComm::start_all_gather(const void* send, void* recv, size_t send_count, ElemType type) {

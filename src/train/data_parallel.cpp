@@ -20,10 +20,6 @@ size_t mib_to_bytes(double mb) {
 void DataParallel::check_deck(const Deck& deck, bool device, int chunks, bool split_backward) {
   // Note [ZeRO-1] (train/zero.h). Refused before anything is allocated.
   const int zero = deck.parallel.zero;
-  if (zero > 0 && deck.comm.grad_dtype == "bf16")
-    input_error("parallel.zero: {} with comm.grad_dtype bf16: the bf16 path compresses "
-                "all-reduces only, not the sharded optimizer's reduce-scatter; use fp32",
-                zero);
   if (deck.parallel.zero_reduce == "micro_batch" && (zero < 2 || chunks > 1 || split_backward))
     input_error("parallel.zero_reduce: micro_batch needs parallel.zero 2 or 3 (got {}), one chunk "
                 "per stage (parallel.virtual_stages {}) and a schedule whose backward is one pass "

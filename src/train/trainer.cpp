@@ -147,6 +147,9 @@ void Trainer::make_expert_groups(GPTOptions& options) {
   expert_dp_comm_ = std::make_unique<MpiComm>(edp, "expert_dp");
   ep_comm_->set_timeout(g.timeout());
   expert_dp_comm_->set_timeout(g.timeout());
+  // Note [bf16 gradient compression]: the experts' gradients travel as the others do (a
+  // device's expert-dp NcclComm gets grad_bf16 from the backend factory).
+  if (deck_.comm.grad_dtype == "bf16") expert_dp_comm_->set_bf16_sums(true);
   // The emulated link (comm.emulate_gbps, when comm.emulate_groups names ep) carries the
   // tokens, both ways.
   if (link_emulated_for(deck_.comm, "ep")) {

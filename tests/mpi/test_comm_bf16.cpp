@@ -89,6 +89,28 @@ TEST(MpiCommBf16, RoundsEachContribution) {
   for (float x : f) ASSERT_EQ(x, float(n));
 }
 
+// ZeRO's reduce-scatter (Note [Reduce-scatter as reduces]) travels as bf16 too: each rank's
+// block is exact where bf16 is (quarter-integers, in pieces over the 4 Mi-element limit of one
+// reduce at the last block), each contribution rounded where it is not (1 + 2^-10 sums to n,
+// not n·(1 + 2^-10)), at half the bytes; the send buffer is left as it was.
+TEST(MpiCommBf16, ReduceScatterSumsInBf16) {
+  auto comm = bf16_comm();
+  const int n = comm->size(), r = comm->rank();
+  const size_t count = 3001;  // per rank: odd
+  std::vector<float> send(count * size_t(n)), recv(count, -1.0f);
+  for (size_t i = 0; i < send.size(); ++i) send[i] = 0.25f * float((r + 1) * int(i % 7));
+  const std::vector<float> before = send;
+  Work w = comm->reduce_scatter(send.data(), recv.data(), count);
+  w.wait();
+  for (size_t i = 0; i < count; ++i)
+    ASSERT_EQ(recv[i], 0.25f * float(n * (n + 1) / 2 * int((size_t(r) * count + i) % 7))) << i;
+  EXPECT_EQ(w.record().bytes, count * size_t(n) * 2) << "bf16 sends half the bytes of float32";
+  EXPECT_EQ(send, before);
+  std::vector<float> inexact(count * size_t(n), 1.0f + 0x1p-10f);
+  comm->reduce_scatter(inexact.data(), recv.data(), count).wait();
+  for (float x : recv) ASSERT_EQ(x, float(n));
+}
+
 TEST(MpiCommBf16, OtherTypesAndLaterOperationsAreUntouched) {
   auto comm = bf16_comm();
   const int n = comm->size();

@@ -285,7 +285,8 @@ TEST(Zero3, RefusesWhatIsNotBuilt) {
   // Note [bf16 unit gathers]: the bf16 weights are gathered into a device's unit pool.
   EXPECT_NE(message_of({"parallel.zero=3"}, "bf16").find("run.precision bf16 needs a device"),
             std::string::npos);
-  EXPECT_NE(message_of({"parallel.zero=3", "comm.grad_dtype=bf16"}).find("comm.grad_dtype bf16"),
+  EXPECT_NE(message_of({"parallel.zero=3", "parallel.dp_replicate=2", "comm.grad_dtype=bf16"})
+                .find("parallel.dp_replicate with comm.grad_dtype bf16"),
             std::string::npos);
 }
 

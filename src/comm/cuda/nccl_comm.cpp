@@ -368,6 +368,17 @@ Work NcclComm::start_all_reduce_op(void* data, size_t count, ElemType type, Redu
 
 Work NcclComm::start_reduce_scatter(const void* send, void* recv, size_t recv_count,
                                     ElemType type) {
+  if (options_.grad_bf16 && type == ElemType::kFloat32) {  // ZeRO's, as the all-reduce above
+    const size_t total = recv_count * size_t(size_);
+    return launch("reduce_scatter", total * sizeof(cuda::bf16), {}, [&] {
+      auto* wire = static_cast<cuda::bf16*>(staging(total * sizeof(cuda::bf16)));
+      cuda::cast_f32_to_bf16_cuda(wire, static_cast<const float*>(send), total, stream_);
+      cuda::bf16* own = wire + size_t(rank_) * recv_count;  // NCCL's in-place reduce-scatter
+      TRIDENT_NCCL(ncclReduceScatter(wire, own, recv_count, ncclBfloat16, ncclSum, comm_, stream_));
+      wait_while_in_progress("reduce_scatter");
+      cuda::cast_bf16_to_f32_cuda(static_cast<float*>(recv), own, 1.0f, recv_count, stream_);
+    });
+  }
   return launch("reduce_scatter", recv_count * size_ * elem_bytes(type), {}, [&] {
     TRIDENT_NCCL(
         ncclReduceScatter(send, recv, recv_count, nccl_type(type), ncclSum, comm_, stream_));
