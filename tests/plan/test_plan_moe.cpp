@@ -1,6 +1,7 @@
 // Mixtures of experts in the plan model (Note [Plan mixture of experts] in src/plan/model.cpp):
 // Mixtral 8x7B's totals against the published ones, its experts' states divided by ep, the
-// all-to-alls, the layouts refused, and the search choosing ep > 1 on DGX H100s.
+// all-to-alls, the layouts refused, the mixture's buffers as the model allocates them, and
+// Mixtral on 16 DGX H100s not fitting them.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -215,7 +216,7 @@ TEST(PlanMoe, RefusesWhatEpCannotSplit) {
 // (ZeRO-2) the experts' states fit only split over ep (dp 16 × ep 8: 64 GB). But the mixture
 // layers' own buffers, as MoeLayer allocates them (Note [Plan mixture memory]), do not: each of
 // the 32 layers keeps its backward scratch, R = ep·k·N = 65536 rows of Fe, 2·Fe and C in fp32
-// (13.4 GB a layer), and per slot R rows of 2·Fe and Fe (11.3 GB); so no layout of 16 fits, and
+// (12.3 GB a layer), and per slot R rows of 2·Fe and Fe (11.3 GB); so no layout of 16 fits, and
 // the first that does is tp 2 × pp 32 on 128. When the layer's buffers shrink (docs/decisions.md,
 // "The planner's memory is what the model allocates") the search should choose ep again here.
 TEST(PlanMoe, MixtralOn16H100sDoesNotFitTheMixtureBuffers) {
