@@ -379,7 +379,7 @@ class MpiComm : public Communicator {
   std::vector<uint16_t>* take_staging(size_t n);
   void give_staging(std::vector<uint16_t>* buffer);
 
-  struct Staged {  // a bf16 sum's staging buffer and where its result goes
+  struct Staged {                   // a bf16 sum's staging buffer and where its result goes
     std::vector<uint16_t>* buffer;  // null: not staged
     float* out;
     size_t count;

@@ -226,11 +226,13 @@ int run_plan(const PlanArgs& args) {
                describe_block(block));
   // Note [Widening at the bf16 boundary] (src/model/gpt_bf16_widen.cpp): a bf16 run computes
   // cp's attention and the mixtures through the fp32 ops, which the plan prices at the file's
-  // bf16 rates: say so where the search may choose them.
+  // bf16 rates: say so where the search may choose them. What they hold and send is fp32 and
+  // counted so (cp's K/V exchange, the mixtures' buffers).
   if (hw.kind == "gpu" && hw.dtype == "bf16" && !args.json)
     fmt::print("plan: priced in bf16; trident's bf16 runs compute {}context parallelism's "
                "attention (cp > 1) in fp32 ops on bf16 inputs, priced here at bf16 rates (a "
-               "target until a GPU has measured them), at tp > 1 too (Note [Widening under tp])\n",
+               "target until a GPU has measured them), at tp > 1 too (Note [Widening under tp]); "
+               "cp's K/V exchange is priced in fp32 (4 B), as it is sent\n",
                model.block.has_moe() ? "the mixtures and " : "");
   const int deck_dp = deck.parallel.dp > 0 ? deck.parallel.dp : 1;
   const int global_batch = args.global_batch > 0

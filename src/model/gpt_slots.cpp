@@ -327,10 +327,13 @@ size_t GPT::activation_bytes() const {
                         &a.stage16, &a.dfull16})
     halves += v->size();
   const size_t cp_buffers = cp_attention_ ? cp_attention_->buffer_bytes() : 0;
+  const size_t tp_buffers = tp_overlap_ ? tp_overlap_->buffer_bytes() : 0;
   size_t moe_buffers = 0;
   for (const auto& m : moe_)
     if (m) moe_buffers += m->bytes();
-  return floats * sizeof(float) + halves * sizeof(bfloat16) + cp_buffers + moe_buffers;
+  if (moe_hf_) moe_buffers += moe_hf_->count_device.size() * sizeof(int32_t);
+  moe_buffers += moe_bias_step_device_.size() * sizeof(float);
+  return floats * sizeof(float) + halves * sizeof(bfloat16) + cp_buffers + tp_buffers + moe_buffers;
 }
 
 // Note [RoPE tables]

@@ -119,6 +119,7 @@ class TpOverlap : public RingEvents {
   // The bf16 gather ring's staging [tp][Nr, C] (the model's stage16); set before its first use.
   void set_stage16(bfloat16* stage16) { stage16_ = stage16; }
   int chunks() const { return tp_.chunks; }
+  size_t buffer_bytes() const { return rows_.size() * sizeof(float); }  // its own (rows_)
   bool grouped() const { return order_ != nullptr; }  // Note [Tensor-parallel ring on a device]
 
  private:

@@ -24,8 +24,9 @@
 //               backward's gradient buffers and the attention scratch.
 // A mixture (Note [Plan mixture of experts] in src/plan/model.cpp) shows its routed experts'
 // expert_params, expert_grads, expert_optimizer: E/ep experts per layer, sharded by ZeRO over
-// dp·cp/ep; a mixture layer's activations are k·Nr rows of C, fc_rows(Fe) and Fe instead of the
-// MLP's, with the router's [Nr, E]; its scratch the dispatch buffers at ep's worst case.
+// dp·cp/ep; a mixture layer keeps the block's 13 buffers and its own, per slot in activations,
+// shared in scratch (Note [Plan mixture memory]). With parallel.tp_overlap on and SP, the
+// rings' piece buffer, [N/tp, widest local row] fp32 (TpOverlap's rows_), is scratch too.
 // Sizes are elements × 4 B for fp32. The bf16 path holds in 2 B what GEMMs, attention and GELU
 // read (GPT::kBf16Buffer) and keeps the residual stream, the stage input, LayerNorm statistics,
 // the attention state and the scratch between them in 4 B (docs/plan.md compares the bytes per
@@ -142,6 +143,40 @@ BlockParams block_params(const GPTConfig& cfg, const PlanLayout& l, int layer) {
   const double shared = Fs > 0 ? (cfg.fc_rows_of(int(Fs)) + Fs) * C : 0;
   const double gate = cfg.moe.shared_gate && Fs > 0 ? C : 0;
   return {attention + experts + router + shared + gate, experts};
+}
+
+// Note [Plan mixture memory]
+// What a mixture layer allocates (MoeLayer's constructor, src/model/moe.cpp), 4 B an element in
+// both precisions (it runs in fp32): per slot the router's [N, E] logits and scores, [N]
+// log-sum-exp, k·N choices' expert, row, weight and token, the summary, k·N rows of C in and out,
+// R = ep·k·N rows of fc_rows(Fe) and Fe, at ep > 1 R rows of C in and out, the shared experts' N
+// rows; shared by its slots, backward's gradients and ep's staging. N is B·T/cp even with SP
+// (a rank routes N/tp rows), and a mixture layer's slot keeps the dense MLP's fc and act rows
+// it never writes: both wasteful, counted as allocated (docs/decisions.md).
+struct MoeLayerBytes {
+  double slot = 0, shared = 0;  // one mixture layer's, per slot and for all its slots
+  double model_slot = 0;        // the GPT's per slot: the choice counts on the device [E]
+  double model_layer = 0;       // the GPT's per mixture layer: the sigmoid's bias steps [E]
+};
+MoeLayerBytes moe_layer_bytes(const GPTConfig& cfg, double N, int ep) {
+  MoeLayerBytes b;
+  if (!cfg.has_moe()) return b;
+  const MoeConfig& moe = cfg.moe;
+  const double E = moe.experts, C = cfg.channels, M = N * moe.top_k, R = M * ep;
+  const double Fe = cfg.expert_width(), FCe = cfg.fc_rows_of(cfg.expert_width());
+  const double Fs = cfg.shared_width(), FCs = cfg.fc_rows_of(cfg.shared_width());
+  const double wide = ep > 1 ? 1 : 0, shared = Fs > 0 ? 1 : 0;
+  // logits, probs, lse; topw, top, pos, send_token; the summary's 3(E+1) doubles; xs, ys;
+  // h, act; xr, yr; sh_h, sh_act, sh_y, sh_g.
+  b.slot = 2 * N * E + N + 4 * M + 6 * (E + 1) + 2 * M * C + R * (FCe + Fe) + wide * 2 * R * C +
+           shared * (N * (FCs + Fs + C) + (moe.shared_gate ? N : 0));
+  // dys, dact, dh, dxr; dyr, peer, dxs; dlogits, dtopw, dx2; dsh_y, dsh_act, dsh_h, dgate.
+  b.shared = M * C + R * (Fe + FCe + C) + wide * (2 * R * C + M * C) + N * E + M + N * C +
+             shared * N * (C + Fs + FCs + 1);
+  b.slot *= 4, b.shared *= 4;
+  b.model_slot = 4 * E;
+  b.model_layer = moe.router == MoeRouter::kSigmoid ? 4 * E : 0;
+  return b;
 }
 
 }  // namespace
@@ -291,6 +326,14 @@ std::string layout_problem(const PlanModel& m, const PlanLayout& l) {
     parse_recompute(l.recompute);
     if (splits_backward(schedule) && l.recompute != "none")
       return fmt::format("schedule {} needs recompute=none", l.schedule);
+    // As check_moe_deck refuses them (src/train/model_options.cpp).
+    if (experts > 0 && splits_backward(schedule))
+      return fmt::format("schedule {} with experts: a mixture's weight pass is not built",
+                         l.schedule);
+    if (experts > 0 && m.block.moe.aux_loss == MoeAux::kHF && l.pp > 1)
+      return fmt::format("pp={} with model.moe.aux_loss hf: its sum over every layer is not "
+                         "split over stages",
+                         l.pp);
   } catch (const Error& e) {
     return e.what();
   }
@@ -411,22 +454,15 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
   if (l.recompute == "mlp") kept[10] = kept[11] = false;
   if (l.recompute == "full") kept[12] = true;
   auto bytes = [&](int k) { return sizes[k] * (!fp32 && GPT::kBf16Buffer[size_t(k)] ? 2 : 4); };
-  // A mixture layer (Note [Plan mixture of experts] in src/plan/model.cpp) has no fc and act
-  // buffers (10, 11); per slot it keeps its k·Nr routed rows of C, of fc_rows(Fe) and of Fe
-  // (GEMM inputs: the activation width), the shared experts' fc and act rows, and the router's
-  // probabilities [Nr, E] with the k choices and weights (fp32). mlp recompute drops the fc and
-  // act rows, full all of them.
-  const MoeConfig& moe = cfg.moe;
-  const double kNr = double(moe.top_k) * Nr, FCe = cfg.fc_rows_of(cfg.expert_width());
-  const double FCs = cfg.fc_rows_of(cfg.shared_width());
-  const double moe_kept_rows = kNr * C * E + Nr * (double(moe.experts) + 2.0 * moe.top_k) * 4;
-  const double moe_mlp_rows =
-      (kNr * (FCe + cfg.expert_width()) + Nr * (FCs + cfg.shared_width())) * E;
-  const double moe_kept = l.recompute == "full"  ? 0
-                          : l.recompute == "mlp" ? moe_kept_rows
-                                                 : moe_kept_rows + moe_mlp_rows;
-  const double moe_dropped = moe_kept_rows + moe_mlp_rows - moe_kept;
-  const double dense_mlp = (kept[10] ? bytes(10) : 0) + (kept[11] ? bytes(11) : 0);
+  // Note [Plan mixture memory]: a mixture layer's own buffers, per slot and shared.
+  const MoeLayerBytes moe_bytes = moe_layer_bytes(cfg, N, l.ep);
+  // parallel.tp_overlap's rings with SP (Note [Tensor-parallel overlap]): one chunk's GEMM input
+  // or output, [N/tp, widest local row of qkv, fc, the hidden, attention's output], fp32 in
+  // both precisions (bf16 reads it as two halves); nothing without SP.
+  const double Ql = NHl * cfg.head_size();
+  const double tp_rings = sp && tp_overlap_runs(m, l, hw, rank_place(l, hw))
+                              ? 4 * (N / tp) * std::max({QKVl, FCl, Fl, Ql})
+                              : 0;
 
   const PipeSchedule schedule = parse_pipe_schedule(l.schedule, "schedule");
   const int chunks = schedule == PipeSchedule::kInterleaved ? l.v : 1;
@@ -443,10 +479,6 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
       double per_slot = Nr * C * 4 + 2 * N * 4;  // encoded input (fp32); inputs, targets
       for (int k = 0; k < kBuffers; ++k)
         if (kept[k]) per_slot += stage.chunk_size(c) * bytes(k);
-      int moe_layers = 0;
-      for (int i = 0; i < stage.chunk_size(c); ++i)
-        moe_layers += cfg.is_moe(stage.global_layer(stage.chunk_begin(c) + i)) ? 1 : 0;
-      per_slot += moe_layers * (moe_kept - dense_mlp);
       acts += slots * per_slot;
       const bool head = stage.has_head && c == chunks - 1;
       if (head) {
@@ -462,7 +494,7 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
     const double tp_bufs = l.tp > 1 && l.sequence_parallel ? 3 : 0;
     scratch += 4 * (tp_bufs * N * C + Nr * C + att_scratch + (2.0 * stage.num_layers + 1) * 2 * C);
     scratch += 4 * Tl * cfg.rotary_dims();  // RoPE's cos and sin, this rank's T × rot/2 each
-    scratch += cp_buffers;
+    scratch += cp_buffers + tp_rings;
     if (fp32)  // ln_out, dbuf_c, dbuf_c2, dbuf_3c, dbuf_4c, dbuf_4c2
       scratch += 4 * (2 * Nr * C + N * C + N * QKVl + N * Fl + N * FCl +
                       (cfg.parallel_residual ? Nr * C : 0));  // + dparallel
@@ -471,8 +503,9 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
       scratch += 2 * (Nr * C + N * C + N * QKVl + N * FCl +
                       (cfg.activation == Activation::kGeluTanh ? 0 : N * Fl));
     if (stage.has_head && l.tp > 1) scratch += 4 * (N * 3 + tp * N * 3);
-    bool stage_moe = false;
-    for (int i = 0; i < stage.num_layers; ++i) stage_moe |= cfg.is_moe(stage.global_layer(i));
+    int moe_layers = 0;
+    for (int i = 0; i < stage.num_layers; ++i) moe_layers += cfg.is_moe(stage.global_layer(i));
+    const bool stage_moe = moe_layers > 0;
     if (!fp32 && l.tp > 1) {
       // Note [bf16 with tp] (src/model/gpt_bf16_tp.cpp): the fp32 partial input gradient, the
       // head's fp32 logits of this rank's vocabulary; with SP the reduce-scatter target, a
@@ -484,17 +517,13 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
       // Note [Widening at the bf16 boundary] (src/model/gpt_bf16_widen.cpp): one fp32 set, the
       // widened input and its gradient (q|k|v, or a mixture's ln2), with cp the output and its;
       // this tp rank's heads, a mixture's rows Nr (Note [Widening under tp]).
-      const double Ql = NHl * cfg.head_size();
       const double in = std::max(l.cp > 1 ? N * QKVl : 0.0, stage_moe ? Nr * C : 0.0);
       scratch += 4 * (2 * in + (l.cp > 1 ? 2 * N * Ql : 0.0));
     }
-    if (stage_moe) {
-      // One mixture layer's recomputed rows; its backward's gradients of the routed rows (C and
-      // fc_rows(Fe) wide); with ep > 1 the dispatch buffers, rows in and gradients in, each for
-      // the worst case: every token of the ep group on this rank's experts (ep·k·Nr rows).
-      scratch += moe_dropped + (fp32 ? 4 : 2) * kNr * (C + FCe);
-      if (l.ep > 1) scratch += 2 * l.ep * kNr * C * E;
-    }
+    // Note [Plan mixture memory]: each mixture layer holds every slot of the stage (interleaved:
+    // the other chunks' too); the GPT's counts are there with a mixture anywhere in the model.
+    acts += slots_total * (moe_layers * moe_bytes.slot + moe_bytes.model_slot);
+    scratch += moe_layers * (moe_bytes.shared + moe_bytes.model_layer);
     const ModelStates states = model_state_bytes(m, l, hw, s);
     std::vector<PlanTerm> terms = {
         {"params", states.params}, {"grads", states.grads}, {"optimizer", states.optimizer}};
@@ -508,7 +537,6 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
     double total = 0;
     for (const PlanTerm& t : terms) total += t.value;
     if (total > best_total) best_total = total, best = terms;
-    (void)slots_total;
   }
   return best;
 }

@@ -56,9 +56,10 @@
 // Note [Plan context parallelism]
 // cp ranks split each sequence into 2·cp chunks, rank r holding r and 2·cp−1−r, so every
 // per-token term runs on N = B·T/cp rows and each rank does 1/cp of the causal attention.
-// ring: cp−1 forward steps each send the rank's K/V block (2·N·KVH/tp·hd at the activation
-// width) to the next rank while a block computes, att_f/cp; a step exposes max(0, transfer −
-// compute). Backward: cp steps carrying K/V and dK/dV (twice the bytes) against att_b/cp.
+// ring: cp−1 forward steps each send the rank's K/V block (2·N·KVH/tp·hd floats: bf16 widens
+// q|k|v, so 4 B in both) to the next rank while a block computes, att_f/cp; a step exposes
+// max(0, transfer − compute). Backward: cp steps carrying K/V and dK/dV (twice the bytes)
+// against att_b/cp.
 // allgather: K/V gathered before forward and again before backward, dK/dV reduce-scattered
 // after it, all exposed. Gradients reduce over dp·cp ranks, ZeRO shards over dp_shard·cp.
 //
@@ -247,6 +248,17 @@ double kernel_bandwidth(const Hardware& hw, const RankPlace& place, double gbyte
   return std::min(place.memory_bw, gbytes_per_s * 1e9 * (hw.kind == "cpu" ? place.cores : 1.0));
 }
 
+// auto, as the trainer resolves it (Note [Chunks on the host]): on a host, on where the tp group
+// crosses nodes or its link is emulated; on a device, off (its rings never ran on one).
+bool tp_overlap_runs(const PlanModel& m, const PlanLayout& l, const Hardware& hw,
+                     const RankPlace& place) {
+  const bool device = hw.kind != "cpu";
+  return l.tp > 1 && m.tp_overlap &&
+         (!m.tp_overlap_auto ||
+          (!device && (place.tp_link.gbytes_per_s != hw.intra_node.gbytes_per_s ||
+                       (m.emulate_gbps > 0 && m.emulate_tp))));
+}
+
 StageCost stage_cost(const PlanModel& m, const PlanLayout& l, const Hardware& hw,
                      const RankPlace& place, const StageSpec& stage) {
   StageCost c;
@@ -327,7 +339,8 @@ StageCost stage_cost(const PlanModel& m, const PlanLayout& l, const Hardware& hw
   // Context parallelism's K/V exchange per block (Note [Plan context parallelism]).
   double cp_f = 0, cp_b = 0, cp_hidden_f = 0, cp_hidden_b = 0;
   if (l.cp > 1) {
-    const double kv = 2 * N * cfg.kv_head_count() / tp * cfg.head_size() * E;
+    // fp32 in both precisions: bf16 widens q|k|v first (Note [Widening at the bf16 boundary]).
+    const double kv = 2 * N * cfg.kv_head_count() / tp * cfg.head_size() * 4;
     if (l.cp_comm == "ring") {
       const double step_f = ring_seconds(LinkOp::kSendRecv, kv, 2, place.cp_link);
       const double step_b = ring_seconds(LinkOp::kSendRecv, 2 * kv, 2, place.cp_link);
@@ -372,13 +385,8 @@ StageCost stage_cost(const PlanModel& m, const PlanLayout& l, const Hardware& hw
   // What of them the GEMMs leave exposed, per pass: attention's half (qkv, attproj) and the
   // MLP's (fc, fcproj); all of it without overlap (Note [Plan tensor-parallel overlap]).
   double attn_tp_f = tp_one, attn_tp_b = tp_one, mlp_tp_f = tp_one, mlp_tp_b = tp_one;
-  // auto, as the trainer resolves it (Note [Chunks on the host]): on a host, on where the tp group
-  // crosses nodes or its link is emulated; on a device, off (its rings never ran on one).
   const bool device = hw.kind != "cpu";
-  const bool tp_overlap =
-      m.tp_overlap && (!m.tp_overlap_auto ||
-                       (!device && (place.tp_link.gbytes_per_s != hw.intra_node.gbytes_per_s ||
-                                    (m.emulate_gbps > 0 && m.emulate_tp))));
+  const bool tp_overlap = tp_overlap_runs(m, l, hw, place);
   // A device's rings move whole chunks and leave backward's bulk sums exposed:
   // Note [Tensor-parallel ring on a device].
   auto bulk = [&](double t, double g) { return device ? t : bulk_exposed(t, g); };

@@ -27,6 +27,10 @@ struct RankPlace {
 // CPU ranks yield their cores for the rest.
 RankPlace rank_place(const PlanLayout& layout, const Hardware& hw, double busy_fraction = 1);
 
+// Whether the layout runs parallel.tp_overlap's rings (tp > 1, and auto resolved as the trainer
+// does: Note [Chunks on the host] in src/model/tp_overlap.h): the time hidden and the memory.
+bool tp_overlap_runs(const PlanModel& model, const PlanLayout& layout, const Hardware& hw,
+                     const RankPlace& place);
 // One micro-batch on one pipeline stage, seconds (Note [Plan model]).
 struct StageCost {
   double gemm = 0, attention = 0, memory_bound = 0, pp_p2p = 0, recompute = 0;

@@ -82,6 +82,24 @@ TEST(PlanCp, RingExposesNoMoreThanAllgatherOnSlowLinks) {
             predict(m, layout(1, 4, "allgather"), hw).term("cp_comm_exposed"));
 }
 
+// A bf16 run widens q|k|v before cp's attention (Note [Widening at the bf16 boundary]), so K/V
+// and dK/dV travel in fp32. allgather by hand: per layer two all-gathers and a reduce-scatter
+// of cp·kv bytes, kv = 2·(T/cp)·KVH·hd·4, each (cp−1)/cp of it at 100 GB/s without latency, all
+// exposed; 16 layers, one micro-batch. The same in fp32 (at 2 B a bf16 run would show half).
+TEST(PlanCp, ExchangeTravelsInFp32InBf16) {
+  const PlanModel m = llama_1b(16384);
+  Hardware hw = h100();
+  hw.intra_node = {100, 0};
+  const double cp = 4, kv = 2 * (16384 / cp) * 8 * 64 * 4.0;
+  const double one = (cp - 1) / cp * (cp * kv) / 100e9;
+  const Prediction bf16 = predict(m, layout(1, 4, "allgather"), hw);
+  ASSERT_TRUE(bf16.fits) << bf16.why_not;
+  EXPECT_NEAR(bf16.term("cp_comm_exposed"), 16 * 3 * one, 1e-12);
+  hw.dtype = "fp32";
+  EXPECT_NEAR(predict(m, layout(1, 4, "allgather"), hw).term("cp_comm_exposed"), 16 * 3 * one,
+              1e-12);
+}
+
 // cp ranks hold the same parameters: the gradient reduction runs over dp·cp ranks, so dp 1 ×
 // cp 2 reduces as dp 2 × cp 1 does (both inside a node).
 TEST(PlanCp, GradientsReduceOverDpTimesCp) {
