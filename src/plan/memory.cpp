@@ -24,8 +24,9 @@
 //               backward's gradient buffers and the attention scratch.
 // A mixture (Note [Plan mixture of experts] in src/plan/model.cpp) shows its routed experts'
 // expert_params, expert_grads, expert_optimizer: E/ep experts per layer, sharded by ZeRO over
-// dp·cp/ep; a mixture layer's activations are k·Nr rows of C, fc_rows(Fe) and Fe instead of the
-// MLP's, with the router's [Nr, E]; its scratch the dispatch buffers at ep's worst case.
+// dp_shard·cp/ep (all of dp·cp/ep without HSDP); a mixture layer's activations are k·Nr rows of
+// C, fc_rows(Fe) and Fe instead of the MLP's, with the router's [Nr, E]; its scratch the dispatch
+// buffers at ep's worst case.
 // Sizes are elements × 4 B for fp32. The bf16 path holds in 2 B what GEMMs, attention and GELU
 // read (GPT::kBf16Buffer) and keeps the residual stream, the stage input, LayerNorm statistics,
 // the attention state and the scratch between them in 4 B (docs/plan.md compares the bytes per
@@ -275,10 +276,11 @@ std::string layout_problem(const PlanModel& m, const PlanLayout& l) {
   if (l.reduce_ranks() % l.ep != 0)
     return fmt::format("ep={} does not divide dp·cp = {} (ep ranks are taken from dp × cp)", l.ep,
                        l.reduce_ranks());
-  if (l.ep > 1 && l.zero == 3 && l.replicas() > 1)  // check_moe_deck refuses it
-    return fmt::format("ep={} with HSDP (dp_shard={} of dp={}): the experts' shards over their "
-                       "replicas are not built for HSDP; use dp_shard = dp",
-                       l.ep, l.dp_shard, l.dp);
+  // Note [Experts with HSDP] (src/train/zero3.h): with HSDP ep is taken within a replica.
+  if (l.ep > 1 && l.replicas() > 1 && l.shard_ranks() % l.ep != 0)  // as check_moe_deck
+    return fmt::format("ep={} with HSDP does not divide dp_shard·cp = {} (the experts are sharded "
+                       "within a replica)",
+                       l.ep, l.shard_ranks());
   if (experts > 0 && l.tp > 1 && !l.sequence_parallel)
     return fmt::format("tp={} with experts needs sequence parallelism (sp=1): the experts are "
                        "replicated over tp and each tp rank routes its own tokens",
