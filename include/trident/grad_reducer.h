@@ -99,7 +99,9 @@ struct GradReducerOptions {
   Communicator* replicate_comm = nullptr;
   // Note [Expert parallelism] (src/model/moe.h): parameters (ready order) marked here are a
   // mixture's experts, each in a bucket of its own, all-reduced on expert_comm (the
-  // expert-data-parallel group) instead of dp; sharded, each over that group.
+  // expert-data-parallel group) instead of dp; sharded, each over that group. With
+  // replicate_comm (HSDP) expert_comm is that group within a replica, and each expert shard
+  // takes the same second hop as a dense one (Note [Experts with HSDP] in train/zero3.h).
   std::vector<char> expert;
   Communicator* expert_comm = nullptr;
   // With ZeRO-3: the experts' gathers' communicator (expert_comm's ranks, as gather_comm has

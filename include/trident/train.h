@@ -120,7 +120,8 @@ struct TrainContext {
   const StageLinks* pp_links = nullptr;
   Communicator* embedding_device = nullptr;
   // Set by the Trainer with parallel.ep > 1: the experts' gradients' group
-  // (Note [Expert parallelism] in src/model/moe.h); null: they reduce with everything else.
+  // (Note [Expert parallelism] in src/model/moe.h; with HSDP, its ranks within this replica:
+  // Note [Experts with HSDP] in src/train/zero3.h); null: they reduce with everything else.
   Communicator* expert_dp = nullptr;
   // With ZeRO-3 too: a duplicate of that group (host or device, as expert_dp) that the experts'
   // unit gathers run on, as dp's gathers run on their own (dp_gather_device on a device).

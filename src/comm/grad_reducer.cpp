@@ -162,11 +162,13 @@ void GradReducer::init_sharded(const GradReducerOptions& options) {
                                  "bucket layout puts it at {} (Note [Padded buckets])",
                                  p[i].name, p[i].offset, layout.param_offsets[i]));
   s.buckets = layout.buckets;
-  // Note [Expert parallelism]: an expert's bucket (alone) is sharded over its own replicas.
+  // Note [Expert parallelism]: an expert's bucket (alone) is sharded over its own replicas;
+  // with HSDP over those within a replica, its shard then summed over the replicas as dense
+  // buckets' are (Note [Experts with HSDP] in train/zero3.h).
   if (options.expert_comm) {
-    TRIDENT_CHECK(options.expert.size() == p.size() && !options.replicate_comm,
-                  "GradReducer: expert flags for {} of {} parameters (and no replicas)",
-                  options.expert.size(), p.size());
+    TRIDENT_CHECK(options.expert.size() == p.size(),
+                  "GradReducer: expert flags for {} of {} parameters", options.expert.size(),
+                  p.size());
     s.expert_comm = options.expert_comm;
     for (const Bucket& b : s.buckets) {
       const bool expert = options.expert[b.first_param];

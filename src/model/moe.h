@@ -21,7 +21,8 @@
 //
 // Note [Expert parallelism]
 // ep ranks are consecutive within dp × cp (the grid's gradients group), so an ep group sits
-// within a node; expert-data-parallel replicas are the rest, ep apart. Each rank routes its own
+// within a node; expert-data-parallel replicas are the rest, ep apart (with HSDP, those of its
+// own replica: Note [Experts with HSDP] in src/train/zero3.h). Each rank routes its own
 // tokens; the rows for rank d's experts are contiguous in expert order, so the counts go first
 // (an all-to-all of E/ep integers a peer), then the rows, then the outputs come back the same
 // way; backward sends the output gradients out and the input gradients back. A rank that

@@ -24,9 +24,10 @@
 //               backward's gradient buffers and the attention scratch.
 // A mixture (Note [Plan mixture of experts] in src/plan/model.cpp) shows its routed experts'
 // expert_params, expert_grads, expert_optimizer: E/ep experts per layer, sharded by ZeRO over
-// dp·cp/ep; a mixture layer keeps the block's 13 buffers and its own, per slot in activations,
-// shared in scratch (Note [Plan mixture memory]). With parallel.tp_overlap on and SP, the
-// rings' piece buffer, [N/tp, widest local row] fp32 (TpOverlap's rows_), is scratch too.
+// dp_shard·cp/ep (all of dp·cp/ep without HSDP); a mixture layer keeps the block's 13 buffers and
+// its own, per slot in activations, shared in scratch (Note [Plan mixture memory]). With
+// parallel.tp_overlap on and SP, the rings' piece buffer, [N/tp, widest local row] fp32
+// (TpOverlap's rows_), is scratch too.
 // Sizes are elements × 4 B for fp32. The bf16 path holds in 2 B what GEMMs, attention and GELU
 // read (GPT::kBf16Buffer) and keeps the residual stream, the stage input, LayerNorm statistics,
 // the attention state and the scratch between them in 4 B (docs/plan.md compares the bytes per
@@ -310,10 +311,11 @@ std::string layout_problem(const PlanModel& m, const PlanLayout& l) {
   if (l.reduce_ranks() % l.ep != 0)
     return fmt::format("ep={} does not divide dp·cp = {} (ep ranks are taken from dp × cp)", l.ep,
                        l.reduce_ranks());
-  if (l.ep > 1 && l.zero == 3 && l.replicas() > 1)  // check_moe_deck refuses it
-    return fmt::format("ep={} with HSDP (dp_shard={} of dp={}): the experts' shards over their "
-                       "replicas are not built for HSDP; use dp_shard = dp",
-                       l.ep, l.dp_shard, l.dp);
+  // Note [Experts with HSDP] (src/train/zero3.h): with HSDP ep is taken within a replica.
+  if (l.ep > 1 && l.replicas() > 1 && l.shard_ranks() % l.ep != 0)  // as check_moe_deck
+    return fmt::format("ep={} with HSDP does not divide dp_shard·cp = {} (the experts are sharded "
+                       "within a replica)",
+                       l.ep, l.shard_ranks());
   if (experts > 0 && l.tp > 1 && !l.sequence_parallel)
     return fmt::format("tp={} with experts needs sequence parallelism (sp=1): the experts are "
                        "replicated over tp and each tp rank routes its own tokens",

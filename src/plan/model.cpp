@@ -70,7 +70,8 @@
 // sequence parallelism, Nr = N/tp, and the layer keeps attention's tp exchange only). With
 // ep > 1, per layer and micro-batch, 4 all-to-alls of k·Nr·C elements (tokens out, outputs
 // back; backward the same), (ep−1)/ep leaving the rank over the ep group's link, and a count
-// exchange: none overlapped (moe_all_to_all_exposed). Experts reduce over dp·cp/ep ranks.
+// exchange: none overlapped (moe_all_to_all_exposed). Experts reduce over dp·cp/ep ranks; with
+// HSDP over dp_shard·cp/ep, their shard then all-reduced over the replicas with the dense ones'.
 //
 // Memory: Note [Plan memory] in src/plan/memory.cpp. Not modelled: routing imbalance (the
 // busiest expert sets the pace), capacity drops, grouped-GEMM and permutation kernels' own

@@ -133,10 +133,12 @@ void check_moe_deck(const Deck& deck, const GPTConfig& cfg, int dp_cp) {
     input_error("model.moe with parallel.tp {} needs parallel.sequence_parallel true: each tp "
                 "rank routes its own rows, as Megatron-Core's experts with tp do",
                 p.tp);
-  if (ep > 1 && p.zero > 0 && p.dp_replicate > 1)
-    input_error("parallel.ep {} with parallel.zero {} and parallel.dp_replicate {}: the experts' "
-                "shards over their own replicas are not built for HSDP; use dp_replicate 1",
-                ep, p.zero, p.dp_replicate);
+  // Note [Experts with HSDP] (train/zero3.h): the ep groups are taken within a replica.
+  if (ep > 1 && p.zero > 0 && p.dp_replicate > 1 && (dp_cp / p.dp_replicate) % ep != 0)
+    input_error("parallel.ep {} with HSDP (parallel.zero {}, parallel.dp_replicate {}) must divide "
+                "dp_shard × cp = {}: the experts are sharded within a replica and replicated over "
+                "the replicas, as the dense weights are",
+                ep, p.zero, p.dp_replicate, dp_cp / p.dp_replicate);
   if (p.schedule == "zb-h1")
     input_error("model.moe with parallel.schedule zb-h1: a mixture's weight gradients need the "
                 "routing again in the weight pass, which is not built; use 1f1b");

@@ -134,15 +134,21 @@ MoeStats Trainer::moe_step_stats() {
 }
 
 // Note [Expert parallelism]: split from the gradients' group (dp × cp) by its rank order, ep
-// consecutive ranks to a group; every rank of dp × cp calls this at the same point.
+// consecutive ranks to a group; every rank of dp × cp calls this at the same point. With HSDP
+// (Note [Experts with HSDP] in train/zero3.h) the experts' shards are split from the replica's
+// shard group (dp_shard × cp), which holds whole ep groups: ep divides it (check_moe_deck).
 void Trainer::make_expert_groups(GPTOptions& options) {
   MpiComm& g = ctx_.grid->gradients();
+  const bool hsdp = deck_.parallel.zero > 0 && ctx_.grid->layout().dp_replicate > 1;
+  MpiComm& shards = hsdp ? ctx_.grid->gradient_shards() : g;
   ep_size_ = deck_.parallel.ep;
   ep_rank_ = g.rank() % ep_size_;
-  expert_dp_rank_ = g.rank() / ep_size_;
+  expert_dp_rank_ = g.rank() / ep_size_;  // over every replica: 0 writes the whole experts
+  TRIDENT_CHECK(shards.rank() % ep_size_ == ep_rank_ && shards.size() % ep_size_ == 0,
+                "ep {} does not split the shard group ({} ranks)", ep_size_, shards.size());
   MPI_Comm ep = MPI_COMM_NULL, edp = MPI_COMM_NULL;
   TRIDENT_MPI(MPI_Comm_split(g.raw(), expert_dp_rank_, g.rank(), &ep));
-  TRIDENT_MPI(MPI_Comm_split(g.raw(), ep_rank_, g.rank(), &edp));
+  TRIDENT_MPI(MPI_Comm_split(shards.raw(), ep_rank_, shards.rank(), &edp));
   ep_comm_ = std::make_unique<MpiComm>(ep, "ep");
   expert_dp_comm_ = std::make_unique<MpiComm>(edp, "expert_dp");
   ep_comm_->set_timeout(g.timeout());

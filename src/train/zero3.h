@@ -41,7 +41,16 @@
 // block's attention and its experts gathers over two groups, each in program order. The sigmoid
 // router's choice bias, which AdamW leaves alone, takes its step in the shards
 // (DataParallel::shard_adder), the only copy between steps. With ep 1 the experts are dense
-// buckets. ep with HSDP stays refused (their shards over replicas are not built).
+// buckets. With HSDP: Note [Experts with HSDP].
+//
+// Note [Experts with HSDP]
+// With ZeRO and dp_replicate > 1 the experts are laid out as torchtitan's: sharded within a
+// replica, replicated across replicas. ep is taken within the shard group dp_shard × cp (it must
+// divide it); an expert's gradient is reduce-scattered over its replica's dp_shard·cp/ep ranks
+// holding the same experts (TrainContext::expert_dp; gathers on its duplicate), then the shard is
+// all-reduced over the replicas: the dense buckets' second hop, same communicator, record order
+// (replica peers share dp_shard and cp coordinates, so hold the same shard). Replica 0 writes
+// the shards to checkpoints; the norm sums over the shard group, the router's loads over dp × cp.
 #pragma once
 
 #include <cstddef>

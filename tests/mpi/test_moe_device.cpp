@@ -4,8 +4,8 @@
 // gets NcclComms through TrainContext::device_group), the tokens' all-to-all, the counts'
 // exchange and the experts' gradient reduction reach backend memory only through the ops, the
 // copies and the device communicators — a host touch crashes — and the run equals the CPU
-// backend's run of the same layout bit for bit, with ZeRO-3 too. Runs under mpirun with 2 and 4
-// ranks.
+// backend's run of the same layout bit for bit, with ZeRO-3 and HSDP too. Runs under mpirun with
+// 2 and 4 ranks.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -42,11 +42,16 @@ testing::MoeRun train_strict(const Deck& d, ProcessGrid& grid, size_t* made) {
   return testing::run_moe_strict(d, grid, made);
 }
 
-void expect_device_matches_cpu(int ep, std::vector<std::string> keys, int tp = 1) {
-  SCOPED_TRACE(fmt::format("ep {} tp {} of {} ranks", ep, tp, world_size()));
-  ProcessGrid grid(complete_layout({.world = world_size(), .tp = tp}));
+// `replicas`: parallel.dp_replicate (HSDP with ZeRO: the shard group's and the replicas' device
+// communicators, StrictComms's).
+void expect_device_matches_cpu(int ep, std::vector<std::string> keys, int tp = 1,
+                               int replicas = 1) {
+  SCOPED_TRACE(
+      fmt::format("ep {} tp {} dp_replicate {} of {} ranks", ep, tp, replicas, world_size()));
+  ProcessGrid grid(complete_layout({.world = world_size(), .tp = tp, .dp_replicate = replicas}));
   if (tp > 1)
     keys.insert(keys.end(), {fmt::format("parallel.tp={}", tp), "parallel.sequence_parallel=true"});
+  if (replicas > 1) keys.push_back(fmt::format("parallel.dp_replicate={}", replicas));
   const Deck d = moe_deck(ep, keys);
   auto cpu = make_cpu_backend(1);
   TrainContext on_grid;
@@ -104,6 +109,18 @@ TEST(MoeDevice, ZeroThreeEqualsTheCpuBitForBit) {
         ep, {"parallel.zero=3", "model.moe.router=sigmoid", "model.moe.bias_update_rate=0.01",
              "model.moe.shared_experts=1"});
   }
+}
+
+// HSDP (Note [Experts with HSDP] in src/train/zero3.h): dp_replicate 2 × dp_shard 2, ep 2 with
+// ZeRO-3. Each expert's reduce-scatter runs on its replica's expert group's device communicator
+// (TrainContext::device_group), the shard's sum over the replicas on dp_replicate's, the gathers
+// on the experts' own; the sigmoid router's loads still sum over dp.
+TEST(MoeDevice, HsdpWithExpertsEqualsTheCpuBitForBit) {
+  if (world_size() != 4) GTEST_SKIP() << "dp_replicate 2 x dp_shard 2 on 4 ranks";
+  expect_device_matches_cpu(2,
+                            {"parallel.zero=3", "model.moe.router=sigmoid",
+                             "model.moe.bias_update_rate=0.01", "model.moe.shared_experts=1"},
+                            1, 2);
 }
 
 // bf16 (Note [Widening at the bf16 boundary]: the mixture runs in fp32 on the fp32 weights the

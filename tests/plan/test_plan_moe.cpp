@@ -163,6 +163,35 @@ TEST(PlanMoe, ActivationMemoryIsWhatTheMixtureAllocates) {
   }
 }
 
+// HSDP with experts (Note [Experts with HSDP] in src/train/zero3.h): at dp 8 = 2 replicas × 4,
+// ZeRO-3, the experts' states shard over dp_shard/ep = 4/ep ranks, so ep 4 holds its E/4 experts
+// whole as ep 1 holds a quarter of all; the replicas' all-reduce (hsdp_allreduce_s) carries
+// that shard beside the dense one: the same bytes at ep 1 and 4.
+TEST(PlanMoe, ExpertsWithHsdpShardWithinAReplica) {
+  const PlanModel m = mixtral();
+  const Hardware hw = h100();
+  const double experts = 32.0 * 8 * 3 * 4096 * 14336;
+  double replicate[2] = {0, 0};
+  for (int ep : {1, 4}) {
+    PlanLayout l = layout(8, ep, 3);
+    l.dp_shard = 4;
+    const std::vector<PlanTerm> z3 = memory_terms(m, l, hw);
+    EXPECT_DOUBLE_EQ(term(z3, "expert_optimizer"), experts / 4 * 12) << "ep " << ep;
+    EXPECT_DOUBLE_EQ(term(z3, "expert_grads"), experts / 4 * 4) << "ep " << ep;
+    const Prediction p = predict(m, l, hw);
+    ASSERT_GT(p.step_s, 0) << p.why_not;  // valid (46.7B does not fit in 8 GPUs' memory)
+    replicate[ep == 4] = p.term("hsdp_allreduce_s");
+  }
+  // A ring all-reduce over 2 replicas on the node's link of the rank's dense quarter and its E/4
+  // experts' gradients (the whole of them: its expert shard group is itself).
+  const double dense = stage_params(m, layout(8, 4), 0) - stage_expert_params(m, layout(8, 4), 0);
+  const double bytes = (dense / 4 + experts / 4) * m.grad_comm_bytes;
+  EXPECT_NEAR(replicate[1],
+              bytes / (hw.intra_node.gbytes_per_s * 1e9) + 2 * hw.intra_node.latency_us * 1e-6,
+              1e-9 * replicate[1]);
+  EXPECT_NEAR(replicate[0], replicate[1], 1e-9 * replicate[1]);
+}
+
 // 4 all-to-alls of k·N·C bf16 elements per mixture layer and micro-batch, (ep−1)/ep of them
 // leaving the rank over NVLink, and a count exchange; none at ep 1.
 TEST(PlanMoe, AllToAllsAtEpAboveOne) {
@@ -200,13 +229,16 @@ TEST(PlanMoe, RefusesWhatEpCannotSplit) {
   const PlanModel dense = PlanModel::from_deck(
       load_deck(std::string(TRIDENT_SOURCE_DIR) + "/inputs/llama-1b.yaml", {}));
   EXPECT_NE(predict(dense, layout(2, 2), hw).why_not.find("no experts"), std::string::npos);
-  // ZeRO-3 runs with experts; the trainer refuses ep with HSDP (check_moe_deck), and so does
-  // the plan.
+  // ZeRO-3 runs with experts, with HSDP too where ep divides dp_shard·cp
+  // (Note [Experts with HSDP]); the trainer refuses the rest (check_moe_deck), so does the plan.
   PlanLayout zero3 = layout(8, 4);
   zero3.zero = 3;
   EXPECT_GT(predict(m, zero3, hw).step_s, 0) << predict(m, zero3, hw).why_not;
   zero3.dp_shard = 4;
-  EXPECT_NE(predict(m, zero3, hw).why_not.find("ep=4 with HSDP"), std::string::npos);
+  EXPECT_GT(predict(m, zero3, hw).step_s, 0) << predict(m, zero3, hw).why_not;
+  zero3.dp_shard = 2;
+  EXPECT_NE(predict(m, zero3, hw).why_not.find("ep=4 with HSDP does not divide dp_shard·cp = 2"),
+            std::string::npos);
   EXPECT_EQ(parse_layout("dp=8,ep=4,micro=1", 16).ep, 4);
   EXPECT_NE(format_layout(layout(8, 4)).find("ep=4,"), std::string::npos);
   EXPECT_EQ(format_layout(layout(8, 1)).find("ep="), std::string::npos);

@@ -59,7 +59,7 @@ inline MoeRun run_moe(Backend& be, const Deck& d, TrainContext context) {
 // gathers) through TrainContext::device_group, their number into *made.
 inline MoeRun run_moe_strict(const Deck& d, ProcessGrid& grid, size_t* made = nullptr) {
   StrictDeviceBackend strict;
-  const StrictComms comms(strict, grid, grid.layout().tp, 1);
+  const StrictComms comms(strict, grid, grid.layout().tp, grid.layout().dp_replicate);
   std::unique_ptr<StrictDeviceComm> cp;
   std::vector<std::unique_ptr<MpiComm>> hosts;
   TrainContext ctx;
