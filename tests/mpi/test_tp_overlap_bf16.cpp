@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "bf16_tp_deck.h"
 #include "model/tp_overlap.h"
 #include "ring_test_util.h"
 #include "strict_zero_run.h"
@@ -30,18 +31,7 @@ using testing::world_size;
 constexpr int kSteps = 6;
 
 Deck bf16_deck(const std::string& family, const std::vector<std::string>& overrides) {
-  const std::string yaml = R"(
-model: {layers: 2, d_model: 64, heads: 4, vocab: 250, seq_len: 16}
-train: {micro_batch: 2, accum: 1, steps: 6, lr: 3.0e-3, warmup_steps: 2, seed: 7,
-        val_every: 0}
-data: {train: inputs/data/tiny-train.bin, shuffle: true}
-run: {threads: 1}
-)";
-  std::vector<std::string> keys = testing::family_keys(family);
-  keys.insert(keys.end(), overrides.begin(), overrides.end());
-  Deck d = parse_deck(yaml, TRIDENT_SOURCE_DIR, keys);
-  d.run.precision = "bf16";
-  return d;
+  return testing::bf16_tp_deck(family, overrides, kSteps);
 }
 
 // The bf16 rings alone, as tests/mpi/test_tp_overlap.cpp's TpRing checks fp32's: B 3 sequences
