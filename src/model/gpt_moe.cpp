@@ -3,12 +3,12 @@
 //
 // Note [Mixtures in the layouts]
 // A mixture runs in fp32 (on a device too, Note [Mixture ops]) on this rank's tokens (with cp
-// its chunks), so dp, cp, pp (1f1b, gpipe, interleaved), recompute and ZeRO-1/2 need only the
-// gradient groups (Note [Expert parallelism]). The balance losses and the capacity count this
-// rank's tokens: with cp (or tp) they are the ranks' own, not one loss over the whole sequence
-// as Megatron-Core sums the counts over tp × cp. bf16 widens ln2 for it (gpt_bf16_widen.cpp).
-// Refused until built: ZeRO-3, HSDP with ep > 1, zb-h1 (its W pass would need the routing
-// again), and the hf form across stages.
+// its chunks), so dp, cp, pp (1f1b, gpipe, interleaved), recompute and ZeRO need only the
+// gradient groups (Note [Expert parallelism], Note [ZeRO-3 with experts]). The balance losses
+// and the capacity count this rank's tokens: with cp (or tp) they are the ranks' own, not one
+// loss over the sequence as Megatron-Core sums the counts over tp × cp. bf16 widens ln2 for it
+// (gpt_bf16_widen.cpp). Refused until built: zb-h1 (its W pass would need the routing again),
+// and the hf form across stages.
 //
 // Note [Mixtures and tp]
 // With tp a mixture needs sequence parallelism, as in Megatron-Core: each tp rank normalises
@@ -19,8 +19,9 @@
 // gradients scaled by 1/tp: the z-loss is exactly the mean over all rows, the load-balancing
 // losses the mean of each rank's (as the dp ranks' are).
 //
-// Under recompute a mixture keeps its own buffers; `full` runs its forward again (the same
-// routing, bit for bit) without counting its figures twice.
+// Under recompute (Note [Mixture memory]) `full` runs a mixture's forward again (the same
+// routing, bit for bit) without counting its figures twice; mlp recomputes the experts' h and
+// act in the layer's backward.
 #include <cmath>
 
 #include "model/gpt_state.h"
@@ -38,10 +39,14 @@ void GPT::make_moe_layers(int B, int T, int slots) {
   moe_hf_->psum.assign(size_t(slots) * E, 0.0);
   moe_hf_->layers.assign(size_t(slots), 0);
   moe_hf_->count_device = BackendBuffer<int32_t>(be_, size_t(slots) * E);
+  // Note [Mixture memory]: this rank's rows; one backward scratch for every mixture layer.
+  const MoeLayer* first = nullptr;
   for (int i = 0; i < stage_.num_layers; ++i) {
     if (!table_->layers[size_t(i)].moe) continue;
-    moe_[size_t(i)] = std::make_unique<MoeLayer>(cfg_, be_, stage_.global_layer(i), slots, B * T,
-                                                 ep_, moe_hf_.get());
+    moe_[size_t(i)] =
+        std::make_unique<MoeLayer>(cfg_, be_, stage_.global_layer(i), slots, B * T / rows_divisor_,
+                                   ep_, moe_hf_.get(), recompute_mode_, first);
+    if (!first) first = moe_[size_t(i)].get();
     ++moe_count_;
   }
   moe_loads_.assign(size_t(moe_count_) * E, 0.0);

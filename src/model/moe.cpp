@@ -51,34 +51,56 @@ struct MoeLayer::SlotState {
   std::vector<int32_t> kept;     // [E] rows sent per expert (expert order)
   std::vector<int32_t> recv;     // [ep][El] rows from peer p for local expert e
   std::vector<int32_t> rows_at;  // [El+1] local expert e's rows in xr
-  // [M,C] [R,C] [R,fcr] [R,Fe] [R,C] [M,C]; the shared experts' [N,fcs] [N,Fs] [N,C] [N].
-  BackendBuffer<float> xs, xr, h, act, yr, ys;
+  // [M,C] [R,C] [R,fcr] [R,Fe] [M,C] (h, act: recompute none); the shared experts' [N,fcs]
+  // [N,Fs] [N,C] [N].
+  BackendBuffer<float> xs, xr, h, act, ys;
   BackendBuffer<float> sh_h, sh_act, sh_y, sh_g;
   int32_t* counts() { return summary_counts(summary.data(), summary.size()); }
 };
 
 struct MoeLayer::Scratch {
+  BackendBuffer<float> h, act, yr;  // Note [Mixture memory]: h and act under mlp and full
   BackendBuffer<float> dys, dyr, dact, dh, dxr, dxs, dlogits, dtopw, dx2, peer;
   BackendBuffer<float> dsh_y, dsh_act, dsh_h, dgate;
   std::vector<double> summary;  // the host's copy of a slot's summary
   std::vector<size_t> send_counts, recv_counts, int_counts;
 };
 
+// Note [Mixture memory]
+// A mixture layer's buffers are fp32. Per slot it keeps what backward reads: the routing, the
+// rows sent and received, with recompute none the experts' h and act (mlp computes them again
+// in backward). Shared by every mixture layer (one runs at a time, nothing outlives a call):
+// backward's scratch, the outputs before they go home, h and act under mlp and full, and under
+// full the slots too (the block's forward refills them right before its backward). A rank
+// receives at most R = ep·N·min(k, E/ep) rows (k distinct experts a token): dropless, what a
+// slot holds. N: this rank's rows, B·T or B·T/tp under SP.
 MoeLayer::MoeLayer(const GPTConfig& cfg, Backend& be, int layer, int slots, int max_tokens,
-                   ExpertParallel ep, MoeHfTotals* hf)
+                   ExpertParallel ep, MoeHfTotals* hf, Recompute recompute, const MoeLayer* share)
     : cfg_(cfg), be_(be), layer_(layer), max_tokens_(max_tokens), ep_(ep), hf_(hf),
-      slots_(size_t(slots)), scratch_(std::make_unique<Scratch>()) {
+      recompute_(recompute) {
+  const bool keep_hidden = recompute == Recompute::kNone;
   const int E = cfg.moe.experts, k = cfg.moe.top_k, C = cfg.channels;
   const int Fe = cfg.expert_width(), fcr = cfg.fc_rows_of(Fe), El = E / ep.size;
   const int Fs = cfg.shared_width(), fcs = cfg.fc_rows_of(Fs);
-  const size_t N = size_t(max_tokens), M = N * size_t(k), R = M * size_t(ep.size);
+  const size_t N = size_t(max_tokens), M = N * size_t(k);
+  const size_t R = N * size_t(ep.size) * size_t(std::min(k, El));
   TRIDENT_CHECK(
       cfg.moe.aux_loss != MoeAux::kHF || (hf && hf->count_device.size() >= size_t(slots) * E),
       "mixture layer {}: the hf form needs its totals' {} counts in backend memory", layer,
       size_t(slots) * E);
   auto floats = [&](size_t n) { return BackendBuffer<float>(be, n); };
   auto ints = [&](size_t n) { return BackendBuffer<int32_t>(be, n); };
-  for (SlotState& s : slots_) {
+  // Note [Mixture memory]: full runs each block's forward again right before its backward, so
+  // one set of slots serves every mixture layer.
+  if (share && recompute == Recompute::kFull) {
+    slots_ = share->slots_;
+    owns_slots_ = false;
+  } else {
+    slots_ = std::make_shared<std::vector<SlotState>>(size_t(slots));
+  }
+  const size_t own_slots = owns_slots_ ? slots_->size() : 0;
+  for (size_t i = 0; i < own_slots; ++i) {
+    SlotState& s = (*slots_)[i];
     s.logits = floats(N * E);
     s.probs = floats(N * E);
     s.lse = floats(N);
@@ -93,13 +115,12 @@ MoeLayer::MoeLayer(const GPTConfig& cfg, Backend& be, int layer, int slots, int 
     s.recv.resize(size_t(ep.size) * El);
     s.rows_at.resize(size_t(El) + 1);
     s.xs = floats(M * C);
-    s.h = floats(R * fcr);
-    s.act = floats(R * Fe);
-    s.ys = floats(M * C);
-    if (ep.size > 1) {
-      s.xr = floats(R * C);
-      s.yr = floats(R * C);
+    if (keep_hidden) {
+      s.h = floats(R * fcr);
+      s.act = floats(R * Fe);
     }
+    s.ys = floats(M * C);
+    if (ep.size > 1) s.xr = floats(R * C);
     if (Fs > 0) {
       s.sh_h = floats(N * fcs);
       s.sh_act = floats(N * Fs);
@@ -107,7 +128,22 @@ MoeLayer::MoeLayer(const GPTConfig& cfg, Backend& be, int layer, int slots, int 
       if (cfg.moe.shared_gate) s.sh_g = floats(N);
     }
   }
+  step_load_.assign(size_t(E), 0.0);
+  if (share) {
+    TRIDENT_CHECK(share->max_tokens_ == max_tokens && share->ep_.size == ep.size,
+                  "mixture layer {} shares the scratch of layer {}, sized for other rows", layer,
+                  share->layer_);
+    scratch_ = share->scratch_;
+    owns_scratch_ = false;
+    return;
+  }
+  scratch_ = std::make_shared<Scratch>();
   Scratch& x = *scratch_;
+  if (!keep_hidden) {
+    x.h = floats(R * fcr);
+    x.act = floats(R * Fe);
+  }
+  x.yr = floats(ep.size > 1 ? R * C : 0);
   x.dys = floats(M * C);
   x.dyr = floats(ep.size > 1 ? R * C : 0);
   x.dact = floats(R * Fe);
@@ -128,7 +164,6 @@ MoeLayer::MoeLayer(const GPTConfig& cfg, Backend& be, int layer, int slots, int 
   x.send_counts.resize(size_t(ep.size));
   x.recv_counts.resize(size_t(ep.size));
   x.int_counts.assign(size_t(ep.size), size_t(El));
-  step_load_.assign(size_t(E), 0.0);
 }
 
 MoeLayer::~MoeLayer() = default;
@@ -145,7 +180,7 @@ void MoeLayer::route(SlotState& s, const float* x, const MoeWeights& w, int N, b
                         sigmoid ? w.routerbias : nullptr, N, E, k, sigmoid, m.norm_topk);
   const int cap =
       m.capacity_factor > 0 ? int(std::ceil(double(m.capacity_factor) * double(N) * k / E)) : N * k;
-  const size_t slot = size_t(&s - slots_.data());
+  const size_t slot = size_t(&s - slots_->data());
   int32_t* hf_count =
       counted && m.aux_loss == MoeAux::kHF ? hf_->count_device.data() + slot * size_t(E) : nullptr;
   be_.moe_permute(s.pos.data(), s.send_token.data(), s.counts(), s.summary.data(), hf_count,
@@ -251,23 +286,33 @@ void MoeLayer::dispatch(SlotState& s, const float* rows, float* out, int width, 
   stats_.a2a_exposed_ms += ms;  // the compute thread waits for every exchange
 }
 
-void MoeLayer::experts_forward(SlotState& s, const MoeWeights& w) {
+float* MoeLayer::h_of(SlotState& s) { return s.h.size() ? s.h.data() : scratch_->h.data(); }
+float* MoeLayer::act_of(SlotState& s) { return s.act.size() ? s.act.data() : scratch_->act.data(); }
+
+void MoeLayer::experts_up(SlotState& s, const MoeWeights& w) {
   const int C = cfg_.channels, Fe = cfg_.expert_width(), fcr = cfg_.fc_rows_of(Fe);
   const int El = cfg_.moe.experts / ep_.size;
   const float* xr = ep_.size > 1 ? s.xr.data() : s.xs.data();
-  float* yr = ep_.size > 1 ? s.yr.data() : s.ys.data();
+  float* h = h_of(s);
   for (int e = 0; e < El; ++e) {
     const int r0 = s.rows_at[size_t(e)], n = s.rows_at[size_t(e) + 1] - r0;
     if (n == 0) continue;
-    be_.matmul_forward(s.h.data() + size_t(r0) * fcr, xr + size_t(r0) * C,
-                       w.expfcw + size_t(e) * fcr * C, nullptr, n, C, fcr);
+    be_.matmul_forward(h + size_t(r0) * fcr, xr + size_t(r0) * C, w.expfcw + size_t(e) * fcr * C,
+                       nullptr, n, C, fcr);
   }
-  const int R = s.rows_at[size_t(El)];
-  activation_forward(be_, cfg_.activation, s.act.data(), s.h.data(), R, Fe);
+  activation_forward(be_, cfg_.activation, act_of(s), h, s.rows_at[size_t(El)], Fe);
+}
+
+void MoeLayer::experts_forward(SlotState& s, const MoeWeights& w) {
+  const int C = cfg_.channels, Fe = cfg_.expert_width();
+  const int El = cfg_.moe.experts / ep_.size;
+  experts_up(s, w);
+  float* yr = ep_.size > 1 ? scratch_->yr.data() : s.ys.data();
+  const float* act = act_of(s);
   for (int e = 0; e < El; ++e) {
     const int r0 = s.rows_at[size_t(e)], n = s.rows_at[size_t(e) + 1] - r0;
     if (n == 0) continue;
-    be_.matmul_forward(yr + size_t(r0) * C, s.act.data() + size_t(r0) * Fe,
+    be_.matmul_forward(yr + size_t(r0) * C, act + size_t(r0) * Fe,
                        w.expfcprojw + size_t(e) * C * Fe, nullptr, n, Fe, C);
   }
 }
@@ -276,7 +321,7 @@ void MoeLayer::forward(int slot, float* out, const float* x, const MoeWeights& w
                        bool counted) {
   TRIDENT_CHECK(N <= max_tokens_, "mixture layer {}: {} tokens, built for {}", layer_, N,
                 max_tokens_);
-  SlotState& s = slots_[size_t(slot)];
+  SlotState& s = (*slots_)[size_t(slot)];
   const MoeConfig& m = cfg_.moe;
   const int E = m.experts, k = m.top_k, C = cfg_.channels, P = ep_.size;
   s.N = N;
@@ -294,7 +339,7 @@ void MoeLayer::forward(int slot, float* out, const float* x, const MoeWeights& w
     s.R = s.M;
   }
   experts_forward(s, w);
-  if (P > 1) dispatch(s, s.yr.data(), s.ys.data(), C, true);
+  if (P > 1) dispatch(s, scratch_->yr.data(), s.ys.data(), C, true);
   // The shared experts on every token, then each token's sum over its choices in choice order.
   const int Fs = cfg_.shared_width();
   if (Fs > 0) {
@@ -321,14 +366,17 @@ void MoeLayer::experts_backward(SlotState& s, const MoeWeights& w, const MoeGrad
   const int El = cfg_.moe.experts / ep_.size, R = s.rows_at[size_t(El)];
   const float* xr = ep_.size > 1 ? s.xr.data() : s.xs.data();
   const float* dyr = ep_.size > 1 ? x.dyr.data() : x.dys.data();
+  // Note [Mixture memory]: mlp computes h and act again here; full's forward just did.
+  if (recompute_ == Recompute::kMlp) experts_up(s, w);
+  const float *h = h_of(s), *act = act_of(s);
   for (int e = 0; e < El; ++e) {
     const int r0 = s.rows_at[size_t(e)], n = s.rows_at[size_t(e) + 1] - r0;
     if (n == 0) continue;
     be_.matmul_backward(x.dact.data() + size_t(r0) * Fe, g.expfcprojw + size_t(e) * C * Fe, nullptr,
-                        dyr + size_t(r0) * C, s.act.data() + size_t(r0) * Fe,
+                        dyr + size_t(r0) * C, act + size_t(r0) * Fe,
                         w.expfcprojw + size_t(e) * C * Fe, n, Fe, C);
   }
-  activation_backward(be_, cfg_.activation, x.dh.data(), s.h.data(), x.dact.data(), R, Fe);
+  activation_backward(be_, cfg_.activation, x.dh.data(), h, x.dact.data(), R, Fe);
   for (int e = 0; e < El; ++e) {
     const int r0 = s.rows_at[size_t(e)], n = s.rows_at[size_t(e) + 1] - r0;
     if (n == 0) continue;
@@ -351,7 +399,7 @@ void MoeLayer::router_backward(SlotState& s, float* dx, const float* x, const Mo
     aux_count = s.counts();
     aux_den = double(N) * N * k;
   } else if (m.aux_loss == MoeAux::kHF) {
-    const size_t slot = size_t(&s - slots_.data());
+    const size_t slot = size_t(&s - slots_->data());
     const double LN = double(hf_->layers[slot]) * N;
     aux_count = hf_->count_device.data() + slot * size_t(E);
     aux_den = LN * LN;
@@ -365,7 +413,7 @@ void MoeLayer::router_backward(SlotState& s, float* dx, const float* x, const Mo
 
 void MoeLayer::backward(int slot, float* dx, const float* dout, const float* x, const MoeWeights& w,
                         const MoeGrads& g, int N, float loss_scale) {
-  SlotState& s = slots_[size_t(slot)];
+  SlotState& s = (*slots_)[size_t(slot)];
   TRIDENT_CHECK(s.N == N, "mixture layer {}: backward of {} tokens after a forward of {}", layer_,
                 N, s.N);
   const MoeConfig& m = cfg_.moe;
@@ -413,18 +461,20 @@ void MoeLayer::backward(int slot, float* dx, const float* dout, const float* x, 
 
 size_t MoeLayer::bytes() const {
   size_t floats = 0, ints = 0;
-  for (const SlotState& s : slots_) {
-    for (const auto* b :
-         {&s.xs, &s.xr, &s.h, &s.act, &s.yr, &s.ys, &s.sh_h, &s.sh_act, &s.sh_y, &s.sh_g})
+  for (size_t i = 0; i < (owns_slots_ ? slots_->size() : 0); ++i) {
+    const SlotState& s = (*slots_)[i];
+    for (const auto* b : {&s.xs, &s.xr, &s.h, &s.act, &s.ys, &s.sh_h, &s.sh_act, &s.sh_y, &s.sh_g})
       floats += b->size();
     floats += s.logits.size() + s.probs.size() + s.lse.size() + s.topw.size();
     ints += s.top.size() + s.pos.size() + s.send_token.size();
     floats += 2 * s.summary.size();
   }
   const Scratch& x = *scratch_;
-  for (const auto* b : {&x.dys, &x.dyr, &x.dact, &x.dh, &x.dxr, &x.dxs, &x.dlogits, &x.dtopw,
-                        &x.dx2, &x.peer, &x.dsh_y, &x.dsh_act, &x.dsh_h, &x.dgate})
-    floats += b->size();
+  if (owns_scratch_)
+    for (const auto* b :
+         {&x.h, &x.act, &x.yr, &x.dys, &x.dyr, &x.dact, &x.dh, &x.dxr, &x.dxs, &x.dlogits, &x.dtopw,
+          &x.dx2, &x.peer, &x.dsh_y, &x.dsh_act, &x.dsh_h, &x.dgate})
+      floats += b->size();
   return (floats + ints) * sizeof(float);
 }
 

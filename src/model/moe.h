@@ -31,6 +31,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "trident/backend.h"
@@ -61,8 +62,13 @@ struct MoeHfTotals {
 class MoeLayer {
  public:
   // `max_tokens`: the most rows of a micro-batch this rank feeds the layer (B·T / SP's tp).
+  // `share`: a layer of the same model whose backward scratch this one uses too (null: its
+  // own; Note [Mixture memory]).
+  // `recompute`: the run's mode; with mlp or full the experts' h and act are not kept per slot,
+  // with full no layer keeps slots of its own (Note [Mixture memory]).
   MoeLayer(const GPTConfig& cfg, Backend& be, int layer, int slots, int max_tokens,
-           ExpertParallel ep, MoeHfTotals* hf);
+           ExpertParallel ep, MoeHfTotals* hf, Recompute recompute = Recompute::kNone,
+           const MoeLayer* share = nullptr);
   ~MoeLayer();
   MoeLayer(const MoeLayer&) = delete;
   MoeLayer& operator=(const MoeLayer&) = delete;
@@ -79,7 +85,7 @@ class MoeLayer {
   // rank's tokens, before any drop): the sigmoid router's bias update reads them.
   std::vector<double>& step_load() { return step_load_; }
   void take_stats(MoeStats& into);
-  size_t bytes() const;  // its buffers (activations and scratch)
+  size_t bytes() const;  // its buffers (activations, and the scratch if it is its own)
   int layer() const { return layer_; }
 
  private:
@@ -89,6 +95,9 @@ class MoeLayer {
   void exchange_counts(SlotState& s);
   void dispatch(SlotState& s, const float* rows, float* out, int width, bool back);
   void experts_forward(SlotState& s, const MoeWeights& w);
+  void experts_up(SlotState& s, const MoeWeights& w);  // h and act from the rows received
+  float* h_of(SlotState& s);
+  float* act_of(SlotState& s);
   void experts_backward(SlotState& s, const MoeWeights& w, const MoeGrads& g);
   void router_backward(SlotState& s, float* dx, const float* x, const MoeWeights& w,
                        const MoeGrads& g, int N, float loss_scale);
@@ -99,8 +108,11 @@ class MoeLayer {
   int max_tokens_;
   ExpertParallel ep_;
   MoeHfTotals* hf_;
-  std::vector<SlotState> slots_;
-  std::unique_ptr<Scratch> scratch_;
+  std::shared_ptr<std::vector<SlotState>> slots_;  // with recompute full, the model's one set
+  bool owns_slots_ = true;
+  std::shared_ptr<Scratch> scratch_;
+  bool owns_scratch_ = true;
+  Recompute recompute_;
   std::vector<double> step_load_;
   MoeStats stats_;
 };

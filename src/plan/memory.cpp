@@ -147,33 +147,37 @@ BlockParams block_params(const GPTConfig& cfg, const PlanLayout& l, int layer) {
 }
 
 // Note [Plan mixture memory]
-// What a mixture layer allocates (MoeLayer's constructor, src/model/moe.cpp), 4 B an element in
-// both precisions (it runs in fp32): per slot the router's [N, E] logits and scores, [N]
-// log-sum-exp, k·N choices' expert, row, weight and token, the summary, k·N rows of C in and out,
-// R = ep·k·N rows of fc_rows(Fe) and Fe, at ep > 1 R rows of C in and out, the shared experts' N
-// rows; shared by its slots, backward's gradients and ep's staging. N is B·T/cp even with SP
-// (a rank routes N/tp rows), and a mixture layer's slot keeps the dense MLP's fc and act rows
-// it never writes: both wasteful, counted as allocated (docs/decisions.md).
+// What a mixture layer allocates (Note [Mixture memory] in src/model/moe.cpp), 4 B an element in
+// both precisions (it runs in fp32). Per slot: the router's [N, E] logits and scores, [N]
+// log-sum-exp, k·N choices' expert, row, weight and token, the summary, k·N rows of C in and
+// out, at ep > 1 R = ep·N·min(k, E/ep) rows of C received, with recompute none R rows of
+// fc_rows(Fe) and Fe, the shared experts' N rows. Once for the model: backward's gradients,
+// ep's staging and outputs, under mlp or full the R rows of h and act, under full the slots. N:
+// this rank's rows.
+// A mixture layer's slot keeps the dense MLP's fc and act rows it never writes (counted).
 struct MoeLayerBytes {
-  double slot = 0, shared = 0;  // one mixture layer's, per slot and for all its slots
+  double slot = 0, shared = 0;  // one mixture layer's per slot; what every mixture layer shares
   double model_slot = 0;        // the GPT's per slot: the choice counts on the device [E]
   double model_layer = 0;       // the GPT's per mixture layer: the sigmoid's bias steps [E]
 };
-MoeLayerBytes moe_layer_bytes(const GPTConfig& cfg, double N, int ep) {
+MoeLayerBytes moe_layer_bytes(const GPTConfig& cfg, double N, int ep, bool keep_hidden) {
   MoeLayerBytes b;
   if (!cfg.has_moe()) return b;
   const MoeConfig& moe = cfg.moe;
-  const double E = moe.experts, C = cfg.channels, M = N * moe.top_k, R = M * ep;
+  const double E = moe.experts, C = cfg.channels, M = N * moe.top_k;
+  const double R = N * ep * std::min(moe.top_k, moe.experts / ep);
   const double Fe = cfg.expert_width(), FCe = cfg.fc_rows_of(cfg.expert_width());
   const double Fs = cfg.shared_width(), FCs = cfg.fc_rows_of(cfg.shared_width());
   const double wide = ep > 1 ? 1 : 0, shared = Fs > 0 ? 1 : 0;
-  // logits, probs, lse; topw, top, pos, send_token; the summary's 3(E+1) doubles; xs, ys;
-  // h, act; xr, yr; sh_h, sh_act, sh_y, sh_g.
-  b.slot = 2 * N * E + N + 4 * M + 6 * (E + 1) + 2 * M * C + R * (FCe + Fe) + wide * 2 * R * C +
-           shared * (N * (FCs + Fs + C) + (moe.shared_gate ? N : 0));
-  // dys, dact, dh, dxr; dyr, peer, dxs; dlogits, dtopw, dx2; dsh_y, dsh_act, dsh_h, dgate.
-  b.shared = M * C + R * (Fe + FCe + C) + wide * (2 * R * C + M * C) + N * E + M + N * C +
-             shared * N * (C + Fs + FCs + 1);
+  const double hidden = R * (FCe + Fe);  // h, act
+  // logits, probs, lse; topw, top, pos, send_token; the summary's 3(E+1) doubles; xs, ys; xr;
+  // h, act (none); sh_h, sh_act, sh_y, sh_g.
+  b.slot = 2 * N * E + N + 4 * M + 6 * (E + 1) + 2 * M * C + wide * R * C +
+           (keep_hidden ? hidden : 0) + shared * (N * (FCs + Fs + C) + (moe.shared_gate ? N : 0));
+  // h, act (mlp, full); yr; dys, dact, dh, dxr; dyr, peer, dxs; dlogits, dtopw, dx2; dsh_y,
+  // dsh_act, dsh_h, dgate.
+  b.shared = (keep_hidden ? 0 : hidden) + wide * R * C + M * C + R * (Fe + FCe + C) +
+             wide * (2 * R * C + M * C) + N * E + M + N * C + shared * N * (C + Fs + FCs + 1);
   b.slot *= 4, b.shared *= 4;
   b.model_slot = 4 * E;
   b.model_layer = moe.router == MoeRouter::kSigmoid ? 4 * E : 0;
@@ -457,7 +461,7 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
   if (l.recompute == "full") kept[12] = true;
   auto bytes = [&](int k) { return sizes[k] * (!fp32 && GPT::kBf16Buffer[size_t(k)] ? 2 : 4); };
   // Note [Plan mixture memory]: a mixture layer's own buffers, per slot and shared.
-  const MoeLayerBytes moe_bytes = moe_layer_bytes(cfg, N, l.ep);
+  const MoeLayerBytes moe_bytes = moe_layer_bytes(cfg, Nr, l.ep, l.recompute == "none");
   // parallel.tp_overlap's rings with SP (Note [Tensor-parallel overlap]): one chunk's GEMM input
   // or output, [N/tp, widest local row of qkv, fc, the hidden, attention's output], fp32 in
   // both precisions (bf16 reads it as two halves); nothing without SP.
@@ -524,8 +528,10 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
     }
     // Note [Plan mixture memory]: each mixture layer holds every slot of the stage (interleaved:
     // the other chunks' too); the GPT's counts are there with a mixture anywhere in the model.
-    acts += slots_total * (moe_layers * moe_bytes.slot + moe_bytes.model_slot);
-    scratch += moe_layers * (moe_bytes.shared + moe_bytes.model_layer);
+    // Under full the mixture layers share one set of slots (Note [Mixture memory]).
+    const double slot_sets = l.recompute == "full" ? std::min(moe_layers, 1) : moe_layers;
+    acts += slots_total * (slot_sets * moe_bytes.slot + moe_bytes.model_slot);
+    scratch += (moe_layers > 0 ? moe_bytes.shared : 0) + moe_layers * moe_bytes.model_layer;
     const ModelStates states = model_state_bytes(m, l, hw, s);
     std::vector<PlanTerm> terms = {
         {"params", states.params}, {"grads", states.grads}, {"optimizer", states.optimizer}};

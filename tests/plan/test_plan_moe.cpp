@@ -111,17 +111,17 @@ TEST(PlanMoe, ExpertStatesDivideByEp) {
     EXPECT_DOUBLE_EQ(term(z3, "expert_grads"), experts / 8 * 4) << "ep " << ep;
     EXPECT_DOUBLE_EQ(term(z3, "expert_optimizer"), experts / 8 * 12) << "ep " << ep;
   }
-  // ep 8's worst case (Note [Plan mixture memory]), fp32 in a bf16 run: R = 8·k·N received rows
-  // where ep 1 has k·N, of Fe, fc_rows(Fe) = 2·Fe and C in backward's scratch, with ep's staging
-  // (two of R rows of C, one of k·N); per slot (one: pp 1) of 2·Fe and Fe, and R rows of C in and
-  // out. 32 layers.
-  const double M = 2.0 * m.seq_len, C = m.d_model, Fe = 14336, R = 8 * M;
+  // ep 8's worst case (Note [Plan mixture memory]), fp32 in a bf16 run: R = ep·N·min(k, E/ep)
+  // = 8·N received rows (one expert a rank) where ep 1 has k·N. Once for all layers (recompute
+  // mlp): h and act (2·Fe and Fe), backward's Fe, fc_rows(Fe) = 2·Fe and C, ep's staging (the
+  // outputs, two of R rows of C, one of k·N); per slot (one: pp 1) and layer the R rows of C
+  // received.
+  const double M = 2.0 * m.seq_len, C = m.d_model, Fe = 14336, R = 8.0 * m.seq_len;
   const std::vector<PlanTerm> one = memory_terms(m, layout(8, 1), hw);
   const std::vector<PlanTerm> eight = memory_terms(m, layout(8, 8), hw);
   EXPECT_DOUBLE_EQ(term(eight, "scratch") - term(one, "scratch"),
-                   32 * 4 * ((R - M) * (3 * Fe + C) + 2 * R * C + M * C));
-  EXPECT_DOUBLE_EQ(term(eight, "activations") - term(one, "activations"),
-                   32 * 4 * ((R - M) * 3 * Fe + 2 * R * C));
+                   4 * ((R - M) * (6 * Fe + C) + 3 * R * C + M * C));
+  EXPECT_DOUBLE_EQ(term(eight, "activations") - term(one, "activations"), 32 * 4 * R * C);
 }
 
 // What a mixture allocates (Note [Plan mixture memory] in src/plan/memory.cpp) at tp 1 and ep 1:
@@ -244,32 +244,30 @@ TEST(PlanMoe, RefusesWhatEpCannotSplit) {
   EXPECT_EQ(format_layout(layout(8, 1)).find("ep="), std::string::npos);
 }
 
-// Mixtral's 46.7B parameters hold 18 B each in bf16 with AdamW (840 GB): on 16 H100s at dp 16
-// (ZeRO-2) the experts' states fit only split over ep (dp 16 × ep 8: 64 GB). But the mixture
-// layers' own buffers, as MoeLayer allocates them (Note [Plan mixture memory]), do not: each of
-// the 32 layers keeps its backward scratch, R = ep·k·N = 65536 rows of Fe, 2·Fe and C in fp32
-// (12.3 GB a layer), and per slot R rows of 2·Fe and Fe (11.3 GB); so no layout of 16 fits, and
-// the first that does is tp 2 × pp 32 on 128. When the layer's buffers shrink (docs/decisions.md,
-// "The planner's memory is what the model allocates") the search should choose ep again here.
-TEST(PlanMoe, MixtralOn16H100sDoesNotFitTheMixtureBuffers) {
+// Mixtral's 46.7B parameters hold 18 B each in bf16 with AdamW (840 GB): on 16 H100s the
+// experts' states fit only split over ep. The mixture layers' own buffers (Note [Mixture memory])
+// fit since they are shared between layers (backward's scratch, and under full the slots) and
+// sized for the rows a rank can receive (ep·N·min(k, E/ep)): before, 32 layers' scratch of
+// ep·k·N rows made every layout of 16 (and 64) too big. The best layout uses ep, and the best
+// without ep is slower or does not fit. Megatron-Core publishes 468 TFLOP/s per H100 for this
+// model; the plan's best here is within 10% of it (a target: no GPU has run it).
+TEST(PlanMoe, SearchChoosesEpForMixtralOnDgxH100) {
   const PlanModel m = mixtral();
   const Hardware hw = h100();
   EXPECT_FALSE(predict(m, layout(16, 1, 2), hw).fits);  // 93 GB of bf16 parameters alone
-  PlanLayout l = layout(16, 8, 2);
-  l.zero_reduce = "micro_batch";  // the gradients reduced per micro-batch, bounded
-  const std::vector<PlanTerm> ep8 = memory_terms(m, l, hw);
-  const double states = term(ep8, "params") + term(ep8, "grads") + term(ep8, "optimizer") +
-                        term(ep8, "expert_params") + term(ep8, "expert_grads") +
-                        term(ep8, "expert_optimizer");
-  EXPECT_LT(states, 80e9);
-  const double R = 8 * 2.0 * m.seq_len, C = m.d_model, Fe = 14336;
-  EXPECT_GT(term(ep8, "scratch"), 32 * 4 * R * (3 * Fe + C));
-  EXPECT_GT(term(ep8, "activations"), 32 * 4 * R * 3 * Fe);
   PlanSearch s;
   s.gpus = 16, s.global_batch = 256;
   const std::vector<Prediction> ranked = rank_layouts(m, hw, s);
   ASSERT_FALSE(ranked.empty());
-  EXPECT_FALSE(ranked[0].fits) << format_layout(ranked[0].layout);
+  const Prediction& best = ranked[0];
+  ASSERT_TRUE(best.fits) << format_layout(best.layout);
+  EXPECT_GT(best.layout.ep, 1) << format_layout(best.layout);
+  EXPECT_NEAR(best.tflops_per_gpu, 468, 0.1 * 468) << format_layout(best.layout);
+  for (const Prediction& p : ranked)
+    if (p.layout.ep == 1 && p.fits) {
+      EXPECT_LT(p.tokens_per_s, best.tokens_per_s) << format_layout(p.layout);
+      break;
+    }
 }
 
 }  // namespace
