@@ -35,13 +35,6 @@ Deck moe_deck(int ep, std::vector<std::string> keys) {
   return testing::small_layout_deck(o);
 }
 
-// The run on the strict backend with its device communicators (testing::run_moe_strict: the
-// ep and expert-dp groups', and with ZeRO-3 the experts' gathers', through
-// TrainContext::device_group; their number into *made).
-testing::MoeRun train_strict(const Deck& d, ProcessGrid& grid, size_t* made) {
-  return testing::run_moe_strict(d, grid, made);
-}
-
 // `replicas`: parallel.dp_replicate (HSDP with ZeRO: the shard group's and the replicas' device
 // communicators, StrictComms's).
 void expect_device_matches_cpu(int ep, std::vector<std::string> keys, int tp = 1,
@@ -58,7 +51,7 @@ void expect_device_matches_cpu(int ep, std::vector<std::string> keys, int tp = 1
   on_grid.grid = &grid;
   const testing::MoeRun want = testing::run_moe(*cpu, d, on_grid);
   size_t made = 0;
-  const testing::MoeRun got = train_strict(d, grid, &made);
+  const testing::MoeRun got = testing::run_moe_strict(d, grid, &made);
   // The ep group and the expert-data-parallel group; with ZeRO-3 the experts' gathers' own.
   EXPECT_EQ(made, d.parallel.zero == 3 ? 3u : 2u);
   testing::expect_same_moe_run(got, want);
@@ -67,7 +60,7 @@ void expect_device_matches_cpu(int ep, std::vector<std::string> keys, int tp = 1
   // reads backend memory as often as at ep 1 (one routing summary a layer and micro-batch).
   if (tp > 1) return;  // the copies below are compared at tp 1
   size_t made_at_one = 0;
-  const testing::MoeRun one = train_strict(moe_deck(1, keys), grid, &made_at_one);
+  const testing::MoeRun one = testing::run_moe_strict(moe_deck(1, keys), grid, &made_at_one);
   EXPECT_EQ(made_at_one, 0u);
   EXPECT_EQ(got.copies_in_last_step, one.copies_in_last_step);
 }
@@ -142,8 +135,8 @@ TEST(MoeDevice, Bf16ZeroThreeEqualsZeroOne) {
       return d;
     };
     size_t made = 0;
-    testing::MoeRun one = train_strict(with_zero(1), grid, &made);
-    testing::MoeRun three = train_strict(with_zero(3), grid, &made);
+    testing::MoeRun one = testing::run_moe_strict(with_zero(1), grid, &made);
+    testing::MoeRun three = testing::run_moe_strict(with_zero(3), grid, &made);
     ASSERT_EQ(three.norms.size(), one.norms.size());
     for (size_t i = 0; i < one.norms.size(); ++i)
       EXPECT_NEAR(three.norms[i], one.norms[i], 1e-6 * one.norms[i]) << "step " << i + 1;
