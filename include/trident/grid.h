@@ -153,11 +153,16 @@ std::vector<int> grid_group_members(const GridLayout& layout, GridGroup group, i
 // out.
 // ep > 1 adds the expert groups (Note [Expert parallelism] in src/model/moe.h): ep consecutive
 // members of each dp_cp group, and the expert-data-parallel replicas, ep apart; input_error
-// when ep does not divide dp × cp.
-std::string format_grid_table(const GridLayout& layout, int ep = 1);
-// The expert group (`replicas` false) or expert-data-parallel group (true) of `global_rank`.
+// when ep does not divide dp × cp. With ZeRO (`zero` > 0) and dp_replicate > 1 the expert-dp
+// group is taken within the replica's dp_shard × cp, which ep must divide, as the trainer
+// splits it (Note [Experts with HSDP] in src/train/zero3.h).
+std::string format_grid_table(const GridLayout& layout, int ep = 1, int zero = 0);
+// True where the experts' shards stay within a replica: ZeRO with dp_replicate > 1.
+bool grid_experts_within_replica(const GridLayout& layout, int zero);
+// The expert group (`replicas` false) or expert-data-parallel group (true) of `global_rank`,
+// for ZeRO stage `zero`.
 std::vector<int> grid_expert_members(const GridLayout& layout, int ep, int global_rank,
-                                     bool replicas);
+                                     bool replicas, int zero = 0);
 
 // The communicators of one rank. Built collectively (every rank of `world` must construct
 // it with the same layout); owns its communicators and frees them on destruction.

@@ -49,8 +49,9 @@ int run_export(const ExportArgs& args);
 int run_ckpt_verify(const std::string& path);
 int run_ckpt_inspect(const std::string& path);
 int run_bench(const BenchArgs& args, const BlasCoreCheck& blas);
-struct GridSizes;                                  // trident/grid.h
-int run_grid(const GridSizes& sizes, int ep = 1);  // ep: the expert groups too
+struct GridSizes;  // trident/grid.h
+// ep: the expert groups too, laid out as under parallel.zero `zero` (HSDP keeps them in a replica)
+int run_grid(const GridSizes& sizes, int ep = 1, int zero = 0);
 
 struct PlanArgs {
   DeckArgs deck;

@@ -1,5 +1,5 @@
-// `trident grid --world N [--dp D] [--dp-replicate R] [--dp-shard S] [--cp C] [--ep E] --tp T --pp
-// P`: who is who in the grid, without MPI.
+// `trident grid --world N [--dp D] [--dp-replicate R] [--dp-shard S] [--cp C] [--ep E [--zero Z]]
+// --tp T --pp P`: who is who in the grid, without MPI.
 #include <fmt/format.h>
 
 #include "app/commands.h"
@@ -7,9 +7,9 @@
 
 namespace trident {
 
-int run_grid(const GridSizes& sizes, int ep) {
+int run_grid(const GridSizes& sizes, int ep, int zero) {
   const GridLayout layout = complete_layout(sizes);
-  fmt::print("{}", format_grid_table(layout, ep));
+  fmt::print("{}", format_grid_table(layout, ep, zero));
   return 0;
 }
 

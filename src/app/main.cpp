@@ -149,6 +149,10 @@ int main(int argc, char** argv) {
   int grid_ep = 1;
   grid->add_option("--ep", grid_ep, "expert-parallel size (ranks of dp × cp)")
       ->check(CLI::PositiveNumber);
+  int grid_zero = 0;
+  grid->add_option("--zero", grid_zero,
+                   "ZeRO stage: with --dp-replicate > 1 the experts shard within a replica")
+      ->check(CLI::Range(0, 3));
   grid->add_option("--tp", grid_sizes.tp, "tensor-parallel size")->check(CLI::PositiveNumber);
   grid->add_option("--pp", grid_sizes.pp, "pipeline-parallel size")->check(CLI::PositiveNumber);
 
@@ -232,7 +236,7 @@ int main(int argc, char** argv) {
   if (*train) install_stop_signal_handlers();
 
   try {
-    if (*grid) return run_grid(grid_sizes, grid_ep);
+    if (*grid) return run_grid(grid_sizes, grid_ep, grid_zero);
     if (*plan && !calibrate) {
       if (plan_args.deck.deck.empty() || plan_args.hardware.empty())
         input_error("trident plan needs a deck and --hardware NAME (or --calibrate)");

@@ -270,20 +270,33 @@ std::string rank_formula(const GridLayout& layout) {
 
 }  // namespace
 
+bool grid_experts_within_replica(const GridLayout& layout, int zero) {
+  return zero > 0 && layout.dp_replicate > 1;
+}
+
 std::vector<int> grid_expert_members(const GridLayout& layout, int ep, int global_rank,
-                                     bool replicas) {
-  const std::vector<int> dp_cp = grid_group_members(layout, GridGroup::kDpCp, global_rank);
-  const int i = int(std::find(dp_cp.begin(), dp_cp.end(), global_rank) - dp_cp.begin());
+                                     bool replicas, int zero) {
+  // Note [Experts with HSDP]: the replicas of an expert shard are taken within the shard group.
+  const GridGroup over = replicas && grid_experts_within_replica(layout, zero)
+                             ? GridGroup::kDpShardCp
+                             : GridGroup::kDpCp;
+  const std::vector<int> group = grid_group_members(layout, over, global_rank);
+  const int i = int(std::find(group.begin(), group.end(), global_rank) - group.begin());
   std::vector<int> out;
-  for (int j = 0; j < int(dp_cp.size()); ++j)
-    if (replicas ? j % ep == i % ep : j / ep == i / ep) out.push_back(dp_cp[size_t(j)]);
+  for (int j = 0; j < int(group.size()); ++j)
+    if (replicas ? j % ep == i % ep : j / ep == i / ep) out.push_back(group[size_t(j)]);
   return out;
 }
 
-std::string format_grid_table(const GridLayout& layout, int ep) {
+std::string format_grid_table(const GridLayout& layout, int ep, int zero) {
   if (ep < 1 || (layout.dp * layout.cp) % ep != 0)
     input_error("--ep {} must divide dp × cp = {} (expert groups fold over dp × cp)", ep,
                 layout.dp * layout.cp);
+  const bool within = grid_experts_within_replica(layout, zero);
+  if (within && (layout.dp_shard * layout.cp) % ep != 0)
+    input_error("--ep {} with --zero {} and --dp-replicate {} must divide dp_shard × cp = {} "
+                "(the experts are sharded within a replica)",
+                ep, zero, layout.dp_replicate, layout.dp_shard * layout.cp);
   // Columns first, so that each can be left out when it repeats another and be as wide as its
   // widest cell. Coordinates are right-aligned, member lists left-aligned.
   std::vector<GridCoord> coords;
@@ -320,7 +333,7 @@ std::string format_grid_table(const GridLayout& layout, int ep) {
     if (ep == 1) break;
     Column col{replicas ? "expert_dp group" : "ep group", {}};
     for (int r = 0; r < layout.world; ++r)
-      col.cells.push_back(format_members(grid_expert_members(layout, ep, r, replicas)));
+      col.cells.push_back(format_members(grid_expert_members(layout, ep, r, replicas, zero)));
     groups.push_back(std::move(col));
   }
 
@@ -331,10 +344,15 @@ std::string format_grid_table(const GridLayout& layout, int ep) {
       layout.dp);
   out += fmt::format("global rank = {};  dp_rank = {}·dp_replicate_rank + dp_shard_rank\n",
                      rank_formula(layout), layout.dp_shard);
-  if (ep > 1)
+  if (ep > 1 && !within)
     out += fmt::format("ep {}: consecutive ranks of each dp_cp group hold experts/ep each; "
                        "expert_dp {} = dp × cp / ep replicas, ep apart\n",
                        ep, layout.dp * layout.cp / ep);
+  if (ep > 1 && within)
+    out += fmt::format("ep {}: consecutive ranks of each dp_cp group hold experts/ep each; "
+                       "expert_dp {} = dp_shard × cp / ep ranks of a replica, ep apart, shard "
+                       "them (ZeRO {}); the shards are all-reduced over the {} replicas\n",
+                       ep, layout.dp_shard * layout.cp / ep, zero, layout.dp_replicate);
   std::vector<const Column*> all;
   for (const Column& c : numbers) all.push_back(&c);
   for (const Column& c : groups) all.push_back(&c);

@@ -430,5 +430,22 @@ TEST(GridExperts, FoldOverDpCpConsecutively) {
   EXPECT_EQ(format_grid_table(g, 1).find("ep group"), std::string::npos);
 }
 
+// Note [Experts with HSDP]: world 8 = dp_replicate 2 × dp_shard 4, ep 2. Without ZeRO the
+// expert-dp replicas span both replicas {0 2 4 6}; with ZeRO they stay in the replica {0 2},
+// whose shards the replicas' second hop all-reduces ({0 4} is the dp_replicate group).
+TEST(GridExperts, StayWithinAReplicaUnderHsdp) {
+  const GridLayout g = complete_layout(sizes_of(8, 1, 2, 4, 1, 1));
+  EXPECT_EQ(grid_expert_members(g, 2, 0, true), (std::vector<int>{0, 2, 4, 6}));
+  EXPECT_EQ(grid_expert_members(g, 2, 0, true, 3), (std::vector<int>{0, 2}));
+  EXPECT_EQ(grid_expert_members(g, 2, 5, true, 1), (std::vector<int>{5, 7}));
+  EXPECT_EQ(grid_expert_members(g, 2, 5, false, 1), (std::vector<int>{4, 5}));
+  const std::string table = format_grid_table(g, 2, 3);
+  EXPECT_NE(table.find("expert_dp 2 = dp_shard"), std::string::npos) << table;
+  EXPECT_NE(table.find("all-reduced over the 2 replicas"), std::string::npos) << table;
+  // ep 8 divides dp × cp = 8 but not dp_shard × cp = 4.
+  EXPECT_NO_THROW(format_grid_table(g, 8));
+  EXPECT_THROW(format_grid_table(g, 8, 1), Error);
+}
+
 }  // namespace
 }  // namespace trident
