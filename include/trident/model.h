@@ -430,6 +430,8 @@ class GPT {
   static constexpr size_t kBlockBuffers = 13;
   static constexpr std::array<bool, kBlockBuffers> kBf16Buffer = {
       true, false, false, true, false, true, false, true, false, false, true, true, false};
+  // fch and fch_gelu: the dense MLP's rows, which a mixture layer does not hold.
+  static constexpr bool is_mlp_buffer(size_t k) { return k == 10 || k == 11; }
 
  private:
   // Defined in src/model/gpt_state.h (the model's files only).
@@ -451,6 +453,10 @@ class GPT {
   std::array<bool, kBlockBuffers> block_kept() const;
   BlockActs block_acts(int slot, int local_layer);
   BlockActs16 block_acts16(int slot, int local_layer);
+  template <typename Elem>
+  Elem* block_buffer(std::vector<BackendBuffer<Elem>>& kept,
+                     std::vector<BackendBuffer<Elem>>& dropped, int chunk, int local_layer,
+                     size_t k) const;
   // The slot holding `s`'s head buffers: itself, or slot 0 (GPTOptions::shared_head).
   Slot& head(Slot& s);
   void build_param_table();
@@ -666,6 +672,7 @@ class GPT {
   std::vector<BackendBuffer<float>> recompute_;       // one block's dropped buffers
   std::vector<BackendBuffer<bfloat16>> recompute16_;  // bf16: the kBf16Buffer ones
   std::array<size_t, kBlockBuffers> block_sizes_{};
+  std::vector<int> mlp_place_;  // per local layer: its place among its chunk's dense ones, or -1
   std::unique_ptr<ParamTable> table_;
   std::vector<float> losses_host_;  // device backends: the per-token losses, read on the host
   // forward_accumulate: the device's sum of micro-batch mean losses, and the host's.

@@ -119,6 +119,12 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
   block_sizes_ = block_sizes();
   const std::array<size_t, kBlockBuffers>& sizes = block_sizes_;
   const std::array<bool, kBlockBuffers> kept = block_kept();
+  // Note [Mixture memory]: fch and fch_gelu hold the chunk's dense layers only.
+  mlp_place_.assign(size_t(stage_.num_layers), -1);
+  std::vector<int> chunk_mlps(size_t(stage_.chunks()), 0);
+  for (int c = 0; c < stage_.chunks(); ++c)
+    for (int i = stage_.chunk_begin(c); i < stage_.chunk_begin(c) + stage_.chunk_size(c); ++i)
+      if (!cfg.is_moe(stage_.global_layer(i))) mlp_place_[size_t(i)] = chunk_mlps[size_t(c)]++;
   slots_.resize(options.slots);
   shared_head_ = options.shared_head;
   wte_piece_rows_ = options.wte_piece_rows;  // Note [Head gradient in pieces]
@@ -137,8 +143,9 @@ GPT::GPT(const GPTConfig& cfg, Backend& backend, int B, int T, GPTOptions option
     s.blocks16.resize(sizes.size());
     for (size_t k = 0; k < sizes.size(); ++k) {
       if (!kept[k]) continue;
-      if (bf16 && kBf16Buffer[k]) s.blocks16[k] = halves(L * sizes[k]);
-      else s.blocks[k] = floats(L * sizes[k]);
+      const size_t n = (is_mlp_buffer(k) ? size_t(chunk_mlps[size_t(s.chunk)]) : L) * sizes[k];
+      if (bf16 && kBf16Buffer[k]) s.blocks16[k] = halves(n);
+      else s.blocks[k] = floats(n);
     }
     s.inputs = BackendBuffer<int32_t>(be_, N);
     s.targets = BackendBuffer<int32_t>(be_, N);
@@ -246,29 +253,33 @@ std::array<bool, GPT::kBlockBuffers> GPT::block_kept() const {
   return k;
 }
 
+// Where buffer k of a block is: in the slot, from the chunk's first local layer (fch and
+// fch_gelu from its first dense one; none for a mixture), or in the shared recompute buffer.
+template <typename Elem>
+Elem* GPT::block_buffer(std::vector<BackendBuffer<Elem>>& kept,
+                        std::vector<BackendBuffer<Elem>>& dropped, int chunk, int local_layer,
+                        size_t k) const {
+  if (kept[k].empty()) return dropped[k].data();
+  const int place =
+      is_mlp_buffer(k) ? mlp_place_[size_t(local_layer)] : local_layer - stage_.chunk_begin(chunk);
+  return place < 0 ? nullptr : kept[k].data() + size_t(place) * block_sizes_[k];
+}
+
 GPT::BlockActs GPT::block_acts(int slot, int local_layer) {
   Slot& s = slots_[slot];
-  // The slot holds its chunk's blocks only, from the chunk's first local layer.
-  const size_t within = size_t(local_layer - stage_.chunk_begin(s.chunk));
   float* p[kBlockBuffers];
   for (size_t k = 0; k < kBlockBuffers; ++k)
-    p[k] =
-        s.blocks[k].empty() ? recompute_[k].data() : s.blocks[k].data() + within * block_sizes_[k];
+    p[k] = block_buffer(s.blocks, recompute_, s.chunk, local_layer, k);
   return {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10], p[11], p[12]};
 }
 
 GPT::BlockActs16 GPT::block_acts16(int slot, int local_layer) {
   Slot& s = slots_[slot];
-  const size_t within = size_t(local_layer - stage_.chunk_begin(s.chunk));
   float* f[kBlockBuffers] = {};
   bfloat16* h[kBlockBuffers] = {};
   for (size_t k = 0; k < kBlockBuffers; ++k) {
-    if (kBf16Buffer[k])
-      h[k] = s.blocks16[k].empty() ? recompute16_[k].data()
-                                   : s.blocks16[k].data() + within * block_sizes_[k];
-    else
-      f[k] = s.blocks[k].empty() ? recompute_[k].data()
-                                 : s.blocks[k].data() + within * block_sizes_[k];
+    if (kBf16Buffer[k]) h[k] = block_buffer(s.blocks16, recompute16_, s.chunk, local_layer, k);
+    else f[k] = block_buffer(s.blocks, recompute_, s.chunk, local_layer, k);
   }
   return {h[0], f[1], f[2], h[3], f[4], h[5], f[6], h[7], f[8], f[9], h[10], h[11], f[12]};
 }

@@ -73,7 +73,7 @@ struct MoeLayer::Scratch {
 // backward's scratch, the outputs before they go home, h and act under mlp and full, and under
 // full the slots too (the block's forward refills them right before its backward). A rank
 // receives at most R = ep·N·min(k, E/ep) rows (k distinct experts a token): dropless, what a
-// slot holds. N: this rank's rows, B·T or B·T/tp under SP.
+// slot holds. N: this rank's rows, B·T or B·T/tp under SP. Its block keeps no fc/act rows.
 MoeLayer::MoeLayer(const GPTConfig& cfg, Backend& be, int layer, int slots, int max_tokens,
                    ExpertParallel ep, MoeHfTotals* hf, Recompute recompute, const MoeLayer* share)
     : cfg_(cfg), be_(be), layer_(layer), max_tokens_(max_tokens), ep_(ep), hf_(hf),

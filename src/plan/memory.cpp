@@ -24,8 +24,9 @@
 //               backward's gradient buffers and the attention scratch.
 // A mixture (Note [Plan mixture of experts] in src/plan/model.cpp) shows its routed experts'
 // expert_params, expert_grads, expert_optimizer: E/ep experts per layer, sharded by ZeRO over
-// dp_shard·cp/ep (all of dp·cp/ep without HSDP); a mixture layer keeps the block's 13 buffers and
-// its own, per slot in activations, shared in scratch (Note [Plan mixture memory]). With
+// dp_shard·cp/ep (all of dp·cp/ep without HSDP); a mixture layer keeps the block's buffers but
+// the dense MLP's fch and fch_gelu, and its own, per slot in activations, shared in scratch
+// (Note [Plan mixture memory]). With
 // parallel.tp_overlap on and SP, the rings' piece buffer, [N/tp, widest local row] fp32
 // (TpOverlap's rows_), is scratch too.
 // Sizes are elements × 4 B for fp32. The bf16 path holds in 2 B what GEMMs, attention and GELU
@@ -154,7 +155,6 @@ BlockParams block_params(const GPTConfig& cfg, const PlanLayout& l, int layer) {
 // fc_rows(Fe) and Fe, the shared experts' N rows. Once for the model: backward's gradients,
 // ep's staging and outputs, under mlp or full the R rows of h and act, under full the slots. N:
 // this rank's rows.
-// A mixture layer's slot keeps the dense MLP's fc and act rows it never writes (counted).
 struct MoeLayerBytes {
   double slot = 0, shared = 0;  // one mixture layer's per slot; what every mixture layer shares
   double model_slot = 0;        // the GPT's per slot: the choice counts on the device [E]
@@ -483,8 +483,12 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
       const int slots = max_in_flight(schedule, l.pp, s, l.accum, chunks, c);
       slots_total += slots;
       double per_slot = Nr * C * 4 + 2 * N * 4;  // encoded input (fp32); inputs, targets
+      int mlps = 0;  // the chunk's dense layers: a mixture layer keeps no fc/act rows
+      for (int i = stage.chunk_begin(c); i < stage.chunk_begin(c) + stage.chunk_size(c); ++i)
+        mlps += !cfg.is_moe(stage.global_layer(i));
       for (int k = 0; k < kBuffers; ++k)
-        if (kept[k]) per_slot += stage.chunk_size(c) * bytes(k);
+        if (kept[k])
+          per_slot += (GPT::is_mlp_buffer(size_t(k)) ? mlps : stage.chunk_size(c)) * bytes(k);
       acts += slots * per_slot;
       const bool head = stage.has_head && c == chunks - 1;
       if (head) {
