@@ -44,6 +44,15 @@ NcclCommOptions comm_options(const Deck& deck, bool on_compute_stream = false) {
   options.profile = profiling(deck);
   return options;
 }
+
+// A gradient sum's communicator: comm.grad_dtype bf16 sums float32 in bf16
+// (Note [bf16 gradient compression]), with HSDP on both hops
+// (Note [HSDP with bf16 gradients] in src/train/data_parallel.h).
+NcclCommOptions grad_comm_options(const Deck& deck) {
+  NcclCommOptions options = comm_options(deck);
+  options.grad_bf16 = deck.comm.grad_dtype == "bf16";
+  return options;
+}
 #endif
 
 }  // namespace
@@ -75,17 +84,16 @@ DeviceComms make_device_comms(const Deck& deck, Backend& backend, ProcessGrid& g
   // over its group; the groups partition the world).
   const bool cp = grid.layout().cp > 1;
   if (grid.layout().dp * grid.layout().cp > 1) {  // gradients reduce over dp × cp
-    NcclCommOptions options = comm_options(deck);
-    options.grad_bf16 = deck.comm.grad_dtype == "bf16";
+    const NcclCommOptions options = grad_comm_options(deck);
     comms.dp = std::make_unique<NcclComm>(grid.gradients().raw(),
                                           cp ? "dp x cp (nccl)" : "dp (nccl)", stream, options);
     // Note [HSDP] (src/train/data_parallel.h): the shards' group and the replicas', each its own.
     const bool hsdp = deck.parallel.zero > 0 && grid.layout().dp_replicate > 1;
     if (hsdp) {
       comms.dp_shard = std::make_unique<NcclComm>(grid.gradient_shards().raw(), "dp_shard (nccl)",
-                                                  stream, comm_options(deck));
-      comms.dp_replicate = std::make_unique<NcclComm>(
-          grid.dp_replicate().raw(), "dp_replicate (nccl)", stream, comm_options(deck));
+                                                  stream, options);
+      comms.dp_replicate = std::make_unique<NcclComm>(grid.dp_replicate().raw(),
+                                                      "dp_replicate (nccl)", stream, options);
     }
     if (deck.parallel.zero == 3)  // Note [Weights in unit slots] in src/train/zero3_pool.h
       comms.dp_gather = std::make_unique<NcclComm>(
@@ -138,8 +146,7 @@ DeviceComms make_device_comms(const Deck& deck, Backend& backend, ProcessGrid& g
   }
   // The ep group on the compute stream (the tokens move between the layer's kernels); the
   // expert-data-parallel group as dp's, for the GradReducer.
-  NcclCommOptions group_options = comm_options(deck);
-  group_options.grad_bf16 = deck.comm.grad_dtype == "bf16";
+  const NcclCommOptions group_options = grad_comm_options(deck);
   comms.group = [stream, group_options](MpiComm& group, const char* name, bool compute) {
     NcclCommOptions options = group_options;
     options.on_compute_stream = compute;

@@ -38,9 +38,6 @@ void DataParallel::check_deck(const Deck& deck, bool device, int chunks, bool sp
     input_error("parallel.zero: 3 with run.precision {} needs a device backend: the bf16 "
                 "weights are gathered into its unit pool; use run.precision fp32 on the host",
                 deck.run.precision);
-  // Note [HSDP]: what it does not combine with yet.
-  if (zero > 0 && deck.parallel.dp_replicate > 1 && deck.comm.grad_dtype == "bf16")
-    input_error("parallel.dp_replicate with comm.grad_dtype bf16: not built; use fp32");
   if (zero == 3 && split_backward)
     input_error("parallel.zero: 3 with parallel.schedule {}: the split backward's weight pass "
                 "is not announced to the unit gathers; use gpipe, 1f1b or interleaved",
@@ -188,9 +185,10 @@ void DataParallel::attach(GPT& model) {
   // its own already.
   const bool bf16 = cc.grad_dtype == "bf16";
   if (!ctx_.backend->is_device() && (bf16 || sharded_)) {
-    grad_comm_ = MpiComm::duplicate(dp.raw(), bf16   ? "dp (bf16 gradients)"
-                                              : hsdp ? "dp_shard (ZeRO)"
-                                                     : "dp (ZeRO)");
+    grad_comm_ =
+        MpiComm::duplicate(dp.raw(), hsdp ? (bf16 ? "dp_shard (bf16 gradients)" : "dp_shard (ZeRO)")
+                                     : bf16 ? "dp (bf16 gradients)"
+                                            : "dp (ZeRO)");
     grad_comm_->set_timeout(dp.timeout());
     if (emulated && !hsdp) grad_comm_->set_emulated_link(cc.emulate_gbps, cc.emulate_latency_us);
     if (bf16) grad_comm_->set_bf16_sums(true);
@@ -201,6 +199,7 @@ void DataParallel::attach(GPT& model) {
     replicate_comm_ = MpiComm::duplicate(replicate.raw(), "dp_replicate (HSDP)");
     replicate_comm_->set_timeout(replicate.timeout());
     if (emulated) replicate_comm_->set_emulated_link(cc.emulate_gbps, cc.emulate_latency_us);
+    if (bf16) replicate_comm_->set_bf16_sums(true);  // Note [HSDP with bf16 gradients]
     opt.replicate_comm = replicate_comm_.get();
   }
   // Note [Expert parallelism]: the experts' gradients sum over their own replicas.

@@ -12,6 +12,15 @@
 // checkpoint; comm.emulate_gbps is the replicas' link. Without ZeRO nothing changes. With
 // zero_reduce micro_batch only the step's last round sums the shards over the replicas (the
 // earlier rounds' sums are in the shard by then): the replicas' traffic stays once a step.
+//
+// Note [HSDP with bf16 gradients]
+// With comm.grad_dtype bf16 both hops sum in bf16 (Note [bf16 gradient compression]), as FSDP2's
+// reduce_dtype does: the replicas' hop crosses the slow link, where half the bytes matter most.
+// Each hop rounds its inputs and partial sums and widens its sum back; the first hop's output
+// is a bf16 value (zero_reduce micro_batch's carry went into it), so the second rounds only its
+// partial sums. Every replica gets the same bits: the replicas' sum is one all-reduce, whose
+// bf16 adds commute and whose result MPI's and NCCL's algorithms hand every rank alike, as the
+// fp32 hop relies on.
 #pragma once
 
 #include <memory>

@@ -89,10 +89,8 @@ il=(--set parallel.pp=2 --set parallel.schedule=interleaved --set parallel.virtu
 expect interleaved-accum "train.accum 3 is not a multiple of parallel.pp 2 \(use 2 or 4\)" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" "${il[@]}" --set train.accum=3
 expect interleaved-layers "4 model chunks, but model.layers is 3" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" "${il[@]}" --set model.layers=3 --set train.accum=2
 expect zb-with-recompute "zb-h1 keeps .* train.recompute: full drops" -- "$bin" train deck.yaml "${common[@]}" --set parallel.schedule=zb-h1 --set train.recompute=full
-# ZeRO (Note [ZeRO-1] in src/train/zero.h): a stage out of range, a combination the sharded
-# optimizer cannot do.
+# ZeRO (Note [ZeRO-1] in src/train/zero.h): a stage out of range.
 expect zero-out-of-range "parallel.zero" -- "$bin" train deck.yaml "${common[@]}" --set parallel.zero=4
-expect hsdp-with-bf16-grads "parallel.dp_replicate with comm.grad_dtype bf16" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" --set parallel.zero=3 --set parallel.dp_replicate=2 --set comm.grad_dtype=bf16
 # Context parallelism (Note [Context parallelism] in src/model/cp_attention.h): a sequence that
 # does not split into 2·cp chunks, a cp that does not divide the world.
 expect cp-seq-len "model.seq_len 60 must be a multiple of 2 \* parallel.cp = 8" -- "${mpi4[@]}" "$bin" train deck.yaml "${common[@]}" --set parallel.cp=4 --set model.seq_len=60

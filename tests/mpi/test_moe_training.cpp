@@ -1,9 +1,10 @@
 // Mixtures of experts (Note [Mixture of experts] in trident/model_config.h) in the layouts they
 // run in (Note [Mixtures in the layouts] in src/model/gpt_moe.cpp) equal one rank within the
 // dense families' bounds: ep 2 and 4, experts replicated over dp, ZeRO-1, 2 and 3, ep with
-// HSDP, ep beside pp (gpipe, 1f1b, interleaved) and cp, recomputation, capacity, and
-// checkpoints that resume at another ep or layout. And a rank whose experts receive no token
-// still takes part in every exchange. Runs under mpirun with 2 and 4 ranks.
+// HSDP (and bf16 gradients, within bf16's bounds), ep beside pp (gpipe, 1f1b, interleaved) and cp,
+// recomputation, capacity, and checkpoints that resume at another ep or layout. And a rank whose
+// experts receive no token still takes part in every exchange. Runs under mpirun with 2 and 4
+// ranks.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -206,6 +207,38 @@ TEST_P(MoeEqualsOneRank, ExpertParallelWithHsdp) {
     SCOPED_TRACE(fmt::format("dp_replicate 2, ep 2, {}", fmt::join(keys, ", ")));
     keys.insert(keys.end(), {"parallel.ep=2", "parallel.dp_replicate=2"});
     expect_equal_one_rank(run(deck(keys), true), ref);
+  }
+}
+
+// Note [HSDP with bf16 gradients] with experts: dp_replicate 2 × dp_shard 2, ep 2 and
+// comm.grad_dtype bf16, the experts' shards taking the dense buckets' bf16 second hop. Against
+// one rank (no sums: float32) within Zero.Bf16GradientsEqualZero0's bf16 bound (loss 1e-3, norm
+// 1e-2 relative: each sum a bf16 rounding, 2^-9, of some elements); the last step's reduced
+// shards all bf16 values (wte's rows join after, TiedEmbedding), and the replicas' tensors,
+// experts' included, the same bit for bit: an expert shard left out of the replicas' hop parts
+// them.
+TEST(MoeLayouts, ExpertParallelWithHsdpAndBf16Gradients) {
+  if (world_size() != 4) GTEST_SKIP() << "dp_replicate 2 x dp_shard 2 on 4 ranks";
+  std::vector<std::string> keys = kCases[0].keys;
+  keys.push_back("train.accum=8");
+  const MoeRun ref = run(moe_deck(keys), false);
+  keys.back() = "train.accum=2";
+  keys.insert(keys.end(), {"parallel.ep=2", "parallel.dp_replicate=2", "comm.grad_dtype=bf16"});
+  for (const char* zero : {"parallel.zero=1", "parallel.zero=3"}) {
+    SCOPED_TRACE(zero);
+    std::vector<std::string> k = keys;
+    k.push_back(zero);
+    ProcessGrid grid(complete_layout({.world = 4, .dp_replicate = 2}));
+    auto be = make_cpu_backend(1);
+    Trainer t(moe_deck(k), TrainContext{be.get(), 1e9, &grid, nullptr});
+    MoeRun r;
+    run_into(t, 0, 5, r);
+    testing::expect_close(r.steps, ref.steps, 1e-3, 1e-2);
+    EXPECT_EQ(testing::shard_grads_not_bf16(t), 0u) << "a hop did not sum in bf16";
+    std::vector<float> flat;
+    for (const auto& [name, v] : r.tensors) flat.insert(flat.end(), v.begin(), v.end());
+    EXPECT_TRUE(testing::same_on_every_rank(grid.dp_replicate().raw(), flat))
+        << "the replicas' tensors differ";
   }
 }
 

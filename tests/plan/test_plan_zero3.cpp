@@ -277,6 +277,12 @@ TEST(PlanZero3, HsdpShardsInTheNodeAndAllReducesTheShardAcrossReplicas) {
   // 2·(Ψ/S)·(R−1)/R fp32 gradients per rank over 10 GB/s: 2·(4Ψ/4)·(1/2) / 10e9.
   EXPECT_NEAR(p.term("hsdp_allreduce_exposed"), 2 * (4 * kPsi / 4) * 0.5 / 10e9, 1e-15);
   EXPECT_NEAR(p.term("hsdp_allreduce_s"), p.term("hsdp_allreduce_exposed"), 1e-15);
+  // comm.grad_dtype bf16 (Note [HSDP with bf16 gradients]): both hops carry half the bytes.
+  PlanModel m16 = m;
+  m16.grad_comm_bytes = 2;
+  const Prediction p16 = predict(m16, l, hw);
+  EXPECT_NEAR(p16.term("reduce_scatter_exposed"), pass / 2, 1e-15);
+  EXPECT_NEAR(p16.term("hsdp_allreduce_s"), p.term("hsdp_allreduce_s") / 2, 1e-15);
   // Sharded over dp_shard only: 16·Ψ/4 of states, not 16·Ψ/8.
   const ModelStates st = model_state_bytes(m, l, hw, 0);
   EXPECT_DOUBLE_EQ(st.optimizer, 8 * kPsi / 4);

@@ -47,8 +47,10 @@ struct StrictComms {
 
   // Note [HSDP]: with replicas the gathers and reduce-scatters run over dp_shard, the second hop
   // over the replicas. `gbps` > 0: the reduce-scatters' link is emulated at that speed.
+  // `bf16_grads` (comm.grad_dtype bf16): the gradients' groups sum in bf16, as the backend
+  // factory's NcclComms do (grad_bf16; Note [HSDP with bf16 gradients]).
   StrictComms(StrictDeviceBackend& strict, ProcessGrid& grid, int tp_size, int replicas,
-              double gbps = 0) {
+              double gbps = 0, bool bf16_grads = false) {
     dp_host = MpiComm::duplicate(grid.gradients().raw(), "dp (test)");
     if (gbps > 0) dp_host->set_emulated_link(gbps, 0);
     MpiComm& shards = replicas > 1 ? grid.gradient_shards() : grid.gradients();
@@ -61,6 +63,8 @@ struct StrictComms {
       shard->set_asynchronous(true);
       replicate->set_asynchronous(true);
     }
+    for (MpiComm* c : {dp_host.get(), shard_host.get(), replicate_host.get()})
+      if (c && bf16_grads) c->set_bf16_sums(true);
     dp = std::make_unique<StrictDeviceComm>(strict, *dp_host);
     gather = std::make_unique<StrictDeviceComm>(strict, *gather_host);
     dp->set_asynchronous(true);

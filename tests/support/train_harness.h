@@ -7,12 +7,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "train/data_parallel.h"
 #include "trident/grid.h"
 #include "trident/train.h"
 
@@ -125,6 +127,44 @@ inline double max_param_error(const std::vector<float>& a, const std::vector<flo
   for (size_t i = 0; i < a.size() && i < ref.size(); ++i)
     worst = std::max(worst, double(std::abs(a[i] - ref[i])) / scale);
   return worst;
+}
+
+// Whether every rank of `group` holds rank 0's `v`, bit for bit (HSDP's replicas end with the
+// same weights); the same answer on every rank of the group.
+inline bool same_on_every_rank(MPI_Comm group, const std::vector<float>& v) {
+  auto n = static_cast<unsigned long long>(v.size());
+  MPI_Bcast(&n, 1, MPI_UNSIGNED_LONG_LONG, 0, group);
+  std::vector<float> first = v;
+  first.resize(n);
+  MPI_Bcast(first.data(), static_cast<int>(n), MPI_FLOAT, 0, group);
+  int same = n == v.size() && std::memcmp(first.data(), v.data(), v.size() * sizeof(float)) == 0;
+  MPI_Allreduce(MPI_IN_PLACE, &same, 1, MPI_INT, MPI_LAND, group);
+  return same != 0;
+}
+
+// How many of the n floats are not bf16 values (a low half not zero): a sum made in bf16 and
+// widened has none, while a float32 sum of two bf16 values mostly needs more bits.
+inline size_t not_bf16(const float* v, size_t n) {
+  size_t count = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, v + i, sizeof(bits));
+    count += (bits & 0xffffu) != 0;
+  }
+  return count;
+}
+
+// With ZeRO, how many of the last step's reduced shard gradients are not bf16 values; wte's
+// left out: its sparse rows' sum is added to the shard after the reduction
+// (TiedEmbedding::finish_step). 0 without ZeRO.
+inline size_t shard_grads_not_bf16(Trainer& t) {
+  DataParallel* dp = t.data_parallel();
+  size_t count = 0;
+  if (dp && dp->sharded())
+    for (const OwnedPiece& o : dp->owned())
+      if (t.model().params_info()[o.param].name != "wte")
+        count += not_bf16(dp->shard_grads() + o.shard, o.count);
+  return count;
 }
 
 inline void expect_bitwise(const RunResult& a, const RunResult& b) {
