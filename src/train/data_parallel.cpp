@@ -41,10 +41,6 @@ void DataParallel::check_deck(const Deck& deck, bool device, int chunks, bool sp
   // Note [HSDP]: what it does not combine with yet.
   if (zero > 0 && deck.parallel.dp_replicate > 1 && deck.comm.grad_dtype == "bf16")
     input_error("parallel.dp_replicate with comm.grad_dtype bf16: not built; use fp32");
-  if (zero == 3 && split_backward)
-    input_error("parallel.zero: 3 with parallel.schedule {}: the split backward's weight pass "
-                "is not announced to the unit gathers; use gpipe, 1f1b or interleaved",
-                deck.parallel.schedule);
 }
 
 size_t DataParallel::first_bucket_bytes(const CommConfig& comm) {
