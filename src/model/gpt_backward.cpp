@@ -305,18 +305,17 @@ void GPT::backward_weight(int slot, const GradReadyFn& on_ready, const Embedding
     const LayerTable& lt = table_->layers[size_t(i)];
     Phase ph(be_, phases_, lt.weight_phase);
     const BlockActs act = block_acts(slot, i);
-    const BlockWeights w = block(layer_weights(i), i);
-    const BlockWeights dw = block(layer_grads(i), i);
+    const BlockWeights dw = block(layer_grads(i), i);  // no weights: Note [ZeRO-3 and W]
     TRIDENT_CHECK(!lt.moe, "a split backward of a mixture layer");
     be_.matmul_backward(nullptr, dw.fcprojw, dw.fcprojb, all_rows(act.residual3), act.fch_gelu,
-                        w.fcprojw, N, Fl, C);
+                        nullptr, N, Fl, C);
     ready.through(lt.ready_fcproj);
-    be_.matmul_backward(nullptr, dw.fcw, dw.fcb, act.fch, act.ln2, w.fcw, N, C, FCl);
+    be_.matmul_backward(nullptr, dw.fcw, dw.fcb, act.fch, act.ln2, nullptr, N, C, FCl);
     ready.through(lt.ready_ln2);  // ln2's gradients were final after B
     be_.matmul_backward(nullptr, dw.attprojw, dw.attprojb, all_rows(act.residual2), act.atty,
-                        w.attprojw, N, Ql, C);
+                        nullptr, N, Ql, C);
     ready.through(lt.ready_attproj);
-    be_.matmul_backward(nullptr, dw.qkvw, dw.qkvb, act.qkv, act.ln1, w.qkvw, N, C, QKVl);
+    be_.matmul_backward(nullptr, dw.qkvw, dw.qkvb, act.qkv, act.ln1, nullptr, N, C, QKVl);
     ready.through(lt.ready_ln1);
   }
   if (!has_embedding) {

@@ -38,10 +38,6 @@ void DataParallel::check_deck(const Deck& deck, bool device, int chunks, bool sp
     input_error("parallel.zero: 3 with run.precision {} needs a device backend: the bf16 "
                 "weights are gathered into its unit pool; use run.precision fp32 on the host",
                 deck.run.precision);
-  if (zero == 3 && split_backward)
-    input_error("parallel.zero: 3 with parallel.schedule {}: the split backward's weight pass "
-                "is not announced to the unit gathers; use gpipe, 1f1b or interleaved",
-                deck.parallel.schedule);
 }
 
 size_t DataParallel::first_bucket_bytes(const CommConfig& comm) {

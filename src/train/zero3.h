@@ -34,6 +34,15 @@
 // reduce-scatters start. The gradients are ZeRO-2's: reduce-scattered per bucket as backward
 // finishes them, their pages released after.
 //
+// Note [ZeRO-3 and W]
+// A split backward (zb-h1, Note [Split backward] in model/gpt_backward.cpp) announces its groups
+// in B only: B computes dX = dY·W, reading the gathered units as a whole backward does; W computes
+// dW = dYᵀ·X from what its slot kept and reads no weight (GPT::backward_weight passes none; a tied
+// head's dW is B's, the embedding's reads token ids). So W gathers nothing and holds no slot: the
+// gathers, their count and zero3_gather's two modes are 1F1B's, W's being no pass. Its gradients
+// are written whole (a device keeps them whole under a split: Note [When gradients are pooled])
+// and reduce-scattered as W reports them, as ZeRO-2 does.
+//
 // Note [ZeRO-3 with experts]
 // A mixture's experts split over ep are buckets of their own, sharded over their replicas
 // (expert-dp, Note [Expert parallelism]) as ZeRO-1/2 shard them; ZeRO-3 gathers them there too,

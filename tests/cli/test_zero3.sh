@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ZeRO-3 and HSDP through the binary (Note [ZeRO-3 units] in src/train/zero3.h, Note [HSDP] in
 # src/train/data_parallel.h):
-#   1. what is not built is refused before anything is allocated, exit 2 naming the keys;
+#   1. what is not built is refused before anything is allocated, exit 2 naming the keys (and
+#      zb-h1, once refused, trains);
 #   2. the memory precheck refuses Llama 1.1 B (inputs/llama-1b.yaml on the CPU, micro-batch 1,
 #      seq 64) at ZeRO-2 on 4 ranks with the sizes (each rank 11.4 GiB: the whole parameters
 #      and gradients, its quarter of the optimizer state; 45.6 GiB for the 4 ranks);
@@ -30,8 +31,13 @@ expect_refusal() {
 # CPU the deck refuses the precision first.
 expect_refusal zero3-bf16 "run.precision bf16 needs run.backend cuda" 2 "${tiny[@]}" \
   --set parallel.zero=3 --set run.precision=bf16
-expect_refusal zero3-zbh1 "parallel.schedule zb-h1" 2 "${tiny[@]}" --set parallel.zero=3 \
-  --set parallel.pp=2 --set parallel.schedule=zb-h1 --set train.accum=2
+# zb-h1 is built (Note [ZeRO-3 and W]): dp 2 x pp 2 trains through the binary.
+timeout 300 mpirun -n 4 "$bin" train "${tiny[@]}" --set parallel.zero=3 --set parallel.pp=2 \
+  --set parallel.schedule=zb-h1 --set train.accum=2 --set train.steps=3 \
+  --set run.out_dir="$scratch/zbh1" >zero3-zbh1.log 2>&1
+rc=$?
+if [ $rc -ne 0 ]; then fail "zero3-zbh1: exit $rc, expected 0: $(tail -3 zero3-zbh1.log)"
+else ok "zero3-zbh1: dp 2 x pp 2 zb-h1 at zero 3 trains 3 steps"; fi
 # HSDP runs rounds per micro-batch (the replicas in the last one); ZeRO-1 has no shard to add to.
 expect_refusal zero1-micro-batch "parallel.zero_reduce: micro_batch needs parallel.zero 2 or 3" 4 \
   "${tiny[@]}" --set parallel.zero=1 --set parallel.dp_replicate=2 \

@@ -127,6 +127,8 @@ TEST(Zero3Device, EqualsTheCpuBitForBitAtDp2) {
   expect_matches_cpu(1, 1, {"train.accum=2"});
   expect_matches_cpu(1, 1, {"train.recompute=full"});
   expect_matches_cpu(1, 1, {"parallel.reshard_after_forward=false"});
+  // Note [ZeRO-3 and W]: W reads no slot (a weight it read would be null or another unit's).
+  expect_matches_cpu(1, 1, {"parallel.schedule=zb-h1", "train.accum=2"});
 }
 
 TEST(Zero3Device, EqualsTheCpuBitForBitAtFourRanks) {
@@ -138,6 +140,10 @@ TEST(Zero3Device, EqualsTheCpuBitForBitAtFourRanks) {
   expect_matches_cpu(1, 2, {"parallel.schedule=gpipe", "train.accum=2", "model.layers=8"});
   expect_matches_cpu(
       1, 2, {"parallel.schedule=interleaved", "parallel.virtual_stages=2", "train.accum=2"});
+  // zb-h1: B reads the slots as 1F1B's backward does, W none (Note [ZeRO-3 and W]); with SP
+  // W gathers its kept rows over tp again.
+  expect_matches_cpu(1, 2, {"parallel.schedule=zb-h1", "train.accum=2"});
+  expect_matches_cpu(2, 1, {"parallel.sequence_parallel=true", "parallel.schedule=zb-h1"});
   expect_matches_cpu(1, 1, {}, /*replicas=*/2);  // HSDP 2 x 2
 }
 

@@ -2,9 +2,9 @@
 // gathered unit by unit, one group ahead. test_zero_training.cpp runs zero 3 beside zero 1 and 2
 // in its layouts (dp, dp × tp with and without SP, dp × pp 1F1B and GPipe, accumulation, overlap
 // on and off, non-finite steps, checkpoints); this file adds what only ZeRO-3 has: the gathers'
-// schedule and count, its two modes, the families, recomputation, the interleaved pipeline and
-// the memory it holds, and HSDP (every stage, fp32 and bf16 gradients). Runs under mpirun with 2
-// and 4 ranks (dp 2 × pp 2 needs 4).
+// schedule and count, its two modes, the families, recomputation, the interleaved pipeline, the
+// split backward (zb-h1), the memory it holds, and HSDP (every stage, fp32 and bf16 gradients).
+// Runs under mpirun with 2 and 4 ranks (dp 2 × pp 2 needs 4).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -122,10 +122,10 @@ TEST(Zero3, ModesEqualZero0) {
       false);
 }
 
-// Under pp, both modes with every schedule that announces its passes (zb-h1 is refused).
+// Under pp, both modes with every schedule (zb-h1's W reads no weight: Note [ZeRO-3 and W]).
 TEST(Zero3, PipelineSchedulesAndModesEqualZero0) {
   if (world_size() != 4) GTEST_SKIP() << "dp 2 x pp 2 needs 4 ranks";
-  for (const char* schedule : {"1f1b", "gpipe", "interleaved"}) {
+  for (const char* schedule : {"1f1b", "gpipe", "zb-h1", "interleaved"}) {
     std::vector<std::string> common = {fmt::format("parallel.schedule={}", schedule),
                                        "train.accum=4"};
     if (std::string(schedule) == "interleaved") common.push_back("parallel.virtual_stages=2");
@@ -140,6 +140,25 @@ TEST(Zero3, PipelineSchedulesAndModesEqualZero0) {
       expect_equal(train(1, 2, with({"parallel.zero=3", gather}), 4), ref, true);
     }
   }
+}
+
+// Note [ZeRO-3 and W]: zb-h1 on one stage, where the tied wte's two contributions come in B
+// (the head's) and W (the embedding's), in both modes and with forward's units kept; bitwise
+// equal to zero 0 under the same schedule at dp 2, within 1e-6 at dp 4 (expect_equal). A B that
+// did not announce its groups would read released weights (zero on the host) and miss by far.
+TEST(Zero3, SplitBackwardEqualsZero0) {
+  const std::vector<std::string> zb = {"parallel.schedule=zb-h1", "train.accum=3"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), zb.begin(), zb.end());
+    return extra;
+  };
+  const Result ref = train(1, 1, with({"parallel.zero=0"}), 5);
+  for (const char* mode :
+       {"parallel.reshard_after_forward=true", "parallel.reshard_after_forward=false"})
+    for (const char* gather : {"parallel.zero3_gather=micro_batch", "parallel.zero3_gather=step"}) {
+      SCOPED_TRACE(fmt::format("{}, {}", mode, gather));
+      expect_equal(train(1, 1, with({"parallel.zero=3", mode, gather}), 5), ref, dp2());
+    }
 }
 
 // The gathers of one step, from the unit log (Note [ZeRO-3 units]). Each wait at a group after a
@@ -188,6 +207,12 @@ TEST(Zero3, GathersEachUnitOneGroupAheadAndCountsThem) {
   EXPECT_EQ(gathers_in_step({"train.accum=2"}), 21);
   EXPECT_EQ(gathers_in_step({"parallel.reshard_after_forward=false"}), 7);
   EXPECT_EQ(gathers_in_step({"parallel.zero3_gather=step", "train.accum=2"}), 7);
+  // zb-h1: B announces backward's groups, W none (Note [ZeRO-3 and W]): the same counts.
+  EXPECT_EQ(gathers_in_step({"parallel.schedule=zb-h1"}), 11);
+  EXPECT_EQ(gathers_in_step({"parallel.schedule=zb-h1", "train.accum=2"}), 21);
+  EXPECT_EQ(
+      gathers_in_step({"parallel.schedule=zb-h1", "parallel.zero3_gather=step", "train.accum=2"}),
+      7);
   // An untied Llama: units head (lmw and the final norm), h3..h0, wte; forward wte, h0..h3, head;
   // backward h3..h0 (the head held): 6 + 4.
   EXPECT_EQ(gathers_in_step(testing::family_keys("llama")), 10);

@@ -237,6 +237,34 @@ TEST(PlanZero3, TrafficIsThreePsiAgainstTwoPsi) {
   EXPECT_NEAR(z3.term("optimizer"), predict(m, data_parallel(4, 2), hw).term("optimizer"), 1e-15);
 }
 
+// Note [ZeRO-3 and W] (src/train/zero3.h): zb-h1's W gathers nothing, so its gathers are 1F1B's
+// in both modes (per micro-batch 2·m, once per step 1: the figures above); and a split
+// backward pools no gradient on a GPU (Note [When gradients are pooled]), so they are whole
+// there, 4Ψ beside the shard, where 1F1B's pool holds the own slots and two blocks.
+TEST(PlanZero3, ZeroBubbleGathersAsOneFOneBAndKeepsGradientsWhole) {
+  PlanModel m = small_model();
+  m.overlap = false;
+  const Hardware hw = round_machine("fp32");
+  for (const char* gather : {"micro_batch", "step"}) {
+    PlanLayout one = data_parallel(4, 3);
+    one.accum = 4, one.zero3_gather = gather;
+    PlanLayout zb = one;
+    zb.schedule = "zb-h1";
+    const Prediction a = predict(m, one, hw), b = predict(m, zb, hw);
+    ASSERT_TRUE(b.fits) << b.why_not;
+    EXPECT_EQ(b.term("all_gathers_per_step"), a.term("all_gathers_per_step")) << gather;
+    EXPECT_EQ(b.term("all_gathers_per_step"), std::string(gather) == "step" ? 1 : 8) << gather;
+    EXPECT_DOUBLE_EQ(b.term("all_gather_exposed"), a.term("all_gather_exposed")) << gather;
+  }
+  m.overlap = true;
+  const double shard = kPsi / 8, own = 8192 + 1024 + 128;
+  PlanLayout zb = data_parallel(8, 3);
+  zb.schedule = "zb-h1";
+  EXPECT_DOUBLE_EQ(model_state_bytes(m, zb, hw, 0).grads, 4 * shard + 4 * kPsi);
+  EXPECT_DOUBLE_EQ(model_state_bytes(m, data_parallel(8, 3), hw, 0).grads,
+                   4 * shard + 4 * (own + 2 * kUnit));
+}
+
 // With overlap a pass hides its gathers under compute except the first unit's (wte forward,
 // the final LayerNorm backward) when the link is fast, and everything beyond the compute when
 // it is slow.
