@@ -266,12 +266,14 @@ TEST_P(MoeEqualsOneRank, BesidePipeline) {
 // zb-h1 (Note [Mixtures in B]): a mixture's gradients all in B, W only reporting them ready,
 // the same calls in the same micro-batch order, so it equals 1f1b bit for bit (losses, norms,
 // the mixtures' figures, every parameter): pp 2 beside ep = dp (ep 1 at 2 ranks, dp 2 × ep 2 at
-// 4), and at 4 ranks tp 2 with sequence parallelism (the span's sum over tp in B's last
-// micro-batch, before W reports it). accum 4, so that W's trail the B's of later micro-batches.
+// 4, there with ZeRO-1 too), and at 4 ranks tp 2 with sequence parallelism (the span's sum over
+// tp in B's last micro-batch, before W reports it). accum 4: W's trail later micro-batches' B's.
 TEST_P(MoeEqualsOneRank, ZeroBubbleIsBitwise1F1B) {
   const int dp = world_size() / 2;
   std::vector<std::vector<std::string>> layouts = {{fmt::format("parallel.ep={}", dp)}};
-  if (dp == 2) layouts.push_back({"parallel.tp=2", "parallel.sequence_parallel=true"});
+  if (dp == 2)
+    layouts.insert(layouts.end(), {{"parallel.ep=2", "parallel.zero=1"},
+                                   {"parallel.tp=2", "parallel.sequence_parallel=true"}});
   for (std::vector<std::string> keys : layouts) {
     SCOPED_TRACE(fmt::format("pp 2, {}", fmt::join(keys, ", ")));
     keys.insert(keys.end(), {"parallel.pp=2", "train.accum=4"});
