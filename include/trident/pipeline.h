@@ -57,7 +57,10 @@ int max_awaiting_weight(PipeSchedule schedule, int stages, int stage, int micro_
 // and weight-gradient passes of equal cost and free transfers: (p−1)/(m+p−1) for GPipe and
 // 1F1B; for ZB-H1, 1 − 3m/T with T = 3m + p − 1 (m ≥ p; Note [ZB-H1]) or 2m + 2p − 1 (m < p).
 // Interleaved: (p−1)/(v·m + p − 1) (Narayanan et al. 2021, the bubble divided by v).
-double bubble_model(PipeSchedule schedule, int stages, int micro_batches, int chunks = 1);
+// weight_share: ZB-H1's W as a share of F + B + W (F a third), at most and by default a third;
+// a mixture's B holds its weight gradients (Note [Mixtures in B]), so less. At 0, 1F1B's.
+double bubble_model(PipeSchedule schedule, int stages, int micro_batches, int chunks = 1,
+                    double weight_share = 1.0 / 3);
 // Input errors (exit 2, naming the deck keys) for a schedule the shape cannot run:
 // virtual_stages > 1 without interleaved, interleaved with pp < 2 or accum % pp != 0, or
 // fewer layers than virtual stages.

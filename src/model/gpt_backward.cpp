@@ -23,6 +23,15 @@
 // parallelism W gathers the kept rows to all N again (an all-gather per row-parallel layer, in
 // the same order on every tp rank). Gradient-ready events come from W (test_pp_training checks
 // zb-h1 against 1f1b). Recomputation is refused: what it drops, W would need again.
+//
+// Note [Mixtures in B]
+// A mixture layer computes all its gradients (router, experts, shared experts) in B, as the
+// whole backward does; W only reports them ready, in the list's order, before ln2's. Deferring
+// the experts' to W would keep, per slot (zb-h1 keeps p on every stage), the permuted rows, the
+// experts' hidden activations and the all-to-all's returned output gradients, which live in the
+// backward scratch that every mixture layer shares (Note [Mixture memory]). The same calls in the
+// same micro-batch order, so zb-h1 still equals 1f1b bit for bit; with tp B's last micro-batch
+// sums the span (Note [Mixtures and tp]) before W reports it.
 #include <algorithm>
 #include <utility>
 
@@ -203,7 +212,8 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale, const fl
 
     const float* dout = dres;  // a mixture: this rank's rows
     Work dln2_sum;             // the MLP input gradient's sum over tp (column_backward)
-    if (lt.moe) {  // its weight gradients too (a split backward is refused with mixtures)
+    // A mixture computes its weight gradients here, in B too (Note [Mixtures in B]).
+    if (lt.moe) {
       moe_backward(slot, i, a.dbuf_c.data(), dout, act.ln2, Nr, dloss_scale, last_micro_batch);
       ready.through(lt.ready_moe);
     } else {
@@ -306,11 +316,12 @@ void GPT::backward_weight(int slot, const GradReadyFn& on_ready, const Embedding
     Phase ph(be_, phases_, lt.weight_phase);
     const BlockActs act = block_acts(slot, i);
     const BlockWeights dw = block(layer_grads(i), i);  // no weights: Note [ZeRO-3 and W]
-    TRIDENT_CHECK(!lt.moe, "a split backward of a mixture layer");
-    be_.matmul_backward(nullptr, dw.fcprojw, dw.fcprojb, all_rows(act.residual3), act.fch_gelu,
-                        nullptr, N, Fl, C);
-    ready.through(lt.ready_fcproj);
-    be_.matmul_backward(nullptr, dw.fcw, dw.fcb, act.fch, act.ln2, nullptr, N, C, FCl);
+    if (!lt.moe) {  // a mixture's gradients were final after B (Note [Mixtures in B])
+      be_.matmul_backward(nullptr, dw.fcprojw, dw.fcprojb, all_rows(act.residual3), act.fch_gelu,
+                          nullptr, N, Fl, C);
+      ready.through(lt.ready_fcproj);
+      be_.matmul_backward(nullptr, dw.fcw, dw.fcb, act.fch, act.ln2, nullptr, N, C, FCl);
+    }
     ready.through(lt.ready_ln2);  // ln2's gradients were final after B
     be_.matmul_backward(nullptr, dw.attprojw, dw.attprojb, all_rows(act.residual2), act.atty,
                         nullptr, N, Ql, C);

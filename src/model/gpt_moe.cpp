@@ -3,12 +3,11 @@
 //
 // Note [Mixtures in the layouts]
 // A mixture runs in fp32 (on a device too, Note [Mixture ops]) on this rank's tokens (with cp
-// its chunks), so dp, cp, pp (1f1b, gpipe, interleaved), recompute and ZeRO need only the
-// gradient groups (Note [Expert parallelism], Note [ZeRO-3 with experts]). The balance losses
-// and the capacity count this rank's tokens: with cp (or tp) they are the ranks' own, not one
-// loss over the sequence as Megatron-Core sums the counts over tp × cp. bf16 widens ln2 for it
-// (gpt_bf16_widen.cpp). Refused until built: zb-h1 (its W pass would need the routing again),
-// and the hf form across stages.
+// its chunks), so dp, cp, pp (1f1b, gpipe, interleaved, zb-h1: Note [Mixtures in B]), recompute
+// and ZeRO need only the gradient groups (Note [Expert parallelism], Note [ZeRO-3 with experts]).
+// The balance losses and the capacity count this rank's tokens: with cp (or tp) they are the
+// ranks' own, not one loss over the sequence as Megatron-Core sums the counts over tp × cp. bf16
+// widens ln2 for it (gpt_bf16_widen.cpp). Refused until built: the hf form across stages.
 //
 // Note [Mixtures and tp]
 // With tp a mixture needs sequence parallelism, as in Megatron-Core: each tp rank normalises

@@ -73,6 +73,13 @@
 // exchange: none overlapped (moe_all_to_all_exposed). Experts reduce over dp·cp/ep ranks; with
 // HSDP over dp_shard·cp/ep, their shard then all-reduced over the replicas with the dense ones'.
 //
+// Note [Plan weight pass]
+// ZB-H1's bubble, (p−1)(F+B) less the W's that fill it (bubble_model), takes W as a third of a
+// micro-batch. With experts, a mixture's weight GEMMs run in B (Note [Mixtures in B]), so W is
+// the slowest stage's StageCost::weight_pass (attention's and dense layers' deferred weight
+// GEMMs, the embedding's scatter) over its micro-batch time, at most a third. Dense models
+// keep the third (their figures as before); the cores' busy share (rank_place) keeps it too.
+//
 // Memory: Note [Plan memory] in src/plan/memory.cpp. Not modelled: routing imbalance (the
 // busiest expert sets the pace), capacity drops, grouped-GEMM and permutation kernels' own
 // rates, an all-to-all's bus bandwidth below the ring's.
@@ -391,9 +398,9 @@ StageCost stage_cost(const PlanModel& m, const PlanLayout& l, const Hardware& hw
   // A device's rings move whole chunks and leave backward's bulk sums exposed:
   // Note [Tensor-parallel ring on a device].
   auto bulk = [&](double t, double g) { return device ? t : bulk_exposed(t, g); };
+  auto wgrad = [&](double out, double in) { return gemm(out, in, N); };
   if (tp_overlap && l.tp > 1) {
     auto dgrad = [&](double out, double in) { return gemm(N, in, out); };
-    auto wgrad = [&](double out, double in) { return gemm(out, in, N); };
     if (l.sequence_parallel) {
       const double t = tp_one / 2;  // one all-gather or reduce-scatter: half an all-reduce
       // Pieces per ring chunk: the deck's, or trident's default of 2 (model_options.cpp); one on
@@ -430,6 +437,8 @@ StageCost stage_cost(const PlanModel& m, const PlanLayout& l, const Hardware& hw
   c.backward = dense * (block_gemm_b + att_b + block_mem_b + block_tp_b + cp_b) +
                mixed * (attn_gemm_b + moe_gemm_b + att_b + moe_mem_b + attn_tp_b + cp_b + a2a_b);
   c.forward = dense * (block_gemm_f + att_f + block_mem_f + block_tp_f + cp_f) + mixed * moe_f;
+  const double attn_wgrad = wgrad(qkv, C) + wgrad(C, proj_in);
+  c.weight_pass = dense * (attn_wgrad + wgrad(fc, C) + wgrad(C, hidden)) + mixed * attn_wgrad;
   if (l.recompute == "mlp") {  // a mixture's routed rows are kept: its experts' fc again
     c.recompute = dense * (linear_f(fc, C) + mem(act)) + mixed * (moe_fc_f + mem(moe_act));
   } else if (l.recompute == "full") {  // the forward again, its K/V and tp exchanges included
@@ -447,6 +456,7 @@ StageCost stage_cost(const PlanModel& m, const PlanLayout& l, const Hardware& hw
     c.memory_bound += e + eb;
     c.forward += e;
     c.backward += eb;
+    c.weight_pass += eb;
   }
   if (stage.has_head) {  // final LayerNorm, logits, vocab-parallel cross-entropy
     const double g_f = linear_f(Vl, C), g_b = linear_b(Vl, C);
@@ -479,9 +489,9 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
     p.why_not = "zero_reduce=micro_batch on a GPU needs comm.overlap (the gradient pool)";
   if (!p.why_not.empty()) return p;  // not a layout trident can run: fits = false, no times
   const int chunks = l.schedule == "interleaved" ? l.v : 1;
-  const double f =
-      l.pp > 1 ? bubble_model(parse_pipe_schedule(l.schedule, "schedule"), l.pp, l.accum, chunks)
-               : 0.0;
+  double f = l.pp > 1
+                 ? bubble_model(parse_pipe_schedule(l.schedule, "schedule"), l.pp, l.accum, chunks)
+                 : 0.0;
   const RankPlace place = rank_place(l, hw, 1 - f);  // its peak_flops counts the same cores
   p.memory = memory_terms(m, l, hw);
   for (const PlanTerm& t : p.memory) p.memory_bytes += t.value;
@@ -521,6 +531,10 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
     if (t > slow_mb) slow_mb = t, slow = c;
     if (s == 0) first_backward = c.backward, first_forward = c.forward;
   }
+  // Note [Plan weight pass]: a mixture's zb-h1 W pass is lighter than a third of the stage.
+  if (l.pp > 1 && m.block.moe.experts > 0 && l.schedule == "zb-h1")
+    f = bubble_model(PipeSchedule::kZeroBubbleH1, l.pp, l.accum, 1,
+                     std::min(1.0 / 3, slow.weight_pass / slow_mb));
   const double micro = l.accum;
   const double others_mb = l.pp > 1 ? (sum_mb - slow_mb) / (l.pp - 1) : 0;
   const double bubble = f < 1 ? micro * others_mb * f / (1 - f) : 0;

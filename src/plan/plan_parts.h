@@ -44,6 +44,9 @@ struct StageCost {
   // Expert parallelism's all-to-alls (Note [Plan mixture of experts]), all exposed.
   double a2a = 0;
   double forward = 0, backward = 0;  // the same split by pass (recompute is in backward)
+  // Of backward, what zb-h1's W pass runs: the weight GEMMs it defers (not a mixture's, nor the
+  // head's: Note [Mixtures in B], Note [Split backward]) and the embedding's scatter.
+  double weight_pass = 0;
 };
 StageCost stage_cost(const PlanModel& model, const PlanLayout& layout, const Hardware& hw,
                      const RankPlace& place, const StageSpec& stage);

@@ -139,9 +139,6 @@ void check_moe_deck(const Deck& deck, const GPTConfig& cfg, int dp_cp) {
                 "dp_shard × cp = {}: the experts are sharded within a replica and replicated over "
                 "the replicas, as the dense weights are",
                 ep, p.zero, p.dp_replicate, dp_cp / p.dp_replicate);
-  if (p.schedule == "zb-h1")
-    input_error("model.moe with parallel.schedule zb-h1: a mixture's weight gradients need the "
-                "routing again in the weight pass, which is not built; use 1f1b");
   if (cfg.moe.aux_loss == MoeAux::kHF && p.pp > 1)
     input_error("model.moe.aux_loss hf with parallel.pp {}: transformers' form sums every "
                 "layer's routing, which pp splits; use model.moe.aux_loss switch",

@@ -174,12 +174,17 @@ int max_awaiting_weight(PipeSchedule schedule, int stages, int stage, int micro_
   return std::min(stage + 1, micro_batches);
 }
 
-double bubble_model(PipeSchedule schedule, int stages, int micro_batches, int chunks) {
+double bubble_model(PipeSchedule schedule, int stages, int micro_batches, int chunks,
+                    double weight_share) {
   check_schedule_args(schedule, stages, 0, micro_batches, chunks);
+  TRIDENT_CHECK(weight_share >= 0 && weight_share <= 1.0 / 3, "a weight pass above a third");
   const double p = stages, m = micro_batches, v = chunks;
   if (!splits_backward(schedule)) return (p - 1) / (v * m + p - 1);
-  const double makespan = m >= p ? 3 * m + p - 1 : 2 * m + 2 * p - 1;
-  return 1 - 3 * m / makespan;
+  // In thirds of a micro-batch's F + B + W (F a third): W = 3w, F + B = 3 − 3w. The idle time
+  // is (p − 1)(F + B) less the W's that fill it, min(m − 1, p − 1) of them.
+  const double w = 3 * weight_share;
+  const double idle = (p - 1) * (3 - w) - std::min(m - 1, p - 1) * w;
+  return idle / (3 * m + idle);
 }
 
 void check_pipe_schedule(PipeSchedule schedule, int stages, int micro_batches, int chunks,

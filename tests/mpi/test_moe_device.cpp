@@ -4,8 +4,8 @@
 // gets NcclComms through TrainContext::device_group), the tokens' all-to-all, the counts'
 // exchange and the experts' gradient reduction reach backend memory only through the ops, the
 // copies and the device communicators — a host touch crashes — and the run equals the CPU
-// backend's run of the same layout bit for bit, with ZeRO-3 and HSDP too. Runs under mpirun with
-// 2 and 4 ranks.
+// backend's run of the same layout bit for bit, with ZeRO-3, HSDP and zb-h1 too. Runs under
+// mpirun with 2 and 4 ranks.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -114,6 +114,32 @@ TEST(MoeDevice, HsdpWithExpertsEqualsTheCpuBitForBit) {
                             {"parallel.zero=3", "model.moe.router=sigmoid",
                              "model.moe.bias_update_rate=0.01", "model.moe.shared_experts=1"},
                             1, 2);
+}
+
+// zb-h1 (Note [Mixtures in B]) at pp 2 beside ep = dp (1 at 2 ranks, 2 at 4): the mixtures'
+// gradients in B through the device's ops and communicators, W only reporting them ready. The
+// strict run equals the CPU backend's 1f1b run bit for bit, with the sigmoid router's bias step
+// and with the switch loss and the z-loss.
+TEST(MoeDevice, ZeroBubbleEqualsTheCpusOneFOneBBitForBit) {
+  const int dp = world_size() / 2;
+  ProcessGrid grid(complete_layout({.world = world_size(), .pp = 2}));
+  const std::vector<std::string> routers[] = {
+      {"model.moe.router=sigmoid", "model.moe.bias_update_rate=0.01", "model.moe.shared_experts=1"},
+      {"model.moe.aux_loss=switch", "model.moe.aux_loss_coeff=0.01", "model.moe.z_loss=0.001"}};
+  for (const std::vector<std::string>& router : routers) {
+    SCOPED_TRACE(fmt::format("pp 2, ep {}, {}", dp, router[0]));
+    auto with = [&](const char* schedule) {
+      std::vector<std::string> keys = router;
+      keys.insert(keys.end(), {"parallel.pp=2", "train.accum=4",
+                               fmt::format("parallel.schedule={}", schedule)});
+      return moe_deck(dp, keys);
+    };
+    auto cpu = make_cpu_backend(1);
+    TrainContext on_grid;
+    on_grid.grid = &grid;
+    const testing::MoeRun want = testing::run_moe(*cpu, with("1f1b"), on_grid);
+    testing::expect_same_moe_run(testing::run_moe_strict(with("zb-h1"), grid), want);
+  }
 }
 
 // bf16 (Note [Widening at the bf16 boundary]: the mixture runs in fp32 on the fp32 weights the

@@ -1,7 +1,8 @@
 // Mixtures of experts (Note [Mixture of experts] in trident/model_config.h) in the layouts they
 // run in (Note [Mixtures in the layouts] in src/model/gpt_moe.cpp) equal one rank within the
 // dense families' bounds: ep 2 and 4, experts replicated over dp, ZeRO-1, 2 and 3, ep with
-// HSDP (and bf16 gradients, within bf16's bounds), ep beside pp (gpipe, 1f1b, interleaved) and cp,
+// HSDP (and bf16 gradients, within bf16's bounds), ep beside pp (gpipe, 1f1b, interleaved; zb-h1
+// equals 1f1b bit for bit) and cp,
 // recomputation, capacity, and checkpoints that resume at another ep or layout. And a rank whose
 // experts receive no token still takes part in every exchange. Runs under mpirun with 2 and 4
 // ranks.
@@ -13,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <ostream>
@@ -124,6 +126,25 @@ void expect_equal_one_rank(const MoeRun& a, const MoeRun& ref) {
   }
   EXPECT_GT(compared, 0u);
   EXPECT_LE(worst, 1e-5) << "the largest parameter difference, relative to the largest";
+}
+
+// Bit for bit: the same losses, norms, mixture figures and parameters (NaN where another rank
+// holds them, at the same places).
+void expect_bitwise(const MoeRun& a, const MoeRun& ref) {
+  EXPECT_EQ(a.steps.losses, ref.steps.losses);
+  EXPECT_EQ(a.steps.norms, ref.steps.norms);
+  ASSERT_EQ(a.moe.size(), ref.moe.size());
+  for (size_t i = 0; i < a.moe.size(); ++i) {
+    EXPECT_EQ(a.moe[i].aux_loss, ref.moe[i].aux_loss) << "step " << i + 1;
+    EXPECT_EQ(a.moe[i].z_loss, ref.moe[i].z_loss) << "step " << i + 1;
+    EXPECT_EQ(a.moe[i].choices, ref.moe[i].choices) << "step " << i + 1;
+  }
+  ASSERT_EQ(a.tensors.size(), ref.tensors.size());
+  for (const auto& [name, v] : a.tensors) {
+    const std::vector<float>& r = ref.tensors.at(name);
+    ASSERT_EQ(v.size(), r.size()) << name;
+    EXPECT_EQ(0, std::memcmp(v.data(), r.data(), v.size() * sizeof(float))) << name;
+  }
 }
 
 // The mixtures the layouts run, each exercising what crosses ranks: the switch auxiliary loss
@@ -272,6 +293,29 @@ TEST_P(MoeEqualsOneRank, BesidePipeline) {
                   fmt::format("parallel.zero3_gather={}", gather)}),
             true),
         ref);
+  }
+}
+
+// zb-h1 (Note [Mixtures in B]): a mixture's gradients all in B, W only reporting them ready,
+// the same calls in the same micro-batch order, so it equals 1f1b bit for bit (losses, norms,
+// the mixtures' figures, every parameter): pp 2 beside ep = dp (ep 1 at 2 ranks, dp 2 × ep 2 at
+// 4, there with ZeRO-1 too), and at 4 ranks tp 2 with sequence parallelism (the span's sum over
+// tp in B's last micro-batch, before W reports it). accum 4: W's trail later micro-batches' B's.
+TEST_P(MoeEqualsOneRank, ZeroBubbleIsBitwise1F1B) {
+  const int dp = world_size() / 2;
+  std::vector<std::vector<std::string>> layouts = {{fmt::format("parallel.ep={}", dp)}};
+  if (dp == 2)
+    layouts.insert(layouts.end(), {{"parallel.ep=2", "parallel.zero=1"},
+                                   {"parallel.tp=2", "parallel.sequence_parallel=true"}});
+  for (std::vector<std::string> keys : layouts) {
+    SCOPED_TRACE(fmt::format("pp 2, {}", fmt::join(keys, ", ")));
+    keys.insert(keys.end(), {"parallel.pp=2", "train.accum=4"});
+    auto with = [&](const char* schedule) {
+      std::vector<std::string> k = keys;
+      k.push_back(fmt::format("parallel.schedule={}", schedule));
+      return run(deck(k), true);
+    };
+    expect_bitwise(with("zb-h1"), with("1f1b"));
   }
 }
 

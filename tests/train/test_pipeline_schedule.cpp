@@ -328,6 +328,22 @@ TEST(PipeSchedule, BubbleModelIsTheUnitCostReplays) {
   EXPECT_NEAR(bubble_model(PipeSchedule::kZeroBubbleH1, 4, 8), 3.0 / 27, 1e-12);
 }
 
+// ZB-H1 with a lighter W (a mixture's weight gradients in B: Note [Mixtures in B]): F 2, W
+// from 0 to 2 of the 6 that F + B + W take, replayed; with no W it is 1F1B's bubble. (A W
+// heavier than F is outside the model: the replay then stalls elsewhere.)
+TEST(PipeSchedule, ZeroBubbleModelWithALighterWeightPassIsTheReplay) {
+  const PipeSchedule zb = PipeSchedule::kZeroBubbleH1;
+  for (double w : {0.0, 0.5, 1.0, 1.5, 2.0})
+    for (int p = 1; p <= 6; ++p)
+      for (int m = 1; m <= 12; ++m) {
+        const double busy = 6.0 * m;
+        EXPECT_NEAR(bubble_model(zb, p, m, 1, w / 6.0), 1 - busy / makespan(zb, p, m, 2, 4 - w, w),
+                    1e-12)
+            << "W " << w << " p " << p << " m " << m;
+      }
+  EXPECT_NEAR(bubble_model(zb, 4, 8, 1, 0), bubble_model(PipeSchedule::kOneFOneB, 4, 8), 1e-12);
+}
+
 // "F0.1" is micro-batch 0 of chunk 1.
 std::string chunk_text(const std::vector<PipeAction>& actions) {
   std::string s;
