@@ -336,10 +336,6 @@ std::string layout_problem(const PlanModel& m, const PlanLayout& l) {
     if (experts > 0 && splits_backward(schedule))
       return fmt::format("schedule {} with experts: a mixture's weight pass is not built",
                          l.schedule);
-    if (experts > 0 && m.block.moe.aux_loss == MoeAux::kHF && l.pp > 1)
-      return fmt::format("pp={} with model.moe.aux_loss hf: its sum over every layer is not "
-                         "split over stages",
-                         l.pp);
   } catch (const Error& e) {
     return e.what();
   }
