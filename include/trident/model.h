@@ -421,6 +421,16 @@ class GPT {
   // `add`: where the steps go instead of the parameter buffer (ZeRO-3's shards,
   // DataParallel::shard_adder); its values are in backend memory.
   void update_router_biases(Communicator* group, Communicator* tp, const ParamAddFn& add = {});
+  // Note [Transformers' totals across stages] (gpt_moe.cpp): with model.moe.aux_loss hf a
+  // micro-batch's routing totals travel with its activations and with their gradients. A
+  // message is moe_totals_floats() floats (0: none travel), host or backend memory.
+  size_t moe_totals_floats() const;
+  // Before forward(slot) on a chunk after the first: the earlier chunks' totals; before
+  // backward(slot) on a chunk before the last: the whole micro-batch's.
+  void receive_moe_totals(int slot, const float* message);
+  // After forward(slot): the totals so far, for the next chunk; after backward(slot): the
+  // whole micro-batch's, for the previous one.
+  void send_moe_totals(int slot, float* message);
 
   // One block's activation buffers, in BlockActs order: ln1 ln1_mean ln1_rstd qkv att atty
   // residual2 ln2 ln2_mean ln2_rstd fch fch_gelu residual3; and which of them the bf16 path
@@ -698,6 +708,7 @@ class GPT {
   void make_moe_layers(int B, int T, int slots);
   void moe_begin_forward(int slot);
   void moe_end_forward(int slot, int N);
+  void moe_begin_backward(int slot);
   // The mixture MLP of block i (gpt_moe.cpp): out = moe(ln2) on N rows; backward dln2 (assign).
   void moe_forward(int slot, int local_layer, float* out, const float* ln2, int N);
   void moe_backward(int slot, int local_layer, float* dln2, const float* dout, const float* ln2,

@@ -96,6 +96,7 @@ Work GPT::column_backward(float* dinp, float* dw, float* db, const float* dout, 
 void GPT::backward(int slot, float dloss_scale, const float* dstage_output, float* dstage_input,
                    const GradReadyFn& on_ready, const EmbeddingRowSink* sink,
                    bool last_micro_batch) {
+  moe_begin_backward(slot);
   if (precision_ == Precision::kBf16 && tp_.size > 1) {  // Note [bf16 with tp]
     backward_bf16_tp(slot, dloss_scale, dstage_output, dstage_input, on_ready, sink,
                      last_micro_batch);
@@ -114,6 +115,7 @@ void GPT::backward_input(int slot, float dloss_scale, const float* dstage_output
   TRIDENT_CHECK(recompute_mode_ == Recompute::kNone,
                 "a split backward with recomputation (Note [Split backward])");
   TRIDENT_CHECK(precision_ == Precision::kFp32, "a split backward on the bf16 path");
+  moe_begin_backward(slot);
   backward_pass(BackwardPart::kInput, slot, dloss_scale, dstage_output, dstage_input, {}, nullptr,
                 last_micro_batch);
 }

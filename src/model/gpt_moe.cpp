@@ -7,7 +7,8 @@
 // and ZeRO need only the gradient groups (Note [Expert parallelism], Note [ZeRO-3 with experts]).
 // The balance losses and the capacity count this rank's tokens: with cp (or tp) they are the
 // ranks' own, not one loss over the sequence as Megatron-Core sums the counts over tp × cp. bf16
-// widens ln2 for it (gpt_bf16_widen.cpp). Refused until built: the hf form across stages.
+// widens ln2 for it (gpt_bf16_widen.cpp). The hf form's totals cross the stages with the
+// activations (Note [Transformers' totals across stages]).
 //
 // Note [Mixtures and tp]
 // With tp a mixture needs sequence parallelism, as in Megatron-Core: each tp rank normalises
@@ -38,6 +39,9 @@ void GPT::make_moe_layers(int B, int T, int slots) {
   moe_hf_->psum.assign(size_t(slots) * E, 0.0);
   moe_hf_->layers.assign(size_t(slots), 0);
   moe_hf_->count_device = BackendBuffer<int32_t>(be_, size_t(slots) * E);
+  moe_hf_->carried.assign(size_t(slots), 0);
+  moe_hf_->message.assign(size_t(slots) * (2 * E + 1), 0.0);
+  moe_hf_->count_host.assign(size_t(slots) * E, 0);
   // Note [Mixture memory]: this rank's rows; one backward scratch for every mixture layer.
   const MoeLayer* first = nullptr;
   for (int i = 0; i < stage_.num_layers; ++i) {
@@ -90,21 +94,67 @@ void GPT::moe_backward(int slot, int local_layer, float* dln2, const float* dout
 void GPT::moe_begin_forward(int slot) {
   if (!moe_hf_) return;
   const size_t E = size_t(cfg_.moe.experts);
+  be_.fill_zero(moe_hf_->count_device.data() + slot * E, E * sizeof(int32_t));
+  if (moe_hf_->carried[size_t(slot)]) return;  // the earlier chunks' totals, received
   std::fill(moe_hf_->count.begin() + slot * E, moe_hf_->count.begin() + (slot + 1) * E, 0.0);
   std::fill(moe_hf_->psum.begin() + slot * E, moe_hf_->psum.begin() + (slot + 1) * E, 0.0);
   moe_hf_->layers[size_t(slot)] = 0;
-  be_.fill_zero(moe_hf_->count_device.data() + slot * E, E * sizeof(int32_t));
 }
 
-// transformers' form is known only when every mixture layer of the micro-batch has routed.
+// transformers' form is known only when every mixture layer of the micro-batch has routed: on
+// the chunk with the head (Note [Transformers' totals across stages]).
 void GPT::moe_end_forward(int slot, int N) {
-  if (!moe_hf_ || cfg_.moe.aux_loss != MoeAux::kHF) return;
+  if (!moe_hf_ || cfg_.moe.aux_loss != MoeAux::kHF || !head_chunk(slots_[size_t(slot)])) return;
   const size_t E = size_t(cfg_.moe.experts);
   const double LN = double(moe_hf_->layers[size_t(slot)]) * N;
   if (LN == 0) return;
   double sum = 0;
   for (size_t i = 0; i < E; ++i) sum += moe_hf_->count[slot * E + i] * moe_hf_->psum[slot * E + i];
   moe_hf_aux_ += double(cfg_.moe.aux_coeff) * double(E) * sum / (LN * LN);
+}
+
+// Note [Transformers' totals across stages]
+// With pp (interleaved too) a micro-batch's mixture layers sit in several chunks, but the hf
+// loss and every layer's router gradient need the totals over all of them (counts, psums, L).
+// So they travel as one more tensor of the boundary messages: forward, each chunk adds its own
+// to the ones received, and the head's chunk, holding them all, counts the loss (once); back,
+// every chunk takes the whole micro-batch's with the gradient before its backward and passes
+// them on. They are per micro-batch and slot, so any schedule's order works; an all-reduce over
+// pp could not (the stages run different micro-batches at a time). 2E + 1 doubles, their bytes
+// in the fp32 message as they are: the same sums as one rank, and counts exact past 2^24.
+size_t GPT::moe_totals_floats() const {
+  if (!moe_hf_ || cfg_.moe.aux_loss != MoeAux::kHF) return 0;
+  return 2 * (2 * size_t(cfg_.moe.experts) + 1);
+}
+
+void GPT::receive_moe_totals(int slot, const float* message) {
+  const size_t E = size_t(cfg_.moe.experts), W = 2 * E + 1;
+  double* m = moe_hf_->message.data() + size_t(slot) * W;
+  be_.copy(m, message, W * sizeof(double));  // done on return (Note [Backend memory])
+  std::copy(m, m + E, moe_hf_->count.begin() + slot * E);
+  std::copy(m + E, m + 2 * E, moe_hf_->psum.begin() + slot * E);
+  moe_hf_->layers[size_t(slot)] = int(m[2 * E]);
+  moe_hf_->carried[size_t(slot)] = 1;
+}
+
+void GPT::send_moe_totals(int slot, float* message) {
+  const size_t E = size_t(cfg_.moe.experts), W = 2 * E + 1;
+  double* m = moe_hf_->message.data() + size_t(slot) * W;
+  std::copy(moe_hf_->count.begin() + slot * E, moe_hf_->count.begin() + (slot + 1) * E, m);
+  std::copy(moe_hf_->psum.begin() + slot * E, moe_hf_->psum.begin() + (slot + 1) * E, m + E);
+  m[2 * E] = double(moe_hf_->layers[size_t(slot)]);
+  be_.copy(message, m, W * sizeof(double));
+}
+
+// The router's backward reads count_device: where the totals were carried, the micro-batch's
+// counts replace this chunk's own.
+void GPT::moe_begin_backward(int slot) {
+  if (!moe_hf_ || !moe_hf_->carried[size_t(slot)]) return;
+  moe_hf_->carried[size_t(slot)] = 0;
+  const size_t E = size_t(cfg_.moe.experts);
+  int32_t* counts = moe_hf_->count_host.data() + size_t(slot) * E;
+  for (size_t i = 0; i < E; ++i) counts[i] = int32_t(moe_hf_->count[size_t(slot) * E + i]);
+  be_.copy(moe_hf_->count_device.data() + size_t(slot) * E, counts, E * sizeof(int32_t));
 }
 
 MoeStats GPT::take_moe_stats() {

@@ -56,7 +56,13 @@ struct MoeGrads {
 struct MoeHfTotals {
   std::vector<double> count, psum;  // [slots][E]
   std::vector<int> layers;          // [slots] mixture layers that added theirs
+  // This chunk's own counts after its forward; the micro-batch's when its backward runs.
   BackendBuffer<int32_t> count_device;
+  // Note [Transformers' totals across stages] (gpt_moe.cpp): per slot, whether the totals came
+  // from other chunks; a message's host copy [slots][2E + 1]; the counts for count_device.
+  std::vector<char> carried;
+  std::vector<double> message;
+  std::vector<int32_t> count_host;
 };
 
 class MoeLayer {

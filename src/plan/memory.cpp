@@ -333,10 +333,6 @@ std::string layout_problem(const PlanModel& m, const PlanLayout& l) {
     if (splits_backward(schedule) && l.recompute != "none")
       return fmt::format("schedule {} needs recompute=none", l.schedule);
     // As check_moe_deck refuses them (src/train/model_options.cpp).
-    if (experts > 0 && m.block.moe.aux_loss == MoeAux::kHF && l.pp > 1)
-      return fmt::format("pp={} with model.moe.aux_loss hf: its sum over every layer is not "
-                         "split over stages",
-                         l.pp);
   } catch (const Error& e) {
     return e.what();
   }

@@ -33,6 +33,13 @@ GPTStage::GPTStage(GPT& model, DataParallel* dp, TiedEmbedding* tied, bool devic
   // layers; it tests the transfers of the pipeline run in progress (none outside one). One
   // stage per model: set here for the stage's lifetime, cleared when it goes.
   model_.set_progress([this] { progress_transfers(); });
+  const size_t n = model_.moe_totals_floats();
+  const bool several =
+      model_.stage().chunks() > 1 || !model_.stage().has_embedding || !model_.stage().has_head;
+  per_slot(totals_, slots_, n > 0 && several && !device_links_, n);
+  per_slot(dtotals_, slots_, n > 0 && several && !device_links_, n);
+  per_slot(totals_dev_, model_.backend(), slots_, n > 0 && several && device_links_, n);
+  per_slot(dtotals_dev_, model_.backend(), slots_, n > 0 && several && device_links_, n);
 }
 
 GPTStage::~GPTStage() { model_.set_progress({}); }
@@ -93,6 +100,19 @@ float* GPTStage::dinput(int slot) {
   return device_links_ ? dinput_dev_[size_t(slot)].data() : dinput_[size_t(slot)].data();
 }
 
+float* GPTStage::totals(int slot, bool back) {
+  if (device_links_) return (back ? dtotals_dev_ : totals_dev_)[size_t(slot)].data();
+  return (back ? dtotals_ : totals_)[size_t(slot)].data();
+}
+
+std::vector<StageTensor> GPTStage::with_totals(std::vector<StageTensor> tensors, int slot,
+                                               bool back) {
+  if (!has_totals()) return tensors;
+  const int64_t doubles = int64_t(model_.moe_totals_floats() / 2);
+  tensors.push_back({"moe_totals", {doubles, 2}, totals(slot, back)});
+  return tensors;
+}
+
 StageTensor GPTStage::boundary(const char* name, float* data) const {
   const int rows_per_seq =
       int(model_.boundary_rows(in_.micro_batch, in_.local_seq_len()) / size_t(in_.micro_batch));
@@ -100,8 +120,9 @@ StageTensor GPTStage::boundary(const char* name, float* data) const {
 }
 
 std::vector<StageTensor> GPTStage::forward_inputs(int micro, int chunk) {
-  if (!input_host_.empty()) return {boundary("hidden", input_host_[slot(micro, chunk)].data())};
-  return {boundary("hidden", model_.stage_input(slot(micro, chunk)))};
+  const int s = slot(micro, chunk);
+  float* hidden = input_host_.empty() ? model_.stage_input(s) : input_host_[size_t(s)].data();
+  return with_totals({boundary("hidden", hidden)}, s, false);
 }
 
 void GPTStage::forward(int micro, int chunk) {
@@ -117,23 +138,26 @@ void GPTStage::forward(int micro, int chunk) {
   int32_t* inputs = needs_tokens ? inputs_[slot(micro, chunk)].data() : nullptr;
   int32_t* targets = needs_tokens ? targets_[slot(micro, chunk)].data() : nullptr;
   if (needs_tokens) order_->fill(g0, B, inputs, targets, in_.cp_size, in_.cp_rank);
+  if (!embeds && has_totals())
+    model_.receive_moe_totals(slot(micro, chunk), totals(slot(micro, chunk), false));
   model_.forward_accumulate(slot(micro, chunk), inputs, heads ? targets : nullptr, B, T);
   forward_ms_ += ms_since(t0);
 }
 
 std::vector<StageTensor> GPTStage::forward_outputs(int micro, int chunk) {
+  const int s = slot(micro, chunk);
+  if (has_totals()) model_.send_moe_totals(s, totals(s, false));
   if (!output_host_.empty()) {
     // A copy to host memory has completed when copy() returns (Note [Backend memory]).
-    float* host = output_host_[slot(micro, chunk)].data();
-    model_.backend().copy(host, model_.stage_output(slot(micro, chunk)),
-                          boundary_floats() * sizeof(float));
-    return {boundary("hidden", host)};
+    float* host = output_host_[size_t(s)].data();
+    model_.backend().copy(host, model_.stage_output(s), boundary_floats() * sizeof(float));
+    return with_totals({boundary("hidden", host)}, s, false);
   }
-  return {boundary("hidden", const_cast<float*>(model_.stage_output(slot(micro, chunk))))};
+  return with_totals({boundary("hidden", const_cast<float*>(model_.stage_output(s)))}, s, false);
 }
 
 std::vector<StageTensor> GPTStage::backward_inputs(int micro, int chunk) {
-  return {boundary("dhidden", doutput(slot(micro, chunk)))};
+  return with_totals({boundary("dhidden", doutput(slot(micro, chunk)))}, slot(micro, chunk), true);
 }
 
 GradReadyFn GPTStage::begin_reduction(int micro) {
@@ -188,6 +212,7 @@ void GPTStage::backward(int micro, int chunk) {
   const bool last = micro == in_.accum - 1 || each_micro_batch_;
   const GradReadyFn on_ready = begin_reduction(micro);
   const EmbeddingRowSink* sink = sink_for(micro);
+  receive_totals_back(micro, chunk);
   model_.backward(slot(micro, chunk), dloss_scale(), received_gradient(micro, chunk),
                   sent_gradient(micro, chunk), on_ready, sink, last);
   backward_ms_ += ms_since(t0);
@@ -195,6 +220,7 @@ void GPTStage::backward(int micro, int chunk) {
 
 void GPTStage::backward_input(int micro, int chunk) {
   const auto t0 = std::chrono::steady_clock::now();
+  receive_totals_back(micro, chunk);
   model_.backward_input(slot(micro, chunk), dloss_scale(), received_gradient(micro, chunk),
                         sent_gradient(micro, chunk), micro == in_.accum - 1);
   backward_ms_ += ms_since(t0);
@@ -215,8 +241,15 @@ float* GPTStage::sent_gradient(int micro, int chunk) {
   return embedding_chunk(chunk) ? nullptr : dinput(slot(micro, chunk));
 }
 
+void GPTStage::receive_totals_back(int micro, int chunk) {
+  const int s = slot(micro, chunk);
+  if (has_totals() && !head_chunk(chunk)) model_.receive_moe_totals(s, totals(s, true));
+}
+
 std::vector<StageTensor> GPTStage::backward_outputs(int micro, int chunk) {
-  return {boundary("dhidden", dinput(slot(micro, chunk)))};
+  const int s = slot(micro, chunk);
+  if (has_totals()) model_.send_moe_totals(s, totals(s, true));
+  return with_totals({boundary("dhidden", dinput(s))}, s, true);
 }
 
 }  // namespace trident

@@ -105,6 +105,16 @@ class GPTStage : public PipelineStage {
   // backend, the activations travel through host copies (per slot) over host MPI.
   bool device_links_ = false;
   std::vector<BackendBuffer<float>> doutput_dev_, dinput_dev_;
+  // Note [Transformers' totals across stages] (model/gpt_moe.cpp): per slot, the totals
+  // received and sent forward (one buffer: m + slots's receive starts after m's backward), and
+  // backward; host vectors, or device buffers with device links. Empty without the hf form.
+  std::vector<std::vector<float>> totals_, dtotals_;
+  std::vector<BackendBuffer<float>> totals_dev_, dtotals_dev_;
+  bool has_totals() const { return !totals_.empty() || !totals_dev_.empty(); }
+  float* totals(int slot, bool back);
+  void receive_totals_back(int micro, int chunk);  // before a backward, where a next chunk is
+  // `tensors` and, with the hf form, the slot's totals message.
+  std::vector<StageTensor> with_totals(std::vector<StageTensor> tensors, int slot, bool back);
   std::vector<std::vector<float>> input_host_, output_host_;
   size_t boundary_floats() const;
   double forward_ms_ = 0, backward_ms_ = 0;

@@ -139,10 +139,6 @@ void check_moe_deck(const Deck& deck, const GPTConfig& cfg, int dp_cp) {
                 "dp_shard × cp = {}: the experts are sharded within a replica and replicated over "
                 "the replicas, as the dense weights are",
                 ep, p.zero, p.dp_replicate, dp_cp / p.dp_replicate);
-  if (cfg.moe.aux_loss == MoeAux::kHF && p.pp > 1)
-    input_error("model.moe.aux_loss hf with parallel.pp {}: transformers' form sums every "
-                "layer's routing, which pp splits; use model.moe.aux_loss switch",
-                p.pp);
   // Every rank of an ep group must run the same forwards (each one an all-to-all).
   const int dp = dp_cp / std::max(1, p.cp);
   if (ep > 1 && deck.train.val_every > 0 && !deck.data.valid.empty() &&

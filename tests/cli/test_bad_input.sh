@@ -105,7 +105,6 @@ expect ep-without-experts "parallel.ep 2 needs a mixture of experts \(model.moe.
 expect moe-with-tp "model.moe with parallel.tp 2" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" "${moe[@]}" --set parallel.tp=2
 # HSDP takes ep within a replica (Note [Experts with HSDP] in src/train/zero3.h): ep 4 over dp 4 but dp_shard 2.
 expect ep-with-hsdp "parallel.ep 4 with HSDP .* must divide dp_shard × cp = 2" -- "${mpi4[@]}" "$bin" train deck.yaml "${common[@]}" "${moe[@]}" --set parallel.ep=4 --set parallel.zero=1 --set parallel.dp_replicate=2
-expect moe-hf-aux-with-pp "model.moe.aux_loss hf with parallel.pp 2" -- "${mpi[@]}" "$bin" train deck.yaml "${common[@]}" "${moe[@]}" --set parallel.pp=2 --set model.moe.aux_loss=hf
 expect moe-sigmoid-with-switch "model.moe.aux_loss switch with model.moe.router sigmoid" -- "$bin" train deck.yaml "${common[@]}" "${moe[@]}" --set model.moe.router=sigmoid --set model.moe.aux_loss=switch
 expect moe-shared-gate-alone "model.moe.shared_gate needs model.moe.shared_experts > 0" -- "$bin" train deck.yaml "${common[@]}" "${moe[@]}" --set model.moe.shared_gate=true
 # bf16 is the GPU's (mixtures run there in bf16 too): the CPU refuses the precision.

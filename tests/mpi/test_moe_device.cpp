@@ -142,6 +142,31 @@ TEST(MoeDevice, ZeroBubbleEqualsTheCpusOneFOneBBitForBit) {
   }
 }
 
+// transformers' balance form beside pp (Note [Transformers' totals across stages]): the totals
+// travel with the stages' tensors, staged through host copies or over the strict device links
+// (read before the receive was waited for, a link's buffer fails the run), and the micro-batch's
+// counts go into device memory before each backward. Each equals the CPU's run of the layout
+// bit for bit (the same ops in the same order). 4 layers, 1f1b and interleaved, ep = world / 2.
+TEST(MoeDevice, HfBalanceLossAcrossStages) {
+  const int dp = world_size() / 2;
+  ProcessGrid grid(complete_layout({.world = world_size(), .pp = 2}));
+  for (const char* schedule : {"1f1b", "interleaved"}) {
+    std::vector<std::string> keys = {"model.moe.aux_loss=hf", "model.moe.aux_loss_coeff=0.1",
+                                     "model.layers=4", "parallel.pp=2",
+                                     fmt::format("parallel.schedule={}", schedule)};
+    if (std::string(schedule) == "interleaved") keys.push_back("parallel.virtual_stages=2");
+    const Deck d = moe_deck(dp, keys);
+    auto cpu = make_cpu_backend(1);
+    TrainContext on_grid;
+    on_grid.grid = &grid;
+    const testing::MoeRun want = testing::run_moe(*cpu, d, on_grid);
+    for (bool links : {false, true}) {
+      SCOPED_TRACE(fmt::format("pp 2, {}, ep {}, {}", schedule, dp, links ? "links" : "staged"));
+      testing::expect_same_moe_run(testing::run_moe_strict(d, grid, nullptr, links), want);
+    }
+  }
+}
+
 // bf16 (Note [Widening at the bf16 boundary]: the mixture runs in fp32 on the fp32 weights the
 // units gather) with ZeRO-3 equals bf16 with ZeRO-1 bit for bit: the same reduce-scatters and
 // AdamW on the same shards, only where the weights live between steps differs. (The host has no

@@ -319,6 +319,32 @@ TEST_P(MoeEqualsOneRank, ZeroBubbleIsBitwise1F1B) {
   }
 }
 
+// transformers' balance form beside pp (Note [Transformers' totals across stages]): each
+// layer's router gradient needs the counts over every stage's layers, and the loss is counted
+// once, on the last stage. gpipe, 1f1b and interleaved (4 chunks of one layer; with every 2,
+// chunks without a mixture pass the totals on), ep beside at 4 ranks (dp 2). Coefficient 0.1:
+// a stage using its own counts in backward moves the loss by more than the bounds allow.
+TEST(MoeLayouts, HfBalanceLossBesidePipeline) {
+  const int dp = world_size() / 2;
+  for (const char* every : {"1", "2"}) {
+    std::vector<std::string> keys = {"model.moe.aux_loss=hf", "model.moe.aux_loss_coeff=0.1",
+                                     fmt::format("model.moe.every={}", every)};
+    auto with = [&](std::vector<std::string> more) {
+      more.insert(more.begin(), keys.begin(), keys.end());
+      return moe_deck(more);
+    };
+    const MoeRun ref = run(with({fmt::format("train.accum={}", 2 * dp)}), false);
+    EXPECT_GT(ref.moe[0].aux_loss, 0.0);
+    for (const char* schedule : {"gpipe", "1f1b", "interleaved"}) {
+      SCOPED_TRACE(fmt::format("every {}, pp 2, {}, ep {}", every, schedule, dp));
+      std::vector<std::string> more = {"parallel.pp=2", fmt::format("parallel.ep={}", dp),
+                                       fmt::format("parallel.schedule={}", schedule)};
+      if (std::string(schedule) == "interleaved") more.push_back("parallel.virtual_stages=2");
+      expect_equal_one_rank(run(with(more), true), ref);
+    }
+  }
+}
+
 // Recomputation on one rank (full: the mixture's forward again, the same routing, its figures
 // not counted twice; mlp), and full at ep = world, where it runs the all-to-alls again.
 TEST_P(MoeEqualsOneRank, WithRecomputation) {

@@ -17,6 +17,7 @@
 #include <memory>
 
 #include "strict_device_backend.h"
+#include "strict_links.h"
 #include "train_harness.h"
 #include "trident/grad_reducer.h"
 
@@ -48,31 +49,6 @@ struct Outcome {
 struct Outcome;
 Outcome train(Backend& be, const Deck& d, ProcessGrid& grid, Communicator* dp, Communicator* tp,
               const StageLinks* links = nullptr, Communicator* embedding = nullptr);
-
-// The strict device links of this rank's stage (split_stage_links), each a StrictDeviceComm
-// over a two-rank MpiComm, and the embedding group's strict communicator.
-struct StrictLinks {
-  std::vector<std::unique_ptr<MpiComm>> hosts;
-  std::vector<std::unique_ptr<testing::StrictDeviceComm>> devices;
-  StageLinks links;
-  std::unique_ptr<testing::StrictDeviceComm> embedding;
-  size_t transfers() const {
-    size_t n = 0;
-    for (const auto& d : devices) n += d->point_to_point_count();
-    return n;
-  }
-};
-std::unique_ptr<StrictLinks> strict_links(testing::StrictDeviceBackend& be, ProcessGrid& grid) {
-  auto s = std::make_unique<StrictLinks>();
-  for (const StageLinkGroup& g : split_stage_links(grid.pp().raw())) {
-    s->hosts.push_back(std::make_unique<MpiComm>(g.group, "link"));  // owns the group
-    s->devices.push_back(std::make_unique<testing::StrictDeviceComm>(be, *s->hosts.back()));
-    (g.sending ? s->links.send : s->links.recv)[g.direction] = s->devices.back().get();
-  }
-  if (grid.layout().pp > 1 && grid.in_embedding_group())
-    s->embedding = std::make_unique<testing::StrictDeviceComm>(be, grid.embedding());
-  return s;
-}
 
 Outcome train(Backend& be, const Deck& d, ProcessGrid& grid, Communicator* dp, Communicator* tp,
               const StageLinks* links, Communicator* embedding) {
@@ -235,7 +211,7 @@ void expect_links_match_staged(int dp, int pp, std::vector<std::string> extra) {
   testing::StrictDeviceComm dp_comm(strict, grid.dp());
   Communicator* dpc = dp > 1 ? &dp_comm : nullptr;
   const Outcome staged = train(strict, d, grid, dpc, nullptr);
-  auto links = strict_links(strict, grid);
+  auto links = testing::strict_links(strict, grid);
   const Outcome linked =
       train(strict, d, grid, dpc, nullptr, &links->links, links->embedding.get());
   EXPECT_GT(links->transfers(), 0u);
@@ -282,7 +258,7 @@ TEST(DeviceDiscipline, StrictLinksCatchAMissingOrderOrWait) {
   if (world_size() != 2) GTEST_SKIP() << "one link of 2 ranks";
   ProcessGrid grid(make_layout(2, 1, 1, 2));
   testing::StrictDeviceBackend strict;
-  auto links = strict_links(strict, grid);
+  auto links = testing::strict_links(strict, grid);
   const bool sender = grid.coord().pp == 0;
   Communicator& link = sender ? *links->links.send[0] : *links->links.recv[0];
   const size_t n = 64;

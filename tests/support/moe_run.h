@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "strict_device_backend.h"
+#include "strict_links.h"
 #include "strict_zero_run.h"
 #include "train/data_parallel.h"
 #include "trident/train.h"
@@ -56,14 +57,23 @@ inline MoeRun run_moe(Backend& be, const Deck& d, TrainContext context) {
 
 // The run on the strict backend with a GPU run's device communicators: dp's, the gathers' and
 // tp's (StrictComms), cp's ring, and the groups the Trainer splits (ep, expert-dp, the experts'
-// gathers) through TrainContext::device_group, their number into *made.
-inline MoeRun run_moe_strict(const Deck& d, ProcessGrid& grid, size_t* made = nullptr) {
+// gathers) through TrainContext::device_group, their number into *made. `links`: with pp, the
+// stages' tensors over strict device links (Note [Stage transfers on a device]), else staged
+// through host copies.
+inline MoeRun run_moe_strict(const Deck& d, ProcessGrid& grid, size_t* made = nullptr,
+                             bool links = false) {
   StrictDeviceBackend strict;
   const StrictComms comms(strict, grid, grid.layout().tp, grid.layout().dp_replicate);
   std::unique_ptr<StrictDeviceComm> cp;
   std::vector<std::unique_ptr<MpiComm>> hosts;
   TrainContext ctx;
   comms.attach(ctx);
+  std::unique_ptr<StrictLinks> pp;
+  if (links) {
+    pp = strict_links(strict, grid);
+    ctx.pp_links = &pp->links;
+    ctx.embedding_device = pp->embedding.get();
+  }
   if (grid.layout().cp > 1) {
     cp = std::make_unique<StrictDeviceComm>(strict, grid.cp());
     ctx.cp_device = cp.get();
