@@ -530,9 +530,18 @@ class GPT {
   void mlp_up_forward_bf16(const BlockWeights& w, const BlockWeights16& w16, const BlockActs16& a,
                            int N);
   float head_forward_bf16(Slot& s, const float* residual, const int32_t* targets, int B, int T);
+  // At any tp. last_micro_batch matters with tp alone: it ends the sums over tp of
+  // Note [Sequence-parallel LayerNorm gradients] and Note [Mixtures and tp]. backward()'s
+  // dispatch still names tp > 1's call backward_bf16_tp, the same function.
   void backward_bf16(int slot, float dloss_scale, const float* dstage_output, float* dstage_input,
-                     const GradReadyFn& on_ready, const EmbeddingRowSink* sink);
-  // The bf16 path with tp > 1 (gpt_bf16_tp.cpp; Note [bf16 with tp]).
+                     const GradReadyFn& on_ready, const EmbeddingRowSink* sink,
+                     bool last_micro_batch = false);
+  void backward_bf16_tp(int slot, float dloss_scale, const float* dstage_output,
+                        float* dstage_input, const GradReadyFn& on_ready,
+                        const EmbeddingRowSink* sink, bool last_micro_batch) {
+    backward_bf16(slot, dloss_scale, dstage_output, dstage_input, on_ready, sink, last_micro_batch);
+  }
+  // The bf16 path's tp collectives (gpt_bf16_tp.cpp; Note [bf16 with tp]), tp 1's ops at tp 1.
   void gather_rows_bf16(bfloat16* full, const bfloat16* local, int B, int T, int C);
   void norm_gathered_bf16(bfloat16* out_full, float* mean, float* rstd, const float* inp,
                           const float* w, const float* b, int B, int T);
@@ -541,14 +550,14 @@ class GPT {
                                    float* dout_partial, const float* inp, const float* w,
                                    const float* mean, const float* rstd, int B, int T, int ln,
                                    bool reduce);
-  // The bf16 tp block's linears, chunked beside their collectives where parallel.tp_overlap is
+  // The bf16 block's linears, chunked beside their tp collectives where parallel.tp_overlap is
   // on (tp_overlap_bf16.cpp; Note [Tensor-parallel overlap in bf16]), as norm_matmul,
   // matmul_reduce, row_backward and column_backward do in fp32.
   void norm_matmul_bf16(bfloat16* out, bfloat16* normed, float* mean, float* rstd, const float* inp,
                         const float* nw, const float* nb, const bfloat16* w, const float* b, int B,
                         int T, int OC);
-  void mlp_up_forward_bf16_tp(const BlockWeights& w, const BlockWeights16& w16,
-                              const BlockActs16& a, const float* mlp_in, int B, int T);
+  void norm_mlp_up_forward_bf16(const BlockWeights& w, const BlockWeights16& w16,
+                                const BlockActs16& a, const float* mlp_in, int B, int T);
   void matmul_reduce_bf16(float* out, float* partial, const bfloat16* inp, const bfloat16* w,
                           const float* bias, int B, int T, int K);
   const bfloat16* row_backward_bf16(bfloat16* dinp, float* dbias, const bfloat16* dlocal,
@@ -559,21 +568,17 @@ class GPT {
   void norm_local_backward_bf16(float* dres, bfloat16* dres16, float* dw, float* db,
                                 const bfloat16* dout16, const float* inp, const float* w,
                                 const float* mean, const float* rstd, int Nr, int ln, bool reduce);
-  void block_forward_bf16_tp(int slot, int local_layer, const BlockWeights& w,
-                             const BlockWeights16& w16, const BlockActs16& a,
-                             const float* residual_in, int B, int T);
-  // A mixture layer in the bf16 tp block (gpt_bf16_tp_widen.cpp, Note [Widening under tp]):
-  // ln2 and the mixture on this rank's rows; backward from dres, adding ln2's input gradient.
-  void moe_block_forward_bf16_tp(int slot, int local_layer, const BlockWeights& w,
-                                 const BlockActs16& a, const float* mlp_in, int Nr);
-  void moe_block_backward_bf16_tp(int slot, int local_layer, float* dres, bfloat16* dres16,
-                                  const BlockWeights& w, const BlockWeights& dw,
-                                  const BlockActs16& a, const float* mlp_in, int Nr,
-                                  float dloss_scale, bool last_micro_batch);
+  void row_forward_add_bf16(float* out, float* partial, const float* residual, const bfloat16* inp,
+                            const bfloat16* w, const float* bias, int B, int T, int K);
+  // A mixture layer in the bf16 block (gpt_bf16_widen.cpp, Note [Widening under tp]): ln2 and
+  // the mixture on this rank's rows; backward from dres, adding ln2's input gradient.
+  void moe_block_forward_bf16(int slot, int local_layer, const BlockWeights& w,
+                              const BlockActs16& a, const float* mlp_in, int Nr);
+  void moe_block_backward_bf16(int slot, int local_layer, float* dres, bfloat16* dres16,
+                               const BlockWeights& w, const BlockWeights& dw, const BlockActs16& a,
+                               const float* mlp_in, int Nr, float dloss_scale,
+                               bool last_micro_batch);
   float head_forward_bf16_tp(Slot& s, const float* residual, const int32_t* targets, int B, int T);
-  void backward_bf16_tp(int slot, float dloss_scale, const float* dstage_output,
-                        float* dstage_input, const GradReadyFn& on_ready,
-                        const EmbeddingRowSink* sink, bool last_micro_batch);
   // The mean of the slot's per-token losses, read on the host.
   float mean_loss(Slot& s, int N);
   // backward and backward_input (gpt_backward.cpp): the whole backward, or its B part.

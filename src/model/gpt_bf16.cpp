@@ -1,13 +1,13 @@
 // The bf16 path (GPTOptions::precision, Note [bf16 activations] in src/backend/bf16_ops.cpp):
 // the same model and the same gradients as gpt.cpp and gpt_backward.cpp, every family's block
-// (Note [Block shapes]), in the ops that read bf16 without a cast pass, with tp = 1 (tp > 1:
-// Note [bf16 with tp] in gpt_bf16_tp.cpp). The residual stream and its gradient stay fp32;
-// the row-parallel linears add into the residual in their own op (matmul_forward_add_bf16)
-// and the norm's backward adds into the residual gradient (layernorm_backward_add_bf16), which
-// also writes the bf16 copy the next GEMMs read. The loss
-// and its logit gradient are one pass in forward (crossentropy_fused_bf16), so backward starts
-// at the LM head's GEMMs. GPT-2's tanh GELU is in fc's GEMM (forward) and fcproj's input-gradient
-// GEMM (backward); exact GELU and SwiGLU are ops of their own after and before them.
+// (Note [Block shapes]), in the ops that read bf16 without a cast pass, at any tp (the tp
+// collectives between them: Note [bf16 with tp] in gpt_bf16_tp.cpp). The residual stream and
+// its gradient stay fp32; at tp 1 the row-parallel linears add into the residual in their own
+// op (matmul_forward_add_bf16) and the norm's backward adds into the residual gradient
+// (layernorm_backward_add_bf16), which also writes the bf16 copy the next GEMMs read. The loss
+// and its logit gradient are one pass in forward (crossentropy_fused_bf16 at tp 1), so backward
+// starts at the LM head's GEMMs. GPT-2's tanh GELU is in fc's GEMM (forward) and fcproj's
+// input-gradient GEMM (backward); exact GELU and SwiGLU are ops of their own after and before them.
 // Gradient-ready events and the ready order are the fp32 path's.
 #include "model/gpt_phase.h"
 #include "model/gpt_state.h"
@@ -89,30 +89,32 @@ void GPT::mlp_up_forward_bf16(const BlockWeights& w, const BlockWeights16& w16,
   else be_.gelu_erf_forward_bf16(a.fch_gelu, a.fch, size_t(N) * F);
 }
 
+// Any tp (Note [bf16 with tp] in gpt_bf16_tp.cpp): the linears' tp helpers are tp 1's ops at
+// tp 1, as norm_matmul and matmul_reduce are on the fp32 path.
 void GPT::block_forward_bf16(int slot, int local_layer, const BlockWeights& w,
                              const BlockWeights16& w16, const BlockActs16& a,
                              const float* residual_in, int B, int T) {
-  if (tp_.size > 1) {  // Note [bf16 with tp] (gpt_bf16_tp.cpp)
-    block_forward_bf16_tp(slot, local_layer, w, w16, a, residual_in, B, T);
-    return;
-  }
-  const int C = cfg_.channels, N = B * T, Q = cfg_.heads * cfg_.head_size();
-  norm_forward_bf16(a.ln1, a.ln1_mean, a.ln1_rstd, residual_in, w.ln1w, w.ln1b, N, C);
-  be_.matmul_forward_bf16(a.qkv, a.ln1, w16.qkvw, w.qkvb, N, C, cfg_.qkv_rows());
-  rope_bf16(a.qkv, N, T, false);
+  const int tps = tp_.size, Ql = cfg_.heads / tps * cfg_.head_size();
+  const int QKVl = cfg_.qkv_rows() / tps, Fl = cfg_.hidden() / tps;
+  // The row-parallel partial sums (tp > 1): in place without SP (Note [Reduce in place]).
+  float* attn_partial = tp_.sequence_parallel ? scratch_->full_c.data() : a.residual2;
+  float* mlp_partial = tp_.sequence_parallel ? scratch_->full_c.data() : a.residual3;
+  norm_matmul_bf16(a.qkv, a.ln1, a.ln1_mean, a.ln1_rstd, residual_in, w.ln1w, w.ln1b, w16.qkvw,
+                   w.qkvb, B, T, QKVl);
+  rope_bf16(a.qkv, B * T, T, false);
   block_attention_forward_bf16(a, B, T);  // by blocks with cp (gpt_bf16_widen.cpp)
-  be_.matmul_forward_add_bf16(a.residual2, residual_in, a.atty, w16.attprojw, w.attprojb, N, Q, C);
+  row_forward_add_bf16(a.residual2, attn_partial, residual_in, a.atty, w16.attprojw, w.attprojb, B,
+                       T, Ql);
   // A parallel residual's MLP reads the block's input, as its attention does; either way the
   // block's output is residual2 plus the MLP's.
   const float* mlp_in = cfg_.parallel_residual ? residual_in : a.residual2;
-  norm_forward_bf16(a.ln2, a.ln2_mean, a.ln2_rstd, mlp_in, w.ln2w, w.ln2b, N, C);
   if (moe_[size_t(local_layer)]) {  // in fp32 (Note [Widening at the bf16 boundary])
-    moe_forward_bf16(slot, local_layer, a, N);
+    moe_block_forward_bf16(slot, local_layer, w, a, mlp_in, B * T / rows_divisor_);
     return;
   }
-  mlp_up_forward_bf16(w, w16, a, N);
-  be_.matmul_forward_add_bf16(a.residual3, a.residual2, a.fch_gelu, w16.fcprojw, w.fcprojb, N,
-                              cfg_.hidden(), C);
+  norm_mlp_up_forward_bf16(w, w16, a, mlp_in, B, T);
+  row_forward_add_bf16(a.residual3, mlp_partial, a.residual2, a.fch_gelu, w16.fcprojw, w.fcprojb, B,
+                       T, Fl);
 }
 
 // As recompute_block: the same ops on the same inputs (and the bf16 weights forward cast,
@@ -154,32 +156,38 @@ float GPT::head_forward_bf16(Slot& s, const float* residual, const int32_t* targ
   return mean_loss(s, N);
 }
 
+// Any tp, as backward_pass: this rank's shards, with the collectives of Note [bf16 with tp]
+// in the linears' helpers (row_backward_bf16, column_backward_bf16,
+// norm_gathered_backward_bf16), which are tp 1's ops at tp 1.
 void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
                         float* dstage_input, const GradReadyFn& on_ready,
-                        const EmbeddingRowSink* sink) {
+                        const EmbeddingRowSink* sink, bool last_micro_batch) {
   Slot& s = slots_[slot];
-  const int B = s.B, T = s.T, N = B * T;
-  const int C = cfg_.channels, Q = cfg_.heads * cfg_.head_size(), QKV = cfg_.qkv_rows(),
-            FC = cfg_.fc_rows(), F = cfg_.hidden();
-  const int Vp = cfg_.padded_vocab;
+  const int B = s.B, T = s.T, N = B * T, Nr = N / rows_divisor_;
+  const int C = cfg_.channels, tps = tp_.size, hs = cfg_.head_size();
+  const int NHl = cfg_.heads / tps, Ql = NHl * hs;
+  const int QKVl = cfg_.qkv_rows() / tps, FCl = cfg_.fc_rows() / tps, Fl = cfg_.hidden() / tps;
+  const int Vl = cfg_.padded_vocab / tps;
   const bool tied = cfg_.tied_head, parallel = cfg_.parallel_residual;
   const bool gelu_in_gemm = cfg_.activation == Activation::kGeluTanh;
   Scratch& a = *scratch_;
   // Each home's gradients at its base (Note [Gradients in unit slots] in train/grad_pool.h).
-  float* dres = a.dresidual.data();         // w.r.t. the current block's output, fp32
+  float* dres = a.dresidual.data();         // w.r.t. the current block's output, this rank's rows
   bfloat16* dres16 = a.dresidual16.data();  // its bf16 copy, for the GEMMs
+  float* dpartial = a.dbuf_c.data();  // tp > 1: a column-parallel input gradient, partial over tp
   // As backward_pass: a tied wte right after the head where that is its only contribution here
   // (or the sparse part goes to a sink), else after the embedding. One piece (check in GPT()).
   const bool wte_after_head = tied && stage_.has_head && (!stage_.has_embedding || sink);
   const int begin = stage_.chunk_begin(s.chunk), end = begin + stage_.chunk_size(s.chunk);
   const bool has_head = head_chunk(s), has_embedding = embedding_chunk(s);
   ReadyWalk ready(on_ready, first_ready(s), table_->tied_wte_index, 1);
+  const int L = stage_.num_layers;  // norm partial sums: 2 per local block, then lnf's
 
   const float* last_residual =
       end > begin ? block_acts16(slot, end - 1).residual3 : s.encoded.data();
   if (has_head) {
     TRIDENT_CHECK(s.has_targets, "backward() needs a forward() with targets first");
-    // The fused classifier already wrote the logit gradient, with forward's seed.
+    // The loss already wrote the logit gradient, with forward's seed.
     TRIDENT_CHECK(dloss_scale / float(N) == s.dloss,
                   "bf16: backward's dloss_scale {} is not the {} forward applied "
                   "(GPT::set_dloss_scale before forward)",
@@ -189,27 +197,37 @@ void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
     Slot& h = head(s);
     float* P = head_weights();
     const bfloat16* head_w16 = this->head_w16();
-    // The head's dW first where it is final here (an untied lmw, or wte reported here), and the
-    // input gradient after; else (a tied wte the embedding adds to later) one call for both.
+    const bfloat16* dlogits = h.logits16.data();
+    // The head's dW first where it is final here (an untied lmw, or wte reported here); else a
+    // tied wte the embedding adds to later, beside the input gradient: at tp 1 one call rounds
+    // that into d16_c, at tp > 1 it is an fp32 partial (column_backward_bf16 without overlap).
     if (wte_after_head || !tied) {
-      be_.matmul_backward_bf16(nullptr, head_w_grads() + table_->head_w, nullptr, h.logits16.data(),
-                               h.lnf16.data(), head_w16, N, C, Vp);
+      be_.matmul_backward_bf16(nullptr, head_w_grads() + table_->head_w, nullptr, dlogits,
+                               h.lnf16.data(), head_w16, N, C, Vl);
       if (tied) ready.wte();
       else ready.through(table_->head_w_index);
     }
-    const bool dw_here = tied && !wte_after_head;
-    be_.matmul_backward_bf16(a.d16_c.data(), dw_here ? wte_grads() + table_->wte : nullptr, nullptr,
-                             h.logits16.data(), h.lnf16.data(), head_w16, N, C, Vp);
-    be_.fill_zero(dres, size_t(N) * C * sizeof(float));
+    float* dwte = tied && !wte_after_head ? wte_grads() + table_->wte : nullptr;
+    if (tps == 1) {
+      be_.matmul_backward_bf16(a.d16_c.data(), dwte, nullptr, dlogits, h.lnf16.data(), head_w16, N,
+                               C, Vl);
+    } else {
+      if (dwte)
+        be_.matmul_backward_bf16(nullptr, dwte, nullptr, dlogits, h.lnf16.data(), head_w16, N, C,
+                                 Vl);
+      be_.matmul_backward_input_fp32_bf16(dpartial, dlogits, head_w16, N, C, Vl);
+    }
+    be_.fill_zero(dres, size_t(Nr) * C * sizeof(float));
     float* H = head_grads();
-    norm_backward_add_bf16(dres, dres16, H + table_->lnfw, at(H, table_->lnfb), a.d16_c.data(),
-                           last_residual, P + table_->lnfw, h.lnf_mean.data(), h.lnf_rstd.data(), N,
-                           C);
+    norm_gathered_backward_bf16(start_norm_gathered_backward(dpartial, B, T, C), dres, dres16,
+                                H + table_->lnfw, at(H, table_->lnfb), dpartial, last_residual,
+                                P + table_->lnfw, h.lnf_mean.data(), h.lnf_rstd.data(), B, T, 2 * L,
+                                last_micro_batch);
     ready.through(table_->head_last_index);
   } else {
     TRIDENT_CHECK(dstage_output != nullptr, "a stage before the last needs its output gradient");
-    be_.copy(dres, dstage_output, size_t(N) * C * sizeof(float));
-    be_.cast_to_bf16(dres16, dres, size_t(N) * C);
+    be_.copy(dres, dstage_output, size_t(Nr) * C * sizeof(float));
+    be_.cast_to_bf16(dres16, dres, size_t(Nr) * C);
   }
 
   for (int i = end - 1; i >= begin; --i) {
@@ -224,60 +242,73 @@ void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
     const BlockWeights16 w16 = block16(i);
     const BlockWeights dw = block(layer_grads(i), i);
 
-    if (lt.moe) {  // from the fp32 gradient, into d16_c as fc's GEMM would
-      moe_backward_bf16(slot, i, a.d16_c.data(), dres, act, N, dloss_scale, false);
+    const bfloat16* dout = nullptr;  // the block output's gradient, all N rows
+    if (lt.moe) {  // this rank's rows, from the fp32 dres (Note [Widening at the bf16 boundary])
+      moe_block_backward_bf16(slot, i, dres, parallel ? nullptr : dres16, w, dw, act,
+                              parallel ? residual_in : act.residual2, Nr, dloss_scale,
+                              last_micro_batch);
       ready.through(lt.ready_moe);
     } else {
-      be_.matmul_backward_bf16(nullptr, dw.fcprojw, dw.fcprojb, dres16, act.fch_gelu, nullptr, N, F,
+      // The block output's gradient on all N rows (gathered in bf16 with SP), and fcproj's
+      // input gradient (through GPT-2's tanh GELU in the same GEMM).
+      dout = row_backward_bf16(gelu_in_gemm ? a.d16_4c.data() : a.d16_act.data(),
+                               gelu_in_gemm ? dw.fcb : nullptr, dres16, w16.fcprojw,
+                               gelu_in_gemm ? act.fch : nullptr, B, T, Fl);
+      be_.matmul_backward_bf16(nullptr, dw.fcprojw, dw.fcprojb, dout, act.fch_gelu, nullptr, N, Fl,
                                C);
       ready.through(lt.ready_fcproj);
-      if (gelu_in_gemm) {
-        // Through fcproj and the GELU in one GEMM, with fc's bias gradient (DGELU_BGRAD).
-        be_.matmul_dgelu_backward_bf16(a.d16_4c.data(), dw.fcb, dres16, w16.fcprojw, act.fch, N, F,
-                                       C);
-      } else {
-        be_.matmul_backward_bf16(a.d16_act.data(), nullptr, nullptr, dres16, nullptr, w16.fcprojw,
-                                 N, F, C);
+      if (!gelu_in_gemm) {
         if (cfg_.activation == Activation::kSwiGLU)
-          be_.swiglu_backward_bf16(a.d16_4c.data(), act.fch, a.d16_act.data(), N, F);
-        else be_.gelu_erf_backward_bf16(a.d16_4c.data(), act.fch, a.d16_act.data(), size_t(N) * F);
+          be_.swiglu_backward_bf16(a.d16_4c.data(), act.fch, a.d16_act.data(), N, Fl);
+        else be_.gelu_erf_backward_bf16(a.d16_4c.data(), act.fch, a.d16_act.data(), size_t(N) * Fl);
       }
-      be_.matmul_backward_bf16(a.d16_c.data(), dw.fcw, gelu_in_gemm ? nullptr : dw.fcb,
-                               a.d16_4c.data(), act.ln2, w16.fcw, N, C, FC);
+      Work sum = column_backward_bf16(dpartial, dw.fcw, gelu_in_gemm ? nullptr : dw.fcb,
+                                      a.d16_4c.data(), act.ln2, w16.fcw, B, T, FCl);
       ready.through(lt.ready_fc);
+      // Sequential: dres and dres16 become residual2's (the residual path's gradient plus the
+      // MLP branch's). Parallel: the MLP read the block's input, so its gradient collects into
+      // dres for the block's input while `dout` stays the block output's, which attproj needs.
+      norm_gathered_backward_bf16(std::move(sum), dres, parallel ? nullptr : dres16, dw.ln2w,
+                                  dw.ln2b, dpartial, parallel ? residual_in : act.residual2, w.ln2w,
+                                  act.ln2_mean, act.ln2_rstd, B, T, 2 * i + 1, last_micro_batch);
     }
-    // Sequential: now w.r.t. residual2 (the residual path's gradient plus the MLP branch's),
-    // and its bf16 copy for attproj. Parallel: the MLP read the block's input, so its gradient
-    // collects into dres for the block's input while dres16 stays the block output's (which is
-    // residual2's), the gradient attproj needs.
-    norm_backward_add_bf16(dres, parallel ? nullptr : dres16, dw.ln2w, dw.ln2b, a.d16_c.data(),
-                           parallel ? residual_in : act.residual2, w.ln2w, act.ln2_mean,
-                           act.ln2_rstd, N, C);
     ready.through(lt.ready_ln2);
 
-    be_.matmul_backward_bf16(a.d16_c.data(), dw.attprojw, dw.attprojb, dres16, act.atty,
-                             w16.attprojw, N, Q, C);
+    if (parallel && !lt.moe) {
+      be_.matmul_backward_bf16(a.d16_c.data(), dw.attprojw, dw.attprojb, dout, act.atty,
+                               w16.attprojw, N, Ql, C);
+    } else {
+      dout = row_backward_bf16(a.d16_c.data(), nullptr, dres16, w16.attprojw, nullptr, B, T, Ql);
+      be_.matmul_backward_bf16(nullptr, dw.attprojw, dw.attprojb, dout, act.atty, nullptr, N, Ql,
+                               C);
+    }
     ready.through(lt.ready_attproj);
     block_attention_backward_bf16(a.d16_3c.data(), a.d16_c.data(), act, B, T);
     rope_bf16(a.d16_3c.data(), N, T, true);
-    be_.matmul_backward_bf16(a.d16_c.data(), dw.qkvw, dw.qkvb, a.d16_3c.data(), act.ln1, w16.qkvw,
-                             N, C, QKV);
+    Work sum = column_backward_bf16(dpartial, dw.qkvw, dw.qkvb, a.d16_3c.data(), act.ln1, w16.qkvw,
+                                    B, T, QKVl);
     ready.through(lt.ready_qkv);
     // Now w.r.t. the block's input. The bf16 copy is for the next block's GEMMs; the stage's
     // input gradient (embedding, previous stage) is the fp32 one.
-    norm_backward_add_bf16(dres, i > begin ? dres16 : nullptr, dw.ln1w, dw.ln1b, a.d16_c.data(),
-                           residual_in, w.ln1w, act.ln1_mean, act.ln1_rstd, N, C);
+    norm_gathered_backward_bf16(std::move(sum), dres, i > begin ? dres16 : nullptr, dw.ln1w,
+                                dw.ln1b, dpartial, residual_in, w.ln1w, act.ln1_mean, act.ln1_rstd,
+                                B, T, 2 * i, last_micro_batch);
     ready.through(lt.ready_ln1);
   }
   if (!has_embedding) {
     TRIDENT_CHECK(dstage_input != nullptr,
                   "a stage after the first must return its input gradient");
-    be_.copy(dstage_input, dres, size_t(N) * C * sizeof(float));
+    be_.copy(dstage_input, dres, size_t(Nr) * C * sizeof(float));
     ready.through(last_ready(s));
     return;
   }
   Phase ph(be_, phases_, table_->backward_embedding);
-  embedding_backward(dres, s.inputs.data(), sink, B, T);
+  const float* demb = dres;  // the embedding's output gradient on all N rows
+  if (rows_divisor_ > 1) {
+    gather_rows(a.dfull.data(), dres, B, T, C);
+    demb = a.dfull.data();
+  }
+  embedding_backward(demb, s.inputs.data(), sink, B, T);
   ready.through(table_->embedding_last_index);
   if (tied && !wte_after_head) ready.wte();
 }

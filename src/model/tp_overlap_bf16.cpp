@@ -82,8 +82,8 @@ void GPT::norm_matmul_bf16(bfloat16* out, bfloat16* normed, float* mean, float* 
 }
 
 // ln2 and the MLP's first linear and activation (mlp_up_forward_bf16 on the gathered rows).
-void GPT::mlp_up_forward_bf16_tp(const BlockWeights& w, const BlockWeights16& w16,
-                                 const BlockActs16& a, const float* mlp_in, int B, int T) {
+void GPT::norm_mlp_up_forward_bf16(const BlockWeights& w, const BlockWeights16& w16,
+                                   const BlockActs16& a, const float* mlp_in, int B, int T) {
   const int C = cfg_.channels, N = B * T, F = cfg_.hidden() / tp_.size;
   const int FC = cfg_.fc_rows() / tp_.size;
   if (!tp_overlap_ || !tp_.sequence_parallel) {
@@ -147,9 +147,14 @@ const bfloat16* GPT::row_backward_bf16(bfloat16* dinp, float* dbias, const bfloa
 // A column-parallel linear's backward: dinp [N, C] the fp32 partial input gradient, its sum over
 // tp started (norm_gathered_backward_bf16 waits); dw and db (+=, null: skipped) before, or while
 // the sum travels where the collectives overlap (Megatron's bulk overlap, as column_backward).
+// At tp 1 the input gradient is whole: rounded in the GEMM, into d16_c, in one call with dw, db.
 Work GPT::column_backward_bf16(float* dinp, float* dw, float* db, const bfloat16* dout,
                                const bfloat16* inp, const bfloat16* w, int B, int T, int OC) {
   const int C = cfg_.channels, N = B * T;
+  if (tp_.size == 1) {
+    be_.matmul_backward_bf16(scratch_->d16_c.data(), dw, db, dout, inp, w, N, C, OC);
+    return Work{};
+  }
   if (!tp_overlap_) be_.matmul_backward_bf16(nullptr, dw, db, dout, inp, nullptr, N, C, OC);
   be_.matmul_backward_input_fp32_bf16(dinp, dout, w, N, C, OC);
   Work sum = start_norm_gathered_backward(dinp, B, T, C);

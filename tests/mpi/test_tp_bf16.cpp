@@ -195,21 +195,27 @@ Deck plan_deck(const std::string& family, std::vector<std::string> keys, const c
   return d;
 }
 
-TEST(Bf16TensorParallelDevice, PlanMemoryIsWhatTheModelAllocates) {
+// tp = world in bf16 and fp32, GPT-2's and Llama's blocks, with and without SP.
+void expect_plan_is_model_at_world_tp(bool tp_overlap) {
   const int tp = world_size();
   ProcessGrid grid(make_layout(tp, 1, tp, 1));
   for (const char* precision : {"bf16", "fp32"})
     for (const char* family : {"gpt2", "llama"})
       for (bool sp : {false, true}) {
-        SCOPED_TRACE(fmt::format("{} {} tp {} sp {}", precision, family, tp, sp));
+        SCOPED_TRACE(
+            fmt::format("{} {} tp {} sp {} overlap {}", precision, family, tp, sp, tp_overlap));
         expect_plan_is_model(plan_deck(family,
                                        {fmt::format("parallel.tp={}", tp),
                                         fmt::format("parallel.sequence_parallel={}", sp),
-                                        "parallel.tp_overlap=false"},
+                                        fmt::format("parallel.tp_overlap={}", tp_overlap)},
                                        precision),
                              grid);
       }
-  if (tp != 4) return;
+}
+
+TEST(Bf16TensorParallelDevice, PlanMemoryIsWhatTheModelAllocates) {
+  expect_plan_is_model_at_world_tp(false);
+  if (world_size() != 4) return;
   // The ring as the host runs it (a device's grouped ring holds one K/V block more).
   ProcessGrid cp_grid(complete_layout({.world = 4, .tp = 2, .cp = 2}));
   for (const char* mode : {"ring", "allgather"})
@@ -227,19 +233,7 @@ TEST(Bf16TensorParallelDevice, PlanMemoryIsWhatTheModelAllocates) {
 // parallel.tp_overlap true (Note [Tensor-parallel overlap], and in bf16): with SP the rings'
 // piece buffer, [N/tp, widest local row] fp32; without SP none. Llama's widest is SwiGLU's fc.
 TEST(Bf16TensorParallelDevice, PlanMemoryIsWhatTheModelAllocatesWithTpOverlap) {
-  const int tp = world_size();
-  ProcessGrid grid(make_layout(tp, 1, tp, 1));
-  for (const char* precision : {"bf16", "fp32"})
-    for (const char* family : {"gpt2", "llama"})
-      for (bool sp : {false, true}) {
-        SCOPED_TRACE(fmt::format("{} {} tp {} sp {} overlap", precision, family, tp, sp));
-        expect_plan_is_model(plan_deck(family,
-                                       {fmt::format("parallel.tp={}", tp),
-                                        fmt::format("parallel.sequence_parallel={}", sp),
-                                        "parallel.tp_overlap=true"},
-                                       precision),
-                             grid);
-      }
+  expect_plan_is_model_at_world_tp(true);
 }
 
 // Mixtures (Note [Plan mixture memory] in src/plan/memory.cpp): a small Mixtral, its layers'

@@ -1,5 +1,5 @@
 // run.precision bf16 with tensor parallelism beside context parallelism and mixtures of
-// experts (Note [Widening under tp] in src/model/gpt_bf16_tp_widen.cpp), on the CPU's host
+// experts (Note [Widening under tp] in src/model/gpt_bf16_widen.cpp), on the CPU's host
 // definitions of the bf16 ops: bf16 tp 2 × cp 2 (GPT-2, Llama with GQA; ring and allgather; SP
 // on and off) trains as bf16 tp 1 at the same cp, and bf16 tp 2 with SP and a small Mixtral
 // (ep 1, and ep 2 at 4 ranks) as bf16 tp 1 with the same mixture; the strict device backend runs
