@@ -531,16 +531,10 @@ class GPT {
                            int N);
   float head_forward_bf16(Slot& s, const float* residual, const int32_t* targets, int B, int T);
   // At any tp. last_micro_batch matters with tp alone: it ends the sums over tp of
-  // Note [Sequence-parallel LayerNorm gradients] and Note [Mixtures and tp]. backward()'s
-  // dispatch still names tp > 1's call backward_bf16_tp, the same function.
+  // Note [Sequence-parallel LayerNorm gradients] and Note [Mixtures and tp].
   void backward_bf16(int slot, float dloss_scale, const float* dstage_output, float* dstage_input,
                      const GradReadyFn& on_ready, const EmbeddingRowSink* sink,
-                     bool last_micro_batch = false);
-  void backward_bf16_tp(int slot, float dloss_scale, const float* dstage_output,
-                        float* dstage_input, const GradReadyFn& on_ready,
-                        const EmbeddingRowSink* sink, bool last_micro_batch) {
-    backward_bf16(slot, dloss_scale, dstage_output, dstage_input, on_ready, sink, last_micro_batch);
-  }
+                     bool last_micro_batch);
   // The bf16 path's tp collectives (gpt_bf16_tp.cpp; Note [bf16 with tp]), tp 1's ops at tp 1.
   void gather_rows_bf16(bfloat16* full, const bfloat16* local, int B, int T, int C);
   void norm_gathered_bf16(bfloat16* out_full, float* mean, float* rstd, const float* inp,

@@ -343,7 +343,7 @@ float GPT::forward(int slot, const int32_t* inputs, const int32_t* targets, int 
     block_forward(slot, i, block(layer_weights(i), i), a, residual, B, T);
     residual = a.residual3;
   }
-  moe_end_forward(slot, N);
+  moe_end_forward(slot, N / rows_divisor_);  // the rows each layer routed (Note [Mixtures and tp])
   if (!head_chunk(s)) return 0.0f;
   if (param_use_) param_use_(ParamPass::kForward, table_->head_uses);
   Phase ph(be_, phases_, table_->forward_head);

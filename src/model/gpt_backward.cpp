@@ -97,13 +97,8 @@ void GPT::backward(int slot, float dloss_scale, const float* dstage_output, floa
                    const GradReadyFn& on_ready, const EmbeddingRowSink* sink,
                    bool last_micro_batch) {
   moe_begin_backward(slot);
-  if (precision_ == Precision::kBf16 && tp_.size > 1) {  // Note [bf16 with tp]
-    backward_bf16_tp(slot, dloss_scale, dstage_output, dstage_input, on_ready, sink,
-                     last_micro_batch);
-    return;
-  }
-  if (precision_ == Precision::kBf16) {
-    backward_bf16(slot, dloss_scale, dstage_output, dstage_input, on_ready, sink);
+  if (precision_ == Precision::kBf16) {  // at every tp (Note [bf16 with tp])
+    backward_bf16(slot, dloss_scale, dstage_output, dstage_input, on_ready, sink, last_micro_batch);
     return;
   }
   backward_pass(BackwardPart::kWhole, slot, dloss_scale, dstage_output, dstage_input, on_ready,

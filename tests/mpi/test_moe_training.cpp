@@ -299,14 +299,17 @@ TEST_P(MoeEqualsOneRank, BesidePipeline) {
 // zb-h1 (Note [Mixtures in B]): a mixture's gradients all in B, W only reporting them ready,
 // the same calls in the same micro-batch order, so it equals 1f1b bit for bit (losses, norms,
 // the mixtures' figures, every parameter): pp 2 beside ep = dp (ep 1 at 2 ranks, dp 2 × ep 2 at
-// 4, there with ZeRO-1 too), and at 4 ranks tp 2 with sequence parallelism (the span's sum over
-// tp in B's last micro-batch, before W reports it). accum 4: W's trail later micro-batches' B's.
+// 4, there with ZeRO-1 and ZeRO-3 too: Note [ZeRO-3 and W]), and at 4 ranks tp 2 with sequence
+// parallelism (the span's sum over tp in B's last micro-batch, before W reports it). accum 4:
+// W's trail later micro-batches' B's.
 TEST_P(MoeEqualsOneRank, ZeroBubbleIsBitwise1F1B) {
   const int dp = world_size() / 2;
   std::vector<std::vector<std::string>> layouts = {{fmt::format("parallel.ep={}", dp)}};
   if (dp == 2)
-    layouts.insert(layouts.end(), {{"parallel.ep=2", "parallel.zero=1"},
-                                   {"parallel.tp=2", "parallel.sequence_parallel=true"}});
+    layouts.insert(layouts.end(),
+                   {{"parallel.ep=2", "parallel.zero=1"},
+                    {"parallel.ep=2", "parallel.zero=3", "parallel.zero3_gather=micro_batch"},
+                    {"parallel.tp=2", "parallel.sequence_parallel=true"}});
   for (std::vector<std::string> keys : layouts) {
     SCOPED_TRACE(fmt::format("pp 2, {}", fmt::join(keys, ", ")));
     keys.insert(keys.end(), {"parallel.pp=2", "train.accum=4"});
@@ -321,9 +324,10 @@ TEST_P(MoeEqualsOneRank, ZeroBubbleIsBitwise1F1B) {
 
 // transformers' balance form beside pp (Note [Transformers' totals across stages]): each
 // layer's router gradient needs the counts over every stage's layers, and the loss is counted
-// once, on the last stage. gpipe, 1f1b and interleaved (4 chunks of one layer; with every 2,
-// chunks without a mixture pass the totals on), ep beside at 4 ranks (dp 2). Coefficient 0.1:
-// a stage using its own counts in backward moves the loss by more than the bounds allow.
+// once, on the last stage. gpipe, 1f1b, zb-h1 and interleaved (4 chunks of one layer; with
+// every 2, chunks without a mixture pass the totals on), ep beside at 4 ranks (dp 2).
+// Coefficient 0.1: a stage using its own counts in backward moves the loss by more than the
+// bounds allow.
 TEST(MoeLayouts, HfBalanceLossBesidePipeline) {
   const int dp = world_size() / 2;
   for (const char* every : {"1", "2"}) {
@@ -335,7 +339,7 @@ TEST(MoeLayouts, HfBalanceLossBesidePipeline) {
     };
     const MoeRun ref = run(with({fmt::format("train.accum={}", 2 * dp)}), false);
     EXPECT_GT(ref.moe[0].aux_loss, 0.0);
-    for (const char* schedule : {"gpipe", "1f1b", "interleaved"}) {
+    for (const char* schedule : {"gpipe", "1f1b", "interleaved", "zb-h1"}) {
       SCOPED_TRACE(fmt::format("every {}, pp 2, {}, ep {}", every, schedule, dp));
       std::vector<std::string> more = {"parallel.pp=2", fmt::format("parallel.ep={}", dp),
                                        fmt::format("parallel.schedule={}", schedule)};
