@@ -5,9 +5,10 @@
 // (device communicators; ZeRO-3's gathers, there only). 2 ranks: pp 2 with GPT-2's blocks (the
 // tied head; the dGELU GEMM's bias gradient stays in B), Llama's (SwiGLU, RMSNorm, RoPE),
 // NeoX's (parallel residual, exact GELU) and a small Mixtral's (Note [Mixtures in B]). 4 ranks:
-// dp 2 × pp 2 with ZeRO-1 and ZeRO-3, and tp 2 × pp 2 with sequence parallelism (W gathers the
-// kept bf16 rows again), with and without tp_overlap. The deck refuses bf16 on the CPU
-// (Note [bf16 activations]); the host bf16 ops run it here. Runs under mpirun with 2 and 4 ranks.
+// dp 2 × pp 2 with ZeRO-1 and ZeRO-3, tp 2 × pp 2 with sequence parallelism (W gathers the
+// kept bf16 rows again), with and without tp_overlap, and cp 2 × pp 2. The deck refuses bf16
+// on the CPU (Note [bf16 activations]); the host bf16 ops run it here. Runs under mpirun with 2
+// and 4 ranks.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -43,12 +44,14 @@ testing::MoeRun run_strict(const Deck& d, ProcessGrid& grid) {
   return testing::run_moe(strict, d, ctx);
 }
 
-// zb-h1 against 1f1b at tp × pp 2 (dp the rest), on both backends (ZeRO-3 in bf16: on a
+// zb-h1 against 1f1b at tp × cp × pp 2 (dp the rest), on both backends (ZeRO-3 in bf16: on a
 // device only, its unit pool holds the bf16 weights).
-void expect_zb_equals_1f1b(int tp, std::vector<std::string> keys, bool on_cpu = true) {
-  SCOPED_TRACE(fmt::format("{} ranks, tp {}, pp 2, {}", world_size(), tp, fmt::join(keys, " ")));
-  ProcessGrid grid(complete_layout({.world = world_size(), .tp = tp, .pp = 2}));
-  keys.insert(keys.end(), {fmt::format("parallel.tp={}", tp), "parallel.pp=2"});
+void expect_zb_equals_1f1b(int tp, std::vector<std::string> keys, bool on_cpu = true, int cp = 1) {
+  SCOPED_TRACE(
+      fmt::format("{} ranks, tp {}, cp {}, pp 2, {}", world_size(), tp, cp, fmt::join(keys, " ")));
+  ProcessGrid grid(complete_layout({.world = world_size(), .tp = tp, .pp = 2, .cp = cp}));
+  keys.insert(keys.end(), {fmt::format("parallel.tp={}", tp), fmt::format("parallel.cp={}", cp),
+                           "parallel.pp=2"});
   if (on_cpu) {
     SCOPED_TRACE("the CPU backend");
     auto cpu = make_cpu_backend(1);
@@ -72,12 +75,13 @@ TEST(ZeroBubbleBf16, Pp2IsBitwise1F1BInEachFamily) {
           "model.moe.top_k=2", "model.moe.ffn_width=32", "model.moe.every=2"});
 }
 
-TEST(ZeroBubbleBf16, DpTpPpLayoutsAreBitwise1F1B) {
-  if (world_size() != 4) GTEST_SKIP() << "dp 2 × pp 2 and tp 2 × pp 2 on 4 ranks";
+TEST(ZeroBubbleBf16, DpTpCpPpLayoutsAreBitwise1F1B) {
+  if (world_size() != 4) GTEST_SKIP() << "dp, tp or cp 2 × pp 2 on 4 ranks";
   expect_zb_equals_1f1b(1, {"parallel.zero=1"});
   expect_zb_equals_1f1b(1, {"parallel.zero=3"}, /*on_cpu=*/false);
   expect_zb_equals_1f1b(2, {"parallel.sequence_parallel=true"});
   expect_zb_equals_1f1b(2, {"parallel.sequence_parallel=true", "parallel.tp_overlap=true"});
+  expect_zb_equals_1f1b(1, {"model.tied_head=false"}, true, /*cp=*/2);
 }
 
 }  // namespace
