@@ -530,11 +530,20 @@ class GPT {
   void mlp_up_forward_bf16(const BlockWeights& w, const BlockWeights16& w16, const BlockActs16& a,
                            int N);
   float head_forward_bf16(Slot& s, const float* residual, const int32_t* targets, int B, int T);
+  // backward and backward_input (gpt_backward.cpp, gpt_bf16.cpp): the whole backward, or its B
+  // part (Note [Split backward], Note [Split backward in bf16]).
+  enum class BackwardPart { kWhole, kInput };
   // At any tp. last_micro_batch matters with tp alone: it ends the sums over tp of
   // Note [Sequence-parallel LayerNorm gradients] and Note [Mixtures and tp].
-  void backward_bf16(int slot, float dloss_scale, const float* dstage_output, float* dstage_input,
-                     const GradReadyFn& on_ready, const EmbeddingRowSink* sink,
+  void backward_bf16(BackwardPart part, int slot, float dloss_scale, const float* dstage_output,
+                     float* dstage_input, const GradReadyFn& on_ready, const EmbeddingRowSink* sink,
                      bool last_micro_batch);
+  // W's weight GEMMs of one block, from what B kept (Note [Split backward]): fcproj, fc,
+  // attproj, qkv; fp32 (gpt_backward.cpp) or bf16 (gpt_bf16.cpp). No weight is read.
+  enum class WeightGemm { kFcproj, kFc, kAttproj, kQkv };
+  void weight_gemm(int slot, int local_layer, WeightGemm which);
+  const float* kept_rows(const float* local, int B, int T);  // all N rows again (SP)
+  void weight_gemm_bf16(int slot, int local_layer, WeightGemm which);
   // The bf16 path's tp collectives (gpt_bf16_tp.cpp; Note [bf16 with tp]), tp 1's ops at tp 1.
   void gather_rows_bf16(bfloat16* full, const bfloat16* local, int B, int T, int C);
   void norm_gathered_bf16(bfloat16* out_full, float* mean, float* rstd, const float* inp,
@@ -575,8 +584,6 @@ class GPT {
   float head_forward_bf16_tp(Slot& s, const float* residual, const int32_t* targets, int B, int T);
   // The mean of the slot's per-token losses, read on the host.
   float mean_loss(Slot& s, int N);
-  // backward and backward_input (gpt_backward.cpp): the whole backward, or its B part.
-  enum class BackwardPart { kWhole, kInput };
   void backward_pass(BackwardPart part, int slot, float dloss_scale, const float* dstage_output,
                      float* dstage_input, const GradReadyFn& on_ready, const EmbeddingRowSink* sink,
                      bool last_micro_batch);

@@ -204,10 +204,6 @@ void validate(const DeckReader& r) {
       input_error("{}: run.precision bf16 needs run.backend cuda: the CPU backend computes in "
                   "fp32 (its bf16 ops only emulate the GPU's rounding for tests, and are slower)",
                   r.blame({"run.precision", "run.backend"}));
-    if (d.parallel.schedule == "zb-h1")
-      input_error("{}: run.precision bf16 does not split backward: use parallel.schedule 1f1b, "
-                  "gpipe or interleaved",
-                  r.blame({"run.precision", "parallel.schedule"}));
   }
   {  // comm.emulate_groups: names from a fixed set, each once
     std::set<std::string> seen;

@@ -7,7 +7,8 @@
 // the stage (and the LayerNorm gradients on the way); backward_weight ("W") computes the blocks'
 // linear and the embedding's weight gradients later, from output gradients that B keeps in slot
 // activations it was the last to read: no memory beyond the slot. W runs the same calls on the
-// same values in the same order per parameter, so B then W is backward bit for bit.
+// same values in the same order per parameter, so B then W is backward bit for bit. The bf16
+// path keeps its bf16 output gradients: Note [Split backward in bf16] in src/model/gpt_bf16.cpp.
 //
 // Where B keeps the output gradients (the schedule keeps the slot until W):
 //     fcproj's output gradient (this rank's rows)  → residual3 (the block's output)
@@ -98,7 +99,8 @@ void GPT::backward(int slot, float dloss_scale, const float* dstage_output, floa
                    bool last_micro_batch) {
   moe_begin_backward(slot);
   if (precision_ == Precision::kBf16) {  // at every tp (Note [bf16 with tp])
-    backward_bf16(slot, dloss_scale, dstage_output, dstage_input, on_ready, sink, last_micro_batch);
+    backward_bf16(BackwardPart::kWhole, slot, dloss_scale, dstage_output, dstage_input, on_ready,
+                  sink, last_micro_batch);
     return;
   }
   backward_pass(BackwardPart::kWhole, slot, dloss_scale, dstage_output, dstage_input, on_ready,
@@ -109,8 +111,12 @@ void GPT::backward_input(int slot, float dloss_scale, const float* dstage_output
                          float* dstage_input, bool last_micro_batch) {
   TRIDENT_CHECK(recompute_mode_ == Recompute::kNone,
                 "a split backward with recomputation (Note [Split backward])");
-  TRIDENT_CHECK(precision_ == Precision::kFp32, "a split backward on the bf16 path");
   moe_begin_backward(slot);
+  if (precision_ == Precision::kBf16) {  // Note [Split backward in bf16]
+    backward_bf16(BackwardPart::kInput, slot, dloss_scale, dstage_output, dstage_input, {}, nullptr,
+                  last_micro_batch);
+    return;
+  }
   backward_pass(BackwardPart::kInput, slot, dloss_scale, dstage_output, dstage_input, {}, nullptr,
                 last_micro_batch);
 }
@@ -285,10 +291,6 @@ void GPT::backward_pass(BackwardPart part, int slot, float dloss_scale, const fl
 
 void GPT::backward_weight(int slot, const GradReadyFn& on_ready, const EmbeddingRowSink* sink) {
   Slot& s = slots_[slot];
-  const int B = s.B, T = s.T, N = B * T;
-  const int C = cfg_.channels, tps = tp_.size;
-  const int Ql = cfg_.heads / tps * cfg_.head_size(), QKVl = cfg_.qkv_rows() / tps;
-  const int FCl = cfg_.fc_rows() / tps, Fl = cfg_.hidden() / tps;
   const bool tied = cfg_.tied_head;
   // As in backward_pass: the same ready order, and a tied wte reported on its own.
   const bool wte_after_head = tied && stage_.has_head && (!stage_.has_embedding || sink);
@@ -296,12 +298,6 @@ void GPT::backward_weight(int slot, const GradReadyFn& on_ready, const Embedding
   const bool has_head = head_chunk(s), has_embedding = embedding_chunk(s);
   ReadyWalk ready(on_ready, first_ready(s), table_->tied_wte_index,
                   std::max(1, int(wte_piece_rows_.size()) - 1));
-  // A kept output gradient of this rank's rows, on all N rows (Note [Split backward]).
-  auto all_rows = [&](const float* local) -> const float* {
-    if (rows_divisor_ == 1) return local;
-    gather_rows(scratch_->dfull.data(), local, B, T, C);
-    return scratch_->dfull.data();
-  };
 
   if (has_head) {  // the head's gradients are final since B
     if (wte_after_head) ready.wte();
@@ -311,19 +307,15 @@ void GPT::backward_weight(int slot, const GradReadyFn& on_ready, const Embedding
     progress();
     const LayerTable& lt = table_->layers[size_t(i)];
     Phase ph(be_, phases_, lt.weight_phase);
-    const BlockActs act = block_acts(slot, i);
-    const BlockWeights dw = block(layer_grads(i), i);  // no weights: Note [ZeRO-3 and W]
     if (!lt.moe) {  // a mixture's gradients were final after B (Note [Mixtures in B])
-      be_.matmul_backward(nullptr, dw.fcprojw, dw.fcprojb, all_rows(act.residual3), act.fch_gelu,
-                          nullptr, N, Fl, C);
+      weight_gemm(slot, i, WeightGemm::kFcproj);
       ready.through(lt.ready_fcproj);
-      be_.matmul_backward(nullptr, dw.fcw, dw.fcb, act.fch, act.ln2, nullptr, N, C, FCl);
+      weight_gemm(slot, i, WeightGemm::kFc);
     }
     ready.through(lt.ready_ln2);  // ln2's gradients were final after B
-    be_.matmul_backward(nullptr, dw.attprojw, dw.attprojb, all_rows(act.residual2), act.atty,
-                        nullptr, N, Ql, C);
+    weight_gemm(slot, i, WeightGemm::kAttproj);
     ready.through(lt.ready_attproj);
-    be_.matmul_backward(nullptr, dw.qkvw, dw.qkvb, act.qkv, act.ln1, nullptr, N, C, QKVl);
+    weight_gemm(slot, i, WeightGemm::kQkv);
     ready.through(lt.ready_ln1);
   }
   if (!has_embedding) {
@@ -331,9 +323,46 @@ void GPT::backward_weight(int slot, const GradReadyFn& on_ready, const Embedding
     return;
   }
   Phase ph(be_, phases_, table_->weight_embedding);
-  embedding_backward(all_rows(s.encoded.data()), s.inputs.data(), sink, B, T);
+  embedding_backward(kept_rows(s.encoded.data(), s.B, s.T), s.inputs.data(), sink, s.B, s.T);
   ready.through(table_->embedding_last_index);
   if (tied && !wte_after_head) ready.wte();
+}
+
+// A kept output gradient of this rank's rows, on all N rows (Note [Split backward]).
+const float* GPT::kept_rows(const float* local, int B, int T) {
+  if (rows_divisor_ == 1) return local;
+  gather_rows(scratch_->dfull.data(), local, B, T, cfg_.channels);
+  return scratch_->dfull.data();
+}
+
+void GPT::weight_gemm(int slot, int local_layer, WeightGemm which) {
+  if (precision_ == Precision::kBf16) {
+    weight_gemm_bf16(slot, local_layer, which);
+    return;
+  }
+  const Slot& s = slots_[slot];
+  const int B = s.B, T = s.T, N = B * T;
+  const int C = cfg_.channels, tps = tp_.size;
+  const BlockActs act = block_acts(slot, local_layer);
+  const BlockWeights dw = block(layer_grads(local_layer), local_layer);  // Note [ZeRO-3 and W]
+  switch (which) {
+    case WeightGemm::kFcproj:
+      be_.matmul_backward(nullptr, dw.fcprojw, dw.fcprojb, kept_rows(act.residual3, B, T),
+                          act.fch_gelu, nullptr, N, cfg_.hidden() / tps, C);
+      return;
+    case WeightGemm::kFc:
+      be_.matmul_backward(nullptr, dw.fcw, dw.fcb, act.fch, act.ln2, nullptr, N, C,
+                          cfg_.fc_rows() / tps);
+      return;
+    case WeightGemm::kAttproj:
+      be_.matmul_backward(nullptr, dw.attprojw, dw.attprojb, kept_rows(act.residual2, B, T),
+                          act.atty, nullptr, N, cfg_.heads / tps * cfg_.head_size(), C);
+      return;
+    case WeightGemm::kQkv:
+      be_.matmul_backward(nullptr, dw.qkvw, dw.qkvb, act.qkv, act.ln1, nullptr, N, C,
+                          cfg_.qkv_rows() / tps);
+      return;
+  }
 }
 
 }  // namespace trident

@@ -9,6 +9,16 @@
 // starts at the LM head's GEMMs. GPT-2's tanh GELU is in fc's GEMM (forward) and fcproj's
 // input-gradient GEMM (backward); exact GELU and SwiGLU are ops of their own after and before them.
 // Gradient-ready events and the ready order are the fp32 path's.
+//
+// Note [Split backward in bf16]
+// zb-h1's B on this path (backward_bf16's kInput part) is backward less the four linears'
+// weight GEMMs, and keeps what those read: fcproj's and attproj's bf16 output gradients (this
+// rank's rows) in the first half of residual3 and residual2 (fp32), fc's in fch, qkv's in qkv,
+// the embedding's fp32 one in encoded: buffers B read for the last time, so nothing beyond the
+// slot (the plan counts nothing more). W (weight_gemm_bf16) makes the unsplit calls' dW part on
+// them; neither backend's dW depends on whether the call also made dinp, so B then W is
+// backward bit for bit. GPT-2's fused dGELU GEMM sums fc's bias gradient from fp32 values it
+// does not round to bf16, so that one stays in B. Ready events and ZeRO-3: Note [Split backward].
 #include "model/gpt_phase.h"
 #include "model/gpt_state.h"
 #include "model/ready_walk.h"
@@ -159,7 +169,7 @@ float GPT::head_forward_bf16(Slot& s, const float* residual, const int32_t* targ
 // Any tp, as backward_pass: this rank's shards, with the collectives of Note [bf16 with tp]
 // in the linears' helpers (row_backward_bf16, column_backward_bf16,
 // norm_gathered_backward_bf16), which are tp 1's ops at tp 1.
-void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
+void GPT::backward_bf16(BackwardPart part, int slot, float dloss_scale, const float* dstage_output,
                         float* dstage_input, const GradReadyFn& on_ready,
                         const EmbeddingRowSink* sink, bool last_micro_batch) {
   Slot& s = slots_[slot];
@@ -182,6 +192,13 @@ void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
   const bool has_head = head_chunk(s), has_embedding = embedding_chunk(s);
   ReadyWalk ready(on_ready, first_ready(s), table_->tied_wte_index, 1);
   const int L = stage_.num_layers;  // norm partial sums: 2 per local block, then lnf's
+  // B leaves the linears' weight GEMMs to W and keeps what they read instead: a bf16 output
+  // gradient into a buffer B has read for the last time (Note [Split backward in bf16]).
+  const bool keep = part == BackwardPart::kInput;
+  auto grad = [&](float* g) { return keep ? nullptr : g; };
+  auto keep16 = [&](void* dst, const bfloat16* src, size_t n) {
+    if (keep) be_.copy(dst, src, n * sizeof(bfloat16));
+  };
 
   const float* last_residual =
       end > begin ? block_acts16(slot, end - 1).residual3 : s.encoded.data();
@@ -254,15 +271,18 @@ void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
       dout = row_backward_bf16(gelu_in_gemm ? a.d16_4c.data() : a.d16_act.data(),
                                gelu_in_gemm ? dw.fcb : nullptr, dres16, w16.fcprojw,
                                gelu_in_gemm ? act.fch : nullptr, B, T, Fl);
-      be_.matmul_backward_bf16(nullptr, dw.fcprojw, dw.fcprojb, dout, act.fch_gelu, nullptr, N, Fl,
-                               C);
+      keep16(act.residual3, dres16, size_t(Nr) * C);
+      if (!keep)
+        be_.matmul_backward_bf16(nullptr, dw.fcprojw, dw.fcprojb, dout, act.fch_gelu, nullptr, N,
+                                 Fl, C);
       ready.through(lt.ready_fcproj);
       if (!gelu_in_gemm) {
         if (cfg_.activation == Activation::kSwiGLU)
           be_.swiglu_backward_bf16(a.d16_4c.data(), act.fch, a.d16_act.data(), N, Fl);
         else be_.gelu_erf_backward_bf16(a.d16_4c.data(), act.fch, a.d16_act.data(), size_t(N) * Fl);
       }
-      Work sum = column_backward_bf16(dpartial, dw.fcw, gelu_in_gemm ? nullptr : dw.fcb,
+      keep16(act.fch, a.d16_4c.data(), size_t(N) * FCl);
+      Work sum = column_backward_bf16(dpartial, grad(dw.fcw), gelu_in_gemm ? nullptr : grad(dw.fcb),
                                       a.d16_4c.data(), act.ln2, w16.fcw, B, T, FCl);
       ready.through(lt.ready_fc);
       // Sequential: dres and dres16 become residual2's (the residual path's gradient plus the
@@ -274,19 +294,24 @@ void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
     }
     ready.through(lt.ready_ln2);
 
+    // dres16 is attproj's output gradient here (this rank's rows): residual2's when sequential,
+    // the block output's when parallel (the MLP's norm left it).
+    keep16(act.residual2, dres16, size_t(Nr) * C);
     if (parallel && !lt.moe) {
-      be_.matmul_backward_bf16(a.d16_c.data(), dw.attprojw, dw.attprojb, dout, act.atty,
+      be_.matmul_backward_bf16(a.d16_c.data(), grad(dw.attprojw), grad(dw.attprojb), dout, act.atty,
                                w16.attprojw, N, Ql, C);
     } else {
       dout = row_backward_bf16(a.d16_c.data(), nullptr, dres16, w16.attprojw, nullptr, B, T, Ql);
-      be_.matmul_backward_bf16(nullptr, dw.attprojw, dw.attprojb, dout, act.atty, nullptr, N, Ql,
-                               C);
+      if (!keep)
+        be_.matmul_backward_bf16(nullptr, dw.attprojw, dw.attprojb, dout, act.atty, nullptr, N, Ql,
+                                 C);
     }
     ready.through(lt.ready_attproj);
     block_attention_backward_bf16(a.d16_3c.data(), a.d16_c.data(), act, B, T);
     rope_bf16(a.d16_3c.data(), N, T, true);
-    Work sum = column_backward_bf16(dpartial, dw.qkvw, dw.qkvb, a.d16_3c.data(), act.ln1, w16.qkvw,
-                                    B, T, QKVl);
+    keep16(act.qkv, a.d16_3c.data(), size_t(N) * QKVl);
+    Work sum = column_backward_bf16(dpartial, grad(dw.qkvw), grad(dw.qkvb), a.d16_3c.data(),
+                                    act.ln1, w16.qkvw, B, T, QKVl);
     ready.through(lt.ready_qkv);
     // Now w.r.t. the block's input. The bf16 copy is for the next block's GEMMs; the stage's
     // input gradient (embedding, previous stage) is the fp32 one.
@@ -302,15 +327,49 @@ void GPT::backward_bf16(int slot, float dloss_scale, const float* dstage_output,
     ready.through(last_ready(s));
     return;
   }
-  Phase ph(be_, phases_, table_->backward_embedding);
-  const float* demb = dres;  // the embedding's output gradient on all N rows
-  if (rows_divisor_ > 1) {
-    gather_rows(a.dfull.data(), dres, B, T, C);
-    demb = a.dfull.data();
+  if (keep) {  // the embedding's output gradient, for W (fp32, as backward_pass keeps it)
+    be_.copy(s.encoded.data(), dres, size_t(Nr) * C * sizeof(float));
+    return;
   }
-  embedding_backward(demb, s.inputs.data(), sink, B, T);
+  Phase ph(be_, phases_, table_->backward_embedding);
+  embedding_backward(kept_rows(dres, B, T), s.inputs.data(), sink, B, T);
   ready.through(table_->embedding_last_index);
   if (tied && !wte_after_head) ready.wte();
+}
+
+// W's GEMM on what B kept (Note [Split backward in bf16]): the row-parallel linears' bf16
+// output gradients of this rank's rows in the first half of residual3 and residual2 (gathered to
+// all N again with SP, in bf16 as B gathered them), fc's and qkv's in fch and qkv.
+void GPT::weight_gemm_bf16(int slot, int local_layer, WeightGemm which) {
+  const Slot& s = slots_[slot];
+  const int B = s.B, T = s.T, N = B * T, C = cfg_.channels, tps = tp_.size;
+  const BlockActs16 act = block_acts16(slot, local_layer);
+  const BlockWeights dw = block(layer_grads(local_layer), local_layer);  // Note [ZeRO-3 and W]
+  auto all_rows = [&](const float* kept) {
+    const bfloat16* local = reinterpret_cast<const bfloat16*>(kept);
+    if (rows_divisor_ == 1) return local;
+    gather_rows_bf16(scratch_->dfull16.data(), local, B, T, C);
+    return static_cast<const bfloat16*>(scratch_->dfull16.data());
+  };
+  switch (which) {
+    case WeightGemm::kFcproj:
+      be_.matmul_backward_bf16(nullptr, dw.fcprojw, dw.fcprojb, all_rows(act.residual3),
+                               act.fch_gelu, nullptr, N, cfg_.hidden() / tps, C);
+      return;
+    case WeightGemm::kFc:  // GPT-2's tanh GELU: fc's bias gradient came with B's dGELU GEMM
+      be_.matmul_backward_bf16(nullptr, dw.fcw,
+                               cfg_.activation == Activation::kGeluTanh ? nullptr : dw.fcb, act.fch,
+                               act.ln2, nullptr, N, C, cfg_.fc_rows() / tps);
+      return;
+    case WeightGemm::kAttproj:
+      be_.matmul_backward_bf16(nullptr, dw.attprojw, dw.attprojb, all_rows(act.residual2), act.atty,
+                               nullptr, N, cfg_.heads / tps * cfg_.head_size(), C);
+      return;
+    case WeightGemm::kQkv:
+      be_.matmul_backward_bf16(nullptr, dw.qkvw, dw.qkvb, act.qkv, act.ln1, nullptr, N, C,
+                               cfg_.qkv_rows() / tps);
+      return;
+  }
 }
 
 bool read_as_bf16(const ParamInfo& p) {

@@ -155,10 +155,13 @@ Work GPT::column_backward_bf16(float* dinp, float* dw, float* db, const bfloat16
     be_.matmul_backward_bf16(scratch_->d16_c.data(), dw, db, dout, inp, w, N, C, OC);
     return Work{};
   }
-  if (!tp_overlap_) be_.matmul_backward_bf16(nullptr, dw, db, dout, inp, nullptr, N, C, OC);
+  const bool weights = dw || db;  // none in zb-h1's B (Note [Split backward in bf16])
+  if (!tp_overlap_ && weights)
+    be_.matmul_backward_bf16(nullptr, dw, db, dout, inp, nullptr, N, C, OC);
   be_.matmul_backward_input_fp32_bf16(dinp, dout, w, N, C, OC);
   Work sum = start_norm_gathered_backward(dinp, B, T, C);
-  if (tp_overlap_) be_.matmul_backward_bf16(nullptr, dw, db, dout, inp, nullptr, N, C, OC);
+  if (tp_overlap_ && weights)
+    be_.matmul_backward_bf16(nullptr, dw, db, dout, inp, nullptr, N, C, OC);
   return sum;
 }
 

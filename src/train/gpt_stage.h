@@ -61,9 +61,9 @@ class GPTStage : public PipelineStage {
   std::vector<StageTensor> backward_inputs(int micro, int chunk) override;
   void backward(int micro, int chunk) override;
   std::vector<StageTensor> backward_outputs(int micro, int chunk) override;
-  // zb-h1 (Note [Split backward] in model/gpt_backward.cpp); the model refuses it with
-  // recomputation, and so does the Trainer, earlier, with the deck keys named.
-  bool can_split_backward() const override { return model_.precision() == Precision::kFp32; }
+  // zb-h1 (Note [Split backward] in model/gpt_backward.cpp), in either precision; the model
+  // refuses it with recomputation, and so does the Trainer, earlier, with the deck keys named.
+  bool can_split_backward() const override { return true; }
   void backward_input(int micro, int chunk) override;
   void backward_weight(int micro, int chunk) override;
   int chunks() const override { return model_.stage().chunks(); }

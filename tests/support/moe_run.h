@@ -50,6 +50,7 @@ inline MoeRun run_moe(Backend& be, const Deck& d, TrainContext context) {
     be.copy(o.params.data(), dp->shard_params(), o.params.size() * sizeof(float));
     return o;
   }
+  t.sync_params();  // ZeRO-1/2: the last update's all-gather (else a race with the read)
   HostView<float> p(be, t.model().params(), t.model().num_params(), /*load=*/true);
   o.params.assign(p.data(), p.data() + p.size());
   return o;
