@@ -248,7 +248,8 @@ std::array<size_t, GPT::kBlockBuffers> GPT::block_sizes() const {
 std::array<bool, GPT::kBlockBuffers> GPT::block_kept() const {
   std::array<bool, kBlockBuffers> k;
   k.fill(recompute_mode_ != Recompute::kFull);
-  if (recompute_mode_ == Recompute::kMlp) k[10] = k[11] = false;  // fch, fch_gelu
+  if (recompute_mode_ == Recompute::kMlp)  // the MLP's hidden rows, fch and fch_gelu
+    for (size_t i = 0; i < kBlockBuffers; ++i) k[i] = k[i] && !is_mlp_buffer(i);
   if (recompute_mode_ == Recompute::kFull) k[12] = true;  // residual3: the next block's input
   return k;
 }

@@ -450,7 +450,8 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
   constexpr int kBuffers = int(GPT::kBlockBuffers);
   bool kept[kBuffers];
   std::fill(kept, kept + kBuffers, l.recompute != "full");
-  if (l.recompute == "mlp") kept[10] = kept[11] = false;
+  if (l.recompute == "mlp")  // the MLP's hidden rows, as GPT::block_kept
+    for (int k = 0; k < kBuffers; ++k) kept[k] = kept[k] && !GPT::is_mlp_buffer(size_t(k));
   if (l.recompute == "full") kept[12] = true;
   auto bytes = [&](int k) { return sizes[k] * (!fp32 && GPT::kBf16Buffer[size_t(k)] ? 2 : 4); };
   // Note [Plan mixture memory]: a mixture layer's own buffers, per slot and shared.
