@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -155,6 +156,40 @@ TEST_F(TextToTokensTest, DecodePrintsTheTextBack) {
                 &decoded),
             0);
   EXPECT_EQ(decoded, text.substr(0, 60));
+}
+
+// tools/mock_tokens.py (docs/perf.md's mock data): ids uniform over the vocabulary, in 2-byte
+// tokens up to 65536 ids and 4-byte ones above, read back by trident's reader; the same seed
+// gives the same file. Uniformity: 30000 draws over 300 ids expect 100 each (sd 10); a bound
+// of 100 ± 50 fails a generator that skips or favours ids, and a seeded draw is reproducible.
+TEST_F(TextToTokensTest, MockTokensAreUniformOverTheVocabulary) {
+  const std::string mock = std::string(TRIDENT_SOURCE_DIR) + "/tools/mock_tokens.py";
+  auto make = [&](const std::string& out, int vocab, int n, int seed) {
+    return run(std::string(kPython) + " " + mock + " " + out + " --vocab " + std::to_string(vocab) +
+               " --tokens " + std::to_string(n) + " --seed " + std::to_string(seed) +
+               " >/dev/null");
+  };
+  ASSERT_EQ(make(file("a.bin"), 300, 30000, 1), 0);
+  ASSERT_EQ(make(file("b.bin"), 300, 30000, 1), 0);
+  ASSERT_EQ(make(file("c.bin"), 300, 30000, 2), 0);
+  EXPECT_EQ(read_bytes(file("a.bin")), read_bytes(file("b.bin"))) << "same seed, same file";
+  EXPECT_NE(read_bytes(file("a.bin")), read_bytes(file("c.bin")));
+  const auto d = TokenDataset::open(file("a.bin"), 300, "data.train");
+  ASSERT_EQ(d->n_tokens(), 30000u);
+  std::vector<int> count(300);
+  for (size_t i = 0; i < d->n_tokens(); ++i) {
+    const int32_t t = d->token(i);
+    ASSERT_TRUE(t >= 0 && t < 300) << "token " << t << " at " << i;
+    ++count[size_t(t)];
+  }
+  for (int id = 0; id < 300; ++id) EXPECT_NEAR(count[size_t(id)], 100, 50) << "id " << id;
+  ASSERT_EQ(make(file("wide.bin"), 70000, 1000, 1), 0);
+  const auto w = TokenDataset::open(file("wide.bin"), 70000, "data.train");
+  ASSERT_EQ(w->n_tokens(), 1000u);
+  int32_t top = 0;
+  for (size_t i = 0; i < w->n_tokens(); ++i) top = std::max(top, w->token(i));
+  EXPECT_GT(top, 65535) << "4-byte tokens carry ids above 65535";
+  EXPECT_LT(top, 70000);
 }
 
 }  // namespace
