@@ -45,8 +45,6 @@ import subprocess
 import sys
 import tempfile
 
-import yaml
-
 # (name, deck, ranks, overrides, layout for the planner)
 CASES = [
     ("tiny 1 rank, 2 threads", "gpt-tiny.yaml", 1, ["run.threads=2"], "accum=1,threads=2"),
@@ -158,6 +156,7 @@ def software_hardware(args, tmp):
     """The hardware file (--hardware, a path or a name under inputs/hardware; dgx-h100) with the
     keys of --software laid over it and its sources appended: what Megatron-Core ran on that
     machine (inputs/plan/megatron-core-2024.yaml). Written to tmp; its path."""
+    import yaml  # only --published needs it (PyYAML)
     name = args.hardware or "dgx-h100"
     path = name if os.path.exists(name) else os.path.join(args.inputs, "hardware", name + ".yaml")
     with open(path) as f:
