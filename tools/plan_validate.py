@@ -27,6 +27,8 @@ this machine: Megatron-Core's own weak-scaling runs on H100 (below, MEGATRON_H10
 and checked as tools/plan_narayanan.py checks Narayanan et al.'s rows (every row within
 --max-error, 15%; the TFLOP/s trend from one model size to the next in the published direction
 wherever the table moves by 5% or more). Exits 1 when either misses (docs/plan.md, "Issue 45").
+The hardware file is laid over with --software's keys (default inputs/plan/megatron-core-2024.yaml:
+what Megatron-Core ran where trident differs, each key cited there).
 
 With --bracket the calibrations sit at every round boundary (rounds + 1 of them), and each
 bench is predicted with both calibrations around it, interpolated by time in log space
@@ -139,17 +141,51 @@ def megatron_flops(batch, layers, hidden):
     return 12.0 * batch * s * l * h * h * (6 + s / h + v / (2.0 * l * h))
 
 
+def megatron_last_bucket_mib(tp, hidden):
+    """Megatron-Core's last gradient bucket on the first stage, MiB of fp32 parameters: its DDP
+    fills buckets in reverse parameter order and closes one at bucket_size = max(40M, 1M x dp)
+    parameters (megatron/core/distributed/param_and_grad_buffer.py and distributed_data_parallel.py
+    at 937571cf), so the embeddings, the last parameters backward reaches, end the last bucket:
+    the vocab-parallel word embedding (V/tp rows) and the learned positions (Megatron's default
+    --position-embedding-type learned_absolute), at least; what of layer 0 joins them is left out.
+    The planner's first bucket is that bucket (the last to reduce, the first to gather)."""
+    return (MEGATRON_VOCAB // tp + MEGATRON_SEQ) * hidden * 4 / (1024 * 1024)
+
+
+def software_hardware(args, tmp):
+    """The hardware file (--hardware, a path or a name under inputs/hardware; dgx-h100) with the
+    keys of --software laid over it and its sources appended: what Megatron-Core ran on that
+    machine (inputs/plan/megatron-core-2024.yaml). Written to tmp; its path."""
+    import yaml  # only --published needs it (PyYAML)
+    name = args.hardware or "dgx-h100"
+    path = name if os.path.exists(name) else os.path.join(args.inputs, "hardware", name + ".yaml")
+    with open(path) as f:
+        hw = yaml.safe_load(f)
+    if args.software:
+        with open(args.software) as f:
+            over = yaml.safe_load(f)
+        sources = hw.get("sources", []) + over.pop("sources", [])
+        hw.update(over, sources=sources)
+        hw["name"] = f"{hw['name']} + {os.path.splitext(os.path.basename(args.software))[0]}"
+    out = os.path.join(tmp, "hardware.yaml")
+    with open(out, "w") as f:
+        yaml.safe_dump(hw, f, sort_keys=False, width=1000)
+    return out
+
+
 def check_published(args):
     """The planner's best layout per row of MEGATRON_H100 against the published TFLOP/s.
     The search keeps the table's tp, pp and GPUs and leaves open what it does not give:
     micro-batch, schedule, recompute, ZeRO 0/1, sequence parallelism."""
     deck = os.path.join(args.inputs, "plan", "megatron-gpt.yaml")
+    tmpdir = tempfile.TemporaryDirectory()  # removed when the check ends
+    hardware = software_hardware(args, tmpdir.name)
     lines = ["| model | tp | pp | GPUs | batch | published TFLOP/s | predicted | error | layout | "
              "largest predicted terms |", "|---|---|---|---|---|---|---|---|---|---|"]
     predicted, failed = [], False
     for params, heads, hidden, layers, tp, pp, gpus, batch, pub in MEGATRON_H100:
         print(f"plan_validate: Megatron-Core H100, {params}B ...", flush=True)
-        cmd = [args.trident, "plan", deck, "--hardware", args.hardware or "dgx-h100",
+        cmd = [args.trident, "plan", deck, "--hardware", hardware,
                "--gpus", str(gpus), "--global-batch", str(batch), "--json", "--top", "50",
                "--tp", str(tp), "--pp", str(pp), "--zero", "0", "1",
                "--schedules", "1f1b", "interleaved", "--micro", "1", "2", "4", "8"]
@@ -157,6 +193,7 @@ def check_published(args):
                            ("model.heads", heads), ("model.vocab", MEGATRON_VOCAB),
                            ("model.seq_len", MEGATRON_SEQ), ("model.tied_head", "false"),
                            ("comm.overlap", "true"), ("comm.grad_dtype", "fp32"),
+                           ("comm.first_bucket_mb", megatron_last_bucket_mib(tp, hidden)),
                            ("parallel.tp_overlap", "true")):
             cmd += ["--set", f"{key}={value}"]
         ranked = [json.loads(x) for x in run(cmd).splitlines() if x.startswith("{")]
@@ -225,6 +262,10 @@ def main():
     ap.add_argument("--published", choices=["megatron-h100"],
                     help="check against a published table instead of this machine (hardware: "
                          "--hardware, default dgx-h100)")
+    ap.add_argument("--software", default=os.path.join(os.path.dirname(__file__), "..", "inputs",
+                                                    "plan", "megatron-core-2024.yaml"),
+                    help="--published: hardware-file keys for the software the table ran, laid "
+                         "over --hardware ('' for none)")
     ap.add_argument("--max-error", type=float, default=0.15,
                     help="--published: the largest |error| a row may have")
     args = ap.parse_args()

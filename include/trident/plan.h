@@ -47,12 +47,20 @@ struct Hardware {
   // The sum of a model's per-op terms / its measured forward + backward (cpu: calibrated on a
   // small GPT), in (0, 2]; compute terms are divided by it. 1: the terms are the whole story.
   double compute_efficiency = 1;
+  // The cross-entropy's memory traffic per logit, bytes, forward and backward, where the software
+  // a description stands for moves more than trident does (Megatron-Core 2024's fp32 upcast);
+  // 0: trident's own, 3 and 2 elements at dtype (Note [Plan cross-entropy traffic]).
+  double cross_entropy_forward_bytes = 0;
+  double cross_entropy_backward_bytes = 0;
   double memory_gb = 0;  // capacity per device (cpu: per node), GB = 1e9 B
   LinkSpec intra_node;   // NVLink / shared memory
   LinkSpec inter_node;   // InfiniBand / TCP, per device
   // Fraction by which compute slows while a collective overlaps it (cpu: the communication
   // thread's work runs on the compute cores; gpu: SMs the collective kernels take).
   double overlap_slowdown = 0;
+  // The same while tensor-parallel collectives overlap it, where their kernels take another share
+  // of the device than the dp collectives' (Megatron's userbuffers); < 0: overlap_slowdown.
+  double tp_overlap_slowdown = -1;
   // cpu: a core's share of its single-thread GEMM rate when every core of the node computes at
   // once (shared vector units or memory, lower turbo); 1: cores scale linearly.
   double core_scaling = 1;

@@ -45,6 +45,7 @@ namespace trident {
 //   inter_node           map, required       the same for the network, per device
 //   overlap_slowdown     in [0, 1), default 0  fraction by which compute slows while a
 //                                              collective overlaps it
+//   tp_overlap_slowdown  in [0, 1), default: overlap_slowdown  the same under tp collectives
 //   core_scaling         in (0, 1], default 1  cpu: a core's share of its single-thread GEMM
 //                                              rate when all the node's cores compute at once
 //   elementwise_gbytes_per_s ≥ 0, default 0  the elementwise kernels' rate (cpu: per core);
@@ -53,6 +54,8 @@ namespace trident {
 //                                              core); 0: memory_gbytes_per_s
 //   compute_efficiency   in (0, 2], default 1  the per-op terms / measured forward + backward
 //                                              (above 1: the terms' rates were measured low)
+//   cross_entropy_forward_bytes, cross_entropy_backward_bytes  ≥ 0, default 0  the loss's
+//                                              traffic per logit (Hardware); 0: trident's own
 //   thread_scaling       in (0, 1], default 1  cpu: one rank's GEMM rate with a thread on
 //                                              every core / (cores × one thread's rate)
 //   host_copy_gbytes_per_s ≥ 0, default 0    a checkpoint snapshot's copy to host memory,
@@ -83,11 +86,14 @@ constexpr std::string_view kTopKeys[] = {"name",
                                          "intra_node",
                                          "inter_node",
                                          "overlap_slowdown",
+                                         "tp_overlap_slowdown",
                                          "core_scaling",
                                          "thread_scaling",
                                          "elementwise_gbytes_per_s",
                                          "optimizer_gbytes_per_s",
                                          "compute_efficiency",
+                                         "cross_entropy_forward_bytes",
+                                         "cross_entropy_backward_bytes",
                                          "host_copy_gbytes_per_s",
                                          "host_copy_path",
                                          "host_memory_gb",
@@ -289,6 +295,7 @@ Hardware parse(const YAML::Node& root, const std::string& path) {
   constexpr double kNoLimit = std::numeric_limits<double>::infinity();
   for (const OptionalFigure& o :
        {OptionalFigure{"overlap_slowdown", &Hardware::overlap_slowdown, 0, true, 1, false},
+        OptionalFigure{"tp_overlap_slowdown", &Hardware::tp_overlap_slowdown, 0, true, 1, false},
         OptionalFigure{"core_scaling", &Hardware::core_scaling, 0, false, 1, true},
         OptionalFigure{"thread_scaling", &Hardware::thread_scaling, 0, false, 1, true},
         OptionalFigure{"compute_efficiency", &Hardware::compute_efficiency, 0, false, 2, true},
@@ -298,7 +305,11 @@ Hardware parse(const YAML::Node& root, const std::string& path) {
                        kNoLimit, false},
         OptionalFigure{"host_copy_gbytes_per_s", &Hardware::host_copy_gbytes_per_s, 0, true,
                        kNoLimit, false},
-        OptionalFigure{"host_memory_gb", &Hardware::host_memory_gb, 0, true, kNoLimit, false}})
+        OptionalFigure{"host_memory_gb", &Hardware::host_memory_gb, 0, true, kNoLimit, false},
+        OptionalFigure{"cross_entropy_forward_bytes", &Hardware::cross_entropy_forward_bytes, 0,
+                       true, kNoLimit, false},
+        OptionalFigure{"cross_entropy_backward_bytes", &Hardware::cross_entropy_backward_bytes, 0,
+                       true, kNoLimit, false}})
     if (const YAML::Node n = root[o.key])
       hw.*o.field = r.in_range(n, o.key, o.lo, o.lo_closed, o.hi, o.hi_closed);
   if (const YAML::Node n = root["host_copy_path"]) hw.host_copy_path = r.text(n, "host_copy_path");
@@ -429,6 +440,11 @@ std::string hardware_to_yaml(const Hardware& hw) {
   if (!hw.host_copy_path.empty())
     out += fmt::format("host_copy_path: {}\n", yaml_quote(hw.host_copy_path));
   if (hw.host_memory_gb > 0) out += fmt::format("host_memory_gb: {}\n", hw.host_memory_gb);
+  if (hw.tp_overlap_slowdown >= 0)
+    out += fmt::format("tp_overlap_slowdown: {}\n", hw.tp_overlap_slowdown);
+  if (hw.cross_entropy_forward_bytes > 0 || hw.cross_entropy_backward_bytes > 0)
+    out += fmt::format("cross_entropy_forward_bytes: {}\ncross_entropy_backward_bytes: {}\n",
+                       hw.cross_entropy_forward_bytes, hw.cross_entropy_backward_bytes);
   out += "sources:\n";
   for (const std::string& s : hw.sources) out += fmt::format("  - {}\n", yaml_quote(s));
   return out;

@@ -130,6 +130,16 @@ double flash_rate_factor(double head_dim, double keys) {
   return by_head * by_keys;
 }
 
+// Note [Plan cross-entropy traffic]
+// trident's loss reads the logits once and writes the probabilities forward, and writes their
+// gradient backward: 3 and 2 elements per logit at the activation dtype. Megatron-Core in 2024
+// (tensor_parallel/cross_entropy.py at 937571cf, the default without --cross-entropy-loss-fusion)
+// casts the bf16 logits to fp32 and then runs max, subtract, exp, sum and divide as separate
+// kernels over them: 6 + 4 + 8 + 8 + 4 + 8 = 38 B forward; backward multiplies the saved fp32
+// softmax in place (8 B) and autograd casts the gradient back to bf16 (6 B): 14 B. A hardware
+// description of such a stack gives cross_entropy_forward_bytes / _backward_bytes; at a 131072
+// vocabulary this is 5x trident's traffic, a tenth of the 1.7B model's step.
+
 // Note [Plan tensor-parallel overlap]
 // With parallel.tp_overlap and tp > 1, a block's collective of time t hides behind a GEMM of
 // time g as trident runs them: on a ring of tp chunks of k pieces (sequence parallel: the
@@ -138,7 +148,7 @@ double flash_rate_factor(double head_dim, double keys) {
 // GEMM runs while the next travels; without sequence parallelism the row-parallel all-reduce goes
 // in k pieces, each beside the next piece's GEMM; qkv's and fc's input-gradient sums ride under
 // their weight-gradient GEMM (on a host; a device's ring steps are whole chunks and these sums
-// wait). What hides slows the compute under it by overlap_slowdown.
+// wait). What hides slows the compute under it by tp_overlap_slowdown (default overlap_slowdown).
 
 // The ring's (tp−1)·k pieces travel back to back; the rank's own chunk (g/tp) computes first,
 // each arrived piece (g/(tp·k)) after it: the GEMMs end at max(g, t + g/(tp·k), the first piece
@@ -460,8 +470,13 @@ StageCost stage_cost(const PlanModel& m, const PlanLayout& l, const Hardware& hw
   }
   if (stage.has_head) {  // final LayerNorm, logits, vocab-parallel cross-entropy
     const double g_f = linear_f(Vl, C), g_b = linear_b(Vl, C);
-    const double ce = mem(2 * 3 * rows * C) + mem(3 * N * Vl);  // LN; logits read, probs, grads
-    const double ceb = mem(2 * 3 * rows * C) + mem(2 * N * Vl);
+    // Note [Plan cross-entropy traffic]: trident's logits read, probabilities, gradients, or
+    // the description's bytes per logit.
+    const bool own_ce = hw.cross_entropy_forward_bytes == 0 && hw.cross_entropy_backward_bytes == 0;
+    const double ce_f = own_ce ? 3 : hw.cross_entropy_forward_bytes / E;  // elements per logit
+    const double ce_b = own_ce ? 2 : hw.cross_entropy_backward_bytes / E;
+    const double ce = mem(2 * 3 * rows * C) + mem(ce_f * N * Vl);  // the final LayerNorm, the loss
+    const double ceb = mem(2 * 3 * rows * C) + mem(ce_b * N * Vl);
     const double tp_ce = 2 * tp_seconds(LinkOp::kAllReduce, N * 3 * 4);  // never overlapped
     c.gemm += g_f + g_b;
     c.memory_bound += ce + ceb;
@@ -562,7 +577,11 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
     return dp_seconds(op, dense_bytes) +
            group_seconds(op, expert_bytes, l.expert_reduce_ranks(), place.dp_link);
   };
-  const double first_bucket = std::min(grad_bytes, m.first_bucket_mb * 1024 * 1024);
+  // trident lays its buckets out in fp32 elements (padded_bucket_layout): the first holds
+  // first_bucket_mb MiB / 4 parameters, which the reduction moves at grad_comm_bytes each and
+  // ZeRO's gather at param_bytes (the last bucket to reduce, the first to gather).
+  const double first_bucket_params = std::min(params_local, m.first_bucket_mb * 1024 * 1024 / 4);
+  const double first_bucket = first_bucket_params * m.grad_comm_bytes;
   // Note [Plan reductions per micro-batch] (src/plan/memory.cpp): a round per micro-batch.
   const double rounds = l.zero >= 2 && l.zero_reduce == "micro_batch" ? micro : 1;
   double reduce = 0, gather = 0, reduce_exposed = 0, gather_exposed = 0, slowdown = 0;
@@ -586,7 +605,8 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
       slowdown =
           hw.overlap_slowdown * (std::min(round, window) + (rounds - 1) * std::min(round, earlier));
       if (l.zero > 0) {
-        const double first_gather = dp_seconds(LinkOp::kAllGather, m.first_bucket_mb * 1024 * 1024);
+        const double first_gather =
+            dp_seconds(LinkOp::kAllGather, first_bucket_params * param_bytes);
         gather_exposed = std::max(std::min(first_gather, gather), gather - first_forward);
         slowdown += hw.overlap_slowdown * std::min(gather, first_forward);
       }
@@ -675,7 +695,9 @@ Prediction predict(const PlanModel& m, const PlanLayout& l, const Hardware& hw) 
             {"hsdp_allreduce_exposed", replicate_exposed},
             {"all_gather_exposed", gather_exposed},
             {"overlap_slowdown",
-             slowdown + hw.overlap_slowdown * micro * (slow.cp_hidden + slow.tp_hidden)},
+             slowdown + hw.overlap_slowdown * micro * slow.cp_hidden +
+                 (hw.tp_overlap_slowdown >= 0 ? hw.tp_overlap_slowdown : hw.overlap_slowdown) *
+                     micro * slow.tp_hidden},
             {"tied_embedding_allreduce", tied},
             {"optimizer", optimizer}};
   if (!m.block.has_moe())  // a dense model's split stays as it was

@@ -240,6 +240,28 @@ TEST(GemmRate, InterpolatesInLogMinDim) {
   EXPECT_DOUBLE_EQ(gemm_flops_per_s(hw, 5000, 100, 5000), gemm_flops_per_s(hw, 5000, 5000, 100));
 }
 
+// The keys that describe a software stack's differences (inputs/plan/megatron-core-2024.yaml):
+// unset by default, read, written back, refused out of range.
+TEST_F(HardwareFileTest, SoftwareStackKeys) {
+  const Hardware none = load_hardware(write("ok.yaml", kValid));
+  EXPECT_LT(none.tp_overlap_slowdown, 0);  // unset: overlap_slowdown applies
+  EXPECT_EQ(none.cross_entropy_forward_bytes, 0);
+  EXPECT_EQ(none.cross_entropy_backward_bytes, 0);
+  EXPECT_EQ(hardware_to_yaml(none).find("tp_overlap_slowdown"), std::string::npos);
+  const Hardware a = load_hardware(
+      write("sw.yaml", valid_with("tp_overlap_slowdown: 0.06\ncross_entropy_forward_bytes: 38\n"
+                                  "cross_entropy_backward_bytes: 14")));
+  EXPECT_EQ(a.tp_overlap_slowdown, 0.06);
+  EXPECT_EQ(a.cross_entropy_forward_bytes, 38);
+  EXPECT_EQ(a.cross_entropy_backward_bytes, 14);
+  const Hardware b = load_hardware(write("sw2.yaml", hardware_to_yaml(a)));
+  EXPECT_EQ(b.tp_overlap_slowdown, a.tp_overlap_slowdown);
+  EXPECT_EQ(b.cross_entropy_forward_bytes, a.cross_entropy_forward_bytes);
+  EXPECT_EQ(b.cross_entropy_backward_bytes, a.cross_entropy_backward_bytes);
+  expect_refused(valid_with("tp_overlap_slowdown: 1"), "tp_overlap_slowdown");
+  expect_refused(valid_with("cross_entropy_backward_bytes: -1"), "cross_entropy_backward_bytes");
+}
+
 TEST_F(HardwareFileTest, RefusesBadInput) {
   expect_refused("name: [unclosed\n", "malformed");
   std::string text = kValid;

@@ -61,6 +61,34 @@ TEST(PlanModel, GemmTermIsSeventyTwoNC2PerLayerPlusTheHead) {
   EXPECT_NEAR(p.term("gemm"), flops / 1e12, 1e-15);
 }
 
+// Note [Plan cross-entropy traffic]: a description's bytes per logit replace trident's 3 + 2
+// elements. bf16 (2 B), N = 32 rows, V = 128 logits (tp 1; 64 on each of tp 2), 100 GB/s.
+TEST(PlanModel, CrossEntropyTrafficFromTheDescription) {
+  const PlanModel m = small_model();
+  PlanLayout l;
+  l.micro_batch = 2;
+  Hardware hw = round_machine("bf16");
+  const Prediction own = predict(m, l, hw);
+  hw.cross_entropy_forward_bytes = 38, hw.cross_entropy_backward_bytes = 14;
+  const Prediction megatron = predict(m, l, hw);
+  ASSERT_TRUE(megatron.fits) << megatron.why_not;
+  // (38 + 14 − 5·2) B · 32 · 128 / 100 GB/s = 1.72032 µs more, all of it in memory_bound.
+  const double more = (38 + 14 - 5 * 2) * 32.0 * 128 / 100e9;
+  EXPECT_DOUBLE_EQ(more, 1.72032e-6);
+  EXPECT_NEAR(megatron.term("memory_bound") - own.term("memory_bound"), more, 1e-15);
+  EXPECT_NEAR(megatron.step_s - own.step_s, more, 1e-15);
+  // Forward's share is 38 − 3·2 of the 42 bytes.
+  EXPECT_NEAR(megatron.term("forward_s") - own.term("forward_s"), more * 32 / 42, 1e-15);
+  // Vocabulary-parallel: each tp rank moves its own slice of the logits.
+  l.tp = 2;
+  hw.cross_entropy_forward_bytes = hw.cross_entropy_backward_bytes = 0;
+  const Prediction own2 = predict(m, l, hw);
+  hw.cross_entropy_forward_bytes = 38, hw.cross_entropy_backward_bytes = 14;
+  const Prediction megatron2 = predict(m, l, hw);
+  EXPECT_NEAR(megatron2.term("memory_bound") - own2.term("memory_bound"),
+              more * padded_vocab(m, l) / 2 / 128, 1e-15);
+}
+
 TEST(PlanModel, TensorParallelAllReducesOnTheRing) {
   PlanModel m = small_model();
   m.tp_overlap = false;  // the figure before parallel.tp_overlap, unchanged
@@ -112,6 +140,12 @@ TEST(PlanModel, TensorParallelOverlapByHand) {
   EXPECT_NEAR(p.term("tp_comm_exposed"), 2 * (fwd + bwd) + 2 * ce, 1e-15);
   EXPECT_NEAR(p.term("tp_comm_hidden_s"), 2 * 4 * one - 2 * (fwd + bwd), 1e-15);
   EXPECT_NEAR(p.term("overlap_slowdown"), 0.1 * p.term("tp_comm_hidden_s"), 1e-15);
+  // tp_overlap_slowdown, where a description gives one, replaces it under the tp collectives.
+  Hardware own_sms = hw;
+  own_sms.tp_overlap_slowdown = 0.25;
+  const Prediction own_sm = predict(m, l, own_sms);
+  EXPECT_NEAR(own_sm.term("overlap_slowdown"), 0.25 * p.term("tp_comm_hidden_s"), 1e-15);
+  EXPECT_NEAR(own_sm.step_s - p.step_s, 0.15 * p.term("tp_comm_hidden_s"), 1e-15);
   // Two pieces a chunk (the default): the own chunk's GEMM (g/2) runs while the first piece
   // (t/2) travels, the first arrived piece's (g/4) while the second does: max(0, t − 3g/4,
   // t/2 − g/2).
@@ -502,6 +536,29 @@ TEST(PlanModel, TiedHeadSumsWteOverStagesAndAnUntiedHeadDoesNot) {
   const Prediction p = predict(m, l, round_machine());
   ASSERT_TRUE(p.fits) << p.why_not;
   EXPECT_EQ(p.term("tied_embedding_allreduce"), 0.0);
+}
+
+// The first bucket is first_bucket_mb MiB of fp32 parameters (trident's bucket layout): the
+// reduction moves them at the wire's bytes, ZeRO's gather at the parameters'. GEMMs at 1
+// GFLOP/s hide everything but that bucket: 0.01 MiB = 2621.44 parameters, over 2 ranks at
+// 10 GB/s, half of the bytes each.
+TEST(PlanModel, FirstBucketTravelsAtItsElementsBytes) {
+  PlanModel m = small_model();
+  m.overlap = true, m.first_bucket_mb = 0.01, m.grad_comm_bytes = 2;  // bf16 sums
+  Hardware hw = round_machine("bf16");
+  hw.gemm = {{64, 0.001}};
+  PlanLayout l;
+  l.dp = 2, l.zero = 1, l.micro_batch = 2;
+  const Prediction p = predict(m, l, hw);
+  ASSERT_TRUE(p.fits) << p.why_not;
+  const double params = 0.01 * 1024 * 1024 / 4;
+  EXPECT_DOUBLE_EQ(params, 2621.44);
+  EXPECT_NEAR(p.term("reduce_scatter_exposed"), params * 2 / 2 / 10e9, 1e-18);
+  EXPECT_NEAR(p.term("all_gather_exposed"), params * 2 / 2 / 10e9, 1e-18);
+  m.grad_comm_bytes = 4;  // fp32 sums: the reduction's bucket doubles, the gather's does not
+  const Prediction fp32 = predict(m, l, hw);
+  EXPECT_NEAR(fp32.term("reduce_scatter_exposed"), params * 4 / 2 / 10e9, 1e-18);
+  EXPECT_NEAR(fp32.term("all_gather_exposed"), params * 2 / 2 / 10e9, 1e-18);
 }
 
 TEST(PlanModel, RefusedLayoutsSayWhy) {
