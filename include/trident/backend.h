@@ -109,6 +109,33 @@ class Backend {
     (void)dw, (void)dout, (void)ld, (void)inp, (void)N, (void)C, (void)rows;
     internal_error(__FILE__, __LINE__, "matmul_backward_weight_rows: not on this backend");
   }
+  // The experts' linear layers (src/model/moe.cpp), E products in one call: expert e owns rows
+  // [rows_at[e], rows_at[e + 1]) of inp, out, dout, dinp (rows_at: E + 1 host ints, rows_at[0]
+  // = 0) and the weight w + e·OC·C (dw likewise). On its rows, matmul_forward without a bias and
+  // matmul_backward without dbias (dinp assigns, dw += ; either skipped if null); an expert with
+  // no rows is left alone. These defaults call matmul_forward / matmul_backward once per expert;
+  // the CPU backend runs all the products in one team (Note [Grouped GEMM] in
+  // src/backend/gemm.cpp).
+  virtual void matmul_forward_grouped(float* out, const float* inp, const float* w,
+                                      const int32_t* rows_at, int E, int C, int OC) {
+    for (int e = 0; e < E; ++e) {
+      const int r0 = rows_at[e], n = rows_at[e + 1] - r0;
+      if (n > 0)
+        matmul_forward(out + size_t(r0) * OC, inp + size_t(r0) * C, w + size_t(e) * OC * C, nullptr,
+                       n, C, OC);
+    }
+  }
+  virtual void matmul_backward_grouped(float* dinp, float* dw, const float* dout, const float* inp,
+                                       const float* w, const int32_t* rows_at, int E, int C,
+                                       int OC) {
+    for (int e = 0; e < E; ++e) {
+      const int r0 = rows_at[e], n = rows_at[e + 1] - r0;
+      if (n > 0)
+        matmul_backward(dinp ? dinp + size_t(r0) * C : nullptr,
+                        dw ? dw + size_t(e) * OC * C : nullptr, nullptr, dout + size_t(r0) * OC,
+                        inp + size_t(r0) * C, w + size_t(e) * OC * C, n, C, OC);
+    }
+  }
 
   // Causal multi-head self-attention. qkv [B,T,3C] holds q|k|v, each [NH, C/NH] per token;
   // out is [B,T,C]. `att` saves what backward needs, attention_saved_floats() of it (CPU: the

@@ -58,6 +58,15 @@ class CpuBackend final : public Backend {
                                    int C, int rows) override {
     cpu::matmul_backward_weight_rows(dw, dout, ld, inp, N, C, rows, threads_);
   }
+  void matmul_forward_grouped(float* out, const float* inp, const float* w, const int32_t* rows_at,
+                              int E, int C, int OC) override {
+    cpu::matmul_forward_grouped(out, inp, w, rows_at, E, C, OC, threads_);
+  }
+  void matmul_backward_grouped(float* dinp, float* dw, const float* dout, const float* inp,
+                               const float* w, const int32_t* rows_at, int E, int C,
+                               int OC) override {
+    cpu::matmul_backward_grouped(dinp, dw, dout, inp, w, rows_at, E, C, OC, threads_);
+  }
 
   // Note [Blockwise attention threshold]: the T×T op up to kTxTAttentionMaxT, blockwise beyond
   // (att then holds lse [B,NH,T], scratch delta [B,NH,T]).

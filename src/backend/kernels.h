@@ -42,6 +42,15 @@ void matmul_backward(Real* dinp, Real* dw, Real* dbias, const Real* dout, const 
 template <typename Real>
 void matmul_backward_weight_rows(Real* dw, const Real* dout, int ld, const Real* inp, int N, int C,
                                  int rows, int threads);
+// ---- gemm.cpp: the experts' products in one team (Backend::matmul_forward_grouped and
+// Note [Grouped GEMM] in src/backend/gemm.cpp): expert e on rows [rows_at[e], rows_at[e + 1]),
+// weight w + e·OC·C. dinp or dw may be null.
+template <typename Real>
+void matmul_forward_grouped(Real* out, const Real* inp, const Real* w, const int32_t* rows_at,
+                            int E, int C, int OC, int threads);
+template <typename Real>
+void matmul_backward_grouped(Real* dinp, Real* dw, const Real* dout, const Real* inp, const Real* w,
+                             const int32_t* rows_at, int E, int C, int OC, int threads);
 
 // ---- rmsnorm.cpp: out = inp · rstd · w (Backend::rmsnorm_forward); dw may be null
 template <typename Real>

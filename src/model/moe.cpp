@@ -294,12 +294,7 @@ void MoeLayer::experts_up(SlotState& s, const MoeWeights& w) {
   const int El = cfg_.moe.experts / ep_.size;
   const float* xr = ep_.size > 1 ? s.xr.data() : s.xs.data();
   float* h = h_of(s);
-  for (int e = 0; e < El; ++e) {
-    const int r0 = s.rows_at[size_t(e)], n = s.rows_at[size_t(e) + 1] - r0;
-    if (n == 0) continue;
-    be_.matmul_forward(h + size_t(r0) * fcr, xr + size_t(r0) * C, w.expfcw + size_t(e) * fcr * C,
-                       nullptr, n, C, fcr);
-  }
+  be_.matmul_forward_grouped(h, xr, w.expfcw, s.rows_at.data(), El, C, fcr);
   activation_forward(be_, cfg_.activation, act_of(s), h, s.rows_at[size_t(El)], Fe);
 }
 
@@ -308,13 +303,7 @@ void MoeLayer::experts_forward(SlotState& s, const MoeWeights& w) {
   const int El = cfg_.moe.experts / ep_.size;
   experts_up(s, w);
   float* yr = ep_.size > 1 ? scratch_->yr.data() : s.ys.data();
-  const float* act = act_of(s);
-  for (int e = 0; e < El; ++e) {
-    const int r0 = s.rows_at[size_t(e)], n = s.rows_at[size_t(e) + 1] - r0;
-    if (n == 0) continue;
-    be_.matmul_forward(yr + size_t(r0) * C, act + size_t(r0) * Fe,
-                       w.expfcprojw + size_t(e) * C * Fe, nullptr, n, Fe, C);
-  }
+  be_.matmul_forward_grouped(yr, act_of(s), w.expfcprojw, s.rows_at.data(), El, Fe, C);
 }
 
 void MoeLayer::forward(int slot, float* out, const float* x, const MoeWeights& w, int N,
@@ -369,21 +358,11 @@ void MoeLayer::experts_backward(SlotState& s, const MoeWeights& w, const MoeGrad
   // Note [Mixture memory]: mlp computes h and act again here; full's forward just did.
   if (recompute_ == Recompute::kMlp) experts_up(s, w);
   const float *h = h_of(s), *act = act_of(s);
-  for (int e = 0; e < El; ++e) {
-    const int r0 = s.rows_at[size_t(e)], n = s.rows_at[size_t(e) + 1] - r0;
-    if (n == 0) continue;
-    be_.matmul_backward(x.dact.data() + size_t(r0) * Fe, g.expfcprojw + size_t(e) * C * Fe, nullptr,
-                        dyr + size_t(r0) * C, act + size_t(r0) * Fe,
-                        w.expfcprojw + size_t(e) * C * Fe, n, Fe, C);
-  }
+  be_.matmul_backward_grouped(x.dact.data(), g.expfcprojw, dyr, act, w.expfcprojw, s.rows_at.data(),
+                              El, Fe, C);
   activation_backward(be_, cfg_.activation, x.dh.data(), h, x.dact.data(), R, Fe);
-  for (int e = 0; e < El; ++e) {
-    const int r0 = s.rows_at[size_t(e)], n = s.rows_at[size_t(e) + 1] - r0;
-    if (n == 0) continue;
-    be_.matmul_backward(x.dxr.data() + size_t(r0) * C, g.expfcw + size_t(e) * fcr * C, nullptr,
-                        x.dh.data() + size_t(r0) * fcr, xr + size_t(r0) * C,
-                        w.expfcw + size_t(e) * fcr * C, n, C, fcr);
-  }
+  be_.matmul_backward_grouped(x.dxr.data(), g.expfcw, x.dh.data(), xr, w.expfcw, s.rows_at.data(),
+                              El, C, fcr);
 }
 
 // d logits from the combine weights' gradients, the auxiliary losses and the z-loss
