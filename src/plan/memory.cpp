@@ -413,8 +413,9 @@ ZeroCapacity zero_capacity(const PlanModel& model, const Hardware& hw, int zero,
   return c;
 }
 
-std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, const Hardware& hw) {
-  if (!layout_problem(m, l).empty()) return {};
+std::vector<PlanTerm> stage_memory_terms(const PlanModel& m, const PlanLayout& l,
+                                         const Hardware& hw, int s) {
+  if (!layout_problem(m, l).empty() || s < 0 || s >= l.pp) return {};
   const bool fp32 = hw.dtype == "fp32";
   const double E = fp32 ? 4 : 2;
   // A rank holds T/cp tokens of each sequence: every per-token buffer is that many rows.
@@ -466,83 +467,98 @@ std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, cons
 
   const PipeSchedule schedule = parse_pipe_schedule(l.schedule, "schedule");
   const int chunks = schedule == PipeSchedule::kInterleaved ? l.v : 1;
+  const StageSpec stage = pipeline_stage(m.layers, l.pp, s, {}, chunks);
+  double acts = 0;
+  int slots_total = 0;
+  for (int c = 0; c < chunks; ++c) {
+    const int slots = max_in_flight(schedule, l.pp, s, l.accum, chunks, c);
+    slots_total += slots;
+    double per_slot = Nr * C * 4 + 2 * N * 4;  // encoded input (fp32); inputs, targets
+    int mlps = 0;  // the chunk's dense layers: a mixture layer keeps no fc/act rows
+    for (int i = stage.chunk_begin(c); i < stage.chunk_begin(c) + stage.chunk_size(c); ++i)
+      mlps += !cfg.is_moe(stage.global_layer(i));
+    for (int k = 0; k < kBuffers; ++k)
+      if (kept[k])
+        per_slot += (GPT::is_mlp_buffer(size_t(k)) ? mlps : stage.chunk_size(c)) * bytes(k);
+    acts += slots * per_slot;
+    const bool head = stage.has_head && c == chunks - 1;
+    if (head) {
+      const int head_slots = splits_backward(schedule) ? 1 : slots;
+      acts += head_slots * (N * C * E + 2 * Nr * 4 + N * Vl * E + N * 4);
+    }
+  }
+  double scratch = 0;
+  for (int k = 0; k < kBuffers; ++k)
+    if (!kept[k] || (k == 12 && l.recompute == "full")) scratch += bytes(k);
+  // GPT's Scratch (gpt_slots.cpp), fp32 unless said: full_c, stage and dfull with sequence
+  // parallelism; dresidual; the attention scratch; the LayerNorm partials.
+  const double tp_bufs = l.tp > 1 && l.sequence_parallel ? 3 : 0;
+  scratch += 4 * (tp_bufs * N * C + Nr * C + att_scratch + (2.0 * stage.num_layers + 1) * 2 * C);
+  scratch += 4 * Tl * cfg.rotary_dims();  // RoPE's cos and sin, this rank's T × rot/2 each
+  scratch += cp_buffers + tp_rings;
+  if (fp32)  // ln_out, dbuf_c, dbuf_c2, dbuf_3c, dbuf_4c, dbuf_4c2
+    scratch += 4 * (2 * Nr * C + N * C + N * QKVl + N * Fl + N * FCl +
+                    (cfg.parallel_residual ? Nr * C : 0));  // + dparallel
+  else  // bf16 gradients between ops: dresidual16 (this rank's rows), d16_c, d16_3c, d16_4c
+    // (DGELU in the GEMM), and d16_act where the activation is its own op (exact GELU, SwiGLU)
+    scratch += 2 * (Nr * C + N * C + N * QKVl + N * FCl +
+                    (cfg.activation == Activation::kGeluTanh ? 0 : N * Fl));
+  if (stage.has_head && l.tp > 1) scratch += 4 * (N * 3 + tp * N * 3);
+  int moe_layers = 0;
+  for (int i = 0; i < stage.num_layers; ++i) moe_layers += cfg.is_moe(stage.global_layer(i));
+  const bool stage_moe = moe_layers > 0;
+  if (!fp32 && l.tp > 1) {
+    // Note [bf16 with tp] (src/model/gpt_bf16_tp.cpp): the fp32 partial input gradient, the
+    // head's fp32 logits of this rank's vocabulary; with SP the reduce-scatter target, a
+    // norm's local output and the bf16 gathers' staging and gathered gradient.
+    scratch += 4 * N * C + (stage.has_head ? 4 * N * Vl : 0);
+    if (sp) scratch += 4 * Nr * C + 2 * (Nr * C + 2 * N * C);
+  }
+  if (!fp32 && (l.cp > 1 || stage_moe)) {
+    // Note [Widening at the bf16 boundary] (src/model/gpt_bf16_widen.cpp): one fp32 set, the
+    // widened input and its gradient (q|k|v, or a mixture's ln2), with cp the output and its;
+    // this tp rank's heads, a mixture's rows Nr (Note [Widening under tp]).
+    const double in = std::max(l.cp > 1 ? N * QKVl : 0.0, stage_moe ? Nr * C : 0.0);
+    scratch += 4 * (2 * in + (l.cp > 1 ? 2 * N * Ql : 0.0));
+  }
+  // Note [Plan mixture memory]: each mixture layer holds every slot of the stage (interleaved:
+  // the other chunks' too); the GPT's counts are there with a mixture anywhere in the model.
+  // Under full the mixture layers share one set of slots (Note [Mixture memory]).
+  const double slot_sets = l.recompute == "full" ? std::min(moe_layers, 1) : moe_layers;
+  acts += slots_total * (slot_sets * moe_bytes.slot + moe_bytes.model_slot);
+  scratch += (moe_layers > 0 ? moe_bytes.shared : 0) + moe_layers * moe_bytes.model_layer;
+  const ModelStates states = model_state_bytes(m, l, hw, s);
+  std::vector<PlanTerm> terms = {
+      {"params", states.params}, {"grads", states.grads}, {"optimizer", states.optimizer}};
+  if (cfg.has_moe())
+    terms.insert(terms.end(), {{"expert_params", states.expert_params},
+                               {"expert_grads", states.expert_grads},
+                               {"expert_optimizer", states.expert_optimizer}});
+  terms.insert(terms.end(), {{"activations", acts}, {"scratch", scratch}});
+  // Note [Plan stage buffers]
+  // GPTStage (src/train/gpt_stage.cpp) holds, per slot, the boundary gradient it receives (not
+  // on the first stage) and the one it sends (not on the last; interleaved: both everywhere),
+  // Nr·C fp32 each: on a GPU in device memory (the links' buffers, which check_memory_plan
+  // counts with the activations), on a CPU host memory of the same size. GPT::activation_bytes
+  // and bench leave them out. Not counted: the load totals of moe.aux_loss hf, 2·(2E + 1) floats
+  // twice per slot, and the host's token copies.
+  if (l.pp > 1) {
+    const int ends = (!stage.has_embedding || chunks > 1) + (!stage.has_head || chunks > 1);
+    terms.push_back({"stage_buffers", 4 * slots_total * ends * Nr * C});
+  }
+  if (m.async_checkpoint && hw.kind == "cpu")  // Note [Plan checkpoint snapshot]
+    terms.push_back({"checkpoint_snapshot", snapshot_bytes(m, l, s)});
+  return terms;
+}
+
+std::vector<PlanTerm> memory_terms(const PlanModel& m, const PlanLayout& l, const Hardware& hw) {
   std::vector<PlanTerm> best;
   double best_total = -1;
-  const std::vector<int> stages = l.pp > 1 ? std::vector<int>{0, l.pp - 1} : std::vector<int>{0};
-  for (int s : stages) {
-    const StageSpec stage = pipeline_stage(m.layers, l.pp, s, {}, chunks);
-    double acts = 0;
-    int slots_total = 0;
-    for (int c = 0; c < chunks; ++c) {
-      const int slots = max_in_flight(schedule, l.pp, s, l.accum, chunks, c);
-      slots_total += slots;
-      double per_slot = Nr * C * 4 + 2 * N * 4;  // encoded input (fp32); inputs, targets
-      int mlps = 0;  // the chunk's dense layers: a mixture layer keeps no fc/act rows
-      for (int i = stage.chunk_begin(c); i < stage.chunk_begin(c) + stage.chunk_size(c); ++i)
-        mlps += !cfg.is_moe(stage.global_layer(i));
-      for (int k = 0; k < kBuffers; ++k)
-        if (kept[k])
-          per_slot += (GPT::is_mlp_buffer(size_t(k)) ? mlps : stage.chunk_size(c)) * bytes(k);
-      acts += slots * per_slot;
-      const bool head = stage.has_head && c == chunks - 1;
-      if (head) {
-        const int head_slots = splits_backward(schedule) ? 1 : slots;
-        acts += head_slots * (N * C * E + 2 * Nr * 4 + N * Vl * E + N * 4);
-      }
-    }
-    double scratch = 0;
-    for (int k = 0; k < kBuffers; ++k)
-      if (!kept[k] || (k == 12 && l.recompute == "full")) scratch += bytes(k);
-    // GPT's Scratch (gpt_slots.cpp), fp32 unless said: full_c, stage and dfull with sequence
-    // parallelism; dresidual; the attention scratch; the LayerNorm partials.
-    const double tp_bufs = l.tp > 1 && l.sequence_parallel ? 3 : 0;
-    scratch += 4 * (tp_bufs * N * C + Nr * C + att_scratch + (2.0 * stage.num_layers + 1) * 2 * C);
-    scratch += 4 * Tl * cfg.rotary_dims();  // RoPE's cos and sin, this rank's T × rot/2 each
-    scratch += cp_buffers + tp_rings;
-    if (fp32)  // ln_out, dbuf_c, dbuf_c2, dbuf_3c, dbuf_4c, dbuf_4c2
-      scratch += 4 * (2 * Nr * C + N * C + N * QKVl + N * Fl + N * FCl +
-                      (cfg.parallel_residual ? Nr * C : 0));  // + dparallel
-    else  // bf16 gradients between ops: dresidual16 (this rank's rows), d16_c, d16_3c, d16_4c
-      // (DGELU in the GEMM), and d16_act where the activation is its own op (exact GELU, SwiGLU)
-      scratch += 2 * (Nr * C + N * C + N * QKVl + N * FCl +
-                      (cfg.activation == Activation::kGeluTanh ? 0 : N * Fl));
-    if (stage.has_head && l.tp > 1) scratch += 4 * (N * 3 + tp * N * 3);
-    int moe_layers = 0;
-    for (int i = 0; i < stage.num_layers; ++i) moe_layers += cfg.is_moe(stage.global_layer(i));
-    const bool stage_moe = moe_layers > 0;
-    if (!fp32 && l.tp > 1) {
-      // Note [bf16 with tp] (src/model/gpt_bf16_tp.cpp): the fp32 partial input gradient, the
-      // head's fp32 logits of this rank's vocabulary; with SP the reduce-scatter target, a
-      // norm's local output and the bf16 gathers' staging and gathered gradient.
-      scratch += 4 * N * C + (stage.has_head ? 4 * N * Vl : 0);
-      if (sp) scratch += 4 * Nr * C + 2 * (Nr * C + 2 * N * C);
-    }
-    if (!fp32 && (l.cp > 1 || stage_moe)) {
-      // Note [Widening at the bf16 boundary] (src/model/gpt_bf16_widen.cpp): one fp32 set, the
-      // widened input and its gradient (q|k|v, or a mixture's ln2), with cp the output and its;
-      // this tp rank's heads, a mixture's rows Nr (Note [Widening under tp]).
-      const double in = std::max(l.cp > 1 ? N * QKVl : 0.0, stage_moe ? Nr * C : 0.0);
-      scratch += 4 * (2 * in + (l.cp > 1 ? 2 * N * Ql : 0.0));
-    }
-    // Note [Plan mixture memory]: each mixture layer holds every slot of the stage (interleaved:
-    // the other chunks' too); the GPT's counts are there with a mixture anywhere in the model.
-    // Under full the mixture layers share one set of slots (Note [Mixture memory]).
-    const double slot_sets = l.recompute == "full" ? std::min(moe_layers, 1) : moe_layers;
-    acts += slots_total * (slot_sets * moe_bytes.slot + moe_bytes.model_slot);
-    scratch += (moe_layers > 0 ? moe_bytes.shared : 0) + moe_layers * moe_bytes.model_layer;
-    const ModelStates states = model_state_bytes(m, l, hw, s);
-    std::vector<PlanTerm> terms = {
-        {"params", states.params}, {"grads", states.grads}, {"optimizer", states.optimizer}};
-    if (cfg.has_moe())
-      terms.insert(terms.end(), {{"expert_params", states.expert_params},
-                                 {"expert_grads", states.expert_grads},
-                                 {"expert_optimizer", states.expert_optimizer}});
-    terms.insert(terms.end(), {{"activations", acts}, {"scratch", scratch}});
-    if (m.async_checkpoint && hw.kind == "cpu")  // Note [Plan checkpoint snapshot]
-      terms.push_back({"checkpoint_snapshot", snapshot_bytes(m, l, s)});
+  for (int s : l.pp > 1 ? std::vector<int>{0, l.pp - 1} : std::vector<int>{0}) {
+    std::vector<PlanTerm> terms = stage_memory_terms(m, l, hw, s);
     double total = 0;
     for (const PlanTerm& t : terms) total += t.value;
-    if (total > best_total) best_total = total, best = terms;
+    if (total > best_total) best_total = total, best = std::move(terms);
   }
   return best;
 }

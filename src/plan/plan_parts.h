@@ -99,6 +99,10 @@ ModelStates model_state_bytes(const PlanModel& model, const PlanLayout& layout, 
 double snapshot_bytes(const PlanModel& model, const PlanLayout& layout, int stage);
 // Why trident would refuse the layout (the trainer's own checks); empty if it runs.
 std::string layout_problem(const PlanModel& model, const PlanLayout& layout);
+// Bytes per rank of pipeline stage `stage` (src/plan/memory.cpp, Note [Plan memory]); empty for a
+// layout trident refuses.
+std::vector<PlanTerm> stage_memory_terms(const PlanModel& model, const PlanLayout& layout,
+                                         const Hardware& hw, int stage);
 // Bytes per rank on the stage that holds the most (src/plan/memory.cpp, Note [Plan memory]).
 std::vector<PlanTerm> memory_terms(const PlanModel& model, const PlanLayout& layout,
                                    const Hardware& hw);

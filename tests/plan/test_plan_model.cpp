@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "plan/plan_parts.h"
+#include "plan_test_util.h"
 #include "trident/backend.h"
 #include "trident/check.h"
 #include "trident/comm.h"
@@ -14,22 +15,7 @@
 namespace trident {
 namespace {
 
-// A machine with round numbers: every GEMM at 1 TFLOP/s, 100 GB/s memory, 10 GB/s links
-// without latency, no overlap cost.
-Hardware round_machine(const std::string& dtype = "fp32") {
-  Hardware hw;
-  hw.name = "round";
-  hw.kind = "gpu";
-  hw.devices_per_node = 8;
-  hw.dtype = dtype;
-  hw.peak_tflops = 2;
-  hw.gemm = {{64, 1.0}};
-  hw.memory_gbytes_per_s = 100;
-  hw.memory_gb = 80;
-  hw.intra_node = {10, 0};
-  hw.inter_node = {10, 0};
-  return hw;
-}
+using testing::round_machine;
 
 PlanModel small_model() {
   PlanModel m;

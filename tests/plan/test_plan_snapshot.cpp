@@ -13,17 +13,8 @@ namespace trident {
 namespace {
 
 Hardware gpu_machine() {
-  Hardware hw;
+  Hardware hw = testing::round_machine("bf16", 8, 100);
   hw.name = "round-gpu";
-  hw.kind = "gpu";
-  hw.devices_per_node = 8;
-  hw.dtype = "bf16";
-  hw.peak_tflops = 2;
-  hw.gemm = {{64, 1.0}};
-  hw.memory_gbytes_per_s = 100;
-  hw.memory_gb = 80;
-  hw.intra_node = {100, 0};
-  hw.inter_node = {10, 0};
   hw.host_copy_gbytes_per_s = 50;
   return hw;
 }

@@ -12,21 +12,9 @@
 namespace trident {
 namespace {
 
-// Round figures: GEMMs at 1 TFLOP/s, 100 GB/s memory, links of 100 GB/s inside a node of
-// `per_node` devices and 10 GB/s between nodes, no latency, no overlap cost.
+// Round figures (testing::round_machine) with links of 100 GB/s inside a node of `per_node`.
 Hardware round_machine(const std::string& dtype, int per_node = 8) {
-  Hardware hw;
-  hw.name = "round";
-  hw.kind = "gpu";
-  hw.devices_per_node = per_node;
-  hw.dtype = dtype;
-  hw.peak_tflops = 2;
-  hw.gemm = {{64, 1.0}};
-  hw.memory_gbytes_per_s = 100;
-  hw.memory_gb = 80;
-  hw.intra_node = {100, 0};
-  hw.inter_node = {10, 0};
-  return hw;
+  return testing::round_machine(dtype, per_node, 100);
 }
 
 // GPT-2's block, 8 layers of C = 64, vocabulary 128 (tied head), 16 positions, 64 KiB buckets.
