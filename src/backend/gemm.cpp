@@ -114,8 +114,8 @@ Product<Real> product(Trans ta, Trans tb, int M, int N, int K, const Real* A, in
 // alone (Note [GEMM threading]): thread t runs its part of every product in turn, with no
 // barrier between products. So the OpenBLAS calls, and the bits, are those of one gemm() per
 // product at the same thread count, and one region is opened instead of one per product.
-// Tried first: fixed 256 × 512 tiles dealt round-robin (bits independent of the thread count)
-// and tiles weighted by multiply-adds; both were slower in the mixtral bench (docs/perf.md).
+// Fixed tiles would make the bits independent of the thread count but differ from gemm()'s
+// (docs/decisions.md, "The experts' GEMMs in one call").
 
 // Runs product_of(i) for i in [0, count); outputs must not overlap.
 template <typename Real, typename ProductOf>

@@ -137,8 +137,8 @@ double flash_rate_factor(double head_dim, double keys) {
 // casts the bf16 logits to fp32 and then runs max, subtract, exp, sum and divide as separate
 // kernels over them: 6 + 4 + 8 + 8 + 4 + 8 = 38 B forward; backward multiplies the saved fp32
 // softmax in place (8 B) and autograd casts the gradient back to bf16 (6 B): 14 B. A hardware
-// description of such a stack gives cross_entropy_forward_bytes / _backward_bytes; at a 131072
-// vocabulary this is 5x trident's traffic, a tenth of the 1.7B model's step.
+// description of such a stack gives cross_entropy_forward_bytes / _backward_bytes, so that a
+// check against its published runs prices the loss it ran (docs/plan.md, "Issue 45").
 
 // Note [Plan tensor-parallel overlap]
 // With parallel.tp_overlap and tp > 1, a block's collective of time t hides behind a GEMM of
